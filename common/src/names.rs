@@ -1,0 +1,106 @@
+//! Names, labels and markers shared by the webhook, the controller and the chart.
+
+use std::collections::BTreeMap;
+
+/// API group of the AppService resource.
+pub const GROUP: &str = "platform.example.com";
+/// Name of the CRD object.
+pub const CRD_NAME: &str = "appservices.platform.example.com";
+/// Finalizer that holds an AppService until external cleanup succeeded.
+pub const FINALIZER: &str = "platform.example.com/cleanup";
+/// Field manager of every server-side apply the controller makes.
+pub const FIELD_MANAGER: &str = "appservice-controller";
+/// Name of the coordination.k8s.io Lease the controller replicas elect a leader on.
+pub const LEASE_NAME: &str = "appservice-controller";
+
+/// `app.kubernetes.io/name`: the application's name.
+pub const LABEL_NAME: &str = "app.kubernetes.io/name";
+/// `app.kubernetes.io/instance`: the AppService a child belongs to.
+pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
+/// `app.kubernetes.io/managed-by`: who manages a child.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`LABEL_MANAGED_BY`] on every child.
+pub const MANAGED_BY: &str = "appservice-operator";
+
+/// Environment variable through which the application receives its database URL.
+pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
+
+/// Labels that select the Pods of an AppService (the Deployment's and the Service's selector).
+///
+/// Deliberately small and immutable: a Deployment's selector cannot change after creation.
+pub fn selector_labels(app: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_INSTANCE.to_owned(), app.to_owned()),
+        (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
+    ])
+}
+
+/// Labels carried by every child object and Pod: the selector plus `app.kubernetes.io/name`.
+pub fn child_labels(app: &str) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(app);
+    labels.insert(LABEL_NAME.to_owned(), app.to_owned());
+    labels
+}
+
+/// The selector in string form, as `status.selector` carries it for the scale subresource.
+pub fn selector_string(app: &str) -> String {
+    selector_labels(app)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Name of the Deployment of an AppService.
+pub fn deployment_name(app: &str) -> String {
+    app.to_owned()
+}
+
+/// Name of the Service of an AppService.
+pub fn service_name(app: &str) -> String {
+    app.to_owned()
+}
+
+/// Name of the Secret holding an AppService's database credentials.
+pub fn database_secret_name(app: &str) -> String {
+    format!("{app}-database")
+}
+
+/// In-cluster URL of an AppService's Service.
+pub fn endpoint(app: &str, namespace: &str, port: i32) -> String {
+    format!("http://{app}.{namespace}.svc:{port}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selector_string_matches_architecture() {
+        assert_eq!(
+            selector_string("checkout"),
+            "app.kubernetes.io/instance=checkout,app.kubernetes.io/managed-by=appservice-operator"
+        );
+    }
+
+    #[test]
+    fn child_labels_extend_selector() {
+        let labels = child_labels("checkout");
+        assert_eq!(labels.len(), 3);
+        assert_eq!(labels[LABEL_NAME], "checkout");
+        for (k, v) in selector_labels("checkout") {
+            assert_eq!(labels[&k], v);
+        }
+    }
+
+    #[test]
+    fn endpoint_and_child_names() {
+        assert_eq!(
+            endpoint("checkout", "production", 8080),
+            "http://checkout.production.svc:8080"
+        );
+        assert_eq!(deployment_name("a"), "a");
+        assert_eq!(service_name("a"), "a");
+        assert_eq!(database_secret_name("a"), "a-database");
+    }
+}

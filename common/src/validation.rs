@@ -1,0 +1,518 @@
+//! Validation: every rule an AppService must satisfy, as one pure function.
+//!
+//! The validating webhook calls it on every write, the controller calls it again before
+//! acting (defence in depth when the webhook is bypassed), and the CRD schema carries the
+//! subset the API server can check itself. All errors are collected, each with its field
+//! path and in Kubernetes' format (`spec.port: Invalid value: 70000: must be between 1 and
+//! 65535`), so a user fixes everything in one round trip.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{EnvVarSource, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube_quantity::ParsedQuantity;
+use oci_spec::distribution::Reference;
+
+use crate::names::DATABASE_URL_ENV;
+use crate::types::{
+    AppService, AppServiceSpec, MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN,
+    MAX_IMAGE_LEN, MAX_PORT, MAX_REPLICAS, MIN_PORT, MIN_REPLICAS,
+};
+
+/// Longest value quoted back in an error message; longer ones are shortened.
+const MAX_QUOTED_VALUE: usize = 128;
+/// Longest AppService name: children include a Service, whose name is a DNS-1035 label.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// Legal but risky input, reported to the client as admission warnings.
+pub type Warnings = Vec<String>;
+
+/// The kind of a field error, as Kubernetes' `field.ErrorType`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorType {
+    Required,
+    Invalid,
+    Duplicate,
+    Forbidden,
+    TooLong,
+    TooMany,
+}
+
+impl ErrorType {
+    /// The `StatusCause` reason Kubernetes uses for this kind of error.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ErrorType::Required => "FieldValueRequired",
+            ErrorType::Invalid => "FieldValueInvalid",
+            ErrorType::Duplicate => "FieldValueDuplicate",
+            ErrorType::Forbidden => "FieldValueForbidden",
+            ErrorType::TooLong => "FieldValueTooLong",
+            ErrorType::TooMany => "FieldValueTooMany",
+        }
+    }
+}
+
+/// One problem with one field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// Path of the field, e.g. `spec.env[2].name`.
+    pub field: String,
+    pub error_type: ErrorType,
+    /// The offending value, already formatted as Kubernetes quotes it (strings in quotes).
+    pub value: Option<String>,
+    /// What is wrong, for a human.
+    pub detail: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, error_type: ErrorType, detail: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            error_type,
+            value: None,
+            detail: detail.into(),
+        }
+    }
+
+    fn with_value(mut self, value: impl Into<String>) -> Self {
+        self.value = Some(value.into());
+        self
+    }
+
+    pub fn required(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(field, ErrorType::Required, detail)
+    }
+
+    pub fn invalid_str(field: impl Into<String>, value: &str, detail: impl Into<String>) -> Self {
+        Self::new(field, ErrorType::Invalid, detail).with_value(quote(value))
+    }
+
+    pub fn invalid_int(field: impl Into<String>, value: i64, detail: impl Into<String>) -> Self {
+        Self::new(field, ErrorType::Invalid, detail).with_value(value.to_string())
+    }
+
+    pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(field, ErrorType::Forbidden, detail)
+    }
+
+    pub fn duplicate(field: impl Into<String>, value: &str) -> Self {
+        Self::new(field, ErrorType::Duplicate, "").with_value(quote(value))
+    }
+
+    pub fn too_long(field: impl Into<String>, max: usize) -> Self {
+        Self::new(
+            field,
+            ErrorType::TooLong,
+            format!("may not be more than {max} bytes"),
+        )
+    }
+
+    pub fn too_many(field: impl Into<String>, actual: usize, max: usize) -> Self {
+        Self::new(
+            field,
+            ErrorType::TooMany,
+            format!("must have at most {max} items"),
+        )
+        .with_value(actual.to_string())
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let label = match self.error_type {
+            ErrorType::Required => "Required value",
+            ErrorType::Invalid => "Invalid value",
+            ErrorType::Duplicate => "Duplicate value",
+            ErrorType::Forbidden => "Forbidden",
+            ErrorType::TooLong => "Too long",
+            ErrorType::TooMany => "Too many",
+        };
+        write!(f, "{}: {label}", self.field)?;
+        if let Some(value) = &self.value {
+            write!(f, ": {value}")?;
+        }
+        if !self.detail.is_empty() {
+            write!(f, ": {}", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
+/// Every field error of one object, in the order the fields appear.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FieldErrors(pub Vec<FieldError>);
+
+impl FieldErrors {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &FieldError> {
+        self.0.iter()
+    }
+}
+
+/// Formats like Kubernetes' aggregate: one error alone, several as `[a, b]`.
+impl fmt::Display for FieldErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.as_slice() {
+            [one] => write!(f, "{one}"),
+            many => {
+                let joined: Vec<String> = many.iter().map(ToString::to_string).collect();
+                write!(f, "[{}]", joined.join(", "))
+            }
+        }
+    }
+}
+
+impl std::error::Error for FieldErrors {}
+
+/// Errors and warnings of one validation, for callers that want both (the webhook
+/// returns warnings even on a denial).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub errors: FieldErrors,
+    pub warnings: Warnings,
+}
+
+/// Validates `new`; `old` is the stored object on UPDATE and enables the update rules.
+/// Returns the warnings when valid, every field error otherwise.
+pub fn validate(new: &AppService, old: Option<&AppService>) -> Result<Warnings, FieldErrors> {
+    let report = validate_report(new, old);
+    if report.errors.is_empty() {
+        Ok(report.warnings)
+    } else {
+        Err(report.errors)
+    }
+}
+
+/// Like [`validate`], but returns errors and warnings together.
+pub fn validate_report(new: &AppService, old: Option<&AppService>) -> Report {
+    let mut report = Report::default();
+    validate_name(new, &mut report.errors.0);
+    validate_spec(&new.spec, &mut report);
+    if let Some(old) = old {
+        validate_update(&new.spec, &old.spec, &mut report.errors.0);
+    }
+    report
+}
+
+fn validate_name(app: &AppService, errors: &mut Vec<FieldError>) {
+    // With generateName the name is assigned after the mutating webhook ran; the
+    // validating webhook and the controller always see it.
+    let Some(name) = app.metadata.name.as_deref().filter(|n| !n.is_empty()) else {
+        if app
+            .metadata
+            .generate_name
+            .as_deref()
+            .is_none_or(str::is_empty)
+        {
+            errors.push(FieldError::required(
+                "metadata.name",
+                "name or generateName is required",
+            ));
+        }
+        return;
+    };
+    if name.len() > MAX_NAME_LEN {
+        errors.push(FieldError::invalid_str(
+            "metadata.name",
+            name,
+            format!("must be no more than {MAX_NAME_LEN} characters: it names the Service"),
+        ));
+    } else if !is_dns1035_label(name) {
+        errors.push(FieldError::invalid_str(
+            "metadata.name",
+            name,
+            "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name', or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')",
+        ));
+    }
+}
+
+fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
+    let errors = &mut report.errors.0;
+    validate_image(&spec.image, errors, &mut report.warnings);
+    if let Some(replicas) = spec.replicas
+        && !(MIN_REPLICAS..=MAX_REPLICAS).contains(&replicas)
+    {
+        errors.push(FieldError::invalid_int(
+            "spec.replicas",
+            replicas.into(),
+            format!("must be between {MIN_REPLICAS} and {MAX_REPLICAS}"),
+        ));
+    }
+    if let Some(port) = spec.port
+        && !(MIN_PORT..=MAX_PORT).contains(&port)
+    {
+        errors.push(FieldError::invalid_int(
+            "spec.port",
+            port.into(),
+            format!("must be between {MIN_PORT} and {MAX_PORT}"),
+        ));
+    }
+    validate_env(spec, errors);
+    if let Some(resources) = &spec.resources {
+        validate_resources(resources, errors);
+    }
+    if let Some(db) = &spec.database
+        && db.enabled
+    {
+        match db.class.as_deref() {
+            None | Some("") => errors.push(FieldError::required(
+                "spec.database.class",
+                "required when spec.database.enabled is true",
+            )),
+            Some(class) if class.len() > MAX_CLASS_LEN => {
+                errors.push(FieldError::too_long("spec.database.class", MAX_CLASS_LEN));
+            }
+            Some(class) if !is_dns1123_subdomain(class) => errors.push(FieldError::invalid_str(
+                "spec.database.class",
+                class,
+                "must be a lowercase RFC 1123 subdomain (e.g. 'production-postgresql')",
+            )),
+            Some(_) => {}
+        }
+    }
+}
+
+fn validate_image(image: &str, errors: &mut Vec<FieldError>, warnings: &mut Warnings) {
+    const FIELD: &str = "spec.image";
+    if image.is_empty() {
+        errors.push(FieldError::required(
+            FIELD,
+            "an OCI image reference such as registry.example.com/app:v1.2.3",
+        ));
+        return;
+    }
+    if image.len() > MAX_IMAGE_LEN {
+        errors.push(FieldError::too_long(FIELD, MAX_IMAGE_LEN));
+        return;
+    }
+    // The parser accepts surrounding whitespace in some positions; the kubelet does not.
+    if image.trim() != image {
+        errors.push(FieldError::invalid_str(
+            FIELD,
+            image,
+            "must not contain leading or trailing whitespace",
+        ));
+        return;
+    }
+    let reference = match Reference::try_from(image) {
+        Ok(reference) => reference,
+        Err(err) => {
+            errors.push(FieldError::invalid_str(
+                FIELD,
+                image,
+                format!("not a valid image reference: {err}"),
+            ));
+            return;
+        }
+    };
+    if reference.digest().is_some() {
+        return;
+    }
+    // The parser fills in `latest` when no tag is given; look at what the user wrote.
+    let last_component = image.rsplit('/').next().unwrap_or(image);
+    if !last_component.contains(':') {
+        warnings.push(format!(
+            "{FIELD}: {image:?} has no tag and resolves to :latest; pin a version tag or a digest so rollouts are reproducible"
+        ));
+    } else if reference.tag() == Some("latest") {
+        warnings.push(format!(
+            "{FIELD}: {image:?} uses the mutable :latest tag; pin a version tag or a digest so rollouts are reproducible"
+        ));
+    }
+}
+
+fn validate_env(spec: &AppServiceSpec, errors: &mut Vec<FieldError>) {
+    if spec.env.len() > MAX_ENV {
+        errors.push(FieldError::too_many("spec.env", spec.env.len(), MAX_ENV));
+    }
+    let database = spec.database.as_ref().is_some_and(|db| db.enabled);
+    let mut seen = HashSet::new();
+    for (i, var) in spec.env.iter().enumerate() {
+        let field = format!("spec.env[{i}]");
+        let name_field = format!("{field}.name");
+        if var.name.is_empty() {
+            errors.push(FieldError::required(&name_field, ""));
+        } else if var.name.len() > MAX_ENV_NAME_LEN {
+            errors.push(FieldError::too_long(&name_field, MAX_ENV_NAME_LEN));
+        } else if !is_c_identifier(&var.name) {
+            errors.push(FieldError::invalid_str(
+                &name_field,
+                &var.name,
+                "a valid environment variable name must consist of alphabetic characters, digits or '_', and must not start with a digit (regex used for validation is '[A-Za-z_][A-Za-z0-9_]*')",
+            ));
+        } else if !seen.insert(var.name.as_str()) {
+            errors.push(FieldError::duplicate(&name_field, &var.name));
+        } else if database && var.name == DATABASE_URL_ENV {
+            errors.push(FieldError::forbidden(
+                &name_field,
+                format!(
+                    "{DATABASE_URL_ENV} is set by the operator when spec.database.enabled is true"
+                ),
+            ));
+        }
+        if let Some(value) = &var.value
+            && value.len() > MAX_ENV_VALUE_LEN
+        {
+            errors.push(FieldError::too_long(
+                format!("{field}.value"),
+                MAX_ENV_VALUE_LEN,
+            ));
+        }
+        if let Some(source) = &var.value_from {
+            if var.value.as_deref().is_some_and(|v| !v.is_empty()) {
+                errors.push(FieldError::invalid_str(
+                    format!("{field}.valueFrom"),
+                    "",
+                    "may not be specified when `value` is not empty",
+                ));
+            }
+            let sources = env_source_count(source);
+            if sources != 1 {
+                let detail = if sources == 0 {
+                    "must specify one of: `configMapKeyRef`, `fieldRef`, `fileKeyRef`, `resourceFieldRef` or `secretKeyRef`"
+                } else {
+                    "may not have more than one field specified at a time"
+                };
+                errors.push(FieldError::invalid_str(
+                    format!("{field}.valueFrom"),
+                    "",
+                    detail,
+                ));
+            }
+        }
+    }
+}
+
+fn env_source_count(source: &EnvVarSource) -> usize {
+    [
+        source.config_map_key_ref.is_some(),
+        source.field_ref.is_some(),
+        source.file_key_ref.is_some(),
+        source.resource_field_ref.is_some(),
+        source.secret_key_ref.is_some(),
+    ]
+    .into_iter()
+    .filter(|set| *set)
+    .count()
+}
+
+fn validate_resources(resources: &ResourceRequirements, errors: &mut Vec<FieldError>) {
+    if resources.claims.as_ref().is_some_and(|c| !c.is_empty()) {
+        errors.push(FieldError::forbidden(
+            "spec.resources.claims",
+            "resource claims are not supported by AppService",
+        ));
+    }
+    let parse_all = |kind: &str,
+                     list: Option<&std::collections::BTreeMap<String, Quantity>>,
+                     errors: &mut Vec<FieldError>| {
+        let mut parsed = Vec::new();
+        for (name, quantity) in list.into_iter().flatten() {
+            let field = format!("spec.resources.{kind}[{name}]");
+            match ParsedQuantity::try_from(quantity) {
+                Ok(q) if q < ParsedQuantity::default() => {
+                    errors.push(FieldError::invalid_str(field, &quantity.0, "must be greater than or equal to 0"));
+                }
+                Ok(q) => parsed.push((name.clone(), q)),
+                Err(_) => errors.push(FieldError::invalid_str(
+                    field,
+                    &quantity.0,
+                    "must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                )),
+            }
+        }
+        parsed
+    };
+    let requests = parse_all("requests", resources.requests.as_ref(), errors);
+    let limits = parse_all("limits", resources.limits.as_ref(), errors);
+    for (name, request) in &requests {
+        if let Some((_, limit)) = limits.iter().find(|(n, _)| n == name)
+            && request > limit
+        {
+            let raw = resources
+                .requests
+                .as_ref()
+                .and_then(|r| r.get(name))
+                .map(|q| q.0.as_str())
+                .unwrap_or_default();
+            let limit_raw = resources
+                .limits
+                .as_ref()
+                .and_then(|l| l.get(name))
+                .map(|q| q.0.as_str())
+                .unwrap_or_default();
+            errors.push(FieldError::invalid_str(
+                format!("spec.resources.requests[{name}]"),
+                raw,
+                format!("must be less than or equal to {name} limit of {limit_raw}"),
+            ));
+        }
+    }
+}
+
+fn validate_update(new: &AppServiceSpec, old: &AppServiceSpec, errors: &mut Vec<FieldError>) {
+    let enabled = |spec: &AppServiceSpec| spec.database.as_ref().is_some_and(|db| db.enabled);
+    if enabled(old) && enabled(new) {
+        let old_class = old.database.as_ref().and_then(|db| db.class.as_deref());
+        let new_class = new.database.as_ref().and_then(|db| db.class.as_deref());
+        if old_class != new_class {
+            errors.push(FieldError::invalid_str(
+                "spec.database.class",
+                new_class.unwrap_or_default(),
+                "field is immutable while the database is enabled",
+            ));
+        }
+    }
+}
+
+/// Quotes a string the way Go's `%q` does for printable input, shortening long values.
+fn quote(value: &str) -> String {
+    if value.len() <= MAX_QUOTED_VALUE {
+        return format!("{value:?}");
+    }
+    let mut end = MAX_QUOTED_VALUE;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}...(truncated, {} bytes)", &value[..end], value.len())
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`
+pub fn is_c_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// `[a-z]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
+pub fn is_dns1035_label(s: &str) -> bool {
+    s.len() <= 63
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
+        && s.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?` (a DNS-1123 label), at most 63 characters.
+pub fn is_dns1123_label(s: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&s.len())
+        && s.starts_with(alnum)
+        && s.ends_with(alnum)
+        && s.chars().all(|c| alnum(c) || c == '-')
+}
+
+/// Dot-separated DNS-1123 labels, at most 253 characters.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}

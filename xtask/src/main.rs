@@ -1,0 +1,120 @@
+//! Developer commands. `cargo xtask --help` lists them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Developer commands for appservice-operator")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write the CRD generated from common/src/types.rs into the Helm chart.
+    Crd {
+        /// Only check that the committed file is current; exit non-zero if not.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build (or reuse from the cache) kube-apiserver, etcd, kwok, kubectl and helm.
+    Assets {
+        /// Rebuild even when the cache is current.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Build the test assets if needed, then run every test of the workspace.
+    Test {
+        /// Extra arguments for `cargo test`, e.g. `-- --nocapture`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Cmd::Crd { check } => crd(check),
+        Cmd::Assets { force } => assets(force).map(|bin| println!("{}", bin.display())),
+        Cmd::Test { args } => test(&args),
+    }
+}
+
+fn repo_root() -> PathBuf {
+    // xtask lives one level below the workspace root.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+fn crd(check: bool) -> Result<()> {
+    let path = repo_root().join(common::crd::CRD_PATH);
+    let yaml = common::crd::crd_yaml().context("serializing the CRD")?;
+    if check {
+        let committed = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if committed != yaml {
+            bail!("{} is out of date: run `cargo xtask crd`", path.display());
+        }
+        println!("{} is current", path.display());
+        return Ok(());
+    }
+    std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// Runs the asset build script and returns the directory holding the binaries.
+fn assets(force: bool) -> Result<PathBuf> {
+    let script = repo_root().join("tests/envtest/assets/build.sh");
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script);
+    if force {
+        cmd.arg("--force");
+    }
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "building the test assets failed ({}); see the messages above",
+            out.status
+        );
+    }
+    let bin = String::from_utf8(out.stdout).context("asset directory is not UTF-8")?;
+    let bin = bin.lines().last().unwrap_or_default().trim();
+    if bin.is_empty() {
+        bail!("{} printed no asset directory", script.display());
+    }
+    Ok(PathBuf::from(bin))
+}
+
+fn test(args: &[String]) -> Result<()> {
+    let bin = assets(false)?;
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(repo_root())
+        .args(["test", "--workspace", "--all-targets"])
+        .args(args)
+        .env("APPSERVICE_ASSETS_BIN", &bin)
+        .status()
+        .context("running cargo test")?;
+    if !status.success() {
+        bail!("tests failed ({status})");
+    }
+    Ok(())
+}
