@@ -516,3 +516,7 @@ pub fn is_dns1123_label(s: &str) -> bool {
 pub fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
+
+#[cfg(test)]
+#[path = "validation_tests.rs"]
+mod tests;

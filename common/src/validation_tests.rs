@@ -1,0 +1,606 @@
+//! Every validation rule, accepted and rejected.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    ConfigMapKeySelector, EnvVarSource, ResourceClaim, ResourceRequirements, SecretKeySelector,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use pretty_assertions::assert_eq;
+
+use super::*;
+use crate::types::{DatabaseSpec, EnvVar};
+
+fn app(spec: AppServiceSpec) -> AppService {
+    AppService::new("checkout", spec)
+}
+
+fn spec(image: &str) -> AppServiceSpec {
+    AppServiceSpec {
+        image: image.into(),
+        ..Default::default()
+    }
+}
+
+fn errors_of(app: &AppService) -> Vec<String> {
+    match validate(app, None) {
+        Ok(_) => vec![],
+        Err(errs) => errs.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+fn quantities(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, Quantity>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+            .collect(),
+    )
+}
+
+#[test]
+fn valid_full_spec_passes_without_warnings() {
+    let obj = app(AppServiceSpec {
+        image: "registry.example.com/checkout:v3.4.0".into(),
+        replicas: Some(4),
+        port: Some(8080),
+        env: vec![env("LOG_LEVEL", "info"), env("_PRIVATE2", "x")],
+        resources: Some(ResourceRequirements {
+            requests: quantities(&[("cpu", "100m"), ("memory", "128Mi")]),
+            limits: quantities(&[("cpu", "1"), ("memory", "128Mi")]),
+            ..Default::default()
+        }),
+        database: Some(DatabaseSpec {
+            enabled: true,
+            class: Some("production-postgresql".into()),
+        }),
+    });
+    assert_eq!(validate(&obj, None), Ok(vec![]));
+}
+
+#[test]
+fn minimal_spec_passes() {
+    assert_eq!(validate(&app(spec("nginx:1.27")), None), Ok(vec![]));
+}
+
+#[test]
+fn port_out_of_range_has_kubernetes_message() {
+    let obj = app(AppServiceSpec {
+        port: Some(70000),
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&obj),
+        vec!["spec.port: Invalid value: 70000: must be between 1 and 65535"]
+    );
+    let zero = app(AppServiceSpec {
+        port: Some(0),
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&zero),
+        vec!["spec.port: Invalid value: 0: must be between 1 and 65535"]
+    );
+    for ok in [1, 80, 65535] {
+        assert_eq!(
+            errors_of(&app(AppServiceSpec {
+                port: Some(ok),
+                ..spec("nginx:1.27")
+            })),
+            Vec::<String>::new()
+        );
+    }
+}
+
+#[test]
+fn replicas_bounds() {
+    for bad in [-1, 1001, i32::MIN, i32::MAX] {
+        let obj = app(AppServiceSpec {
+            replicas: Some(bad),
+            ..spec("nginx:1.27")
+        });
+        assert_eq!(
+            errors_of(&obj),
+            vec![format!(
+                "spec.replicas: Invalid value: {bad}: must be between 0 and 1000"
+            )]
+        );
+    }
+    for ok in [0, 1, 1000] {
+        let obj = app(AppServiceSpec {
+            replicas: Some(ok),
+            ..spec("nginx:1.27")
+        });
+        assert!(validate(&obj, None).is_ok(), "{ok} replicas must be valid");
+    }
+}
+
+#[test]
+fn image_required() {
+    assert_eq!(
+        errors_of(&app(spec(""))),
+        vec![
+            "spec.image: Required value: an OCI image reference such as registry.example.com/app:v1.2.3"
+        ]
+    );
+}
+
+#[test]
+fn image_must_parse() {
+    for bad in [
+        "Nginx:1.0",
+        "nginx:",
+        "nginx@sha256:abc",
+        "registry.example.com/app:bad tag",
+        "::",
+        " nginx:1.0",
+    ] {
+        let errs = errors_of(&app(spec(bad)));
+        assert_eq!(errs.len(), 1, "{bad:?} must be rejected once: {errs:?}");
+        assert!(
+            errs[0].starts_with(&format!("spec.image: Invalid value: {bad:?}")),
+            "{errs:?}"
+        );
+    }
+}
+
+#[test]
+fn image_too_long() {
+    let long = format!("registry.example.com/{}:v1", "a".repeat(600));
+    assert_eq!(
+        errors_of(&app(spec(&long))),
+        vec!["spec.image: Too long: may not be more than 512 bytes"]
+    );
+}
+
+#[test]
+fn image_forms_accepted() {
+    let digest = format!("registry.example.com/app@sha256:{}", "a".repeat(64));
+    let tag_and_digest = format!("registry.example.com/app:v1@sha256:{}", "b".repeat(64));
+    for ok in [
+        "nginx:1.27",
+        "library/nginx:1.27",
+        "registry.example.com:5000/team/app:v1.2.3",
+        "localhost/app:dev",
+        digest.as_str(),
+        tag_and_digest.as_str(),
+    ] {
+        assert_eq!(validate(&app(spec(ok)), None), Ok(vec![]), "{ok}");
+    }
+}
+
+#[test]
+fn warns_on_missing_or_latest_tag() {
+    let none = validate(&app(spec("registry.example.com/checkout")), None).unwrap_or_default();
+    assert_eq!(none.len(), 1);
+    assert!(none[0].contains("has no tag"), "{none:?}");
+
+    // A registry port is not a tag.
+    let port_only =
+        validate(&app(spec("registry.example.com:5000/checkout")), None).unwrap_or_default();
+    assert_eq!(port_only.len(), 1);
+    assert!(port_only[0].contains("has no tag"), "{port_only:?}");
+
+    let latest = validate(&app(spec("nginx:latest")), None).unwrap_or_default();
+    assert_eq!(latest.len(), 1);
+    assert!(latest[0].contains(":latest"), "{latest:?}");
+
+    let pinned_latest = format!("nginx:latest@sha256:{}", "c".repeat(64));
+    assert_eq!(validate(&app(spec(&pinned_latest)), None), Ok(vec![]));
+}
+
+#[test]
+fn warnings_survive_alongside_errors() {
+    let obj = app(AppServiceSpec {
+        port: Some(0),
+        ..spec("nginx")
+    });
+    let report = validate_report(&obj, None);
+    assert_eq!(report.errors.len(), 1);
+    assert_eq!(report.warnings.len(), 1);
+}
+
+#[test]
+fn env_names_must_be_c_identifiers() {
+    for bad in ["1ABC", "A-B", "A.B", "Ä", "A B"] {
+        let obj = app(AppServiceSpec {
+            env: vec![env(bad, "x")],
+            ..spec("nginx:1.27")
+        });
+        let errs = errors_of(&obj);
+        assert_eq!(errs.len(), 1, "{bad}: {errs:?}");
+        assert!(
+            errs[0].starts_with(&format!(
+                "spec.env[0].name: Invalid value: {bad:?}: a valid environment variable name"
+            )),
+            "{errs:?}"
+        );
+    }
+    let ok = app(AppServiceSpec {
+        env: vec![env("A", ""), env("_b9", "x"), env("LOG_LEVEL", "info")],
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(errors_of(&ok), Vec::<String>::new());
+}
+
+#[test]
+fn env_name_required_and_bounded() {
+    let obj = app(AppServiceSpec {
+        env: vec![env("", "x"), env(&"A".repeat(257), "x")],
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&obj),
+        vec![
+            "spec.env[0].name: Required value".to_owned(),
+            "spec.env[1].name: Too long: may not be more than 256 bytes".to_owned(),
+        ]
+    );
+}
+
+#[test]
+fn env_names_unique() {
+    let obj = app(AppServiceSpec {
+        env: vec![env("A", "1"), env("B", "2"), env("A", "3")],
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&obj),
+        vec![r#"spec.env[2].name: Duplicate value: "A""#]
+    );
+}
+
+#[test]
+fn env_count_and_value_length_bounded() {
+    let many: Vec<EnvVar> = (0..129).map(|i| env(&format!("V{i}"), "x")).collect();
+    let obj = app(AppServiceSpec {
+        env: many,
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&obj),
+        vec!["spec.env: Too many: 129: must have at most 128 items"]
+    );
+
+    let big = app(AppServiceSpec {
+        env: vec![env("BIG", &"x".repeat(32 * 1024 + 1))],
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&big),
+        vec!["spec.env[0].value: Too long: may not be more than 32768 bytes"]
+    );
+    let edge = app(AppServiceSpec {
+        env: vec![env("BIG", &"x".repeat(32 * 1024))],
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(errors_of(&edge), Vec::<String>::new());
+}
+
+#[test]
+fn env_value_from_rules() {
+    let secret = EnvVarSource {
+        secret_key_ref: Some(SecretKeySelector {
+            name: "s".into(),
+            key: "k".into(),
+            optional: None,
+        }),
+        ..Default::default()
+    };
+    let both = EnvVar {
+        name: "A".into(),
+        value: Some("v".into()),
+        value_from: Some(secret.clone()),
+    };
+    let none = EnvVar {
+        name: "B".into(),
+        value: None,
+        value_from: Some(EnvVarSource::default()),
+    };
+    let two = EnvVar {
+        name: "C".into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            config_map_key_ref: Some(ConfigMapKeySelector {
+                name: "c".into(),
+                key: "k".into(),
+                optional: None,
+            }),
+            ..secret.clone()
+        }),
+    };
+    let ok = EnvVar {
+        name: "D".into(),
+        value: None,
+        value_from: Some(secret),
+    };
+    let obj = app(AppServiceSpec {
+        env: vec![both, none, two, ok],
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&obj),
+        vec![
+            r#"spec.env[0].valueFrom: Invalid value: "": may not be specified when `value` is not empty"#.to_owned(),
+            r#"spec.env[1].valueFrom: Invalid value: "": must specify one of: `configMapKeyRef`, `fieldRef`, `fileKeyRef`, `resourceFieldRef` or `secretKeyRef`"#.to_owned(),
+            r#"spec.env[2].valueFrom: Invalid value: "": may not have more than one field specified at a time"#.to_owned(),
+        ]
+    );
+}
+
+#[test]
+fn database_url_reserved_only_when_database_enabled() {
+    let with_db = |enabled| {
+        app(AppServiceSpec {
+            env: vec![env("DATABASE_URL", "postgres://elsewhere")],
+            database: Some(DatabaseSpec {
+                enabled,
+                class: Some("pg".into()),
+            }),
+            ..spec("nginx:1.27")
+        })
+    };
+    assert_eq!(
+        errors_of(&with_db(true)),
+        vec![
+            "spec.env[0].name: Forbidden: DATABASE_URL is set by the operator when spec.database.enabled is true"
+        ]
+    );
+    assert_eq!(errors_of(&with_db(false)), Vec::<String>::new());
+}
+
+#[test]
+fn resources_quantities_must_parse_and_requests_fit_limits() {
+    let obj = app(AppServiceSpec {
+        resources: Some(ResourceRequirements {
+            requests: quantities(&[("cpu", "2"), ("memory", "lots")]),
+            limits: quantities(&[("cpu", "1"), ("memory", "-1Gi")]),
+            ..Default::default()
+        }),
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&obj),
+        vec![
+            r#"spec.resources.requests[memory]: Invalid value: "lots": must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"#.to_owned(),
+            r#"spec.resources.limits[memory]: Invalid value: "-1Gi": must be greater than or equal to 0"#.to_owned(),
+            r#"spec.resources.requests[cpu]: Invalid value: "2": must be less than or equal to cpu limit of 1"#.to_owned(),
+        ]
+    );
+    // Equal, and in different units, is fine.
+    let ok = app(AppServiceSpec {
+        resources: Some(ResourceRequirements {
+            requests: quantities(&[("cpu", "500m"), ("memory", "1Gi")]),
+            limits: quantities(&[("cpu", "0.5"), ("memory", "1024Mi")]),
+            ..Default::default()
+        }),
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(errors_of(&ok), Vec::<String>::new());
+}
+
+#[test]
+fn resource_claims_forbidden() {
+    let obj = app(AppServiceSpec {
+        resources: Some(ResourceRequirements {
+            claims: Some(vec![ResourceClaim {
+                name: "gpu".into(),
+                request: None,
+            }]),
+            ..Default::default()
+        }),
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&obj),
+        vec!["spec.resources.claims: Forbidden: resource claims are not supported by AppService"]
+    );
+}
+
+#[test]
+fn database_class_required_when_enabled() {
+    for class in [None, Some(String::new())] {
+        let obj = app(AppServiceSpec {
+            database: Some(DatabaseSpec {
+                enabled: true,
+                class,
+            }),
+            ..spec("nginx:1.27")
+        });
+        assert_eq!(
+            errors_of(&obj),
+            vec![
+                "spec.database.class: Required value: required when spec.database.enabled is true"
+            ]
+        );
+    }
+    let disabled = app(AppServiceSpec {
+        database: Some(DatabaseSpec {
+            enabled: false,
+            class: None,
+        }),
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(errors_of(&disabled), Vec::<String>::new());
+}
+
+#[test]
+fn database_class_must_be_a_dns_subdomain() {
+    let obj = app(AppServiceSpec {
+        database: Some(DatabaseSpec {
+            enabled: true,
+            class: Some("Prod_PG".into()),
+        }),
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&obj),
+        vec![
+            r#"spec.database.class: Invalid value: "Prod_PG": must be a lowercase RFC 1123 subdomain (e.g. 'production-postgresql')"#
+        ]
+    );
+}
+
+#[test]
+fn name_must_be_a_dns1035_label() {
+    for bad in ["My-App", "1app", "app.v2", "app-", &"a".repeat(64)] {
+        let mut obj = app(spec("nginx:1.27"));
+        obj.metadata.name = Some(bad.to_owned());
+        let errs = errors_of(&obj);
+        assert_eq!(errs.len(), 1, "{bad}: {errs:?}");
+        assert!(
+            errs[0].starts_with(&format!("metadata.name: Invalid value: {bad:?}")),
+            "{errs:?}"
+        );
+    }
+    for ok in ["a", "checkout", "checkout-v2", &"a".repeat(63)] {
+        let mut obj = app(spec("nginx:1.27"));
+        obj.metadata.name = Some(ok.to_owned());
+        assert!(validate(&obj, None).is_ok(), "{ok}");
+    }
+}
+
+#[test]
+fn generate_name_without_name_is_accepted() {
+    let mut obj = app(spec("nginx:1.27"));
+    obj.metadata.name = None;
+    obj.metadata.generate_name = Some("checkout-".into());
+    assert!(validate(&obj, None).is_ok());
+    obj.metadata.generate_name = None;
+    assert_eq!(
+        errors_of(&obj),
+        vec!["metadata.name: Required value: name or generateName is required"]
+    );
+}
+
+#[test]
+fn all_errors_reported_at_once() {
+    let obj = app(AppServiceSpec {
+        image: String::new(),
+        replicas: Some(-1),
+        port: Some(70000),
+        env: vec![env("1X", "a")],
+        resources: None,
+        database: Some(DatabaseSpec {
+            enabled: true,
+            class: None,
+        }),
+    });
+    let errs = validate(&obj, None).err().unwrap_or_default();
+    let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        vec![
+            "spec.image",
+            "spec.replicas",
+            "spec.port",
+            "spec.env[0].name",
+            "spec.database.class"
+        ]
+    );
+    let text = errs.to_string();
+    assert!(text.starts_with("[spec.image: Required value"), "{text}");
+    assert!(
+        text.contains(", spec.port: Invalid value: 70000: must be between 1 and 65535,"),
+        "{text}"
+    );
+}
+
+#[test]
+fn reasons_match_kubernetes_status_causes() {
+    assert_eq!(ErrorType::Required.reason(), "FieldValueRequired");
+    assert_eq!(ErrorType::Invalid.reason(), "FieldValueInvalid");
+    assert_eq!(ErrorType::Duplicate.reason(), "FieldValueDuplicate");
+    assert_eq!(ErrorType::Forbidden.reason(), "FieldValueForbidden");
+    assert_eq!(ErrorType::TooLong.reason(), "FieldValueTooLong");
+    assert_eq!(ErrorType::TooMany.reason(), "FieldValueTooMany");
+}
+
+fn with_db(class: Option<&str>, enabled: bool) -> AppService {
+    app(AppServiceSpec {
+        database: Some(DatabaseSpec {
+            enabled,
+            class: class.map(str::to_owned),
+        }),
+        ..spec("nginx:1.27")
+    })
+}
+
+#[test]
+fn database_class_immutable_while_enabled() {
+    let old = with_db(Some("pg-a"), true);
+    let changed = with_db(Some("pg-b"), true);
+    assert_eq!(
+        validate(&changed, Some(&old)).err().map(|e| e.to_string()),
+        Some(r#"spec.database.class: Invalid value: "pg-b": field is immutable while the database is enabled"#.to_owned())
+    );
+    assert!(
+        validate(&with_db(Some("pg-a"), true), Some(&old)).is_ok(),
+        "unchanged class"
+    );
+}
+
+#[test]
+fn database_class_may_change_when_not_enabled_before_or_after() {
+    // Enabling for the first time, or disabling, is not a change of an enabled class.
+    assert!(
+        validate(
+            &with_db(Some("pg-b"), true),
+            Some(&with_db(Some("pg-a"), false))
+        )
+        .is_ok()
+    );
+    assert!(
+        validate(
+            &with_db(Some("pg-b"), false),
+            Some(&with_db(Some("pg-a"), true))
+        )
+        .is_ok()
+    );
+    assert!(validate(&with_db(Some("pg-b"), true), Some(&app(spec("nginx:1.27")))).is_ok());
+}
+
+#[test]
+fn update_rules_ignore_other_changes() {
+    let old = app(AppServiceSpec {
+        replicas: Some(1),
+        ..spec("nginx:1.26")
+    });
+    let new = app(AppServiceSpec {
+        replicas: Some(5),
+        port: Some(9090),
+        ..spec("nginx:1.27")
+    });
+    assert!(validate(&new, Some(&old)).is_ok());
+}
+
+#[test]
+fn long_values_are_truncated_in_messages() {
+    let name = format!("{}!", "A".repeat(200));
+    let obj = app(AppServiceSpec {
+        env: vec![env(&name, "x")],
+        ..spec("nginx:1.27")
+    });
+    let errs = errors_of(&obj);
+    assert_eq!(errs.len(), 1);
+    assert!(errs[0].contains("...(truncated, 201 bytes)"), "{errs:?}");
+    assert!(errs[0].len() < 500, "{}", errs[0].len());
+}
+
+#[test]
+fn identifier_helpers() {
+    assert!(is_c_identifier("_"));
+    assert!(!is_c_identifier(""));
+    assert!(is_dns1123_subdomain("a.b-c.d"));
+    assert!(!is_dns1123_subdomain("a..b"));
+    assert!(!is_dns1123_subdomain(""));
+    assert!(!is_dns1035_label(""));
+}

@@ -1,0 +1,180 @@
+//! The committed CRD matches the code, and carries what the API contract promises.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
+use std::path::Path;
+
+use common::crd::{CRD_PATH, crd, crd_yaml};
+use serde_json::{Value, json};
+
+fn committed() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(CRD_PATH);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+#[test]
+fn committed_crd_matches_generated() {
+    let generated = crd_yaml().expect("CRD serializes");
+    assert!(
+        committed() == generated,
+        "{CRD_PATH} differs from what common/src/types.rs generates; run `cargo xtask crd` and commit the result"
+    );
+}
+
+#[test]
+fn committed_crd_parses_back_to_the_same_object() {
+    let parsed: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+        serde_saphyr::from_str(&committed()).expect("committed CRD is valid YAML");
+    assert_eq!(parsed, crd());
+}
+
+fn schema() -> Value {
+    let crd = serde_json::to_value(crd()).expect("CRD to JSON");
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+}
+
+#[test]
+fn names_scope_and_subresources() {
+    let crd = serde_json::to_value(crd()).expect("CRD to JSON");
+    assert_eq!(crd["metadata"]["name"], "appservices.platform.example.com");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert_eq!(crd["spec"]["names"]["shortNames"], json!(["appsrv"]));
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["name"], "v1alpha1");
+    assert_eq!(version["subresources"]["status"], json!({}));
+    assert_eq!(
+        version["subresources"]["scale"],
+        json!({
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.readyReplicas",
+            "labelSelectorPath": ".status.selector"
+        })
+    );
+    let columns: Vec<&str> = version["additionalPrinterColumns"]
+        .as_array()
+        .expect("printer columns")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(columns, vec!["Ready", "Replicas", "Endpoint", "Age"]);
+}
+
+#[test]
+fn defaults_and_bounds() {
+    let spec = &schema()["properties"]["spec"]["properties"];
+    assert_eq!(spec["replicas"]["default"], 1);
+    assert_eq!(spec["replicas"]["minimum"].as_f64(), Some(0.0));
+    assert_eq!(spec["replicas"]["maximum"].as_f64(), Some(1000.0));
+    assert_eq!(spec["port"]["default"], 8080);
+    assert_eq!(spec["port"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(spec["port"]["maximum"].as_f64(), Some(65535.0));
+    assert_eq!(spec["image"]["maxLength"], 512);
+    assert_eq!(spec["env"]["maxItems"], 128);
+    assert_eq!(spec["env"]["x-kubernetes-list-type"], "map");
+    assert_eq!(spec["env"]["x-kubernetes-list-map-keys"], json!(["name"]));
+    assert_eq!(spec["database"]["properties"]["enabled"]["default"], false);
+    // Non-nullable, so a null from a client is pruned and then defaulted.
+    assert!(spec["replicas"].get("nullable").is_none());
+    assert!(spec["port"].get("nullable").is_none());
+    let status = &schema()["properties"]["status"]["properties"];
+    assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
+    assert_eq!(
+        status["conditions"]["x-kubernetes-list-map-keys"],
+        json!(["type"])
+    );
+}
+
+#[test]
+fn every_property_has_a_description() {
+    fn walk(path: &str, schema: &Value, missing: &mut Vec<String>) {
+        if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+            for (name, sub) in props {
+                let p = format!("{path}.{name}");
+                if p != ".metadata"
+                    && p != ".apiVersion"
+                    && p != ".kind"
+                    && sub.get("description").is_none()
+                {
+                    missing.push(p.clone());
+                }
+                walk(&p, sub, missing);
+            }
+        }
+        if let Some(items) = schema.get("items") {
+            walk(&format!("{path}[]"), items, missing);
+        }
+    }
+    let mut missing = vec![];
+    walk("", &schema()["properties"]["spec"], &mut missing);
+    walk("", &schema()["properties"]["status"], &mut missing);
+    assert!(
+        missing.is_empty(),
+        "properties without a description: {missing:?}"
+    );
+}
+
+#[test]
+fn cel_rules_present() {
+    let s = schema();
+    let rules = |v: &Value| -> Vec<String> {
+        v["x-kubernetes-validations"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|r| r["rule"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let root = rules(&s);
+    assert!(
+        root.iter().any(|r| r.contains("self.metadata.name")),
+        "{root:?}"
+    );
+    let spec = rules(&s["properties"]["spec"]);
+    assert!(
+        spec.iter().any(|r| r.contains("oldSelf.database")),
+        "{spec:?}"
+    );
+    let db = rules(&s["properties"]["spec"]["properties"]["database"]);
+    assert_eq!(db, vec!["!self.enabled || has(self.class)".to_owned()]);
+}
+
+#[test]
+fn structural_no_untyped_nodes() {
+    // A structural schema gives every node a type, except int-or-string and
+    // preserve-unknown-fields nodes.
+    fn walk(path: &str, s: &Value, bad: &mut Vec<String>) {
+        let Some(obj) = s.as_object() else { return };
+        let typed = obj.contains_key("type")
+            || obj.contains_key("x-kubernetes-int-or-string")
+            || obj.contains_key("x-kubernetes-preserve-unknown-fields");
+        if !typed {
+            bad.push(path.to_owned());
+        }
+        for key in ["anyOf", "oneOf", "allOf"] {
+            assert!(
+                !obj.contains_key(key) || path.is_empty(),
+                "{path} uses {key}"
+            );
+        }
+        if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+            for (k, v) in props {
+                if !(path.is_empty() && k == "metadata") {
+                    walk(&format!("{path}.{k}"), v, bad);
+                }
+            }
+        }
+        if let Some(items) = obj.get("items") {
+            walk(&format!("{path}[]"), items, bad);
+        }
+        if let Some(ap) = obj.get("additionalProperties").filter(|v| v.is_object()) {
+            walk(&format!("{path}{{}}"), ap, bad);
+        }
+    }
+    let mut bad = vec![];
+    walk("", &schema(), &mut bad);
+    assert!(bad.is_empty(), "untyped schema nodes: {bad:?}");
+}
