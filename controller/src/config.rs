@@ -1,0 +1,158 @@
+//! Command-line and environment configuration of the controller.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+
+/// Everything [`crate::run`] needs besides a client. Flags double as environment
+/// variables so the chart can set them either way.
+#[derive(Args, Clone, Debug)]
+pub struct Config {
+    /// Watch only this namespace (all namespaces when unset).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+
+    /// Reconciles running at once.
+    #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
+    pub concurrency: u16,
+
+    /// Address of the ops server (/healthz, /readyz, /metrics); unset to disable.
+    #[arg(long, env = "OPS_ADDR", default_value = "0.0.0.0:8080")]
+    pub ops_addr: Option<SocketAddr>,
+
+    /// Elect a leader on a Lease before reconciling. Disable only when a single replica
+    /// runs (or in tests that scope controllers by namespace).
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+
+    /// Namespace of the leader Lease (the release namespace).
+    #[arg(long, env = "LEASE_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+
+    /// Name of the leader Lease.
+    #[arg(long, env = "LEASE_NAME", default_value = common::names::LEASE_NAME)]
+    pub lease_name: String,
+
+    /// Identity in the Lease; defaults to POD_NAME, else `<hostname>-<pid>`.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// How long a Lease stays valid without renewal.
+    #[arg(long, env = "LEASE_DURATION", value_parser = parse_duration, default_value = "15s")]
+    pub lease_duration: Duration,
+
+    /// The leader gives up when it could not renew for this long (< lease duration).
+    #[arg(long, env = "LEASE_RENEW_DEADLINE", value_parser = parse_duration, default_value = "10s")]
+    pub renew_deadline: Duration,
+
+    /// Interval between acquire and renew attempts.
+    #[arg(long, env = "LEASE_RETRY_PERIOD", value_parser = parse_duration, default_value = "2s")]
+    pub retry_period: Duration,
+
+    /// Re-check an object that is still rolling out after this long (watch events on the
+    /// Deployment usually come first).
+    #[arg(long, env = "ROLLOUT_REQUEUE", value_parser = parse_duration, default_value = "10s")]
+    pub rollout_requeue: Duration,
+
+    /// Re-check a converged object after this long, as a safety net for missed events.
+    /// A converged re-check reads only from the cache and writes nothing.
+    #[arg(long, env = "RESYNC_INTERVAL", value_parser = parse_duration, default_value = "10m")]
+    pub resync_interval: Duration,
+
+    /// How long in-flight reconciles may run after SIGTERM.
+    #[arg(long, env = "SHUTDOWN_GRACE", value_parser = parse_duration, default_value = "20s")]
+    pub shutdown_grace: Duration,
+}
+
+impl Config {
+    /// Settings for running in-process (tests): one namespace, no ops server, no
+    /// leader election, and otherwise the flag defaults.
+    pub fn for_namespace(namespace: &str) -> Self {
+        Config {
+            watch_namespace: Some(namespace.to_owned()),
+            concurrency: 4,
+            ops_addr: None,
+            leader_election: false,
+            lease_namespace: namespace.to_owned(),
+            lease_name: common::names::LEASE_NAME.to_owned(),
+            identity: None,
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            rollout_requeue: Duration::from_secs(10),
+            resync_interval: Duration::from_secs(600),
+            shutdown_grace: Duration::from_secs(20),
+        }
+    }
+
+    /// The Lease identity: the flag/`POD_NAME`, else hostname and process id.
+    pub fn identity(&self) -> String {
+        self.identity.clone().unwrap_or_else(|| {
+            let host = hostname::get()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "unknown-host".to_owned());
+            format!("{host}-{}", std::process::id())
+        })
+    }
+}
+
+/// Client-side request rate limit.
+#[derive(Args, Clone, Copy, Debug)]
+pub struct RateLimit {
+    /// Sustained API requests per second.
+    #[arg(long, env = "KUBE_API_QPS", default_value_t = 50.0)]
+    pub qps: f64,
+
+    /// Requests allowed in a burst above the sustained rate.
+    #[arg(long, env = "KUBE_API_BURST", default_value_t = 100)]
+    pub burst: u32,
+}
+
+/// Parses `500ms`, `15s`, `10m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 15s, 10m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("1d").is_err());
+        assert!(parse_duration("x").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn identity_falls_back_to_host_and_pid() {
+        let c = Config::for_namespace("ns");
+        assert!(c.identity().ends_with(&format!("-{}", std::process::id())));
+        let named = Config {
+            identity: Some("pod-0".into()),
+            ..c
+        };
+        assert_eq!(named.identity(), "pod-0");
+    }
+}

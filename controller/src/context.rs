@@ -1,0 +1,89 @@
+//! The one shared context of reconcile, error policy and the ops server.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::AppService;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::Client;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::error::BackoffPolicy;
+use crate::metrics::Metrics;
+use crate::status::Clock;
+
+pub struct Context {
+    pub client: Client,
+    pub config: Config,
+    pub metrics: Metrics,
+    pub recorder: Recorder,
+    pub clock: Box<dyn Clock>,
+    /// Caches of our children (labelled `managed-by=appservice-operator`).
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    /// True while this replica may reconcile.
+    pub leading: watch::Receiver<bool>,
+    /// True once every cache has listed its objects.
+    pub ready: AtomicBool,
+    pub backoff_policy: BackoffPolicy,
+    /// Consecutive failures per object; cleared by a successful reconcile.
+    failures: Mutex<HashMap<ObjectRef<AppService>, u32>>,
+}
+
+impl Context {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        config: Config,
+        recorder: Recorder,
+        clock: Box<dyn Clock>,
+        deployments: Store<Deployment>,
+        services: Store<Service>,
+        leading: watch::Receiver<bool>,
+    ) -> Self {
+        Context {
+            client,
+            config,
+            metrics: Metrics::default(),
+            recorder,
+            clock,
+            deployments,
+            services,
+            leading,
+            ready: AtomicBool::new(false),
+            backoff_policy: BackoffPolicy::default(),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn is_leader(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Records a failure of `key`; returns how many failures preceded it.
+    pub fn record_failure(&self, key: &ObjectRef<AppService>) -> u32 {
+        let Ok(mut map) = self.failures.lock() else {
+            return 0;
+        };
+        let n = map.entry(key.clone()).or_insert(0);
+        let before = *n;
+        *n = n.saturating_add(1);
+        before
+    }
+
+    /// Forgets the failures of `key` (after a success, or when it is gone).
+    pub fn reset_failures(&self, key: &ObjectRef<AppService>) {
+        if let Ok(mut map) = self.failures.lock() {
+            map.remove(key);
+        }
+    }
+}

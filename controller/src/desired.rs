@@ -1,0 +1,354 @@
+//! Desired state of an AppService's children, as pure functions of the AppService.
+//!
+//! The builders set only the fields the controller owns: server-side apply then leaves
+//! everything else (defaults, other managers' fields) alone, and the same builders tell
+//! [`crate::managed_fields`] what a no-op apply would look like.
+
+use common::AppService;
+use common::defaults::default_spec;
+use common::names::{child_labels, deployment_name, selector_labels, service_name};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, PodSpec, PodTemplateSpec, Probe, Service, ServicePort,
+    ServiceSpec, TCPSocketAction,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+
+use crate::error::{Error, Result};
+
+/// Name of the application container in the Pod template.
+pub const CONTAINER_NAME: &str = "app";
+/// Name of the container port and of the Service port.
+pub const PORT_NAME: &str = "http";
+
+/// The controller owner reference children carry: `controller: true`, and
+/// `blockOwnerDeletion` so foreground deletion of the AppService waits for them.
+pub fn owner_reference(app: &AppService) -> Result<OwnerReference> {
+    let name = app
+        .metadata
+        .name
+        .clone()
+        .ok_or(Error::MissingField("metadata.name"))?;
+    let uid = app
+        .metadata
+        .uid
+        .clone()
+        .ok_or(Error::MissingField("metadata.uid"))?;
+    Ok(OwnerReference {
+        api_version: AppService::api_version(&()).into_owned(),
+        kind: AppService::kind(&()).into_owned(),
+        name,
+        uid,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    })
+}
+
+/// Metadata of a child named `name`: same namespace, child labels, our owner reference.
+fn child_metadata(app: &AppService, name: String) -> Result<ObjectMeta> {
+    let app_name = app
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(Error::MissingField("metadata.name"))?;
+    let namespace = app
+        .metadata
+        .namespace
+        .clone()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    Ok(ObjectMeta {
+        name: Some(name),
+        namespace: Some(namespace),
+        labels: Some(child_labels(app_name)),
+        owner_references: Some(vec![owner_reference(app)?]),
+        ..ObjectMeta::default()
+    })
+}
+
+/// The Deployment that runs an AppService: `replicas` Pods of one container listening on
+/// `port`, ready once the port accepts TCP connections.
+pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
+    let name = app
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(Error::MissingField("metadata.name"))?;
+    let mut spec = app.spec.clone();
+    default_spec(&mut spec);
+    let port = spec.port();
+
+    let env: Vec<EnvVar> = spec
+        .env
+        .iter()
+        .map(|e| EnvVar {
+            name: e.name.clone(),
+            value: e.value.clone(),
+            value_from: e.value_from.clone(),
+        })
+        .collect();
+    // The database issue adds `DATABASE_URL` from the `<name>-database` Secret here,
+    // once the step that creates that Secret exists.
+
+    let container = Container {
+        name: CONTAINER_NAME.to_owned(),
+        image: Some(spec.image.clone()),
+        ports: Some(vec![ContainerPort {
+            name: Some(PORT_NAME.to_owned()),
+            container_port: port,
+            // Explicit: it is part of the list key the API server tracks ownership by.
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        env: (!env.is_empty()).then_some(env),
+        resources: spec.resources.clone().filter(|r| {
+            r.limits.as_ref().is_some_and(|l| !l.is_empty())
+                || r.requests.as_ref().is_some_and(|l| !l.is_empty())
+                || r.claims.as_ref().is_some_and(|l| !l.is_empty())
+        }),
+        readiness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::Int(port),
+                ..TCPSocketAction::default()
+            }),
+            ..Probe::default()
+        }),
+        ..Container::default()
+    };
+
+    Ok(Deployment {
+        metadata: child_metadata(app, deployment_name(name))?,
+        spec: DeploymentSpec {
+            replicas: Some(spec.replicas()),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(name)),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(child_labels(name)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        },
+        status: None,
+    })
+}
+
+/// The ClusterIP Service in front of an AppService's Pods, on `port`.
+pub fn desired_service(app: &AppService) -> Result<Service> {
+    let name = app
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(Error::MissingField("metadata.name"))?;
+    let port = app.spec.port();
+    Ok(Service {
+        metadata: child_metadata(app, service_name(name))?,
+        spec: Some(ServiceSpec {
+            selector: Some(selector_labels(name)),
+            ports: Some(vec![ServicePort {
+                name: Some(PORT_NAME.to_owned()),
+                port,
+                target_port: Some(IntOrString::Int(port)),
+                protocol: Some("TCP".to_owned()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// Whether `owner` is the controller owner of an object with these owner references.
+pub fn is_controlled_by(refs: Option<&[OwnerReference]>, owner_uid: &str) -> bool {
+    refs.unwrap_or_default()
+        .iter()
+        .any(|r| r.controller == Some(true) && r.uid == owner_uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::names::{LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY};
+    use common::{AppServiceSpec, EnvVar as AppEnvVar};
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use pretty_assertions::assert_eq;
+    use std::collections::BTreeMap;
+
+    fn app(spec: AppServiceSpec) -> AppService {
+        let mut app = AppService::new("checkout", spec);
+        app.metadata.namespace = Some("shop".into());
+        app.metadata.uid = Some("uid-1".into());
+        app
+    }
+
+    fn container(d: &Deployment) -> &Container {
+        &d.spec.template.spec.as_ref().unwrap().containers[0]
+    }
+
+    #[test]
+    fn deployment_carries_spec_with_defaults() {
+        let d = desired_deployment(&app(AppServiceSpec {
+            image: "registry.example.com/checkout:v3".into(),
+            ..Default::default()
+        }))
+        .unwrap();
+        assert_eq!(d.metadata.name.as_deref(), Some("checkout"));
+        assert_eq!(d.metadata.namespace.as_deref(), Some("shop"));
+        let spec = &d.spec;
+        assert_eq!(spec.replicas, Some(1));
+        let c = container(&d);
+        assert_eq!(c.image.as_deref(), Some("registry.example.com/checkout:v3"));
+        let ports = c.ports.as_ref().unwrap();
+        assert_eq!(ports[0].container_port, 8080);
+        assert_eq!(ports[0].protocol.as_deref(), Some("TCP"));
+        assert_eq!(
+            c.readiness_probe
+                .as_ref()
+                .unwrap()
+                .tcp_socket
+                .as_ref()
+                .unwrap()
+                .port,
+            IntOrString::Int(8080)
+        );
+        assert_eq!(c.env, None);
+        assert_eq!(c.resources, None);
+    }
+
+    #[test]
+    fn deployment_labels_selector_and_owner() {
+        let d = desired_deployment(&app(AppServiceSpec {
+            image: "nginx:1.27".into(),
+            replicas: Some(4),
+            ..Default::default()
+        }))
+        .unwrap();
+        let labels = d.metadata.labels.clone().unwrap();
+        assert_eq!(labels[LABEL_NAME], "checkout");
+        assert_eq!(labels[LABEL_INSTANCE], "checkout");
+        assert_eq!(labels[LABEL_MANAGED_BY], MANAGED_BY);
+        let spec = &d.spec;
+        assert_eq!(spec.replicas, Some(4));
+        assert_eq!(
+            spec.selector.match_labels,
+            Some(selector_labels("checkout"))
+        );
+        // The selector must select the template's Pods.
+        let pod_labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .clone()
+            .unwrap();
+        for (k, v) in selector_labels("checkout") {
+            assert_eq!(pod_labels[&k], v);
+        }
+        let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.kind, "AppService");
+        assert_eq!(owner.api_version, "platform.example.com/v1alpha1");
+        assert_eq!(owner.uid, "uid-1");
+        assert_eq!(owner.controller, Some(true));
+        assert!(is_controlled_by(
+            d.metadata.owner_references.as_deref(),
+            "uid-1"
+        ));
+        assert!(!is_controlled_by(
+            d.metadata.owner_references.as_deref(),
+            "uid-2"
+        ));
+    }
+
+    #[test]
+    fn deployment_env_and_resources() {
+        let resources = ResourceRequirements {
+            requests: Some(BTreeMap::from([("cpu".into(), Quantity("100m".into()))])),
+            ..Default::default()
+        };
+        let d = desired_deployment(&app(AppServiceSpec {
+            image: "nginx:1.27".into(),
+            port: Some(9090),
+            env: vec![AppEnvVar {
+                name: "LOG_LEVEL".into(),
+                value: Some("info".into()),
+                value_from: None,
+            }],
+            resources: Some(resources.clone()),
+            ..Default::default()
+        }))
+        .unwrap();
+        let c = container(&d);
+        let env = c.env.as_ref().unwrap();
+        assert_eq!(env.len(), 1);
+        assert_eq!(env[0].name, "LOG_LEVEL");
+        assert_eq!(env[0].value.as_deref(), Some("info"));
+        assert_eq!(c.resources, Some(resources));
+        assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 9090);
+    }
+
+    #[test]
+    fn empty_resources_are_left_out() {
+        let d = desired_deployment(&app(AppServiceSpec {
+            image: "nginx:1.27".into(),
+            resources: Some(ResourceRequirements::default()),
+            ..Default::default()
+        }))
+        .unwrap();
+        assert_eq!(container(&d).resources, None);
+    }
+
+    #[test]
+    fn service_selects_pods_on_port() {
+        let s = desired_service(&app(AppServiceSpec {
+            image: "nginx:1.27".into(),
+            port: Some(9090),
+            ..Default::default()
+        }))
+        .unwrap();
+        let spec = s.spec.as_ref().unwrap();
+        assert_eq!(spec.selector, Some(selector_labels("checkout")));
+        let port = &spec.ports.as_ref().unwrap()[0];
+        assert_eq!(port.port, 9090);
+        assert_eq!(port.target_port, Some(IntOrString::Int(9090)));
+        assert_eq!(spec.type_, None);
+        assert!(is_controlled_by(
+            s.metadata.owner_references.as_deref(),
+            "uid-1"
+        ));
+    }
+
+    #[test]
+    fn missing_uid_is_an_error_not_a_panic() {
+        let mut a = app(AppServiceSpec::default());
+        a.metadata.uid = None;
+        assert!(matches!(
+            desired_deployment(&a),
+            Err(Error::MissingField("metadata.uid"))
+        ));
+    }
+
+    #[test]
+    fn serialized_deployment_has_only_owned_fields() {
+        let d = desired_deployment(&app(AppServiceSpec {
+            image: "nginx:1.27".into(),
+            ..Default::default()
+        }))
+        .unwrap();
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(v["apiVersion"], "apps/v1");
+        assert_eq!(v["kind"], "Deployment");
+        assert!(v.get("status").is_none());
+        assert!(v["metadata"].get("resourceVersion").is_none());
+        assert!(v["spec"].get("strategy").is_none());
+    }
+}

@@ -1,0 +1,284 @@
+//! The AppService controller: turns each AppService into a Deployment and a Service, keeps
+//! them converged, and reports status users can trust.
+//!
+//! [`run`] wires it together; `main.rs` only parses flags, builds the client and waits
+//! for a signal, so tests can run controllers in-process.
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`reconcile`] | the reconcile steps and the error policy |
+//! | [`desired`] | pure builders of the children |
+//! | [`managed_fields`] | whether a server-side apply would change anything |
+//! | [`status`] | pure status and condition computation |
+//! | [`external`] | external resources behind the finalizer (the database slots in here) |
+//! | [`error`] | the error type, its retry classification, backoff |
+//! | [`leader`] | Lease leader election |
+//! | [`metrics`], [`ops`] | Prometheus metrics, `/healthz` `/readyz` `/metrics` |
+//! | [`client`] | the rate-limited client |
+//! | [`config`] | flags |
+
+pub mod client;
+pub mod config;
+pub mod context;
+pub mod desired;
+pub mod error;
+pub mod external;
+pub mod leader;
+pub mod managed_fields;
+pub mod metrics;
+pub mod ops;
+pub mod reconcile;
+pub mod status;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use common::AppService;
+use common::names::{LABEL_MANAGED_BY, MANAGED_BY};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+pub use config::{Config, RateLimit};
+pub use context::Context;
+pub use status::{Clock, SystemClock};
+
+/// Runs the controller until `shutdown` completes, then lets in-flight reconciles finish
+/// (within the grace period) and releases the leader lease.
+///
+/// Returns an error if the leader-election task dies, or the ops server cannot start.
+pub async fn run(
+    config: Config,
+    client: Client,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    run_with_clock(config, client, Box::new(SystemClock), shutdown).await
+}
+
+/// [`run`] with an injected clock.
+pub async fn run_with_clock(
+    config: Config,
+    client: Client,
+    clock: Box<dyn Clock>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let identity = config.identity();
+    let (leading_tx, leading_rx) = watch::channel(!config.leader_election);
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    // Caches of our children: only objects with our managed-by label.
+    let child_config = watcher::Config::default()
+        .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
+        .any_semantic();
+    let (deployments, deployments_writer) = reflector::store::<Deployment>();
+    let (services, services_writer) = reflector::store::<Service>();
+    let deployment_stream = reflector::reflector(
+        deployments_writer,
+        watcher(
+            scoped_api::<Deployment>(&client, &config),
+            child_config.clone(),
+        ),
+    )
+    .default_backoff()
+    .applied_objects();
+    let service_stream = reflector::reflector(
+        services_writer,
+        watcher(scoped_api::<Service>(&client, &config), child_config),
+    )
+    .default_backoff()
+    .applied_objects();
+
+    let reporter = Reporter {
+        controller: common::names::FIELD_MANAGER.to_owned(),
+        instance: Some(identity.clone()),
+    };
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        config.clone(),
+        Recorder::new(client.clone(), reporter),
+        clock,
+        deployments.clone(),
+        services.clone(),
+        leading_rx.clone(),
+    ));
+    ctx.metrics.leader.set(i64::from(ctx.is_leader()));
+
+    let controller = Controller::new(
+        scoped_api::<AppService>(&client, &config),
+        watcher::Config::default().any_semantic(),
+    )
+    .with_config(controller::Config::default().concurrency(config.concurrency))
+    .owns_stream(deployment_stream)
+    .owns_stream(service_stream)
+    // On gaining the lease, look at everything again: the previous leader may have died
+    // half-way, and as a standby we skipped every event.
+    .reconcile_all_on(leadership_gained(leading_rx.clone()));
+    let apps = controller.store();
+
+    // Readiness: every cache has done its initial list.
+    let ready_ctx = ctx.clone();
+    tokio::spawn(async move {
+        let synced = apps.wait_until_ready().await.is_ok()
+            && deployments.wait_until_ready().await.is_ok()
+            && services.wait_until_ready().await.is_ok();
+        if synced {
+            ready_ctx.ready.store(true, Ordering::Relaxed);
+            info!("caches synced");
+        }
+    });
+
+    // Leader gauge follows the election.
+    let gauge_ctx = ctx.clone();
+    let mut gauge_rx = leading_rx.clone();
+    tokio::spawn(async move {
+        while gauge_rx.changed().await.is_ok() {
+            let leading = *gauge_rx.borrow_and_update();
+            gauge_ctx.metrics.leader.set(i64::from(leading));
+        }
+    });
+
+    let mut ops = match config.ops_addr {
+        Some(addr) => {
+            let mut stop = stop_rx.clone();
+            let shutdown = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            let listener_ctx = ctx.clone();
+            let handle = tokio::spawn(ops::serve(addr, listener_ctx, shutdown));
+            Some(handle)
+        }
+        None => None,
+    };
+
+    let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
+    let mut elector = if config.leader_election {
+        let lease_api: Api<Lease> = Api::namespaced(client.clone(), &config.lease_namespace);
+        let elector = leader::Elector::new(
+            lease_api,
+            leader::ElectionConfig {
+                lease_name: config.lease_name.clone(),
+                identity: identity.clone(),
+                lease_duration: config.lease_duration,
+                renew_deadline: config.renew_deadline,
+                retry_period: config.retry_period,
+            },
+        );
+        info!(identity = %identity, lease = %config.lease_name, namespace = %config.lease_namespace, "leader election enabled");
+        Some(tokio::spawn(elector.run(leading_tx, elector_stop_rx)))
+    } else {
+        // Keep the sender alive: a dropped sender would read as "leadership changed".
+        drop(elector_stop_rx);
+        tokio::spawn(async move {
+            leading_tx.closed().await;
+        });
+        None
+    };
+
+    let mut stop_for_controller = stop_rx.clone();
+    let controller_ctx = ctx.clone();
+    let mut controller_task = tokio::spawn(
+        controller
+            .graceful_shutdown_on(async move {
+                let _ = stop_for_controller.wait_for(|s| *s).await;
+            })
+            .run(
+                reconcile::reconcile,
+                reconcile::error_policy,
+                controller_ctx,
+            )
+            .for_each(|result| async move {
+                match result {
+                    Ok(_) => {}
+                    // The object went away between event and reconcile: fine.
+                    Err(controller::Error::ObjectNotFound(_)) => {}
+                    Err(controller::Error::ReconcilerFailed(..)) => {}
+                    Err(e) => warn!(error = %e, "controller stream error"),
+                }
+            }),
+    );
+
+    let shutdown = shutdown.fuse();
+    tokio::pin!(shutdown);
+    let mut failure: Option<anyhow::Error> = None;
+    tokio::select! {
+        _ = &mut shutdown => info!("shutting down"),
+        r = async { match elector.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
+            error!(result = ?r.err(), "leader election task ended unexpectedly");
+            failure = Some(anyhow::anyhow!("leader election task died"));
+        }
+        r = async { match ops.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
+            let message = match r {
+                Ok(Ok(())) => "ops server stopped".to_owned(),
+                Ok(Err(e)) => format!("ops server failed: {e}"),
+                Err(e) => format!("ops server task failed: {e}"),
+            };
+            error!("{message}");
+            failure = Some(anyhow::anyhow!(message));
+            ops = None;
+        }
+        r = &mut controller_task => {
+            failure = Some(anyhow::anyhow!("controller stopped unexpectedly: {r:?}"));
+        }
+    }
+
+    // Stop reconciling first (in-flight reconciles get the grace period), then release
+    // the lease, so the next leader never overlaps with us.
+    let _ = stop_tx.send(true);
+    if !controller_task.is_finished()
+        && tokio::time::timeout(config.shutdown_grace, &mut controller_task)
+            .await
+            .is_err()
+    {
+        warn!("in-flight reconciles did not finish within the grace period; aborting them");
+        controller_task.abort();
+    }
+    let _ = elector_stop_tx.send(true);
+    if let Some(handle) = elector
+        && !handle.is_finished()
+    {
+        let _ = tokio::time::timeout(config.renew_deadline, handle).await;
+    }
+    if let Some(handle) = ops {
+        let _ = handle.await;
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// An Api scoped to the watched namespace, or to all namespaces.
+fn scoped_api<K>(client: &Client, config: &Config) -> Api<K>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    match &config.watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// A stream that yields each time `leading` turns true.
+fn leadership_gained(leading: watch::Receiver<bool>) -> impl futures::Stream<Item = ()> + Send {
+    futures::stream::unfold(leading, |mut rx| async move {
+        loop {
+            if rx.changed().await.is_err() {
+                return None;
+            }
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
+}

@@ -1,0 +1,179 @@
+//! Prometheus metrics of the controller, with small fixed label sets.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `success`, `error`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReadyLabel {
+    /// Status of the Ready condition: `True`, `False`, `Unknown`.
+    pub ready: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabel {
+    /// `deployments`, `services`, `appservices`, `appservices/status`, `events`.
+    pub resource: &'static str,
+}
+
+/// Every metric the controller exports, registered in one registry.
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconciles: Family<ResultLabel, Counter>,
+    pub errors: Family<ReasonLabel, Counter>,
+    pub duration: Histogram,
+    pub objects: Family<ReadyLabel, Gauge>,
+    pub leader: Gauge,
+    pub cleanup_failures: Counter,
+    pub writes: Family<WriteLabel, Counter>,
+    /// Ready status per object key, to keep `objects` exact.
+    ready_by_key: Mutex<HashMap<String, String>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("appservice_controller");
+        let reconciles = Family::<ResultLabel, Counter>::default();
+        let errors = Family::<ReasonLabel, Counter>::default();
+        let duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        let objects = Family::<ReadyLabel, Gauge>::default();
+        let leader = Gauge::default();
+        let cleanup_failures = Counter::default();
+        let writes = Family::<WriteLabel, Counter>::default();
+        registry.register("reconciles", "Reconciles by result", reconciles.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconcile errors by reason",
+            errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of one reconcile",
+            duration.clone(),
+        );
+        registry.register(
+            "objects",
+            "AppServices by status of their Ready condition",
+            objects.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease",
+            leader.clone(),
+        );
+        registry.register(
+            "cleanup_failures",
+            "Failed attempts at cleaning up external resources of a deleted AppService",
+            cleanup_failures.clone(),
+        );
+        registry.register(
+            "api_writes",
+            "API writes made by reconcile, by resource",
+            writes.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            errors,
+            duration,
+            objects,
+            leader,
+            cleanup_failures,
+            writes,
+            ready_by_key: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn reconciled(&self, ok: bool, took: Duration) {
+        let result = if ok { "success" } else { "error" };
+        self.reconciles.get_or_create(&ResultLabel { result }).inc();
+        self.duration.observe(took.as_secs_f64());
+    }
+
+    pub fn error(&self, reason: &'static str) {
+        self.errors.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    pub fn write(&self, resource: &'static str) {
+        self.writes.get_or_create(&WriteLabel { resource }).inc();
+    }
+
+    /// Records the Ready status of `key` (`None` when the object is gone).
+    pub fn set_ready(&self, key: &str, ready: Option<&str>) {
+        let Ok(mut by_key) = self.ready_by_key.lock() else {
+            return;
+        };
+        let old = match ready {
+            Some(r) => by_key.insert(key.to_owned(), r.to_owned()),
+            None => by_key.remove(key),
+        };
+        if old.as_deref() == ready {
+            return;
+        }
+        if let Some(old) = old {
+            self.objects.get_or_create(&ReadyLabel { ready: old }).dec();
+        }
+        if let Some(new) = ready {
+            self.objects
+                .get_or_create(&ReadyLabel {
+                    ready: new.to_owned(),
+                })
+                .inc();
+        }
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_gauge_tracks_transitions() {
+        let m = Metrics::default();
+        m.set_ready("ns/a", Some("False"));
+        m.set_ready("ns/b", Some("False"));
+        m.set_ready("ns/a", Some("True"));
+        m.set_ready("ns/a", Some("True"));
+        let get = |r: &str| {
+            m.objects
+                .get_or_create(&ReadyLabel { ready: r.into() })
+                .get()
+        };
+        assert_eq!(get("True"), 1);
+        assert_eq!(get("False"), 1);
+        m.set_ready("ns/b", None);
+        assert_eq!(get("False"), 0);
+        let text = m.encode().unwrap();
+        assert!(
+            text.contains("appservice_controller_objects{ready=\"True\"} 1"),
+            "{text}"
+        );
+    }
+}

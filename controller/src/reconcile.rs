@@ -1,0 +1,383 @@
+//! The reconcile loop: one AppService at a time, as a sequence of idempotent steps.
+//!
+//! 1. deleting → external cleanup, then release the finalizer;
+//! 2. finalizer in place before any side effect;
+//! 3. `common::validate` (defence in depth) → `InvalidSpec`, no retry until it changes;
+//! 4. external resources (none yet; see [`crate::external`]);
+//! 5. Deployment and Service by server-side apply, skipped when already converged, never
+//!    onto an object we do not control (`ResourceConflict`);
+//! 6. status, written only when it changed.
+//!
+//! Reads come from the watch caches; the only API calls are writes that change
+//! something, so a reconcile at steady state makes no request at all.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::conditions::{TRUE, reasons};
+use common::names::{FIELD_MANAGER, FINALIZER};
+use common::validation::validate;
+use common::{AppService, AppServiceStatus};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tracing::{debug, info, instrument, warn};
+
+use crate::context::Context;
+use crate::desired::{desired_deployment, desired_service, is_controlled_by};
+use crate::error::{Error, Result, Retry};
+use crate::external::{self, Step};
+use crate::managed_fields::apply_is_noop;
+use crate::status::{
+    Observation, Rollout, cleanup_failed_status, desired_status, needs_write, ready_state, rollout,
+};
+
+/// A name taken by someone else's object is re-checked this rarely: foreign objects are
+/// not in our (label-filtered) caches, so their deletion produces no event.
+pub const CONFLICT_RECHECK: Duration = Duration::from_secs(300);
+
+/// Entry point for the kube-runtime `Controller`.
+#[instrument(skip(ctx, app), fields(object = %ObjectRef::from_obj(&*app), generation = app.metadata.generation.unwrap_or_default()))]
+pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Action> {
+    if !ctx.is_leader() {
+        return Ok(Action::await_change());
+    }
+    let key = ObjectRef::from_obj(&*app);
+    let started = Instant::now();
+    let mut leading = ctx.leading.clone();
+    // Losing the lease stops this reconcile at its next await point.
+    let result = tokio::select! {
+        r = reconcile_steps(&app, &ctx) => r,
+        _ = leading.wait_for(|l| !*l) => Err(Error::NotLeader),
+    };
+    ctx.metrics.reconciled(result.is_ok(), started.elapsed());
+    if result.is_ok() {
+        ctx.reset_failures(&key);
+    }
+    result
+}
+
+/// Retry policy for failed reconciles: see [`Error::retry`].
+pub fn error_policy(app: Arc<AppService>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = ObjectRef::from_obj(&*app);
+    ctx.metrics.error(error.metric_label());
+    let retry = error.retry();
+    let attempt = ctx.record_failure(&key);
+    match ctx
+        .backoff_policy
+        .delay(retry, attempt, rand::random::<f64>())
+    {
+        Some(delay) => {
+            warn!(object = %key, %error, ?retry, attempt, delay_ms = delay.as_millis() as u64, "reconcile failed; retrying");
+            Action::requeue(delay)
+        }
+        None => {
+            if retry == Retry::Permanent && !matches!(error, Error::NotLeader) {
+                warn!(object = %key, %error, "reconcile failed permanently; waiting for a change");
+            }
+            Action::await_change()
+        }
+    }
+}
+
+async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
+    let name = app
+        .metadata
+        .name
+        .clone()
+        .ok_or(Error::MissingField("metadata.name"))?;
+    let namespace = app
+        .metadata
+        .namespace
+        .clone()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<AppService> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    if app.metadata.deletion_timestamp.is_some() {
+        return finalize(app, ctx, &api, &format!("{namespace}/{name}")).await;
+    }
+
+    // The finalizer goes on before anything we may have to clean up exists.
+    let owned_app;
+    let app = if app.finalizers().iter().any(|f| f == FINALIZER) {
+        app
+    } else {
+        let mut finalizers = app.finalizers().to_vec();
+        finalizers.push(FINALIZER.to_owned());
+        let patch = json!({"metadata": {
+            "resourceVersion": app.metadata.resource_version,
+            "finalizers": finalizers,
+        }});
+        owned_app = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        ctx.metrics.write("appservices");
+        debug!("added finalizer");
+        &owned_app
+    };
+
+    if let Err(errors) = validate(app, None) {
+        let status = desired_status(
+            app,
+            &Observation::InvalidSpec(errors.to_string()),
+            &ctx.clock.now(),
+        );
+        write_status(ctx, &api, app, status).await?;
+        // Retrying cannot help; the next change of the object triggers a reconcile.
+        return Ok(Action::await_change());
+    }
+
+    if let Step::NotReady(after) = external::ensure(ctx, app).await? {
+        return Ok(Action::requeue(after));
+    }
+
+    let deployment = match ensure_child(
+        ctx,
+        app,
+        &ctx.deployments,
+        desired_deployment(app)?,
+        "Deployment",
+        "deployments",
+    )
+    .await?
+    {
+        Child::Ours(d) => d,
+        Child::Foreign(message) => return conflict(ctx, &api, app, message).await,
+    };
+    match ensure_child(
+        ctx,
+        app,
+        &ctx.services,
+        desired_service(app)?,
+        "Service",
+        "services",
+    )
+    .await?
+    {
+        Child::Ours(_) => {}
+        Child::Foreign(message) => return conflict(ctx, &api, app, message).await,
+    }
+
+    let status = desired_status(app, &Observation::Applied(&deployment), &ctx.clock.now());
+    write_status(ctx, &api, app, status).await?;
+    Ok(match rollout(&deployment) {
+        Rollout::InProgress { .. } => Action::requeue(ctx.config.rollout_requeue),
+        Rollout::Complete { .. } | Rollout::Failed { .. } => {
+            Action::requeue(ctx.config.resync_interval)
+        }
+    })
+}
+
+async fn conflict(
+    ctx: &Context,
+    api: &Api<AppService>,
+    app: &AppService,
+    message: String,
+) -> Result<Action> {
+    let status = desired_status(app, &Observation::Conflict(message), &ctx.clock.now());
+    write_status(ctx, api, app, status).await?;
+    Ok(Action::requeue(CONFLICT_RECHECK))
+}
+
+/// Deletion: clean up external resources, then let the object go.
+async fn finalize(
+    app: &AppService,
+    ctx: &Context,
+    api: &Api<AppService>,
+    key: &str,
+) -> Result<Action> {
+    if !app.finalizers().iter().any(|f| f == FINALIZER) {
+        ctx.metrics.set_ready(key, None);
+        return Ok(Action::await_change());
+    }
+    match external::cleanup(ctx, app).await {
+        Ok(Step::Done) => {}
+        Ok(Step::NotReady(after)) => return Ok(Action::requeue(after)),
+        Err(e) => {
+            ctx.metrics.cleanup_failures.inc();
+            let status = cleanup_failed_status(app, &e.to_string(), &ctx.clock.now());
+            write_status(ctx, api, app, status).await?;
+            return Err(e);
+        }
+    }
+    let finalizers: Vec<String> = app
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    let patch = json!({"metadata": {
+        "resourceVersion": app.metadata.resource_version,
+        "finalizers": finalizers,
+    }});
+    let name = app.name_any();
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        // Already gone: nothing left to do.
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.metrics.write("appservices");
+    ctx.metrics.set_ready(key, None);
+    info!("cleanup done, finalizer removed");
+    Ok(Action::await_change())
+}
+
+enum Child<K> {
+    /// Ours and converged: the live object.
+    Ours(K),
+    /// The name is taken by an object this AppService does not control.
+    Foreign(String),
+}
+
+/// Makes the live child match `desired`, unless it belongs to someone else.
+async fn ensure_child<K>(
+    ctx: &Context,
+    app: &AppService,
+    cache: &Store<K>,
+    desired: K,
+    kind: &'static str,
+    resource: &'static str,
+) -> Result<Child<K>>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + Serialize
+        + DeserializeOwned,
+{
+    let name = desired
+        .meta()
+        .name
+        .clone()
+        .ok_or(Error::MissingField("metadata.name"))?;
+    let namespace = desired
+        .meta()
+        .namespace
+        .clone()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let uid = app
+        .metadata
+        .uid
+        .clone()
+        .ok_or(Error::MissingField("metadata.uid"))?;
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    // The cache holds only objects with our labels; anything else needs a look.
+    let live = match cache.get(&ObjectRef::new(&name).within(&namespace)) {
+        Some(obj) => Some((*obj).clone()),
+        None => api.get_opt(&name).await?,
+    };
+    if let Some(live) = &live {
+        if !is_controlled_by(live.meta().owner_references.as_deref(), &uid) {
+            return Ok(Child::Foreign(format!(
+                "{kind} {namespace}/{name} already exists and is not controlled by this AppService; it is left untouched"
+            )));
+        }
+        let desired_json =
+            serde_json::to_value(&desired).map_err(|source| Error::Serialize { kind, source })?;
+        let live_json =
+            serde_json::to_value(live).map_err(|source| Error::Serialize { kind, source })?;
+        let managed = live.meta().managed_fields.as_deref().unwrap_or_default();
+        if apply_is_noop(&desired_json, &live_json, managed, FIELD_MANAGER) {
+            return Ok(Child::Ours(live.clone()));
+        }
+    }
+    // Force: we are the controller of this object; fields we set are ours.
+    let applied = api
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&desired),
+        )
+        .await?;
+    ctx.metrics.write(resource);
+    info!(kind, child = %name, "applied");
+    Ok(Child::Ours(applied))
+}
+
+/// Writes `status` through the status subresource if it differs from the live status,
+/// and records an Event when the Ready condition moved.
+async fn write_status(
+    ctx: &Context,
+    api: &Api<AppService>,
+    app: &AppService,
+    status: AppServiceStatus,
+) -> Result<()> {
+    let key = format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any());
+    ctx.metrics
+        .set_ready(&key, ready_state(Some(&status)).map(|(s, _)| s).as_deref());
+    if !needs_write(app.status.as_ref(), &status) {
+        return Ok(());
+    }
+    let before = ready_state(app.status.as_ref());
+    let after = ready_state(Some(&status));
+    let patch = json!({
+        "apiVersion": AppService::api_version(&()),
+        "kind": AppService::kind(&()),
+        "metadata": {"name": app.name_any()},
+        "status": status,
+    });
+    api.patch_status(
+        &app.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    ctx.metrics.write("appservices/status");
+    debug!("status written");
+    if before != after
+        && let Some((st, reason)) = after
+    {
+        publish_event(ctx, app, &st, &reason, &status).await;
+    }
+    Ok(())
+}
+
+/// An Event on a Ready transition. Failures to publish are logged, never fatal.
+async fn publish_event(
+    ctx: &Context,
+    app: &AppService,
+    status: &str,
+    reason: &str,
+    new: &AppServiceStatus,
+) {
+    let message = common::conditions::find(&new.conditions, common::conditions::READY)
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    let warning = matches!(
+        reason,
+        reasons::INVALID_SPEC
+            | reasons::RESOURCE_CONFLICT
+            | reasons::DEPLOYMENT_FAILED
+            | reasons::CLEANUP_FAILED
+    );
+    let event = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_owned(),
+        note: Some(if status == TRUE {
+            format!("Ready: {message}")
+        } else {
+            message
+        }),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    match ctx.recorder.publish(&event, &app.object_ref(&())).await {
+        Ok(()) => ctx.metrics.write("events"),
+        Err(e) => warn!(error = %e, "could not publish event"),
+    }
+}
