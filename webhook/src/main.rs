@@ -1,1 +1,43 @@
-fn main() {}
+//! `appservice-webhook`: parses flags, sets up logging and the rustls crypto provider,
+//! and serves until SIGTERM or Ctrl-C, then drains.
+
+use clap::Parser;
+use webhook::{Config, logging, serve, tls};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let config = Config::parse();
+    logging::init(config.log_format);
+    tls::install_crypto_provider();
+    match serve(config, shutdown_signal()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "webhook failed");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// SIGTERM (the kubelet stopping the Pod) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = ctrl_c => {}
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the webhook");
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,142 @@
+//! Command-line flags, each with an environment-variable fallback, so the same binary is
+//! configured by `args:` or `env:` in a Pod spec.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Request bodies larger than this are refused with 413. The API server caps an object
+/// at 1.5 MiB in etcd; an AdmissionReview carries it twice (object and oldObject).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line, for log collectors.
+    Json,
+    /// Human-readable lines, for a terminal.
+    Text,
+}
+
+/// Configuration of the webhook server.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "appservice-webhook",
+    version,
+    about = "Admission webhook for AppService: defaults, validation and CEL policies over TLS"
+)]
+pub struct Config {
+    /// Address of the TLS listener the API server calls (`/mutate`, `/validate`).
+    #[arg(long, env = "WEBHOOK_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+
+    /// Address of the plain-HTTP operations listener (`/healthz`, `/readyz`, `/metrics`).
+    #[arg(long, env = "WEBHOOK_OPS_LISTEN", default_value = "0.0.0.0:8080")]
+    pub ops_listen: SocketAddr,
+
+    /// PEM file with the serving certificate chain (leaf first).
+    #[arg(
+        long,
+        env = "WEBHOOK_TLS_CERT",
+        default_value = "/etc/webhook/tls/tls.crt"
+    )]
+    pub tls_cert: PathBuf,
+
+    /// PEM file with the private key of the serving certificate.
+    #[arg(
+        long,
+        env = "WEBHOOK_TLS_KEY",
+        default_value = "/etc/webhook/tls/tls.key"
+    )]
+    pub tls_key: PathBuf,
+
+    /// YAML file of CEL admission policies; reloaded when it changes. None: no policies.
+    #[arg(long, env = "WEBHOOK_POLICIES")]
+    pub policies: Option<PathBuf>,
+
+    /// How often certificate and policy files are re-read even without a change event
+    /// (a fallback for file systems that do not report changes).
+    #[arg(long, env = "WEBHOOK_RELOAD_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub reload_interval: Duration,
+
+    /// Longest time one admission request may take, including reading its body.
+    #[arg(long, env = "WEBHOOK_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Longest time to drain in-flight requests after SIGTERM before exiting anyway.
+    #[arg(long, env = "WEBHOOK_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Largest accepted request body in bytes; larger ones get 413.
+    #[arg(long, env = "WEBHOOK_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+
+    /// Log format. The level comes from `RUST_LOG` (default `info`).
+    #[arg(long, env = "WEBHOOK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// A configuration for tests and the benchmark: both listeners on ephemeral
+    /// loopback ports, the given files, defaults elsewhere.
+    pub fn local(tls_cert: PathBuf, tls_key: PathBuf, policies: Option<PathBuf>) -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ops_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tls_cert,
+            tls_key,
+            policies,
+            reload_interval: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(25),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+/// Parses `500ms`, `10s`, `2m`, `1h30m` (or ISO 8601 `PT10S`) into a non-negative duration.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let signed: jiff::SignedDuration = s
+        .parse()
+        .map_err(|e| format!("invalid duration {s:?}: {e}"))?;
+    Duration::try_from(signed).map_err(|_| format!("duration {s:?} must not be negative"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn flags_and_defaults() {
+        let config = Config::try_parse_from([
+            "appservice-webhook",
+            "--listen",
+            "127.0.0.1:9443",
+            "--policies",
+            "/p.yaml",
+            "--request-timeout",
+            "3s",
+            "--log-format",
+            "text",
+        ])
+        .unwrap();
+        assert_eq!(config.listen, SocketAddr::from(([127, 0, 0, 1], 9443)));
+        assert_eq!(config.policies, Some(PathBuf::from("/p.yaml")));
+        assert_eq!(config.request_timeout, Duration::from_secs(3));
+        assert_eq!(config.log_format, LogFormat::Text);
+        assert_eq!(config.max_body_bytes, 3 * 1024 * 1024);
+        assert_eq!(config.tls_cert, PathBuf::from("/etc/webhook/tls/tls.crt"));
+    }
+}

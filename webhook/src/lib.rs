@@ -1,0 +1,117 @@
+//! The AppService admission webhook as a library: the admission decisions
+//! ([`admission`]), the CEL policies ([`policy`]), TLS with certificate reload ([`tls`]),
+//! the routes ([`routes`]) and the server that ties them together ([`server`]). The
+//! binary only parses flags, sets up logging and the crypto provider, and runs
+//! [`server::serve`]; tests and the benchmark use the same entry points.
+
+pub mod admission;
+pub mod config;
+pub mod logging;
+pub mod metrics;
+pub mod policy;
+pub mod reload;
+pub mod routes;
+pub mod server;
+pub mod tls;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+pub use config::Config;
+pub use routes::{ops_router, router};
+pub use server::{Server, serve, start};
+
+use metrics::Metrics;
+use policy::PolicyStore;
+use tls::CertStore;
+
+/// Errors that stop the server from starting or running.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the {0} server task failed: {1}")]
+    Task(&'static str, #[source] tokio::task::JoinError),
+    #[error("the operations server failed: {0}")]
+    Ops(#[source] std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Limits applied to every admission request.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: config::DEFAULT_MAX_BODY_BYTES,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Everything the handlers share: policies, metrics, limits, and what readiness needs.
+#[derive(Debug)]
+pub struct State {
+    pub policies: PolicyStore,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    certs: Option<Arc<CertStore>>,
+    tls_accepting: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl State {
+    /// State without a certificate (for in-process tests of the routes); never ready.
+    pub fn new(policies: PolicyStore, metrics: Arc<Metrics>, limits: Limits) -> Self {
+        State {
+            policies,
+            metrics,
+            limits,
+            certs: None,
+            tls_accepting: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    fn with_certs(mut self, certs: Arc<CertStore>) -> Self {
+        self.certs = Some(certs);
+        self
+    }
+
+    /// `Ok` when the webhook can answer the API server: a certificate is loaded and
+    /// still valid, the TLS listener accepts connections, and no drain has started.
+    pub fn readiness(&self) -> std::result::Result<(), &'static str> {
+        let Some(certs) = &self.certs else {
+            return Err("no serving certificate loaded");
+        };
+        if certs.not_after() <= jiff::Timestamp::now().as_second() {
+            return Err("the serving certificate has expired");
+        }
+        if self.draining.load(Ordering::SeqCst) {
+            return Err("shutting down");
+        }
+        if !self.tls_accepting.load(Ordering::SeqCst) {
+            return Err("the TLS listener is not accepting yet");
+        }
+        Ok(())
+    }
+
+    /// The certificate store, when serving TLS.
+    pub fn certs(&self) -> Option<&Arc<CertStore>> {
+        self.certs.as_ref()
+    }
+}

@@ -1,0 +1,494 @@
+//! Cluster-admin admission policies written in CEL, loaded from a YAML file.
+//!
+//! Each policy is a ValidatingAdmissionPolicy-style validation: an `expression` over
+//! `object`, `oldObject` and `request` that must be true, a `message`, and an optional
+//! `messageExpression`. Evaluation uses kube's `cel` feature (kube-cel on the cel-rust
+//! interpreter), which binds those variables exactly like the API server does and adds
+//! Kubernetes' CEL libraries (strings, lists, sets, regex, quantity, semver, ...).
+//!
+//! A file is compiled completely before it replaces the active set; a file that does
+//! not parse or compile is rejected with the failing policy's name and position, and
+//! the previously loaded set stays active.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use kube::core::cel::cel::Program;
+use kube::core::cel::{
+    AdmissionRequest as CelRequest, CompiledVapExpression, VapError, VapEvaluator, VapExpression,
+};
+use serde::Deserialize;
+
+/// Variables a policy expression may reference.
+pub const VARIABLES: [&str; 3] = ["object", "oldObject", "request"];
+
+/// Why a policy file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("reading policy file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("policy file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_saphyr::Error,
+    },
+    #[error("policy file {path}: policies[{index}] ({name:?}): {reason}")]
+    Invalid {
+        path: PathBuf,
+        index: usize,
+        name: String,
+        reason: String,
+    },
+}
+
+/// The YAML document: `policies: [...]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    #[serde(default)]
+    pub policies: Vec<PolicySpec>,
+}
+
+/// One policy as written by the cluster admin.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PolicySpec {
+    /// Unique name, quoted in denials.
+    pub name: String,
+    /// CEL expression that must evaluate to `true` for the request to be allowed.
+    pub expression: String,
+    /// Message of a denial.
+    pub message: String,
+    /// CEL expression producing the message of a denial; `message` is used when it fails.
+    #[serde(default)]
+    pub message_expression: Option<String>,
+}
+
+/// A compiled policy.
+#[derive(Debug)]
+pub struct Policy {
+    pub name: String,
+    // One-element slice: `VapEvaluator::evaluate_compiled` takes a slice of results.
+    compiled: [Result<CompiledVapExpression, VapError>; 1],
+}
+
+/// A policy that denied a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub policy: String,
+    pub message: String,
+}
+
+/// A compiled set of policies, immutable once built.
+#[derive(Debug, Default)]
+pub struct PolicySet {
+    policies: Vec<Policy>,
+}
+
+impl PolicySet {
+    /// Parses and compiles a YAML policy document; `path` is only used in errors.
+    pub fn from_yaml(path: &Path, yaml: &str) -> Result<Self, PolicyError> {
+        // An empty file is an empty set, not an error: `policies:` may be cleared.
+        if yaml.trim().is_empty() {
+            return Ok(PolicySet::default());
+        }
+        let file: PolicyFile =
+            serde_saphyr::from_str(yaml).map_err(|source| PolicyError::Parse {
+                path: path.to_owned(),
+                source,
+            })?;
+        Self::compile(path, &file.policies)
+    }
+
+    /// Compiles policies; the first one that fails is reported.
+    pub fn compile(path: &Path, specs: &[PolicySpec]) -> Result<Self, PolicyError> {
+        let mut policies = Vec::with_capacity(specs.len());
+        for (index, spec) in specs.iter().enumerate() {
+            let invalid = |reason: String| PolicyError::Invalid {
+                path: path.to_owned(),
+                index,
+                name: spec.name.clone(),
+                reason,
+            };
+            if spec.name.trim().is_empty() {
+                return Err(invalid("name must not be empty".into()));
+            }
+            if specs[..index].iter().any(|other| other.name == spec.name) {
+                return Err(invalid("duplicate policy name".into()));
+            }
+            check_expression("expression", &spec.expression).map_err(invalid)?;
+            if let Some(message_expression) = &spec.message_expression {
+                check_expression("messageExpression", message_expression).map_err(invalid)?;
+            }
+            let expression = VapExpression {
+                expression: spec.expression.clone(),
+                message: Some(spec.message.clone()),
+                message_expression: spec.message_expression.clone(),
+            };
+            let compiled = VapEvaluator::builder()
+                .build()
+                .compile_expressions(std::slice::from_ref(&expression))
+                .pop()
+                .ok_or_else(|| invalid("compiler returned no program".into()))?
+                .map_err(|e| invalid(e.to_string()))?;
+            policies.push(Policy {
+                name: spec.name.clone(),
+                compiled: [Ok(compiled)],
+            });
+        }
+        Ok(PolicySet { policies })
+    }
+
+    pub fn len(&self) -> usize {
+        self.policies.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.policies.iter().map(|p| p.name.as_str())
+    }
+
+    /// Evaluates every policy; returns the ones that denied. An expression that fails
+    /// to evaluate (a missing field, a type error) denies: policies fail closed.
+    pub fn evaluate(
+        &self,
+        object: &serde_json::Value,
+        old_object: Option<&serde_json::Value>,
+        request: CelRequest,
+    ) -> Vec<Violation> {
+        if self.policies.is_empty() {
+            return Vec::new();
+        }
+        let mut builder = VapEvaluator::builder()
+            .object(object.clone())
+            .request(request);
+        if let Some(old) = old_object {
+            builder = builder.old_object(old.clone());
+        }
+        let evaluator = builder.build();
+        self.policies
+            .iter()
+            .filter_map(|policy| {
+                let result = evaluator.evaluate_compiled(&policy.compiled).pop();
+                match result {
+                    Some(r) if r.passed => None,
+                    Some(r) => Some(Violation {
+                        policy: policy.name.clone(),
+                        message: r.message.unwrap_or_else(|| "denied by policy".to_owned()),
+                    }),
+                    None => Some(Violation {
+                        policy: policy.name.clone(),
+                        message: "policy produced no result".to_owned(),
+                    }),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Parses one CEL expression and checks that it only references the bound variables, so
+/// a typo (`objet.spec`) is refused at load rather than denying every request later.
+fn check_expression(field: &str, source: &str) -> Result<(), String> {
+    let program = Program::compile(source).map_err(|e| format!("{field}: {e}"))?;
+    let references = program.references();
+    let mut unknown: Vec<&str> = references
+        .variables()
+        .into_iter()
+        .filter(|v| !VARIABLES.contains(v))
+        .collect();
+    unknown.sort_unstable();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field}: undeclared reference to {} (available: {})",
+            unknown.join(", "),
+            VARIABLES.join(", ")
+        ))
+    }
+}
+
+/// The active policy set plus where it comes from; swapped whole on reload.
+#[derive(Debug)]
+pub struct PolicyStore {
+    path: Option<PathBuf>,
+    active: RwLock<Arc<PolicySet>>,
+    // Last file content seen, loaded or refused: an unchanged file is not recompiled
+    // and a refused file is reported once, not on every periodic check.
+    last_seen: Mutex<Option<Vec<u8>>>,
+}
+
+/// What a reload did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reload {
+    /// The file did not change.
+    Unchanged,
+    /// A new set with this many policies is active.
+    Loaded(usize),
+}
+
+impl PolicyStore {
+    /// A store without a file: no policies, ever.
+    pub fn empty() -> Self {
+        PolicyStore {
+            path: None,
+            active: RwLock::new(Arc::new(PolicySet::default())),
+            last_seen: Mutex::new(None),
+        }
+    }
+
+    /// Loads `path`; fails when the first load fails (a webhook must not start without
+    /// the policies it was told to enforce).
+    pub fn load(path: PathBuf) -> Result<Self, PolicyError> {
+        let store = PolicyStore {
+            path: Some(path),
+            active: RwLock::new(Arc::new(PolicySet::default())),
+            last_seen: Mutex::new(None),
+        };
+        store.reload()?;
+        Ok(store)
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The active set; cheap (an `Arc` clone).
+    pub fn current(&self) -> Arc<PolicySet> {
+        self.active
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Re-reads the file; on success the new set replaces the active one, on failure the
+    /// active set stays and the error is returned.
+    pub fn reload(&self) -> Result<Reload, PolicyError> {
+        let Some(path) = &self.path else {
+            return Ok(Reload::Unchanged);
+        };
+        let bytes = std::fs::read(path).map_err(|source| PolicyError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        {
+            let mut last = self
+                .last_seen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if last.as_deref() == Some(bytes.as_slice()) {
+                return Ok(Reload::Unchanged);
+            }
+            *last = Some(bytes.clone());
+        }
+        let text = String::from_utf8(bytes).map_err(|e| PolicyError::Invalid {
+            path: path.clone(),
+            index: 0,
+            name: String::new(),
+            reason: format!("file is not UTF-8: {e}"),
+        })?;
+        let set = PolicySet::from_yaml(path, &text)?;
+        let count = set.len();
+        *self.active.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(set);
+        Ok(Reload::Loaded(count))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request(operation: &str, namespace: &str) -> CelRequest {
+        CelRequest {
+            operation: operation.into(),
+            namespace: namespace.into(),
+            username: "alice".into(),
+            groups: vec!["system:authenticated".into()],
+            ..Default::default()
+        }
+    }
+
+    const REGISTRY: &str = r#"
+policies:
+  - name: allowed-registry
+    expression: "object.spec.image.startsWith('registry.example.com/')"
+    message: "images must come from registry.example.com"
+    messageExpression: "'image ' + object.spec.image + ' is not from registry.example.com'"
+  - name: production-replicas
+    expression: "request.namespace != 'production' || object.spec.replicas >= 2"
+    message: "production needs at least 2 replicas"
+"#;
+
+    #[test]
+    fn allows_and_denies_with_messages() {
+        let set = PolicySet::from_yaml(Path::new("p.yaml"), REGISTRY).unwrap();
+        assert_eq!(set.len(), 2);
+        let good = json!({"spec": {"image": "registry.example.com/a:1", "replicas": 3}});
+        assert!(
+            set.evaluate(&good, None, request("CREATE", "production"))
+                .is_empty()
+        );
+
+        let bad = json!({"spec": {"image": "docker.io/a:1", "replicas": 1}});
+        let violations = set.evaluate(&bad, None, request("CREATE", "production"));
+        assert_eq!(
+            violations,
+            vec![
+                Violation {
+                    policy: "allowed-registry".into(),
+                    message: "image docker.io/a:1 is not from registry.example.com".into()
+                },
+                Violation {
+                    policy: "production-replicas".into(),
+                    message: "production needs at least 2 replicas".into()
+                },
+            ]
+        );
+        // Outside production the replicas policy does not apply.
+        let violations = set.evaluate(&bad, None, request("CREATE", "dev"));
+        assert_eq!(violations.len(), 1);
+    }
+
+    #[test]
+    fn old_object_and_user_info_are_bound() {
+        let yaml = r#"
+policies:
+  - name: no-scale-down-by-others
+    expression: "request.operation != 'UPDATE' || object.spec.replicas >= oldObject.spec.replicas || 'sre' in request.userInfo.groups"
+    message: "only SREs may scale down"
+"#;
+        let set = PolicySet::from_yaml(Path::new("p.yaml"), yaml).unwrap();
+        let old = json!({"spec": {"replicas": 4}});
+        let new = json!({"spec": {"replicas": 2}});
+        assert_eq!(
+            set.evaluate(&new, Some(&old), request("UPDATE", "a")).len(),
+            1
+        );
+        let mut sre = request("UPDATE", "a");
+        sre.groups.push("sre".into());
+        assert!(set.evaluate(&new, Some(&old), sre).is_empty());
+        assert!(set.evaluate(&new, None, request("CREATE", "a")).is_empty());
+    }
+
+    #[test]
+    fn kubernetes_libraries_are_available() {
+        let yaml = r#"
+policies:
+  - name: memory-cap
+    expression: "!has(object.spec.resources) || !has(object.spec.resources.limits) || !('memory' in object.spec.resources.limits) || quantity(object.spec.resources.limits.memory).compareTo(quantity('4Gi')) <= 0"
+    message: "memory limit above 4Gi"
+  - name: semver-tag
+    expression: "object.spec.image.matches(':v[0-9]+[.][0-9]+[.][0-9]+$')"
+    message: "tag must be a version"
+"#;
+        let set = PolicySet::from_yaml(Path::new("p.yaml"), yaml).unwrap();
+        let ok =
+            json!({"spec": {"image": "r/a:v1.2.3", "resources": {"limits": {"memory": "512Mi"}}}});
+        assert!(set.evaluate(&ok, None, request("CREATE", "a")).is_empty());
+        let big =
+            json!({"spec": {"image": "r/a:latest", "resources": {"limits": {"memory": "8Gi"}}}});
+        let names: Vec<String> = set
+            .evaluate(&big, None, request("CREATE", "a"))
+            .into_iter()
+            .map(|v| v.policy)
+            .collect();
+        assert_eq!(names, ["memory-cap", "semver-tag"]);
+    }
+
+    #[test]
+    fn evaluation_errors_fail_closed() {
+        let yaml =
+            "policies:\n  - {name: needs-port, expression: \"object.spec.port > 0\", message: m}\n";
+        let set = PolicySet::from_yaml(Path::new("p.yaml"), yaml).unwrap();
+        let violations = set.evaluate(&json!({"spec": {}}), None, request("CREATE", "a"));
+        assert_eq!(violations.len(), 1);
+        assert_eq!(violations[0].policy, "needs-port");
+    }
+
+    #[test]
+    fn compile_errors_name_the_policy_and_position() {
+        let yaml = r#"
+policies:
+  - {name: fine, expression: "true", message: m}
+  - {name: broken, expression: "object.spec.replicas >", message: m}
+"#;
+        let err = PolicySet::from_yaml(Path::new("p.yaml"), yaml)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("policies[1]"), "{err}");
+        assert!(err.contains("\"broken\""), "{err}");
+        assert!(err.contains("<input>:1:"), "{err}");
+
+        let typo =
+            "policies:\n  - {name: typo, expression: \"objet.spec.replicas > 1\", message: m}\n";
+        let err = PolicySet::from_yaml(Path::new("p.yaml"), typo)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("objet"), "{err}");
+
+        let bad_message = "policies:\n  - {name: msg, expression: \"true\", message: m, messageExpression: \"'a' +\"}\n";
+        let err = PolicySet::from_yaml(Path::new("p.yaml"), bad_message)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("messageExpression"), "{err}");
+    }
+
+    #[test]
+    fn structural_errors() {
+        let err = PolicySet::from_yaml(
+            Path::new("p.yaml"),
+            "policies:\n  - {name: a, expresion: x, message: m}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("expresion"), "{err}");
+        assert!(err.contains("line 2") || err.contains("2:"), "{err}");
+        let dup = "policies:\n  - {name: a, expression: 'true', message: m}\n  - {name: a, expression: 'true', message: m}\n";
+        let err = PolicySet::from_yaml(Path::new("p.yaml"), dup)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("duplicate"), "{err}");
+        assert!(
+            PolicySet::from_yaml(Path::new("p.yaml"), "  \n")
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn reload_keeps_the_previous_set_on_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policies.yaml");
+        std::fs::write(&path, REGISTRY).unwrap();
+        let store = PolicyStore::load(path.clone()).unwrap();
+        assert_eq!(store.current().len(), 2);
+        assert_eq!(store.reload().unwrap(), Reload::Unchanged);
+
+        std::fs::write(
+            &path,
+            "policies:\n  - {name: x, expression: '(', message: m}\n",
+        )
+        .unwrap();
+        assert!(store.reload().is_err());
+        assert_eq!(store.current().len(), 2, "previous set stays active");
+        // The same broken content is not reported again.
+        assert_eq!(store.reload().unwrap(), Reload::Unchanged);
+
+        std::fs::write(
+            &path,
+            "policies:\n  - {name: x, expression: 'true', message: m}\n",
+        )
+        .unwrap();
+        assert_eq!(store.reload().unwrap(), Reload::Loaded(1));
+        assert_eq!(store.current().names().collect::<Vec<_>>(), ["x"]);
+    }
+}
