@@ -48,14 +48,14 @@ export CGO_ENABLED=0
 export GOTOOLCHAIN=local
 export GOFLAGS="-mod=readonly -trimpath"
 
-stamp_of() { # module dir -> content hash of what determines the build
-  cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/build.sh" | sha256sum | cut -d' ' -f1
+stamp_of() { # module dir, package, ldflags -> hash of everything that determines the build
+  { cat "$here/$1/go.mod" "$here/$1/go.sum"; printf '%s\n' "$2" "$3" "$(go env GOVERSION)"; } | sha256sum | cut -d' ' -f1
 }
 
 # build <module dir> <binary name> <package> [ldflags]
 build() {
   local mod="$1" name="$2" pkg="$3" ldflags="${4:-}"
-  local stamp; stamp="$(stamp_of "$mod")"
+  local stamp; stamp="$(stamp_of "$mod" "$pkg" "$ldflags")"
   local stampfile="$cache/.stamp-$name"
   if (( !force )) && [[ -x "$bin/$name" && -f "$stampfile" && "$(cat "$stampfile")" == "$stamp" ]]; then
     log "$name is up to date"
@@ -86,6 +86,13 @@ build kubernetes kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-m
 build kubernetes kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
 build kubernetes kubectl k8s.io/kubernetes/cmd/kubectl "$k8s_ldflags"
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok
-build helm helm helm.sh/helm/v3/cmd/helm "-X 'helm.sh/helm/v3/internal/version.version=v3.22.0'"
+# Helm's Makefile stamps the Kubernetes version its client libraries speak; without it
+# `helm template` assumes v1.20 and refuses charts that declare a newer kubeVersion.
+helm_k8s_minor="$(cd "$here/helm" && go list -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2)"
+helm_ldflags="-X 'helm.sh/helm/v3/internal/version.version=v3.22.0'"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  helm_ldflags+=" -X '$pkg.k8sVersionMajor=1' -X '$pkg.k8sVersionMinor=${helm_k8s_minor}'"
+done
+build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 log "all assets ready in $bin ($((SECONDS - total))s)"
 echo "$bin"
