@@ -245,6 +245,15 @@ impl PolicyStore {
         }
     }
 
+    /// A store holding a fixed set, never reloaded.
+    pub fn fixed(set: PolicySet) -> Self {
+        PolicyStore {
+            path: None,
+            active: RwLock::new(Arc::new(set)),
+            last_seen: Mutex::new(None),
+        }
+    }
+
     /// Loads `path`; fails when the first load fails (a webhook must not start without
     /// the policies it was told to enforce).
     pub fn load(path: PathBuf) -> Result<Self, PolicyError> {
