@@ -52,8 +52,7 @@ pub const MAX_CLASS_LEN: usize = 253;
         label_selector_path = ".status.selector"
     ),
     validation = Rule::new("size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')")
-        .message("metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)")
-        .field_path(".metadata.name"),
+        .message("metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)"),
     printcolumn(
         name = "Ready",
         type_ = "string",
