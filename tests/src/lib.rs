@@ -1,1 +1,53 @@
+//! Integration-test harness: a real kube-apiserver + etcd (and, in full mode,
+//! kube-controller-manager, kube-scheduler and kwok with one simulated Node), built from
+//! their Go modules by `tests/envtest/assets/build.sh`, the way controller-runtime's
+//! envtest works. Nothing is mocked.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), harness::Error> {
+//! // One control plane per test binary; each test gets its own namespace and client.
+//! let cp = harness::shared().await?;          // or harness::shared_full()
+//! let ns = cp.namespace().await?;             // random, deleted when dropped
+//! let client = cp.client();                   // a NEW client, for this test's runtime
+//! let apps: kube::Api<common::AppService> = kube::Api::namespaced(client, &ns);
+//! # let _ = apps; Ok(()) }
+//! ```
+//!
+//! * [`ControlPlane::start`] starts a private control plane, stopped when dropped;
+//!   [`shared`]/[`shared_full`] share one per test binary.
+//! * The CRDs of `charts/appservice-operator/crds/` are installed at startup
+//!   ([`ControlPlane::install_crds`]).
+//! * [`ControlPlane::register_webhooks`] points Mutating/ValidatingWebhookConfigurations
+//!   for one namespace at a local HTTPS server; [`webhook_tls`] makes its certificates.
+//! * Component logs are in [`ControlPlane::log_dir`]; a failing test prints it when it
+//!   holds a [`TestNamespace`] or a [`LogGuard`]. `APPSERVICE_KEEP_LOGS=1` keeps the
+//!   directory of a private control plane after a passing test too.
+//! * Binaries: `APPSERVICE_ASSETS_BIN`, else the cache that `cargo xtask assets` fills
+//!   (built on demand when missing; needs `go`).
 
+#![forbid(unsafe_code)]
+
+pub mod assets;
+mod control_plane;
+mod crds;
+mod error;
+mod namespace;
+pub mod process;
+mod shared;
+mod webhooks;
+
+pub use control_plane::{ControlPlane, KWOK_NODE_ANNOTATION, LogGuard, NODE_NAME, Options};
+pub use crds::{FIELD_MANAGER, crd_dir, load_crds};
+pub use error::{Error, Result};
+pub use namespace::{TEST_NAMESPACE_LABEL, TestNamespace};
+pub use shared::{shared, shared_full, shared_with};
+pub use webhooks::{PROBE_LABEL, Webhooks};
+
+/// A CA and a serving certificate for a webhook server listening on 127.0.0.1: serve
+/// with `cert_pem`/`key_pem` and pass `ca.cert_pem()` as the `caBundle` to
+/// [`ControlPlane::register_webhooks`].
+pub fn webhook_tls() -> Result<(certs::Ca, certs::CertKey)> {
+    let ca = certs::Ca::new("appservice-tests webhook CA")?;
+    let serving = ca.serving_cert(&["127.0.0.1", "localhost", "::1"])?;
+    Ok((ca, serving))
+}

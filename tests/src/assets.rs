@@ -1,0 +1,142 @@
+//! Where the control-plane binaries are, building them when they are missing.
+//!
+//! Order: `APPSERVICE_ASSETS_BIN` if set (must hold every binary; nothing is built then),
+//! else the versioned cache directory that `tests/envtest/assets/build.sh` fills
+//! (`$APPSERVICE_ASSETS_DIR` or `~/.cache/appservice-operator/k8s-<version>`, `/bin`).
+//! When a binary is missing there, the build script runs (file-locked and idempotent,
+//! so parallel test binaries wait for one build) and its progress goes to stderr.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+
+/// Kubernetes version of the assets, as in the cache directory's name.
+pub const K8S_VERSION: &str = "1.37.2";
+
+/// Binaries every control plane needs.
+pub const PLAIN_BINARIES: &[&str] = &["etcd", "kube-apiserver", "kubectl"];
+/// Binaries the full mode adds.
+pub const FULL_BINARIES: &[&str] = &["kube-controller-manager", "kube-scheduler", "kwok"];
+
+/// The workspace root (parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// The asset build script.
+pub fn build_script() -> PathBuf {
+    workspace_root().join("tests/envtest/assets/build.sh")
+}
+
+fn default_bin_dir() -> Option<PathBuf> {
+    let cache = match std::env::var_os("APPSERVICE_ASSETS_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let base = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            base.join("appservice-operator")
+                .join(format!("k8s-{K8S_VERSION}"))
+        }
+    };
+    Some(cache.join("bin"))
+}
+
+fn missing_binaries(dir: &Path) -> Vec<&'static str> {
+    PLAIN_BINARIES
+        .iter()
+        .chain(FULL_BINARIES)
+        .copied()
+        .filter(|name| !dir.join(name).is_file())
+        .collect()
+}
+
+/// The directory holding kube-apiserver, etcd, kwok, ..., building them first if needed.
+/// The answer (or the failure) is computed once per process.
+pub fn bin_dir() -> Result<PathBuf> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| locate().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(Error::Assets)
+}
+
+fn locate() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("APPSERVICE_ASSETS_BIN") {
+        let dir = PathBuf::from(dir);
+        let missing = missing_binaries(&dir);
+        if !missing.is_empty() {
+            return Err(Error::Assets(format!(
+                "APPSERVICE_ASSETS_BIN={} lacks {}; unset it to use the cache, or run `cargo xtask assets`",
+                dir.display(),
+                missing.join(", ")
+            )));
+        }
+        return Ok(dir);
+    }
+    let dir = default_bin_dir()
+        .ok_or_else(|| Error::Assets("neither APPSERVICE_ASSETS_DIR nor HOME is set".to_owned()))?;
+    let missing = missing_binaries(&dir);
+    if missing.is_empty() {
+        return Ok(dir);
+    }
+    build(&dir, &missing)
+}
+
+fn build(dir: &Path, missing: &[&str]) -> Result<PathBuf> {
+    let script = build_script();
+    let go_found = Command::new("go")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !go_found {
+        return Err(Error::Assets(format!(
+            "{} missing from {} and `go` is not on PATH to build them. Install Go 1.26+ and run \
+             `cargo xtask assets` (or set APPSERVICE_ASSETS_BIN to a directory holding them)",
+            missing.join(", "),
+            dir.display()
+        )));
+    }
+    eprintln!(
+        "harness: {} missing from {}; running {} (a cold build takes ~10 minutes)",
+        missing.join(", "),
+        dir.display(),
+        script.display()
+    );
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| Error::Assets(format!("running {}: {e}", script.display())))?;
+    if !out.status.success() {
+        return Err(Error::Assets(format!(
+            "{} failed ({}); see its messages above, or run `cargo xtask assets`",
+            script.display(),
+            out.status
+        )));
+    }
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let built = printed
+        .lines()
+        .last()
+        .map(|l| PathBuf::from(l.trim()))
+        .unwrap_or_else(|| dir.to_path_buf());
+    let still = missing_binaries(&built);
+    if !still.is_empty() {
+        return Err(Error::Assets(format!(
+            "{} ran but {} still lacks {}",
+            script.display(),
+            built.display(),
+            still.join(", ")
+        )));
+    }
+    Ok(built)
+}

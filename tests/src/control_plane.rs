@@ -1,0 +1,658 @@
+//! Starting and stopping a control plane: etcd + kube-apiserver, and in full mode
+//! kube-controller-manager, kube-scheduler and kwok with one simulated Node.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::Api;
+use kube::api::PostParams;
+
+use crate::assets;
+use crate::error::{Error, Result, io, kube as kube_err};
+use crate::process::{Component, Spec, free_port};
+
+/// How long the API server may take to become ready (cold start on 2 busy cores).
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often a wait polls.
+pub(crate) const POLL: Duration = Duration::from_millis(100);
+
+/// Name of the simulated node in full mode.
+pub const NODE_NAME: &str = "kwok-node-0";
+/// Annotation that makes kwok manage a node.
+pub const KWOK_NODE_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
+
+/// What to start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Options {
+    /// Also start kube-controller-manager, kube-scheduler and kwok with one simulated
+    /// Node, so that Deployments get ready Pods, namespaces are finalized and owned
+    /// objects are garbage-collected.
+    pub full: bool,
+}
+
+impl Options {
+    /// etcd + kube-apiserver only.
+    pub fn plain() -> Self {
+        Self { full: false }
+    }
+
+    /// With controllers, scheduler and a simulated node.
+    pub fn full() -> Self {
+        Self { full: true }
+    }
+}
+
+/// Files of one control plane.
+#[derive(Debug)]
+struct Paths {
+    root: PathBuf,
+    logs: PathBuf,
+    pki: PathBuf,
+    etcd_data: PathBuf,
+    kubeconfig: PathBuf,
+    ca_cert: PathBuf,
+    admin_cert: PathBuf,
+    admin_key: PathBuf,
+}
+
+/// A running control plane. Dropping it stops every component (apiserver before etcd)
+/// and removes its temporary directory, except while panicking: then the directory and
+/// the component logs are kept and their path printed.
+///
+/// The process is built so that nothing outlives the test process even when this value
+/// is never dropped (a `static`) or the process is killed: see [`crate::process`].
+pub struct ControlPlane {
+    options: Options,
+    paths: Paths,
+    server_url: String,
+    ca: certs::Ca,
+    admin_config: kube::Config,
+    components: Mutex<Vec<Component>>,
+    startup_time: Duration,
+    keep_dir: bool,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("options", &self.options)
+            .field("server_url", &self.server_url)
+            .field("root", &self.paths.root)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// Starts a control plane and installs the CRDs of `charts/appservice-operator/crds/`.
+    /// Builds the binaries first if they are missing (see [`crate::assets`]).
+    ///
+    /// Retries up to three times when a component lost the race for a free port.
+    pub async fn start(options: Options) -> Result<ControlPlane> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once(options).await {
+                Err(Error::Startup { tail, .. })
+                    if attempt < 3 && tail.contains("address already in use") =>
+                {
+                    eprintln!("harness: a port was taken meanwhile; starting again");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(options: Options) -> Result<ControlPlane> {
+        let started = Instant::now();
+        let bin = assets::bin_dir()?;
+        let mut required: Vec<&str> = assets::PLAIN_BINARIES.to_vec();
+        if options.full {
+            required.extend(assets::FULL_BINARIES);
+        }
+        let paths = make_dirs()?;
+
+        let ca = certs::Ca::new("appservice-envtest CA")?;
+        let serving = ca.serving_cert(&[
+            "localhost",
+            "127.0.0.1",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+            "10.0.0.1",
+        ])?;
+        let admin = ca.client_cert("envtest-admin", &["system:masters"])?;
+        let sa = certs::SigningKeyPair::generate()?;
+        ca.write(&paths.ca_cert, &paths.pki.join("ca.key"))?;
+        serving.write(
+            &paths.pki.join("apiserver.crt"),
+            &paths.pki.join("apiserver.key"),
+        )?;
+        admin.write(&paths.admin_cert, &paths.admin_key)?;
+        write(&paths.pki.join("sa.pub"), &sa.public_pem)?;
+        write(&paths.pki.join("sa.key"), &sa.private_pem)?;
+
+        let etcd_port = free_port()?;
+        let etcd_peer_port = free_port()?;
+        let api_port = free_port()?;
+        let server_url = format!("https://127.0.0.1:{api_port}");
+        let admin_config = client_config(&server_url, &ca, &paths.admin_cert, &paths.admin_key)?;
+
+        let mut cp = ControlPlane {
+            options,
+            server_url,
+            ca,
+            admin_config,
+            components: Mutex::new(Vec::new()),
+            startup_time: Duration::ZERO,
+            keep_dir: std::env::var_os("APPSERVICE_KEEP_LOGS").is_some(),
+            paths,
+        };
+        write(&cp.paths.kubeconfig, &cp.kubeconfig_yaml())?;
+
+        // etcd.
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
+        let etcd = cp.spawn(
+            "etcd",
+            &bin,
+            vec![
+                "--name=default".into(),
+                format!("--data-dir={}", cp.paths.etcd_data.display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=default={peer_url}"),
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+                // Tests produce little data; keep the WAL/snapshots small.
+                "--quota-backend-bytes=1073741824".into(),
+            ],
+            Some(cp.paths.etcd_data.clone()),
+        )?;
+        cp.wait_for(etcd, "etcd /health", || {
+            let ok = http_get_local(etcd_port, "/health")
+                .map(|body| body.contains("\"health\":\"true\""))
+                .unwrap_or(false);
+            async move { ok }
+        })
+        .await?;
+
+        // kube-apiserver, secure serving only.
+        let pki = cp.paths.pki.clone();
+        let file = |name: &str| pki.join(name).display().to_string();
+        let apiserver = cp.spawn(
+            "kube-apiserver",
+            &bin,
+            vec![
+                format!("--etcd-servers={etcd_url}"),
+                format!("--secure-port={api_port}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--cert-dir={}", cp.paths.pki.display()),
+                format!("--tls-cert-file={}", file("apiserver.crt")),
+                format!("--tls-private-key-file={}", file("apiserver.key")),
+                format!("--client-ca-file={}", file("ca.crt")),
+                format!("--service-account-key-file={}", file("sa.pub")),
+                format!("--service-account-signing-key-file={}", file("sa.key")),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                "--authorization-mode=RBAC".into(),
+                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                "--allow-privileged=true".into(),
+                // One apiserver, no aggregated APIs: fewer goroutines on small machines.
+                "--enable-priority-and-fairness=false".into(),
+                "--endpoint-reconciler-type=none".into(),
+                "--profiling=false".into(),
+            ],
+            None,
+        )?;
+        let readyz_client = cp.try_client()?;
+        cp.wait_for(apiserver, "kube-apiserver /readyz", || {
+            let client = readyz_client.clone();
+            async move {
+                let req = http::Request::get("/readyz").body(Vec::new());
+                match req {
+                    Ok(req) => client
+                        .request_text(req)
+                        .await
+                        .map(|body| body.trim() == "ok")
+                        .unwrap_or(false),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await?;
+        drop(readyz_client);
+
+        if options.full {
+            cp.start_full(&bin).await?;
+        }
+        cp.install_crds().await?;
+        cp.startup_time = started.elapsed();
+        Ok(cp)
+    }
+
+    async fn start_full(&mut self, bin: &Path) -> Result<()> {
+        let kubeconfig = format!("--kubeconfig={}", self.paths.kubeconfig.display());
+        let pki = self.paths.pki.clone();
+        let kcm = self.spawn(
+            "kube-controller-manager",
+            bin,
+            vec![
+                kubeconfig.clone(),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                "--use-service-account-credentials=false".into(),
+                format!("--service-account-private-key-file={}", pki.join("sa.key").display()),
+                format!("--root-ca-file={}", pki.join("ca.crt").display()),
+                "--controllers=deployment-controller,replicaset-controller,namespace-controller,\
+                 garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller,\
+                 endpointslice-controller,root-ca-certificate-publisher-controller,\
+                 pod-garbage-collector-controller"
+                    .into(),
+                // Tests want fast reactions, not batching.
+                "--concurrent-deployment-syncs=5".into(),
+                "--concurrent-replicaset-syncs=5".into(),
+            ],
+            None,
+        )?;
+        let scheduler = self.spawn(
+            "kube-scheduler",
+            bin,
+            vec![
+                kubeconfig.clone(),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+            ],
+            None,
+        )?;
+        let stages = self.paths.root.join("kwok-stages.yaml");
+        write(&stages, KWOK_STAGES)?;
+        let kwok = self.spawn(
+            "kwok",
+            bin,
+            vec![
+                kubeconfig,
+                format!("--config={}", stages.display()),
+                "--manage-all-nodes=false".into(),
+                format!(
+                    "--manage-nodes-with-annotation-selector={}={}",
+                    KWOK_NODE_ANNOTATION.0, KWOK_NODE_ANNOTATION.1
+                ),
+                "--node-ip=10.244.0.1".into(),
+                "--cidr=10.244.0.0/16".into(),
+            ],
+            None,
+        )?;
+
+        let client = self.try_client()?;
+        let nodes: Api<Node> = Api::all(client.clone());
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": NODE_NAME,
+                "annotations": {
+                    KWOK_NODE_ANNOTATION.0: KWOK_NODE_ANNOTATION.1,
+                    "node.alpha.kubernetes.io/ttl": "0",
+                },
+                "labels": {
+                    "kubernetes.io/hostname": NODE_NAME,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                },
+            },
+        }))
+        .map_err(|e| Error::Config(format!("node object: {e}")))?;
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => return Err(kube_err("creating the simulated node")(e)),
+        }
+        let nodes_ref = &nodes;
+        self.wait_for(
+            kwok,
+            "the simulated node to be Ready (kwok)",
+            move || async move {
+                nodes_ref
+                    .get(NODE_NAME)
+                    .await
+                    .ok()
+                    .and_then(|n| n.status)
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            },
+        )
+        .await?;
+        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+        let sas_ref = &sas;
+        self.wait_for(
+            kcm,
+            "the default ServiceAccount (kube-controller-manager)",
+            move || async move { sas_ref.get_opt("default").await.ok().flatten().is_some() },
+        )
+        .await?;
+        // The scheduler has no cheap readiness probe without serving; check it is alive.
+        self.check_alive(scheduler)?;
+        Ok(())
+    }
+
+    /// Starts a component and records it; returns its index for [`Self::wait_for`].
+    fn spawn(
+        &self,
+        name: &str,
+        bin: &Path,
+        args: Vec<String>,
+        remove_after_exit: Option<PathBuf>,
+    ) -> Result<usize> {
+        let program = bin.join(name);
+        let component = Component::spawn(Spec {
+            name,
+            program: &program,
+            args,
+            log_dir: &self.paths.logs,
+            remove_after_exit: remove_after_exit.as_deref(),
+        })?;
+        let mut components = self.lock();
+        components.push(component);
+        Ok(components.len() - 1)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Component>> {
+        // A panic while holding the lock leaves the list intact; keep using it.
+        self.components
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn check_alive(&self, index: usize) -> Result<()> {
+        let mut components = self.lock();
+        if let Some(c) = components.get_mut(index)
+            && let Some(status) = c.exited()
+        {
+            return Err(c.startup_error(format!("exited with {status}"), &self.paths.logs));
+        }
+        Ok(())
+    }
+
+    /// Polls `ready` until it is true, failing early with the component's log when the
+    /// component exits and after [`READY_TIMEOUT`].
+    async fn wait_for<F, Fut>(&self, index: usize, what: &str, ready: F) -> Result<()>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_alive(index)?;
+            if ready().await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let components = self.lock();
+                return Err(match components.get(index) {
+                    Some(c) => c.startup_error(
+                        format!("not ready after {READY_TIMEOUT:?} waiting for {what}"),
+                        &self.paths.logs,
+                    ),
+                    None => Error::Timeout {
+                        what: what.to_owned(),
+                        timeout: READY_TIMEOUT,
+                        log_dir: self.paths.logs.clone(),
+                    },
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Which components were started.
+    pub fn options(&self) -> Options {
+        self.options
+    }
+
+    /// How long [`ControlPlane::start`] took (including the CRD installation).
+    pub fn startup_time(&self) -> Duration {
+        self.startup_time
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn server_url(&self) -> &str {
+        &self.server_url
+    }
+
+    /// The cluster CA certificate (PEM): it signed the API server's serving certificate
+    /// and is the client CA.
+    pub fn ca_pem(&self) -> &str {
+        self.ca.cert_pem()
+    }
+
+    /// The cluster CA, to issue more client certificates.
+    pub fn ca(&self) -> &certs::Ca {
+        &self.ca
+    }
+
+    /// The admin kubeconfig (user `envtest-admin` in `system:masters`); certificates are
+    /// referenced by path, so `kubectl --kubeconfig <this>` works as is.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.paths.kubeconfig
+    }
+
+    /// Directory holding one `<component>.log` per component.
+    pub fn log_dir(&self) -> &Path {
+        &self.paths.logs
+    }
+
+    /// Directory holding the kubectl and other asset binaries.
+    pub fn bin_dir(&self) -> Result<PathBuf> {
+        assets::bin_dir()
+    }
+
+    /// The admin client configuration (cluster-admin through `system:masters`).
+    pub fn admin_config(&self) -> kube::Config {
+        self.admin_config.clone()
+    }
+
+    /// A new admin client. A client belongs to the tokio runtime it was made in, and
+    /// every `#[tokio::test]` has its own runtime: make one per test, never share one.
+    ///
+    /// # Panics
+    /// If called outside a tokio runtime, or if the client cannot be built, which
+    /// [`ControlPlane::start`] already checked with the same configuration.
+    #[allow(
+        clippy::expect_used,
+        reason = "the same config built a client in start()"
+    )]
+    pub fn client(&self) -> kube::Client {
+        self.try_client()
+            .expect("the admin client configuration was validated at startup")
+    }
+
+    /// Like [`ControlPlane::client`], returning the error.
+    pub fn try_client(&self) -> Result<kube::Client> {
+        kube::Client::try_from(self.admin_config.clone())
+            .map_err(|e| Error::Config(format!("building the admin client: {e}")))
+    }
+
+    /// A client authenticated by a new client certificate with common name `user` and
+    /// organisations `groups`: subject to RBAC like any user.
+    pub fn client_for_user(&self, user: &str, groups: &[&str]) -> Result<kube::Client> {
+        let cert = self.ca.client_cert(user, groups)?;
+        let stem = user_file_stem(user);
+        let cert_path = self.paths.pki.join(format!("user-{stem}.crt"));
+        let key_path = self.paths.pki.join(format!("user-{stem}.key"));
+        cert.write(&cert_path, &key_path)?;
+        let config = client_config(&self.server_url, &self.ca, &cert_path, &key_path)?;
+        kube::Client::try_from(config)
+            .map_err(|e| Error::Config(format!("building a client for {user}: {e}")))
+    }
+
+    /// An admin client that impersonates `user` with `groups` (requests are authorized
+    /// as that user; the admin is allowed to impersonate anyone).
+    pub fn impersonating_client(&self, user: &str, groups: &[&str]) -> Result<kube::Client> {
+        let mut config = self.admin_config.clone();
+        config.auth_info.impersonate = Some(user.to_owned());
+        config.auth_info.impersonate_groups = if groups.is_empty() {
+            None
+        } else {
+            Some(groups.iter().map(|g| (*g).to_owned()).collect())
+        };
+        kube::Client::try_from(config)
+            .map_err(|e| Error::Config(format!("building an impersonating client: {e}")))
+    }
+
+    /// A guard that prints the log directory if the test panics while it is alive:
+    /// `let _logs = cp.log_guard();` at the top of a test.
+    pub fn log_guard(&self) -> LogGuard {
+        LogGuard {
+            log_dir: self.paths.logs.clone(),
+            context: String::new(),
+        }
+    }
+
+    /// Stops every component, newest first (so the apiserver stops before etcd).
+    pub fn stop(&self) {
+        let mut components = self.lock();
+        while let Some(mut c) = components.pop() {
+            c.stop(Duration::from_secs(10));
+        }
+    }
+
+    fn kubeconfig_yaml(&self) -> String {
+        // JSON strings are YAML strings: quoting paths this way is always valid.
+        let q = |p: &Path| serde_json::Value::String(p.display().to_string()).to_string();
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: appservice-envtest
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: envtest-admin
+  user:
+    client-certificate: {cert}
+    client-key: {key}
+contexts:
+- name: appservice-envtest
+  context:
+    cluster: appservice-envtest
+    user: envtest-admin
+    namespace: default
+current-context: appservice-envtest
+",
+            server = self.server_url,
+            ca = q(&self.paths.ca_cert),
+            cert = q(&self.paths.admin_cert),
+            key = q(&self.paths.admin_key),
+        )
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() || self.keep_dir {
+            eprintln!(
+                "harness: control plane logs kept in {}",
+                self.paths.logs.display()
+            );
+        } else {
+            let _ = fs::remove_dir_all(&self.paths.root);
+        }
+    }
+}
+
+/// Prints the control plane's log directory (and a context line) when dropped during a
+/// panic, so a failing test says where to look.
+#[derive(Debug)]
+pub struct LogGuard {
+    pub(crate) log_dir: PathBuf,
+    pub(crate) context: String,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "harness: test failed{}; component logs: {}",
+                self.context,
+                self.log_dir.display()
+            );
+        }
+    }
+}
+
+fn make_dirs() -> Result<Paths> {
+    let root = tempfile::Builder::new()
+        .prefix("appservice-envtest-")
+        .tempdir()
+        .map_err(io("creating the control plane's temporary directory"))?
+        .keep();
+    let paths = Paths {
+        logs: root.join("logs"),
+        pki: root.join("pki"),
+        etcd_data: root.join("etcd"),
+        kubeconfig: root.join("kubeconfig"),
+        ca_cert: root.join("pki").join("ca.crt"),
+        admin_cert: root.join("pki").join("admin.crt"),
+        admin_key: root.join("pki").join("admin.key"),
+        root,
+    };
+    for dir in [&paths.logs, &paths.pki, &paths.etcd_data] {
+        fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    }
+    Ok(paths)
+}
+
+fn write(path: &Path, contents: &str) -> Result<()> {
+    fs::write(path, contents).map_err(io(format!("writing {}", path.display())))
+}
+
+fn user_file_stem(user: &str) -> String {
+    user.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+fn client_config(
+    server_url: &str,
+    ca: &certs::Ca,
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<kube::Config> {
+    let uri = server_url
+        .parse()
+        .map_err(|e| Error::Config(format!("server URL {server_url}: {e}")))?;
+    let mut config = kube::Config::new(uri);
+    config.root_cert = Some(vec![ca.cert_der().to_vec()]);
+    config.auth_info.client_certificate = Some(cert_path.display().to_string());
+    config.auth_info.client_key = Some(key_path.display().to_string());
+    config.read_timeout = Some(Duration::from_secs(60));
+    Ok(config)
+}
+
+/// A plain-HTTP GET to 127.0.0.1 without a runtime or a client library (etcd health).
+fn http_get_local(port: u16, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+/// kwok's stages: node-initialize, node-heartbeat and pod-ready/complete/delete, as
+/// shipped in kwok v0.8.0's `kustomize/stage/{node,pod}/fast` (Apache-2.0).
+const KWOK_STAGES: &str = include_str!("../envtest/kwok-stages.yaml");

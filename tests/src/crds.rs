@@ -1,0 +1,123 @@
+//! Installing the project's CRDs from `charts/appservice-operator/crds/` and waiting
+//! until the API server serves them.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+
+use crate::ControlPlane;
+use crate::control_plane::POLL;
+use crate::error::{Error, Result, kube as kube_err};
+
+/// Field manager of the harness's server-side applies.
+pub const FIELD_MANAGER: &str = "appservice-tests";
+
+const CRD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `charts/appservice-operator/crds` in this workspace.
+pub fn crd_dir() -> PathBuf {
+    crate::assets::workspace_root().join("charts/appservice-operator/crds")
+}
+
+/// Reads every `*.yaml` CRD of [`crd_dir`], sorted by file name.
+pub fn load_crds(dir: &Path) -> Result<Vec<CustomResourceDefinition>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::Crd {
+        path: dir.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::Crd {
+            path: dir.to_owned(),
+            reason: "no *.yaml files (run `cargo xtask crd`)".to_owned(),
+        });
+    }
+    files
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::Crd {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            serde_saphyr::from_str(&text).map_err(|e| Error::Crd {
+                path: path.clone(),
+                reason: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+impl ControlPlane {
+    /// Server-side applies the CRDs of [`crd_dir`] (idempotent) and waits until each is
+    /// `Established` and a list call on each served version succeeds.
+    pub async fn install_crds(&self) -> Result<()> {
+        let crds = load_crds(&crd_dir())?;
+        let client = self.try_client()?;
+        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for crd in &crds {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            api.patch(&name, &params, &Patch::Apply(crd))
+                .await
+                .map_err(kube_err(format!(
+                    "installing CRD {name} (if the API server rejected it, the message says why)"
+                )))?;
+        }
+        for crd in &crds {
+            self.wait_crd_served(&api, crd).await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_crd_served(
+        &self,
+        api: &Api<CustomResourceDefinition>,
+        crd: &CustomResourceDefinition,
+    ) -> Result<()> {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let deadline = Instant::now() + CRD_TIMEOUT;
+        let timeout = || Error::Timeout {
+            what: format!("CRD {name} to be established and served"),
+            timeout: CRD_TIMEOUT,
+            log_dir: self.log_dir().to_owned(),
+        };
+        loop {
+            let established = api.get(&name).await.ok().is_some_and(|c| {
+                c.status.and_then(|s| s.conditions).is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                })
+            });
+            if established {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(timeout());
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        let client = api.clone().into_client();
+        for version in crd.spec.versions.iter().filter(|v| v.served) {
+            let gvk = GroupVersionKind::gvk(&crd.spec.group, &version.name, &crd.spec.names.kind);
+            let resource = ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural);
+            let objects: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            loop {
+                if objects.list(&ListParams::default().limit(1)).await.is_ok() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(timeout());
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        }
+        Ok(())
+    }
+}

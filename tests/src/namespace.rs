@@ -1,0 +1,161 @@
+//! One random namespace per test on a shared control plane.
+
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+
+use crate::ControlPlane;
+use crate::error::{Result, kube as kube_err};
+
+/// Label on every test namespace (value `"true"`), to select them all.
+pub const TEST_NAMESPACE_LABEL: &str = "appservice-tests.example.com/test-namespace";
+
+/// A namespace created for one test. Dereferences to its name.
+///
+/// Dropping it deletes the namespace (best effort, from a helper thread with its own
+/// runtime, so it also works after the test's runtime is gone). If the test is
+/// panicking, the namespace is kept and its name and the log directory are printed.
+/// Only full mode runs the namespace controller; in plain mode a deleted namespace
+/// stays `Terminating` with its objects, which does not disturb other tests.
+#[derive(Debug)]
+pub struct TestNamespace {
+    name: String,
+    config: kube::Config,
+    log_dir: std::path::PathBuf,
+    cleaned: bool,
+}
+
+impl TestNamespace {
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Deletes the namespace now and waits for the API server to accept the deletion.
+    pub async fn cleanup(mut self) -> Result<()> {
+        self.cleaned = true;
+        let client = kube::Client::try_from(self.config.clone())
+            .map_err(|e| crate::Error::Config(e.to_string()))?;
+        delete(client, &self.name).await
+    }
+}
+
+impl std::ops::Deref for TestNamespace {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl AsRef<str> for TestNamespace {
+    fn as_ref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for TestNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "harness: test failed in namespace {}; component logs: {}",
+                self.name,
+                self.log_dir.display()
+            );
+            return;
+        }
+        let (config, name) = (self.config.clone(), self.name.clone());
+        let worker = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                if let Ok(client) = kube::Client::try_from(config) {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(10), delete(client, &name)).await;
+                }
+            });
+        });
+        let _ = worker.join();
+    }
+}
+
+async fn delete(client: kube::Client, name: &str) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client);
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(kube_err(format!("deleting namespace {name}"))(e)),
+    }
+}
+
+/// A DNS-label-safe random suffix (hash of a randomly seeded hasher, time and a counter).
+pub(crate) fn random_suffix(len: usize) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    hasher.write_u32(std::process::id());
+    let mut n = hasher.finish();
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    (0..len)
+        .map(|_| {
+            let c = ALPHABET[(n % 36) as usize];
+            n /= 36;
+            char::from(c)
+        })
+        .collect()
+}
+
+impl ControlPlane {
+    /// Creates a namespace `test-<random>` labelled [`TEST_NAMESPACE_LABEL`]`=true`.
+    pub async fn namespace(&self) -> Result<TestNamespace> {
+        self.namespace_with_prefix("test").await
+    }
+
+    /// Creates a namespace `<prefix>-<random>` (prefix: a DNS label, ≤ 50 characters).
+    pub async fn namespace_with_prefix(&self, prefix: &str) -> Result<TestNamespace> {
+        let name = format!("{prefix}-{}", random_suffix(10));
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(BTreeMap::from([(
+                    TEST_NAMESPACE_LABEL.to_owned(),
+                    "true".to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        let api: Api<Namespace> = Api::all(self.try_client()?);
+        api.create(&PostParams::default(), &ns)
+            .await
+            .map_err(kube_err(format!("creating namespace {name}")))?;
+        Ok(TestNamespace {
+            name,
+            config: self.admin_config(),
+            log_dir: self.log_dir().to_owned(),
+            cleaned: false,
+        })
+    }
+}
