@@ -22,9 +22,15 @@
 
 {{/* Labels on every object. */}}
 {{- define "aso.labels" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{ include "aso.metaLabels" . }}
+{{- end }}
+
+{{/* The labels of "aso.labels" that are not part of any selector (for Pod templates,
+which carry the selector labels separately). */}}
+{{- define "aso.metaLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/part-of: {{ include "aso.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- with .Values.commonLabels }}

@@ -1,0 +1,726 @@
+//! The Helm chart, tested rather than only templated: `helm lint` and `helm template` in
+//! every certificate mode, the values schema rejecting bad input, an install into a real
+//! kube-apiserver (namespace enforcing the "restricted" Pod Security Standard, Pods created
+//! by the real ReplicaSet controller), and the RBAC proof: the controller does all of its
+//! work with the chart's ServiceAccount token and nothing more.
+//!
+//! The chart's webhook configurations are cluster-scoped, so this file is its own test
+//! binary with its own control plane.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the failure
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use common::AppService;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tokio::sync::OnceCell;
+
+const RELEASE: &str = "aso";
+const WEBHOOK: &str = "aso-appservice-operator-webhook";
+const CONTROLLER: &str = "aso-appservice-operator-controller";
+
+fn chart_dir() -> PathBuf {
+    harness::assets::workspace_root().join("charts/appservice-operator")
+}
+
+fn helm() -> PathBuf {
+    harness::assets::bin_dir()
+        .expect("asset binaries (cargo xtask assets)")
+        .join("helm")
+}
+
+/// Runs helm; returns (success, stdout, stderr).
+fn run_helm(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(helm())
+        .args(args)
+        // A private helm home: no repositories, plugins or caches of the user's.
+        .env(
+            "HELM_CONFIG_HOME",
+            std::env::temp_dir().join("aso-helm/config"),
+        )
+        .env(
+            "HELM_CACHE_HOME",
+            std::env::temp_dir().join("aso-helm/cache"),
+        )
+        .env("HELM_DATA_HOME", std::env::temp_dir().join("aso-helm/data"))
+        .output()
+        .expect("running helm");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Values for a certificate mode, as `--set` arguments.
+fn mode_values(mode: &str) -> Vec<String> {
+    let mut set = vec![format!("certificates.mode={mode}")];
+    if mode == "secret" {
+        set.push("certificates.existingSecret=my-webhook-tls".into());
+        set.push(
+            "certificates.caBundle=-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----"
+                .into(),
+        );
+    }
+    set
+}
+
+fn with_sets(base: &[&str], sets: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = base.iter().map(|s| (*s).to_owned()).collect();
+    for s in sets {
+        args.push("--set".into());
+        args.push(s.clone());
+    }
+    args
+}
+
+fn template(namespace: &str, sets: &[String]) -> Vec<Value> {
+    let chart = chart_dir();
+    let args = with_sets(
+        &[
+            "template",
+            RELEASE,
+            chart.to_str().unwrap(),
+            "--namespace",
+            namespace,
+        ],
+        sets,
+    );
+    let (ok, stdout, stderr) = run_helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "helm template {sets:?} failed: {stderr}");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&stdout).expect("helm renders YAML");
+    docs.into_iter().filter(|d| d.is_object()).collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the rendered chart"))
+}
+
+#[test]
+fn lint_passes_in_every_mode() {
+    for mode in ["selfSigned", "certManager", "secret"] {
+        let chart = chart_dir();
+        let args = with_sets(
+            &["lint", "--strict", chart.to_str().unwrap()],
+            &mode_values(mode),
+        );
+        let (ok, stdout, stderr) = run_helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(ok, "helm lint ({mode}) failed:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("0 chart(s) failed"), "{stdout}");
+    }
+}
+
+#[test]
+fn webhook_configurations_are_safe_by_default() {
+    let docs = template("ops", &mode_values("selfSigned"));
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let hook = &find(&docs, kind, WEBHOOK)["webhooks"][0];
+        assert_eq!(hook["failurePolicy"], "Fail", "{kind}");
+        assert_eq!(hook["sideEffects"], "None", "{kind}");
+        assert_eq!(hook["admissionReviewVersions"], json!(["v1"]), "{kind}");
+        assert_eq!(hook["matchPolicy"], "Equivalent", "{kind}");
+        let timeout = hook["timeoutSeconds"].as_i64().expect("timeoutSeconds");
+        assert!((1..=10).contains(&timeout), "{kind}: timeout {timeout}");
+        let excluded = &hook["namespaceSelector"]["matchExpressions"][0];
+        assert_eq!(excluded["key"], "kubernetes.io/metadata.name");
+        assert_eq!(excluded["operator"], "NotIn");
+        assert_eq!(excluded["values"], json!(["kube-system", "ops"]), "{kind}");
+        assert_eq!(hook["rules"][0]["resources"], json!(["appservices"]));
+        assert_eq!(hook["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
+    }
+    let mutating = &find(&docs, "MutatingWebhookConfiguration", WEBHOOK)["webhooks"][0];
+    assert_eq!(mutating["reinvocationPolicy"], "IfNeeded");
+    assert_eq!(mutating["clientConfig"]["service"]["path"], "/mutate");
+    let validating = &find(&docs, "ValidatingWebhookConfiguration", WEBHOOK)["webhooks"][0];
+    assert_eq!(validating["clientConfig"]["service"]["path"], "/validate");
+
+    let ignore = template("ops", &["webhook.failurePolicy=Ignore".to_owned()]);
+    assert_eq!(
+        find(&ignore, "ValidatingWebhookConfiguration", WEBHOOK)["webhooks"][0]["failurePolicy"],
+        "Ignore"
+    );
+}
+
+#[test]
+fn certificate_modes_wire_the_ca_bundle() {
+    // selfSigned: the Secret's CA is the caBundle of both configurations.
+    let docs = template("ops", &mode_values("selfSigned"));
+    let secret = find(&docs, "Secret", &format!("{WEBHOOK}-tls"));
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    let ca = secret["data"]["ca.crt"].as_str().expect("ca.crt");
+    for key in ["tls.crt", "tls.key"] {
+        assert!(
+            secret["data"][key].as_str().is_some_and(|v| !v.is_empty()),
+            "{key}"
+        );
+    }
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        assert_eq!(
+            find(&docs, kind, WEBHOOK)["webhooks"][0]["clientConfig"]["caBundle"],
+            ca,
+            "{kind}"
+        );
+    }
+
+    // certManager: a Certificate for the Service names, CA injected by cert-manager.
+    let docs = template("ops", &mode_values("certManager"));
+    let cert = find(&docs, "Certificate", WEBHOOK);
+    assert_eq!(cert["spec"]["secretName"], format!("{WEBHOOK}-tls"));
+    let names = cert["spec"]["dnsNames"].as_array().expect("dnsNames");
+    assert!(
+        names.contains(&json!(format!("{WEBHOOK}.ops.svc"))),
+        "{names:?}"
+    );
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let obj = find(&docs, kind, WEBHOOK);
+        assert_eq!(
+            obj["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            format!("ops/{WEBHOOK}")
+        );
+        assert!(
+            obj["webhooks"][0]["clientConfig"].get("caBundle").is_none(),
+            "{kind}"
+        );
+    }
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "Secret"),
+        "cert-manager owns the Secret"
+    );
+    let own_issuer = template("ops", &{
+        let mut v = mode_values("certManager");
+        v.push("certificates.certManager.issuerRef.name=corp-ca".into());
+        v.push("certificates.certManager.issuerRef.kind=ClusterIssuer".into());
+        v
+    });
+    assert_eq!(
+        find(&own_issuer, "Certificate", WEBHOOK)["spec"]["issuerRef"]["kind"],
+        "ClusterIssuer"
+    );
+    assert!(
+        !own_issuer.iter().any(|d| d["kind"] == "Issuer"),
+        "no chart-made issuer with issuerRef"
+    );
+
+    // secret: the user's Secret is mounted and their CA is the bundle.
+    let docs = template("ops", &mode_values("secret"));
+    let bundle = find(&docs, "ValidatingWebhookConfiguration", WEBHOOK)["webhooks"][0]["clientConfig"]["caBundle"]
+        .as_str()
+        .expect("caBundle");
+    assert!(!bundle.is_empty());
+    let volumes = &find(&docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["volumes"];
+    assert_eq!(volumes[0]["secret"]["secretName"], "my-webhook-tls");
+    assert!(!docs.iter().any(|d| d["kind"] == "Secret"));
+}
+
+#[test]
+fn schema_and_required_values_reject_bad_input() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["webhook.replicas=two"], "/webhook/replicas"),
+        (
+            &["webhook.failurePolicy=Sometimes"],
+            "/webhook/failurePolicy",
+        ),
+        (&["webhook.timeoutSeconds=60"], "/webhook/timeoutSeconds"),
+        (&["certificates.mode=vault"], "/certificates/mode"),
+        (&["controler.replicas=2"], "controler"),
+        (
+            &["controller.leaseDuration=soon"],
+            "/controller/leaseDuration",
+        ),
+        (&["image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+        (&["certificates.mode=secret"], "certificates.existingSecret"),
+        (
+            &["certificates.mode=secret", "certificates.existingSecret=x"],
+            "certificates.caBundle",
+        ),
+    ];
+    for (sets, expected) in cases {
+        let chart = chart_dir();
+        let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
+        let args = with_sets(&["template", RELEASE, chart.to_str().unwrap()], &sets);
+        let (ok, _, stderr) = run_helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(!ok, "{sets:?} must be rejected");
+        assert!(
+            stderr.contains(expected),
+            "{sets:?}: expected {expected:?} in: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn pods_are_restricted_and_probed() {
+    let docs = template("ops", &[]);
+    for name in [WEBHOOK, CONTROLLER] {
+        let deploy = find(&docs, "Deployment", name);
+        assert_eq!(deploy["spec"]["replicas"], 2, "{name}");
+        let pod = &deploy["spec"]["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{name}");
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{name}"
+        );
+        let container = &pod["containers"][0];
+        let sc = &container["securityContext"];
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{name}");
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}");
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{name}");
+        assert_eq!(
+            container["livenessProbe"]["httpGet"]["path"], "/healthz",
+            "{name}"
+        );
+        assert_eq!(
+            container["readinessProbe"]["httpGet"]["path"], "/readyz",
+            "{name}"
+        );
+        assert!(
+            container["resources"]["requests"]["cpu"].is_string(),
+            "{name}"
+        );
+        assert!(
+            container["resources"]["limits"]["memory"].is_string(),
+            "{name}"
+        );
+        assert_eq!(
+            find(&docs, "PodDisruptionBudget", name)["spec"]["maxUnavailable"],
+            1,
+            "{name}"
+        );
+    }
+    let webhook = &find(&docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
+    assert_eq!(webhook["automountServiceAccountToken"], false);
+    assert!(webhook["topologySpreadConstraints"].is_array());
+    let env =
+        &find(&docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"];
+    let pod_name = env
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == "POD_NAME"))
+        .expect("POD_NAME");
+    assert_eq!(
+        pod_name["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+}
+
+#[test]
+fn rbac_is_exactly_what_the_controller_uses() {
+    let docs = template("ops", &[]);
+    let role = find(&docs, "ClusterRole", CONTROLLER);
+    let rules: Vec<(String, String, String)> = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .flat_map(|r| {
+            let groups = r["apiGroups"].as_array().cloned().unwrap_or_default();
+            let resources = r["resources"].as_array().cloned().unwrap_or_default();
+            let verbs = r["verbs"].as_array().cloned().unwrap_or_default();
+            let mut out = vec![];
+            for g in &groups {
+                for res in &resources {
+                    let verbs: Vec<&str> = verbs.iter().filter_map(Value::as_str).collect();
+                    out.push((
+                        g.as_str().unwrap_or("?").to_owned(),
+                        res.as_str().unwrap_or("?").to_owned(),
+                        verbs.join(","),
+                    ));
+                }
+            }
+            out
+        })
+        .collect();
+    let expected = vec![
+        (
+            "platform.example.com",
+            "appservices",
+            "get,list,watch,patch",
+        ),
+        ("platform.example.com", "appservices/status", "get,patch"),
+        ("platform.example.com", "appservices/finalizers", "update"),
+        ("apps", "deployments", "get,list,watch,create,patch"),
+        ("", "services", "get,list,watch,create,patch"),
+        ("events.k8s.io", "events", "create,patch"),
+    ];
+    let expected: Vec<(String, String, String)> = expected
+        .into_iter()
+        .map(|(a, b, c)| (a.to_owned(), b.to_owned(), c.to_owned()))
+        .collect();
+    assert_eq!(rules, expected);
+    assert!(
+        !serde_json::to_string(&docs).unwrap().contains("\"*\""),
+        "no wildcard anywhere"
+    );
+
+    // Leases: only in the release namespace, and only the one named Lease can be changed.
+    let lease_role = find(&docs, "Role", &format!("{CONTROLLER}-leader-election"));
+    assert_eq!(lease_role["metadata"]["namespace"], "ops");
+    assert_eq!(
+        lease_role["rules"][1]["resourceNames"],
+        json!(["appservice-controller"])
+    );
+
+    // Scoped to one namespace: no cluster-wide role at all.
+    let scoped = template("ops", &["controller.watchNamespace=team-a".to_owned()]);
+    assert!(
+        !scoped
+            .iter()
+            .any(|d| d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding")
+    );
+    assert_eq!(
+        find(&scoped, "Role", CONTROLLER)["metadata"]["namespace"],
+        "team-a"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Against the real API server.
+
+/// Installs the chart once per test binary into a namespace enforcing the restricted
+/// profile; returns that namespace.
+async fn installed() -> (&'static harness::ControlPlane, &'static str) {
+    static INSTALLED: OnceCell<String> = OnceCell::const_new();
+    let cp = harness::shared_full().await.expect("control plane");
+    let ns = INSTALLED
+        .get_or_init(|| async {
+            let name = "appservice-system".to_owned();
+            let namespaces: Api<Namespace> = Api::all(cp.client());
+            let ns = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: Some(BTreeMap::from([
+                        ("pod-security.kubernetes.io/enforce".into(), "restricted".into()),
+                        ("pod-security.kubernetes.io/enforce-version".into(), "latest".into()),
+                    ])),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            namespaces.create(&PostParams::default(), &ns).await.expect("creating the release namespace");
+            let chart = chart_dir();
+            let kubeconfig = cp.kubeconfig_path().to_str().unwrap().to_owned();
+            // The test namespaces that hold AppServices are excluded from the webhooks:
+            // no webhook Pod really serves on a kwok node.
+            let (ok, stdout, stderr) = run_helm(&[
+                "install",
+                RELEASE,
+                chart.to_str().unwrap(),
+                "--namespace",
+                &name,
+                "--kubeconfig",
+                &kubeconfig,
+                "--set",
+                "webhook.namespaceSelectorExpressions[0].key=appservice-tests.example.com/test-namespace",
+                "--set",
+                "webhook.namespaceSelectorExpressions[0].operator=DoesNotExist",
+            ]);
+            assert!(ok, "helm install failed:\n{stdout}\n{stderr}");
+            assert!(!stderr.contains("would violate PodSecurity"), "PodSecurity warnings: {stderr}");
+            name
+        })
+        .await;
+    (cp, ns.as_str())
+}
+
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn installs_into_a_restricted_namespace_and_pods_are_admitted() {
+    let (cp, ns) = installed().await;
+    let _logs = cp.log_guard();
+    let client = cp.client();
+    for name in [WEBHOOK, CONTROLLER] {
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+        assert!(deployments.get(name).await.is_ok(), "{name} installed");
+    }
+    for kind in [
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+    ] {
+        let gvk = kube::api::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            if kind.starts_with('m') {
+                "MutatingWebhookConfiguration"
+            } else {
+                "ValidatingWebhookConfiguration"
+            },
+        );
+        let (ar, _) = kube::discovery::pinned_kind(&client, &gvk)
+            .await
+            .expect("discovery");
+        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
+        assert!(api.get(WEBHOOK).await.is_ok(), "{kind} installed");
+    }
+    // The real ReplicaSet controller creates the Pods, and Pod Security admission in
+    // enforce mode lets them in: two of each component.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    for component in ["webhook", "controller"] {
+        let selector =
+            format!("app.kubernetes.io/component={component},app.kubernetes.io/instance={RELEASE}");
+        let count = eventually(
+            &format!("{component} pods"),
+            Duration::from_secs(90),
+            || {
+                let pods = pods.clone();
+                let selector = selector.clone();
+                async move {
+                    let list = pods
+                        .list(&ListParams::default().labels(&selector))
+                        .await
+                        .ok()?;
+                    (list.items.len() >= 2).then_some(list.items.len())
+                }
+            },
+        )
+        .await;
+        assert_eq!(count, 2, "{component}");
+    }
+    // A privileged Pod in the same namespace is refused: the profile is really enforced.
+    let bad: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "privileged"},
+        "spec": {"containers": [{"name": "c", "image": "busybox:1.36", "securityContext": {"privileged": true}}]}
+    }))
+    .unwrap();
+    let err = pods
+        .create(&PostParams::default(), &bad)
+        .await
+        .expect_err("privileged pod must be refused");
+    assert!(err.to_string().contains("violates PodSecurity"), "{err}");
+}
+
+/// A client authenticated as `system:serviceaccount:<ns>:<sa>` with a bound token.
+async fn service_account_client(cp: &harness::ControlPlane, ns: &str, sa: &str) -> Client {
+    let sas: Api<ServiceAccount> = Api::namespaced(cp.client(), ns);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = sas
+        .create_token_request(sa, &PostParams::default(), &request)
+        .await
+        .expect("token for the ServiceAccount")
+        .status
+        .expect("token status")
+        .token
+        .expect("a token");
+    let mut config = cp.admin_config();
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..Default::default()
+    };
+    Client::try_from(config).expect("service account client")
+}
+
+#[tokio::test]
+async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
+    let (cp, release_ns) = installed().await;
+    let _logs = cp.log_guard();
+    let admin = cp.client();
+    let test_ns = cp.namespace().await.expect("namespace");
+    let sa_client = service_account_client(cp, release_ns, CONTROLLER).await;
+
+    // What it must not do.
+    let secrets_all: Api<Secret> = Api::all(sa_client.clone());
+    let forbidden = |e: kube::Error| matches!(e, kube::Error::Api(ref s) if s.code == 403);
+    assert!(forbidden(
+        secrets_all
+            .list(&ListParams::default())
+            .await
+            .expect_err("secrets cluster-wide")
+    ));
+    let secrets_release: Api<Secret> = Api::namespaced(sa_client.clone(), release_ns);
+    assert!(forbidden(
+        secrets_release
+            .list(&ListParams::default())
+            .await
+            .expect_err("secrets in release ns")
+    ));
+    let pods: Api<Pod> = Api::namespaced(sa_client.clone(), &test_ns);
+    assert!(forbidden(
+        pods.list(&ListParams::default()).await.expect_err("pods")
+    ));
+    let deployments: Api<Deployment> = Api::namespaced(sa_client.clone(), &test_ns);
+    assert!(forbidden(
+        deployments
+            .delete("anything", &DeleteParams::default())
+            .await
+            .expect_err("delete deployments")
+    ));
+    let roles: Api<ClusterRole> = Api::all(sa_client.clone());
+    let escalate: ClusterRole =
+        serde_json::from_value(json!({"metadata": {"name": "escalate"}, "rules": []})).unwrap();
+    assert!(forbidden(
+        roles
+            .create(&PostParams::default(), &escalate)
+            .await
+            .expect_err("create clusterroles")
+    ));
+    let other_lease: Api<Lease> = Api::namespaced(sa_client.clone(), &test_ns);
+    assert!(forbidden(
+        other_lease
+            .get("appservice-controller")
+            .await
+            .expect_err("leases elsewhere")
+    ));
+
+    // The webhook's ServiceAccount gets no token mounted and may do nothing at all.
+    let webhook_client = service_account_client(cp, release_ns, WEBHOOK).await;
+    let apps_as_webhook: Api<AppService> = Api::namespaced(webhook_client, &test_ns);
+    assert!(forbidden(
+        apps_as_webhook
+            .list(&ListParams::default())
+            .await
+            .expect_err("webhook lists appservices")
+    ));
+
+    // What it must do: run the real controller, leader election on, with only that token.
+    let mut config = controller::Config::for_namespace(&test_ns);
+    config.watch_namespace = None; // cluster-wide, as the chart deploys it
+    config.leader_election = true;
+    config.lease_namespace = release_ns.to_owned();
+    config.identity = Some("rbac-proof".into());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(controller::run(config, sa_client.clone(), async move {
+        let _ = stop_rx.await;
+    }));
+
+    let apps: Api<AppService> = Api::namespaced(admin.clone(), &test_ns);
+    let app: AppService = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+        "metadata": {"name": "rbac-proof"},
+        "spec": {"image": "registry.example.com/hello:v1.0.0", "replicas": 1}
+    }))
+    .unwrap();
+    apps.create(&PostParams::default(), &app)
+        .await
+        .expect("creating the AppService");
+
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), release_ns);
+    let holder = eventually("the lease", Duration::from_secs(60), || {
+        let leases = leases.clone();
+        async move {
+            leases
+                .get("appservice-controller")
+                .await
+                .ok()?
+                .spec?
+                .holder_identity
+        }
+    })
+    .await;
+    assert_eq!(holder, "rbac-proof");
+
+    let admin_deployments: Api<Deployment> = Api::namespaced(admin.clone(), &test_ns);
+    let admin_services: Api<Service> = Api::namespaced(admin.clone(), &test_ns);
+    eventually("Deployment and Service", Duration::from_secs(60), || {
+        let (d, s) = (admin_deployments.clone(), admin_services.clone());
+        async move {
+            (d.get("rbac-proof").await.is_ok() && s.get("rbac-proof").await.is_ok()).then_some(())
+        }
+    })
+    .await;
+    let reconciled = eventually("finalizer and status", Duration::from_secs(60), || {
+        let apps = apps.clone();
+        async move {
+            let app = apps.get("rbac-proof").await.ok()?;
+            let has_finalizer = app
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == common::names::FINALIZER);
+            let has_status = app
+                .status
+                .as_ref()
+                .is_some_and(|s| !s.conditions.is_empty());
+            (has_finalizer && has_status).then_some(app)
+        }
+    })
+    .await;
+    assert!(
+        reconciled
+            .status
+            .and_then(|s| s.observed_generation)
+            .is_some()
+    );
+
+    let events: Api<Event> = Api::namespaced(admin.clone(), &test_ns);
+    eventually(
+        "an Event from the controller",
+        Duration::from_secs(60),
+        || {
+            let events = events.clone();
+            async move {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .iter()
+                    .any(|e| {
+                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("rbac-proof")
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+
+    // Deletion: the finalizer runs and is removed with the same credentials.
+    apps.delete("rbac-proof", &DeleteParams::default())
+        .await
+        .expect("deleting");
+    eventually("the AppService to be gone", Duration::from_secs(60), || {
+        let apps = apps.clone();
+        async move {
+            matches!(apps.get("rbac-proof").await, Err(kube::Error::Api(ref s)) if s.code == 404)
+                .then_some(())
+        }
+    })
+    .await;
+
+    let _ = stop_tx.send(());
+    let result = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("controller stops");
+    result
+        .expect("controller task")
+        .expect("controller ran without error under the chart's RBAC");
+}
