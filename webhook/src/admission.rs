@@ -91,7 +91,7 @@ enum Subject {
 }
 
 /// Checks the kind and operation; `Err` is the response to send as is.
-fn subject(req: &AdmissionRequest<DynamicObject>) -> Result<Subject, AdmissionResponse> {
+fn subject(req: &AdmissionRequest<DynamicObject>) -> Result<Subject, Box<AdmissionResponse>> {
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return Ok(Subject::PassThrough);
     }
@@ -116,11 +116,11 @@ fn subject(req: &AdmissionRequest<DynamicObject>) -> Result<Subject, AdmissionRe
 }
 
 /// A well-formed review whose content cannot be admitted as is: `allowed: false`, 400.
-fn bad_request(req: &AdmissionRequest<DynamicObject>, message: String) -> AdmissionResponse {
+fn bad_request(req: &AdmissionRequest<DynamicObject>, message: String) -> Box<AdmissionResponse> {
     let mut response = AdmissionResponse::from(req);
     response.allowed = false;
     response.result = Status::failure(&message, "BadRequest").with_code(400);
-    response
+    Box::new(response)
 }
 
 /// The object and its typed form; `Err` is the response to send.
@@ -128,7 +128,7 @@ fn decode_object(
     req: &AdmissionRequest<DynamicObject>,
     object: Option<&DynamicObject>,
     field: &str,
-) -> Result<(Value, AppService), AdmissionResponse> {
+) -> Result<(Value, AppService), Box<AdmissionResponse>> {
     let Some(object) = object else {
         return Err(bad_request(
             req,
@@ -150,13 +150,13 @@ fn typed(raw: &Value) -> Result<AppService, String> {
 /// object is already defaulted.
 pub fn mutate(req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
     match subject(req) {
-        Err(response) => return response,
+        Err(response) => return *response,
         Ok(Subject::PassThrough) => return AdmissionResponse::from(req),
         Ok(Subject::Write) => {}
     }
     let (raw, app) = match decode_object(req, req.object.as_ref(), "object") {
         Ok(decoded) => decoded,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let patch = match defaults_patch(&raw, &app) {
         Ok(patch) => patch,
@@ -212,13 +212,13 @@ pub fn defaults_patch(raw: &Value, app: &AppService) -> Result<Patch, String> {
 /// one denial, with warnings in both outcomes.
 pub fn validate(req: &AdmissionRequest<DynamicObject>, policies: &PolicySet) -> AdmissionResponse {
     match subject(req) {
-        Err(response) => return response,
+        Err(response) => return *response,
         Ok(Subject::PassThrough) => return AdmissionResponse::from(req),
         Ok(Subject::Write) => {}
     }
     let (raw, app) = match decode_object(req, req.object.as_ref(), "object") {
         Ok(decoded) => decoded,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let mut warnings = Vec::new();
     let old = match (&req.operation, req.old_object.as_ref()) {

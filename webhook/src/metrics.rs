@@ -126,6 +126,7 @@ pub struct Metrics {
     cert_reloads: Family<ReloadLabels, Counter>,
     policy_reloads: Family<ReloadLabels, Counter>,
     policies: Gauge<i64>,
+    in_flight: Gauge<i64>,
 }
 
 impl Default for Metrics {
@@ -176,7 +177,14 @@ impl Metrics {
             "Number of CEL policies currently active",
             policies.clone(),
         );
+        let in_flight = Gauge::<i64>::default();
+        registry.register(
+            "admission_in_flight",
+            "Admission requests being received or answered right now",
+            in_flight.clone(),
+        );
         Metrics {
+            in_flight,
             registry,
             requests,
             duration,
@@ -223,11 +231,27 @@ impl Metrics {
         self.policies.set(i64::try_from(active).unwrap_or(i64::MAX));
     }
 
+    /// Counts a request as in flight until the guard is dropped.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.inc();
+        InFlight(self.in_flight.clone())
+    }
+
     /// The registry in Prometheus' text format.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+/// Decrements the in-flight gauge when dropped (also when the request is cancelled).
+#[derive(Debug)]
+pub struct InFlight(Gauge<i64>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

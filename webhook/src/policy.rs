@@ -35,7 +35,7 @@ pub enum PolicyError {
     Parse {
         path: PathBuf,
         #[source]
-        source: serde_saphyr::Error,
+        source: Box<serde_saphyr::Error>,
     },
     #[error("policy file {path}: policies[{index}] ({name:?}): {reason}")]
     Invalid {
@@ -100,7 +100,7 @@ impl PolicySet {
         let file: PolicyFile =
             serde_saphyr::from_str(yaml).map_err(|source| PolicyError::Parse {
                 path: path.to_owned(),
-                source,
+                source: Box::new(source),
             })?;
         Self::compile(path, &file.policies)
     }

@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State as AxumState};
+use axum::extract::{DefaultBodyLimit, Request, State as AxumState};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tower_http::timeout::TimeoutLayer;
@@ -26,6 +27,10 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_in_flight,
+        ))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             limits.request_timeout,
@@ -40,6 +45,16 @@ pub fn ops_router(state: Arc<State>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state)
+}
+
+/// Runs from the moment the headers are read, before the body, so a slow upload counts.
+async fn count_in_flight(
+    AxumState(state): AxumState<Arc<State>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let _guard = state.metrics.in_flight();
+    next.run(request).await
 }
 
 #[instrument(

@@ -1,4 +1,6 @@
 //! The admission and operations routes through `Router::oneshot`, with fixture reviews.
+// Test helpers outside #[test] functions unwrap too: a failure is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

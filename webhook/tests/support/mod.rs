@@ -1,6 +1,6 @@
 //! Shared helpers of the webhook's integration tests: fixtures, an in-process state, a
 //! TLS test server with a CA, and a real TLS client.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -175,9 +175,12 @@ impl TlsClient {
         for cert in rustls_pemfile_certs(ca_pem) {
             roots.add(cert).unwrap();
         }
-        let config = rustls::ClientConfig::builder()
+        let mut config = rustls::ClientConfig::builder()
             .with_root_certificates(roots)
             .with_no_client_auth();
+        // Full handshakes only: a resumed session does not carry the server's certificate
+        // again, so `peer_certificates` would report the one from the first handshake.
+        config.resumption = rustls::client::Resumption::disabled();
         let mut h1 = config.clone();
         h1.alpn_protocols = vec![b"http/1.1".to_vec()];
         let mut h2 = config;
