@@ -75,7 +75,9 @@ pub fn operation_label(op: &Operation) -> metrics::Operation {
 
 /// The decision a response carries, for metrics and logs.
 pub fn decision(response: &AdmissionResponse) -> Decision {
-    if response.allowed {
+    if response.allowed && response.patch.is_some() {
+        Decision::Patched
+    } else if response.allowed {
         Decision::Allowed
     } else {
         Decision::Denied

@@ -41,8 +41,10 @@ pub enum Operation {
 /// How a request ended.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Decision {
-    /// Allowed (possibly with a patch or warnings).
+    /// Allowed unchanged (possibly with warnings).
     Allowed,
+    /// Allowed with a JSON patch (`/mutate` filled in defaults).
+    Patched,
     /// Denied: field errors, a policy, or an object that is not an AppService.
     Denied,
     /// The body was not an AdmissionReview: HTTP 400.
@@ -65,6 +67,7 @@ impl Decision {
     pub fn as_str(self) -> &'static str {
         match self {
             Decision::Allowed => "allowed",
+            Decision::Patched => "patched",
             Decision::Denied => "denied",
             Decision::BadRequest => "bad_request",
         }

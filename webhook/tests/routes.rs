@@ -304,7 +304,7 @@ async fn ops_routes_report_metrics_and_readiness() {
     let text = String::from_utf8_lossy(&body);
     for line in [
         r#"appservice_webhook_admission_requests_total{endpoint="validate",operation="CREATE",decision="denied"} 1"#,
-        r#"appservice_webhook_admission_requests_total{endpoint="mutate",operation="CREATE",decision="allowed"} 1"#,
+        r#"appservice_webhook_admission_requests_total{endpoint="mutate",operation="CREATE",decision="patched"} 1"#,
         r#"appservice_webhook_admission_requests_total{endpoint="mutate",operation="unknown",decision="bad_request"} 1"#,
     ] {
         assert!(text.contains(line), "{line} missing from\n{text}");
