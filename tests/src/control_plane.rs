@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 
 use crate::assets;
 use crate::error::{Error, Result, io, kube as kube_err};
@@ -329,6 +329,17 @@ impl ControlPlane {
             },
         )
         .await?;
+        // The TaintNodesByCondition admission plugin gives every new node the
+        // `node.kubernetes.io/not-ready:NoSchedule` taint; the node lifecycle controller
+        // would lift it, but it also evicts pods on missed heartbeats, so it does not
+        // run here and the harness lifts the taint itself once kwok reports Ready.
+        let untaint = serde_json::json!({ "spec": { "taints": null } });
+        nodes
+            .patch(NODE_NAME, &PatchParams::default(), &Patch::Merge(&untaint))
+            .await
+            .map_err(kube_err(
+                "removing the not-ready taint of the simulated node",
+            ))?;
         let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
         let sas_ref = &sas;
         self.wait_for(

@@ -27,6 +27,13 @@ enum Cmd {
         #[arg(long)]
         force: bool,
     },
+    /// Start a local control plane (etcd + kube-apiserver, CRDs installed) in the
+    /// foreground and print how to reach it; Ctrl-C stops it.
+    Up {
+        /// Also run kube-controller-manager, kube-scheduler and kwok with one simulated node.
+        #[arg(long)]
+        full: bool,
+    },
     /// Build the test assets if needed, then run every test of the workspace.
     Test {
         /// Extra arguments for `cargo test`, e.g. `-- --nocapture`.
@@ -50,6 +57,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Crd { check } => crd(check),
         Cmd::Assets { force } => assets(force).map(|bin| println!("{}", bin.display())),
         Cmd::Test { args } => test(&args),
+        Cmd::Up { full } => up(full),
     }
 }
 
@@ -117,4 +125,54 @@ fn test(args: &[String]) -> Result<()> {
         bail!("tests failed ({status})");
     }
     Ok(())
+}
+
+/// Runs the harness's control plane until Ctrl-C or SIGTERM. Every component is killed
+/// when this process exits, however it exits (see the harness's `process` module).
+fn up(full: bool) -> Result<()> {
+    let bin = assets(false)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let cp = harness::ControlPlane::start(harness::Options { full })
+            .await
+            .context("starting the control plane")?;
+        let kubeconfig = cp.kubeconfig_path().display().to_string();
+        let kubectl = bin.join("kubectl");
+        println!(
+            "control plane ({}) up in {:.1?}: {}",
+            if full {
+                "full"
+            } else {
+                "etcd + kube-apiserver"
+            },
+            cp.startup_time(),
+            cp.server_url()
+        );
+        println!("kubeconfig: {kubeconfig}");
+        println!("logs:       {}", cp.log_dir().display());
+        println!();
+        println!(
+            "  {} --kubeconfig {kubeconfig} get appservices -A",
+            kubectl.display()
+        );
+        println!("or");
+        println!(
+            "  export KUBECONFIG={kubeconfig} PATH={}:$PATH",
+            bin.display()
+        );
+        println!();
+        println!("Ctrl-C stops it and removes its files.");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result.context("waiting for Ctrl-C")?,
+            _ = term.recv() => {}
+        }
+        println!("stopping");
+        drop(cp);
+        Ok(())
+    })
 }
