@@ -59,8 +59,7 @@ struct Paths {
 }
 
 /// A running control plane. Dropping it stops every component (apiserver before etcd)
-/// and removes its temporary directory, except while panicking: then the directory and
-/// the component logs are kept and their path printed.
+/// and removes its temporary files except the component logs (see `Drop`).
 ///
 /// The process is built so that nothing outlives the test process even when this value
 /// is never dropped (a `static`) or the process is killed: see [`crate::process`].
@@ -72,7 +71,8 @@ pub struct ControlPlane {
     admin_config: kube::Config,
     components: Mutex<Vec<Component>>,
     startup_time: Duration,
-    keep_dir: bool,
+    /// `APPSERVICE_KEEP_LOGS` set: keep every file (certificates, kubeconfig, etcd data).
+    keep_all: bool,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -148,7 +148,7 @@ impl ControlPlane {
             admin_config,
             components: Mutex::new(Vec::new()),
             startup_time: Duration::ZERO,
-            keep_dir: std::env::var_os("APPSERVICE_KEEP_LOGS").is_some(),
+            keep_all: std::env::var_os("APPSERVICE_KEEP_LOGS").is_some(),
             paths,
         };
         write(&cp.paths.kubeconfig, &cp.kubeconfig_yaml())?;
@@ -567,15 +567,25 @@ current-context: appservice-envtest
 }
 
 impl Drop for ControlPlane {
+    /// Stops the components, then removes everything but the logs: a test that fails by
+    /// returning `Err` is not panicking, and its logs must still be where its output
+    /// said. Log directories older than a day are pruned by the next start.
     fn drop(&mut self) {
         self.stop();
-        if std::thread::panicking() || self.keep_dir {
+        if self.keep_all {
             eprintln!(
-                "harness: control plane logs kept in {}",
-                self.paths.logs.display()
+                "harness: control plane files kept in {}",
+                self.paths.root.display()
             );
-        } else {
-            let _ = fs::remove_dir_all(&self.paths.root);
+            return;
+        }
+        for path in [&self.paths.pki, &self.paths.etcd_data] {
+            let _ = fs::remove_dir_all(path);
+        }
+        let _ = fs::remove_file(&self.paths.kubeconfig);
+        let _ = fs::remove_file(self.paths.root.join("kwok-stages.yaml"));
+        if std::thread::panicking() {
+            eprintln!("harness: control plane logs: {}", self.paths.logs.display());
         }
     }
 }
@@ -600,9 +610,33 @@ impl Drop for LogGuard {
     }
 }
 
+/// Prefix of every control plane's directory under the system temporary directory.
+const DIR_PREFIX: &str = "appservice-envtest-";
+/// Directories of earlier runs older than this are removed at startup.
+const PRUNE_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Removes directories of earlier control planes (their logs) older than a day.
+fn prune_old_dirs() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > PRUNE_AFTER);
+        if old && entry.file_name().to_string_lossy().starts_with(DIR_PREFIX) {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 fn make_dirs() -> Result<Paths> {
+    prune_old_dirs();
     let root = tempfile::Builder::new()
-        .prefix("appservice-envtest-")
+        .prefix(DIR_PREFIX)
         .tempdir()
         .map_err(io("creating the control plane's temporary directory"))?
         .keep();

@@ -19,9 +19,11 @@
 //!   ([`ControlPlane::install_crds`]).
 //! * [`ControlPlane::register_webhooks`] points Mutating/ValidatingWebhookConfigurations
 //!   for one namespace at a local HTTPS server; [`webhook_tls`] makes its certificates.
-//! * Component logs are in [`ControlPlane::log_dir`]; a failing test prints it when it
-//!   holds a [`TestNamespace`] or a [`LogGuard`]. `APPSERVICE_KEEP_LOGS=1` keeps the
-//!   directory of a private control plane after a passing test too.
+//! * Component logs are in [`ControlPlane::log_dir`] and survive the control plane
+//!   (directories older than a day are pruned at the next start). Every test that
+//!   creates a [`TestNamespace`] prints that path (shown by the test runner only when the
+//!   test fails); a [`LogGuard`] prints it on panic. `APPSERVICE_KEEP_LOGS=1` also keeps
+//!   certificates, kubeconfig and etcd data of a stopped control plane.
 //! * Binaries: `APPSERVICE_ASSETS_BIN`, else the cache that `cargo xtask assets` fills
 //!   (built on demand when missing; needs `go`).
 

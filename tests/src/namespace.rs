@@ -151,6 +151,11 @@ impl ControlPlane {
         api.create(&PostParams::default(), &ns)
             .await
             .map_err(kube_err(format!("creating namespace {name}")))?;
+        // Captured by the test runner and shown only if the test fails, however it fails.
+        eprintln!(
+            "harness: test namespace {name}; component logs: {}",
+            self.log_dir().display()
+        );
         Ok(TestNamespace {
             name,
             config: self.admin_config(),

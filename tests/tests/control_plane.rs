@@ -480,6 +480,12 @@ async fn a_private_control_plane_leaves_no_process_behind() -> TestResult {
     eprintln!("private control plane started in {:?}", cp.startup_time());
     drop(cp);
     assert_eq!(running(), 0, "nothing outlives the control plane");
-    assert!(!root.exists(), "temporary directory removed");
+    assert!(!root.join("etcd").exists(), "etcd data removed");
+    assert!(!root.join("pki").exists(), "keys removed");
+    assert!(
+        root.join("logs").join("kube-apiserver.log").is_file(),
+        "logs kept"
+    );
+    std::fs::remove_dir_all(&root)?;
     Ok(())
 }
