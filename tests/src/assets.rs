@@ -60,7 +60,12 @@ fn missing_binaries(dir: &Path) -> Vec<&'static str> {
 /// The answer (or the failure) is computed once per process.
 pub fn bin_dir() -> Result<PathBuf> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    DIR.get_or_init(|| locate().map_err(|e| e.to_string()))
+    DIR.get_or_init(|| {
+        locate().map_err(|e| match e {
+            Error::Assets(message) => message,
+            other => other.to_string(),
+        })
+    })
         .clone()
         .map_err(Error::Assets)
 }

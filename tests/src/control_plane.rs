@@ -679,7 +679,6 @@ fn client_config(
     config.root_cert = Some(vec![ca.cert_der().to_vec()]);
     config.auth_info.client_certificate = Some(cert_path.display().to_string());
     config.auth_info.client_key = Some(key_path.display().to_string());
-    config.read_timeout = Some(Duration::from_secs(60));
     Ok(config)
 }
 
