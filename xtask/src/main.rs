@@ -164,7 +164,10 @@ fn up(full: bool) -> Result<()> {
             bin.display()
         );
         println!();
-        println!("Ctrl-C stops it and removes its files.");
+        println!(
+            "Ctrl-C stops it (its logs stay in {}).",
+            cp.log_dir().display()
+        );
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;
         tokio::select! {
