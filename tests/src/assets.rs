@@ -66,8 +66,8 @@ pub fn bin_dir() -> Result<PathBuf> {
             other => other.to_string(),
         })
     })
-        .clone()
-        .map_err(Error::Assets)
+    .clone()
+    .map_err(Error::Assets)
 }
 
 fn locate() -> Result<PathBuf> {

@@ -164,3 +164,20 @@ impl ControlPlane {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::random_suffix;
+
+    #[test]
+    fn suffixes_are_dns_safe_and_differ() {
+        let a = random_suffix(10);
+        let b = random_suffix(10);
+        assert_eq!(a.len(), 10);
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        );
+        assert_ne!(a, b);
+    }
+}

@@ -184,3 +184,70 @@ pub fn free_port() -> Result<u16> {
         .port();
     Ok(port)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn tail_returns_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("x.log");
+        let text: String = (1..=100).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&log, text).unwrap();
+        assert_eq!(tail(&log, 2), "line 99\nline 100");
+        assert!(tail(&dir.path().join("missing"), 2).contains("cannot read"));
+    }
+
+    #[test]
+    fn a_component_reports_its_exit_and_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Component::spawn(Spec {
+            name: "failing",
+            program: Path::new("/bin/sh"),
+            args: vec!["-c".into(), "echo boom; exit 3".into()],
+            log_dir: dir.path(),
+            remove_after_exit: None,
+        })
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            if let Some(status) = c.exited() {
+                break status;
+            }
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(status.code(), Some(3));
+        let err = c.startup_error("exited", dir.path()).to_string();
+        assert!(err.contains("boom"), "{err}");
+        assert!(err.contains("failing.log"), "{err}");
+    }
+
+    #[test]
+    fn stopping_kills_the_component_and_runs_the_cleanup() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let mut c = Component::spawn(Spec {
+            name: "sleeper",
+            program: Path::new("/bin/sleep"),
+            args: vec!["1000".into()],
+            log_dir: dir.path(),
+            remove_after_exit: Some(&data),
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(c.exited().is_none(), "still running");
+        let started = Instant::now();
+        c.stop(Duration::from_secs(5));
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "SIGKILL, not a timeout"
+        );
+        assert!(c.exited().is_some());
+        assert!(!data.exists(), "the wrapper removed the data directory");
+    }
+}

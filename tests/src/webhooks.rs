@@ -6,7 +6,7 @@
 //! carries, first in its list, a *probe* webhook: it matches only objects labelled
 //! [`PROBE_LABEL`] (the real webhooks exclude that label) and points at a closed port
 //! with `failurePolicy: Fail`. The harness dry-run creates a labelled AppService until
-//! the API server answers "failed calling webhook <probe>": from then on the
+//! the API server answers "failed calling webhook `<probe>`": from then on the
 //! configuration, real webhooks included, is in effect. This neither needs the webhook
 //! server to be running yet nor depends on what it answers, and dry-run persists nothing.
 
