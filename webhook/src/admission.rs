@@ -211,8 +211,13 @@ pub fn defaults_patch(raw: &Value, app: &AppService) -> Result<Patch, String> {
 }
 
 /// `/validate`: every field error of `common::validation` and every policy violation in
-/// one denial, with warnings in both outcomes.
-pub fn validate(req: &AdmissionRequest<DynamicObject>, policies: &PolicySet) -> AdmissionResponse {
+/// one denial, with warnings in both outcomes. `namespace_object` is the namespace's
+/// metadata for policies that use `namespaceObject` (None without `--namespace-labels`).
+pub fn validate(
+    req: &AdmissionRequest<DynamicObject>,
+    policies: &PolicySet,
+    namespace_object: Option<Value>,
+) -> AdmissionResponse {
     match subject(req) {
         Err(response) => return *response,
         Ok(Subject::PassThrough) => return AdmissionResponse::from(req),
@@ -249,8 +254,12 @@ pub fn validate(req: &AdmissionRequest<DynamicObject>, policies: &PolicySet) -> 
         old.as_ref().and_then(|(_, typed)| typed.as_ref()),
     );
     warnings.extend(report.warnings);
-    let violations =
-        policies.evaluate(&raw, old.as_ref().map(|(raw, _)| raw), req.to_cel_request());
+    let violations = policies.evaluate(
+        &raw,
+        old.as_ref().map(|(raw, _)| raw),
+        req.to_cel_request(),
+        namespace_object,
+    );
 
     let mut response = AdmissionResponse::from(req);
     if !warnings.is_empty() {
@@ -436,7 +445,7 @@ mod tests {
     #[test]
     fn valid_object_is_allowed_with_warnings() {
         let req = decode_review(&review("CREATE", app(json!({"image": "nginx"})), None)).unwrap();
-        let response = validate(&req, &PolicySet::default());
+        let response = validate(&req, &PolicySet::default(), None);
         assert!(response.allowed);
         let warnings = response.warnings.unwrap_or_default();
         assert_eq!(warnings.len(), 1);
@@ -444,7 +453,10 @@ mod tests {
 
         let pinned =
             decode_review(&review("CREATE", app(json!({"image": "nginx:1.27"})), None)).unwrap();
-        assert_eq!(validate(&pinned, &PolicySet::default()).warnings, None);
+        assert_eq!(
+            validate(&pinned, &PolicySet::default(), None).warnings,
+            None
+        );
     }
 
     #[test]
@@ -457,6 +469,7 @@ mod tests {
         let response = validate(
             &decode_review(&review("CREATE", object, None)).unwrap(),
             &PolicySet::default(),
+            None,
         );
         assert!(!response.allowed);
         assert_eq!(response.result.code, 422);
@@ -497,6 +510,7 @@ mod tests {
         let response = validate(
             &decode_review(&review("UPDATE", new.clone(), Some(old.clone()))).unwrap(),
             &PolicySet::default(),
+            None,
         );
         assert!(!response.allowed);
         assert!(
@@ -511,7 +525,8 @@ mod tests {
         assert!(
             validate(
                 &decode_review(&review("CREATE", new, None)).unwrap(),
-                &PolicySet::default()
+                &PolicySet::default(),
+                None
             )
             .allowed
         );
@@ -520,6 +535,7 @@ mod tests {
         let response = validate(
             &decode_review(&review("UPDATE", old, Some(broken_old))).unwrap(),
             &PolicySet::default(),
+            None,
         );
         assert!(response.allowed);
         assert!(response.warnings.unwrap_or_default()[0].contains("update rules were not checked"));
@@ -533,9 +549,20 @@ mod tests {
         )
         .unwrap();
         let ok = app(json!({"image": "registry.example.com/checkout:v1"}));
-        assert!(validate(&decode_review(&review("CREATE", ok, None)).unwrap(), &set).allowed);
+        assert!(
+            validate(
+                &decode_review(&review("CREATE", ok, None)).unwrap(),
+                &set,
+                None
+            )
+            .allowed
+        );
         let bad = app(json!({"image": "docker.io/checkout:v1", "port": 0}));
-        let response = validate(&decode_review(&review("CREATE", bad, None)).unwrap(), &set);
+        let response = validate(
+            &decode_review(&review("CREATE", bad, None)).unwrap(),
+            &set,
+            None,
+        );
         assert!(!response.allowed);
         assert_eq!(
             response.result.message,
@@ -553,7 +580,7 @@ mod tests {
                 "policies:\n  - {name: never, expression: 'false', message: no}\n",
             )
             .unwrap();
-            for response in [mutate(&req), validate(&req, &set)] {
+            for response in [mutate(&req), validate(&req, &set, None)] {
                 assert!(response.allowed);
                 assert_eq!(response.patch, None);
                 assert_eq!(response.warnings, None);
@@ -581,7 +608,7 @@ mod tests {
         .unwrap();
         body["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Pod"});
         let req = decode_review(&serde_json::to_vec(&body).unwrap()).unwrap();
-        for response in [mutate(&req), validate(&req, &PolicySet::default())] {
+        for response in [mutate(&req), validate(&req, &PolicySet::default(), None)] {
             assert!(!response.allowed);
             assert_eq!(response.result.code, 400);
             assert_eq!(response.uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
@@ -609,7 +636,7 @@ mod tests {
         );
         let req = decode_review(&review("CREATE", Value::Null, None)).unwrap();
         assert!(
-            validate(&req, &PolicySet::default())
+            validate(&req, &PolicySet::default(), None)
                 .result
                 .message
                 .contains("object is missing")

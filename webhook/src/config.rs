@@ -56,6 +56,11 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_POLICIES")]
     pub policies: Option<PathBuf>,
 
+    /// Watch Namespaces' labels (metadata only) so policies can use `namespaceObject`.
+    /// Needs RBAC to list and watch namespaces.
+    #[arg(long, env = "WEBHOOK_NAMESPACE_LABELS")]
+    pub namespace_labels: bool,
+
     /// How often certificate and policy files are re-read even without a change event
     /// (a fallback for file systems that do not report changes).
     #[arg(long, env = "WEBHOOK_RELOAD_INTERVAL", default_value = "30s", value_parser = parse_duration)]
@@ -88,6 +93,7 @@ impl Config {
             tls_cert,
             tls_key,
             policies,
+            namespace_labels: false,
             reload_interval: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(25),

@@ -8,6 +8,7 @@ pub mod admission;
 pub mod config;
 pub mod logging;
 pub mod metrics;
+pub mod namespaces;
 pub mod policy;
 pub mod reload;
 pub mod routes;
@@ -20,9 +21,10 @@ use std::time::Duration;
 
 pub use config::Config;
 pub use routes::{ops_router, router};
-pub use server::{Server, serve, start};
+pub use server::{Server, serve, start, start_with_client};
 
 use metrics::Metrics;
+use namespaces::NamespaceCache;
 use policy::PolicyStore;
 use tls::CertStore;
 
@@ -43,6 +45,8 @@ pub enum Error {
     Task(&'static str, #[source] tokio::task::JoinError),
     #[error("the operations server failed: {0}")]
     Ops(#[source] std::io::Error),
+    #[error("creating a Kubernetes client for --namespace-labels: {0}")]
+    Client(#[source] kube::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -70,6 +74,7 @@ pub struct State {
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
     certs: Option<Arc<CertStore>>,
+    namespaces: Option<NamespaceCache>,
     tls_accepting: AtomicBool,
     draining: AtomicBool,
 }
@@ -82,6 +87,7 @@ impl State {
             metrics,
             limits,
             certs: None,
+            namespaces: None,
             tls_accepting: AtomicBool::new(false),
             draining: AtomicBool::new(false),
         }
@@ -90,6 +96,18 @@ impl State {
     fn with_certs(mut self, certs: Arc<CertStore>) -> Self {
         self.certs = Some(certs);
         self
+    }
+
+    /// Binds `namespaceObject` for policies from this cache.
+    pub fn with_namespaces(mut self, namespaces: NamespaceCache) -> Self {
+        self.namespaces = Some(namespaces);
+        self
+    }
+
+    /// `namespaceObject` for a namespace, when namespace labels are watched.
+    pub fn namespace_object(&self, namespace: Option<&str>) -> Option<serde_json::Value> {
+        let cache = self.namespaces.as_ref()?;
+        namespace.map(|name| cache.object(name))
     }
 
     /// `Ok` when the webhook can answer the API server: a certificate is loaded and
@@ -103,6 +121,9 @@ impl State {
         }
         if self.draining.load(Ordering::SeqCst) {
             return Err("shutting down");
+        }
+        if self.namespaces.as_ref().is_some_and(|n| !n.is_synced()) {
+            return Err("namespace labels are not cached yet");
         }
         if !self.tls_accepting.load(Ordering::SeqCst) {
             return Err("the TLS listener is not accepting yet");

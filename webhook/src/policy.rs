@@ -20,7 +20,9 @@ use kube::core::cel::{
 use serde::Deserialize;
 
 /// Variables a policy expression may reference.
-pub const VARIABLES: [&str; 3] = ["object", "oldObject", "request"];
+pub const VARIABLES: [&str; 4] = ["object", "oldObject", "request", NAMESPACE_OBJECT];
+/// The variable holding the namespace's metadata; bound only with `--namespace-labels`.
+pub const NAMESPACE_OBJECT: &str = "namespaceObject";
 
 /// Why a policy file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +75,8 @@ pub struct PolicySpec {
 #[derive(Debug)]
 pub struct Policy {
     pub name: String,
+    /// Whether the policy reads `namespaceObject`.
+    pub uses_namespace: bool,
     // One-element slice: `VapEvaluator::evaluate_compiled` takes a slice of results.
     compiled: [Result<CompiledVapExpression, VapError>; 1],
 }
@@ -121,9 +125,11 @@ impl PolicySet {
             if specs[..index].iter().any(|other| other.name == spec.name) {
                 return Err(invalid("duplicate policy name".into()));
             }
-            check_expression("expression", &spec.expression).map_err(invalid)?;
+            let mut uses_namespace =
+                check_expression("expression", &spec.expression).map_err(invalid)?;
             if let Some(message_expression) = &spec.message_expression {
-                check_expression("messageExpression", message_expression).map_err(invalid)?;
+                uses_namespace |=
+                    check_expression("messageExpression", message_expression).map_err(invalid)?;
             }
             let expression = VapExpression {
                 expression: spec.expression.clone(),
@@ -138,6 +144,7 @@ impl PolicySet {
                 .map_err(|e| invalid(e.to_string()))?;
             policies.push(Policy {
                 name: spec.name.clone(),
+                uses_namespace,
                 compiled: [Ok(compiled)],
             });
         }
@@ -156,6 +163,15 @@ impl PolicySet {
         self.policies.iter().map(|p| p.name.as_str())
     }
 
+    /// The first policy that reads `namespaceObject`, with its index.
+    pub fn first_using_namespace(&self) -> Option<(usize, &str)> {
+        self.policies
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.uses_namespace)
+            .map(|(i, p)| (i, p.name.as_str()))
+    }
+
     /// Evaluates every policy; returns the ones that denied. An expression that fails
     /// to evaluate (a missing field, a type error) denies: policies fail closed.
     pub fn evaluate(
@@ -163,6 +179,7 @@ impl PolicySet {
         object: &serde_json::Value,
         old_object: Option<&serde_json::Value>,
         request: CelRequest,
+        namespace_object: Option<serde_json::Value>,
     ) -> Vec<Violation> {
         if self.policies.is_empty() {
             return Vec::new();
@@ -172,6 +189,9 @@ impl PolicySet {
             .request(request);
         if let Some(old) = old_object {
             builder = builder.old_object(old.clone());
+        }
+        if let Some(namespace) = namespace_object {
+            builder = builder.namespace_object(namespace);
         }
         let evaluator = builder.build();
         self.policies
@@ -196,7 +216,8 @@ impl PolicySet {
 
 /// Parses one CEL expression and checks that it only references the bound variables, so
 /// a typo (`objet.spec`) is refused at load rather than denying every request later.
-fn check_expression(field: &str, source: &str) -> Result<(), String> {
+/// Returns whether it reads `namespaceObject`.
+fn check_expression(field: &str, source: &str) -> Result<bool, String> {
     let program = Program::compile(source).map_err(|e| format!("{field}: {e}"))?;
     let references = program.references();
     let mut unknown: Vec<&str> = references
@@ -206,7 +227,7 @@ fn check_expression(field: &str, source: &str) -> Result<(), String> {
         .collect();
     unknown.sort_unstable();
     if unknown.is_empty() {
-        Ok(())
+        Ok(references.has_variable(NAMESPACE_OBJECT))
     } else {
         Err(format!(
             "{field}: undeclared reference to {} (available: {})",
@@ -220,6 +241,8 @@ fn check_expression(field: &str, source: &str) -> Result<(), String> {
 #[derive(Debug)]
 pub struct PolicyStore {
     path: Option<PathBuf>,
+    // Whether `namespaceObject` is bound; a file using it is refused otherwise.
+    namespace_labels: bool,
     active: RwLock<Arc<PolicySet>>,
     // Last file content seen, loaded or refused: an unchanged file is not recompiled
     // and a refused file is reported once, not on every periodic check.
@@ -240,6 +263,7 @@ impl PolicyStore {
     pub fn empty() -> Self {
         PolicyStore {
             path: None,
+            namespace_labels: false,
             active: RwLock::new(Arc::new(PolicySet::default())),
             last_seen: Mutex::new(None),
         }
@@ -249,6 +273,7 @@ impl PolicyStore {
     pub fn fixed(set: PolicySet) -> Self {
         PolicyStore {
             path: None,
+            namespace_labels: true,
             active: RwLock::new(Arc::new(set)),
             last_seen: Mutex::new(None),
         }
@@ -256,9 +281,11 @@ impl PolicyStore {
 
     /// Loads `path`; fails when the first load fails (a webhook must not start without
     /// the policies it was told to enforce).
-    pub fn load(path: PathBuf) -> Result<Self, PolicyError> {
+    /// `namespace_labels`: whether `namespaceObject` is available to policies.
+    pub fn load(path: PathBuf, namespace_labels: bool) -> Result<Self, PolicyError> {
         let store = PolicyStore {
             path: Some(path),
+            namespace_labels,
             active: RwLock::new(Arc::new(PolicySet::default())),
             last_seen: Mutex::new(None),
         };
@@ -305,6 +332,16 @@ impl PolicyStore {
             reason: format!("file is not UTF-8: {e}"),
         })?;
         let set = PolicySet::from_yaml(path, &text)?;
+        if !self.namespace_labels
+            && let Some((index, name)) = set.first_using_namespace()
+        {
+            return Err(PolicyError::Invalid {
+                path: path.clone(),
+                index,
+                name: name.to_owned(),
+                reason: format!("{NAMESPACE_OBJECT} is only available with --namespace-labels"),
+            });
+        }
         let count = set.len();
         *self.active.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(set);
         Ok(Reload::Loaded(count))
@@ -343,12 +380,12 @@ policies:
         assert_eq!(set.len(), 2);
         let good = json!({"spec": {"image": "registry.example.com/a:1", "replicas": 3}});
         assert!(
-            set.evaluate(&good, None, request("CREATE", "production"))
+            set.evaluate(&good, None, request("CREATE", "production"), None)
                 .is_empty()
         );
 
         let bad = json!({"spec": {"image": "docker.io/a:1", "replicas": 1}});
-        let violations = set.evaluate(&bad, None, request("CREATE", "production"));
+        let violations = set.evaluate(&bad, None, request("CREATE", "production"), None);
         assert_eq!(
             violations,
             vec![
@@ -363,7 +400,7 @@ policies:
             ]
         );
         // Outside production the replicas policy does not apply.
-        let violations = set.evaluate(&bad, None, request("CREATE", "dev"));
+        let violations = set.evaluate(&bad, None, request("CREATE", "dev"), None);
         assert_eq!(violations.len(), 1);
     }
 
@@ -379,13 +416,17 @@ policies:
         let old = json!({"spec": {"replicas": 4}});
         let new = json!({"spec": {"replicas": 2}});
         assert_eq!(
-            set.evaluate(&new, Some(&old), request("UPDATE", "a")).len(),
+            set.evaluate(&new, Some(&old), request("UPDATE", "a"), None)
+                .len(),
             1
         );
         let mut sre = request("UPDATE", "a");
         sre.groups.push("sre".into());
-        assert!(set.evaluate(&new, Some(&old), sre).is_empty());
-        assert!(set.evaluate(&new, None, request("CREATE", "a")).is_empty());
+        assert!(set.evaluate(&new, Some(&old), sre, None).is_empty());
+        assert!(
+            set.evaluate(&new, None, request("CREATE", "a"), None)
+                .is_empty()
+        );
     }
 
     #[test]
@@ -402,11 +443,14 @@ policies:
         let set = PolicySet::from_yaml(Path::new("p.yaml"), yaml).unwrap();
         let ok =
             json!({"spec": {"image": "r/a:v1.2.3", "resources": {"limits": {"memory": "512Mi"}}}});
-        assert!(set.evaluate(&ok, None, request("CREATE", "a")).is_empty());
+        assert!(
+            set.evaluate(&ok, None, request("CREATE", "a"), None)
+                .is_empty()
+        );
         let big =
             json!({"spec": {"image": "r/a:latest", "resources": {"limits": {"memory": "8Gi"}}}});
         let names: Vec<String> = set
-            .evaluate(&big, None, request("CREATE", "a"))
+            .evaluate(&big, None, request("CREATE", "a"), None)
             .into_iter()
             .map(|v| v.policy)
             .collect();
@@ -414,11 +458,62 @@ policies:
     }
 
     #[test]
+    fn namespace_labels_are_bound_and_gated() {
+        let yaml = r#"
+policies:
+  - name: production-replicas
+    expression: "!('environment' in namespaceObject.metadata.labels) || namespaceObject.metadata.labels['environment'] != 'production' || object.spec.replicas >= 2"
+    message: "production namespaces need at least 2 replicas"
+"#;
+        let set = PolicySet::from_yaml(Path::new("p.yaml"), yaml).unwrap();
+        assert_eq!(
+            set.first_using_namespace(),
+            Some((0, "production-replicas"))
+        );
+        let one = json!({"spec": {"replicas": 1}});
+        let labels = |env: &str| {
+            crate::namespaces::namespace_object(
+                "shop",
+                &[("environment".to_owned(), env.to_owned())].into(),
+            )
+        };
+        let prod = set.evaluate(
+            &one,
+            None,
+            request("CREATE", "shop"),
+            Some(labels("production")),
+        );
+        assert_eq!(prod.len(), 1);
+        assert!(
+            set.evaluate(&one, None, request("CREATE", "shop"), Some(labels("dev")))
+                .is_empty()
+        );
+        let unlabelled = crate::namespaces::namespace_object("shop", &Default::default());
+        assert!(
+            set.evaluate(&one, None, request("CREATE", "shop"), Some(unlabelled))
+                .is_empty()
+        );
+
+        // Without --namespace-labels such a file is refused at load.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let err = PolicyStore::load(path.clone(), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--namespace-labels") && err.contains("production-replicas"),
+            "{err}"
+        );
+        assert_eq!(PolicyStore::load(path, true).unwrap().current().len(), 1);
+    }
+
+    #[test]
     fn evaluation_errors_fail_closed() {
         let yaml =
             "policies:\n  - {name: needs-port, expression: \"object.spec.port > 0\", message: m}\n";
         let set = PolicySet::from_yaml(Path::new("p.yaml"), yaml).unwrap();
-        let violations = set.evaluate(&json!({"spec": {}}), None, request("CREATE", "a"));
+        let violations = set.evaluate(&json!({"spec": {}}), None, request("CREATE", "a"), None);
         assert_eq!(violations.len(), 1);
         assert_eq!(violations[0].policy, "needs-port");
     }
@@ -478,7 +573,7 @@ policies:
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("policies.yaml");
         std::fs::write(&path, REGISTRY).unwrap();
-        let store = PolicyStore::load(path.clone()).unwrap();
+        let store = PolicyStore::load(path.clone(), false).unwrap();
         assert_eq!(store.current().len(), 2);
         assert_eq!(store.reload().unwrap(), Reload::Unchanged);
 

@@ -103,7 +103,11 @@ fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
 
     let response = match endpoint {
         Endpoint::Mutate => admission::mutate(&request),
-        Endpoint::Validate => admission::validate(&request, &state.policies.current()),
+        Endpoint::Validate => admission::validate(
+            &request,
+            &state.policies.current(),
+            state.namespace_object(request.namespace.as_deref()),
+        ),
     };
     let decision = admission::decision(&response);
     span.record("decision", decision.as_str());

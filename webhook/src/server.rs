@@ -24,6 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 use crate::metrics::{Metrics, ReloadResult};
+use crate::namespaces::NamespaceCache;
 use crate::policy::{PolicyStore, Reload};
 use crate::tls::{self, CertStore};
 use crate::{Config, Error, Limits, Result, State, reload, routes};
@@ -44,8 +45,21 @@ pub struct Server {
 }
 
 /// Loads certificate and policies, binds both listeners and starts serving. Fails when
-/// the certificate or the policy file cannot be loaded or a port cannot be bound.
+/// the certificate or the policy file cannot be loaded or a port cannot be bound. With
+/// `--namespace-labels` the Kubernetes client comes from the environment (in-cluster or
+/// kubeconfig).
 pub async fn start(config: &Config) -> Result<Server> {
+    let client = if config.namespace_labels {
+        Some(kube::Client::try_default().await.map_err(Error::Client)?)
+    } else {
+        None
+    };
+    start_with_client(config, client).await
+}
+
+/// [`start`] with an explicit client for the namespace-label watch (used when
+/// `config.namespace_labels` is set; ignored otherwise).
+pub async fn start_with_client(config: &Config, client: Option<kube::Client>) -> Result<Server> {
     let metrics = Arc::new(Metrics::new());
     let certs = Arc::new(CertStore::load(
         config.tls_cert.clone(),
@@ -54,7 +68,7 @@ pub async fn start(config: &Config) -> Result<Server> {
     )?);
     let policies = match &config.policies {
         Some(path) => {
-            let store = PolicyStore::load(path.clone())?;
+            let store = PolicyStore::load(path.clone(), config.namespace_labels)?;
             let count = store.current().len();
             metrics.policy_reload(ReloadResult::Success, count);
             tracing::info!(policies = count, path = %path.display(), "policies loaded");
@@ -66,7 +80,15 @@ pub async fn start(config: &Config) -> Result<Server> {
         max_body_bytes: config.max_body_bytes,
         request_timeout: config.request_timeout,
     };
-    let state = Arc::new(State::new(policies, metrics, limits).with_certs(certs.clone()));
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let mut reloaders = Vec::new();
+    let mut state = State::new(policies, metrics, limits).with_certs(certs.clone());
+    if let (true, Some(client)) = (config.namespace_labels, client) {
+        let (cache, task) = NamespaceCache::spawn(client, shutdown_rx.clone());
+        state = state.with_namespaces(cache);
+        reloaders.push(task);
+    }
+    let state = Arc::new(state);
     let acceptor = TlsAcceptor::from(tls::server_config(certs.clone())?);
 
     let tls_listener = bind(config.listen).await?;
@@ -80,8 +102,6 @@ pub async fn start(config: &Config) -> Result<Server> {
         source,
     })?;
 
-    let (shutdown, shutdown_rx) = watch::channel(false);
-    let mut reloaders = Vec::new();
     {
         let paths = certs.paths().map(ToOwned::to_owned);
         let certs = certs.clone();

@@ -33,13 +33,19 @@ struct Env {
 
 impl Env {
     async fn new(policies: &str) -> Env {
+        Env::with_options(policies, false).await
+    }
+
+    async fn with_options(policies: &str, namespace_labels: bool) -> Env {
         support::install_provider();
         let cp = harness::shared().await.expect("control plane");
         let ns = cp.namespace().await.expect("namespace");
         let certs = TestCerts::new();
         let policies_path = certs.dir.path().join("policies.yaml");
         std::fs::write(&policies_path, policies).unwrap();
-        let server = webhook::start(&certs.config(Some(policies_path.clone())))
+        let mut config = certs.config(Some(policies_path.clone()));
+        config.namespace_labels = namespace_labels;
+        let server = webhook::start_with_client(&config, Some(cp.client()))
             .await
             .unwrap();
         let webhooks = cp
@@ -410,5 +416,96 @@ async fn kubectl_server_side_apply_dry_run_and_warnings() {
         .delete("shop", &DeleteParams::default())
         .await
         .unwrap();
+    env.finish().await;
+}
+
+const NAMESPACE_POLICY: &str = r#"
+policies:
+  - name: production-replicas
+    expression: "!('environment' in namespaceObject.metadata.labels) || namespaceObject.metadata.labels['environment'] != 'production' || object.spec.replicas >= 2"
+    message: "AppServices in namespaces labelled environment=production need at least 2 replicas"
+"#;
+
+#[tokio::test]
+async fn policies_see_namespace_labels() {
+    let env = Env::with_options(NAMESPACE_POLICY, true).await;
+    let (status, _) = support::get(env.server.ops_addr(), "/readyz").await;
+    assert_eq!(
+        status,
+        http::StatusCode::OK,
+        "ready once namespaces are cached"
+    );
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.cp.client());
+    let label = |value: serde_json::Value| json!({"metadata": {"labels": {"environment": value}}});
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let single = app(
+        "single",
+        json!({"image": "registry.example.com/a:v1", "replicas": 1}),
+    );
+
+    // Unlabelled: allowed.
+    env.api().create(&dry_run, &single).await.unwrap();
+
+    namespaces
+        .patch(
+            &env.ns,
+            &PatchParams::default(),
+            &Patch::Merge(&label(json!("production"))),
+        )
+        .await
+        .unwrap();
+    let mut denied = None;
+    for _ in 0..500 {
+        match env.api().create(&dry_run, &single).await {
+            Err(kube::Error::Api(status)) => {
+                denied = Some(status.message);
+                break;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let denied = denied.expect("the label change never reached the policy");
+    assert!(denied.contains("need at least 2 replicas"), "{denied}");
+    let two = app(
+        "double",
+        json!({"image": "registry.example.com/a:v1", "replicas": 2}),
+    );
+    env.api()
+        .create(&PostParams::default(), &two)
+        .await
+        .unwrap();
+
+    // Relabelled to staging: allowed again.
+    namespaces
+        .patch(
+            &env.ns,
+            &PatchParams::default(),
+            &Patch::Merge(&label(json!("staging"))),
+        )
+        .await
+        .unwrap();
+    let mut allowed = false;
+    for _ in 0..500 {
+        match env.api().create(&dry_run, &single).await {
+            Ok(_) => {
+                allowed = true;
+                break;
+            }
+            Err(kube::Error::Api(status))
+                if status.message.contains("need at least 2 replicas") =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        allowed,
+        "the relabelled namespace never allowed a single replica"
+    );
     env.finish().await;
 }

@@ -1,0 +1,173 @@
+//! The policy files in `examples/policies/` compile and decide as their comments say.
+// Test helpers outside #[test] functions unwrap too: a failure is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use kube::core::cel::AdmissionRequest;
+use serde_json::{Value, json};
+use webhook::namespaces::namespace_object;
+use webhook::policy::PolicyStore;
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/policies")
+        .join(name)
+}
+
+fn request(operation: &str, namespace: &str, groups: &[&str]) -> AdmissionRequest {
+    AdmissionRequest {
+        operation: operation.into(),
+        namespace: namespace.into(),
+        username: "dev".into(),
+        groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+fn object(spec: Value) -> Value {
+    json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+           "metadata": {"name": "a", "namespace": "n"}, "spec": spec})
+}
+
+fn labelled(env: &str) -> Option<Value> {
+    Some(namespace_object(
+        "n",
+        &[("environment".to_owned(), env.to_owned())].into(),
+    ))
+}
+
+fn denied_by(
+    store: &PolicyStore,
+    new: &Value,
+    old: Option<&Value>,
+    request: AdmissionRequest,
+    ns: Option<Value>,
+) -> Vec<String> {
+    store
+        .current()
+        .evaluate(new, old, request, ns)
+        .into_iter()
+        .map(|v| v.policy)
+        .collect()
+}
+
+#[test]
+fn policies_yaml() {
+    // It reads namespaceObject: refused without --namespace-labels.
+    assert!(PolicyStore::load(example("policies.yaml"), false).is_err());
+    let store = PolicyStore::load(example("policies.yaml"), true).unwrap();
+    assert_eq!(store.current().len(), 4);
+
+    let good =
+        object(json!({"image": "registry.example.com/shop:v1", "replicas": 3, "port": 8080}));
+    assert!(
+        denied_by(
+            &store,
+            &good,
+            None,
+            request("CREATE", "n", &[]),
+            labelled("production")
+        )
+        .is_empty()
+    );
+
+    let single = object(
+        json!({"image": "docker.io/shop:v1", "replicas": 1, "port": 8080,
+        "resources": {"limits": {"memory": "16Gi"}}, "database": {"enabled": true, "class": "pg"}}),
+    );
+    assert_eq!(
+        denied_by(
+            &store,
+            &single,
+            None,
+            request("CREATE", "n", &[]),
+            labelled("production")
+        ),
+        [
+            "allowed-registry",
+            "production-replicas",
+            "memory-limit-cap",
+            "database-only-for-platform-team"
+        ]
+    );
+    assert_eq!(
+        denied_by(
+            &store,
+            &single,
+            None,
+            request("CREATE", "n", &["platform-db-users"]),
+            labelled("dev")
+        ),
+        ["allowed-registry", "memory-limit-cap"]
+    );
+    // A database enabled before stays allowed on update for anyone.
+    assert_eq!(
+        denied_by(
+            &store,
+            &single,
+            Some(&single),
+            request("UPDATE", "n", &[]),
+            labelled("dev")
+        ),
+        ["allowed-registry", "memory-limit-cap"]
+    );
+    let message = store
+        .current()
+        .evaluate(
+            &single,
+            None,
+            request("CREATE", "n", &[]),
+            labelled("production"),
+        )
+        .into_iter()
+        .find(|v| v.policy == "production-replicas")
+        .unwrap()
+        .message;
+    assert!(message.contains("must be at least 2, got 1"), "{message}");
+}
+
+#[test]
+fn no_latest_in_production_yaml() {
+    let store = PolicyStore::load(example("no-latest-in-production.yaml"), false).unwrap();
+    let pinned = object(json!({"image": "registry.example.com:5000/shop:v1.2.3", "replicas": 2}));
+    let latest = object(json!({"image": "registry.example.com:5000/shop:latest", "replicas": 2}));
+    let untagged = object(json!({"image": "registry.example.com:5000/shop", "replicas": 2}));
+    let digest = object(json!({"image": format!("shop@sha256:{}", "a".repeat(64)), "replicas": 2}));
+    let prod = || request("CREATE", "prod-eu", &[]);
+    assert!(denied_by(&store, &pinned, None, prod(), None).is_empty());
+    assert!(denied_by(&store, &digest, None, prod(), None).is_empty());
+    assert_eq!(
+        denied_by(&store, &latest, None, prod(), None),
+        ["pinned-images-in-production"]
+    );
+    assert_eq!(
+        denied_by(&store, &untagged, None, prod(), None),
+        ["pinned-images-in-production"]
+    );
+    assert!(denied_by(&store, &latest, None, request("CREATE", "dev", &[]), None).is_empty());
+
+    let zero = object(json!({"image": "shop:v1", "replicas": 0}));
+    let one = object(json!({"image": "shop:v1", "replicas": 1}));
+    assert_eq!(
+        denied_by(
+            &store,
+            &zero,
+            Some(&one),
+            request("UPDATE", "dev", &[]),
+            None
+        ),
+        ["no-scale-to-zero-by-others"]
+    );
+    assert!(
+        denied_by(
+            &store,
+            &zero,
+            Some(&one),
+            request("UPDATE", "dev", &["sre"]),
+            None
+        )
+        .is_empty()
+    );
+    assert!(denied_by(&store, &zero, None, request("CREATE", "dev", &[]), None).is_empty());
+}
