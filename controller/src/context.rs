@@ -1,8 +1,8 @@
 //! The one shared context of reconcile, error policy and the ops server.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use common::AppService;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -17,10 +17,26 @@ use crate::error::BackoffPolicy;
 use crate::metrics::Metrics;
 use crate::status::Clock;
 
+/// Initial-list completion of the three caches, set from their watch streams.
+#[derive(Debug, Default)]
+pub struct CacheSync {
+    pub appservices: AtomicBool,
+    pub deployments: AtomicBool,
+    pub services: AtomicBool,
+}
+
+impl CacheSync {
+    pub fn all(&self) -> bool {
+        [&self.appservices, &self.deployments, &self.services]
+            .iter()
+            .all(|f| f.load(Ordering::Relaxed))
+    }
+}
+
 pub struct Context {
     pub client: Client,
     pub config: Config,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
     pub clock: Box<dyn Clock>,
     /// Caches of our children (labelled `managed-by=appservice-operator`).
@@ -28,8 +44,8 @@ pub struct Context {
     pub services: Store<Service>,
     /// True while this replica may reconcile.
     pub leading: watch::Receiver<bool>,
-    /// True once every cache has listed its objects.
-    pub ready: AtomicBool,
+    /// Which caches have completed their initial list.
+    pub synced: Arc<CacheSync>,
     pub backoff_policy: BackoffPolicy,
     /// Consecutive failures per object; cleared by a successful reconcile.
     failures: Mutex<HashMap<ObjectRef<AppService>, u32>>,
@@ -42,20 +58,22 @@ impl Context {
         config: Config,
         recorder: Recorder,
         clock: Box<dyn Clock>,
+        metrics: Arc<Metrics>,
         deployments: Store<Deployment>,
         services: Store<Service>,
         leading: watch::Receiver<bool>,
+        synced: Arc<CacheSync>,
     ) -> Self {
         Context {
             client,
             config,
-            metrics: Metrics::default(),
+            metrics,
             recorder,
             clock,
             deployments,
             services,
             leading,
-            ready: AtomicBool::new(false),
+            synced,
             backoff_policy: BackoffPolicy::default(),
             failures: Mutex::new(HashMap::new()),
         }
@@ -65,8 +83,9 @@ impl Context {
         *self.leading.borrow()
     }
 
+    /// Every cache has completed its initial list (what `/readyz` reports).
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.synced.all()
     }
 
     /// Records a failure of `key`; returns how many failures preceded it.

@@ -48,7 +48,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 pub use config::{Config, RateLimit};
-pub use context::Context;
+pub use context::{CacheSync, Context};
 pub use status::{Clock, SystemClock};
 
 /// Runs the controller until `shutdown` completes, then lets in-flight reconciles finish
@@ -60,14 +60,30 @@ pub async fn run(
     client: Client,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    run_with_clock(config, client, Box::new(SystemClock), shutdown).await
+    run_with(config, client, Hooks::default(), shutdown).await
 }
 
-/// [`run`] with an injected clock.
-pub async fn run_with_clock(
+/// What a caller may inject into [`run_with`]: the clock, and the metrics (so an
+/// in-process test can read the counters).
+pub struct Hooks {
+    pub clock: Box<dyn Clock>,
+    pub metrics: Arc<metrics::Metrics>,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Hooks {
+            clock: Box::new(SystemClock),
+            metrics: Arc::new(metrics::Metrics::default()),
+        }
+    }
+}
+
+/// [`run`] with injected [`Hooks`].
+pub async fn run_with(
     config: Config,
     client: Client,
-    clock: Box<dyn Clock>,
+    hooks: Hooks,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let identity = config.identity();
@@ -78,22 +94,36 @@ pub async fn run_with_clock(
     let child_config = watcher::Config::default()
         .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
         .any_semantic();
+    let synced = Arc::new(CacheSync::default());
     let (deployments, deployments_writer) = reflector::store::<Deployment>();
     let (services, services_writer) = reflector::store::<Service>();
+    let (apps, apps_writer) = reflector::store::<AppService>();
     let deployment_stream = reflector::reflector(
         deployments_writer,
         watcher(
             scoped_api::<Deployment>(&client, &config),
             child_config.clone(),
-        ),
+        )
+        .default_backoff()
+        .inspect(mark_synced(synced.clone(), |s| &s.deployments)),
     )
-    .default_backoff()
     .applied_objects();
     let service_stream = reflector::reflector(
         services_writer,
-        watcher(scoped_api::<Service>(&client, &config), child_config),
+        watcher(scoped_api::<Service>(&client, &config), child_config)
+            .default_backoff()
+            .inspect(mark_synced(synced.clone(), |s| &s.services)),
     )
-    .default_backoff()
+    .applied_objects();
+    let app_stream = reflector::reflector(
+        apps_writer,
+        watcher(
+            scoped_api::<AppService>(&client, &config),
+            watcher::Config::default().any_semantic(),
+        )
+        .default_backoff()
+        .inspect(mark_synced(synced.clone(), |s| &s.appservices)),
+    )
     .applied_objects();
 
     let reporter = Reporter {
@@ -104,36 +134,22 @@ pub async fn run_with_clock(
         client.clone(),
         config.clone(),
         Recorder::new(client.clone(), reporter),
-        clock,
+        hooks.clock,
+        hooks.metrics,
         deployments.clone(),
         services.clone(),
         leading_rx.clone(),
+        synced,
     ));
     ctx.metrics.leader.set(i64::from(ctx.is_leader()));
 
-    let controller = Controller::new(
-        scoped_api::<AppService>(&client, &config),
-        watcher::Config::default().any_semantic(),
-    )
-    .with_config(controller::Config::default().concurrency(config.concurrency))
-    .owns_stream(deployment_stream)
-    .owns_stream(service_stream)
-    // On gaining the lease, look at everything again: the previous leader may have died
-    // half-way, and as a standby we skipped every event.
-    .reconcile_all_on(leadership_gained(leading_rx.clone()));
-    let apps = controller.store();
-
-    // Readiness: every cache has done its initial list.
-    let ready_ctx = ctx.clone();
-    tokio::spawn(async move {
-        let synced = apps.wait_until_ready().await.is_ok()
-            && deployments.wait_until_ready().await.is_ok()
-            && services.wait_until_ready().await.is_ok();
-        if synced {
-            ready_ctx.ready.store(true, Ordering::Relaxed);
-            info!("caches synced");
-        }
-    });
+    let controller = Controller::for_stream(app_stream, apps)
+        .with_config(controller::Config::default().concurrency(config.concurrency))
+        .owns_stream(deployment_stream)
+        .owns_stream(service_stream)
+        // On gaining the lease, look at everything again: the previous leader may have died
+        // half-way, and as a standby we skipped every event.
+        .reconcile_all_on(leadership_gained(leading_rx.clone()));
 
     // Leader gauge follows the election.
     let gauge_ctx = ctx.clone();
@@ -252,6 +268,23 @@ pub async fn run_with_clock(
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// A watch-stream observer that records when the initial list is complete. (Awaiting
+/// `Store::wait_until_ready` here instead would steal the wake-up the controller itself
+/// waits for: that future wakes only its latest waiter.)
+fn mark_synced<K>(
+    synced: Arc<CacheSync>,
+    flag: fn(&CacheSync) -> &std::sync::atomic::AtomicBool,
+) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
+    move |event| {
+        if let Ok(watcher::Event::InitDone) = event
+            && !flag(&synced).swap(true, Ordering::Relaxed)
+            && synced.all()
+        {
+            info!("caches synced");
+        }
     }
 }
 

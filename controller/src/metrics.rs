@@ -34,6 +34,15 @@ pub struct WriteLabel {
     pub resource: &'static str,
 }
 
+/// Every value of [`WriteLabel::resource`].
+pub const WRITE_RESOURCES: [&str; 5] = [
+    "deployments",
+    "services",
+    "appservices",
+    "appservices/status",
+    "events",
+];
+
 /// Every metric the controller exports, registered in one registry.
 pub struct Metrics {
     pub registry: Registry,
@@ -118,6 +127,22 @@ impl Metrics {
         self.writes.get_or_create(&WriteLabel { resource }).inc();
     }
 
+    /// Reconciles run so far (both results).
+    pub fn reconcile_count(&self) -> u64 {
+        ["success", "error"]
+            .into_iter()
+            .map(|result| self.reconciles.get_or_create(&ResultLabel { result }).get())
+            .sum()
+    }
+
+    /// API writes made so far by reconcile, all resources.
+    pub fn write_count(&self) -> u64 {
+        WRITE_RESOURCES
+            .into_iter()
+            .map(|resource| self.writes.get_or_create(&WriteLabel { resource }).get())
+            .sum()
+    }
+
     /// Records the Ready status of `key` (`None` when the object is gone).
     pub fn set_ready(&self, key: &str, ready: Option<&str>) {
         let Ok(mut by_key) = self.ready_by_key.lock() else {
@@ -170,6 +195,12 @@ mod tests {
         assert_eq!(get("False"), 1);
         m.set_ready("ns/b", None);
         assert_eq!(get("False"), 0);
+        m.write("deployments");
+        m.write("events");
+        assert_eq!(m.write_count(), 2);
+        m.reconciled(true, Duration::from_millis(3));
+        m.reconciled(false, Duration::from_millis(3));
+        assert_eq!(m.reconcile_count(), 2);
         let text = m.encode().unwrap();
         assert!(
             text.contains("appservice_controller_objects{ready=\"True\"} 1"),

@@ -1,0 +1,79 @@
+//! The controller on a full control plane: kube-controller-manager, kube-scheduler and a
+//! kwok node, so Deployments get ready Pods and owned objects are garbage-collected.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use common::AppService;
+use common::conditions::{DEGRADED, FALSE, PROGRESSING, READY, TRUE, reasons};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use support::{app, condition, create, eventually, init, start_controller};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+#[tokio::test]
+async fn becomes_ready_then_deletion_removes_everything() -> anyhow::Result<()> {
+    init();
+    let cp = harness::shared_full().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let ctl = start_controller(client.clone(), &ns, |_| {});
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+
+    create(&apps, &app("shop", "registry.example.com/shop:v1", 2)).await?;
+    let a = eventually(WAIT, "Ready=True", || async {
+        let a = apps.get("shop").await?;
+        Ok(condition(&a, READY)
+            .is_some_and(|(s, _, _)| s == TRUE)
+            .then_some(a))
+    })
+    .await?;
+    let status = a.status.clone().unwrap();
+    assert_eq!(status.ready_replicas, Some(2));
+    assert_eq!(status.observed_generation, Some(1));
+    let (_, reason, message) = condition(&a, READY).unwrap();
+    assert_eq!(reason, reasons::AVAILABLE);
+    assert_eq!(message, "2/2 replicas ready");
+    assert_eq!(condition(&a, PROGRESSING).unwrap().0, FALSE);
+    assert_eq!(condition(&a, DEGRADED).unwrap().0, FALSE);
+
+    // Scale up through the spec: Ready drops while the new Pod starts, then returns.
+    apps.patch(
+        "shop",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 3}})),
+    )
+    .await?;
+    eventually(WAIT, "3 ready replicas", || async {
+        let a = apps.get("shop").await?;
+        let ok = a.status.as_ref().and_then(|s| s.ready_replicas) == Some(3)
+            && a.status.as_ref().and_then(|s| s.observed_generation) == Some(2)
+            && condition(&a, READY).is_some_and(|(s, _, _)| s == TRUE);
+        Ok(ok.then_some(()))
+    })
+    .await?;
+
+    apps.delete("shop", &DeleteParams::default()).await?;
+    eventually(
+        WAIT,
+        "AppService, Deployment and Service to be gone",
+        || async {
+            let gone = apps.get_opt("shop").await?.is_none()
+                && deployments.get_opt("shop").await?.is_none()
+                && services.get_opt("shop").await?.is_none();
+            Ok(gone.then_some(()))
+        },
+    )
+    .await?;
+    ctl.stop().await?;
+    Ok(())
+}

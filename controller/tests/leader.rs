@@ -1,0 +1,221 @@
+//! Leader election with real controller processes sharing one Lease: only the leader
+//! reconciles; SIGKILL of the leader → a standby takes over once the lease expires;
+//! SIGTERM → the leader releases the lease and a standby takes over at once.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use common::AppService;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use support::{app, create, eventually, init};
+use tokio::process::{Child, Command};
+
+const LEASE_SECS: u64 = 12;
+
+struct Proc {
+    child: Child,
+    ops_port: u16,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(kubeconfig: &Path, ns: &str, identity: &str, dir: &Path) -> anyhow::Result<Proc> {
+        let ops_port = harness::process::free_port()?;
+        let log = dir.join(format!("{identity}.log"));
+        let out = std::fs::File::create(&log)?;
+        let child = Command::new(env!("CARGO_BIN_EXE_appservice-controller"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "--watch-namespace",
+                ns,
+                "--lease-namespace",
+                ns,
+                "--identity",
+                identity,
+            ])
+            .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
+            .args([
+                "--lease-duration",
+                &format!("{LEASE_SECS}s"),
+                "--renew-deadline",
+                "8s",
+                "--retry-period",
+                "1s",
+            ])
+            .args(["--log-format", "json"])
+            .env(
+                "RUST_LOG",
+                std::env::var("CONTROLLER_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(out)
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawning the controller binary")?;
+        Ok(Proc {
+            child,
+            ops_port,
+            log,
+        })
+    }
+
+    /// The value of an (unlabelled or fully labelled) metric line, 0 when absent.
+    async fn metric(&self, line_prefix: &str) -> anyhow::Result<f64> {
+        let body = http_get(self.ops_port, "/metrics").await?;
+        Ok(body
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(line_prefix)
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0.0))
+    }
+
+    fn signal(&self, sig: &str) -> anyhow::Result<()> {
+        let pid = self.child.id().context("process already reaped")?;
+        let status = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill {sig} {pid} failed");
+        Ok(())
+    }
+
+    fn log_tail(&self) -> String {
+        harness::process::tail(&self.log, 60)
+    }
+}
+
+/// Minimal HTTP/1.0 GET against the ops port (keeps the test free of an HTTP client).
+async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    Ok(buf)
+}
+
+async fn holder(leases: &Api<Lease>) -> anyhow::Result<Option<String>> {
+    Ok(leases
+        .get_opt(common::names::LEASE_NAME)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity))
+}
+
+async fn wait_holder(leases: &Api<Lease>, who: &str, timeout: Duration) -> anyhow::Result<()> {
+    eventually(timeout, &format!("{who} to hold the lease"), || async {
+        Ok((holder(leases).await?.as_deref() == Some(who)).then_some(()))
+    })
+    .await
+}
+
+async fn wait_deployment(
+    deployments: &Api<Deployment>,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    eventually(timeout, &format!("Deployment {name}"), || async {
+        Ok(deployments.get_opt(name).await?.map(|_| ()))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = cp.kubeconfig_path();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+
+    let a = Proc::spawn(kubeconfig, &ns, "ctl-a", dir.path())?;
+    wait_holder(&leases, "ctl-a", Duration::from_secs(30))
+        .await
+        .with_context(|| a.log_tail())?;
+    let mut b = Proc::spawn(kubeconfig, &ns, "ctl-b", dir.path())?;
+    eventually(Duration::from_secs(30), "ctl-b ready", || async {
+        Ok(http_get(b.ops_port, "/readyz")
+            .await
+            .ok()
+            .filter(|r| r.contains(" 200 "))
+            .map(|_| ()))
+    })
+    .await
+    .with_context(|| format!("{}\n--- ctl-a:\n{}", b.log_tail(), a.log_tail()))?;
+
+    // Only the leader reconciles.
+    create(&apps, &app("one", "nginx:1.27", 1)).await?;
+    wait_deployment(&deployments, "one", Duration::from_secs(30)).await?;
+    // Give the standby every chance to (wrongly) reconcile too.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        a.metric("appservice_controller_reconciles_total{result=\"success\"}")
+            .await?
+            >= 1.0
+    );
+    assert_eq!(
+        b.metric("appservice_controller_reconciles_total{result=\"success\"}")
+            .await?,
+        0.0
+    );
+    assert_eq!(a.metric("appservice_controller_leader ").await?, 1.0);
+    assert_eq!(b.metric("appservice_controller_leader ").await?, 0.0);
+
+    // SIGKILL: no release; the standby waits out the lease, then takes over.
+    a.signal("-KILL")?;
+    drop(a);
+    create(&apps, &app("two", "nginx:1.27", 1)).await?;
+    let takeover = Duration::from_secs(LEASE_SECS + 8);
+    wait_holder(&leases, "ctl-b", takeover)
+        .await
+        .with_context(|| b.log_tail())?;
+    wait_deployment(&deployments, "two", Duration::from_secs(10)).await?;
+    assert_eq!(b.metric("appservice_controller_leader ").await?, 1.0);
+
+    // SIGTERM: the leader releases the lease; the standby takes over well within the
+    // lease duration.
+    let c = Proc::spawn(kubeconfig, &ns, "ctl-c", dir.path())?;
+    eventually(Duration::from_secs(30), "ctl-c ready", || async {
+        Ok(http_get(c.ops_port, "/readyz")
+            .await
+            .ok()
+            .filter(|r| r.contains(" 200 "))
+            .map(|_| ()))
+    })
+    .await
+    .with_context(|| c.log_tail())?;
+    assert_eq!(holder(&leases).await?.as_deref(), Some("ctl-b"));
+    b.signal("-TERM")?;
+    let status = tokio::time::timeout(Duration::from_secs(30), b.child.wait())
+        .await
+        .context("ctl-b did not exit after SIGTERM")??;
+    assert!(
+        status.success(),
+        "ctl-b exit status {status}: {}",
+        b.log_tail()
+    );
+    // Released, not expired: the handover must not wait for the lease duration.
+    wait_holder(&leases, "ctl-c", Duration::from_secs(LEASE_SECS / 2))
+        .await
+        .with_context(|| c.log_tail())?;
+    create(&apps, &app("three", "nginx:1.27", 1)).await?;
+    wait_deployment(&deployments, "three", Duration::from_secs(15)).await?;
+    let lease = leases.get(common::names::LEASE_NAME).await?;
+    assert!(lease.spec.and_then(|s| s.lease_transitions).unwrap_or(0) >= 2);
+    Ok(())
+}

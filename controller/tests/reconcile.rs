@@ -1,0 +1,488 @@
+//! The controller against a real kube-apiserver (plain mode: no kube-controller-manager,
+//! so Deployments never get ready Pods and owned objects are not garbage-collected).
+//! Each test runs its own in-process controller scoped to its own namespace.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use common::AppService;
+use common::conditions::{DEGRADED, FALSE, PROGRESSING, READY, TRUE, reasons};
+use common::names::{FIELD_MANAGER, FINALIZER, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::autoscaling::v1::Scale;
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use support::{app, condition, create, eventually, init, start_controller};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn get_deployment(api: &Api<Deployment>, name: &str) -> anyhow::Result<Option<Deployment>> {
+    Ok(api.get_opt(name).await?)
+}
+
+#[tokio::test]
+async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let ctl = start_controller(client.clone(), &ns, |_| {});
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+
+    let created = create(
+        &apps,
+        &app("checkout", "registry.example.com/checkout:v1", 2),
+    )
+    .await?;
+    let uid = created.uid().unwrap();
+
+    let d = eventually(WAIT, "the Deployment", || {
+        get_deployment(&deployments, "checkout")
+    })
+    .await?;
+    let owner = &d.owner_references()[0];
+    assert_eq!(owner.uid, uid);
+    assert_eq!(owner.kind, "AppService");
+    assert_eq!(owner.controller, Some(true));
+    assert_eq!(d.labels()[LABEL_INSTANCE], "checkout");
+    assert_eq!(d.labels()[LABEL_MANAGED_BY], MANAGED_BY);
+    assert_eq!(d.spec.replicas, Some(2));
+    let c = &d.spec.template.spec.as_ref().unwrap().containers[0];
+    assert_eq!(c.image.as_deref(), Some("registry.example.com/checkout:v1"));
+    assert!(c.readiness_probe.as_ref().unwrap().tcp_socket.is_some());
+    assert!(
+        d.managed_fields()
+            .iter()
+            .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER)
+                && m.operation.as_deref() == Some("Apply"))
+    );
+
+    let s = eventually(WAIT, "the Service", || async {
+        Ok(services.get_opt("checkout").await?)
+    })
+    .await?;
+    assert_eq!(s.owner_references()[0].uid, uid);
+    let port = &s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0];
+    assert_eq!(port.port, 8080);
+
+    // Status: no Pods become ready without kube-controller-manager, so Ready=False.
+    let a = eventually(WAIT, "status with conditions", || async {
+        let a = apps.get("checkout").await?;
+        Ok(condition(&a, READY).is_some().then_some(a))
+    })
+    .await?;
+    assert!(a.finalizers().iter().any(|f| f == FINALIZER));
+    let status = a.status.clone().unwrap();
+    assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(status.ready_replicas, Some(0));
+    assert_eq!(
+        status.selector.as_deref(),
+        Some(
+            "app.kubernetes.io/instance=checkout,app.kubernetes.io/managed-by=appservice-operator"
+        )
+    );
+    assert_eq!(
+        status.endpoint,
+        Some(format!("http://checkout.{}.svc:8080", &*ns))
+    );
+    let (st, reason, message) = condition(&a, READY).unwrap();
+    assert_eq!(
+        (st.as_str(), reason.as_str()),
+        (FALSE, reasons::ROLLING_OUT)
+    );
+    assert_eq!(message, "0/2 replicas ready");
+    assert_eq!(condition(&a, PROGRESSING).unwrap().0, TRUE);
+    assert_eq!(condition(&a, DEGRADED).unwrap().0, FALSE);
+    for c in &status.conditions {
+        assert_eq!(c.observed_generation, Some(1), "{}", c.type_);
+    }
+
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn image_change_updates_deployment_and_observed_generation() -> anyhow::Result<()> {
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let ctl = start_controller(client.clone(), &ns, |_| {});
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+
+    create(&apps, &app("web", "nginx:1.26", 1)).await?;
+    eventually(WAIT, "observedGeneration 1", || async {
+        let a = apps.get("web").await?;
+        Ok((a.status.and_then(|s| s.observed_generation) == Some(1)).then_some(()))
+    })
+    .await?;
+
+    apps.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "nginx:1.27"}})),
+    )
+    .await?;
+    let d = eventually(WAIT, "the new image on the Deployment", || async {
+        let d = deployments.get("web").await?;
+        let image = d
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers[0].image.clone());
+        Ok((image.as_deref() == Some("nginx:1.27")).then_some(d))
+    })
+    .await?;
+    assert_eq!(d.spec.replicas, Some(1));
+    let a = eventually(WAIT, "observedGeneration 2", || async {
+        let a = apps.get("web").await?;
+        Ok((a.status.as_ref().and_then(|s| s.observed_generation) == Some(2)).then_some(a))
+    })
+    .await?;
+    assert_eq!(a.metadata.generation, Some(2));
+    for c in &a.status.unwrap().conditions {
+        assert_eq!(c.observed_generation, Some(2), "{}", c.type_);
+    }
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn scale_subresource_drives_replicas() -> anyhow::Result<()> {
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let ctl = start_controller(client.clone(), &ns, |_| {});
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+
+    create(&apps, &app("api", "nginx:1.27", 1)).await?;
+    eventually(WAIT, "status.selector", || async {
+        let a = apps.get("api").await?;
+        Ok(a.status.and_then(|s| s.selector).map(|_| ()))
+    })
+    .await?;
+
+    // `kubectl scale appservice/api --replicas=3`.
+    let scale: Scale = apps.get_scale("api").await?;
+    assert_eq!(scale.spec.as_ref().and_then(|s| s.replicas), Some(1));
+    assert_eq!(
+        scale
+            .status
+            .as_ref()
+            .and_then(|s| s.selector.clone())
+            .as_deref(),
+        Some("app.kubernetes.io/instance=api,app.kubernetes.io/managed-by=appservice-operator")
+    );
+    apps.patch_scale(
+        "api",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 3}})),
+    )
+    .await?;
+    eventually(WAIT, "3 replicas on the Deployment", || async {
+        let d = deployments.get("api").await?;
+        Ok((d.spec.replicas == Some(3)).then_some(()))
+    })
+    .await?;
+    assert_eq!(apps.get("api").await?.spec.replicas, Some(3));
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result<()> {
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+
+    let labels = std::collections::BTreeMap::from([("app".to_owned(), "legacy".to_owned())]);
+    let foreign = Deployment {
+        metadata: ObjectMeta {
+            name: Some("legacy".into()),
+            labels: Some(labels.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: DeploymentSpec {
+            replicas: Some(5),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "legacy".into(),
+                        image: Some("legacy:1".into()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        },
+        status: None,
+    };
+    let before = deployments.create(&PostParams::default(), &foreign).await?;
+
+    let ctl = start_controller(client.clone(), &ns, |_| {});
+    create(&apps, &app("legacy", "nginx:1.27", 1)).await?;
+    let a = eventually(WAIT, "Ready=False ResourceConflict", || async {
+        let a = apps.get("legacy").await?;
+        Ok(condition(&a, READY)
+            .is_some_and(|(_, reason, _)| reason == reasons::RESOURCE_CONFLICT)
+            .then_some(a))
+    })
+    .await?;
+    let (st, _, message) = condition(&a, READY).unwrap();
+    assert_eq!(st, FALSE);
+    assert!(message.contains("Deployment"), "{message}");
+    assert_eq!(condition(&a, DEGRADED).unwrap().0, TRUE);
+
+    // Give the controller time for more reconciles, then check nothing was touched.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = deployments.get("legacy").await?;
+    assert_eq!(after.resource_version(), before.resource_version());
+    assert!(after.owner_references().is_empty());
+    assert_eq!(after.spec.replicas, Some(5));
+    assert!(
+        after
+            .managed_fields()
+            .iter()
+            .all(|m| m.manager.as_deref() != Some(FIELD_MANAGER))
+    );
+    assert!(services.get_opt("legacy").await?.is_none());
+    // Nothing more happened to the AppService either (no write loop).
+    let a2 = apps.get("legacy").await?;
+    assert_eq!(a2.resource_version(), a.resource_version());
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn invalid_spec_is_reported_and_not_applied_until_fixed() -> anyhow::Result<()> {
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let ctl = start_controller(client.clone(), &ns, |_| {});
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+
+    // No webhook here: the schema admits this image, common::validate does not.
+    create(&apps, &app("broken", "Not A Valid Image!", 1)).await?;
+    let a = eventually(WAIT, "Ready=False InvalidSpec", || async {
+        let a = apps.get("broken").await?;
+        Ok(condition(&a, READY)
+            .is_some_and(|(_, reason, _)| reason == reasons::INVALID_SPEC)
+            .then_some(a))
+    })
+    .await?;
+    let (_, _, message) = condition(&a, READY).unwrap();
+    assert!(message.contains("spec.image"), "{message}");
+    assert_eq!(a.status.as_ref().unwrap().observed_generation, None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(deployments.get_opt("broken").await?.is_none());
+    assert_eq!(
+        apps.get("broken").await?.resource_version(),
+        a.resource_version()
+    );
+
+    apps.patch(
+        "broken",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "nginx:1.27"}})),
+    )
+    .await?;
+    eventually(WAIT, "the Deployment after the fix", || {
+        get_deployment(&deployments, "broken")
+    })
+    .await?;
+    let fixed = eventually(WAIT, "observedGeneration 2", || async {
+        let a = apps.get("broken").await?;
+        Ok((a.status.as_ref().and_then(|s| s.observed_generation) == Some(2)).then_some(a))
+    })
+    .await?;
+    assert_eq!(condition(&fixed, READY).unwrap().1, reasons::ROLLING_OUT);
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn steady_state_reconcile_makes_no_writes() -> anyhow::Result<()> {
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    // Requeue every second while "rolling out" (always, in plain mode): many reconciles.
+    let ctl = start_controller(client.clone(), &ns, |c| {
+        c.rollout_requeue = Duration::from_secs(1)
+    });
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+
+    let mut spec_app = app("steady", "nginx:1.27", 2);
+    spec_app.spec.env = vec![common::EnvVar {
+        name: "LOG_LEVEL".into(),
+        value: Some("info".into()),
+        value_from: None,
+    }];
+    spec_app.spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        // Normalized by the API server to 100m: must still compare equal.
+        requests: Some(
+            [(
+                "cpu".to_owned(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("0.1".into()),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    });
+    create(&apps, &spec_app).await?;
+    eventually(WAIT, "status written", || async {
+        let a = apps.get("steady").await?;
+        Ok(condition(&a, READY).map(|_| ()))
+    })
+    .await?;
+    eventually(WAIT, "the Service", || async {
+        Ok(services.get_opt("steady").await?)
+    })
+    .await?;
+    // Let the initial flurry settle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let a0 = apps.get("steady").await?;
+    let d0 = deployments.get("steady").await?;
+    let s0 = services.get("steady").await?;
+    let writes0 = ctl.metrics.write_count();
+    let reconciles0 = ctl.metrics.reconcile_count();
+
+    // An unrelated metadata change also triggers a reconcile.
+    apps.patch(
+        "steady",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"touched": "yes"}}})),
+    )
+    .await?;
+    let a_touched = apps.get("steady").await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let reconciles = ctl.metrics.reconcile_count() - reconciles0;
+    assert!(
+        reconciles >= 3,
+        "expected several reconciles, saw {reconciles}"
+    );
+    assert_eq!(
+        ctl.metrics.write_count(),
+        writes0,
+        "reconciles at steady state must not write"
+    );
+    assert_eq!(
+        deployments.get("steady").await?.resource_version(),
+        d0.resource_version()
+    );
+    assert_eq!(
+        services.get("steady").await?.resource_version(),
+        s0.resource_version()
+    );
+    let a1 = apps.get("steady").await?;
+    assert_ne!(a_touched.resource_version(), a0.resource_version());
+    assert_eq!(a1.resource_version(), a_touched.resource_version());
+    assert_eq!(a1.status, a0.status);
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn delete_runs_finalizer_and_removes_the_appservice() -> anyhow::Result<()> {
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let ctl = start_controller(client.clone(), &ns, |_| {});
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+
+    let created = create(&apps, &app("gone", "nginx:1.27", 1)).await?;
+    eventually(WAIT, "the finalizer", || async {
+        let a = apps.get("gone").await?;
+        Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
+    })
+    .await?;
+    let d = eventually(WAIT, "the Deployment", || {
+        get_deployment(&deployments, "gone")
+    })
+    .await?;
+    let s = eventually(WAIT, "the Service", || async {
+        Ok(services.get_opt("gone").await?)
+    })
+    .await?;
+
+    apps.delete("gone", &DeleteParams::default()).await?;
+    eventually(WAIT, "the AppService to be gone", || async {
+        Ok(apps.get_opt("gone").await?.is_none().then_some(()))
+    })
+    .await?;
+    // Plain mode has no garbage collector: check the children would be collected, i.e.
+    // they are controlled by the deleted AppService.
+    for refs in [d.owner_references(), s.owner_references()] {
+        assert_eq!(refs.len(), 1);
+        assert_eq!(refs[0].uid, created.uid().unwrap());
+        assert_eq!(refs[0].block_owner_deletion, Some(true));
+    }
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn without_the_controller_nothing_is_removed_from_a_deleted_appservice() -> anyhow::Result<()>
+{
+    // The finalizer is real: while no controller runs, a deleted AppService stays.
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let ctl = start_controller(client.clone(), &ns, |_| {});
+    create(&apps, &app("held", "nginx:1.27", 1)).await?;
+    eventually(WAIT, "the finalizer", || async {
+        let a = apps.get("held").await?;
+        Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
+    })
+    .await?;
+    ctl.stop().await?;
+
+    apps.delete("held", &DeleteParams::default()).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = apps.get("held").await?;
+    assert!(held.metadata.deletion_timestamp.is_some());
+
+    let ctl = start_controller(client.clone(), &ns, |_| {});
+    eventually(WAIT, "the AppService to be gone", || async {
+        Ok(apps.get_opt("held").await?.is_none().then_some(()))
+    })
+    .await?;
+    ctl.stop().await?;
+    Ok(())
+}
