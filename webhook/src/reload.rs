@@ -42,7 +42,12 @@ where
         ticker.tick().await;
         loop {
             tokio::select! {
-                () = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                () = changed.notified() => {
+                    tokio::select! {
+                        () = tokio::time::sleep(DEBOUNCE) => {}
+                        _ = shutdown.changed() => return,
+                    }
+                }
                 _ = ticker.tick() => {}
                 _ = shutdown.changed() => return,
             }

@@ -57,20 +57,12 @@ async fn count_in_flight(
     next.run(request).await
 }
 
-#[instrument(
-    name = "admission",
-    skip_all,
-    fields(endpoint = "mutate", uid, namespace, name, operation, decision)
-)]
+#[instrument(name = "admission", skip_all, fields(endpoint = "mutate", uid))]
 async fn mutate(AxumState(state): AxumState<Arc<State>>, body: Bytes) -> Response {
     review(&state, Endpoint::Mutate, &body)
 }
 
-#[instrument(
-    name = "admission",
-    skip_all,
-    fields(endpoint = "validate", uid, namespace, name, operation, decision)
-)]
+#[instrument(name = "admission", skip_all, fields(endpoint = "validate", uid))]
 async fn validate(AxumState(state): AxumState<Arc<State>>, body: Bytes) -> Response {
     review(&state, Endpoint::Validate, &body)
 }
@@ -81,8 +73,7 @@ fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
     let request = match decode_review(body) {
         Ok(request) => request,
         Err(error) => {
-            span.record("decision", Decision::BadRequest.as_str());
-            tracing::warn!(%error, "malformed admission request");
+            tracing::warn!(%error, decision = Decision::BadRequest.as_str(), "malformed admission request");
             state.metrics.observe_request(
                 endpoint,
                 Operation::Unknown,
@@ -93,13 +84,7 @@ fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
         }
     };
     span.record("uid", request.uid.as_str());
-    span.record(
-        "namespace",
-        request.namespace.as_deref().unwrap_or_default(),
-    );
-    span.record("name", request.name.as_str());
     let operation = operation_label(&request.operation);
-    span.record("operation", operation.as_str());
 
     let response = match endpoint {
         Endpoint::Mutate => admission::mutate(&request),
@@ -110,9 +95,16 @@ fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
         ),
     };
     let decision = admission::decision(&response);
-    span.record("decision", decision.as_str());
+    // One line per review with everything needed to find it again; these fields sit on
+    // the event, not the span, so JSON keys never collide with the span's own `name`.
+    let namespace = request.namespace.as_deref().unwrap_or_default();
     if response.allowed {
         tracing::info!(
+            uid = %request.uid,
+            namespace,
+            name = %request.name,
+            operation = operation.as_str(),
+            decision = decision.as_str(),
             patched = response.patch.is_some(),
             warnings = response.warnings.as_ref().map_or(0, Vec::len),
             dry_run = request.dry_run,
@@ -120,6 +112,11 @@ fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
         );
     } else {
         tracing::info!(
+            uid = %request.uid,
+            namespace,
+            name = %request.name,
+            operation = operation.as_str(),
+            decision = decision.as_str(),
             code = response.result.code,
             reason = %response.result.message,
             dry_run = request.dry_run,

@@ -190,7 +190,9 @@ impl Server {
         self.ops_task
             .await
             .map_err(|e| Error::Task("operations", e))?
-            .map_err(Error::Ops)
+            .map_err(Error::Ops)?;
+        tracing::info!("webhook stopped");
+        Ok(())
     }
 }
 

@@ -424,3 +424,56 @@ async fn shutdown_drains_a_request_in_flight() {
 
     shutdown.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_stalled_upload_times_out_with_408() {
+    let certs = TestCerts::new();
+    let mut config = certs.config(None);
+    config.request_timeout = Duration::from_millis(300);
+    let server = webhook::start(&config).await.unwrap();
+    let mut stream = certs.client().raw(server.tls_addr()).await.unwrap();
+    let head = format!(
+        "POST /validate HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"apiVersion\"",
+        server.tls_addr()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
+    // The rest of the body never comes; the server answers on its own.
+    let mut response = vec![0u8; 64];
+    let n = stream.read(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert_eq!(
+        metric(&server, "appservice_webhook_admission_in_flight "),
+        0
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn tls_1_2_and_1_3_only() {
+    use rustls::pki_types::ServerName;
+    let certs = TestCerts::new();
+    let server = webhook::start(&certs.config(None)).await.unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(
+            certs.ca.cert_der().to_vec(),
+        ))
+        .unwrap();
+    for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
+        let config = rustls::ClientConfig::builder_with_protocol_versions(&[version])
+            .with_root_certificates(roots.clone())
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(server.tls_addr())
+            .await
+            .unwrap();
+        let tls = connector
+            .connect(ServerName::IpAddress(server.tls_addr().ip().into()), tcp)
+            .await
+            .unwrap();
+        assert_eq!(tls.get_ref().1.protocol_version(), Some(version.version));
+    }
+    server.shutdown().await.unwrap();
+}
