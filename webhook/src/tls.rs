@@ -46,6 +46,9 @@ pub enum TlsError {
     Config(#[source] rustls::Error),
 }
 
+/// How long a reload waits before re-reading a pair that looked torn.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Installs aws-lc-rs as the process-wide rustls provider. Call once at start; later
 /// calls (tests) are harmless no-ops.
 pub fn install_crypto_provider() {
@@ -173,6 +176,27 @@ impl CertStore {
     /// Re-reads the files. `Ok(true)`: a new pair is being served; `Ok(false)`: nothing
     /// changed; `Err`: the new files were refused and the previous pair stays.
     pub fn reload(&self) -> Result<bool, TlsError> {
+        let result = match self.load_changed(false) {
+            // Tools replace the two files one after the other, so a reload can read a new
+            // certificate with the old key (or a file already deleted). Such a torn read
+            // settles within moments: look again once before calling the new pair bad.
+            Err(_) => {
+                std::thread::sleep(SETTLE);
+                self.load_changed(true)
+            }
+            other => other,
+        };
+        match &result {
+            Ok(true) => self.metrics.certificate_reload(ReloadResult::Success),
+            Ok(false) => {}
+            Err(_) => self.metrics.certificate_reload(ReloadResult::Failure),
+        }
+        result
+    }
+
+    /// Reads both files and serves them if they changed (or always, with `force`) and
+    /// form a good pair.
+    fn load_changed(&self, force: bool) -> Result<bool, TlsError> {
         let cert_pem = read(&self.cert_path)?;
         let key_pem = read(&self.key_path)?;
         {
@@ -180,24 +204,16 @@ impl CertStore {
                 .last_seen
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if last.0 == cert_pem && last.1 == key_pem {
+            if !force && last.0 == cert_pem && last.1 == key_pem {
                 return Ok(false);
             }
             *last = (cert_pem.clone(), key_pem.clone());
         }
-        match parse_pair(&self.cert_path, &cert_pem, &self.key_path, &key_pem) {
-            Ok(loaded) => {
-                *self.current.write().unwrap_or_else(PoisonError::into_inner) = loaded.key;
-                self.not_after.store(loaded.not_after, Ordering::Relaxed);
-                self.metrics.certificate_loaded(loaded.not_after);
-                self.metrics.certificate_reload(ReloadResult::Success);
-                Ok(true)
-            }
-            Err(e) => {
-                self.metrics.certificate_reload(ReloadResult::Failure);
-                Err(e)
-            }
-        }
+        let loaded = parse_pair(&self.cert_path, &cert_pem, &self.key_path, &key_pem)?;
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = loaded.key;
+        self.not_after.store(loaded.not_after, Ordering::Relaxed);
+        self.metrics.certificate_loaded(loaded.not_after);
+        Ok(true)
     }
 
     /// Reloads and logs the outcome; for the file watcher.
