@@ -59,6 +59,9 @@ struct Args {
     /// Also log every admission as JSON (to a sink), as in production at level info.
     #[arg(long)]
     with_logs: bool,
+    /// Run the webhook without CEL policies (the default loads two).
+    #[arg(long)]
+    no_policies: bool,
 }
 
 fn main() {
@@ -115,7 +118,8 @@ async fn run(args: Args) {
     let policies = dir.path().join("policies.yaml");
     std::fs::write(&policies, POLICIES).unwrap();
 
-    let server = webhook::start(&webhook::Config::local(cert_path, key_path, Some(policies)))
+    let policies = (!args.no_policies).then_some(policies);
+    let server = webhook::start(&webhook::Config::local(cert_path, key_path, policies))
         .await
         .unwrap();
     let bare = bare_server(&serving).await;
@@ -154,8 +158,9 @@ async fn run(args: Args) {
         },
     ];
     println!(
-        "review body {} bytes; {} worker threads shared by servers and load; {:?} per level (+{:?} warm-up), at most {} requests",
+        "review body {} bytes; {} CEL policies; {} worker threads shared by servers and load; {:?} per level (+{:?} warm-up), at most {} requests",
         REVIEW.len(),
+        server.state().policies.current().len(),
         args.threads,
         args.duration,
         args.warmup,

@@ -15,6 +15,7 @@ use json_patch::{Patch, PatchOperation};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::{DynamicObject, Status};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::metrics::{self, Decision};
@@ -41,9 +42,18 @@ pub enum ReviewError {
 
 /// Parses an AdmissionReview body, reporting the JSON path of a type error.
 pub fn decode_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, ReviewError> {
-    let de = &mut serde_json::Deserializer::from_slice(body);
-    let review: AdmissionReview<DynamicObject> =
-        serde_path_to_error::deserialize(de).map_err(|e| ReviewError::Decode(describe(&e)))?;
+    // Path tracking costs on every request; only a body that fails pays for it.
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(_) => {
+            let de = &mut serde_json::Deserializer::from_slice(body);
+            let err = serde_path_to_error::deserialize::<_, AdmissionReview<DynamicObject>>(de)
+                .err()
+                .map(|e| describe(&e))
+                .unwrap_or_else(|| "invalid JSON".to_owned());
+            return Err(ReviewError::Decode(err));
+        }
+    };
     if review.types.api_version != REVIEW_API_VERSION || review.types.kind != "AdmissionReview" {
         return Err(ReviewError::Version {
             api_version: review.types.api_version,
@@ -145,7 +155,11 @@ fn decode_object(
 }
 
 fn typed(raw: &Value) -> Result<AppService, String> {
-    serde_path_to_error::deserialize(raw).map_err(|e| describe(&e))
+    AppService::deserialize(raw).map_err(|plain| {
+        serde_path_to_error::deserialize::<_, AppService>(raw)
+            .err()
+            .map_or_else(|| plain.to_string(), |e| describe(&e))
+    })
 }
 
 /// `/mutate`: the JSON patch that applies `common`'s defaults, or no patch at all when the

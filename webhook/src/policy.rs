@@ -71,14 +71,12 @@ pub struct PolicySpec {
     pub message_expression: Option<String>,
 }
 
-/// A compiled policy.
+/// What is known about a compiled policy besides its programs.
 #[derive(Debug)]
 pub struct Policy {
     pub name: String,
     /// Whether the policy reads `namespaceObject`.
     pub uses_namespace: bool,
-    // One-element slice: `VapEvaluator::evaluate_compiled` takes a slice of results.
-    compiled: [Result<CompiledVapExpression, VapError>; 1],
 }
 
 /// A policy that denied a request.
@@ -92,6 +90,9 @@ pub struct Violation {
 #[derive(Debug, Default)]
 pub struct PolicySet {
     policies: Vec<Policy>,
+    // Parallel to `policies`, all `Ok`: kept in the shape `evaluate_compiled` takes, so one
+    // CEL context (with Kubernetes' function libraries) is built per request, not per policy.
+    compiled: Vec<Result<CompiledVapExpression, VapError>>,
 }
 
 impl PolicySet {
@@ -112,6 +113,7 @@ impl PolicySet {
     /// Compiles policies; the first one that fails is reported.
     pub fn compile(path: &Path, specs: &[PolicySpec]) -> Result<Self, PolicyError> {
         let mut policies = Vec::with_capacity(specs.len());
+        let mut programs = Vec::with_capacity(specs.len());
         for (index, spec) in specs.iter().enumerate() {
             let invalid = |reason: String| PolicyError::Invalid {
                 path: path.to_owned(),
@@ -145,10 +147,13 @@ impl PolicySet {
             policies.push(Policy {
                 name: spec.name.clone(),
                 uses_namespace,
-                compiled: [Ok(compiled)],
             });
+            programs.push(Ok(compiled));
         }
-        Ok(PolicySet { policies })
+        Ok(PolicySet {
+            policies,
+            compiled: programs,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -193,22 +198,22 @@ impl PolicySet {
         if let Some(namespace) = namespace_object {
             builder = builder.namespace_object(namespace);
         }
-        let evaluator = builder.build();
+        let mut results = builder
+            .build()
+            .evaluate_compiled(&self.compiled)
+            .into_iter();
         self.policies
             .iter()
-            .filter_map(|policy| {
-                let result = evaluator.evaluate_compiled(&policy.compiled).pop();
-                match result {
-                    Some(r) if r.passed => None,
-                    Some(r) => Some(Violation {
-                        policy: policy.name.clone(),
-                        message: r.message.unwrap_or_else(|| "denied by policy".to_owned()),
-                    }),
-                    None => Some(Violation {
-                        policy: policy.name.clone(),
-                        message: "policy produced no result".to_owned(),
-                    }),
-                }
+            .filter_map(|policy| match results.next() {
+                Some(r) if r.passed => None,
+                Some(r) => Some(Violation {
+                    policy: policy.name.clone(),
+                    message: r.message.unwrap_or_else(|| "denied by policy".to_owned()),
+                }),
+                None => Some(Violation {
+                    policy: policy.name.clone(),
+                    message: "policy produced no result".to_owned(),
+                }),
             })
             .collect()
     }
