@@ -45,12 +45,13 @@ pub fn decode_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Rev
     // Path tracking costs on every request; only a body that fails pays for it.
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
         Ok(review) => review,
-        Err(_) => {
+        Err(plain) => {
+            // The tracked pass does not check for trailing characters; keep the plain
+            // error for that case.
             let de = &mut serde_json::Deserializer::from_slice(body);
             let err = serde_path_to_error::deserialize::<_, AdmissionReview<DynamicObject>>(de)
                 .err()
-                .map(|e| describe(&e))
-                .unwrap_or_else(|| "invalid JSON".to_owned());
+                .map_or_else(|| plain.to_string(), |e| describe(&e));
             return Err(ReviewError::Decode(err));
         }
     };
@@ -661,6 +662,9 @@ mod tests {
     fn malformed_reviews() {
         assert!(matches!(decode_review(b"{"), Err(ReviewError::Decode(_))));
         assert!(matches!(decode_review(b"[]"), Err(ReviewError::Decode(_))));
+        let trailing = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"} x"#;
+        let err = decode_review(trailing).unwrap_err().to_string();
+        assert!(err.contains("trailing characters"), "{err}");
         let err = decode_review(
             br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":1}}"#,
         )
