@@ -138,4 +138,24 @@ mod tests {
         tx.send(true).unwrap();
         task.await.unwrap();
     }
+
+    #[tokio::test]
+    async fn the_periodic_check_works_without_a_watcher() {
+        let dir = tempfile::tempdir().unwrap();
+        // The directory does not exist yet, so it cannot be watched: only the timer runs.
+        let file = dir.path().join("later").join("f");
+        let (tx, rx) = watch::channel(false);
+        let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
+        let path = file.clone();
+        let task = spawn("test", &[&file], Duration::from_millis(20), rx, move || {
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                let _ = seen_tx.send(text);
+            }
+        });
+        std::fs::create_dir(dir.path().join("later")).unwrap();
+        std::fs::write(&file, "late").unwrap();
+        assert_eq!(seen_rx.recv().await.unwrap(), "late");
+        tx.send(true).unwrap();
+        task.await.unwrap();
+    }
 }
