@@ -62,6 +62,10 @@ struct Args {
     /// Run the webhook without CEL policies (the default loads two).
     #[arg(long)]
     no_policies: bool,
+    /// Use one HTTP/2 connection with `concurrency` concurrent streams (how the API
+    /// server calls webhooks) instead of `concurrency` HTTP/1.1 keep-alive connections.
+    #[arg(long)]
+    http2: bool,
 }
 
 fn main() {
@@ -125,13 +129,17 @@ async fn run(args: Args) {
     let bare = bare_server(&serving).await;
 
     // Sanity: both endpoints answer the review as expected before measuring.
-    let client = connector(ca.cert_pem());
+    let client = connector(ca.cert_pem(), args.http2);
     let body = Bytes::from_static(REVIEW.as_bytes());
     for (path, needle) in [
         ("/validate", "\"allowed\":true"),
         ("/mutate", "\"patchType\":\"JSONPatch\""),
     ] {
-        let mut conn = Conn::open(&client, server.tls_addr()).await;
+        let mut conn = if args.http2 {
+            Conn::open_h2(&client, server.tls_addr()).await
+        } else {
+            Conn::open(&client, server.tls_addr()).await
+        };
         let (status, reply) = conn.post(path, body.clone()).await.unwrap();
         let text = String::from_utf8_lossy(&reply);
         assert!(
@@ -158,7 +166,12 @@ async fn run(args: Args) {
         },
     ];
     println!(
-        "review body {} bytes; {} CEL policies; {} worker threads shared by servers and load; {:?} per level (+{:?} warm-up), at most {} requests",
+        "{}; review body {} bytes; {} CEL policies; {} worker threads shared by servers and load; {:?} per level (+{:?} warm-up), at most {} requests",
+        if args.http2 {
+            "HTTP/2, one connection, one stream per concurrent request"
+        } else {
+            "HTTP/1.1 keep-alive, one connection per concurrent request"
+        },
         REVIEW.len(),
         server.state().policies.current().len(),
         args.threads,
@@ -168,7 +181,7 @@ async fn run(args: Args) {
     );
     println!(
         "{:<20} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9}",
-        "target", "conns", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "errors", "vs bare"
+        "target", "conc", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "errors", "vs bare"
     );
     for &concurrency in &args.concurrency {
         let mut ceiling = None;
@@ -205,8 +218,15 @@ async fn measure(
     body: Bytes,
 ) -> Measurement {
     let mut conns = Vec::new();
-    for _ in 0..concurrency {
-        conns.push(Conn::open(client, target.addr).await);
+    if args.http2 {
+        let shared = Conn::open_h2(client, target.addr).await;
+        for _ in 0..concurrency {
+            conns.push(shared.stream());
+        }
+    } else {
+        for _ in 0..concurrency {
+            conns.push(Conn::open(client, target.addr).await);
+        }
     }
     let budget = Arc::new(AtomicUsize::new(args.max_requests));
     let start = Instant::now();
@@ -266,7 +286,7 @@ async fn measure(
     }
 }
 
-fn connector(ca_pem: &str) -> TlsConnector {
+fn connector(ca_pem: &str, http2: bool) -> TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
@@ -274,31 +294,63 @@ fn connector(ca_pem: &str) -> TlsConnector {
     let mut config = rustls::ClientConfig::builder()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![if http2 {
+        b"h2".to_vec()
+    } else {
+        b"http/1.1".to_vec()
+    }];
     TlsConnector::from(Arc::new(config))
 }
 
 /// One HTTP/1.1 keep-alive connection over TLS.
 struct Conn {
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    sender: Sender,
     host: String,
+}
+
+/// HTTP/1.1 (one request at a time per connection) or h2 (a stream per request; clones
+/// share one connection, as the API server multiplexes its webhook calls).
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
 }
 
 impl Conn {
     async fn open(connector: &TlsConnector, addr: SocketAddr) -> Conn {
-        let tcp = TcpStream::connect(addr).await.unwrap();
-        tcp.set_nodelay(true).unwrap();
-        let tls = connector
-            .connect(ServerName::IpAddress(addr.ip().into()), tcp)
-            .await
-            .unwrap();
+        let tls = tls_connect(connector, addr).await;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .unwrap();
         tokio::spawn(conn);
         Conn {
-            sender,
+            sender: Sender::H1(sender),
             host: addr.to_string(),
+        }
+    }
+
+    async fn open_h2(connector: &TlsConnector, addr: SocketAddr) -> Conn {
+        let tls = tls_connect(connector, addr).await;
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        Conn {
+            sender: Sender::H2(sender),
+            host: addr.to_string(),
+        }
+    }
+
+    /// Another concurrent stream on the same h2 connection.
+    fn stream(&self) -> Conn {
+        let sender = match &self.sender {
+            Sender::H2(sender) => Sender::H2(sender.clone()),
+            Sender::H1(_) => unreachable!("HTTP/1.1 connections carry one request at a time"),
+        };
+        Conn {
+            sender,
+            host: self.host.clone(),
         }
     }
 
@@ -308,11 +360,26 @@ impl Conn {
             .header("content-type", "application/json")
             .body(Full::new(body))
             .unwrap();
-        let response = self.sender.send_request(request).await?;
+        let response = match &mut self.sender {
+            Sender::H1(sender) => sender.send_request(request).await?,
+            Sender::H2(sender) => sender.send_request(request).await?,
+        };
         let status = response.status();
         let body = response.into_body().collect().await?.to_bytes();
         Ok((status, body))
     }
+}
+
+async fn tls_connect(
+    connector: &TlsConnector,
+    addr: SocketAddr,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    connector
+        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+        .await
+        .unwrap()
 }
 
 /// rustls + hyper answering every request with a constant AdmissionReview, after reading
