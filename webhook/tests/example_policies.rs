@@ -125,6 +125,23 @@ fn policies_yaml() {
         .unwrap()
         .message;
     assert!(message.contains("must be at least 2, got 1"), "{message}");
+    // On CREATE `oldObject` is null: the database policy still says why, not a CEL error.
+    let messages: Vec<String> = store
+        .current()
+        .evaluate(&single, None, request("CREATE", "n", &[]), labelled("dev"))
+        .into_iter()
+        .map(|v| v.message)
+        .collect();
+    assert!(
+        messages.contains(
+            &"enabling a database requires membership in the platform-db-users group".to_owned()
+        ),
+        "{messages:?}"
+    );
+    assert!(
+        !messages.iter().any(|m| m.contains("evaluation error")),
+        "{messages:?}"
+    );
 }
 
 #[test]
