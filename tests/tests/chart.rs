@@ -380,6 +380,28 @@ fn rbac_is_exactly_what_the_controller_uses() {
         json!(["appservice-controller"])
     );
 
+    // The webhook has no role unless policies may read namespace labels; then exactly
+    // list/watch on namespaces, and a token.
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == WEBHOOK)
+    );
+    let labels = template("ops", &["webhook.namespaceLabels=true".to_owned()]);
+    assert_eq!(
+        find(&labels, "ClusterRole", WEBHOOK)["rules"],
+        json!([{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}])
+    );
+    let pod = &find(&labels, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], true);
+    assert!(
+        pod["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "WEBHOOK_NAMESPACE_LABELS")
+    );
+
     // Scoped to one namespace: no cluster-wide role at all.
     let scoped = template("ops", &["controller.watchNamespace=team-a".to_owned()]);
     assert!(
@@ -429,6 +451,9 @@ async fn installed() -> (&'static harness::ControlPlane, &'static str) {
                 &name,
                 "--kubeconfig",
                 &kubeconfig,
+                // Installs the webhook's namespace-label RBAC too, for its RBAC proof.
+                "--set",
+                "webhook.namespaceLabels=true",
                 "--set",
                 "webhook.namespaceSelectorExpressions[0].key=appservice-tests.example.com/test-namespace",
                 "--set",
@@ -603,16 +628,6 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
             .expect_err("leases elsewhere")
     ));
 
-    // The webhook's ServiceAccount gets no token mounted and may do nothing at all.
-    let webhook_client = service_account_client(cp, release_ns, WEBHOOK).await;
-    let apps_as_webhook: Api<AppService> = Api::namespaced(webhook_client, &test_ns);
-    assert!(forbidden(
-        apps_as_webhook
-            .list(&ListParams::default())
-            .await
-            .expect_err("webhook lists appservices")
-    ));
-
     // What it must do: run the real controller, leader election on, with only that token.
     let mut config = controller::Config::for_namespace(&test_ns);
     config.watch_namespace = None; // cluster-wide, as the chart deploys it
@@ -723,4 +738,72 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     result
         .expect("controller task")
         .expect("controller ran without error under the chart's RBAC");
+}
+
+#[tokio::test]
+async fn webhook_watches_namespaces_with_the_charts_rbac_and_nothing_more() {
+    let (cp, release_ns) = installed().await;
+    let _logs = cp.log_guard();
+    let test_ns = cp.namespace().await.expect("namespace");
+    let sa_client = service_account_client(cp, release_ns, WEBHOOK).await;
+    let forbidden = |e: kube::Error| matches!(e, kube::Error::Api(ref s) if s.code == 403);
+
+    // Nothing but namespaces: not AppServices, not Secrets.
+    let apps: Api<AppService> = Api::namespaced(sa_client.clone(), &test_ns);
+    assert!(forbidden(
+        apps.list(&ListParams::default())
+            .await
+            .expect_err("webhook lists appservices")
+    ));
+    let secrets: Api<Secret> = Api::all(sa_client.clone());
+    assert!(forbidden(
+        secrets
+            .list(&ListParams::default())
+            .await
+            .expect_err("webhook lists secrets")
+    ));
+    let namespaces: Api<Namespace> = Api::all(sa_client.clone());
+    assert!(forbidden(
+        namespaces
+            .delete(&test_ns, &DeleteParams::default())
+            .await
+            .expect_err("webhook deletes a namespace")
+    ));
+
+    // The real webhook, with --namespace-labels and only that token, gets ready (its
+    // namespace cache synced) and sees the test namespace's labels.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_ca, serving) = harness::webhook_tls().expect("certificates");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    serving.write(&cert, &key).expect("writing certificates");
+    let mut config = webhook::config::Config::local(cert, key, None);
+    config.namespace_labels = true;
+    let server = webhook::server::start_with_client(&config, Some(sa_client))
+        .await
+        .expect("webhook starts");
+    let state = server.state().clone();
+    eventually(
+        "webhook readiness with the namespace cache",
+        Duration::from_secs(60),
+        || {
+            let state = state.clone();
+            async move { state.readiness().is_ok().then_some(()) }
+        },
+    )
+    .await;
+    let seen = eventually(
+        "the test namespace in the webhook's cache",
+        Duration::from_secs(30),
+        || {
+            let state = state.clone();
+            let ns = test_ns.to_string();
+            async move { state.namespace_object(Some(&ns)) }
+        },
+    )
+    .await;
+    assert_eq!(
+        seen["metadata"]["labels"]["appservice-tests.example.com/test-namespace"], "true",
+        "{seen}"
+    );
+    server.shutdown().await.expect("webhook shuts down");
 }
