@@ -102,11 +102,11 @@ impl Config {
 #[derive(Args, Clone, Copy, Debug)]
 pub struct RateLimit {
     /// Sustained API requests per second.
-    #[arg(long, env = "KUBE_API_QPS", default_value_t = 50.0)]
+    #[arg(long = "kube-api-qps", env = "KUBE_API_QPS", default_value_t = 50.0)]
     pub qps: f64,
 
     /// Requests allowed in a burst above the sustained rate.
-    #[arg(long, env = "KUBE_API_BURST", default_value_t = 100)]
+    #[arg(long = "kube-api-burst", env = "KUBE_API_BURST", default_value_t = 100)]
     pub burst: u32,
 }
 

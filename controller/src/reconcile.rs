@@ -167,7 +167,10 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
     let status = desired_status(app, &Observation::Applied(&deployment), &ctx.clock.now());
     write_status(ctx, &api, app, status).await?;
     Ok(match rollout(&deployment) {
-        Rollout::InProgress { .. } => Action::requeue(ctx.config.rollout_requeue),
+        Rollout::InProgress { message, .. } => {
+            debug!(%message, "rollout in progress");
+            Action::requeue(ctx.config.rollout_requeue)
+        }
         Rollout::Complete { .. } | Rollout::Failed { .. } => {
             Action::requeue(ctx.config.resync_interval)
         }
@@ -335,12 +338,24 @@ async fn write_status(
     .await?;
     ctx.metrics.write("appservices/status");
     debug!("status written");
-    if before != after
-        && let Some((st, reason)) = after
+    if let Some((st, reason)) = after
+        && worth_an_event(before.as_ref(), (&st, &reason))
     {
         publish_event(ctx, app, &st, &reason, &status).await;
     }
     Ok(())
+}
+
+/// Whether a move of the Ready condition from `before` to `after` deserves an Event:
+/// becoming ready, any failure, and losing readiness. The first rollout of a new object
+/// is expected and not announced (an Event is an API write, too).
+fn worth_an_event(before: Option<&(String, String)>, after: (&str, &str)) -> bool {
+    let (status, reason) = after;
+    if before.is_some_and(|(s, r)| s == status && r == reason) {
+        return false;
+    }
+    let was_ready = before.is_some_and(|(s, _)| s == TRUE);
+    reason != reasons::ROLLING_OUT || was_ready
 }
 
 /// An Event on a Ready transition. Failures to publish are logged, never fatal.
@@ -379,5 +394,41 @@ async fn publish_event(
     match ctx.recorder.publish(&event, &app.object_ref(&())).await {
         Ok(()) => ctx.metrics.write("events"),
         Err(e) => warn!(error = %e, "could not publish event"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(s: &str, r: &str) -> (String, String) {
+        (s.to_owned(), r.to_owned())
+    }
+
+    #[test]
+    fn events_only_for_meaningful_transitions() {
+        // First rollout of a new object: expected, no Event.
+        assert!(!worth_an_event(None, ("False", reasons::ROLLING_OUT)));
+        // Became ready.
+        assert!(worth_an_event(
+            Some(&st("False", reasons::ROLLING_OUT)),
+            ("True", reasons::AVAILABLE)
+        ));
+        // Lost readiness (new rollout or Pods failing).
+        assert!(worth_an_event(
+            Some(&st("True", reasons::AVAILABLE)),
+            ("False", reasons::ROLLING_OUT)
+        ));
+        // Failures, even on a new object.
+        assert!(worth_an_event(None, ("False", reasons::INVALID_SPEC)));
+        assert!(worth_an_event(
+            Some(&st("False", reasons::ROLLING_OUT)),
+            ("False", reasons::RESOURCE_CONFLICT)
+        ));
+        // No change, no Event.
+        assert!(!worth_an_event(
+            Some(&st("True", reasons::AVAILABLE)),
+            ("True", reasons::AVAILABLE)
+        ));
     }
 }

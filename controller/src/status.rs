@@ -162,12 +162,11 @@ pub fn desired_status(app: &AppService, obs: &Observation<'_>, now: &Time) -> Ap
                         cond(DEGRADED, FALSE, reasons::AS_EXPECTED, String::new()),
                     ]
                 }
-                Rollout::InProgress {
-                    ready,
-                    desired,
-                    message,
-                } => {
+                Rollout::InProgress { ready, desired, .. } => {
                     status.ready_replicas = Some(ready);
+                    // Messages change only with the ready count (which is a status change
+                    // anyway): the rollout's finer phases would each cost a status write
+                    // per object, and `kubectl rollout status` shows them.
                     [
                         cond(
                             READY,
@@ -175,7 +174,12 @@ pub fn desired_status(app: &AppService, obs: &Observation<'_>, now: &Time) -> Ap
                             reasons::ROLLING_OUT,
                             format!("{ready}/{desired} replicas ready"),
                         ),
-                        cond(PROGRESSING, TRUE, reasons::ROLLING_OUT, message),
+                        cond(
+                            PROGRESSING,
+                            TRUE,
+                            reasons::ROLLING_OUT,
+                            format!("rolling out: {ready}/{desired} replicas ready"),
+                        ),
                         cond(DEGRADED, FALSE, reasons::AS_EXPECTED, String::new()),
                     ]
                 }

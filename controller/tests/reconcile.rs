@@ -271,6 +271,17 @@ async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result
             .all(|m| m.manager.as_deref() != Some(FIELD_MANAGER))
     );
     assert!(services.get_opt("legacy").await?.is_none());
+    // The transition is visible to `kubectl describe` as a Warning Event.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let warning = eventually(WAIT, "a ResourceConflict Event", || async {
+        let list = events.list(&Default::default()).await?;
+        Ok(list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some(reasons::RESOURCE_CONFLICT)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("legacy")
+        }))
+    })
+    .await?;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
     // Nothing more happened to the AppService either (no write loop).
     let a2 = apps.get("legacy").await?;
     assert_eq!(a2.resource_version(), a.resource_version());

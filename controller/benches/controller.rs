@@ -1,0 +1,509 @@
+//! Controller benchmark (a command, not a test):
+//!
+//! ```text
+//! cargo bench -p appservice-controller --bench controller -- --n 1000
+//! ```
+//!
+//! On a private full control plane (kube-apiserver, kube-controller-manager, scheduler,
+//! kwok node) it runs the real controller binary, creates N AppServices at once and
+//! measures the time until all are Ready, the API writes per AppService (from the
+//! apiserver's `apiserver_request_total`, before and after), the writes per AppService
+//! at steady state over a period, and the controller's memory (RSS). In the same run it
+//! measures the floor: a plain client with the same QPS/burst creating the same
+//! Deployments and Services directly, and the time until those Deployments are ready.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use common::conditions::{READY, TRUE};
+use common::{AppService, AppServiceSpec};
+use controller::RateLimit;
+use controller::desired::{desired_deployment, desired_service};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Number of AppServices.
+    #[arg(long, default_value_t = 1000)]
+    n: usize,
+    /// Replicas per AppService.
+    #[arg(long, default_value_t = 1)]
+    replicas: i32,
+    /// Client QPS of the controller and of the floor client.
+    #[arg(long, default_value_t = 50.0)]
+    qps: f64,
+    /// Client burst of the controller and of the floor client.
+    #[arg(long, default_value_t = 100)]
+    burst: u32,
+    /// Controller concurrency.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u16,
+    /// Seconds to observe writes at steady state.
+    #[arg(long, default_value_t = 180)]
+    steady_secs: u64,
+    /// Controller resync interval during the run (shorter than the default so the steady
+    /// window includes full re-checks of every object).
+    #[arg(long, default_value = "60s")]
+    resync: String,
+    /// Give up waiting for Ready after this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    timeout_secs: u64,
+    /// Skip the floor measurement.
+    #[arg(long)]
+    no_floor: bool,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// Write verbs of `apiserver_request_total`.
+const WRITE_VERBS: &[&str] = &[
+    "POST",
+    "PUT",
+    "PATCH",
+    "APPLY",
+    "DELETE",
+    "DELETECOLLECTION",
+];
+
+/// `(resource, subresource, verb) -> count` of write requests.
+type Writes = BTreeMap<(String, String, String), f64>;
+
+async fn apiserver_writes(client: &Client) -> anyhow::Result<Writes> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    let mut out = Writes::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let mut l = BTreeMap::new();
+        for pair in labels.split("\",") {
+            if let Some((k, v)) = pair.split_once("=\"") {
+                l.insert(k, v.trim_end_matches('"'));
+            }
+        }
+        let verb = l.get("verb").copied().unwrap_or_default();
+        if !WRITE_VERBS.contains(&verb) {
+            continue;
+        }
+        let key = (
+            l.get("resource").copied().unwrap_or_default().to_owned(),
+            l.get("subresource").copied().unwrap_or_default().to_owned(),
+            verb.to_owned(),
+        );
+        *out.entry(key).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(out)
+}
+
+fn delta(after: &Writes, before: &Writes) -> Writes {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+fn sum_for(writes: &Writes, resources: &[(&str, &str)]) -> f64 {
+    writes
+        .iter()
+        .filter(|((r, s, _), _)| resources.contains(&(r.as_str(), s.as_str())))
+        .map(|(_, v)| v)
+        .sum::<f64>()
+        + 0.0 // an empty f64 sum is -0.0
+}
+
+/// The writes the controller makes (children, the AppService and its status). Events are
+/// also written by kube-controller-manager and the scheduler, so they are reported from
+/// the controller's own counter instead.
+const CONTROLLER_RESOURCES: &[(&str, &str)] = &[
+    ("deployments", ""),
+    ("services", ""),
+    ("appservices", ""),
+    ("appservices", "status"),
+];
+
+fn print_writes(title: &str, writes: &Writes, per: f64) {
+    println!("  {title}:");
+    for ((r, s, verb), v) in writes {
+        let name = if s.is_empty() {
+            r.clone()
+        } else {
+            format!("{r}/{s}")
+        };
+        println!(
+            "    {name:<28} {verb:<7} {v:>8.0}  ({:.2} per object)",
+            v / per
+        );
+    }
+}
+
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    Ok(buf)
+}
+
+fn app(i: usize, replicas: i32) -> AppService {
+    AppService::new(
+        &format!("app-{i:05}"),
+        AppServiceSpec {
+            image: format!("registry.example.com/bench/app-{i}:v1"),
+            replicas: Some(replicas),
+            ..AppServiceSpec::default()
+        },
+    )
+}
+
+async fn wait_all<F, Fut>(
+    timeout: Duration,
+    what: &str,
+    mut count: F,
+    n: usize,
+) -> anyhow::Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<usize>>,
+{
+    let start = Instant::now();
+    let mut last_print = Instant::now();
+    loop {
+        let done = count().await.unwrap_or(0);
+        if done >= n {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            bail!("{what}: only {done}/{n} after {timeout:?}");
+        }
+        if last_print.elapsed() > Duration::from_secs(10) {
+            eprintln!("  … {what}: {done}/{n} after {:.0?}", start.elapsed());
+            last_print = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let n = args.n;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let limit = RateLimit {
+        qps: args.qps,
+        burst: args.burst,
+    };
+
+    eprintln!("starting a full control plane …");
+    let cp = harness::ControlPlane::start(harness::Options::full()).await?;
+    let admin = cp.client();
+
+    // ---- the controller ----------------------------------------------------------
+    let ns = cp.namespace_with_prefix("bench-ctl").await?;
+    let ops_port = harness::process::free_port()?;
+    let log_path = cp.log_dir().join("controller-bench.log");
+    let mut ctl = tokio::process::Command::new(env!("CARGO_BIN_EXE_appservice-controller"))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(["--watch-namespace", &ns, "--lease-namespace", &ns])
+        .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
+        .args([
+            "--kube-api-qps",
+            &args.qps.to_string(),
+            "--kube-api-burst",
+            &args.burst.to_string(),
+        ])
+        .args([
+            "--concurrency",
+            &args.concurrency.to_string(),
+            "--resync-interval",
+            &args.resync,
+        ])
+        .args(["--log-format", "json"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path)?)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the controller binary")?;
+    let pid = ctl.id().context("controller pid")?;
+    wait_all(
+        Duration::from_secs(60),
+        "controller ready",
+        || async {
+            Ok(usize::from(
+                http_get(ops_port, "/readyz").await?.contains(" 200 "),
+            ))
+        },
+        1,
+    )
+    .await?;
+    let (rss_idle, _) = rss_kib(pid);
+
+    let apps: Api<AppService> = Api::namespaced(admin.clone(), &ns);
+    let before = apiserver_writes(&admin).await?;
+    eprintln!("creating {n} AppServices …");
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let apps = apps.clone();
+            async move {
+                apps.create(&PostParams::default(), &app(i, args.replicas))
+                    .await
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let created_in = started.elapsed();
+    let all_ready = wait_all(
+        timeout,
+        "AppServices Ready",
+        || async {
+            let list = apps.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .filter(|a| {
+                    a.status.as_ref().is_some_and(|s| {
+                        common::conditions::find(&s.conditions, READY)
+                            .is_some_and(|c| c.status == TRUE)
+                    })
+                })
+                .count())
+        },
+        n,
+    )
+    .await?;
+    let time_to_ready = started.elapsed();
+    let _ = all_ready;
+    let after_converge = apiserver_writes(&admin).await?;
+    let (rss_converged, hwm) = rss_kib(pid);
+    let converge = delta(&after_converge, &before);
+    let ctl_metrics = http_get(ops_port, "/metrics").await.unwrap_or_default();
+
+    eprintln!(
+        "all Ready; observing steady state for {}s …",
+        args.steady_secs
+    );
+    tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
+    let after_steady = apiserver_writes(&admin).await?;
+    let steady = delta(&after_steady, &after_converge);
+    let (rss_steady, hwm_steady) = rss_kib(pid);
+    let ctl_metrics_steady = http_get(ops_port, "/metrics").await.unwrap_or_default();
+
+    // ---- the floor ---------------------------------------------------------------
+    let floor = if args.no_floor {
+        None
+    } else {
+        // Free the first run's Service IPs (the harness's service range is small) and
+        // its Pods before measuring the floor on the same control plane. The controller
+        // still runs: it removes its finalizers, so the namespace can go.
+        eprintln!("deleting the controller's namespace …");
+        let ctl_services: Api<Service> = Api::namespaced(admin.clone(), &ns);
+        let ns_name = ns.to_string();
+        ns.cleanup().await?;
+        wait_all(
+            timeout,
+            "controller namespace emptied",
+            || async {
+                let left = ctl_services
+                    .list(&ListParams::default())
+                    .await
+                    .map(|l| l.items.len())
+                    .unwrap_or(0);
+                let ns_gone = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+                    .get_opt(&ns_name)
+                    .await?
+                    .is_none();
+                Ok(usize::from(left == 0 && ns_gone))
+            },
+            1,
+        )
+        .await?;
+        stop(&mut ctl, pid).await;
+        let fns = cp.namespace_with_prefix("bench-floor").await?;
+        let floor_client = controller::client::build_client(cp.admin_config(), limit)?;
+        let deployments: Api<Deployment> = Api::namespaced(floor_client.clone(), &fns);
+        let services: Api<Service> = Api::namespaced(floor_client.clone(), &fns);
+        let before = apiserver_writes(&admin).await?;
+        eprintln!(
+            "floor: creating {n} Deployments and Services at {} QPS …",
+            args.qps
+        );
+        let started = Instant::now();
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let (deployments, services, fns) =
+                    (deployments.clone(), services.clone(), fns.to_string());
+                async move {
+                    let mut a = app(i, args.replicas);
+                    a.metadata.namespace = Some(fns);
+                    a.metadata.uid = Some(format!("00000000-0000-0000-0000-{i:012}"));
+                    // Same objects, but no owner (the garbage collector would delete
+                    // dependents of an owner that does not exist).
+                    let mut d = desired_deployment(&a)?;
+                    d.metadata.owner_references = None;
+                    let mut s = desired_service(&a)?;
+                    s.metadata.owner_references = None;
+                    deployments.create(&PostParams::default(), &d).await?;
+                    services.create(&PostParams::default(), &s).await?;
+                    anyhow::Ok(())
+                }
+            })
+            .buffer_unordered(32)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let ready_in = {
+            let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &fns);
+            let replicas = args.replicas;
+            wait_all(
+                timeout,
+                "floor Deployments ready",
+                || async {
+                    let list = deployments.list(&ListParams::default()).await?;
+                    Ok(list
+                        .items
+                        .iter()
+                        .filter(|d| {
+                            d.status
+                                .as_ref()
+                                .and_then(|s| s.ready_replicas)
+                                .unwrap_or(0)
+                                >= replicas
+                        })
+                        .count())
+                },
+                n,
+            )
+            .await?;
+            started.elapsed()
+        };
+        let after = apiserver_writes(&admin).await?;
+        Some((ready_in, delta(&after, &before)))
+    };
+
+    stop(&mut ctl, pid).await;
+
+    // ---- report ------------------------------------------------------------------
+    let nf = n as f64;
+    let metric = |text: &str, prefix: &str| -> f64 {
+        text.lines()
+            .filter_map(|l| {
+                l.strip_prefix(prefix)
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+            .sum()
+    };
+    let events_converge = metric(
+        &ctl_metrics,
+        "appservice_controller_api_writes_total{resource=\"events\"}",
+    );
+    let events_total = metric(
+        &ctl_metrics_steady,
+        "appservice_controller_api_writes_total{resource=\"events\"}",
+    );
+    let ctl_writes_converge = sum_for(&converge, CONTROLLER_RESOURCES);
+    let ctl_writes_steady = sum_for(&steady, CONTROLLER_RESOURCES);
+
+    println!();
+    println!(
+        "controller benchmark: N={n} AppServices × {} replicas, client {} QPS / burst {}, concurrency {}",
+        args.replicas, args.qps, args.burst, args.concurrency
+    );
+    println!("  created {n} AppServices in {created_in:.1?}; all Ready after {time_to_ready:.1?}");
+    println!(
+        "  controller writes to converge: {ctl_writes_converge:.0} ({:.2} per AppService) + {events_converge:.0} events ({:.2} per AppService)",
+        ctl_writes_converge / nf,
+        events_converge / nf
+    );
+    print_writes(
+        "apiserver write requests while converging (all clients)",
+        &converge,
+        nf,
+    );
+    println!(
+        "  steady state over {}s (resync every {}): {ctl_writes_steady:.0} controller writes ({:.4} per AppService), {:.0} events",
+        args.steady_secs,
+        args.resync,
+        ctl_writes_steady / nf,
+        (events_total - events_converge).max(0.0)
+    );
+    print_writes(
+        "apiserver write requests at steady state (all clients)",
+        &steady,
+        nf,
+    );
+    println!(
+        "  controller RSS: {:.1} MiB idle, {:.1} MiB after converging, {:.1} MiB at steady state, peak {:.1} MiB",
+        rss_idle as f64 / 1024.0,
+        rss_converged as f64 / 1024.0,
+        rss_steady as f64 / 1024.0,
+        hwm.max(hwm_steady) as f64 / 1024.0
+    );
+    if let Some((floor_time, floor_writes)) = floor {
+        let floor_ctl = sum_for(&floor_writes, &[("deployments", ""), ("services", "")]);
+        println!(
+            "  floor (plain client, same QPS): {floor_ctl:.0} writes ({:.2} per app), Deployments ready after {floor_time:.1?}",
+            floor_ctl / nf
+        );
+        println!(
+            "  ratio controller/floor: writes {:.2}× (incl. events {:.2}×), time to ready {:.2}×",
+            ctl_writes_converge / floor_ctl.max(1.0),
+            (ctl_writes_converge + events_converge) / floor_ctl.max(1.0),
+            time_to_ready.as_secs_f64() / floor_time.as_secs_f64().max(0.001)
+        );
+    }
+    println!("  controller log: {}", log_path.display());
+    keep_logs_hint(cp.log_dir());
+    Ok(())
+}
+
+/// SIGTERM, then wait for the controller to exit (idempotent).
+async fn stop(ctl: &mut tokio::process::Child, pid: u32) {
+    if matches!(ctl.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let _ = tokio::time::timeout(Duration::from_secs(30), ctl.wait()).await;
+}
+
+fn keep_logs_hint(dir: &Path) {
+    println!(
+        "  control-plane logs: {} (removed on exit unless APPSERVICE_KEEP_LOGS=1)",
+        dir.display()
+    );
+}

@@ -1,2 +1,0 @@
-//! Benchmark placeholder.
-fn main() {}
