@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::error::BackoffPolicy;
+use crate::external::External;
 use crate::metrics::Metrics;
 use crate::status::Clock;
 
@@ -39,6 +40,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
     pub clock: Box<dyn Clock>,
+    /// External resources behind the finalizer.
+    pub external: Arc<dyn External>,
     /// Caches of our children (labelled `managed-by=appservice-operator`).
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
@@ -59,6 +62,7 @@ impl Context {
         recorder: Recorder,
         clock: Box<dyn Clock>,
         metrics: Arc<Metrics>,
+        external: Arc<dyn External>,
         deployments: Store<Deployment>,
         services: Store<Service>,
         leading: watch::Receiver<bool>,
@@ -70,6 +74,7 @@ impl Context {
             metrics,
             recorder,
             clock,
+            external,
             deployments,
             services,
             leading,

@@ -63,11 +63,12 @@ pub async fn run(
     run_with(config, client, Hooks::default(), shutdown).await
 }
 
-/// What a caller may inject into [`run_with`]: the clock, and the metrics (so an
-/// in-process test can read the counters).
+/// What a caller may inject into [`run_with`]: the clock, the metrics (so an in-process
+/// test can read the counters), and the external resources behind the finalizer.
 pub struct Hooks {
     pub clock: Box<dyn Clock>,
     pub metrics: Arc<metrics::Metrics>,
+    pub external: Arc<dyn external::External>,
 }
 
 impl Default for Hooks {
@@ -75,6 +76,7 @@ impl Default for Hooks {
         Hooks {
             clock: Box::new(SystemClock),
             metrics: Arc::new(metrics::Metrics::default()),
+            external: Arc::new(external::NoExternal),
         }
     }
 }
@@ -136,6 +138,7 @@ pub async fn run_with(
         Recorder::new(client.clone(), reporter),
         hooks.clock,
         hooks.metrics,
+        hooks.external,
         deployments.clone(),
         services.clone(),
         leading_rx.clone(),

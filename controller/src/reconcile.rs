@@ -32,7 +32,7 @@ use tracing::{debug, info, instrument, warn};
 use crate::context::Context;
 use crate::desired::{desired_deployment, desired_service, is_controlled_by};
 use crate::error::{Error, Result, Retry};
-use crate::external::{self, Step};
+use crate::external::Step;
 use crate::managed_fields::apply_is_noop;
 use crate::status::{
     Observation, Rollout, cleanup_failed_status, desired_status, needs_write, ready_state, rollout,
@@ -133,7 +133,7 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
 
-    if let Step::NotReady(after) = external::ensure(ctx, app).await? {
+    if let Step::NotReady(after) = ctx.external.ensure(app).await? {
         return Ok(Action::requeue(after));
     }
 
@@ -199,13 +199,31 @@ async fn finalize(
         ctx.metrics.set_ready(key, None);
         return Ok(Action::await_change());
     }
-    match external::cleanup(ctx, app).await {
+    match ctx.external.cleanup(app).await {
         Ok(Step::Done) => {}
         Ok(Step::NotReady(after)) => return Ok(Action::requeue(after)),
         Err(e) => {
             ctx.metrics.cleanup_failures.inc();
-            let status = cleanup_failed_status(app, &e.to_string(), &ctx.clock.now());
+            let message = e.to_string();
+            let first = !app.status.as_ref().is_some_and(|s| {
+                common::conditions::find(&s.conditions, common::conditions::DEGRADED)
+                    .is_some_and(|c| c.reason == reasons::CLEANUP_FAILED)
+            });
+            let status = cleanup_failed_status(app, &message, &ctx.clock.now());
             write_status(ctx, api, app, status).await?;
+            if first {
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: reasons::CLEANUP_FAILED.to_owned(),
+                    note: Some(message),
+                    action: "Cleanup".to_owned(),
+                    secondary: None,
+                };
+                match ctx.recorder.publish(&event, &app.object_ref(&())).await {
+                    Ok(()) => ctx.metrics.write("events"),
+                    Err(err) => warn!(error = %err, "could not publish event"),
+                }
+            }
             return Err(e);
         }
     }

@@ -497,3 +497,103 @@ async fn without_the_controller_nothing_is_removed_from_a_deleted_appservice() -
     ctl.stop().await?;
     Ok(())
 }
+
+/// External resources whose cleanup fails until told otherwise, counting its calls.
+#[derive(Default)]
+struct FlakyExternal {
+    fail: std::sync::atomic::AtomicBool,
+    cleanups: std::sync::atomic::AtomicU32,
+}
+
+impl controller::external::External for FlakyExternal {
+    fn ensure<'a>(
+        &'a self,
+        _app: &'a AppService,
+    ) -> futures::future::BoxFuture<'a, controller::error::Result<controller::external::Step>> {
+        Box::pin(async { Ok(controller::external::Step::Done) })
+    }
+
+    fn cleanup<'a>(
+        &'a self,
+        _app: &'a AppService,
+    ) -> futures::future::BoxFuture<'a, controller::error::Result<controller::external::Step>> {
+        use std::sync::atomic::Ordering;
+        Box::pin(async move {
+            self.cleanups.fetch_add(1, Ordering::SeqCst);
+            if self.fail.load(Ordering::SeqCst) {
+                Err(controller::error::Error::Cleanup(
+                    "database server unreachable".into(),
+                ))
+            } else {
+                Ok(controller::external::Step::Done)
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() -> anyhow::Result<()>
+{
+    use std::sync::atomic::Ordering;
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let external = std::sync::Arc::new(FlakyExternal::default());
+    external.fail.store(true, Ordering::SeqCst);
+    let ctl = support::start_controller_with(client.clone(), &ns, |_| {}, external.clone());
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+
+    create(&apps, &app("db", "nginx:1.27", 1)).await?;
+    eventually(WAIT, "the finalizer", || async {
+        let a = apps.get("db").await?;
+        Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
+    })
+    .await?;
+    apps.delete("db", &DeleteParams::default()).await?;
+
+    let a = eventually(WAIT, "Degraded=True CleanupFailed", || async {
+        let a = apps.get("db").await?;
+        Ok(condition(&a, DEGRADED)
+            .is_some_and(|(s, r, _)| s == TRUE && r == reasons::CLEANUP_FAILED)
+            .then_some(a))
+    })
+    .await?;
+    assert!(a.metadata.deletion_timestamp.is_some());
+    assert!(
+        condition(&a, DEGRADED)
+            .unwrap()
+            .2
+            .contains("database server unreachable")
+    );
+    // Retried with backoff, not in a hot loop.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let attempts = external.cleanups.load(Ordering::SeqCst);
+    assert!(
+        (2..=8).contains(&attempts),
+        "cleanup attempts in ~3s: {attempts}"
+    );
+    assert!(ctl.metrics.cleanup_failures.get() >= 2);
+    assert!(
+        apps.get_opt("db").await?.is_some(),
+        "the finalizer must hold the object"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let list = events.list(&Default::default()).await?;
+    assert!(
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(reasons::CLEANUP_FAILED)),
+        "a CleanupFailed Event"
+    );
+
+    external.fail.store(false, Ordering::SeqCst);
+    eventually(
+        Duration::from_secs(60),
+        "the AppService to be gone",
+        || async { Ok(apps.get_opt("db").await?.is_none().then_some(())) },
+    )
+    .await?;
+    ctl.stop().await?;
+    Ok(())
+}

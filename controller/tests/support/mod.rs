@@ -44,12 +44,28 @@ pub fn start_controller(
     namespace: &str,
     tweak: impl FnOnce(&mut Config),
 ) -> Running {
+    start_controller_with(
+        client,
+        namespace,
+        tweak,
+        Arc::new(controller::external::NoExternal),
+    )
+}
+
+/// Like [`start_controller`], with the given external resources behind the finalizer.
+pub fn start_controller_with(
+    client: Client,
+    namespace: &str,
+    tweak: impl FnOnce(&mut Config),
+    external: Arc<dyn controller::external::External>,
+) -> Running {
     let mut config = Config::for_namespace(namespace);
     config.rollout_requeue = Duration::from_secs(1);
     tweak(&mut config);
     let metrics = Arc::new(Metrics::default());
     let hooks = Hooks {
         metrics: metrics.clone(),
+        external,
         ..Hooks::default()
     };
     let (tx, rx) = oneshot::channel::<()>();
