@@ -219,3 +219,49 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
     assert!(lease.spec.and_then(|s| s.lease_transitions).unwrap_or(0) >= 2);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_leader_whose_lease_is_taken_stops_leading() -> anyhow::Result<()> {
+    use controller::leader::{ElectionConfig, Elector};
+    use kube::api::{Patch, PatchParams};
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let leases: Api<Lease> = Api::namespaced(cp.client(), &ns);
+    let (leading_tx, mut leading) = tokio::sync::watch::channel(false);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let elector = Elector::new(
+        leases.clone(),
+        ElectionConfig {
+            lease_name: common::names::LEASE_NAME.into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(LEASE_SECS),
+            renew_deadline: Duration::from_secs(8),
+            retry_period: Duration::from_secs(1),
+        },
+    );
+    let task = tokio::spawn(elector.run(leading_tx, stop_rx));
+    tokio::time::timeout(Duration::from_secs(20), leading.wait_for(|l| *l)).await??;
+
+    // Someone else writes itself into the Lease (e.g. after a long pause of ours).
+    let now = k8s_openapi::jiff::Timestamp::now();
+    leases
+        .patch(
+            common::names::LEASE_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {
+                "holderIdentity": "intruder",
+                "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
+            }})),
+        )
+        .await?;
+    // Noticed on the next renewal: leadership is given up, not fought over.
+    tokio::time::timeout(Duration::from_secs(10), leading.wait_for(|l| !*l)).await??;
+    assert_eq!(holder(&leases).await?.as_deref(), Some("intruder"));
+
+    // Shutting down a non-leader leaves the Lease alone.
+    stop_tx.send_replace(true);
+    tokio::time::timeout(Duration::from_secs(10), task).await??;
+    assert_eq!(holder(&leases).await?.as_deref(), Some("intruder"));
+    Ok(())
+}
