@@ -31,6 +31,9 @@ pub mod reasons {
     pub const DEPLOYMENT_FAILED: &str = "DeploymentFailed";
     pub const AS_EXPECTED: &str = "AsExpected";
     pub const CLEANUP_FAILED: &str = "CleanupFailed";
+    /// The API server rejected a child the controller built (e.g. a field `validate`
+    /// does not check); retried when the AppService changes.
+    pub const APPLY_FAILED: &str = "ApplyFailed";
 }
 
 /// Builds a condition stamped with `now` and the generation it describes.

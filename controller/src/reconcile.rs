@@ -137,7 +137,7 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         return Ok(Action::requeue(after));
     }
 
-    let deployment = match ensure_child(
+    let applied = ensure_child(
         ctx,
         app,
         &ctx.deployments,
@@ -145,12 +145,12 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         "Deployment",
         "deployments",
     )
-    .await?
-    {
+    .await;
+    let deployment = match rejected(ctx, &api, app, "Deployment", applied).await? {
         Child::Ours(d) => d,
         Child::Foreign(message) => return conflict(ctx, &api, app, message).await,
     };
-    match ensure_child(
+    let applied = ensure_child(
         ctx,
         app,
         &ctx.services,
@@ -158,8 +158,8 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         "Service",
         "services",
     )
-    .await?
-    {
+    .await;
+    match rejected(ctx, &api, app, "Service", applied).await? {
         Child::Ours(_) => {}
         Child::Foreign(message) => return conflict(ctx, &api, app, message).await,
     }
@@ -175,6 +175,26 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
             Action::requeue(ctx.config.resync_interval)
         }
     })
+}
+
+/// Passes `applied` through; when the API server rejected the child we built (a
+/// permanent error), says so in status first, so the user sees why nothing happens.
+async fn rejected<K>(
+    ctx: &Context,
+    api: &Api<AppService>,
+    app: &AppService,
+    kind: &str,
+    applied: Result<Child<K>>,
+) -> Result<Child<K>> {
+    match applied {
+        Err(Error::Kube(kube::Error::Api(status))) if matches!(status.code, 400 | 422) => {
+            let message = format!("the API server rejected the {kind}: {}", status.message);
+            let obs = Observation::Rejected(message);
+            write_status(ctx, api, app, desired_status(app, &obs, &ctx.clock.now())).await?;
+            Err(Error::Kube(kube::Error::Api(status)))
+        }
+        other => other,
+    }
 }
 
 async fn conflict(
@@ -390,6 +410,7 @@ async fn publish_event(
     let warning = matches!(
         reason,
         reasons::INVALID_SPEC
+            | reasons::APPLY_FAILED
             | reasons::RESOURCE_CONFLICT
             | reasons::DEPLOYMENT_FAILED
             | reasons::CLEANUP_FAILED

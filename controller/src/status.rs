@@ -33,6 +33,8 @@ pub enum Observation<'a> {
     InvalidSpec(String),
     /// A child's name is taken by an object this AppService does not control.
     Conflict(String),
+    /// The API server rejected a child we built (HTTP 400/422); the message says why.
+    Rejected(String),
     /// The children of this generation are applied; this is the live Deployment.
     Applied(&'a Deployment),
 }
@@ -135,6 +137,16 @@ pub fn desired_status(app: &AppService, obs: &Observation<'_>, now: &Time) -> Ap
                 "blocked by a resource conflict".into(),
             ),
             cond(DEGRADED, TRUE, reasons::RESOURCE_CONFLICT, message.clone()),
+        ],
+        Observation::Rejected(message) => [
+            cond(READY, FALSE, reasons::APPLY_FAILED, message.clone()),
+            cond(
+                PROGRESSING,
+                FALSE,
+                reasons::APPLY_FAILED,
+                "the API server rejected a child; fix the spec to continue".into(),
+            ),
+            cond(DEGRADED, TRUE, reasons::APPLY_FAILED, message.clone()),
         ],
         Observation::Applied(deployment) => {
             status.observed_generation = generation;
@@ -471,6 +483,29 @@ mod tests {
         assert_eq!(cond(&s, DEGRADED).reason, reasons::RESOURCE_CONFLICT);
         assert_eq!(s.observed_generation, None);
         assert_eq!(s.endpoint, None);
+    }
+
+    #[test]
+    fn rejected_child_is_degraded_and_keeps_generation() {
+        let mut a = app(1, 1);
+        a.status = Some(desired_status(
+            &a,
+            &Observation::Applied(&deployment(1, 1, healthy(1))),
+            &at(1),
+        ));
+        a.metadata.generation = Some(2);
+        let s = desired_status(
+            &a,
+            &Observation::Rejected(
+                "Deployment rejected: spec.template...fieldPath: Unsupported value".into(),
+            ),
+            &at(2),
+        );
+        assert_eq!(s.observed_generation, Some(1));
+        assert_eq!(cond(&s, READY).reason, reasons::APPLY_FAILED);
+        assert_eq!(cond(&s, READY).observed_generation, Some(2));
+        assert_eq!(cond(&s, DEGRADED).status, TRUE);
+        assert_eq!(cond(&s, PROGRESSING).status, FALSE);
     }
 
     #[test]

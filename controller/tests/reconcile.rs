@@ -597,3 +597,76 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
     ctl.stop().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() -> anyhow::Result<()>
+{
+    init();
+    let cp = harness::shared().await?;
+    let ns = cp.namespace().await?;
+    let client = cp.client();
+    let ctl = start_controller(client.clone(), &ns, |_| {});
+    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+
+    // Passes the schema and common::validate, but Pods cannot reference this field.
+    let mut bad = app("rejected", "nginx:1.27", 1);
+    bad.spec.env = vec![common::EnvVar {
+        name: "NODE".into(),
+        value: None,
+        value_from: Some(k8s_openapi::api::core::v1::EnvVarSource {
+            field_ref: Some(k8s_openapi::api::core::v1::ObjectFieldSelector {
+                field_path: "spec.bogusField".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }];
+    create(&apps, &bad).await?;
+    let a = eventually(WAIT, "Ready=False ApplyFailed", || async {
+        let a = apps.get("rejected").await?;
+        Ok(condition(&a, READY)
+            .is_some_and(|(_, reason, _)| reason == reasons::APPLY_FAILED)
+            .then_some(a))
+    })
+    .await?;
+    let (_, _, message) = condition(&a, READY).unwrap();
+    assert!(message.contains("Deployment"), "{message}");
+    assert!(message.contains("fieldPath"), "{message}");
+    assert_eq!(condition(&a, DEGRADED).unwrap().0, TRUE);
+    assert!(deployments.get_opt("rejected").await?.is_none());
+    // Not retried in a loop: the object stays as it is.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        apps.get("rejected").await?.resource_version(),
+        a.resource_version()
+    );
+    assert!(
+        ctl.metrics
+            .errors
+            .get_or_create(&controller::metrics::ReasonLabel { reason: "invalid" })
+            .get()
+            <= 3
+    );
+
+    apps.patch(
+        "rejected",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"env": [{"name": "NODE", "value": "x"}]}})),
+    )
+    .await?;
+    eventually(WAIT, "the Deployment after the fix", || {
+        get_deployment(&deployments, "rejected")
+    })
+    .await?;
+    let fixed = eventually(WAIT, "Degraded=False", || async {
+        let a = apps.get("rejected").await?;
+        Ok(condition(&a, DEGRADED)
+            .is_some_and(|(s, _, _)| s == FALSE)
+            .then_some(a))
+    })
+    .await?;
+    assert_eq!(condition(&fixed, READY).unwrap().1, reasons::ROLLING_OUT);
+    ctl.stop().await?;
+    Ok(())
+}
