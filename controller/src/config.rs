@@ -17,7 +17,8 @@ pub struct Config {
     #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
 
-    /// Address of the ops server (/healthz, /readyz, /metrics); unset to disable.
+    /// Address of the ops server (/healthz, /readyz, /metrics). In-process runs
+    /// ([`Config::for_namespace`]) have none.
     #[arg(long, env = "OPS_ADDR", default_value = "0.0.0.0:8080")]
     pub ops_addr: Option<SocketAddr>,
 

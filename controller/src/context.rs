@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::AppService;
+use common::{AppService, AppServiceStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::Client;
@@ -52,6 +52,8 @@ pub struct Context {
     pub backoff_policy: BackoffPolicy,
     /// Consecutive failures per object; cleared by a successful reconcile.
     failures: Mutex<HashMap<ObjectRef<AppService>, u32>>,
+    /// Per object, the last status we wrote and the resourceVersion it was written over.
+    written: Mutex<HashMap<ObjectRef<AppService>, (String, AppServiceStatus)>>,
 }
 
 impl Context {
@@ -81,6 +83,7 @@ impl Context {
             synced,
             backoff_policy: BackoffPolicy::default(),
             failures: Mutex::new(HashMap::new()),
+            written: Mutex::new(HashMap::new()),
         }
     }
 
@@ -102,6 +105,45 @@ impl Context {
         let before = *n;
         *n = n.saturating_add(1);
         before
+    }
+
+    /// The status we last wrote for `key`, if the cached object (at `resource_version`)
+    /// is still the one that write replaced, i.e. the cache has not caught up yet.
+    pub fn status_written_over(
+        &self,
+        key: &ObjectRef<AppService>,
+        resource_version: Option<&str>,
+    ) -> Option<AppServiceStatus> {
+        let mut map = self.written.lock().ok()?;
+        match map.get(key) {
+            Some((base, status)) if Some(base.as_str()) == resource_version => Some(status.clone()),
+            Some(_) => {
+                // The cache moved past our write: the live status is authoritative again.
+                map.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Records that `status` was written over the object at `resource_version`.
+    pub fn remember_status_write(
+        &self,
+        key: ObjectRef<AppService>,
+        resource_version: String,
+        status: AppServiceStatus,
+    ) {
+        if let Ok(mut map) = self.written.lock() {
+            map.insert(key, (resource_version, status));
+        }
+    }
+
+    /// Forgets everything about `key` (it is gone).
+    pub fn forget(&self, key: &ObjectRef<AppService>) {
+        self.reset_failures(key);
+        if let Ok(mut map) = self.written.lock() {
+            map.remove(key);
+        }
     }
 
     /// Forgets the failures of `key` (after a success, or when it is gone).

@@ -16,6 +16,7 @@
 //! | [`metrics`], [`ops`] | Prometheus metrics, `/healthz` `/readyz` `/metrics` |
 //! | [`client`] | the rate-limited client |
 //! | [`config`] | flags |
+//! | [`context`] | the one `Arc<Context>` shared by reconcile and the ops server |
 
 pub mod client;
 pub mod config;

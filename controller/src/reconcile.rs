@@ -216,6 +216,7 @@ async fn finalize(
     key: &str,
 ) -> Result<Action> {
     if !app.finalizers().iter().any(|f| f == FINALIZER) {
+        ctx.forget(&ObjectRef::from_obj(app));
         ctx.metrics.set_ready(key, None);
         return Ok(Action::await_change());
     }
@@ -268,6 +269,7 @@ async fn finalize(
         Err(e) => return Err(e.into()),
     }
     ctx.metrics.write("appservices");
+    ctx.forget(&ObjectRef::from_obj(app));
     ctx.metrics.set_ready(key, None);
     info!("cleanup done, finalizer removed");
     Ok(Action::await_change())
@@ -357,10 +359,15 @@ async fn write_status(
     let key = format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any());
     ctx.metrics
         .set_ready(&key, ready_state(Some(&status)).map(|(s, _)| s).as_deref());
-    if !needs_write(app.status.as_ref(), &status) {
+    // Right after our own write the cache may still hold the object we wrote over:
+    // compare with what we wrote then, or a stale cache would make us write it again.
+    let obj_ref = ObjectRef::from_obj(app);
+    let known = ctx.status_written_over(&obj_ref, app.metadata.resource_version.as_deref());
+    let live = known.as_ref().or(app.status.as_ref());
+    if !needs_write(live, &status) {
         return Ok(());
     }
-    let before = ready_state(app.status.as_ref());
+    let before = ready_state(live);
     let after = ready_state(Some(&status));
     let patch = json!({
         "apiVersion": AppService::api_version(&()),
@@ -375,6 +382,9 @@ async fn write_status(
     )
     .await?;
     ctx.metrics.write("appservices/status");
+    if let Some(rv) = app.metadata.resource_version.clone() {
+        ctx.remember_status_write(obj_ref, rv, status.clone());
+    }
     debug!("status written");
     if let Some((st, reason)) = after
         && worth_an_event(before.as_ref(), (&st, &reason))
