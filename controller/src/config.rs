@@ -17,8 +17,7 @@ pub struct Config {
     #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
 
-    /// Address of the ops server (/healthz, /readyz, /metrics). In-process runs
-    /// ([`Config::for_namespace`]) have none.
+    /// Address of the ops server (/healthz, /readyz, /metrics).
     #[arg(long, env = "OPS_ADDR", default_value = "0.0.0.0:8080")]
     pub ops_addr: Option<SocketAddr>,
 
