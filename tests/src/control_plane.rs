@@ -122,7 +122,7 @@ impl ControlPlane {
             "kubernetes.default",
             "kubernetes.default.svc",
             "kubernetes.default.svc.cluster.local",
-            "10.0.0.1",
+            "10.96.0.1", // the kubernetes Service: first address of the service range
         ])?;
         let admin = ca.client_cert("envtest-admin", &["system:masters"])?;
         let sa = certs::SigningKeyPair::generate()?;
@@ -201,7 +201,7 @@ impl ControlPlane {
                 format!("--service-account-signing-key-file={}", file("sa.key")),
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                 "--authorization-mode=RBAC".into(),
-                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
                 "--allow-privileged=true".into(),
                 // One apiserver, no aggregated APIs: fewer goroutines on small machines.
                 "--enable-priority-and-fairness=false".into(),
