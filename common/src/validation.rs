@@ -118,8 +118,10 @@ impl FieldError {
     }
 }
 
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl FieldError {
+    /// The message without the field path (`Invalid value: 70000: must be between 1 and
+    /// 65535`), as a `StatusCause` carries it next to its `field`.
+    pub fn body(&self) -> String {
         let label = match self.error_type {
             ErrorType::Required => "Required value",
             ErrorType::Invalid => "Invalid value",
@@ -128,14 +130,25 @@ impl fmt::Display for FieldError {
             ErrorType::TooLong => "Too long",
             ErrorType::TooMany => "Too many",
         };
-        write!(f, "{}: {label}", self.field)?;
-        if let Some(value) = &self.value {
-            write!(f, ": {value}")?;
+        let mut body = label.to_owned();
+        for part in [
+            self.value.as_deref(),
+            Some(self.detail.as_str()).filter(|d| !d.is_empty()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            body.push_str(": ");
+            body.push_str(part);
         }
-        if !self.detail.is_empty() {
-            write!(f, ": {}", self.detail)?;
-        }
-        Ok(())
+        body
+    }
+}
+
+/// `<field>: <body>`, as Kubernetes prints a field error.
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.body())
     }
 }
 

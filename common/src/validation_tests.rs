@@ -515,6 +515,24 @@ fn all_errors_reported_at_once() {
 }
 
 #[test]
+fn body_is_the_message_without_the_field() {
+    let obj = app(AppServiceSpec {
+        port: Some(70000),
+        env: vec![env("", "x")],
+        ..spec("nginx:1.27")
+    });
+    let errs = validate(&obj, None).err().unwrap_or_default();
+    let bodies: Vec<String> = errs.iter().map(FieldError::body).collect();
+    assert_eq!(
+        bodies,
+        vec![
+            "Invalid value: 70000: must be between 1 and 65535",
+            "Required value"
+        ]
+    );
+}
+
+#[test]
 fn reasons_match_kubernetes_status_causes() {
     assert_eq!(ErrorType::Required.reason(), "FieldValueRequired");
     assert_eq!(ErrorType::Invalid.reason(), "FieldValueInvalid");

@@ -305,7 +305,8 @@ fn denial(app: &AppService, errors: &FieldErrors, violations: &[Violation]) -> S
         .iter()
         .map(|e| StatusCause {
             reason: e.error_type.reason().to_owned(),
-            message: e.to_string(),
+            // kubectl prints `<field>: <message>`: the message must not repeat the field.
+            message: e.body(),
             field: e.field.clone(),
         })
         .collect();
@@ -512,6 +513,11 @@ mod tests {
             .unwrap_or_default();
         assert_eq!(causes.len(), 5);
         assert_eq!(causes[0].field, "spec.replicas");
+        assert!(
+            causes[0].message.starts_with("Invalid value: "),
+            "{}",
+            causes[0].message
+        );
         // Warnings travel with a denial too.
         assert!(response.warnings.unwrap_or_default()[0].contains(":latest"));
     }
