@@ -6,6 +6,8 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod demo;
+
 #[derive(Parser)]
 #[command(about = "Developer commands for appservice-operator")]
 struct Cli {
@@ -34,6 +36,13 @@ enum Cmd {
         #[arg(long)]
         full: bool,
     },
+    /// Run the whole thing locally: a full control plane, the webhook and the controller,
+    /// then apply examples/ and show the AppServices becoming Ready; Ctrl-C stops it.
+    Demo {
+        /// Exit once every example is Ready instead of waiting for Ctrl-C.
+        #[arg(long)]
+        exit_when_ready: bool,
+    },
     /// Build the test assets if needed, then run every test of the workspace.
     Test {
         /// Extra arguments for `cargo test`, e.g. `-- --nocapture`.
@@ -58,6 +67,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Assets { force } => assets(force).map(|bin| println!("{}", bin.display())),
         Cmd::Test { args } => test(&args),
         Cmd::Up { full } => up(full),
+        Cmd::Demo { exit_when_ready } => demo::run(&repo_root(), exit_when_ready),
     }
 }
 
@@ -87,7 +97,7 @@ fn crd(check: bool) -> Result<()> {
 }
 
 /// Runs the asset build script and returns the directory holding the binaries.
-fn assets(force: bool) -> Result<PathBuf> {
+pub(crate) fn assets(force: bool) -> Result<PathBuf> {
     let script = repo_root().join("tests/envtest/assets/build.sh");
     let mut cmd = Command::new("bash");
     cmd.arg(&script);

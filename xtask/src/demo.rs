@@ -1,0 +1,290 @@
+//! `cargo xtask demo`: everything running locally, the way a cluster runs it.
+//!
+//! A full control plane (kube-apiserver, etcd, kube-controller-manager, kube-scheduler and
+//! a kwok node, so Pods become ready), the webhook over TLS registered with a caBundle,
+//! and the controller with leader election, each as its real binary. Then the examples
+//! are applied with kubectl, an invalid one is shown being rejected, and the AppServices
+//! are watched until Ready.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use tokio::process::{Child, Command};
+
+use common::AppService;
+
+const NAMESPACE: &str = "demo";
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub fn run(root: &Path, exit_when_ready: bool) -> Result<()> {
+    let bin = crate::assets(false)?;
+    let binaries = build_binaries(root)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(demo(root, &bin, &binaries, exit_when_ready))
+}
+
+struct Binaries {
+    webhook: PathBuf,
+    controller: PathBuf,
+}
+
+/// Builds both binaries and returns where cargo put them.
+fn build_binaries(root: &Path) -> Result<Binaries> {
+    println!("building appservice-webhook and appservice-controller …");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .current_dir(root)
+        .args(["build", "--message-format=json-render-diagnostics"])
+        .args(["-p", "appservice-webhook", "--bin", "appservice-webhook"])
+        .args([
+            "-p",
+            "appservice-controller",
+            "--bin",
+            "appservice-controller",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo build")?;
+    if !out.status.success() {
+        bail!("building the binaries failed ({})", out.status);
+    }
+    let mut webhook = None;
+    let mut controller = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let exe = msg["executable"].as_str().map(PathBuf::from);
+        match msg["target"]["name"].as_str() {
+            Some("appservice-webhook") => webhook = exe.or(webhook),
+            Some("appservice-controller") => controller = exe.or(controller),
+            _ => {}
+        }
+    }
+    Ok(Binaries {
+        webhook: webhook.context("cargo reported no appservice-webhook executable")?,
+        controller: controller.context("cargo reported no appservice-controller executable")?,
+    })
+}
+
+async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: bool) -> Result<()> {
+    let cp = harness::ControlPlane::start(harness::Options::full())
+        .await
+        .context("starting the control plane")?;
+    let kubeconfig = cp.kubeconfig_path().to_owned();
+    let logs = cp.log_dir().to_owned();
+    println!(
+        "control plane up in {:.1?}; logs in {}",
+        cp.startup_time(),
+        logs.display()
+    );
+
+    let client = cp.try_client()?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NAMESPACE.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .context("creating the demo namespace")?;
+
+    // The webhook, over TLS with a certificate for 127.0.0.1 from a fresh CA.
+    let (ca, serving) = harness::webhook_tls()?;
+    let pki = logs.join("demo-pki");
+    std::fs::create_dir_all(&pki).with_context(|| format!("creating {}", pki.display()))?;
+    let (cert, key) = (pki.join("tls.crt"), pki.join("tls.key"));
+    serving.write(&cert, &key)?;
+    let webhook_port = harness::process::free_port()?;
+    let webhook_ops = harness::process::free_port()?;
+    let policies = root.join("examples/policies/no-latest-in-production.yaml");
+    let mut webhook = spawn(
+        &binaries.webhook,
+        &logs.join("webhook.log"),
+        &[
+            "--listen".into(),
+            format!("127.0.0.1:{webhook_port}"),
+            "--ops-listen".into(),
+            format!("127.0.0.1:{webhook_ops}"),
+            "--tls-cert".into(),
+            cert.display().to_string(),
+            "--tls-key".into(),
+            key.display().to_string(),
+            "--policies".into(),
+            policies.display().to_string(),
+            "--log-format".into(),
+            "text".into(),
+        ],
+    )?;
+    let webhooks = cp
+        .register_webhooks(
+            NAMESPACE,
+            &format!("https://127.0.0.1:{webhook_port}"),
+            &ca.cert_pem(),
+        )
+        .await
+        .context("registering the webhooks")?;
+    println!(
+        "webhook serving on https://127.0.0.1:{webhook_port} (ops http://127.0.0.1:{webhook_ops})"
+    );
+
+    // The controller, leader-elected, with the admin kubeconfig.
+    let controller_ops = harness::process::free_port()?;
+    let mut controller = spawn(
+        &binaries.controller,
+        &logs.join("controller.log"),
+        &[
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--lease-namespace".into(),
+            "default".into(),
+            "--identity".into(),
+            "demo-controller".into(),
+            "--ops-addr".into(),
+            format!("127.0.0.1:{controller_ops}"),
+            "--log-format".into(),
+            "text".into(),
+        ],
+    )?;
+    println!("controller running (ops http://127.0.0.1:{controller_ops})");
+
+    let kubectl = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(bin.join("kubectl"));
+        cmd.arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["-n", NAMESPACE])
+            .args(args);
+        cmd
+    };
+    let examples = root.join("examples");
+    println!("\n$ kubectl apply -f examples/appservice.yaml -f examples/minimal.yaml");
+    let status = kubectl(&["apply", "-f"])
+        .arg(examples.join("appservice.yaml"))
+        .arg("-f")
+        .arg(examples.join("minimal.yaml"))
+        .status()
+        .context("running kubectl apply")?;
+    if !status.success() {
+        bail!("kubectl apply of the examples failed ({status})");
+    }
+    println!(
+        "\n$ kubectl apply -f examples/invalid/webhook-rules.yaml   # every error in one answer"
+    );
+    let rejected = kubectl(&["apply", "-f"])
+        .arg(examples.join("invalid/webhook-rules.yaml"))
+        .status()
+        .context("running kubectl apply")?;
+    if rejected.success() {
+        bail!("the invalid example was accepted: is the webhook registered?");
+    }
+
+    println!("\nwaiting for the AppServices to become Ready …");
+    let apps: Api<AppService> = Api::namespaced(client.clone(), NAMESPACE);
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    loop {
+        let list = apps
+            .list(&Default::default())
+            .await
+            .context("listing AppServices")?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|a| {
+                a.status.as_ref().is_some_and(|s| {
+                    common::conditions::is_true(&s.conditions, common::conditions::READY)
+                })
+            })
+            .count();
+        if !list.items.is_empty() && ready == list.items.len() {
+            break;
+        }
+        if let Some(code) = controller.try_wait().context("checking the controller")? {
+            bail!(
+                "the controller exited ({code}); see {}",
+                logs.join("controller.log").display()
+            );
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "not every AppService became Ready within {READY_TIMEOUT:?}; see {}",
+                logs.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    println!("\n$ kubectl get appservices,deployments,services");
+    kubectl(&["get", "appservices,deployments,services"])
+        .status()
+        .context("running kubectl get")?;
+
+    if !exit_when_ready {
+        println!("\nTry it yourself:\n");
+        println!(
+            "  export KUBECONFIG={} PATH={}:$PATH",
+            kubeconfig.display(),
+            bin.display()
+        );
+        println!("  kubectl -n {NAMESPACE} scale appservice/hello --replicas=3");
+        println!("  kubectl -n {NAMESPACE} get appsrv -w");
+        println!("\nLogs: {}. Ctrl-C stops everything.", logs.display());
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result.context("waiting for Ctrl-C")?,
+            _ = term.recv() => {}
+        }
+    }
+    println!("stopping");
+    let _ = webhooks.remove(client).await;
+    stop(&mut controller).await;
+    stop(&mut webhook).await;
+    drop(cp);
+    Ok(())
+}
+
+/// Starts a binary with its output in `log`; killed when dropped.
+fn spawn(exe: &Path, log: &Path, args: &[String]) -> Result<Child> {
+    let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone().context("duplicating the log file handle")?;
+    Command::new(exe)
+        .args(args)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", exe.display()))
+}
+
+/// SIGTERM (so the controller releases its lease and the webhook drains), then SIGKILL.
+async fn stop(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        if tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+    }
+    let _ = child.kill().await;
+}
