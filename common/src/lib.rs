@@ -5,6 +5,7 @@
 pub mod conditions;
 pub mod crd;
 pub mod defaults;
+pub mod duration;
 pub mod names;
 pub mod types;
 pub mod validation;

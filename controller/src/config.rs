@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub use common::duration::parse_duration;
+
 use clap::Args;
 
 /// Everything [`crate::run`] needs besides a client. Flags double as environment
@@ -110,40 +112,9 @@ pub struct RateLimit {
     pub burst: u32,
 }
 
-/// Parses `500ms`, `15s`, `10m`, `1h`, or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 15s, 10m"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
-        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
-        assert!(parse_duration("1d").is_err());
-        assert!(parse_duration("x").is_err());
-        assert!(parse_duration("-1s").is_err());
-    }
 
     #[test]
     fn identity_falls_back_to_host_and_pid() {

@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use common::duration::parse_duration;
+
 use clap::{Parser, ValueEnum};
 
 /// Request bodies larger than this are refused with 413. The API server caps an object
@@ -103,26 +105,9 @@ impl Config {
     }
 }
 
-/// Parses `500ms`, `10s`, `2m`, `1h30m` (or ISO 8601 `PT10S`) into a non-negative duration.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let signed: jiff::SignedDuration = s
-        .parse()
-        .map_err(|e| format!("invalid duration {s:?}: {e}"))?;
-    Duration::try_from(signed).map_err(|_| format!("duration {s:?} must not be negative"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("soon").is_err());
-    }
 
     #[test]
     fn flags_and_defaults() {
