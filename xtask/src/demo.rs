@@ -240,12 +240,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         println!("  kubectl -n {NAMESPACE} scale appservice/hello --replicas=3");
         println!("  kubectl -n {NAMESPACE} get appsrv -w");
         println!("\nLogs: {}. Ctrl-C stops everything.", logs.display());
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("installing the SIGTERM handler")?;
-        tokio::select! {
-            result = tokio::signal::ctrl_c() => result.context("waiting for Ctrl-C")?,
-            _ = term.recv() => {}
-        }
+        crate::stop_signal().await?;
     }
     println!("stopping");
     let _ = webhooks.remove(client).await;

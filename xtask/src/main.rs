@@ -178,14 +178,20 @@ fn up(full: bool) -> Result<()> {
             "Ctrl-C stops it (its logs stay in {}).",
             cp.log_dir().display()
         );
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("installing the SIGTERM handler")?;
-        tokio::select! {
-            result = tokio::signal::ctrl_c() => result.context("waiting for Ctrl-C")?,
-            _ = term.recv() => {}
-        }
+        stop_signal().await?;
         println!("stopping");
         drop(cp);
         Ok(())
     })
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+pub(crate) async fn stop_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result.context("waiting for Ctrl-C")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
 }
