@@ -133,7 +133,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         .register_webhooks(
             NAMESPACE,
             &format!("https://127.0.0.1:{webhook_port}"),
-            &ca.cert_pem(),
+            ca.cert_pem(),
         )
         .await
         .context("registering the webhooks")?;
