@@ -117,37 +117,31 @@ pub fn desired_status(app: &AppService, obs: &Observation<'_>, now: &Time) -> Ap
     let cond = |type_: &str, st: &str, reason: &str, message: String| {
         conditions::new_condition(type_, st, reason, message, generation, now)
     };
+    let blocked = |reason: &str, message: &String, progressing: &str| {
+        [
+            cond(READY, FALSE, reason, message.clone()),
+            cond(PROGRESSING, FALSE, reason, progressing.to_owned()),
+            cond(DEGRADED, TRUE, reason, message.clone()),
+        ]
+    };
     let new_conditions = match obs {
-        Observation::InvalidSpec(message) => [
-            cond(READY, FALSE, reasons::INVALID_SPEC, message.clone()),
-            cond(
-                PROGRESSING,
-                FALSE,
-                reasons::INVALID_SPEC,
-                "the spec is invalid; fix it to continue".into(),
-            ),
-            cond(DEGRADED, TRUE, reasons::INVALID_SPEC, message.clone()),
-        ],
-        Observation::Conflict(message) => [
-            cond(READY, FALSE, reasons::RESOURCE_CONFLICT, message.clone()),
-            cond(
-                PROGRESSING,
-                FALSE,
-                reasons::RESOURCE_CONFLICT,
-                "blocked by a resource conflict".into(),
-            ),
-            cond(DEGRADED, TRUE, reasons::RESOURCE_CONFLICT, message.clone()),
-        ],
-        Observation::Rejected(message) => [
-            cond(READY, FALSE, reasons::APPLY_FAILED, message.clone()),
-            cond(
-                PROGRESSING,
-                FALSE,
-                reasons::APPLY_FAILED,
-                "the API server rejected a child; fix the spec to continue".into(),
-            ),
-            cond(DEGRADED, TRUE, reasons::APPLY_FAILED, message.clone()),
-        ],
+        // Blocked until the user changes something: not ready, not progressing, degraded,
+        // all three for the same reason.
+        Observation::InvalidSpec(message) => blocked(
+            reasons::INVALID_SPEC,
+            message,
+            "the spec is invalid; fix it to continue",
+        ),
+        Observation::Conflict(message) => blocked(
+            reasons::RESOURCE_CONFLICT,
+            message,
+            "blocked by a resource conflict",
+        ),
+        Observation::Rejected(message) => blocked(
+            reasons::APPLY_FAILED,
+            message,
+            "the API server rejected a child; fix the spec to continue",
+        ),
         Observation::Applied(deployment) => {
             status.observed_generation = generation;
             status.endpoint = Some(endpoint(name, namespace, app.spec.port()));
