@@ -236,7 +236,10 @@ async fn main() -> anyhow::Result<()> {
     let mut ctl = tokio::process::Command::new(env!("CARGO_BIN_EXE_appservice-controller"))
         .arg("--kubeconfig")
         .arg(cp.kubeconfig_path())
-        .args(["--watch-namespace", &ns, "--lease-namespace", &ns])
+        // The Lease lives outside the measured namespace: deleting that namespace before
+        // the floor run deletes its content, and a leader that cannot re-create its Lease
+        // stops reconciling, leaving the remaining finalizers in place.
+        .args(["--watch-namespace", &ns, "--lease-namespace", "default"])
         .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
         .args([
             "--kube-api-qps",
