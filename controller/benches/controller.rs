@@ -217,6 +217,14 @@ where
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if !args.bench {
+        // `cargo test --benches` runs bench targets without `--bench`: a load run of
+        // several minutes is not a test.
+        eprintln!(
+            "controller benchmark: run it with `cargo bench -p appservice-controller --bench controller`"
+        );
+        return Ok(());
+    }
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let n = args.n;
     let timeout = Duration::from_secs(args.timeout_secs);
