@@ -23,19 +23,17 @@ pub const CONTAINER_NAME: &str = "app";
 /// Name of the container port and of the Service port.
 pub const PORT_NAME: &str = "http";
 
+/// A metadata field the API server always sets on stored objects; its absence is a
+/// permanent error rather than a panic.
+pub(crate) fn required<'a>(value: &'a Option<String>, field: &'static str) -> Result<&'a str> {
+    value.as_deref().ok_or(Error::MissingField(field))
+}
+
 /// The controller owner reference children carry: `controller: true`, and
 /// `blockOwnerDeletion` so foreground deletion of the AppService waits for them.
 pub fn owner_reference(app: &AppService) -> Result<OwnerReference> {
-    let name = app
-        .metadata
-        .name
-        .clone()
-        .ok_or(Error::MissingField("metadata.name"))?;
-    let uid = app
-        .metadata
-        .uid
-        .clone()
-        .ok_or(Error::MissingField("metadata.uid"))?;
+    let name = required(&app.metadata.name, "metadata.name")?.to_owned();
+    let uid = required(&app.metadata.uid, "metadata.uid")?.to_owned();
     Ok(OwnerReference {
         api_version: AppService::api_version(&()).into_owned(),
         kind: AppService::kind(&()).into_owned(),
@@ -48,16 +46,8 @@ pub fn owner_reference(app: &AppService) -> Result<OwnerReference> {
 
 /// Metadata of a child named `name`: same namespace, child labels, our owner reference.
 fn child_metadata(app: &AppService, name: String) -> Result<ObjectMeta> {
-    let app_name = app
-        .metadata
-        .name
-        .as_deref()
-        .ok_or(Error::MissingField("metadata.name"))?;
-    let namespace = app
-        .metadata
-        .namespace
-        .clone()
-        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let app_name = required(&app.metadata.name, "metadata.name")?;
+    let namespace = required(&app.metadata.namespace, "metadata.namespace")?.to_owned();
     Ok(ObjectMeta {
         name: Some(name),
         namespace: Some(namespace),
@@ -70,11 +60,7 @@ fn child_metadata(app: &AppService, name: String) -> Result<ObjectMeta> {
 /// The Deployment that runs an AppService: `replicas` Pods of one container listening on
 /// `port`, ready once the port accepts TCP connections.
 pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
-    let name = app
-        .metadata
-        .name
-        .as_deref()
-        .ok_or(Error::MissingField("metadata.name"))?;
+    let name = required(&app.metadata.name, "metadata.name")?;
     let mut spec = app.spec.clone();
     default_spec(&mut spec);
     let port = spec.port();
@@ -143,11 +129,7 @@ pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
 
 /// The ClusterIP Service in front of an AppService's Pods, on `port`.
 pub fn desired_service(app: &AppService) -> Result<Service> {
-    let name = app
-        .metadata
-        .name
-        .as_deref()
-        .ok_or(Error::MissingField("metadata.name"))?;
+    let name = required(&app.metadata.name, "metadata.name")?;
     let port = app.spec.port();
     Ok(Service {
         metadata: child_metadata(app, service_name(name))?,

@@ -30,7 +30,7 @@ use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
 use crate::context::Context;
-use crate::desired::{desired_deployment, desired_service, is_controlled_by};
+use crate::desired::{desired_deployment, desired_service, is_controlled_by, required};
 use crate::error::{Error, Result, Retry};
 use crate::external::Step;
 use crate::managed_fields::apply_is_noop;
@@ -87,16 +87,8 @@ pub fn error_policy(app: Arc<AppService>, error: &Error, ctx: Arc<Context>) -> A
 }
 
 async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
-    let name = app
-        .metadata
-        .name
-        .clone()
-        .ok_or(Error::MissingField("metadata.name"))?;
-    let namespace = app
-        .metadata
-        .namespace
-        .clone()
-        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = required(&app.metadata.name, "metadata.name")?.to_owned();
+    let namespace = required(&app.metadata.namespace, "metadata.namespace")?.to_owned();
     let api: Api<AppService> = Api::namespaced(ctx.client.clone(), &namespace);
 
     if app.metadata.deletion_timestamp.is_some() {
@@ -298,21 +290,9 @@ where
         + Serialize
         + DeserializeOwned,
 {
-    let name = desired
-        .meta()
-        .name
-        .clone()
-        .ok_or(Error::MissingField("metadata.name"))?;
-    let namespace = desired
-        .meta()
-        .namespace
-        .clone()
-        .ok_or(Error::MissingField("metadata.namespace"))?;
-    let uid = app
-        .metadata
-        .uid
-        .clone()
-        .ok_or(Error::MissingField("metadata.uid"))?;
+    let name = required(&desired.meta().name, "metadata.name")?.to_owned();
+    let namespace = required(&desired.meta().namespace, "metadata.namespace")?.to_owned();
+    let uid = required(&app.metadata.uid, "metadata.uid")?.to_owned();
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
 
     // The cache holds only objects with our labels; anything else needs a look.
