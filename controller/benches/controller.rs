@@ -165,16 +165,6 @@ fn rss_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await?;
-    Ok(buf)
-}
-
 fn app(i: usize, replicas: i32) -> AppService {
     AppService::new(
         &format!("app-{i:05}"),
@@ -274,7 +264,9 @@ async fn main() -> anyhow::Result<()> {
         "controller ready",
         || async {
             Ok(usize::from(
-                http_get(ops_port, "/readyz").await?.contains(" 200 "),
+                harness::process::http_get(ops_port, "/readyz")
+                    .await?
+                    .contains(" 200 "),
             ))
         },
         1,
@@ -322,7 +314,9 @@ async fn main() -> anyhow::Result<()> {
     let after_converge = apiserver_writes(&admin).await?;
     let (rss_converged, hwm) = rss_kib(pid);
     let converge = delta(&after_converge, &before);
-    let ctl_metrics = http_get(ops_port, "/metrics").await.unwrap_or_default();
+    let ctl_metrics = harness::process::http_get(ops_port, "/metrics")
+        .await
+        .unwrap_or_default();
 
     eprintln!(
         "all Ready; observing steady state for {}s …",
@@ -332,7 +326,9 @@ async fn main() -> anyhow::Result<()> {
     let after_steady = apiserver_writes(&admin).await?;
     let steady = delta(&after_steady, &after_converge);
     let (rss_steady, hwm_steady) = rss_kib(pid);
-    let ctl_metrics_steady = http_get(ops_port, "/metrics").await.unwrap_or_default();
+    let ctl_metrics_steady = harness::process::http_get(ops_port, "/metrics")
+        .await
+        .unwrap_or_default();
 
     // ---- the floor ---------------------------------------------------------------
     let floor = if args.no_floor {

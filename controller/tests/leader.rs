@@ -70,7 +70,7 @@ impl Proc {
 
     /// The value of an (unlabelled or fully labelled) metric line, 0 when absent.
     async fn metric(&self, line_prefix: &str) -> anyhow::Result<f64> {
-        let body = http_get(self.ops_port, "/metrics").await?;
+        let body = harness::process::http_get(self.ops_port, "/metrics").await?;
         Ok(body
             .lines()
             .find_map(|l| {
@@ -92,17 +92,6 @@ impl Proc {
     fn log_tail(&self) -> String {
         harness::process::tail(&self.log, 60)
     }
-}
-
-/// Minimal HTTP/1.0 GET against the ops port (keeps the test free of an HTTP client).
-async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await?;
-    Ok(buf)
 }
 
 async fn holder(leases: &Api<Lease>) -> anyhow::Result<Option<String>> {
@@ -149,7 +138,7 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
         .with_context(|| a.log_tail())?;
     let mut b = Proc::spawn(kubeconfig, &ns, "ctl-b", dir.path())?;
     eventually(Duration::from_secs(30), "ctl-b ready", || async {
-        Ok(http_get(b.ops_port, "/readyz")
+        Ok(harness::process::http_get(b.ops_port, "/readyz")
             .await
             .ok()
             .filter(|r| r.contains(" 200 "))
@@ -191,7 +180,7 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
     // lease duration.
     let c = Proc::spawn(kubeconfig, &ns, "ctl-c", dir.path())?;
     eventually(Duration::from_secs(30), "ctl-c ready", || async {
-        Ok(http_get(c.ops_port, "/readyz")
+        Ok(harness::process::http_get(c.ops_port, "/readyz")
             .await
             .ok()
             .filter(|r| r.contains(" 200 "))

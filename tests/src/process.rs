@@ -174,6 +174,20 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// A plain HTTP/1.0 GET of `path` on `127.0.0.1:port` (an operations port: `/readyz`,
+/// `/metrics`), returning the whole response, status line included. Keeps tests free of
+/// an HTTP client.
+pub async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response)
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago. Another process may take it
 /// before the component binds it; [`crate::ControlPlane::start`] retries on that.
 pub fn free_port() -> Result<u16> {
