@@ -22,6 +22,11 @@ pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`LABEL_MANAGED_BY`] on every child.
 pub const MANAGED_BY: &str = "appservice-operator";
 
+/// Annotation on each child holding a hash of the object the controller last applied:
+/// the controller compares it, and the few values it is responsible for, with the live
+/// object instead of re-implementing the API server's merge rules.
+pub const ANNOTATION_DESIRED_HASH: &str = "platform.example.com/desired-hash";
+
 /// Environment variable through which the application receives its database URL.
 pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 

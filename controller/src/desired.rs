@@ -1,8 +1,8 @@
 //! Desired state of an AppService's children, as pure functions of the AppService.
 //!
 //! The builders set only the fields the controller owns: server-side apply then leaves
-//! everything else (defaults, other managers' fields) alone, and the same builders tell
-//! [`crate::managed_fields`] what a no-op apply would look like.
+//! everything else (defaults, other managers' fields) alone, and [`crate::drift`]
+//! compares the live children with what they build.
 
 use common::AppService;
 use common::defaults::default_spec;
@@ -142,6 +142,8 @@ pub fn desired_service(app: &AppService) -> Result<Service> {
                 protocol: Some("TCP".to_owned()),
                 ..ServicePort::default()
             }]),
+            // Explicit, so a type changed by someone else is put back.
+            type_: Some("ClusterIP".to_owned()),
             ..ServiceSpec::default()
         }),
         status: None,
@@ -302,7 +304,7 @@ mod tests {
         let port = &spec.ports.as_ref().unwrap()[0];
         assert_eq!(port.port, 9090);
         assert_eq!(port.target_port, Some(IntOrString::Int(9090)));
-        assert_eq!(spec.type_, None);
+        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
         assert!(is_controlled_by(
             s.metadata.owner_references.as_deref(),
             "uid-1"

@@ -16,6 +16,10 @@ pub enum Retry {
     Conflict,
     /// The API server or the network is struggling: back off exponentially.
     Transient,
+    /// The API server rejected what we sent (HTTP 400/422) even after reconcile put back
+    /// what other writers changed: back off exponentially from a slower start, since only
+    /// a change of the spec or of another writer's fields can help.
+    Rejected,
 }
 
 #[derive(thiserror::Error, Debug)]
@@ -31,6 +35,12 @@ pub enum Error {
         kind: &'static str,
         #[source]
         source: serde_json::Error,
+    },
+
+    #[error("another writer keeps changing the {kind}'s {}; backing off", paths.join(", "))]
+    Drift {
+        kind: &'static str,
+        paths: Vec<String>,
     },
 
     #[error("cleanup of external resources failed: {0}")]
@@ -54,9 +64,11 @@ impl Error {
         match self {
             Error::Kube(kube::Error::Api(status)) => match status.code {
                 409 => Retry::Conflict,
-                // Bad request / unprocessable: the request we built is rejected and will be
-                // rejected again until the AppService changes.
-                400 | 422 => Retry::Permanent,
+                // Bad request / unprocessable: reconcile has already put back what other
+                // writers changed and retried once; what is left may be the spec (then
+                // only a change helps) or another writer racing us (then a retry does):
+                // back off rather than wait for an edit that may never come.
+                400 | 422 => Retry::Rejected,
                 // 403 (RBAC being fixed), 404 of a parent, 429, 5xx, ...: may heal.
                 _ => Retry::Transient,
             },
@@ -64,6 +76,7 @@ impl Error {
             Error::Kube(_) => Retry::Transient,
             Error::MissingField(_) | Error::Serialize { .. } => Retry::Permanent,
             Error::Cleanup(_) => Retry::Transient,
+            Error::Drift { .. } => Retry::Rejected,
             // Not retried by us: the new leader reconciles everything.
             Error::NotLeader => Retry::Permanent,
         }
@@ -85,10 +98,28 @@ impl Error {
             Error::MissingField(_) => "missing_field",
             Error::Serialize { .. } => "serialize",
             Error::Cleanup(_) => "cleanup",
+            Error::Drift { .. } => "drift",
             Error::NotLeader => "not_leader",
         }
     }
 }
+
+/// Every value [`Error::metric_label`] returns, so each series exists from the start.
+pub const ERROR_LABELS: [&str; 13] = [
+    "conflict",
+    "throttled",
+    "invalid",
+    "forbidden",
+    "not_found",
+    "server_error",
+    "api_other",
+    "transport",
+    "missing_field",
+    "serialize",
+    "cleanup",
+    "drift",
+    "not_leader",
+];
 
 /// Whether a kube error is an API NotFound.
 pub fn is_not_found(e: &kube::Error) -> bool {
@@ -105,6 +136,8 @@ pub struct BackoffPolicy {
     /// First delay after a conflict; conflicts double from here, so a stuck conflict
     /// cannot hot-loop.
     pub conflict_base: Duration,
+    /// First delay after a rejected request ([`Retry::Rejected`]).
+    pub rejected_base: Duration,
 }
 
 impl Default for BackoffPolicy {
@@ -113,6 +146,7 @@ impl Default for BackoffPolicy {
             base: Duration::from_millis(500),
             cap: Duration::from_secs(300),
             conflict_base: Duration::from_millis(50),
+            rejected_base: Duration::from_secs(2),
         }
     }
 }
@@ -127,6 +161,7 @@ impl BackoffPolicy {
             Retry::Permanent => return None,
             Retry::Conflict => self.conflict_base,
             Retry::Transient => self.base,
+            Retry::Rejected => self.rejected_base,
         };
         let nominal = base
             .checked_mul(2u32.saturating_pow(attempt.min(30)))
@@ -157,8 +192,8 @@ mod tests {
         assert_eq!(api(503).retry(), Retry::Transient);
         assert_eq!(api(504).retry(), Retry::Transient);
         assert_eq!(api(403).retry(), Retry::Transient);
-        assert_eq!(api(422).retry(), Retry::Permanent);
-        assert_eq!(api(400).retry(), Retry::Permanent);
+        assert_eq!(api(422).retry(), Retry::Rejected);
+        assert_eq!(api(400).retry(), Retry::Rejected);
         assert_eq!(
             Error::MissingField("metadata.uid").retry(),
             Retry::Permanent
@@ -176,6 +211,24 @@ mod tests {
         assert_eq!(api(429).metric_label(), "throttled");
         assert_eq!(api(502).metric_label(), "server_error");
         assert_eq!(Error::Cleanup("x".into()).metric_label(), "cleanup");
+        for e in [
+            api(409),
+            api(429),
+            api(422),
+            api(403),
+            api(404),
+            api(500),
+            api(418),
+            Error::MissingField("x"),
+            Error::Cleanup("x".into()),
+            Error::Drift {
+                kind: "Service",
+                paths: vec![],
+            },
+            Error::NotLeader,
+        ] {
+            assert!(ERROR_LABELS.contains(&e.metric_label()), "{e}");
+        }
     }
 
     #[test]

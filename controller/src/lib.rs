@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | [`reconcile`] | the reconcile steps and the error policy |
 //! | [`desired`] | pure builders of the children |
-//! | [`managed_fields`] | whether a server-side apply would change anything |
+//! | [`drift`] | whether a live child is what we want, and the patch that repairs it |
 //! | [`status`] | pure status and condition computation |
 //! | [`external`] | external resources behind the finalizer (the database slots in here) |
 //! | [`error`] | the error type, its retry classification, backoff |
@@ -22,10 +22,10 @@ pub mod client;
 pub mod config;
 pub mod context;
 pub mod desired;
+pub mod drift;
 pub mod error;
 pub mod external;
 pub mod leader;
-pub mod managed_fields;
 pub mod metrics;
 pub mod ops;
 pub mod reconcile;
@@ -40,6 +40,7 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -110,14 +111,15 @@ pub async fn run_with(
         .default_backoff()
         .inspect(mark_synced(synced.clone(), |s| &s.deployments)),
     )
-    .applied_objects();
+    // Touched, not applied: a deleted child must wake its owner at once.
+    .touched_objects();
     let service_stream = reflector::reflector(
         services_writer,
         watcher(scoped_api::<Service>(&client, &config), child_config)
             .default_backoff()
             .inspect(mark_synced(synced.clone(), |s| &s.services)),
     )
-    .applied_objects();
+    .touched_objects();
     let app_stream = reflector::reflector(
         apps_writer,
         watcher(
@@ -147,10 +149,40 @@ pub async fn run_with(
     ));
     ctx.metrics.leader.set(i64::from(ctx.is_leader()));
 
+    // Deployments and Services without our label, metadata only and not cached: one
+    // named like an AppService is either a foreign object blocking it (its deletion frees
+    // the name) or our own child whose label someone removed. Either way, look again.
+    let others_config = watcher::Config::default()
+        .labels(&format!("{LABEL_MANAGED_BY}!={MANAGED_BY}"))
+        .any_semantic();
+    let other_deployments = watcher(
+        scoped_api::<PartialObjectMeta<Deployment>>(&client, &config),
+        others_config.clone(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let other_services = watcher(
+        scoped_api::<PartialObjectMeta<Service>>(&client, &config),
+        others_config,
+    )
+    .default_backoff()
+    .touched_objects();
+    let apps_for_deployments = apps.clone();
+    let apps_for_services = apps.clone();
+
     let controller = Controller::for_stream(app_stream, apps)
         .with_config(controller::Config::default().concurrency(config.concurrency))
         .owns_stream(deployment_stream)
         .owns_stream(service_stream)
+        .watches_stream(
+            other_deployments,
+            move |meta: PartialObjectMeta<Deployment>| {
+                same_named_app(&apps_for_deployments, &meta.metadata)
+            },
+        )
+        .watches_stream(other_services, move |meta: PartialObjectMeta<Service>| {
+            same_named_app(&apps_for_services, &meta.metadata)
+        })
         // On gaining the lease, look at everything again: the previous leader may have died
         // half-way, and as a standby we skipped every event.
         .reconcile_all_on(leadership_gained(leading_rx.clone()));
@@ -304,6 +336,15 @@ where
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     }
+}
+
+/// The AppService named like an object, if there is one in the same namespace.
+fn same_named_app(
+    apps: &reflector::Store<AppService>,
+    meta: &kube::api::ObjectMeta,
+) -> Option<reflector::ObjectRef<AppService>> {
+    let key = reflector::ObjectRef::new(meta.name.as_deref()?).within(meta.namespace.as_deref()?);
+    apps.get(&key).is_some().then_some(key)
 }
 
 /// A stream that yields each time `leading` turns true.

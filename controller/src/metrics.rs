@@ -98,6 +98,22 @@ impl Default for Metrics {
             "API writes made by reconcile, by resource",
             writes.clone(),
         );
+        // Every fixed series exists from the start, at 0: an alert on a rate of a series
+        // that appears only with the first failure sees nothing until then.
+        for result in ["success", "error"] {
+            let _ = reconciles.get_or_create(&ResultLabel { result });
+        }
+        for reason in crate::error::ERROR_LABELS {
+            let _ = errors.get_or_create(&ReasonLabel { reason });
+        }
+        for ready in ["True", "False", "Unknown"] {
+            let _ = objects.get_or_create(&ReadyLabel {
+                ready: ready.to_owned(),
+            });
+        }
+        for resource in WRITE_RESOURCES {
+            let _ = writes.get_or_create(&WriteLabel { resource });
+        }
         Metrics {
             registry,
             reconciles,
@@ -202,6 +218,15 @@ mod tests {
         m.reconciled(false, Duration::from_millis(3));
         assert_eq!(m.reconcile_count(), 2);
         let text = m.encode().unwrap();
+        for series in [
+            "appservice_controller_reconciles_total{result=\"error\"}",
+            "appservice_controller_reconcile_errors_total{reason=\"drift\"} 0",
+            "appservice_controller_objects{ready=\"Unknown\"} 0",
+            "appservice_controller_api_writes_total{resource=\"services\"} 0",
+            "appservice_controller_cleanup_failures_total 0",
+        ] {
+            assert!(text.contains(series), "{series} missing from\n{text}");
+        }
         assert!(
             text.contains("appservice_controller_objects{ready=\"True\"} 1"),
             "{text}"

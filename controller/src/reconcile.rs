@@ -19,6 +19,8 @@ use common::conditions::{TRUE, reasons};
 use common::names::{FIELD_MANAGER, FINALIZER};
 use common::validation::validate;
 use common::{AppService, AppServiceStatus};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
@@ -31,16 +33,17 @@ use tracing::{debug, info, instrument, warn};
 
 use crate::context::Context;
 use crate::desired::{desired_deployment, desired_service, is_controlled_by, required};
+use crate::drift::{Drift, desired_hash, live_hash, set_hash};
 use crate::error::{Error, Result, Retry};
 use crate::external::Step;
-use crate::managed_fields::apply_is_noop;
 use crate::status::{
     Observation, Rollout, cleanup_failed_status, desired_status, needs_write, ready_state, rollout,
 };
 
-/// A name taken by someone else's object is re-checked this rarely: foreign objects are
-/// not in our (label-filtered) caches, so their deletion produces no event.
-pub const CONFLICT_RECHECK: Duration = Duration::from_secs(300);
+/// A name taken by someone else's object is re-checked at least this often. The watch on
+/// objects without our label wakes the AppService as soon as the name is free; this is
+/// only a backstop should that watch be down.
+pub const CONFLICT_RECHECK: Duration = Duration::from_secs(60);
 
 /// Entry point for the kube-runtime `Controller`.
 #[instrument(skip(ctx, app), fields(object = %ObjectRef::from_obj(&*app), generation = app.metadata.generation.unwrap_or_default()))]
@@ -118,6 +121,7 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         let status = desired_status(
             app,
             &Observation::InvalidSpec(errors.to_string()),
+            cached_deployment(ctx, app).as_deref(),
             &ctx.clock.now(),
         );
         write_status(ctx, &api, app, status).await?;
@@ -129,34 +133,85 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         return Ok(Action::requeue(after));
     }
 
-    let applied = ensure_child(
+    // Both names are checked before either child is written: a half-built AppService
+    // (Pods without a Service, or the reverse) would look like progress.
+    let deployment_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    let service_api: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    let want_deployment = desired_deployment(app)?;
+    let want_service = desired_service(app)?;
+    let live_deployment = lookup(&ctx.deployments, &deployment_api, &want_deployment).await?;
+    let live_service = lookup(&ctx.services, &service_api, &want_service).await?;
+    let uid = required(&app.metadata.uid, "metadata.uid")?;
+    let ours =
+        |meta: &kube::api::ObjectMeta| is_controlled_by(meta.owner_references.as_deref(), uid);
+    let mut taken = Vec::new();
+    if let Some(d) = &live_deployment
+        && !ours(&d.metadata)
+    {
+        taken.push(format!("Deployment {namespace}/{}", d.name_any()));
+    }
+    if let Some(s) = &live_service
+        && !ours(&s.metadata)
+    {
+        taken.push(format!("Service {namespace}/{}", s.name_any()));
+    }
+    if !taken.is_empty() {
+        let our_deployment = live_deployment.as_ref().filter(|d| ours(&d.metadata));
+        let message = format!(
+            "{} already {} and {} not controlled by this AppService; left untouched, and nothing is created until {} deleted or renamed (or the AppService is renamed)",
+            taken.join(" and "),
+            if taken.len() == 1 { "exists" } else { "exist" },
+            if taken.len() == 1 { "is" } else { "are" },
+            if taken.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            },
+        );
+        let obs = Observation::Conflict {
+            message,
+            service_taken: live_service.as_ref().is_some_and(|s| !ours(&s.metadata)),
+        };
+        let status = desired_status(app, &obs, our_deployment, &ctx.clock.now());
+        write_status(ctx, &api, app, status).await?;
+        // The watch on foreign objects wakes us when the name is free; this is a backstop.
+        return Ok(Action::requeue(CONFLICT_RECHECK));
+    }
+
+    let deployment = match converge(
         ctx,
-        app,
-        &ctx.deployments,
-        desired_deployment(app)?,
+        &deployment_api,
+        want_deployment,
+        live_deployment.clone(),
         "Deployment",
         "deployments",
     )
-    .await;
-    let deployment = match rejected(ctx, &api, app, "Deployment", applied).await? {
-        Child::Ours(d) => d,
-        Child::Foreign(message) => return conflict(ctx, &api, app, message).await,
+    .await
+    {
+        Ok(d) => d,
+        Err(e) => {
+            return Err(rejected(ctx, &api, app, "Deployment", live_deployment.as_ref(), e).await);
+        }
     };
-    let applied = ensure_child(
+    if let Err(e) = converge(
         ctx,
-        app,
-        &ctx.services,
-        desired_service(app)?,
+        &service_api,
+        want_service,
+        live_service,
         "Service",
         "services",
     )
-    .await;
-    match rejected(ctx, &api, app, "Service", applied).await? {
-        Child::Ours(_) => {}
-        Child::Foreign(message) => return conflict(ctx, &api, app, message).await,
+    .await
+    {
+        return Err(rejected(ctx, &api, app, "Service", Some(&deployment), e).await);
     }
 
-    let status = desired_status(app, &Observation::Applied(&deployment), &ctx.clock.now());
+    let status = desired_status(
+        app,
+        &Observation::Applied,
+        Some(&deployment),
+        &ctx.clock.now(),
+    );
     write_status(ctx, &api, app, status).await?;
     Ok(match rollout(&deployment) {
         Rollout::InProgress { message, .. } => {
@@ -169,35 +224,46 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
     })
 }
 
-/// Passes `applied` through; when the API server rejected the child we built (a
-/// permanent error), says so in status first, so the user sees why nothing happens.
-async fn rejected<K>(
+/// When the API server keeps rejecting a child we built (HTTP 400/422, after a repair),
+/// says so in status before the error goes to the error policy, which retries with
+/// backoff: the cause may be another writer's fields as well as the spec.
+async fn rejected(
     ctx: &Context,
     api: &Api<AppService>,
     app: &AppService,
     kind: &str,
-    applied: Result<Child<K>>,
-) -> Result<Child<K>> {
-    match applied {
-        Err(Error::Kube(kube::Error::Api(status))) if matches!(status.code, 400 | 422) => {
-            let message = format!("the API server rejected the {kind}: {}", status.message);
-            let obs = Observation::Rejected(message);
-            write_status(ctx, api, app, desired_status(app, &obs, &ctx.clock.now())).await?;
-            Err(Error::Kube(kube::Error::Api(status)))
+    deployment: Option<&Deployment>,
+    error: Error,
+) -> Error {
+    let message = match &error {
+        Error::Kube(kube::Error::Api(status)) if matches!(status.code, 400 | 422) => {
+            format!("the API server rejected the {kind}: {}", status.message)
         }
-        other => other,
+        Error::Drift { .. } => error.to_string(),
+        _ => return error,
+    };
+    let obs = Observation::Rejected(message);
+    if let Err(e) = write_status(
+        ctx,
+        api,
+        app,
+        desired_status(app, &obs, deployment, &ctx.clock.now()),
+    )
+    .await
+    {
+        warn!(error = %e, "could not write status");
     }
+    error
 }
 
-async fn conflict(
-    ctx: &Context,
-    api: &Api<AppService>,
-    app: &AppService,
-    message: String,
-) -> Result<Action> {
-    let status = desired_status(app, &Observation::Conflict(message), &ctx.clock.now());
-    write_status(ctx, api, app, status).await?;
-    Ok(Action::requeue(CONFLICT_RECHECK))
+/// Our Deployment of `app` from the cache, for the ready count of a blocked status.
+fn cached_deployment(ctx: &Context, app: &AppService) -> Option<Arc<Deployment>> {
+    let name = app.metadata.name.as_deref()?;
+    let namespace = app.metadata.namespace.as_deref()?;
+    let uid = app.metadata.uid.as_deref()?;
+    ctx.deployments
+        .get(&ObjectRef::new(name).within(namespace))
+        .filter(|d| is_controlled_by(d.metadata.owner_references.as_deref(), uid))
 }
 
 /// Deletion: clean up external resources, then let the object go.
@@ -267,65 +333,154 @@ async fn finalize(
     Ok(Action::await_change())
 }
 
-enum Child<K> {
-    /// Ours and converged: the live object.
-    Ours(K),
-    /// The name is taken by an object this AppService does not control.
-    Foreign(String),
-}
-
-/// Makes the live child match `desired`, unless it belongs to someone else.
-async fn ensure_child<K>(
-    ctx: &Context,
-    app: &AppService,
-    cache: &Store<K>,
-    desired: K,
-    kind: &'static str,
-    resource: &'static str,
-) -> Result<Child<K>>
+/// The live child named like `desired`: from our (label-filtered) cache, else from the
+/// API server, since a foreign object or one whose labels someone removed is not cached.
+async fn lookup<K>(cache: &Store<K>, api: &Api<K>, desired: &K) -> Result<Option<K>>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned,
+{
+    let name = required(&desired.meta().name, "metadata.name")?;
+    let namespace = required(&desired.meta().namespace, "metadata.namespace")?;
+    match cache.get(&ObjectRef::new(name).within(namespace)) {
+        Some(obj) => Ok(Some((*obj).clone())),
+        None => Ok(api.get_opt(name).await?),
+    }
+}
+
+/// Makes a child we control match `desired`, with as few requests as possible:
+///
+/// * same hash and no drift: nothing;
+/// * same hash, edited by someone else: one JSON patch putting our values back;
+/// * new hash (the AppService changed) or no child: one server-side apply, then a repair
+///   if other writers' list entries or keys survived the merge; an apply the API server
+///   rejects because of them (e.g. a re-keyed port) is repaired and retried once.
+async fn converge<K>(
+    ctx: &Context,
+    api: &Api<K>,
+    mut desired: K,
+    live: Option<K>,
+    kind: &'static str,
+    resource: &'static str,
+) -> Result<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Drift
         + Clone
         + Debug
         + Serialize
         + DeserializeOwned,
 {
     let name = required(&desired.meta().name, "metadata.name")?.to_owned();
-    let namespace = required(&desired.meta().namespace, "metadata.namespace")?.to_owned();
-    let uid = required(&app.metadata.uid, "metadata.uid")?.to_owned();
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let hash = desired_hash(&desired).map_err(|source| Error::Serialize { kind, source })?;
+    set_hash(desired.meta_mut(), hash.clone());
 
-    // The cache holds only objects with our labels; anything else needs a look.
-    let live = match cache.get(&ObjectRef::new(&name).within(&namespace)) {
-        Some(obj) => Some((*obj).clone()),
-        None => api.get_opt(&name).await?,
-    };
-    if let Some(live) = &live {
-        if !is_controlled_by(live.meta().owner_references.as_deref(), &uid) {
-            return Ok(Child::Foreign(format!(
-                "{kind} {namespace}/{name} already exists and is not controlled by this AppService; it is left untouched"
-            )));
+    if let Some(live) = &live
+        && live_hash(live.meta()) == Some(hash.as_str())
+    {
+        let ops = K::drift(&desired, live);
+        if ops.is_empty() {
+            return Ok(live.clone());
         }
-        let desired_json =
-            serde_json::to_value(&desired).map_err(|source| Error::Serialize { kind, source })?;
-        let live_json =
-            serde_json::to_value(live).map_err(|source| Error::Serialize { kind, source })?;
-        let managed = live.meta().managed_fields.as_deref().unwrap_or_default();
-        if apply_is_noop(&desired_json, &live_json, managed, FIELD_MANAGER) {
-            return Ok(Child::Ours(live.clone()));
-        }
+        return repair(ctx, api, &name, &desired, ops, kind, resource).await;
     }
+
+    let applied = match apply(ctx, api, &name, &desired, kind, resource).await {
+        Ok(applied) => applied,
+        Err(Error::Kube(kube::Error::Api(status))) if matches!(status.code, 400 | 422) => {
+            let ops = live
+                .as_ref()
+                .map(|l| K::drift(&desired, l))
+                .unwrap_or_default();
+            if ops.is_empty() {
+                return Err(Error::Kube(kube::Error::Api(status)));
+            }
+            info!(kind, child = %name, reason = %status.message, "apply rejected; putting our fields back first");
+            repair(ctx, api, &name, &desired, ops, kind, resource).await?;
+            apply(ctx, api, &name, &desired, kind, resource).await?
+        }
+        Err(e) => return Err(e),
+    };
+    let ops = K::drift(&desired, &applied);
+    if ops.is_empty() {
+        return Ok(applied);
+    }
+    repair(ctx, api, &name, &desired, ops, kind, resource).await
+}
+
+async fn apply<K>(
+    ctx: &Context,
+    api: &Api<K>,
+    name: &str,
+    desired: &K,
+    kind: &'static str,
+    resource: &'static str,
+) -> Result<K>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+{
     // Force: we are the controller of this object; fields we set are ours.
     let applied = api
         .patch(
-            &name,
+            name,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&desired),
+            &Patch::Apply(desired),
         )
         .await?;
     ctx.metrics.write(resource);
     info!(kind, child = %name, "applied");
-    Ok(Child::Ours(applied))
+    Ok(applied)
+}
+
+/// Puts our values back with one JSON patch. If they still differ right after (a
+/// mutating webhook or another controller insists), it is reported as an error, so the
+/// error policy backs off instead of fighting in a loop.
+async fn repair<K>(
+    ctx: &Context,
+    api: &Api<K>,
+    name: &str,
+    desired: &K,
+    ops: Vec<serde_json::Value>,
+    kind: &'static str,
+    resource: &'static str,
+) -> Result<K>
+where
+    K: Resource + Drift + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let paths: Vec<String> = ops
+        .iter()
+        .filter(|op| op["op"] != "test")
+        .filter_map(|op| op["path"].as_str().map(str::to_owned))
+        .collect();
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+        .map_err(|source| Error::Serialize { kind, source })?;
+    let patched = api
+        .patch(
+            name,
+            &PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::Json::<()>(patch),
+        )
+        .await?;
+    ctx.metrics.write(resource);
+    info!(kind, child = %name, fields = ?paths, "repaired fields changed by another writer");
+    let left = K::drift(desired, &patched);
+    if left.is_empty() {
+        Ok(patched)
+    } else {
+        Err(Error::Drift {
+            kind,
+            paths: left
+                .iter()
+                .filter(|op| op["op"] != "test")
+                .filter_map(|op| op["path"].as_str().map(str::to_owned))
+                .collect(),
+        })
+    }
 }
 
 /// Writes `status` through the status subresource if it differs from the live status,

@@ -28,15 +28,21 @@ impl Clock for SystemClock {
 
 /// What one reconcile found.
 #[derive(Clone, Debug)]
-pub enum Observation<'a> {
+pub enum Observation {
     /// The spec failed `common::validate`; the message lists every field error.
     InvalidSpec(String),
-    /// A child's name is taken by an object this AppService does not control.
-    Conflict(String),
-    /// The API server rejected a child we built (HTTP 400/422); the message says why.
+    /// A child's name is taken by an object this AppService does not control; nothing
+    /// is written until it is free.
+    Conflict {
+        message: String,
+        /// The Service's name is taken, so the endpoint reaches someone else's Pods.
+        service_taken: bool,
+    },
+    /// The API server rejected a child we built (HTTP 400/422) even after our fields were
+    /// put back, or another writer keeps changing them; the message says why.
     Rejected(String),
-    /// The children of this generation are applied; this is the live Deployment.
-    Applied(&'a Deployment),
+    /// The children of this generation are applied and converged.
+    Applied,
 }
 
 /// Progress of the Deployment's rollout.
@@ -106,8 +112,15 @@ pub fn rollout(deployment: &Deployment) -> Rollout {
 }
 
 /// The status to write after a reconcile that found `obs`, starting from the live status
-/// so that unchanged conditions keep their `lastTransitionTime`.
-pub fn desired_status(app: &AppService, obs: &Observation<'_>, now: &Time) -> AppServiceStatus {
+/// so that unchanged conditions keep their `lastTransitionTime`. `deployment` is our live
+/// Deployment, if there is one: `readyReplicas` always reports what runs now, also while
+/// reconcile is blocked.
+pub fn desired_status(
+    app: &AppService,
+    obs: &Observation,
+    deployment: Option<&Deployment>,
+    now: &Time,
+) -> AppServiceStatus {
     let generation = app.metadata.generation;
     let name = app.metadata.name.as_deref().unwrap_or_default();
     let namespace = app.metadata.namespace.as_deref().unwrap_or_default();
@@ -124,25 +137,47 @@ pub fn desired_status(app: &AppService, obs: &Observation<'_>, now: &Time) -> Ap
             cond(DEGRADED, TRUE, reason, message.clone()),
         ]
     };
+    let running = deployment
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
     let new_conditions = match obs {
         // Blocked until the user changes something: not ready, not progressing, degraded,
         // all three for the same reason.
-        Observation::InvalidSpec(message) => blocked(
-            reasons::INVALID_SPEC,
+        Observation::InvalidSpec(message) => {
+            status.ready_replicas = Some(running);
+            blocked(
+                reasons::INVALID_SPEC,
+                message,
+                "the spec is invalid; fix it to continue",
+            )
+        }
+        Observation::Conflict {
             message,
-            "the spec is invalid; fix it to continue",
-        ),
-        Observation::Conflict(message) => blocked(
-            reasons::RESOURCE_CONFLICT,
-            message,
-            "blocked by a resource conflict",
-        ),
-        Observation::Rejected(message) => blocked(
-            reasons::APPLY_FAILED,
-            message,
-            "the API server rejected a child; fix the spec to continue",
-        ),
-        Observation::Applied(deployment) => {
+            service_taken,
+        } => {
+            status.ready_replicas = Some(running);
+            if *service_taken {
+                status.endpoint = None;
+            }
+            blocked(
+                reasons::RESOURCE_CONFLICT,
+                message,
+                "blocked until the conflicting objects are gone",
+            )
+        }
+        Observation::Rejected(message) => {
+            status.ready_replicas = Some(running);
+            blocked(
+                reasons::APPLY_FAILED,
+                message,
+                "retrying with backoff; if it persists, check the spec and other writers of the child",
+            )
+        }
+        Observation::Applied => {
+            let Some(deployment) = deployment else {
+                return status;
+            };
             status.observed_generation = generation;
             status.endpoint = Some(endpoint(name, namespace, app.spec.port()));
             let desired = app.spec.replicas();
@@ -368,7 +403,7 @@ mod tests {
     fn ready_status_fields() {
         let a = app(3, 7);
         let d = deployment(3, 1, healthy(3));
-        let s = desired_status(&a, &Observation::Applied(&d), &at(10));
+        let s = desired_status(&a, &Observation::Applied, Some(&d), &at(10));
         assert_eq!(s.observed_generation, Some(7));
         assert_eq!(s.ready_replicas, Some(3));
         assert_eq!(
@@ -398,7 +433,8 @@ mod tests {
         progressing.available_replicas = Some(0);
         let s1 = desired_status(
             &a,
-            &Observation::Applied(&deployment(2, 1, progressing.clone())),
+            &Observation::Applied,
+            Some(&deployment(2, 1, progressing.clone())),
             &at(10),
         );
         assert_eq!(cond(&s1, READY).reason, reasons::ROLLING_OUT);
@@ -410,7 +446,8 @@ mod tests {
         progressing.ready_replicas = Some(1);
         let s2 = desired_status(
             &a,
-            &Observation::Applied(&deployment(2, 1, progressing)),
+            &Observation::Applied,
+            Some(&deployment(2, 1, progressing)),
             &at(20),
         );
         assert!(needs_write(Some(&s1), &s2));
@@ -420,7 +457,8 @@ mod tests {
         a.status = Some(s2.clone());
         let s3 = desired_status(
             &a,
-            &Observation::Applied(&deployment(2, 1, healthy(2))),
+            &Observation::Applied,
+            Some(&deployment(2, 1, healthy(2))),
             &at(30),
         );
         assert_eq!(cond(&s3, READY).last_transition_time, at(30));
@@ -430,7 +468,8 @@ mod tests {
         a.status = Some(s3.clone());
         let s4 = desired_status(
             &a,
-            &Observation::Applied(&deployment(2, 1, healthy(2))),
+            &Observation::Applied,
+            Some(&deployment(2, 1, healthy(2))),
             &at(40),
         );
         assert!(!needs_write(Some(&s3), &s4));
@@ -442,13 +481,15 @@ mod tests {
         let mut a = app(1, 1);
         a.status = Some(desired_status(
             &a,
-            &Observation::Applied(&deployment(1, 1, healthy(1))),
+            &Observation::Applied,
+            Some(&deployment(1, 1, healthy(1))),
             &at(1),
         ));
         a.metadata.generation = Some(2);
         let s = desired_status(
             &a,
             &Observation::InvalidSpec("spec.port: Invalid value".into()),
+            Some(&deployment(1, 1, healthy(1))),
             &at(5),
         );
         assert_eq!(s.observed_generation, Some(1));
@@ -459,6 +500,8 @@ mod tests {
         );
         assert_eq!(ready.observed_generation, Some(2));
         assert_eq!(ready.message, "spec.port: Invalid value");
+        // What runs is still reported.
+        assert_eq!(s.ready_replicas, Some(1));
         assert_eq!(cond(&s, DEGRADED).status, TRUE);
         assert_eq!(cond(&s, PROGRESSING).status, FALSE);
     }
@@ -468,15 +511,18 @@ mod tests {
         let a = app(1, 1);
         let s = desired_status(
             &a,
-            &Observation::Conflict(
-                "Deployment shop/checkout exists and is not owned by this AppService".into(),
-            ),
+            &Observation::Conflict {
+                message: "Service shop/checkout exists and is not owned by this AppService".into(),
+                service_taken: true,
+            },
+            None,
             &at(1),
         );
         assert_eq!(cond(&s, READY).reason, reasons::RESOURCE_CONFLICT);
         assert_eq!(cond(&s, DEGRADED).reason, reasons::RESOURCE_CONFLICT);
         assert_eq!(s.observed_generation, None);
         assert_eq!(s.endpoint, None);
+        assert_eq!(s.ready_replicas, Some(0));
     }
 
     #[test]
@@ -484,7 +530,8 @@ mod tests {
         let mut a = app(1, 1);
         a.status = Some(desired_status(
             &a,
-            &Observation::Applied(&deployment(1, 1, healthy(1))),
+            &Observation::Applied,
+            Some(&deployment(1, 1, healthy(1))),
             &at(1),
         ));
         a.metadata.generation = Some(2);
@@ -493,6 +540,7 @@ mod tests {
             &Observation::Rejected(
                 "Deployment rejected: spec.template...fieldPath: Unsupported value".into(),
             ),
+            Some(&deployment(1, 1, DeploymentStatus::default())),
             &at(2),
         );
         assert_eq!(s.observed_generation, Some(1));
@@ -500,6 +548,8 @@ mod tests {
         assert_eq!(cond(&s, READY).observed_generation, Some(2));
         assert_eq!(cond(&s, DEGRADED).status, TRUE);
         assert_eq!(cond(&s, PROGRESSING).status, FALSE);
+        // Not the stale count of the last applied generation: nothing is ready now.
+        assert_eq!(s.ready_replicas, Some(0));
     }
 
     #[test]
@@ -513,7 +563,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let s = desired_status(&a, &Observation::Applied(&d), &at(1));
+        let s = desired_status(&a, &Observation::Applied, Some(&d), &at(1));
         let ready = cond(&s, READY);
         assert_eq!(
             (ready.status.as_str(), ready.reason.as_str()),
@@ -527,7 +577,8 @@ mod tests {
         let a = app(1, 1);
         let s = desired_status(
             &a,
-            &Observation::Applied(&deployment(1, 1, healthy(1))),
+            &Observation::Applied,
+            Some(&deployment(1, 1, healthy(1))),
             &at(1),
         );
         assert!(needs_write(None, &s));
@@ -562,7 +613,8 @@ mod tests {
         let mut a = app(1, 1);
         a.status = Some(desired_status(
             &a,
-            &Observation::Applied(&deployment(1, 1, healthy(1))),
+            &Observation::Applied,
+            Some(&deployment(1, 1, healthy(1))),
             &at(1),
         ));
         let s = cleanup_failed_status(&a, "database server unreachable", &at(2));

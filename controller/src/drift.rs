@@ -1,0 +1,505 @@
+//! Is a live child what the controller wants? Decided without re-implementing the API
+//! server's merge rules.
+//!
+//! Two facts settle it:
+//!
+//! 1. **What we last applied**: every child carries the annotation
+//!    [`ANNOTATION_DESIRED_HASH`], a hash of the desired object the controller built. A
+//!    different (or missing) hash means the AppService changed (or the object was never
+//!    applied by this controller): apply.
+//! 2. **What the controller is responsible for**, read from the live object: the values
+//!    the AppService defines (image, replicas, ports, env, resources, probe, selector,
+//!    Service type, our labels). These are compared by meaning (an empty env value equals
+//!    an absent one, `1000m` equals `1`), never by field-manager bookkeeping. What differs
+//!    is listed as JSON-patch operations that put our value back, replacing whole lists
+//!    and maps we own, so an entry another writer re-keyed or added cannot survive a
+//!    merge.
+//!
+//! So a converged child costs no request, and one edited by someone else costs exactly
+//! one (the repair patch), whatever the shape of the spec.
+
+use std::collections::BTreeMap;
+
+use common::names::ANNOTATION_DESIRED_HASH;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, ResourceRequirements, Service, ServicePort,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube_quantity::ParsedQuantity;
+use serde::Serialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::desired::CONTAINER_NAME;
+
+/// A hash of `desired` (serialized with sorted map keys, so it is stable across runs
+/// and releases as long as the desired object is the same).
+pub fn desired_hash<K: Serialize>(desired: &K) -> Result<String, serde_json::Error> {
+    let bytes = serde_json::to_vec(desired)?;
+    let digest = Sha256::digest(&bytes);
+    // 128 bits are plenty to tell two desired objects apart.
+    Ok(digest[..16].iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Sets the desired-hash annotation on `meta`.
+pub fn set_hash(meta: &mut ObjectMeta, hash: String) {
+    meta.annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(ANNOTATION_DESIRED_HASH.to_owned(), hash);
+}
+
+/// The desired-hash annotation of a live object.
+pub fn live_hash(meta: &ObjectMeta) -> Option<&str> {
+    meta.annotations
+        .as_ref()?
+        .get(ANNOTATION_DESIRED_HASH)
+        .map(String::as_str)
+}
+
+/// The JSON-patch operations that make `live` what `desired` says in everything the
+/// controller is responsible for; empty when nothing differs.
+pub trait Drift {
+    fn drift(desired: &Self, live: &Self) -> Vec<Value>;
+}
+
+impl Drift for Deployment {
+    fn drift(desired: &Self, live: &Self) -> Vec<Value> {
+        let mut ops = Vec::new();
+        labels_subset(
+            "/metadata/labels",
+            desired.metadata.labels.as_ref(),
+            live.metadata.labels.as_ref(),
+            &mut ops,
+        );
+        if desired.spec.replicas != live.spec.replicas {
+            ops.push(add("/spec/replicas", json!(desired.spec.replicas)));
+        }
+        let desired_template = &desired.spec.template;
+        let live_template = &live.spec.template;
+        if live_template.metadata.is_none() {
+            ops.push(add(
+                "/spec/template/metadata",
+                json!({"labels": desired_template.metadata.as_ref().and_then(|m| m.labels.clone())}),
+            ));
+        } else {
+            labels_subset(
+                "/spec/template/metadata/labels",
+                desired_template
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| m.labels.as_ref()),
+                live_template
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| m.labels.as_ref()),
+                &mut ops,
+            );
+        }
+        let desired_containers = desired_template
+            .spec
+            .as_ref()
+            .map(|s| s.containers.as_slice())
+            .unwrap_or_default();
+        let live_containers = live_template
+            .spec
+            .as_ref()
+            .map(|s| s.containers.as_slice())
+            .unwrap_or_default();
+        let want = desired_containers.iter().find(|c| c.name == CONTAINER_NAME);
+        let have = live_containers
+            .iter()
+            .position(|c| c.name == CONTAINER_NAME);
+        match (want, have) {
+            (Some(want), Some(i)) => container_drift(want, &live_containers[i], i, &mut ops),
+            // Our container is gone (renamed by someone): put the list back as we want it.
+            (Some(_), None) => ops.push(add(
+                "/spec/template/spec/containers",
+                json!(desired_containers),
+            )),
+            (None, _) => {}
+        }
+        ops
+    }
+}
+
+fn container_drift(want: &Container, have: &Container, index: usize, ops: &mut Vec<Value>) {
+    let base = format!("/spec/template/spec/containers/{index}");
+    let before = ops.len();
+    if want.image != have.image {
+        ops.push(add(&format!("{base}/image"), json!(want.image)));
+    }
+    if normalized_ports(want.ports.as_deref()) != normalized_ports(have.ports.as_deref()) {
+        set_or_remove(
+            &format!("{base}/ports"),
+            want.ports.as_ref(),
+            have.ports.is_some(),
+            ops,
+        );
+    }
+    if normalized_env(want.env.as_deref()) != normalized_env(have.env.as_deref()) {
+        set_or_remove(
+            &format!("{base}/env"),
+            want.env.as_ref(),
+            have.env.is_some(),
+            ops,
+        );
+    }
+    if !same_resources(want.resources.as_ref(), have.resources.as_ref()) {
+        match &want.resources {
+            Some(r) => ops.push(add(&format!("{base}/resources"), json!(r))),
+            // Nothing requested: the API server keeps `resources: {}`, clear what is in it.
+            None => ops.push(add(&format!("{base}/resources"), json!({}))),
+        }
+    }
+    let probe_port = |c: &Container| {
+        c.readiness_probe
+            .as_ref()
+            .and_then(|p| p.tcp_socket.as_ref())
+            .map(|t| t.port.clone())
+    };
+    let probe_kind = |c: &Container| {
+        c.readiness_probe.as_ref().map(|p| {
+            (
+                p.exec.is_some(),
+                p.grpc.is_some(),
+                p.http_get.is_some(),
+                p.tcp_socket.is_some(),
+            )
+        })
+    };
+    if probe_port(want) != probe_port(have) || probe_kind(want) != probe_kind(have) {
+        set_or_remove(
+            &format!("{base}/readinessProbe"),
+            want.readiness_probe.as_ref(),
+            have.readiness_probe.is_some(),
+            ops,
+        );
+    }
+    if ops.len() > before {
+        // The index came from the object we read; refuse the patch if the list moved.
+        ops.insert(
+            before,
+            json!({"op": "test", "path": format!("{base}/name"), "value": CONTAINER_NAME}),
+        );
+    }
+}
+
+impl Drift for Service {
+    fn drift(desired: &Self, live: &Self) -> Vec<Value> {
+        let mut ops = Vec::new();
+        labels_subset(
+            "/metadata/labels",
+            desired.metadata.labels.as_ref(),
+            live.metadata.labels.as_ref(),
+            &mut ops,
+        );
+        let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
+            if let Some(want) = &desired.spec {
+                ops.push(add("/spec", json!(want)));
+            }
+            return ops;
+        };
+        let want_type = want.type_.as_deref().unwrap_or("ClusterIP");
+        let have_type = have.type_.as_deref().unwrap_or("ClusterIP");
+        let ports_differ = normalized_service_ports(want.ports.as_deref())
+            != normalized_service_ports(have.ports.as_deref());
+        if want_type != have_type {
+            ops.push(add("/spec/type", json!(want_type)));
+        }
+        // Ports are replaced whole on a type change too: node ports allocated for another
+        // type must go with it.
+        if ports_differ || want_type != have_type {
+            set_or_remove(
+                "/spec/ports",
+                want.ports.as_ref(),
+                have.ports.is_some(),
+                &mut ops,
+            );
+        }
+        if want.selector != have.selector {
+            set_or_remove(
+                "/spec/selector",
+                want.selector.as_ref(),
+                have.selector.is_some(),
+                &mut ops,
+            );
+        }
+        ops
+    }
+}
+
+/// A JSON-patch `add`, which also replaces an existing member of an object.
+fn add(path: &str, value: Value) -> Value {
+    json!({"op": "add", "path": path, "value": value})
+}
+
+fn set_or_remove<T: Serialize>(path: &str, want: Option<&T>, present: bool, ops: &mut Vec<Value>) {
+    match want {
+        Some(v) => ops.push(add(path, json!(v))),
+        None if present => ops.push(json!({"op": "remove", "path": path})),
+        None => {}
+    }
+}
+
+/// Our labels must be present with our values; labels others add are theirs to keep.
+fn labels_subset(
+    path: &str,
+    want: Option<&BTreeMap<String, String>>,
+    have: Option<&BTreeMap<String, String>>,
+    ops: &mut Vec<Value>,
+) {
+    let Some(want) = want.filter(|w| !w.is_empty()) else {
+        return;
+    };
+    let Some(have) = have else {
+        ops.push(add(path, json!(want)));
+        return;
+    };
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            ops.push(add(&format!("{path}/{}", escape(k)), json!(v)));
+        }
+    }
+}
+
+/// Escapes a map key for a JSON pointer (RFC 6901).
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+fn normalized_ports(ports: Option<&[ContainerPort]>) -> Vec<(Option<&str>, i32, &str)> {
+    ports
+        .unwrap_or_default()
+        .iter()
+        .map(|p| {
+            (
+                p.name.as_deref(),
+                p.container_port,
+                p.protocol.as_deref().unwrap_or("TCP"),
+            )
+        })
+        .collect()
+}
+
+/// A Service port as compared: name, port, target port, protocol, app protocol.
+type PortKey<'a> = (Option<&'a str>, i32, IntOrString, &'a str, Option<&'a str>);
+
+fn normalized_service_ports(ports: Option<&[ServicePort]>) -> Vec<PortKey<'_>> {
+    ports
+        .unwrap_or_default()
+        .iter()
+        .map(|p| {
+            (
+                p.name.as_deref(),
+                p.port,
+                // The API server defaults an absent targetPort to the port.
+                p.target_port.clone().unwrap_or(IntOrString::Int(p.port)),
+                p.protocol.as_deref().unwrap_or("TCP"),
+                p.app_protocol.as_deref(),
+            )
+        })
+        .collect()
+}
+
+/// Env as the API server stores it: an empty `value` is dropped on the wire.
+fn normalized_env(env: Option<&[EnvVar]>) -> Vec<(&str, Option<&str>, Value)> {
+    env.unwrap_or_default()
+        .iter()
+        .map(|e| {
+            (
+                e.name.as_str(),
+                e.value.as_deref().filter(|v| !v.is_empty()),
+                json!(e.value_from),
+            )
+        })
+        .collect()
+}
+
+fn same_resources(
+    want: Option<&ResourceRequirements>,
+    have: Option<&ResourceRequirements>,
+) -> bool {
+    let empty = ResourceRequirements::default();
+    let want = want.unwrap_or(&empty);
+    let have = have.unwrap_or(&empty);
+    same_quantities(want.limits.as_ref(), have.limits.as_ref())
+        && same_quantities(want.requests.as_ref(), have.requests.as_ref())
+        && want.claims.as_deref().unwrap_or_default() == have.claims.as_deref().unwrap_or_default()
+}
+
+/// Quantity maps equal by value (`1000m` is `1`): the API server canonicalizes them.
+fn same_quantities(
+    want: Option<&BTreeMap<String, Quantity>>,
+    have: Option<&BTreeMap<String, Quantity>>,
+) -> bool {
+    let empty = BTreeMap::new();
+    let want = want.unwrap_or(&empty);
+    let have = have.unwrap_or(&empty);
+    want.len() == have.len()
+        && want.iter().all(|(k, w)| {
+            have.get(k).is_some_and(|h| {
+                w.0 == h.0
+                    || matches!(
+                        (ParsedQuantity::try_from(w), ParsedQuantity::try_from(h)),
+                        (Ok(a), Ok(b)) if a == b
+                    )
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::{desired_deployment, desired_service};
+    use common::{AppService, AppServiceSpec, EnvVar as AppEnvVar};
+    use pretty_assertions::assert_eq;
+
+    fn app(spec: AppServiceSpec) -> AppService {
+        let mut app = AppService::new("web", spec);
+        app.metadata.namespace = Some("shop".into());
+        app.metadata.uid = Some("uid-1".into());
+        app
+    }
+
+    fn spec() -> AppServiceSpec {
+        AppServiceSpec {
+            image: "nginx:1.27".into(),
+            replicas: Some(2),
+            env: vec![
+                AppEnvVar {
+                    name: "EMPTY".into(),
+                    value: Some(String::new()),
+                    value_from: None,
+                },
+                AppEnvVar {
+                    name: "LEVEL".into(),
+                    value: Some("info".into()),
+                    value_from: None,
+                },
+            ],
+            resources: Some(ResourceRequirements {
+                requests: Some(BTreeMap::from([("cpu".into(), Quantity("1000m".into()))])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The Deployment as the API server returns it: empty env values dropped,
+    /// quantities canonicalized, defaults filled in, labels added by others.
+    fn as_stored(mut d: Deployment) -> Deployment {
+        let mut v = serde_json::to_value(&d).unwrap();
+        let c = &mut v["spec"]["template"]["spec"]["containers"][0];
+        for e in c["env"].as_array_mut().unwrap() {
+            if e["value"] == "" {
+                e.as_object_mut().unwrap().remove("value");
+            }
+        }
+        c["resources"]["requests"]["cpu"] = json!("1");
+        c["terminationMessagePath"] = json!("/dev/termination-log");
+        c["readinessProbe"]["periodSeconds"] = json!(10);
+        d = serde_json::from_value(v).unwrap();
+        d.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "payments".into());
+        d.spec.revision_history_limit = Some(10);
+        d
+    }
+
+    #[test]
+    fn stored_form_of_every_shape_is_converged() {
+        let d = desired_deployment(&app(spec())).unwrap();
+        assert_eq!(
+            Deployment::drift(&d, &as_stored(d.clone())),
+            Vec::<Value>::new()
+        );
+        let s = desired_service(&app(spec())).unwrap();
+        let mut stored = s.clone();
+        stored.spec.as_mut().unwrap().cluster_ip = Some("10.0.0.1".into());
+        stored.spec.as_mut().unwrap().session_affinity = Some("None".into());
+        assert_eq!(Service::drift(&s, &stored), Vec::<Value>::new());
+    }
+
+    #[test]
+    fn edits_by_others_are_put_back() {
+        let d = desired_deployment(&app(spec())).unwrap();
+        let mut live = as_stored(d.clone());
+        let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
+        c.image = Some("evil:1".into());
+        c.ports.as_mut().unwrap()[0].container_port = 9999;
+        live.spec.replicas = Some(7);
+        live.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(common::names::LABEL_INSTANCE);
+        let ops = Deployment::drift(&d, &live);
+        let paths: Vec<&str> = ops.iter().map(|o| o["path"].as_str().unwrap()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/metadata/labels/app.kubernetes.io~1instance",
+                "/spec/replicas",
+                "/spec/template/spec/containers/0/name",
+                "/spec/template/spec/containers/0/image",
+                "/spec/template/spec/containers/0/ports",
+            ]
+        );
+        // Applying the operations gives back a converged object.
+        let mut v = serde_json::to_value(&live).unwrap();
+        let patch: json_patch::Patch = serde_json::from_value(json!(ops)).unwrap();
+        json_patch::patch(&mut v, &patch).unwrap();
+        let repaired: Deployment = serde_json::from_value(v).unwrap();
+        assert!(Deployment::drift(&d, &repaired).is_empty());
+    }
+
+    #[test]
+    fn extra_env_and_removed_resources_are_drift() {
+        let d = desired_deployment(&app(spec())).unwrap();
+        let mut live = as_stored(d.clone());
+        let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
+        c.env.as_mut().unwrap().push(EnvVar {
+            name: "EXTRA".into(),
+            value: Some("1".into()),
+            value_from: None,
+        });
+        c.resources = None;
+        let ops = Deployment::drift(&d, &live);
+        assert_eq!(ops.len(), 3, "{ops:#?}");
+    }
+
+    #[test]
+    fn service_port_type_and_selector_drift() {
+        let s = desired_service(&app(spec())).unwrap();
+        let mut live = s.clone();
+        let spec = live.spec.as_mut().unwrap();
+        spec.type_ = Some("NodePort".into());
+        spec.ports.as_mut().unwrap()[0].node_port = Some(30080);
+        spec.selector
+            .as_mut()
+            .unwrap()
+            .insert("extra".into(), "x".into());
+        let ops = Service::drift(&s, &live);
+        let paths: Vec<&str> = ops.iter().map(|o| o["path"].as_str().unwrap()).collect();
+        assert_eq!(paths, ["/spec/type", "/spec/ports", "/spec/selector"]);
+        // The replacement ports carry no node port.
+        assert!(ops[1]["value"][0].get("nodePort").is_none());
+    }
+
+    #[test]
+    fn hash_is_stable_and_sensitive() {
+        let a = desired_deployment(&app(spec())).unwrap();
+        let h1 = desired_hash(&a).unwrap();
+        assert_eq!(h1, desired_hash(&a.clone()).unwrap());
+        assert_eq!(h1.len(), 32);
+        let mut s = spec();
+        s.image = "nginx:1.28".into();
+        let b = desired_deployment(&app(s)).unwrap();
+        assert_ne!(h1, desired_hash(&b).unwrap());
+    }
+}

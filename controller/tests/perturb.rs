@@ -1,0 +1,930 @@
+//! What the world does to an AppService's objects, on a full control plane (Pods become
+//! ready through kwok, owned objects are garbage-collected): children deleted, edited by
+//! other field managers, taken by foreign objects, status edited, the finalizer removed,
+//! the controller restarted. After each perturbation the AppService must be back to its
+//! spec and `Ready=True` within [`HEAL`] (the time is printed), and then the controller
+//! must make no writes at all over several reconciles.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use common::conditions::{DEGRADED, READY, TRUE, reasons};
+use common::names::{FINALIZER, child_labels, endpoint, selector_labels};
+use common::{AppService, AppServiceSpec, EnvVar};
+use controller::desired::{CONTAINER_NAME, PORT_NAME};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use support::{Running, condition, eventually, init, start_controller};
+
+/// How long healing may take. Generous for a loaded CI machine; the measured times are
+/// printed and are normally well under a second plus the Pods' start.
+const HEAL: Duration = Duration::from_secs(10);
+const WAIT: Duration = Duration::from_secs(90);
+/// The field manager of "someone else".
+const INTRUDER: &str = "intruder";
+
+struct Fixture {
+    client: Client,
+    ns: String,
+    apps: Api<AppService>,
+    deployments: Api<Deployment>,
+    services: Api<Service>,
+    ctl: Running,
+    _ns_guard: harness::TestNamespace,
+}
+
+/// A namespace and an in-process controller for it that resyncs every second, so "no
+/// writes over several reconciles" is quick to observe.
+async fn fixture() -> anyhow::Result<Fixture> {
+    init();
+    let cp = harness::shared_full().await?;
+    let ns_guard = cp.namespace().await?;
+    let ns = ns_guard.name().to_owned();
+    let client = cp.client();
+    let ctl = start_controller(client.clone(), &ns, |c| {
+        c.resync_interval = Duration::from_secs(1);
+    });
+    Ok(Fixture {
+        apps: Api::namespaced(client.clone(), &ns),
+        deployments: Api::namespaced(client.clone(), &ns),
+        services: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+        ctl,
+        _ns_guard: ns_guard,
+    })
+}
+
+fn spec(image: &str, replicas: i32) -> AppServiceSpec {
+    AppServiceSpec {
+        image: image.to_owned(),
+        replicas: Some(replicas),
+        env: vec![EnvVar {
+            name: "LOG_LEVEL".into(),
+            value: Some("info".into()),
+            value_from: None,
+        }],
+        ..AppServiceSpec::default()
+    }
+}
+
+impl Fixture {
+    async fn create(&self, name: &str, spec: AppServiceSpec) -> anyhow::Result<AppService> {
+        Ok(self
+            .apps
+            .create(&PostParams::default(), &AppService::new(name, spec))
+            .await?)
+    }
+
+    /// Everything about `name` that does not match its spec, empty when converged: the
+    /// children carry the spec, the Deployment has rolled out, and status says so for
+    /// the current generation.
+    async fn problems(&self, name: &str) -> anyhow::Result<Vec<String>> {
+        let mut p = Vec::new();
+        let app = self.apps.get(name).await?;
+        let spec = &app.spec;
+        let replicas = spec.replicas.unwrap_or(1);
+        let port = spec.port.unwrap_or(8080);
+        let uid = app.uid().context("uid")?;
+        let generation = app.metadata.generation;
+
+        if !app.finalizers().iter().any(|f| f == FINALIZER) {
+            p.push("no finalizer".to_owned());
+        }
+        let status = app.status.clone().unwrap_or_default();
+        if status.observed_generation != generation {
+            p.push(format!(
+                "status.observedGeneration {:?} != {generation:?}",
+                status.observed_generation
+            ));
+        }
+        match condition(&app, READY) {
+            Some((s, _, _)) if s == TRUE => {}
+            other => p.push(format!("Ready is {other:?}")),
+        }
+        for c in &status.conditions {
+            if c.observed_generation != generation {
+                p.push(format!(
+                    "condition {} is for generation {:?}",
+                    c.type_, c.observed_generation
+                ));
+            }
+        }
+        if status.ready_replicas != Some(replicas) {
+            p.push(format!(
+                "status.readyReplicas {:?} != {replicas}",
+                status.ready_replicas
+            ));
+        }
+        if status.endpoint.as_deref() != Some(endpoint(name, &self.ns, port).as_str()) {
+            p.push(format!("status.endpoint {:?}", status.endpoint));
+        }
+
+        let owned = |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
+            refs.iter()
+                .any(|r| r.uid == uid && r.controller == Some(true))
+        };
+        let has_labels = |labels: &BTreeMap<String, String>| {
+            child_labels(name)
+                .iter()
+                .all(|(k, v)| labels.get(k) == Some(v))
+        };
+        match self.deployments.get_opt(name).await? {
+            None => p.push("no Deployment".to_owned()),
+            Some(d) => {
+                if !owned(d.owner_references()) {
+                    p.push("Deployment not controlled by the AppService".to_owned());
+                }
+                if !has_labels(d.labels()) {
+                    p.push(format!("Deployment labels {:?}", d.labels()));
+                }
+                if d.spec.replicas != Some(replicas) {
+                    p.push(format!("Deployment replicas {:?}", d.spec.replicas));
+                }
+                let template_labels = d
+                    .spec
+                    .template
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| m.labels.clone())
+                    .unwrap_or_default();
+                if !has_labels(&template_labels) {
+                    p.push(format!("template labels {template_labels:?}"));
+                }
+                let containers = d
+                    .spec
+                    .template
+                    .spec
+                    .as_ref()
+                    .map(|s| s.containers.clone())
+                    .unwrap_or_default();
+                match containers.iter().find(|c| c.name == CONTAINER_NAME) {
+                    None => p.push("no app container".to_owned()),
+                    Some(c) => {
+                        if c.image.as_deref() != Some(spec.image.as_str()) {
+                            p.push(format!("image {:?}", c.image));
+                        }
+                        let ports: Vec<(Option<String>, i32)> = c
+                            .ports
+                            .clone()
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|p| (p.name, p.container_port))
+                            .collect();
+                        if ports != [(Some(PORT_NAME.to_owned()), port)] {
+                            p.push(format!("container ports {ports:?}"));
+                        }
+                        let env: Vec<(String, Option<String>)> = c
+                            .env
+                            .clone()
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|e| (e.name, e.value.filter(|v| !v.is_empty())))
+                            .collect();
+                        let want: Vec<(String, Option<String>)> = spec
+                            .env
+                            .iter()
+                            .map(|e| (e.name.clone(), e.value.clone().filter(|v| !v.is_empty())))
+                            .collect();
+                        if env != want {
+                            p.push(format!("env {env:?}"));
+                        }
+                    }
+                }
+                let st = d.status.clone().unwrap_or_default();
+                if st.observed_generation != d.metadata.generation {
+                    p.push("Deployment not yet observed".to_owned());
+                }
+                if st.ready_replicas.unwrap_or(0) != replicas
+                    || st.replicas.unwrap_or(0) != replicas
+                    || st.updated_replicas.unwrap_or(0) != replicas
+                {
+                    p.push(format!(
+                        "Deployment rollout: {}/{}/{} (ready/total/updated) of {replicas}",
+                        st.ready_replicas.unwrap_or(0),
+                        st.replicas.unwrap_or(0),
+                        st.updated_replicas.unwrap_or(0)
+                    ));
+                }
+            }
+        }
+        match self.services.get_opt(name).await? {
+            None => p.push("no Service".to_owned()),
+            Some(s) => {
+                if !owned(s.owner_references()) {
+                    p.push("Service not controlled by the AppService".to_owned());
+                }
+                if !has_labels(s.labels()) {
+                    p.push(format!("Service labels {:?}", s.labels()));
+                }
+                let sp = s.spec.clone().unwrap_or_default();
+                if sp.type_.as_deref() != Some("ClusterIP") {
+                    p.push(format!("Service type {:?}", sp.type_));
+                }
+                if sp.selector != Some(selector_labels(name)) {
+                    p.push(format!("Service selector {:?}", sp.selector));
+                }
+                let ports: Vec<_> = sp
+                    .ports
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|p| (p.name, p.port, p.target_port, p.node_port))
+                    .collect();
+                if ports
+                    != [(
+                        Some(PORT_NAME.to_owned()),
+                        port,
+                        Some(IntOrString::Int(port)),
+                        None,
+                    )]
+                {
+                    p.push(format!("Service ports {ports:?}"));
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// Waits until `name` is converged; fails after `bound` with what is still off.
+    async fn converged_within(&self, name: &str, bound: Duration) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        loop {
+            let problems = self.problems(name).await?;
+            if problems.is_empty() {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > bound {
+                bail!("{name} not converged after {bound:?}: {problems:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Applies `p` to `name`, then asserts it heals within [`HEAL`] and prints the time.
+    async fn heals(&self, name: &str, p: Perturbation) -> anyhow::Result<()> {
+        let before = self.problems(name).await?;
+        assert!(
+            before.is_empty(),
+            "{name} must be converged before {p:?}: {before:?}"
+        );
+        p.apply(self, name).await?;
+        let took = self
+            .converged_within(name, HEAL)
+            .await
+            .with_context(|| format!("after {p:?}"))?;
+        println!("healed {p:?} on {name} in {} ms", took.as_millis());
+        Ok(())
+    }
+
+    /// Asserts the controller writes nothing while it reconciles at least `n` more times.
+    async fn quiet(&self, n: u64) -> anyhow::Result<()> {
+        let writes = self.ctl.metrics.write_count();
+        let reconciles = self.ctl.metrics.reconcile_count();
+        eventually(WAIT, "more reconciles", || async {
+            Ok((self.ctl.metrics.reconcile_count() >= reconciles + n).then_some(()))
+        })
+        .await?;
+        assert_eq!(
+            self.ctl.metrics.write_count(),
+            writes,
+            "writes at steady state over {n} reconciles"
+        );
+        Ok(())
+    }
+
+    async fn json_patch<K>(&self, api: &Api<K>, name: &str, ops: Value) -> anyhow::Result<()>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let patch: json_patch::Patch = serde_json::from_value(ops)?;
+        api.patch(
+            name,
+            &PatchParams {
+                field_manager: Some(INTRUDER.to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::Json::<()>(patch),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Something the world does to an AppService or its children.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Perturbation {
+    DeleteDeployment,
+    DeleteService,
+    DeleteBoth,
+    Image,
+    Replicas,
+    ContainerPort,
+    ExtraEnv,
+    ServicePort,
+    ServiceTypeNodePort,
+    ServiceTypeLoadBalancer,
+    ServiceSelector,
+    ServiceSelectorExtraKey,
+    RemoveDeploymentLabel,
+    RemoveServiceLabel,
+    ForceApplyDeployment,
+    ForceApplyService,
+    EditStatus,
+    RemoveFinalizer,
+}
+
+impl Perturbation {
+    const ALL: [Perturbation; 18] = [
+        Perturbation::DeleteDeployment,
+        Perturbation::DeleteService,
+        Perturbation::DeleteBoth,
+        Perturbation::Image,
+        Perturbation::Replicas,
+        Perturbation::ContainerPort,
+        Perturbation::ExtraEnv,
+        Perturbation::ServicePort,
+        Perturbation::ServiceTypeNodePort,
+        Perturbation::ServiceTypeLoadBalancer,
+        Perturbation::ServiceSelector,
+        Perturbation::ServiceSelectorExtraKey,
+        Perturbation::RemoveDeploymentLabel,
+        Perturbation::RemoveServiceLabel,
+        Perturbation::ForceApplyDeployment,
+        Perturbation::ForceApplyService,
+        Perturbation::EditStatus,
+        Perturbation::RemoveFinalizer,
+    ];
+
+    async fn apply(self, f: &Fixture, name: &str) -> anyhow::Result<()> {
+        let container = "/spec/template/spec/containers/0";
+        match self {
+            Perturbation::DeleteDeployment => {
+                f.deployments.delete(name, &DeleteParams::default()).await?;
+            }
+            Perturbation::DeleteService => {
+                f.services.delete(name, &DeleteParams::default()).await?;
+            }
+            Perturbation::DeleteBoth => {
+                f.deployments.delete(name, &DeleteParams::default()).await?;
+                f.services.delete(name, &DeleteParams::default()).await?;
+            }
+            Perturbation::Image => {
+                f.json_patch(&f.deployments, name, json!([
+                    {"op": "replace", "path": format!("{container}/image"), "value": "registry.example.com/other:v9"}
+                ]))
+                .await?;
+            }
+            Perturbation::Replicas => {
+                f.json_patch(
+                    &f.deployments,
+                    name,
+                    json!([
+                        {"op": "replace", "path": "/spec/replicas", "value": 5}
+                    ]),
+                )
+                .await?;
+            }
+            Perturbation::ContainerPort => {
+                f.json_patch(&f.deployments, name, json!([
+                    {"op": "replace", "path": format!("{container}/ports/0/containerPort"), "value": 9999}
+                ]))
+                .await?;
+            }
+            Perturbation::ExtraEnv => {
+                f.json_patch(&f.deployments, name, json!([
+                    {"op": "add", "path": format!("{container}/env/-"), "value": {"name": "INJECTED", "value": "1"}}
+                ]))
+                .await?;
+            }
+            Perturbation::ServicePort => {
+                f.json_patch(
+                    &f.services,
+                    name,
+                    json!([
+                        {"op": "replace", "path": "/spec/ports/0/port", "value": 9999}
+                    ]),
+                )
+                .await?;
+            }
+            Perturbation::ServiceTypeNodePort => {
+                f.json_patch(
+                    &f.services,
+                    name,
+                    json!([
+                        {"op": "replace", "path": "/spec/type", "value": "NodePort"}
+                    ]),
+                )
+                .await?;
+            }
+            Perturbation::ServiceTypeLoadBalancer => {
+                f.json_patch(
+                    &f.services,
+                    name,
+                    json!([
+                        {"op": "replace", "path": "/spec/type", "value": "LoadBalancer"}
+                    ]),
+                )
+                .await?;
+            }
+            Perturbation::ServiceSelector => {
+                f.json_patch(&f.services, name, json!([
+                    {"op": "replace", "path": "/spec/selector/app.kubernetes.io~1instance", "value": "someone-else"}
+                ]))
+                .await?;
+            }
+            Perturbation::ServiceSelectorExtraKey => {
+                f.json_patch(
+                    &f.services,
+                    name,
+                    json!([
+                        {"op": "add", "path": "/spec/selector/tier", "value": "backend"}
+                    ]),
+                )
+                .await?;
+            }
+            Perturbation::RemoveDeploymentLabel => {
+                f.json_patch(
+                    &f.deployments,
+                    name,
+                    json!([
+                        {"op": "remove", "path": "/metadata/labels/app.kubernetes.io~1managed-by"}
+                    ]),
+                )
+                .await?;
+            }
+            Perturbation::RemoveServiceLabel => {
+                f.json_patch(
+                    &f.services,
+                    name,
+                    json!([
+                        {"op": "remove", "path": "/metadata/labels/app.kubernetes.io~1instance"}
+                    ]),
+                )
+                .await?;
+            }
+            Perturbation::ForceApplyDeployment => {
+                let mut d = f.deployments.get(name).await?;
+                d.metadata.managed_fields = None;
+                d.metadata.resource_version = None;
+                d.status = None;
+                d.spec.replicas = Some(3);
+                if let Some(c) = d.spec.template.spec.as_mut().map(|s| &mut s.containers[0]) {
+                    c.image = Some("registry.example.com/taken-over:v1".into());
+                }
+                f.deployments
+                    .patch(
+                        name,
+                        &PatchParams::apply(INTRUDER).force(),
+                        &Patch::Apply(&d),
+                    )
+                    .await?;
+            }
+            Perturbation::ForceApplyService => {
+                let mut s = f.services.get(name).await?;
+                s.metadata.managed_fields = None;
+                s.metadata.resource_version = None;
+                s.status = None;
+                if let Some(sp) = s.spec.as_mut() {
+                    sp.ports = Some(vec![k8s_openapi::api::core::v1::ServicePort {
+                        name: Some("web".into()),
+                        port: 80,
+                        target_port: Some(IntOrString::Int(80)),
+                        protocol: Some("TCP".into()),
+                        ..Default::default()
+                    }]);
+                }
+                f.services
+                    .patch(
+                        name,
+                        &PatchParams::apply(INTRUDER).force(),
+                        &Patch::Apply(&s),
+                    )
+                    .await?;
+            }
+            Perturbation::EditStatus => {
+                f.apps
+                    .patch_status(
+                        name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"status": {
+                            "readyReplicas": 99,
+                            "endpoint": "http://elsewhere:1",
+                        }})),
+                    )
+                    .await?;
+            }
+            Perturbation::RemoveFinalizer => {
+                f.apps
+                    .patch(
+                        name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn one_by_one(name: &str, perturbations: &[Perturbation]) -> anyhow::Result<()> {
+    let f = fixture().await?;
+    f.create(name, spec("registry.example.com/web:v1", 2))
+        .await?;
+    f.converged_within(name, WAIT).await?;
+    f.quiet(3).await?;
+    for p in perturbations {
+        f.heals(name, *p).await?;
+    }
+    f.quiet(3).await?;
+    f.ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn deleted_children_come_back() -> anyhow::Result<()> {
+    one_by_one(
+        "deleted",
+        &[
+            Perturbation::DeleteDeployment,
+            Perturbation::DeleteService,
+            Perturbation::DeleteBoth,
+        ],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn deployment_edits_by_another_manager_are_put_back() -> anyhow::Result<()> {
+    one_by_one(
+        "dedits",
+        &[
+            Perturbation::Image,
+            Perturbation::Replicas,
+            Perturbation::ContainerPort,
+            Perturbation::ExtraEnv,
+            Perturbation::RemoveDeploymentLabel,
+            Perturbation::ForceApplyDeployment,
+        ],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn service_edits_by_another_manager_are_put_back() -> anyhow::Result<()> {
+    one_by_one(
+        "sedits",
+        &[
+            Perturbation::ServicePort,
+            Perturbation::ServiceTypeNodePort,
+            Perturbation::ServiceTypeLoadBalancer,
+            Perturbation::ServiceSelector,
+            Perturbation::ServiceSelectorExtraKey,
+            Perturbation::RemoveServiceLabel,
+            Perturbation::ForceApplyService,
+        ],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn status_and_finalizer_edits_are_put_back() -> anyhow::Result<()> {
+    one_by_one(
+        "meta",
+        &[Perturbation::EditStatus, Perturbation::RemoveFinalizer],
+    )
+    .await
+}
+
+/// After the spec changes, a Service port another manager had re-keyed must not block
+/// the apply of the new port (the 422 "Duplicate value" case).
+#[tokio::test]
+async fn spec_change_after_a_foreign_port_edit_converges() -> anyhow::Result<()> {
+    let f = fixture().await?;
+    f.create("ports", spec("registry.example.com/web:v1", 1))
+        .await?;
+    f.converged_within("ports", WAIT).await?;
+    f.heals("ports", Perturbation::ServicePort).await?;
+    f.heals("ports", Perturbation::ContainerPort).await?;
+    f.apps
+        .patch(
+            "ports",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 9090}})),
+        )
+        .await?;
+    let took = f.converged_within("ports", HEAL).await?;
+    println!("port change converged in {} ms", took.as_millis());
+    f.quiet(3).await?;
+    f.ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn labels_and_annotations_added_by_users_are_kept_without_a_fight() -> anyhow::Result<()> {
+    let f = fixture().await?;
+    f.create("kept", spec("registry.example.com/web:v1", 1))
+        .await?;
+    f.converged_within("kept", WAIT).await?;
+    let extra = json!({"metadata": {
+        "labels": {"team": "payments"},
+        "annotations": {"example.com/owner": "payments"},
+    }});
+    let pp = PatchParams {
+        field_manager: Some(INTRUDER.to_owned()),
+        ..PatchParams::default()
+    };
+    let d0 = f
+        .deployments
+        .patch("kept", &pp, &Patch::Merge(&extra))
+        .await?;
+    let s0 = f.services.patch("kept", &pp, &Patch::Merge(&extra)).await?;
+    let writes = f.ctl.metrics.write_count();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let d1 = f.deployments.get("kept").await?;
+    let s1 = f.services.get("kept").await?;
+    assert_eq!(
+        d1.resource_version(),
+        d0.resource_version(),
+        "Deployment rewritten"
+    );
+    assert_eq!(
+        s1.resource_version(),
+        s0.resource_version(),
+        "Service rewritten"
+    );
+    assert_eq!(d1.metadata.generation, d0.metadata.generation);
+    assert_eq!(d1.labels()["team"], "payments");
+    assert_eq!(s1.annotations()["example.com/owner"], "payments");
+    assert_eq!(f.ctl.metrics.write_count(), writes);
+    assert!(f.problems("kept").await?.is_empty());
+    f.ctl.stop().await?;
+    Ok(())
+}
+
+/// A foreign object holding one of the names blocks both children (no half-built
+/// AppService), status says who must act, and the name's release is noticed at once.
+#[tokio::test]
+async fn foreign_objects_block_until_they_go_away() -> anyhow::Result<()> {
+    let f = fixture().await?;
+    for kind in ["Deployment", "Service"] {
+        let name = format!("taken-{}", kind.to_lowercase());
+        let labels = BTreeMap::from([("app".to_owned(), "legacy".to_owned())]);
+        match kind {
+            "Deployment" => {
+                let d: Deployment = serde_json::from_value(json!({
+                    "metadata": {"name": name, "labels": labels},
+                    "spec": {
+                        "replicas": 1,
+                        "selector": {"matchLabels": labels},
+                        "template": {
+                            "metadata": {"labels": labels},
+                            "spec": {"containers": [{"name": "legacy", "image": "legacy:1"}]}
+                        }
+                    }
+                }))?;
+                f.deployments.create(&PostParams::default(), &d).await?;
+            }
+            _ => {
+                let s: Service = serde_json::from_value(json!({
+                    "metadata": {"name": name, "labels": labels},
+                    "spec": {"selector": labels, "ports": [{"port": 80}]}
+                }))?;
+                f.services.create(&PostParams::default(), &s).await?;
+            }
+        }
+        f.create(&name, spec("registry.example.com/web:v1", 1))
+            .await?;
+        let a = eventually(WAIT, "ResourceConflict", || async {
+            let a = f.apps.get(&name).await?;
+            Ok(condition(&a, READY)
+                .is_some_and(|(_, r, _)| r == reasons::RESOURCE_CONFLICT)
+                .then_some(a))
+        })
+        .await?;
+        let (_, _, message) = condition(&a, READY).unwrap();
+        assert!(message.contains(kind), "{message}");
+        assert!(
+            message.contains("not controlled by this AppService"),
+            "{message}"
+        );
+        assert_eq!(condition(&a, DEGRADED).unwrap().0, TRUE);
+        let status = a.status.clone().unwrap();
+        assert_eq!(status.ready_replicas, Some(0));
+        if kind == "Service" {
+            assert_eq!(
+                status.endpoint, None,
+                "the endpoint would reach someone else"
+            );
+        }
+        // Neither child was created: nothing half-built.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let ours = |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
+            refs.iter().any(|r| Some(&r.uid) == a.metadata.uid.as_ref())
+        };
+        if let Some(d) = f.deployments.get_opt(&name).await? {
+            assert!(
+                !ours(d.owner_references()),
+                "Deployment created despite the conflict"
+            );
+        }
+        if let Some(s) = f.services.get_opt(&name).await? {
+            assert!(
+                !ours(s.owner_references()),
+                "Service created despite the conflict"
+            );
+        }
+
+        if kind == "Deployment" {
+            f.deployments
+                .delete(&name, &DeleteParams::default())
+                .await?;
+        } else {
+            f.services.delete(&name, &DeleteParams::default()).await?;
+        }
+        let took = f.converged_within(&name, HEAL).await?;
+        println!("foreign {kind} gone: converged in {} ms", took.as_millis());
+    }
+    f.quiet(3).await?;
+    f.ctl.stop().await?;
+    Ok(())
+}
+
+/// Every optional field empty or zero-like: converged, then not a single write.
+#[tokio::test]
+async fn zero_like_specs_converge_and_stay_quiet() -> anyhow::Result<()> {
+    let f = fixture().await?;
+    let shapes = [
+        (
+            "empty-value",
+            json!({"image": "nginx:1.27", "env": [{"name": "EMPTY", "value": ""}]}),
+        ),
+        (
+            "empty-lists",
+            json!({"image": "nginx:1.27", "env": [], "resources": {}}),
+        ),
+        ("zero", json!({"image": "nginx:1.27", "replicas": 0})),
+        (
+            "empty-maps",
+            json!({"image": "nginx:1.27", "resources": {"limits": {}, "requests": {}}, "env": [{"name": "A", "value": ""}, {"name": "B"}]}),
+        ),
+        (
+            "quantities",
+            json!({"image": "nginx:1.27", "resources": {"requests": {"cpu": "1000m", "memory": "1024Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}}}),
+        ),
+        (
+            "value-from",
+            json!({"image": "nginx:1.27", "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}),
+        ),
+    ];
+    for (name, spec) in &shapes {
+        let obj: AppService = serde_json::from_value(json!({
+            "apiVersion": "platform.example.com/v1alpha1",
+            "kind": "AppService",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))?;
+        f.apps.create(&PostParams::default(), &obj).await?;
+    }
+    for (name, _) in &shapes {
+        f.converged_within(name, WAIT).await?;
+    }
+    let versions = child_versions(&f).await?;
+    f.quiet(3 * shapes.len() as u64).await?;
+    assert_eq!(
+        child_versions(&f).await?,
+        versions,
+        "children rewritten at steady state"
+    );
+    f.ctl.stop().await?;
+    Ok(())
+}
+
+/// resourceVersions of every AppService child in the namespace.
+async fn child_versions(f: &Fixture) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for d in f.deployments.list(&ListParams::default()).await? {
+        out.insert(
+            format!("deployment/{}", d.name_any()),
+            d.resource_version().unwrap_or_default(),
+        );
+    }
+    for s in f.services.list(&ListParams::default()).await? {
+        out.insert(
+            format!("service/{}", s.name_any()),
+            s.resource_version().unwrap_or_default(),
+        );
+    }
+    Ok(out)
+}
+
+/// A restarted controller with 100 converged AppServices writes nothing.
+#[tokio::test]
+async fn restart_with_100_converged_appservices_writes_nothing() -> anyhow::Result<()> {
+    let f = fixture().await?;
+    let names: Vec<String> = (0..100).map(|i| format!("app-{i:03}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let mut s = spec("registry.example.com/web:v1", (i % 2) as i32);
+        if i % 3 == 0 {
+            s.env.push(EnvVar {
+                name: "EMPTY".into(),
+                value: Some(String::new()),
+                value_from: None,
+            });
+        }
+        f.create(name, s).await?;
+    }
+    for name in &names {
+        f.converged_within(name, WAIT).await?;
+    }
+    let Fixture {
+        client,
+        ns,
+        ctl,
+        apps,
+        ..
+    } = f;
+    ctl.stop().await?;
+    let versions: BTreeMap<String, String> = apps
+        .list(&ListParams::default())
+        .await?
+        .into_iter()
+        .map(|a| (a.name_any(), a.resource_version().unwrap_or_default()))
+        .collect();
+
+    let again = start_controller(client.clone(), &ns, |c| {
+        c.resync_interval = Duration::from_secs(1);
+    });
+    eventually(WAIT, "every AppService reconciled twice", || async {
+        Ok((again.metrics.reconcile_count() >= 200).then_some(()))
+    })
+    .await?;
+    assert_eq!(again.metrics.write_count(), 0, "writes after a restart");
+    let after: BTreeMap<String, String> = apps
+        .list(&ListParams::default())
+        .await?
+        .into_iter()
+        .map(|a| (a.name_any(), a.resource_version().unwrap_or_default()))
+        .collect();
+    assert_eq!(after, versions);
+    again.stop().await?;
+    Ok(())
+}
+
+/// Random sequences of perturbations on a few AppServices at once (seeded; the seed is
+/// printed and `PERTURB_SEED` replays it): each AppService converges, then no writes.
+#[tokio::test]
+async fn random_perturbation_sequences_converge() -> anyhow::Result<()> {
+    let seed: u64 = std::env::var("PERTURB_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("PERTURB_SEED={seed}");
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+    let f = fixture().await?;
+    let names = ["rand-a", "rand-b", "rand-c"];
+    for (i, name) in names.iter().enumerate() {
+        f.create(name, spec("registry.example.com/web:v1", 1 + i as i32 % 2))
+            .await?;
+    }
+    for name in names {
+        f.converged_within(name, WAIT).await?;
+    }
+    for round in 0..4 {
+        let mut applied = Vec::new();
+        for name in names {
+            // One to three perturbations in a row, without waiting in between.
+            let n = rand::Rng::random_range(&mut rng, 1..=3);
+            for _ in 0..n {
+                let p = Perturbation::ALL
+                    [rand::Rng::random_range(&mut rng, 0..Perturbation::ALL.len())];
+                // Tolerate an edit of an object another perturbation just deleted.
+                if let Err(e) = p.apply(&f, name).await {
+                    println!("round {round}: {p:?} on {name} not applied: {e:#}");
+                } else {
+                    applied.push((name, p));
+                }
+            }
+        }
+        println!("round {round}: {applied:?}");
+        for name in names {
+            let took = f
+                .converged_within(name, HEAL)
+                .await
+                .with_context(|| format!("seed {seed}, round {round}, after {applied:?}"))?;
+            println!("round {round}: {name} converged in {} ms", took.as_millis());
+        }
+    }
+    f.quiet(3 * names.len() as u64).await?;
+    f.ctl.stop().await?;
+    Ok(())
+}
