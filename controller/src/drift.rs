@@ -139,7 +139,7 @@ fn container_drift(want: &Container, have: &Container, index: usize, ops: &mut V
             ops,
         );
     }
-    if normalized_env(want.env.as_deref()) != normalized_env(have.env.as_deref()) {
+    if !same_env(want.env.as_deref(), have.env.as_deref()) {
         set_or_remove(
             &format!("{base}/env"),
             want.env.as_ref(),
@@ -304,18 +304,34 @@ fn normalized_service_ports(ports: Option<&[ServicePort]>) -> Vec<PortKey<'_>> {
         .collect()
 }
 
-/// Env as the API server stores it: an empty `value` is dropped on the wire.
-fn normalized_env(env: Option<&[EnvVar]>) -> Vec<(&str, Option<&str>, Value)> {
-    env.unwrap_or_default()
-        .iter()
-        .map(|e| {
-            (
-                e.name.as_str(),
-                e.value.as_deref().filter(|v| !v.is_empty()),
-                json!(e.value_from),
-            )
+/// Whether the live env is the one we want. An empty `value` is dropped on the wire,
+/// and the API server fills in defaults inside `valueFrom` (`fieldRef.apiVersion`), so
+/// a live `valueFrom` matches when it holds everything ours says.
+fn same_env(want: Option<&[EnvVar]>, have: Option<&[EnvVar]>) -> bool {
+    let want = want.unwrap_or_default();
+    let have = have.unwrap_or_default();
+    want.len() == have.len()
+        && want.iter().zip(have).all(|(w, h)| {
+            w.name == h.name
+                && w.value.as_deref().filter(|v| !v.is_empty())
+                    == h.value.as_deref().filter(|v| !v.is_empty())
+                && match (&w.value_from, &h.value_from) {
+                    (None, None) => true,
+                    (Some(w), Some(h)) => contains(&json!(w), &json!(h)),
+                    _ => false,
+                }
         })
-        .collect()
+}
+
+/// Whether `have` holds every member `want` has, with the same value (objects compared
+/// member by member, everything else by equality).
+fn contains(want: &Value, have: &Value) -> bool {
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => w
+            .iter()
+            .all(|(k, wv)| h.get(k).is_some_and(|hv| contains(wv, hv))),
+        _ => want == have,
+    }
 }
 
 fn same_resources(
@@ -471,6 +487,32 @@ mod tests {
         c.resources = None;
         let ops = Deployment::drift(&d, &live);
         assert_eq!(ops.len(), 3, "{ops:#?}");
+    }
+
+    #[test]
+    fn value_from_defaults_are_not_drift_but_another_source_is() {
+        let mut s = spec();
+        s.env = vec![AppEnvVar {
+            name: "POD".into(),
+            value: None,
+            value_from: Some(
+                serde_json::from_value(json!({"fieldRef": {"fieldPath": "metadata.name"}}))
+                    .unwrap(),
+            ),
+        }];
+        let d = desired_deployment(&app(s)).unwrap();
+        let with_source = |source: Value| {
+            let mut live = d.clone();
+            let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
+            c.env.as_mut().unwrap()[0].value_from = Some(serde_json::from_value(source).unwrap());
+            live
+        };
+        let live =
+            with_source(json!({"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}));
+        assert!(Deployment::drift(&d, &live).is_empty());
+        let live =
+            with_source(json!({"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}));
+        assert_eq!(Deployment::drift(&d, &live).len(), 2);
     }
 
     #[test]
