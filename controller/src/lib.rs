@@ -108,7 +108,7 @@ pub async fn run_with(
             scoped_api::<Deployment>(&client, &config),
             child_config.clone(),
         )
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .inspect(mark_synced(synced.clone(), |s| &s.deployments)),
     )
     // Touched, not applied: a deleted child must wake its owner at once.
@@ -116,7 +116,7 @@ pub async fn run_with(
     let service_stream = reflector::reflector(
         services_writer,
         watcher(scoped_api::<Service>(&client, &config), child_config)
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .inspect(mark_synced(synced.clone(), |s| &s.services)),
     )
     .touched_objects();
@@ -126,7 +126,7 @@ pub async fn run_with(
             scoped_api::<AppService>(&client, &config),
             watcher::Config::default().any_semantic(),
         )
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .inspect(mark_synced(synced.clone(), |s| &s.appservices)),
     )
     .applied_objects();
@@ -159,19 +159,25 @@ pub async fn run_with(
         scoped_api::<PartialObjectMeta<Deployment>>(&client, &config),
         others_config.clone(),
     )
-    .default_backoff()
+    .backoff(WatchBackoff::default())
     .touched_objects();
     let other_services = watcher(
         scoped_api::<PartialObjectMeta<Service>>(&client, &config),
         others_config,
     )
-    .default_backoff()
+    .backoff(WatchBackoff::default())
     .touched_objects();
     let apps_for_deployments = apps.clone();
     let apps_for_services = apps.clone();
 
     let controller = Controller::for_stream(app_stream, apps)
         .with_config(controller::Config::default().concurrency(config.concurrency))
+        // The controller backs off its merged trigger streams once more, by default up to
+        // 30 s that are forgotten only after two quiet minutes. After an API server
+        // restart every watch gets one "too old resource version" in turn, and each paused
+        // all of them: caches stayed stale for many seconds. Each watch above backs off on
+        // its own, so the merged stream only yields.
+        .trigger_backoff(YieldBackoff)
         .owns_stream(deployment_stream)
         .owns_stream(service_stream)
         .watches_stream(
@@ -338,6 +344,60 @@ where
     }
 }
 
+/// Backoff of the watches. kube-runtime's default grows to 30 s and forgets its errors
+/// only after two quiet minutes, so after an API server restart (a few connection
+/// errors, then "too old resource version") the caches stayed stale for half a minute.
+/// This one starts at 100 ms, doubles to at most 5 s (so an outage costs one request
+/// every few seconds per watch) and is reset by the first event that comes through.
+#[derive(Clone, Debug)]
+struct WatchBackoff {
+    next: std::time::Duration,
+}
+
+impl WatchBackoff {
+    const MIN: std::time::Duration = std::time::Duration::from_millis(100);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(5);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff { next: Self::MIN }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        let nominal = self.next;
+        self.next = (nominal * 2).min(Self::MAX);
+        // Half to all of the nominal delay, so many watches do not retry in step.
+        Some(nominal.mul_f64(0.5 + rand::random::<f64>() / 2.0))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::MIN;
+    }
+}
+
+/// No pause beyond a yield: for a stream whose parts back off on their own.
+#[derive(Clone, Copy, Debug)]
+struct YieldBackoff;
+
+impl Iterator for YieldBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        Some(std::time::Duration::from_millis(1))
+    }
+}
+
+impl kube::runtime::utils::Backoff for YieldBackoff {
+    fn reset(&mut self) {}
+}
+
 /// The AppService named like an object, if there is one in the same namespace.
 fn same_named_app(
     apps: &reflector::Store<AppService>,
@@ -359,4 +419,21 @@ fn leadership_gained(leading: watch::Receiver<bool>) -> impl futures::Stream<Ite
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::utils::Backoff;
+
+    #[test]
+    fn watch_backoff_is_bounded_and_resets() {
+        let mut b = WatchBackoff::default();
+        let delays: Vec<_> = (&mut b).take(12).collect();
+        assert!(delays[0] <= WatchBackoff::MIN && delays[0] >= WatchBackoff::MIN / 2);
+        assert!(delays.iter().all(|d| *d <= WatchBackoff::MAX));
+        assert!(delays[11] >= WatchBackoff::MAX / 2);
+        b.reset();
+        assert!(b.next().is_some_and(|d| d <= WatchBackoff::MIN));
+    }
 }

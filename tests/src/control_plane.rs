@@ -73,6 +73,10 @@ pub struct ControlPlane {
     startup_time: Duration,
     /// `APPSERVICE_KEEP_LOGS` set: keep every file (certificates, kubeconfig, etcd data).
     keep_all: bool,
+    /// kube-apiserver's index in `components` and its flags, for [`Self::restart_apiserver`].
+    apiserver: (usize, Vec<String>),
+    /// How often kube-apiserver was restarted (names the new log file).
+    restarts: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -150,6 +154,8 @@ impl ControlPlane {
             startup_time: Duration::ZERO,
             keep_all: std::env::var_os("APPSERVICE_KEEP_LOGS").is_some(),
             paths,
+            apiserver: (0, Vec::new()),
+            restarts: std::sync::atomic::AtomicUsize::new(0),
         };
         write(&cp.paths.kubeconfig, &cp.kubeconfig_yaml())?;
 
@@ -185,33 +191,42 @@ impl ControlPlane {
         // kube-apiserver, secure serving only.
         let pki = cp.paths.pki.clone();
         let file = |name: &str| pki.join(name).display().to_string();
-        let apiserver = cp.spawn(
-            "kube-apiserver",
-            &bin,
-            vec![
-                format!("--etcd-servers={etcd_url}"),
-                format!("--secure-port={api_port}"),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
-                format!("--cert-dir={}", cp.paths.pki.display()),
-                format!("--tls-cert-file={}", file("apiserver.crt")),
-                format!("--tls-private-key-file={}", file("apiserver.key")),
-                format!("--client-ca-file={}", file("ca.crt")),
-                format!("--service-account-key-file={}", file("sa.pub")),
-                format!("--service-account-signing-key-file={}", file("sa.key")),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-                "--authorization-mode=RBAC".into(),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
-                "--allow-privileged=true".into(),
-                // One apiserver, no aggregated APIs: fewer goroutines on small machines.
-                "--enable-priority-and-fairness=false".into(),
-                "--endpoint-reconciler-type=none".into(),
-                "--profiling=false".into(),
-            ],
-            None,
-        )?;
-        let readyz_client = cp.try_client()?;
-        cp.wait_for(apiserver, "kube-apiserver /readyz", || {
+        let apiserver_args: Vec<String> = vec![
+            format!("--etcd-servers={etcd_url}"),
+            format!("--secure-port={api_port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--cert-dir={}", cp.paths.pki.display()),
+            format!("--tls-cert-file={}", file("apiserver.crt")),
+            format!("--tls-private-key-file={}", file("apiserver.key")),
+            format!("--client-ca-file={}", file("ca.crt")),
+            format!("--service-account-key-file={}", file("sa.pub")),
+            format!("--service-account-signing-key-file={}", file("sa.key")),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            "--authorization-mode=RBAC".into(),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--allow-privileged=true".into(),
+            // One apiserver, no aggregated APIs: fewer goroutines on small machines.
+            "--enable-priority-and-fairness=false".into(),
+            "--endpoint-reconciler-type=none".into(),
+            "--profiling=false".into(),
+        ];
+        let apiserver = cp.spawn("kube-apiserver", &bin, apiserver_args.clone(), None)?;
+        cp.apiserver = (apiserver, apiserver_args);
+        cp.wait_for_apiserver().await?;
+
+        if options.full {
+            cp.start_full(&bin).await?;
+        }
+        cp.install_crds().await?;
+        cp.startup_time = started.elapsed();
+        Ok(cp)
+    }
+
+    /// Waits until kube-apiserver answers `/readyz` with `ok`.
+    async fn wait_for_apiserver(&self) -> Result<()> {
+        let readyz_client = self.try_client()?;
+        self.wait_for(self.apiserver.0, "kube-apiserver /readyz", || {
             let client = readyz_client.clone();
             async move {
                 let req = http::Request::get("/readyz").body(Vec::new());
@@ -225,15 +240,38 @@ impl ControlPlane {
                 }
             }
         })
-        .await?;
-        drop(readyz_client);
+        .await
+    }
 
-        if options.full {
-            cp.start_full(&bin).await?;
+    /// Kills kube-apiserver and starts it again with the same flags (etcd keeps its
+    /// data), returning once it is ready: what clients live through when an API server
+    /// restarts. Every watch is cut; kube-controller-manager and kwok reconnect too.
+    pub async fn restart_apiserver(&self) -> Result<()> {
+        let bin = assets::bin_dir()?;
+        let (index, args) = self.apiserver.clone();
+        let n = self
+            .restarts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let name = format!("kube-apiserver-restart-{n}");
+        {
+            let mut components = self.lock();
+            if let Some(c) = components.get_mut(index) {
+                c.stop(Duration::from_secs(10));
+            }
+            let program = bin.join("kube-apiserver");
+            let restarted = Component::spawn(Spec {
+                name: &name,
+                program: &program,
+                args,
+                log_dir: &self.paths.logs,
+                remove_after_exit: None,
+            })?;
+            if let Some(slot) = components.get_mut(index) {
+                *slot = restarted;
+            }
         }
-        cp.install_crds().await?;
-        cp.startup_time = started.elapsed();
-        Ok(cp)
+        self.wait_for_apiserver().await
     }
 
     async fn start_full(&mut self, bin: &Path) -> Result<()> {
