@@ -14,12 +14,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
-use std::path::Path;
+mod support;
+
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::Parser;
 use common::conditions::{READY, TRUE};
 use common::{AppService, AppServiceSpec};
@@ -28,8 +28,11 @@ use controller::desired::{desired_deployment, desired_service};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use kube::Api;
 use kube::api::{ListParams, PostParams};
-use kube::{Api, Client};
+use support::{
+    apiserver_writes, delta, keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_all,
+};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -66,67 +69,6 @@ struct Args {
     bench: bool,
 }
 
-/// Write verbs of `apiserver_request_total`.
-const WRITE_VERBS: &[&str] = &[
-    "POST",
-    "PUT",
-    "PATCH",
-    "APPLY",
-    "DELETE",
-    "DELETECOLLECTION",
-];
-
-/// `(resource, subresource, verb) -> count` of write requests.
-type Writes = BTreeMap<(String, String, String), f64>;
-
-async fn apiserver_writes(client: &Client) -> anyhow::Result<Writes> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut out = Writes::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let mut l = BTreeMap::new();
-        for pair in labels.split("\",") {
-            if let Some((k, v)) = pair.split_once("=\"") {
-                l.insert(k, v.trim_end_matches('"'));
-            }
-        }
-        let verb = l.get("verb").copied().unwrap_or_default();
-        if !WRITE_VERBS.contains(&verb) {
-            continue;
-        }
-        let key = (
-            l.get("resource").copied().unwrap_or_default().to_owned(),
-            l.get("subresource").copied().unwrap_or_default().to_owned(),
-            verb.to_owned(),
-        );
-        *out.entry(key).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
-    }
-    Ok(out)
-}
-
-fn delta(after: &Writes, before: &Writes) -> Writes {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
-        .collect()
-}
-
-fn sum_for(writes: &Writes, resources: &[(&str, &str)]) -> f64 {
-    writes
-        .iter()
-        .filter(|((r, s, _), _)| resources.contains(&(r.as_str(), s.as_str())))
-        .map(|(_, v)| v)
-        .sum::<f64>()
-        + 0.0 // an empty f64 sum is -0.0
-}
-
 /// The writes the controller makes (children, the AppService and its status). Events are
 /// also written by kube-controller-manager and the scheduler, so they are reported from
 /// the controller's own counter instead.
@@ -137,34 +79,6 @@ const CONTROLLER_RESOURCES: &[(&str, &str)] = &[
     ("appservices", "status"),
 ];
 
-fn print_writes(title: &str, writes: &Writes, per: f64) {
-    println!("  {title}:");
-    for ((r, s, verb), v) in writes {
-        let name = if s.is_empty() {
-            r.clone()
-        } else {
-            format!("{r}/{s}")
-        };
-        println!(
-            "    {name:<28} {verb:<7} {v:>8.0}  ({:.2} per object)",
-            v / per
-        );
-    }
-}
-
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 fn app(i: usize, replicas: i32) -> AppService {
     AppService::new(
         &format!("app-{i:05}"),
@@ -174,34 +88,6 @@ fn app(i: usize, replicas: i32) -> AppService {
             ..AppServiceSpec::default()
         },
     )
-}
-
-async fn wait_all<F, Fut>(
-    timeout: Duration,
-    what: &str,
-    mut count: F,
-    n: usize,
-) -> anyhow::Result<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<usize>>,
-{
-    let start = Instant::now();
-    let mut last_print = Instant::now();
-    loop {
-        let done = count().await.unwrap_or(0);
-        if done >= n {
-            return Ok(start.elapsed());
-        }
-        if start.elapsed() > timeout {
-            bail!("{what}: only {done}/{n} after {timeout:?}");
-        }
-        if last_print.elapsed() > Duration::from_secs(10) {
-            eprintln!("  … {what}: {done}/{n} after {:.0?}", start.elapsed());
-            last_print = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 #[tokio::main]
@@ -495,22 +381,4 @@ async fn main() -> anyhow::Result<()> {
     println!("  controller log: {}", log_path.display());
     keep_logs_hint(cp.log_dir());
     Ok(())
-}
-
-/// SIGTERM, then wait for the controller to exit (idempotent).
-async fn stop(ctl: &mut tokio::process::Child, pid: u32) {
-    if matches!(ctl.try_wait(), Ok(Some(_))) {
-        return;
-    }
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
-    let _ = tokio::time::timeout(Duration::from_secs(30), ctl.wait()).await;
-}
-
-fn keep_logs_hint(dir: &Path) {
-    println!(
-        "  control-plane logs: {} (removed on exit unless APPSERVICE_KEEP_LOGS=1)",
-        dir.display()
-    );
 }

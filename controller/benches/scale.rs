@@ -1,0 +1,458 @@
+//! Controller scale benchmark (a command, not a test):
+//!
+//! ```text
+//! cargo bench -p appservice-controller --bench scale -- --n 1000
+//! cargo bench -p appservice-controller --bench scale -- --n 10000 --no-floor
+//! ```
+//!
+//! On a private *plain* control plane (kube-apiserver and etcd, no Pods), so that the
+//! controller rather than the pod pipeline is measured:
+//!
+//! 1. **Reaction**: the real controller binary runs; N AppServices are created in a burst;
+//!    per object, the time from its create request to the first watch event showing
+//!    `status.observedGeneration` (written after both children), p50/p99/max and in all.
+//! 2. **Memory**: the controller's RSS idle, after converging and settling, and its peak;
+//!    KiB per AppService (with its two children) at steady state.
+//! 3. **Restart**: the controller is stopped and started again with everything converged:
+//!    time until `/readyz` (caches synced), writes it makes (should be 0), its peak RSS
+//!    during the initial list against its steady RSS.
+//! 4. **Floor**: in another namespace, a plain client at the same QPS budget and
+//!    concurrency reacts to the same burst with the same four writes per AppService
+//!    (finalizer, Deployment, Service, status) and is timed the same way.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Parser;
+use common::names::{FIELD_MANAGER, FINALIZER};
+use common::{AppService, AppServiceSpec};
+use controller::RateLimit;
+use controller::desired::{desired_deployment, desired_service};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use support::{
+    apiserver_writes, delta, keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_all,
+};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Number of AppServices.
+    #[arg(long, default_value_t = 1000)]
+    n: usize,
+    /// Client QPS of the controller and of the floor client.
+    #[arg(long, default_value_t = 1000.0)]
+    qps: f64,
+    /// Client burst of the controller and of the floor client.
+    #[arg(long, default_value_t = 2000)]
+    burst: u32,
+    /// Controller (and floor) concurrency.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u16,
+    /// Concurrent create requests of the burst.
+    #[arg(long, default_value_t = 64)]
+    create_concurrency: usize,
+    /// Seconds to let things settle before reading steady-state memory.
+    #[arg(long, default_value_t = 20)]
+    settle_secs: u64,
+    /// Give up waiting after this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    timeout_secs: u64,
+    /// Skip the floor measurement.
+    #[arg(long)]
+    no_floor: bool,
+    /// Skip the restart measurement.
+    #[arg(long)]
+    no_restart: bool,
+    /// The controller binary to measure (default: the one built with this benchmark),
+    /// e.g. a copy of an earlier build for a before/after comparison.
+    #[arg(long)]
+    controller_bin: Option<std::path::PathBuf>,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+const CONTROLLER_RESOURCES: &[(&str, &str)] = &[
+    ("deployments", ""),
+    ("services", ""),
+    ("appservices", ""),
+    ("appservices", "status"),
+];
+
+fn app(i: usize) -> AppService {
+    AppService::new(
+        &format!("app-{i:05}"),
+        AppServiceSpec {
+            image: format!("registry.example.com/bench/app-{i}:v1"),
+            replicas: Some(1),
+            ..AppServiceSpec::default()
+        },
+    )
+}
+
+/// When each AppService of a namespace first showed `status.observedGeneration`.
+type Done = Arc<Mutex<HashMap<String, Instant>>>;
+
+fn watch_status(client: Client, ns: &str) -> Done {
+    let done: Done = Arc::default();
+    let apps: Api<AppService> = Api::namespaced(client, ns);
+    let d = done.clone();
+    tokio::spawn(async move {
+        let stream = watcher(apps, watcher::Config::default()).applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(Ok(a)) = stream.next().await {
+            let observed = a.status.as_ref().and_then(|s| s.observed_generation);
+            if observed.is_some() && observed == a.metadata.generation {
+                let now = Instant::now();
+                if let Ok(mut map) = d.lock() {
+                    map.entry(a.name_any()).or_insert(now);
+                }
+            }
+        }
+    });
+    done
+}
+
+/// Creates N AppServices in a burst, returning when each create request started.
+async fn burst(
+    apps: &Api<AppService>,
+    n: usize,
+    concurrency: usize,
+) -> anyhow::Result<HashMap<String, Instant>> {
+    let started = futures::stream::iter(0..n)
+        .map(|i| {
+            let apps = apps.clone();
+            async move {
+                let a = app(i);
+                let at = Instant::now();
+                apps.create(&PostParams::default(), &a).await?;
+                anyhow::Ok((a.name_any(), at))
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<HashMap<_, _>>()
+        .await?;
+    Ok(started)
+}
+
+struct Latencies {
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+    total: Duration,
+}
+
+fn latencies(created: &HashMap<String, Instant>, done: &Done) -> Latencies {
+    let done = done.lock().map(|m| m.clone()).unwrap_or_default();
+    let mut each: Vec<Duration> = created
+        .iter()
+        .filter_map(|(name, at)| done.get(name).map(|d| d.saturating_duration_since(*at)))
+        .collect();
+    each.sort();
+    let pick = |q: f64| {
+        each.get(((each.len() as f64 * q) as usize).min(each.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    let first = created.values().min().copied();
+    let last = done.values().max().copied();
+    Latencies {
+        p50: pick(0.50),
+        p99: pick(0.99),
+        max: each.last().copied().unwrap_or_default(),
+        total: match (first, last) {
+            (Some(f), Some(l)) => l.saturating_duration_since(f),
+            _ => Duration::ZERO,
+        },
+    }
+}
+
+async fn wait_done(done: &Done, n: usize, timeout: Duration, what: &str) -> anyhow::Result<()> {
+    wait_all(
+        timeout,
+        what,
+        || async { Ok(done.lock().map(|m| m.len()).unwrap_or(0)) },
+        n,
+    )
+    .await
+    .map(|_| ())
+}
+
+fn start_controller(
+    cp: &harness::ControlPlane,
+    args: &Args,
+    ns: &str,
+    ops_port: u16,
+    log: &std::path::Path,
+) -> anyhow::Result<(tokio::process::Child, u32)> {
+    let bin = args
+        .controller_bin
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_appservice-controller")));
+    let ctl = tokio::process::Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(["--watch-namespace", ns, "--lease-namespace", "default"])
+        .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
+        .args([
+            "--kube-api-qps",
+            &args.qps.to_string(),
+            "--kube-api-burst",
+            &args.burst.to_string(),
+            "--concurrency",
+            &args.concurrency.to_string(),
+        ])
+        .args(["--log-format", "json"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)?,
+        )
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the controller binary")?;
+    let pid = ctl.id().context("controller pid")?;
+    Ok((ctl, pid))
+}
+
+async fn wait_ready(ops_port: u16) -> anyhow::Result<Duration> {
+    wait_all(
+        Duration::from_secs(600),
+        "controller ready",
+        || async {
+            Ok(usize::from(
+                harness::process::http_get(ops_port, "/readyz")
+                    .await
+                    .unwrap_or_default()
+                    .contains(" 200 "),
+            ))
+        },
+        1,
+    )
+    .await
+}
+
+fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .filter_map(|rest| {
+            rest.rsplit_once(' ')
+                .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+        })
+        .sum()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if !args.bench {
+        eprintln!(
+            "controller scale benchmark: run it with `cargo bench -p appservice-controller --bench scale`"
+        );
+        return Ok(());
+    }
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let n = args.n;
+    let nf = n as f64;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let settle = Duration::from_secs(args.settle_secs);
+
+    eprintln!("starting a plain control plane …");
+    let cp = harness::ControlPlane::start(harness::Options::plain()).await?;
+    let admin = cp.client();
+
+    // ---- reaction and memory ------------------------------------------------------
+    let ns = cp.namespace_with_prefix("scale-ctl").await?;
+    let ops_port = harness::process::free_port()?;
+    let log_path = cp.log_dir().join("controller-scale.log");
+    let (mut ctl, pid) = start_controller(&cp, &args, &ns, ops_port, &log_path)?;
+    wait_ready(ops_port).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (rss_idle, _) = rss_kib(pid);
+
+    let apps: Api<AppService> = Api::namespaced(admin.clone(), &ns);
+    let done = watch_status(admin.clone(), &ns);
+    let before = apiserver_writes(&admin).await?;
+    eprintln!("creating {n} AppServices in a burst …");
+    let created = burst(&apps, n, args.create_concurrency).await?;
+    wait_done(&done, n, timeout, "AppServices with children and status").await?;
+    let reaction = latencies(&created, &done);
+    let converge = delta(&apiserver_writes(&admin).await?, &before);
+    eprintln!("converged; settling for {settle:?} …");
+    tokio::time::sleep(settle).await;
+    let (rss_steady, hwm) = rss_kib(pid);
+
+    // ---- restart ------------------------------------------------------------------
+    let restart = if args.no_restart {
+        None
+    } else {
+        stop(&mut ctl, pid).await;
+        eprintln!("restarting the controller with {n} converged AppServices …");
+        let before = apiserver_writes(&admin).await?;
+        let started = Instant::now();
+        let (ctl2, pid2) = start_controller(&cp, &args, &ns, ops_port, &log_path)?;
+        ctl = ctl2;
+        wait_ready(ops_port).await?;
+        let ready_in = started.elapsed();
+        tokio::time::sleep(settle).await;
+        let writes = sum_for(
+            &delta(&apiserver_writes(&admin).await?, &before),
+            CONTROLLER_RESOURCES,
+        );
+        let metrics = harness::process::http_get(ops_port, "/metrics")
+            .await
+            .unwrap_or_default();
+        let own_writes = metric_sum(&metrics, "appservice_controller_api_writes_total{");
+        let (rss2, hwm2) = rss_kib(pid2);
+        stop(&mut ctl, pid2).await;
+        Some((ready_in, writes, own_writes, rss2, hwm2))
+    };
+    stop(&mut ctl, pid).await;
+
+    // ---- floor --------------------------------------------------------------------
+    let floor = if args.no_floor {
+        None
+    } else {
+        let fns = cp.namespace_with_prefix("scale-floor").await?;
+        let client = controller::client::build_client(
+            cp.admin_config(),
+            RateLimit {
+                qps: args.qps,
+                burst: args.burst,
+            },
+        )?;
+        let fdone = watch_status(admin.clone(), &fns);
+        let workers = floor_workers(client, fns.to_string(), args.concurrency as usize);
+        let fapps: Api<AppService> = Api::namespaced(admin.clone(), &fns);
+        let before = apiserver_writes(&admin).await?;
+        eprintln!("floor: the same burst, a plain client making the same writes …");
+        let fcreated = burst(&fapps, n, args.create_concurrency).await?;
+        wait_done(&fdone, n, timeout, "floor AppServices with status").await?;
+        let writes = sum_for(
+            &delta(&apiserver_writes(&admin).await?, &before),
+            CONTROLLER_RESOURCES,
+        );
+        workers.abort();
+        Some((latencies(&fcreated, &fdone), writes))
+    };
+
+    // ---- report -------------------------------------------------------------------
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!();
+    println!(
+        "controller scale benchmark: N={n} AppServices in a burst, plain control plane (no Pods), client {} QPS / burst {}, concurrency {}",
+        args.qps, args.burst, args.concurrency
+    );
+    println!(
+        "  controller: all converged in {:.1?}; per object p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        reaction.total,
+        ms(reaction.p50),
+        ms(reaction.p99),
+        ms(reaction.max)
+    );
+    let ctl_writes = sum_for(&converge, CONTROLLER_RESOURCES);
+    println!(
+        "  controller writes to converge: {ctl_writes:.0} ({:.2} per AppService)",
+        ctl_writes / nf
+    );
+    print_writes("apiserver write requests while converging", &converge, nf);
+    println!(
+        "  controller RSS: {:.1} MiB idle, {:.1} MiB at steady state, peak {:.1} MiB; {:.1} KiB per AppService (steady minus idle, children included)",
+        rss_idle as f64 / 1024.0,
+        rss_steady as f64 / 1024.0,
+        hwm as f64 / 1024.0,
+        rss_steady.saturating_sub(rss_idle) as f64 / nf
+    );
+    if let Some((ready_in, writes, own, rss2, hwm2)) = restart {
+        println!(
+            "  restart: ready (caches synced) after {ready_in:.1?}; {writes:.0} writes at the API server ({own:.0} by the controller's count); RSS {:.1} MiB after settling, peak {:.1} MiB ({:.2}× steady)",
+            rss2 as f64 / 1024.0,
+            hwm2 as f64 / 1024.0,
+            hwm2 as f64 / rss2.max(1) as f64
+        );
+    }
+    if let Some((f, writes)) = floor {
+        println!(
+            "  floor (plain client, same QPS and concurrency, {writes:.0} writes): all done in {:.1?}; per object p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            f.total,
+            ms(f.p50),
+            ms(f.p99),
+            ms(f.max)
+        );
+        println!(
+            "  ratio controller/floor: total {:.2}×, p50 {:.2}×, p99 {:.2}×",
+            reaction.total.as_secs_f64() / f.total.as_secs_f64().max(0.001),
+            reaction.p50.as_secs_f64() / f.p50.as_secs_f64().max(0.000_001),
+            reaction.p99.as_secs_f64() / f.p99.as_secs_f64().max(0.000_001)
+        );
+    }
+    println!("  controller log: {}", log_path.display());
+    keep_logs_hint(cp.log_dir());
+    Ok(())
+}
+
+/// The floor: a watch-driven worker pool making, per new AppService, the writes the
+/// controller makes, with nothing else (no caches of children, no comparison).
+fn floor_workers(client: Client, ns: String, concurrency: usize) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+        let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+        let stream = watcher(apps.clone(), watcher::Config::default())
+            .applied_objects()
+            .filter_map(|r| async move { r.ok() })
+            .filter(|a| futures::future::ready(a.status.is_none()));
+        stream
+            .for_each_concurrent(concurrency, |a| {
+                let (apps, deployments, services) =
+                    (apps.clone(), deployments.clone(), services.clone());
+                async move {
+                    let name = a.name_any();
+                    let apply = PatchParams::apply(FIELD_MANAGER).force();
+                    let r = async {
+                        apps.patch(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"metadata": {"finalizers": [FINALIZER]}})),
+                        )
+                        .await?;
+                        deployments
+                            .patch(&name, &apply, &Patch::Apply(&desired_deployment(&a)?))
+                            .await?;
+                        services
+                            .patch(&name, &apply, &Patch::Apply(&desired_service(&a)?))
+                            .await?;
+                        apps.patch_status(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(
+                                json!({"status": {"observedGeneration": a.metadata.generation}}),
+                            ),
+                        )
+                        .await?;
+                        anyhow::Ok(())
+                    }
+                    .await;
+                    if let Err(e) = r {
+                        eprintln!("floor: {name}: {e:#}");
+                    }
+                }
+            })
+            .await;
+    })
+}
