@@ -346,7 +346,7 @@ async fn main() -> anyhow::Result<()> {
         let writes = sum_for(
             &delta(&apiserver_writes(&admin).await?, &before),
             CONTROLLER_RESOURCES,
-        );
+        ) - nf;
         workers.abort();
         Some((latencies(&fcreated, &fdone), writes))
     };
@@ -365,7 +365,8 @@ async fn main() -> anyhow::Result<()> {
         ms(reaction.p99),
         ms(reaction.max)
     );
-    let ctl_writes = sum_for(&converge, CONTROLLER_RESOURCES);
+    // The burst's own creates are not the controller's.
+    let ctl_writes = sum_for(&converge, CONTROLLER_RESOURCES) - nf;
     println!(
         "  controller writes to converge: {ctl_writes:.0} ({:.2} per AppService)",
         ctl_writes / nf

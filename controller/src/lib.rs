@@ -108,6 +108,7 @@ pub async fn run_with(
             scoped_api::<Deployment>(&client, &config),
             child_config.clone(),
         )
+        .modify(slim_child::<Deployment>)
         .backoff(WatchBackoff::default())
         .inspect(mark_synced(synced.clone(), |s| &s.deployments)),
     )
@@ -116,6 +117,7 @@ pub async fn run_with(
     let service_stream = reflector::reflector(
         services_writer,
         watcher(scoped_api::<Service>(&client, &config), child_config)
+            .modify(slim_child::<Service>)
             .backoff(WatchBackoff::default())
             .inspect(mark_synced(synced.clone(), |s| &s.services)),
     )
@@ -126,6 +128,7 @@ pub async fn run_with(
             scoped_api::<AppService>(&client, &config),
             watcher::Config::default().any_semantic(),
         )
+        .modify(slim_app)
         .backoff(WatchBackoff::default())
         .inspect(mark_synced(synced.clone(), |s| &s.appservices)),
     )
@@ -379,6 +382,26 @@ impl Iterator for WatchBackoff {
 impl kube::runtime::utils::Backoff for WatchBackoff {
     fn reset(&mut self) {
         self.next = Self::MIN;
+    }
+}
+
+/// Drops from a child what the controller never reads before it enters the cache:
+/// `managedFields` (often the largest part of a stored object) and every annotation but
+/// the desired hash. The live comparison in [`drift`] reads neither.
+fn slim_child<K: kube::Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == common::names::ANNOTATION_DESIRED_HASH);
+    }
+}
+
+/// Drops from an AppService what the controller never reads before it enters the
+/// cache: `managedFields`, and kubectl's copy of the whole object in an annotation.
+fn slim_app(app: &mut AppService) {
+    app.metadata.managed_fields = None;
+    if let Some(annotations) = app.metadata.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
 }
 

@@ -139,8 +139,11 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
     let service_api: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     let want_deployment = desired_deployment(app)?;
     let want_service = desired_service(app)?;
-    let live_deployment = lookup(&ctx.deployments, &deployment_api, &want_deployment).await?;
-    let live_service = lookup(&ctx.services, &service_api, &want_service).await?;
+    let (live_deployment, live_service) = tokio::join!(
+        lookup(&ctx.deployments, &deployment_api, &want_deployment),
+        lookup(&ctx.services, &service_api, &want_service),
+    );
+    let (live_deployment, live_service) = (live_deployment?, live_service?);
     let uid = required(&app.metadata.uid, "metadata.uid")?;
     let ours =
         |meta: &kube::api::ObjectMeta| is_controlled_by(meta.owner_references.as_deref(), uid);
@@ -178,32 +181,34 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         return Ok(Action::requeue(CONFLICT_RECHECK));
     }
 
-    let deployment = match converge(
-        ctx,
-        &deployment_api,
-        want_deployment,
-        live_deployment.clone(),
-        "Deployment",
-        "deployments",
-    )
-    .await
-    {
+    // The two children are independent: converge them at once (one round trip less
+    // per new AppService).
+    let (deployment, service) = tokio::join!(
+        converge(
+            ctx,
+            &deployment_api,
+            want_deployment,
+            live_deployment.clone(),
+            "Deployment",
+            "deployments",
+        ),
+        converge(
+            ctx,
+            &service_api,
+            want_service,
+            live_service,
+            "Service",
+            "services",
+        ),
+    );
+    let deployment = match deployment {
         Ok(d) => d,
         Err(e) => {
             return Err(rejected(ctx, &api, app, "Deployment", live_deployment.as_ref(), e).await);
         }
     };
     let deployment_written = !same_version(live_deployment.as_ref(), &deployment);
-    if let Err(e) = converge(
-        ctx,
-        &service_api,
-        want_service,
-        live_service,
-        "Service",
-        "services",
-    )
-    .await
-    {
+    if let Err(e) = service {
         return Err(rejected(ctx, &api, app, "Service", Some(&deployment), e).await);
     }
 
