@@ -207,15 +207,19 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
             return Err(rejected(ctx, &api, app, "Deployment", live_deployment.as_ref(), e).await);
         }
     };
-    let deployment_written = !same_version(live_deployment.as_ref(), &deployment);
+    // Whether we changed what the Deployment runs (not only its metadata, such as the
+    // desired-hash annotation added after an upgrade or a label put back).
+    let spec_written = live_deployment
+        .as_ref()
+        .is_none_or(|live| live.spec != deployment.spec);
     if let Err(e) = service {
         return Err(rejected(ctx, &api, app, "Service", Some(&deployment), e).await);
     }
 
-    // Someone else's edit of the Deployment's metadata (an annotation bumps its
-    // generation) leaves it briefly unobserved by the Deployment controller. That is no
-    // rollout: keep the status as it is rather than flap Ready, and look again when the
-    // Deployment controller has caught up (its status update wakes us).
+    // An edit of the Deployment's metadata (an annotation bumps its generation), by
+    // someone else or by us, leaves it briefly unobserved by the Deployment controller.
+    // That is no rollout: keep the status as it is rather than flap Ready, and look again
+    // when the Deployment controller has caught up (its status update wakes us).
     let unobserved = deployment
         .status
         .as_ref()
@@ -224,8 +228,8 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         < deployment.metadata.generation.unwrap_or(0);
     let settled =
         app.status.as_ref().and_then(|s| s.observed_generation) == app.metadata.generation;
-    if unobserved && settled && !deployment_written {
-        debug!("Deployment changed by someone else and not yet observed; status kept");
+    if unobserved && settled && !spec_written {
+        debug!("Deployment metadata changed and not yet observed; status kept");
         return Ok(Action::requeue(ctx.config.rollout_requeue));
     }
 
@@ -277,11 +281,6 @@ async fn rejected(
         warn!(error = %e, "could not write status");
     }
     error
-}
-
-/// Whether `after` is still the object `before` was (no write in between).
-fn same_version<K: Resource>(before: Option<&K>, after: &K) -> bool {
-    before.is_some_and(|b| b.meta().resource_version == after.meta().resource_version)
 }
 
 /// Our Deployment of `app` from the cache, for the ready count of a blocked status.

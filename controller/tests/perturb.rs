@@ -1021,3 +1021,64 @@ async fn api_server_restart_loses_nothing_and_writes_nothing() -> anyhow::Result
     f.ctl.stop().await?;
     Ok(())
 }
+
+/// A child without the desired-hash annotation (removed by someone, or made by an
+/// earlier controller version) gets it back with one apply; its Pods do not roll and
+/// Ready does not flap, although the annotation bumps the Deployment's generation.
+#[tokio::test]
+async fn missing_hash_annotation_is_put_back_without_a_ready_flap() -> anyhow::Result<()> {
+    let f = fixture().await?;
+    f.create("hash", spec("registry.example.com/web:v1", 1))
+        .await?;
+    f.converged_within("hash", WAIT).await?;
+    let ready_since = |a: &AppService| {
+        a.status
+            .as_ref()
+            .and_then(|s| common::conditions::find(&s.conditions, READY))
+            .map(|c| c.last_transition_time.clone())
+    };
+    // Transition times have a resolution of one second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let before = ready_since(&f.apps.get("hash").await?);
+    let template = f.deployments.get("hash").await?.spec.template;
+    let status_writes = || {
+        f.ctl
+            .metrics
+            .writes
+            .get_or_create(&controller::metrics::WriteLabel {
+                resource: "appservices/status",
+            })
+            .get()
+    };
+    let status_writes_before = status_writes();
+    for api in ["deployments", "services"] {
+        let ops = json!([{"op": "remove", "path": "/metadata/annotations/platform.example.com~1desired-hash"}]);
+        if api == "deployments" {
+            f.json_patch(&f.deployments, "hash", ops).await?;
+        } else {
+            f.json_patch(&f.services, "hash", ops).await?;
+        }
+    }
+    eventually(HEAL, "the hash annotations back", || async {
+        let d = f.deployments.get("hash").await?;
+        let s = f.services.get("hash").await?;
+        let has =
+            |a: &BTreeMap<String, String>| a.contains_key(common::names::ANNOTATION_DESIRED_HASH);
+        Ok((has(d.annotations()) && has(s.annotations())).then_some(()))
+    })
+    .await?;
+    f.converged_within("hash", READY_BOUND).await?;
+    assert_eq!(
+        ready_since(&f.apps.get("hash").await?),
+        before,
+        "Ready flapped"
+    );
+    assert_eq!(
+        f.deployments.get("hash").await?.spec.template,
+        template,
+        "Pods rolled"
+    );
+    f.quiet(3).await?;
+    f.ctl.stop().await?;
+    Ok(())
+}
