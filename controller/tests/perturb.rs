@@ -1073,6 +1073,7 @@ async fn missing_hash_annotation_is_put_back_without_a_ready_flap() -> anyhow::R
         before,
         "Ready flapped"
     );
+    assert_eq!(status_writes(), status_writes_before, "status rewritten");
     assert_eq!(
         f.deployments.get("hash").await?.spec.template,
         template,
