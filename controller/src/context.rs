@@ -8,6 +8,7 @@ use common::{AppService, AppServiceStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::Client;
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::watch;
@@ -18,20 +19,44 @@ use crate::external::External;
 use crate::metrics::Metrics;
 use crate::status::Clock;
 
-/// Initial-list completion of the three caches, set from their watch streams.
+/// Initial-list completion of the caches, set from their watch streams.
 #[derive(Debug, Default)]
 pub struct CacheSync {
     pub appservices: AtomicBool,
     pub deployments: AtomicBool,
     pub services: AtomicBool,
+    pub other_deployments: AtomicBool,
+    pub other_services: AtomicBool,
 }
 
 impl CacheSync {
     pub fn all(&self) -> bool {
-        [&self.appservices, &self.deployments, &self.services]
-            .iter()
-            .all(|f| f.load(Ordering::Relaxed))
+        [
+            &self.appservices,
+            &self.deployments,
+            &self.services,
+            &self.other_deployments,
+            &self.other_services,
+        ]
+        .iter()
+        .all(|f| f.load(Ordering::Relaxed))
     }
+
+    /// Whether the names of objects without our label are known completely.
+    pub fn others(&self) -> bool {
+        self.other_deployments.load(Ordering::Relaxed)
+            && self.other_services.load(Ordering::Relaxed)
+    }
+}
+
+/// The watch caches reconcile reads from.
+pub struct Caches {
+    /// Our children (labelled `managed-by=appservice-operator`).
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    /// The names of Deployments and Services without that label.
+    pub other_deployments: Store<PartialObjectMeta<Deployment>>,
+    pub other_services: Store<PartialObjectMeta<Service>>,
 }
 
 pub struct Context {
@@ -45,6 +70,9 @@ pub struct Context {
     /// Caches of our children (labelled `managed-by=appservice-operator`).
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
+    /// The names of Deployments and Services without that label.
+    pub other_deployments: Store<PartialObjectMeta<Deployment>>,
+    pub other_services: Store<PartialObjectMeta<Service>>,
     /// True while this replica may reconcile.
     pub leading: watch::Receiver<bool>,
     /// Which caches have completed their initial list.
@@ -65,8 +93,7 @@ impl Context {
         clock: Box<dyn Clock>,
         metrics: Arc<Metrics>,
         external: Arc<dyn External>,
-        deployments: Store<Deployment>,
-        services: Store<Service>,
+        caches: Caches,
         leading: watch::Receiver<bool>,
         synced: Arc<CacheSync>,
     ) -> Self {
@@ -77,8 +104,10 @@ impl Context {
             recorder,
             clock,
             external,
-            deployments,
-            services,
+            deployments: caches.deployments,
+            services: caches.services,
+            other_deployments: caches.other_deployments,
+            other_services: caches.other_services,
             leading,
             synced,
             backoff_policy: BackoffPolicy::default(),

@@ -134,6 +134,40 @@ pub async fn run_with(
     )
     .applied_objects();
 
+    // Deployments and Services without our label, metadata only, and of those only the
+    // names: one named like an AppService is either a foreign object blocking it (its
+    // deletion frees the name) or our own child whose label someone removed. Either way,
+    // look again. Knowing every taken name also lets reconcile skip asking the API server
+    // about a name nobody holds.
+    let others_config = watcher::Config::default()
+        .labels(&format!("{LABEL_MANAGED_BY}!={MANAGED_BY}"))
+        .any_semantic();
+    let (other_deployments, other_deployments_writer) =
+        reflector::store::<PartialObjectMeta<Deployment>>();
+    let (other_services, other_services_writer) = reflector::store::<PartialObjectMeta<Service>>();
+    let other_deployment_stream = reflector::reflector(
+        other_deployments_writer,
+        watcher(
+            scoped_api::<PartialObjectMeta<Deployment>>(&client, &config),
+            others_config.clone(),
+        )
+        .modify(name_only)
+        .backoff(WatchBackoff::default())
+        .inspect(mark_synced(synced.clone(), |s| &s.other_deployments)),
+    )
+    .touched_objects();
+    let other_service_stream = reflector::reflector(
+        other_services_writer,
+        watcher(
+            scoped_api::<PartialObjectMeta<Service>>(&client, &config),
+            others_config,
+        )
+        .modify(name_only)
+        .backoff(WatchBackoff::default())
+        .inspect(mark_synced(synced.clone(), |s| &s.other_services)),
+    )
+    .touched_objects();
+
     let reporter = Reporter {
         controller: common::names::FIELD_MANAGER.to_owned(),
         instance: Some(identity.clone()),
@@ -145,31 +179,17 @@ pub async fn run_with(
         hooks.clock,
         hooks.metrics,
         hooks.external,
-        deployments.clone(),
-        services.clone(),
+        context::Caches {
+            deployments: deployments.clone(),
+            services: services.clone(),
+            other_deployments,
+            other_services,
+        },
         leading_rx.clone(),
         synced,
     ));
     ctx.metrics.leader.set(i64::from(ctx.is_leader()));
 
-    // Deployments and Services without our label, metadata only and not cached: one
-    // named like an AppService is either a foreign object blocking it (its deletion frees
-    // the name) or our own child whose label someone removed. Either way, look again.
-    let others_config = watcher::Config::default()
-        .labels(&format!("{LABEL_MANAGED_BY}!={MANAGED_BY}"))
-        .any_semantic();
-    let other_deployments = watcher(
-        scoped_api::<PartialObjectMeta<Deployment>>(&client, &config),
-        others_config.clone(),
-    )
-    .backoff(WatchBackoff::default())
-    .touched_objects();
-    let other_services = watcher(
-        scoped_api::<PartialObjectMeta<Service>>(&client, &config),
-        others_config,
-    )
-    .backoff(WatchBackoff::default())
-    .touched_objects();
     let apps_for_deployments = apps.clone();
     let apps_for_services = apps.clone();
 
@@ -184,14 +204,17 @@ pub async fn run_with(
         .owns_stream(deployment_stream)
         .owns_stream(service_stream)
         .watches_stream(
-            other_deployments,
+            other_deployment_stream,
             move |meta: PartialObjectMeta<Deployment>| {
                 same_named_app(&apps_for_deployments, &meta.metadata)
             },
         )
-        .watches_stream(other_services, move |meta: PartialObjectMeta<Service>| {
-            same_named_app(&apps_for_services, &meta.metadata)
-        })
+        .watches_stream(
+            other_service_stream,
+            move |meta: PartialObjectMeta<Service>| {
+                same_named_app(&apps_for_services, &meta.metadata)
+            },
+        )
         // On gaining the lease, look at everything again: the previous leader may have died
         // half-way, and as a standby we skipped every event.
         .reconcile_all_on(leadership_gained(leading_rx.clone()));
@@ -403,6 +426,18 @@ fn slim_app(app: &mut AppService) {
     if let Some(annotations) = app.metadata.annotations.as_mut() {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
+}
+
+/// Keeps only the name and namespace of an object that is not ours (all reconcile needs
+/// to know is that the name is taken), and the resourceVersion the reflector tracks.
+fn name_only<K>(obj: &mut PartialObjectMeta<K>) {
+    let meta = std::mem::take(&mut obj.metadata);
+    obj.metadata = kube::api::ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        resource_version: meta.resource_version,
+        ..kube::api::ObjectMeta::default()
+    };
 }
 
 /// No pause beyond a yield: for a stream whose parts back off on their own.

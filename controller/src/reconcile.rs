@@ -21,7 +21,8 @@ use common::validation::validate;
 use common::{AppService, AppServiceStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -139,9 +140,20 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
     let service_api: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     let want_deployment = desired_deployment(app)?;
     let want_service = desired_service(app)?;
+    let others_known = ctx.synced.others();
     let (live_deployment, live_service) = tokio::join!(
-        lookup(&ctx.deployments, &deployment_api, &want_deployment),
-        lookup(&ctx.services, &service_api, &want_service),
+        lookup(
+            &ctx.deployments,
+            others_known.then_some(&ctx.other_deployments),
+            &deployment_api,
+            &want_deployment,
+        ),
+        lookup(
+            &ctx.services,
+            others_known.then_some(&ctx.other_services),
+            &service_api,
+            &want_service,
+        ),
     );
     let (live_deployment, live_service) = (live_deployment?, live_service?);
     let uid = required(&app.metadata.uid, "metadata.uid")?;
@@ -360,9 +372,16 @@ async fn finalize(
     Ok(Action::await_change())
 }
 
-/// The live child named like `desired`: from our (label-filtered) cache, else from the
-/// API server, since a foreign object or one whose labels someone removed is not cached.
-async fn lookup<K>(cache: &Store<K>, api: &Api<K>, desired: &K) -> Result<Option<K>>
+/// The live child named like `desired`: from our (label-filtered) cache; else, if the
+/// name is not among the taken names of objects without our label (`others`, when that
+/// list is complete), there is none; else (a foreign object, or ours with a label
+/// removed) from the API server.
+async fn lookup<K>(
+    cache: &Store<K>,
+    others: Option<&Store<PartialObjectMeta<K>>>,
+    api: &Api<K>,
+    desired: &K,
+) -> Result<Option<K>>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -371,19 +390,29 @@ where
 {
     let name = required(&desired.meta().name, "metadata.name")?;
     let namespace = required(&desired.meta().namespace, "metadata.namespace")?;
-    match cache.get(&ObjectRef::new(name).within(namespace)) {
-        Some(obj) => Ok(Some((*obj).clone())),
-        None => Ok(api.get_opt(name).await?),
+    if let Some(obj) = cache.get(&ObjectRef::new(name).within(namespace)) {
+        return Ok(Some((*obj).clone()));
     }
+    if let Some(others) = others
+        && others
+            .get(&ObjectRef::new(name).within(namespace))
+            .is_none()
+    {
+        return Ok(None);
+    }
+    Ok(api.get_opt(name).await?)
 }
 
 /// Makes a child we control match `desired`, with as few requests as possible:
 ///
 /// * same hash and no drift: nothing;
 /// * same hash, edited by someone else: one JSON patch putting our values back;
-/// * new hash (the AppService changed) or no child: one server-side apply, then a repair
-///   if other writers' list entries or keys survived the merge; an apply the API server
-///   rejects because of them (e.g. a re-keyed port) is repaired and retried once.
+/// * no child: one create. A create, not an apply: should someone have taken the name
+///   since our caches last heard, it fails (409, retried shortly, and then the name is
+///   known to be taken) instead of merging into their object;
+/// * new hash (the AppService changed): one server-side apply, then a repair if other
+///   writers' list entries or keys survived the merge; an apply the API server rejects
+///   because of them (e.g. a re-keyed port) is repaired and retried once.
 async fn converge<K>(
     ctx: &Context,
     api: &Api<K>,
@@ -404,12 +433,24 @@ where
     let hash = desired_hash(&desired).map_err(|source| Error::Serialize { kind, source })?;
     set_hash(desired.meta_mut(), hash.clone());
 
-    if let Some(live) = &live
-        && live_hash(live.meta()) == Some(hash.as_str())
-    {
-        let ops = K::drift(&desired, live);
+    let Some(live) = live else {
+        let created = api
+            .create(
+                &PostParams {
+                    field_manager: Some(FIELD_MANAGER.to_owned()),
+                    ..PostParams::default()
+                },
+                &desired,
+            )
+            .await?;
+        ctx.metrics.write(resource);
+        info!(kind, child = %name, "created");
+        return Ok(created);
+    };
+    if live_hash(live.meta()) == Some(hash.as_str()) {
+        let ops = K::drift(&desired, &live);
         if ops.is_empty() {
-            return Ok(live.clone());
+            return Ok(live);
         }
         return repair(ctx, api, &name, &desired, ops, kind, resource).await;
     }
@@ -417,10 +458,7 @@ where
     let applied = match apply(ctx, api, &name, &desired, kind, resource).await {
         Ok(applied) => applied,
         Err(Error::Kube(kube::Error::Api(status))) if matches!(status.code, 400 | 422) => {
-            let ops = live
-                .as_ref()
-                .map(|l| K::drift(&desired, l))
-                .unwrap_or_default();
+            let ops = K::drift(&desired, &live);
             if ops.is_empty() {
                 return Err(Error::Kube(kube::Error::Api(status)));
             }

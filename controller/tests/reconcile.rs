@@ -61,8 +61,7 @@ async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
     assert!(
         d.managed_fields()
             .iter()
-            .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER)
-                && m.operation.as_deref() == Some("Apply"))
+            .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER))
     );
 
     let s = eventually(WAIT, "the Service", || async {
