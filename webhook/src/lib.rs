@@ -10,7 +10,9 @@ pub mod logging;
 pub mod metrics;
 pub mod namespaces;
 pub mod policy;
+pub mod process;
 pub mod reload;
+pub mod review;
 pub mod routes;
 pub mod server;
 pub mod tls;
@@ -55,6 +57,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub max_body_bytes: usize,
+    /// Bytes of bodies held at once across requests (see [`State::body_budget`]).
+    pub max_in_flight_bytes: usize,
     pub request_timeout: Duration,
 }
 
@@ -62,6 +66,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body_bytes: config::DEFAULT_MAX_BODY_BYTES,
+            max_in_flight_bytes: config::DEFAULT_MAX_IN_FLIGHT_BYTES,
             request_timeout: Duration::from_secs(10),
         }
     }
@@ -73,6 +78,10 @@ pub struct State {
     pub policies: PolicyStore,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
+    /// Bytes of request bodies that may be held at once: a request takes its body's
+    /// size (its Content-Length, or the maximum when unknown) before reading it and
+    /// returns it when answered, so the memory of all reviews in progress is bounded.
+    pub body_budget: Arc<tokio::sync::Semaphore>,
     certs: Option<Arc<CertStore>>,
     namespaces: Option<NamespaceCache>,
     tls_accepting: AtomicBool,
@@ -82,10 +91,14 @@ pub struct State {
 impl State {
     /// State without a certificate (for in-process tests of the routes); never ready.
     pub fn new(policies: PolicyStore, metrics: Arc<Metrics>, limits: Limits) -> Self {
+        let budget = limits.max_in_flight_bytes.max(limits.max_body_bytes);
         State {
             policies,
             metrics,
             limits,
+            body_budget: Arc::new(tokio::sync::Semaphore::new(
+                budget.min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
             certs: None,
             namespaces: None,
             tls_accepting: AtomicBool::new(false),

@@ -39,6 +39,10 @@ pub enum PolicyError {
         #[source]
         source: Box<serde_saphyr::Error>,
     },
+    #[error(
+        "policy file {path} is empty while policies are active; refusing it (write `policies: []` to remove every policy)"
+    )]
+    Empty { path: PathBuf },
     #[error("policy file {path}: policies[{index}] ({name:?}): {reason}")]
     Invalid {
         path: PathBuf,
@@ -48,11 +52,11 @@ pub enum PolicyError {
     },
 }
 
-/// The YAML document: `policies: [...]`.
+/// The YAML document: `policies: [...]`. The key is required: a file cut short before
+/// it (a torn write) is refused, and clearing every policy is written `policies: []`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyFile {
-    #[serde(default)]
     pub policies: Vec<PolicySpec>,
 }
 
@@ -96,9 +100,10 @@ pub struct PolicySet {
 }
 
 impl PolicySet {
-    /// Parses and compiles a YAML policy document; `path` is only used in errors.
+    /// Parses and compiles a YAML policy document; `path` is only used in errors. An
+    /// empty (or whitespace-only) document is an empty set here; [`PolicyStore`] decides
+    /// whether an empty file may replace loaded policies.
     pub fn from_yaml(path: &Path, yaml: &str) -> Result<Self, PolicyError> {
-        // An empty file is an empty set, not an error: `policies:` may be cleared.
         if yaml.trim().is_empty() {
             return Ok(PolicySet::default());
         }
@@ -181,19 +186,17 @@ impl PolicySet {
     /// to evaluate (a missing field, a type error) denies: policies fail closed.
     pub fn evaluate(
         &self,
-        object: &serde_json::Value,
-        old_object: Option<&serde_json::Value>,
+        object: serde_json::Value,
+        old_object: Option<serde_json::Value>,
         request: CelRequest,
         namespace_object: Option<serde_json::Value>,
     ) -> Vec<Violation> {
         if self.policies.is_empty() {
             return Vec::new();
         }
-        let mut builder = VapEvaluator::builder()
-            .object(object.clone())
-            .request(request);
+        let mut builder = VapEvaluator::builder().object(object).request(request);
         if let Some(old) = old_object {
-            builder = builder.old_object(old.clone());
+            builder = builder.old_object(old);
         }
         if let Some(namespace) = namespace_object {
             builder = builder.namespace_object(namespace);
@@ -336,6 +339,11 @@ impl PolicyStore {
             name: String::new(),
             reason: format!("file is not UTF-8: {e}"),
         })?;
+        // An empty file is what a torn or truncated write looks like: it must not switch
+        // enforcement off. Clearing the policies is written `policies: []`.
+        if text.trim().is_empty() && !self.current().is_empty() {
+            return Err(PolicyError::Empty { path: path.clone() });
+        }
         let set = PolicySet::from_yaml(path, &text)?;
         if !self.namespace_labels
             && let Some((index, name)) = set.first_using_namespace()
@@ -385,12 +393,12 @@ policies:
         assert_eq!(set.len(), 2);
         let good = json!({"spec": {"image": "registry.example.com/a:1", "replicas": 3}});
         assert!(
-            set.evaluate(&good, None, request("CREATE", "production"), None)
+            set.evaluate(good.clone(), None, request("CREATE", "production"), None)
                 .is_empty()
         );
 
         let bad = json!({"spec": {"image": "docker.io/a:1", "replicas": 1}});
-        let violations = set.evaluate(&bad, None, request("CREATE", "production"), None);
+        let violations = set.evaluate(bad.clone(), None, request("CREATE", "production"), None);
         assert_eq!(
             violations,
             vec![
@@ -405,7 +413,7 @@ policies:
             ]
         );
         // Outside production the replicas policy does not apply.
-        let violations = set.evaluate(&bad, None, request("CREATE", "dev"), None);
+        let violations = set.evaluate(bad.clone(), None, request("CREATE", "dev"), None);
         assert_eq!(violations.len(), 1);
     }
 
@@ -421,15 +429,18 @@ policies:
         let old = json!({"spec": {"replicas": 4}});
         let new = json!({"spec": {"replicas": 2}});
         assert_eq!(
-            set.evaluate(&new, Some(&old), request("UPDATE", "a"), None)
+            set.evaluate(new.clone(), Some(old.clone()), request("UPDATE", "a"), None)
                 .len(),
             1
         );
         let mut sre = request("UPDATE", "a");
         sre.groups.push("sre".into());
-        assert!(set.evaluate(&new, Some(&old), sre, None).is_empty());
         assert!(
-            set.evaluate(&new, None, request("CREATE", "a"), None)
+            set.evaluate(new.clone(), Some(old.clone()), sre, None)
+                .is_empty()
+        );
+        assert!(
+            set.evaluate(new.clone(), None, request("CREATE", "a"), None)
                 .is_empty()
         );
     }
@@ -449,13 +460,13 @@ policies:
         let ok =
             json!({"spec": {"image": "r/a:v1.2.3", "resources": {"limits": {"memory": "512Mi"}}}});
         assert!(
-            set.evaluate(&ok, None, request("CREATE", "a"), None)
+            set.evaluate(ok.clone(), None, request("CREATE", "a"), None)
                 .is_empty()
         );
         let big =
             json!({"spec": {"image": "r/a:latest", "resources": {"limits": {"memory": "8Gi"}}}});
         let names: Vec<String> = set
-            .evaluate(&big, None, request("CREATE", "a"), None)
+            .evaluate(big.clone(), None, request("CREATE", "a"), None)
             .into_iter()
             .map(|v| v.policy)
             .collect();
@@ -483,20 +494,30 @@ policies:
             )
         };
         let prod = set.evaluate(
-            &one,
+            one.clone(),
             None,
             request("CREATE", "shop"),
             Some(labels("production")),
         );
         assert_eq!(prod.len(), 1);
         assert!(
-            set.evaluate(&one, None, request("CREATE", "shop"), Some(labels("dev")))
-                .is_empty()
+            set.evaluate(
+                one.clone(),
+                None,
+                request("CREATE", "shop"),
+                Some(labels("dev"))
+            )
+            .is_empty()
         );
         let unlabelled = crate::namespaces::namespace_object("shop", &Default::default());
         assert!(
-            set.evaluate(&one, None, request("CREATE", "shop"), Some(unlabelled))
-                .is_empty()
+            set.evaluate(
+                one.clone(),
+                None,
+                request("CREATE", "shop"),
+                Some(unlabelled)
+            )
+            .is_empty()
         );
 
         // Without --namespace-labels such a file is refused at load.
@@ -518,7 +539,7 @@ policies:
         let yaml =
             "policies:\n  - {name: needs-port, expression: \"object.spec.port > 0\", message: m}\n";
         let set = PolicySet::from_yaml(Path::new("p.yaml"), yaml).unwrap();
-        let violations = set.evaluate(&json!({"spec": {}}), None, request("CREATE", "a"), None);
+        let violations = set.evaluate(json!({"spec": {}}), None, request("CREATE", "a"), None);
         assert_eq!(violations.len(), 1);
         assert_eq!(violations[0].policy, "needs-port");
     }
@@ -599,5 +620,39 @@ policies:
         .unwrap();
         assert_eq!(store.reload().unwrap(), Reload::Loaded(1));
         assert_eq!(store.current().names().collect::<Vec<_>>(), ["x"]);
+    }
+
+    #[test]
+    fn empty_or_torn_files_do_not_remove_policies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policies.yaml");
+        std::fs::write(&path, REGISTRY).unwrap();
+        let store = PolicyStore::load(path.clone(), false).unwrap();
+        // Empty, whitespace only, cut before the key, cut inside a policy, no key at all.
+        for torn in [
+            "",
+            " \n\t\n",
+            "poli",
+            "policies:\n  - name: allowed-registry\n    expression: \"object.spec.image.sta",
+            "policies:\n  - name: allowed-registry\n",
+            "{}\n",
+        ] {
+            std::fs::write(&path, torn).unwrap();
+            let err = store.reload().unwrap_err().to_string();
+            assert_eq!(
+                store.current().len(),
+                2,
+                "{torn:?} replaced the policies ({err})"
+            );
+        }
+        std::fs::write(&path, "").unwrap();
+        let err = store.reload();
+        // The same content again is not re-reported; the previous one differed.
+        assert!(matches!(err, Err(PolicyError::Empty { .. })), "{err:?}");
+        // An explicit empty list clears them; then an empty file is harmless.
+        std::fs::write(&path, "policies: []\n").unwrap();
+        assert_eq!(store.reload().unwrap(), Reload::Loaded(0));
+        std::fs::write(&path, "\n").unwrap();
+        assert_eq!(store.reload().unwrap(), Reload::Loaded(0));
     }
 }
