@@ -47,6 +47,17 @@ const MAX_PENDING_RESET_STREAMS: usize = 20;
 /// HTTP/2 streams the server may reset because of client errors, per connection.
 const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 256;
 
+/// How long an idle connection asked to close may take to do so.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Sleeps until `deadline`; never completes without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Timeouts and limits of the TLS listener.
 #[derive(Clone, Copy, Debug)]
 struct ListenerLimits {
@@ -486,6 +497,9 @@ async fn connection(
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
     let mut closing = false;
+    // An idle connection asked to close gets this long to do so; an HTTP/2 client that
+    // never acknowledges the GOAWAY must not keep it open.
+    let mut close_by: Option<Instant> = None;
     loop {
         tokio::select! {
             result = connection.as_mut() => {
@@ -502,7 +516,9 @@ async fn connection(
                 tracing::debug!(%peer, "closing an idle connection");
                 connection.as_mut().graceful_shutdown();
                 closing = true;
+                close_by = Some(Instant::now() + IDLE_CLOSE_GRACE);
             }
+            () = sleep_until_some(close_by) => return,
             () = stopped(&mut abort) => return,
         }
     }
