@@ -122,6 +122,16 @@ fn allow(req: &Request<'_>) -> AdmissionResponse {
     response
 }
 
+/// A denial of the review in `body` with `message` (HTTP 500 in the status), when the
+/// body is a review at all.
+pub fn denied(body: &[u8], message: &str) -> Option<AdmissionResponse> {
+    let req = decode_review(body).ok()?;
+    let mut response = allow(&req);
+    response.allowed = false;
+    response.result = Status::failure(message, "InternalError").with_code(500);
+    Some(response)
+}
+
 /// What a review is about, once it is known to concern an AppService write.
 enum Subject {
     /// CREATE or UPDATE of the AppService itself.
@@ -253,23 +263,22 @@ pub fn defaults_patch(app: &AppService) -> Result<Patch, String> {
     Ok(patch)
 }
 
-/// The generic JSON of an object for CEL, refused past [`MAX_POLICY_VALUES`] values.
-fn policy_json(
+/// Refuses an object with more than [`MAX_POLICY_VALUES`] JSON values before the
+/// policies convert it.
+fn check_policy_size(
     req: &Request<'_>,
     raw: &RawValue,
     field: &str,
-) -> Result<Value, Box<AdmissionResponse>> {
-    if let Err(count) = review::check_value_count(raw, MAX_POLICY_VALUES) {
+) -> Result<(), Box<AdmissionResponse>> {
+    review::check_value_count(raw, MAX_POLICY_VALUES).map_err(|count| {
         let mut response = allow(req);
         response.allowed = false;
         let message = format!(
             "{field} has more than {MAX_POLICY_VALUES} JSON values ({count} counted before stopping); policies are evaluated on objects of at most {MAX_POLICY_VALUES}"
         );
         response.result = Status::failure(&message, "RequestEntityTooLarge").with_code(413);
-        return Err(Box::new(response));
-    }
-    serde_json::from_str(raw.get())
-        .map_err(|e| bad_request(req, format!("{field} cannot be read: {e}")))
+        Box::new(response)
+    })
 }
 
 /// `/validate`: every field error of `common::validation` and every policy violation in
@@ -298,7 +307,7 @@ pub fn validate(
                 "oldObject is missing from the UPDATE request".to_owned(),
             );
         };
-        match review::decode_object(raw_old) {
+        match review::decode_spec_only(raw_old) {
             Ok(old) => Some(old),
             Err(e) => {
                 // Refusing would block every update of an object stored before a schema
@@ -321,21 +330,22 @@ pub fn validate(
         let Some(raw) = req.object else {
             return allow(req);
         };
-        let json = match policy_json(req, raw, "object") {
-            Ok(json) => json,
-            Err(response) => return *response,
-        };
-        let old_json = match req
+        let old_raw = req
             .old_object
-            .filter(|_| matches!(req.operation, Operation::Update))
+            .filter(|_| matches!(req.operation, Operation::Update));
+        for (raw, field) in
+            std::iter::once((raw, "object")).chain(old_raw.map(|r| (r, "oldObject")))
         {
-            Some(raw_old) => match policy_json(req, raw_old, "oldObject") {
-                Ok(json) => Some(json),
-                Err(response) => return *response,
-            },
-            None => None,
-        };
-        policies.evaluate(json, old_json, req.to_cel_request(), namespace_object)
+            if let Err(response) = check_policy_size(req, raw, field) {
+                return *response;
+            }
+        }
+        policies.evaluate_raw(
+            raw,
+            old_raw,
+            &req.to_cel_request(),
+            namespace_object.as_ref(),
+        )
     };
 
     let mut response = allow(req);

@@ -74,6 +74,11 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub request_timeout: Duration,
 
+    /// Longest time the CEL policies of one review may take; past it the review is
+    /// denied (the evaluation runs on a blocking thread, never on the request workers).
+    #[arg(long, env = "WEBHOOK_POLICY_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub policy_timeout: Duration,
+
     /// Longest time to drain in-flight requests after SIGTERM before exiting anyway.
     #[arg(long, env = "WEBHOOK_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -134,6 +139,7 @@ impl Config {
             namespace_labels: false,
             reload_interval: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
+            policy_timeout: Duration::from_secs(2),
             shutdown_timeout: Duration::from_secs(25),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,

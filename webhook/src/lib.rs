@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod config;
+pub mod expression;
 pub mod logging;
 pub mod metrics;
 pub mod namespaces;
@@ -60,6 +61,8 @@ pub struct Limits {
     /// Bytes of bodies held at once across requests (see [`State::body_budget`]).
     pub max_in_flight_bytes: usize,
     pub request_timeout: Duration,
+    /// Longest time the policies of one review may take; past it the review is denied.
+    pub policy_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -68,6 +71,7 @@ impl Default for Limits {
             max_body_bytes: config::DEFAULT_MAX_BODY_BYTES,
             max_in_flight_bytes: config::DEFAULT_MAX_IN_FLIGHT_BYTES,
             request_timeout: Duration::from_secs(10),
+            policy_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -82,6 +86,9 @@ pub struct State {
     /// size (its Content-Length, or the maximum when unknown) before reading it and
     /// returns it when answered, so the memory of all reviews in progress is bounded.
     pub body_budget: Arc<tokio::sync::Semaphore>,
+    /// Reviews whose policies are being evaluated at once, on blocking threads (one per
+    /// CPU), so CEL never runs on the async workers that serve other requests.
+    pub policy_slots: Arc<tokio::sync::Semaphore>,
     certs: Option<Arc<CertStore>>,
     namespaces: Option<NamespaceCache>,
     tls_accepting: AtomicBool,
@@ -98,6 +105,9 @@ impl State {
             limits,
             body_budget: Arc::new(tokio::sync::Semaphore::new(
                 budget.min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
+            policy_slots: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
             )),
             certs: None,
             namespaces: None,

@@ -288,6 +288,11 @@ pub struct Metrics {
     policies: Gauge<i64>,
     in_flight: Gauge<i64>,
     responses: Family<ResponseLabels, Counter>,
+    /// The fixed series above, looked up once: a request then updates its counters
+    /// without hashing labels or taking the family's lock (index order of `ALL`).
+    request_series: Vec<Counter>,
+    response_series: Vec<Counter>,
+    duration_series: Vec<Histogram>,
     handshake_failures: Family<HandshakeLabels, Counter>,
     connections: Gauge<i64>,
     process: ProcessGauges,
@@ -463,10 +468,41 @@ impl Metrics {
         for reason in [HandshakeFailure::Error, HandshakeFailure::Timeout] {
             drop(handshake_failures.get_or_create(&HandshakeLabels { reason }));
         }
+        let mut request_series = Vec::new();
+        let mut duration_series = Vec::new();
+        for endpoint in Endpoint::ALL {
+            duration_series.push(duration.get_or_create(&EndpointLabels { endpoint }).clone());
+            for operation in Operation::ALL {
+                for decision in Decision::ALL {
+                    request_series.push(
+                        requests
+                            .get_or_create(&RequestLabels {
+                                endpoint,
+                                operation,
+                                decision,
+                            })
+                            .clone(),
+                    );
+                }
+            }
+        }
+        let mut response_series = Vec::new();
+        for path in Path::ALL {
+            for code in Code::ALL {
+                response_series.push(
+                    responses
+                        .get_or_create(&ResponseLabels { path, code })
+                        .clone(),
+                );
+            }
+        }
         Metrics {
             in_flight,
             registry: root,
             responses,
+            request_series,
+            response_series,
+            duration_series,
             handshake_failures,
             connections,
             process,
@@ -481,32 +517,50 @@ impl Metrics {
 
     /// Counts a review by its decision.
     pub fn observe_request(&self, endpoint: Endpoint, operation: Operation, decision: Decision) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                endpoint,
-                operation,
-                decision,
-            })
-            .inc();
+        let index = (endpoint as usize * Operation::ALL.len() + operation as usize)
+            * Decision::ALL.len()
+            + decision as usize;
+        match self.request_series.get(index) {
+            Some(counter) => drop(counter.inc()),
+            None => drop(
+                self.requests
+                    .get_or_create(&RequestLabels {
+                        endpoint,
+                        operation,
+                        decision,
+                    })
+                    .inc(),
+            ),
+        }
     }
 
     /// Records an HTTP answer of the admission port; `elapsed` runs from the end of the
     /// headers, so it includes reading the body. Only admission paths get a latency.
     pub fn observe_response(&self, path: Path, status: u16, elapsed: Duration) {
-        self.responses
-            .get_or_create(&ResponseLabels {
-                path,
-                code: Code::of(status),
-            })
-            .inc();
+        let code = Code::of(status);
+        match self
+            .response_series
+            .get(path as usize * Code::ALL.len() + code as usize)
+        {
+            Some(counter) => drop(counter.inc()),
+            None => drop(
+                self.responses
+                    .get_or_create(&ResponseLabels { path, code })
+                    .inc(),
+            ),
+        }
         let endpoint = match path {
             Path::Mutate => Endpoint::Mutate,
             Path::Validate => Endpoint::Validate,
             Path::Other => return,
         };
-        self.duration
-            .get_or_create(&EndpointLabels { endpoint })
-            .observe(elapsed.as_secs_f64());
+        match self.duration_series.get(endpoint as usize) {
+            Some(histogram) => histogram.observe(elapsed.as_secs_f64()),
+            None => self
+                .duration
+                .get_or_create(&EndpointLabels { endpoint })
+                .observe(elapsed.as_secs_f64()),
+        }
     }
 
     pub fn handshake_failed(&self, reason: HandshakeFailure) {

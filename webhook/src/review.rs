@@ -30,6 +30,10 @@ pub const MAX_RESOURCE_ENTRIES: usize = 32;
 /// few thousand; the bound keeps the generic JSON copy the policies need small.
 pub const MAX_POLICY_VALUES: usize = 20_000;
 
+/// Specs up to this size are decoded without sizing their lists first: even made only of
+/// the smallest env entries, the decoded form stays below 64 KiB.
+const SHAPE_CHECK_FROM: usize = 2048;
+
 /// The request of an AdmissionReview, borrowing the objects from the body.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -156,15 +160,42 @@ pub fn decode_object(raw: &RawValue) -> Result<Object, ObjectError> {
             tracked::<Shell<'_>>(raw.get(), "").unwrap_or_else(|| plain.to_string()),
         )
     })?;
+    decode_shell(shell)
+}
+
+/// Decodes only the spec of an AppService (the stored object of an UPDATE: the update
+/// rules compare specs), checking the bounds first; metadata is skipped unread.
+pub fn decode_spec_only(raw: &RawValue) -> Result<Object, ObjectError> {
+    #[derive(Deserialize)]
+    struct SpecShell<'a> {
+        #[serde(default, borrow)]
+        spec: Option<&'a RawValue>,
+    }
+    let shell: SpecShell<'_> = serde_json::from_str(raw.get()).map_err(|plain| {
+        ObjectError::Invalid(
+            tracked::<SpecShell<'_>>(raw.get(), "").unwrap_or_else(|| plain.to_string()),
+        )
+    })?;
+    decode_shell(Shell {
+        metadata: Meta::default(),
+        spec: shell.spec,
+    })
+}
+
+fn decode_shell(shell: Shell<'_>) -> Result<Object, ObjectError> {
     let Some(spec) = shell.spec else {
         return Err(ObjectError::Invalid("missing field `spec`".to_owned()));
     };
-    let mut errors = Vec::new();
-    if let Ok(shape) = serde_json::from_str::<SpecShape>(spec.get()) {
-        shape.check(&mut errors);
-    }
-    if !errors.is_empty() {
-        return Err(ObjectError::TooLarge(FieldErrors(errors)));
+    // A spec this small cannot hold a list over its bound worth refusing before it is
+    // decoded (its worst case is a few tens of KiB); larger ones are sized first.
+    if spec.get().len() > SHAPE_CHECK_FROM {
+        let mut errors = Vec::new();
+        if let Ok(shape) = serde_json::from_str::<SpecShape>(spec.get()) {
+            shape.check(&mut errors);
+        }
+        if !errors.is_empty() {
+            return Err(ObjectError::TooLarge(FieldErrors(errors)));
+        }
     }
     let spec: AppServiceSpec = serde_json::from_str(spec.get()).map_err(|plain| {
         ObjectError::Invalid(

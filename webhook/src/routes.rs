@@ -21,6 +21,7 @@ use tracing::{Span, instrument};
 use crate::State;
 use crate::admission::{self, decode_review, operation_label};
 use crate::metrics::{Decision, Endpoint, Operation, Path};
+use crate::policy::INLINE_COST_LIMIT;
 
 /// The admission router: `POST /mutate` and `POST /validate`, with the body limit (413
 /// beyond it), the in-flight body budget, and the per-request timeout (408). Every
@@ -76,9 +77,58 @@ async fn mutate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Re
 
 #[instrument(name = "admission", skip_all, fields(endpoint = "validate", uid))]
 async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
-    match read_body(&state, request).await {
-        Ok((body, _permit)) => review(&state, Endpoint::Validate, &body),
-        Err(response) => response,
+    let (body, _permit) = match read_body(&state, request).await {
+        Ok(read) => read,
+        Err(response) => return response,
+    };
+    let cost = state.policies.current().cost();
+    if cost <= INLINE_COST_LIMIT {
+        return review(&state, Endpoint::Validate, &body);
+    }
+    // Costlier policies run on a blocking thread, a bounded number at once, within their
+    // time budget: they never stall the workers serving other reviews and the probes.
+    let Ok(slot) = state.policy_slots.clone().acquire_owned().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
+    };
+    let span = Span::current();
+    let task = tokio::task::spawn_blocking({
+        let (state, body) = (state.clone(), body.clone());
+        move || {
+            let _slot = slot;
+            span.in_scope(|| review(&state, Endpoint::Validate, &body))
+        }
+    });
+    let budget = state.limits.policy_timeout;
+    match tokio::time::timeout(budget, task).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
+            tracing::error!(%error, "policy evaluation failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "policy evaluation failed",
+            )
+                .into_response()
+        }
+        Err(_) => {
+            let message =
+                format!("the policies did not finish within their time budget of {budget:?}");
+            tracing::warn!(%message, "admission denied");
+            match admission::denied(&body, &message) {
+                Some(response) => review_body(response),
+                None => (StatusCode::SERVICE_UNAVAILABLE, message).into_response(),
+            }
+        }
+    }
+}
+
+/// The HTTP answer carrying an AdmissionReview response.
+fn review_body(response: kube::core::admission::AdmissionResponse) -> Response {
+    match serde_json::to_vec(&response.into_review()) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(error) => {
+            tracing::error!(%error, "cannot serialize the AdmissionReview");
+            (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
+        }
     }
 }
 
@@ -184,15 +234,8 @@ fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
             "admission denied"
         );
     }
-    let body = serde_json::to_vec(&response.into_review());
     state.metrics.observe_request(endpoint, operation, decision);
-    match body {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(error) => {
-            tracing::error!(%error, "cannot serialize the AdmissionReview");
-            (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
-        }
-    }
+    review_body(response)
 }
 
 /// Ready only when a valid certificate is loaded and the TLS listener is accepting, and

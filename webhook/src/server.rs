@@ -116,6 +116,7 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
         max_body_bytes: config.max_body_bytes,
         max_in_flight_bytes: config.max_in_flight_bytes,
         request_timeout: config.request_timeout,
+        policy_timeout: config.policy_timeout,
     };
     let fd_limit = process::raise_fd_limit();
     let max_connections = process::connection_cap(config.max_connections, fd_limit);

@@ -849,3 +849,86 @@ async fn error_answers_are_counted() {
     );
     webhook.terminate().await;
 }
+
+/// A policy made expensive (a regular expression compiled for each of 20,000 list
+/// elements) is cut off at its time budget and denies, while the operations port and
+/// other reviews keep being answered; a policy whose worst case is over the cost limit
+/// (nested comprehensions over lists of unknown size) is refused at load.
+#[tokio::test]
+async fn expensive_policies_are_refused_at_load_or_cut_off() {
+    let certs = TestCerts::new();
+    let policies = certs.dir.path().join("policies.yaml");
+    std::fs::write(
+        &policies,
+        "policies:\n  - name: nested\n    expression: \"object.metadata.managedFields.all(a, object.metadata.managedFields.all(b, object.metadata.managedFields.all(c, a != c)))\"\n    message: m\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_appservice-webhook"))
+        .env_clear()
+        .env("WEBHOOK_LISTEN", "127.0.0.1:0")
+        .env("WEBHOOK_OPS_LISTEN", "127.0.0.1:0")
+        .env("WEBHOOK_TLS_CERT", &certs.cert_path)
+        .env("WEBHOOK_TLS_KEY", &certs.key_path)
+        .env("WEBHOOK_POLICIES", &policies)
+        .env("WEBHOOK_LOG_FORMAT", "text")
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("\"nested\"") && stderr.contains("exceeds the limit"),
+        "{stderr}"
+    );
+
+    std::fs::write(
+        &policies,
+        "policies:\n  - name: slow\n    expression: \"lists.range(20000).all(i, !string(i).matches('^(a|b|c|d)+x$'))\"\n    message: m\n",
+    )
+    .unwrap();
+    let path = policies.to_string_lossy().into_owned();
+    let webhook = Webhook::start(
+        &certs,
+        &[
+            ("WEBHOOK_POLICIES", path.as_str()),
+            ("WEBHOOK_POLICY_TIMEOUT", "1ms"),
+        ],
+    )
+    .await;
+    let slow: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, addr) = (certs.client(), webhook.tls);
+            tokio::spawn(async move {
+                client
+                    .post(
+                        addr,
+                        "/validate",
+                        bytes(&fixture("create-minimal.json")),
+                        false,
+                    )
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    // Meanwhile: probes and a /mutate review.
+    assert_eq!(get(webhook.ops, "/healthz").await.0, StatusCode::OK);
+    let (status, response) = send(
+        &certs,
+        webhook.tls,
+        "/mutate",
+        bytes(&fixture("create-minimal.json")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(response["allowed"], true);
+    for reply in slow {
+        let reply = reply.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK);
+        let response = response_of(&reply.body);
+        assert_eq!(response["allowed"], false);
+        let message = response["status"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("time budget"), "{message}");
+    }
+    webhook.terminate().await;
+}
