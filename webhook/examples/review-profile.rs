@@ -48,6 +48,7 @@ fn policies(n: usize) -> PolicySet {
     }
     let set = PolicySet::from_yaml(Path::new("p.yaml"), &yaml).unwrap();
     assert_eq!(set.len(), n);
+    println!("{n} policies: estimated worst-case cost {}", set.cost());
     set
 }
 

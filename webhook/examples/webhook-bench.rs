@@ -149,6 +149,9 @@ struct Target {
 }
 
 struct Measurement {
+    /// CPU time of this whole process (servers and load generator) per request, in µs:
+    /// unlike req/s, barely moved by other processes on the machine.
+    cpu_us: f64,
     requests: usize,
     errors: usize,
     elapsed: Duration,
@@ -276,7 +279,7 @@ async fn run(args: Args) {
         args.rounds
     );
     println!(
-        "{:<26} {:>5} {:>9} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9} {:>11} {:>11}",
+        "{:<26} {:>5} {:>9} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9}",
         "target",
         "conc",
         "req/s",
@@ -288,7 +291,8 @@ async fn run(args: Args) {
         "vs JSON",
         "vs typed",
         "½rate p50",
-        "½rate p99"
+        "½rate p99",
+        "cpu µs/req"
     );
     for &concurrency in &args.concurrency {
         // Best round per target, targets interleaved within a round.
@@ -323,7 +327,7 @@ async fn run(args: Args) {
                 )
             };
             println!(
-                "{:<26} {:>5} {:>9.0} {:>8.3} {:>8.3} {:>8.3} {:>6} {:>9} {:>9} {:>9} {:>11} {:>11}",
+                "{:<26} {:>5} {:>9.0} {:>8.3} {:>8.3} {:>8.3} {:>6} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9.1}",
                 target.name,
                 concurrency,
                 m.rps(),
@@ -335,7 +339,8 @@ async fn run(args: Args) {
                 ratio(1),
                 ratio(2),
                 paced.0,
-                paced.1
+                paced.1,
+                m.cpu_us
             );
         }
     }
@@ -366,6 +371,7 @@ async fn measure(
         }
     }
     let budget = Arc::new(AtomicUsize::new(args.max_requests));
+    let mut cpu_at_measure: Option<f64> = None;
     let start = Instant::now();
     let measure_from = start + args.warmup;
     let stop_at = measure_from + args.duration;
@@ -411,6 +417,10 @@ async fn measure(
             (latencies, errors)
         }));
     }
+    tokio::time::sleep_until(measure_from.into()).await;
+    cpu_at_measure = cpu_at_measure.or_else(|| webhook::process::sample().cpu_seconds);
+    tokio::time::sleep_until(stop_at.into()).await;
+    let cpu_at_stop = webhook::process::sample().cpu_seconds;
     let mut latencies_us = Vec::new();
     let mut errors = 0;
     for task in tasks {
@@ -422,7 +432,12 @@ async fn measure(
         .min(stop_at)
         .saturating_duration_since(measure_from);
     latencies_us.sort_unstable();
+    let cpu_us = match (cpu_at_measure, cpu_at_stop) {
+        (Some(a), Some(b)) if !latencies_us.is_empty() => (b - a) * 1e6 / latencies_us.len() as f64,
+        _ => f64::NAN,
+    };
     Measurement {
+        cpu_us,
         requests: latencies_us.len(),
         errors,
         elapsed: elapsed.max(Duration::from_millis(1)),

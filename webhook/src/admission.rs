@@ -24,7 +24,7 @@ use serde_json::value::RawValue;
 
 use crate::metrics::{self, Decision};
 use crate::policy::{PolicySet, Violation};
-use crate::review::{self, Envelope, MAX_POLICY_VALUES, Object, ObjectError};
+use crate::review::{self, Envelope, Object, ObjectError};
 
 pub use crate::review::Request;
 
@@ -263,24 +263,6 @@ pub fn defaults_patch(app: &AppService) -> Result<Patch, String> {
     Ok(patch)
 }
 
-/// Refuses an object with more than [`MAX_POLICY_VALUES`] JSON values before the
-/// policies convert it.
-fn check_policy_size(
-    req: &Request<'_>,
-    raw: &RawValue,
-    field: &str,
-) -> Result<(), Box<AdmissionResponse>> {
-    review::check_value_count(raw, MAX_POLICY_VALUES).map_err(|count| {
-        let mut response = allow(req);
-        response.allowed = false;
-        let message = format!(
-            "{field} has more than {MAX_POLICY_VALUES} JSON values ({count} counted before stopping); policies are evaluated on objects of at most {MAX_POLICY_VALUES}"
-        );
-        response.result = Status::failure(&message, "RequestEntityTooLarge").with_code(413);
-        Box::new(response)
-    })
-}
-
 /// `/validate`: every field error of `common::validation` and every policy violation in
 /// one denial, with warnings in both outcomes. `namespace_object` is the namespace's
 /// metadata for policies that use `namespaceObject` (None without `--namespace-labels`).
@@ -333,13 +315,6 @@ pub fn validate(
         let old_raw = req
             .old_object
             .filter(|_| matches!(req.operation, Operation::Update));
-        for (raw, field) in
-            std::iter::once((raw, "object")).chain(old_raw.map(|r| (r, "oldObject")))
-        {
-            if let Err(response) = check_policy_size(req, raw, field) {
-                return *response;
-            }
-        }
         policies.evaluate_raw(
             raw,
             old_raw,

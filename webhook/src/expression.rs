@@ -574,15 +574,28 @@ fn escape(name: &str) -> String {
 }
 
 /// Converts an AppService's raw JSON into a CEL value, only the projected parts, in one
-/// pass and without an intermediate generic JSON value.
-pub fn object_to_cel(raw: &RawValue, projection: &Projection) -> Result<Value, String> {
+/// pass and without an intermediate generic JSON value. More than `max_values` values
+/// converted is an error, which bounds the memory of the CEL copy.
+pub fn object_to_cel(
+    raw: &RawValue,
+    projection: &Projection,
+    max_values: usize,
+) -> Result<Value, String> {
     let mut de = serde_json::Deserializer::from_str(raw.get());
+    let remaining = std::cell::Cell::new(max_values);
     let value = CelSeed {
         projection: Some(projection),
         position: Position::Root,
+        remaining: &remaining,
     }
     .deserialize(&mut de)
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| {
+        if remaining.get() == 0 {
+            format!("it has more than {max_values} JSON values, the most policies read")
+        } else {
+            e.to_string()
+        }
+    })?;
     Ok(value)
 }
 
@@ -618,11 +631,17 @@ struct CelSeed<'p> {
     /// `None`: take everything below.
     projection: Option<&'p Projection>,
     position: Position,
+    /// Values that may still be converted.
+    remaining: &'p std::cell::Cell<usize>,
 }
 
 impl<'de> DeserializeSeed<'de> for CelSeed<'_> {
     type Value = Value;
     fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        match self.remaining.get().checked_sub(1) {
+            Some(left) => self.remaining.set(left),
+            None => return Err(de::Error::custom("too many values")),
+        }
         deserializer.deserialize_any(self)
     }
 }
@@ -655,14 +674,13 @@ impl<'de> Visitor<'de> for CelSeed<'_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
-        // A list is read whole: its elements are read through an index or a macro.
-        let element = match self.position {
-            Position::ManagedFields => Position::ManagedFields,
-            other => other,
-        };
+        // A list is read whole (its elements are read through an index or a macro); its
+        // elements sit where the list does (managed-field entries under managedFields).
+        let element = self.position;
         while let Some(item) = seq.next_element_seed(CelSeed {
             projection: None,
             position: element,
+            remaining: self.remaining,
         })? {
             items.push(item);
         }
@@ -688,6 +706,7 @@ impl<'de> Visitor<'de> for CelSeed<'_> {
             let value = access.next_value_seed(CelSeed {
                 projection,
                 position,
+                remaining: self.remaining,
             })?;
             map.insert(Key::String(Arc::new(name)), value);
         }
@@ -757,7 +776,7 @@ mod tests {
     fn eval(source: &str, object: &str) -> Value {
         let expression = Expression::compile(source, &VARS).unwrap();
         let raw = RawValue::from_string(object.to_owned()).unwrap();
-        let object = object_to_cel(&raw, &expression.object).unwrap();
+        let object = object_to_cel(&raw, &expression.object, 1000).unwrap();
         with_functions(|base| {
             let mut ctx = base.new_inner_scope();
             ctx.add_variable_from_value("object", object);
@@ -795,7 +814,7 @@ mod tests {
             r#"{"metadata":{"name":"a"},"spec":{"replicas":2,"env":[]}}"#.to_owned(),
         )
         .unwrap();
-        let Value::Map(root) = object_to_cel(&raw, &expression.object).unwrap() else {
+        let Value::Map(root) = object_to_cel(&raw, &expression.object, 1000).unwrap() else {
             panic!("not a map");
         };
         assert_eq!(root.map.len(), 1);
@@ -803,6 +822,10 @@ mod tests {
             panic!("no spec");
         };
         assert_eq!(spec.map.len(), 1);
+        // Only converted values count against the bound: root, spec, replicas.
+        assert!(object_to_cel(&raw, &expression.object, 3).is_ok());
+        let err = object_to_cel(&raw, &expression.object, 2).unwrap_err();
+        assert!(err.contains("more than 2 JSON values"), "{err}");
     }
 
     #[test]

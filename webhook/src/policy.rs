@@ -26,6 +26,7 @@ use serde_json::value::RawValue;
 use crate::expression::{
     self, Expression, PER_EXPRESSION_COST_LIMIT, PER_REVIEW_COST_LIMIT, Projection,
 };
+use crate::review::MAX_POLICY_VALUES;
 
 /// Policy sets whose estimated worst case is at most this are evaluated on the request's
 /// own worker: bounded to a few tens of microseconds, they cost less than the hand-off
@@ -243,13 +244,13 @@ impl PolicySet {
         if self.policies.is_empty() {
             return Vec::new();
         }
-        let object = match expression::object_to_cel(object, &self.object) {
+        let object = match expression::object_to_cel(object, &self.object, MAX_POLICY_VALUES) {
             Ok(object) => object,
             Err(e) => return self.all_denied(&format!("object cannot be read: {e}")),
         };
         let old_object = match old_object {
             Some(old) if !self.old_object.is_empty() => {
-                match expression::object_to_cel(old, &self.old_object) {
+                match expression::object_to_cel(old, &self.old_object, MAX_POLICY_VALUES) {
                     Ok(old) => old,
                     Err(e) => return self.all_denied(&format!("oldObject cannot be read: {e}")),
                 }

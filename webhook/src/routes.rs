@@ -86,20 +86,23 @@ async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> 
         return review(&state, Endpoint::Validate, &body);
     }
     // Costlier policies run on a blocking thread, a bounded number at once, within their
-    // time budget: they never stall the workers serving other reviews and the probes.
-    let Ok(slot) = state.policy_slots.clone().acquire_owned().await else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
-    };
+    // time budget (waiting for a free slot included): they never stall the workers
+    // serving other reviews and the probes.
     let span = Span::current();
-    let task = tokio::task::spawn_blocking({
+    let work = {
         let (state, body) = (state.clone(), body.clone());
-        move || {
-            let _slot = slot;
-            span.in_scope(|| review(&state, Endpoint::Validate, &body))
+        async move {
+            let slot = state.policy_slots.clone().acquire_owned().await.ok();
+            let state_for_task = state.clone();
+            tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                span.in_scope(|| review(&state_for_task, Endpoint::Validate, &body))
+            })
+            .await
         }
-    });
+    };
     let budget = state.limits.policy_timeout;
-    match tokio::time::timeout(budget, task).await {
+    match tokio::time::timeout(budget, work).await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
             tracing::error!(%error, "policy evaluation failed");
