@@ -325,6 +325,34 @@ fn pods_are_restricted_and_probed() {
 }
 
 #[test]
+fn webhook_shutdown_and_limits_match_the_grace_period() {
+    let docs = template("ops", &[]);
+    let pod = &find(&docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
+    // Delay (5) + drain (20) + margin (5): the kubelet waits for the whole shutdown.
+    assert_eq!(pod["terminationGracePeriodSeconds"], 30);
+    let env = pod["containers"][0]["env"].as_array().expect("env");
+    let value = |name: &str| {
+        env.iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("{name} missing"))["value"]
+            .clone()
+    };
+    assert_eq!(value("WEBHOOK_SHUTDOWN_DELAY"), "5s");
+    assert_eq!(value("WEBHOOK_SHUTDOWN_TIMEOUT"), "20s");
+    assert_eq!(value("WEBHOOK_MAX_CONNECTIONS"), "1024");
+    assert_eq!(value("WEBHOOK_MAX_IN_FLIGHT_BYTES"), "12582912");
+    let longer = template(
+        "ops",
+        &[
+            "webhook.shutdownDelaySeconds=15".to_owned(),
+            "webhook.drainSeconds=40".to_owned(),
+        ],
+    );
+    let pod = &find(&longer, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
+    assert_eq!(pod["terminationGracePeriodSeconds"], 60);
+}
+
+#[test]
 fn rbac_is_exactly_what_the_controller_uses() {
     let docs = template("ops", &[]);
     let role = find(&docs, "ClusterRole", CONTROLLER);

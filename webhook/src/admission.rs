@@ -4,7 +4,11 @@
 //!
 //! Bad input never panics and never becomes a 500: a body that is not an AdmissionReview
 //! is a [`ReviewError`] (HTTP 400); a review of something that is not a well-formed
-//! AppService is answered `allowed: false` with code 400 and the reason.
+//! AppService is answered `allowed: false` with code 400 and the reason; an object over
+//! the size bounds of [`crate::review`] is denied with 422 naming each bound.
+//!
+//! The review is decoded once ([`crate::review`]); the generic JSON copy of the object
+//! that CEL needs is made only when policies are active.
 
 use std::fmt::Display;
 
@@ -12,14 +16,17 @@ use common::names::GROUP;
 use common::validation::{ErrorType, FieldErrors};
 use common::{AppService, defaults};
 use json_patch::{Patch, PatchOperation};
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::admission::{AdmissionResponse, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
-use kube::core::{DynamicObject, Status};
-use serde::Deserialize;
+use kube::core::{Status, TypeMeta};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::metrics::{self, Decision};
 use crate::policy::{PolicySet, Violation};
+use crate::review::{self, Envelope, Object, ObjectError};
+
+pub use crate::review::Request;
 
 /// The only AdmissionReview version the API server still sends.
 pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
@@ -40,28 +47,35 @@ pub enum ReviewError {
     MissingRequest,
 }
 
-/// Parses an AdmissionReview body, reporting the JSON path of a type error.
-pub fn decode_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, ReviewError> {
+/// Parses an AdmissionReview body once, reporting the JSON path of a type error. The
+/// request borrows `object` and `oldObject` from `body`.
+pub fn decode_review(body: &[u8]) -> Result<Request<'_>, ReviewError> {
+    // serde's derived structs also accept a JSON array; an AdmissionReview is an object.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ReviewError::Decode(
+            "expected a JSON object (an AdmissionReview)".to_owned(),
+        ));
+    }
     // Path tracking costs on every request; only a body that fails pays for it.
-    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+    let review: Envelope<'_> = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(plain) => {
             // The tracked pass does not check for trailing characters; keep the plain
             // error for that case.
             let de = &mut serde_json::Deserializer::from_slice(body);
-            let err = serde_path_to_error::deserialize::<_, AdmissionReview<DynamicObject>>(de)
+            let err = serde_path_to_error::deserialize::<_, Envelope<'_>>(de)
                 .err()
                 .map_or_else(|| plain.to_string(), |e| describe(&e));
             return Err(ReviewError::Decode(err));
         }
     };
-    if review.types.api_version != REVIEW_API_VERSION || review.types.kind != "AdmissionReview" {
+    if review.api_version != REVIEW_API_VERSION || review.kind != "AdmissionReview" {
         return Err(ReviewError::Version {
-            api_version: review.types.api_version,
-            kind: review.types.kind,
+            api_version: review.api_version,
+            kind: review.kind,
         });
     }
-    review.try_into().map_err(|_| ReviewError::MissingRequest)
+    review.request.ok_or(ReviewError::MissingRequest)
 }
 
 /// Formats a path-carrying serde error as `path: error` (no path for the root).
@@ -95,6 +109,29 @@ pub fn decision(response: &AdmissionResponse) -> Decision {
     }
 }
 
+/// An allowing response to `req`.
+fn allow(req: &Request<'_>) -> AdmissionResponse {
+    let mut response = AdmissionResponse::invalid("");
+    response.types = TypeMeta {
+        api_version: REVIEW_API_VERSION.to_owned(),
+        kind: "AdmissionReview".to_owned(),
+    };
+    response.uid.clone_from(&req.uid);
+    response.allowed = true;
+    response.result = Status::default();
+    response
+}
+
+/// A denial of the review in `body` with `message` (HTTP 500 in the status), when the
+/// body is a review at all.
+pub fn denied(body: &[u8], message: &str) -> Option<AdmissionResponse> {
+    let req = decode_review(body).ok()?;
+    let mut response = allow(&req);
+    response.allowed = false;
+    response.result = Status::failure(message, "InternalError").with_code(500);
+    Some(response)
+}
+
 /// What a review is about, once it is known to concern an AppService write.
 enum Subject {
     /// CREATE or UPDATE of the AppService itself.
@@ -104,7 +141,7 @@ enum Subject {
 }
 
 /// Checks the kind and operation; `Err` is the response to send as is.
-fn subject(req: &AdmissionRequest<DynamicObject>) -> Result<Subject, Box<AdmissionResponse>> {
+fn subject(req: &Request<'_>) -> Result<Subject, Box<AdmissionResponse>> {
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return Ok(Subject::PassThrough);
     }
@@ -129,70 +166,69 @@ fn subject(req: &AdmissionRequest<DynamicObject>) -> Result<Subject, Box<Admissi
 }
 
 /// A well-formed review whose content cannot be admitted as is: `allowed: false`, 400.
-fn bad_request(req: &AdmissionRequest<DynamicObject>, message: String) -> Box<AdmissionResponse> {
-    let mut response = AdmissionResponse::from(req);
+fn bad_request(req: &Request<'_>, message: String) -> Box<AdmissionResponse> {
+    let mut response = allow(req);
     response.allowed = false;
     response.result = Status::failure(&message, "BadRequest").with_code(400);
     Box::new(response)
 }
 
-/// The object and its typed form; `Err` is the response to send.
-fn decode_object(
-    req: &AdmissionRequest<DynamicObject>,
-    object: Option<&DynamicObject>,
+/// The object (`field`: "object" or "oldObject"), decoded; `Err` is the response to send.
+fn decode(
+    req: &Request<'_>,
+    raw: Option<&RawValue>,
     field: &str,
-) -> Result<(Value, AppService), Box<AdmissionResponse>> {
-    let Some(object) = object else {
+) -> Result<Object, Box<AdmissionResponse>> {
+    let Some(raw) = raw else {
         return Err(bad_request(
             req,
             format!("{field} is missing from the request"),
         ));
     };
-    let raw = serde_json::to_value(object)
-        .map_err(|e| bad_request(req, format!("{field} cannot be serialized: {e}")))?;
-    let typed =
-        typed(&raw).map_err(|e| bad_request(req, format!("{field} is not a valid {KIND}: {e}")))?;
-    Ok((raw, typed))
+    review::decode_object(raw).map_err(|error| match error {
+        ObjectError::TooLarge(errors) => too_large(req, &errors),
+        ObjectError::Invalid(e) => bad_request(req, format!("{field} is not a valid {KIND}: {e}")),
+    })
 }
 
-fn typed(raw: &Value) -> Result<AppService, String> {
-    AppService::deserialize(raw).map_err(|plain| {
-        serde_path_to_error::deserialize::<_, AppService>(raw)
-            .err()
-            .map_or_else(|| plain.to_string(), |e| describe(&e))
-    })
+/// A denial of an object over a size bound, in the format of a validation failure.
+fn too_large(req: &Request<'_>, errors: &FieldErrors) -> Box<AdmissionResponse> {
+    let mut response = allow(req);
+    response.allowed = false;
+    response.result = denial(&req.name, errors, &[]);
+    Box::new(response)
 }
 
 /// `/mutate`: the JSON patch that applies `common`'s defaults, or no patch at all when the
 /// object is already defaulted.
-pub fn mutate(req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+pub fn mutate(req: &Request<'_>) -> AdmissionResponse {
     match subject(req) {
         Err(response) => return *response,
-        Ok(Subject::PassThrough) => return AdmissionResponse::from(req),
+        Ok(Subject::PassThrough) => return allow(req),
         Ok(Subject::Write) => {}
     }
-    let (raw, app) = match decode_object(req, req.object.as_ref(), "object") {
-        Ok(decoded) => decoded,
+    let object = match decode(req, req.object, "object") {
+        Ok(object) => object,
         Err(response) => return *response,
     };
-    let patch = match defaults_patch(&raw, &app) {
+    let patch = match defaults_patch(&object.app) {
         Ok(patch) => patch,
         Err(message) => {
             tracing::error!(%message, "defaults patch does not apply to the incoming object");
-            let mut response = AdmissionResponse::from(req);
+            let mut response = allow(req);
             response.allowed = false;
             response.result = Status::failure(&message, "InternalError").with_code(500);
             return response;
         }
     };
-    let response = AdmissionResponse::from(req);
+    let response = allow(req);
     if patch.0.is_empty() {
         return response;
     }
     match response.with_patch(patch) {
         Ok(response) => response,
         Err(e) => {
-            let mut response = AdmissionResponse::from(req);
+            let mut response = allow(req);
             response.allowed = false;
             response.result = Status::failure(&e.to_string(), "InternalError").with_code(500);
             response
@@ -200,17 +236,21 @@ pub fn mutate(req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
     }
 }
 
-/// The patch from `raw` to its defaulted form.
+/// The patch from `app` (as decoded by [`review::decode_object`]) to its defaulted form.
 ///
 /// The diff is taken between the typed object and the typed, defaulted object, so both
 /// sides went through the same serialization: a field the user wrote in an equivalent
-/// form, or a field the types do not know, appears identically on both sides and yields
-/// no operation. Defaulting only fills absent fields, so the patch holds only `add`
-/// operations; it is checked to apply to the object exactly as received.
-pub fn defaults_patch(raw: &Value, app: &AppService) -> Result<Patch, String> {
-    let before = serde_json::to_value(app).map_err(|e| e.to_string())?;
+/// form appears identically on both sides and yields no operation, and fields the types
+/// do not hold are never touched. The decoded metadata keeps whether `labels` exists, so
+/// a label lands in the existing map or brings a new one. Defaulting only fills absent
+/// fields, so only `add` operations are allowed; anything else is an internal error.
+pub fn defaults_patch(app: &AppService) -> Result<Patch, String> {
     let mut defaulted = app.clone();
     defaults::default_object(&mut defaulted);
+    if defaulted == *app {
+        return Ok(Patch(Vec::new()));
+    }
+    let before = serde_json::to_value(app).map_err(|e| e.to_string())?;
     let after = serde_json::to_value(&defaulted).map_err(|e| e.to_string())?;
     let patch = json_patch::diff(&before, &after);
     if let Some(op) = patch
@@ -220,8 +260,6 @@ pub fn defaults_patch(raw: &Value, app: &AppService) -> Result<Patch, String> {
     {
         return Err(format!("defaulting produced a non-add operation: {op}"));
     }
-    let mut check = raw.clone();
-    json_patch::patch(&mut check, &patch).map_err(|e| e.to_string())?;
     Ok(patch)
 }
 
@@ -229,54 +267,63 @@ pub fn defaults_patch(raw: &Value, app: &AppService) -> Result<Patch, String> {
 /// one denial, with warnings in both outcomes. `namespace_object` is the namespace's
 /// metadata for policies that use `namespaceObject` (None without `--namespace-labels`).
 pub fn validate(
-    req: &AdmissionRequest<DynamicObject>,
+    req: &Request<'_>,
     policies: &PolicySet,
     namespace_object: Option<Value>,
 ) -> AdmissionResponse {
     match subject(req) {
         Err(response) => return *response,
-        Ok(Subject::PassThrough) => return AdmissionResponse::from(req),
+        Ok(Subject::PassThrough) => return allow(req),
         Ok(Subject::Write) => {}
     }
-    let (raw, app) = match decode_object(req, req.object.as_ref(), "object") {
-        Ok(decoded) => decoded,
+    let object = match decode(req, req.object, "object") {
+        Ok(object) => object,
         Err(response) => return *response,
     };
     let mut warnings = Vec::new();
-    let old = match (&req.operation, req.old_object.as_ref()) {
-        (Operation::Update, Some(old)) => match serde_json::to_value(old) {
-            Ok(old_raw) => {
-                let old_typed = match typed(&old_raw) {
-                    Ok(old_typed) => Some(old_typed),
-                    Err(e) => {
-                        // Refusing would block every update of an object stored before a
-                        // schema change, including the fix; the API server's CEL
-                        // transition rules still guard immutable fields.
-                        warnings.push(format!(
-                            "the stored object is not a valid {KIND} ({e}); update rules were not checked"
-                        ));
-                        None
-                    }
-                };
-                Some((old_raw, old_typed))
+    let old = if matches!(req.operation, Operation::Update) {
+        let Some(raw_old) = req.old_object else {
+            // Without it the update rules (immutable fields) cannot be checked.
+            return *bad_request(
+                req,
+                "oldObject is missing from the UPDATE request".to_owned(),
+            );
+        };
+        match review::decode_spec_only(raw_old) {
+            Ok(old) => Some(old),
+            Err(e) => {
+                // Refusing would block every update of an object stored before a schema
+                // change, including the fix; the API server's CEL transition rules still
+                // guard immutable fields.
+                warnings.push(format!(
+                    "the stored object is not a valid {KIND} ({e}); update rules were not checked"
+                ));
+                None
             }
-            Err(_) => None,
-        },
-        _ => None,
+        }
+    } else {
+        None
     };
-    let report = common::validation::validate_report(
-        &app,
-        old.as_ref().and_then(|(_, typed)| typed.as_ref()),
-    );
+    let report = common::validation::validate_report(&object.app, old.as_ref().map(|old| &old.app));
     warnings.extend(report.warnings);
-    let violations = policies.evaluate(
-        &raw,
-        old.as_ref().map(|(raw, _)| raw),
-        req.to_cel_request(),
-        namespace_object,
-    );
+    let violations = if policies.is_empty() {
+        Vec::new()
+    } else {
+        let Some(raw) = req.object else {
+            return allow(req);
+        };
+        let old_raw = req
+            .old_object
+            .filter(|_| matches!(req.operation, Operation::Update));
+        policies.evaluate_raw(
+            raw,
+            old_raw,
+            &req.to_cel_request(),
+            namespace_object.as_ref(),
+        )
+    };
 
-    let mut response = AdmissionResponse::from(req);
+    let mut response = allow(req);
     if !warnings.is_empty() {
         response.warnings = Some(warnings);
     }
@@ -284,13 +331,14 @@ pub fn validate(
         return response;
     }
     response.allowed = false;
-    response.result = denial(&app, &report.errors, &violations);
+    let name = object.app.metadata.name.as_deref().unwrap_or_default();
+    response.result = denial(name, &report.errors, &violations);
     response
 }
 
 /// The Status of a denial: the Kubernetes aggregate of field errors, then the policies,
 /// with one cause per problem.
-fn denial(app: &AppService, errors: &FieldErrors, violations: &[Violation]) -> Status {
+fn denial(name: &str, errors: &FieldErrors, violations: &[Violation]) -> Status {
     let mut parts = Vec::new();
     if !errors.is_empty() {
         parts.push(errors.to_string());
@@ -318,7 +366,7 @@ fn denial(app: &AppService, errors: &FieldErrors, violations: &[Violation]) -> S
     Status::failure(&message, "Invalid")
         .with_code(422)
         .with_details(StatusDetails {
-            name: app.metadata.name.clone().unwrap_or_default(),
+            name: name.to_owned(),
             group: GROUP.to_owned(),
             kind: KIND.to_owned(),
             uid: String::new(),
@@ -331,6 +379,11 @@ fn denial(app: &AppService, errors: &FieldErrors, violations: &[Violation]) -> S
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A decoded review; the body is leaked so the request can borrow it for the test.
+    fn decoded(body: Vec<u8>) -> Request<'static> {
+        decode_review(Box::leak(body.into_boxed_slice())).unwrap()
+    }
 
     fn review(operation: &str, object: Value, old: Option<Value>) -> Vec<u8> {
         serde_json::to_vec(&json!({
@@ -376,7 +429,7 @@ mod tests {
                      "env": [], "database": {"class": "x"}},
             "status": {"unknownStatus": true}
         });
-        let req = decode_review(&review("CREATE", object.clone(), None)).unwrap();
+        let req = decoded(review("CREATE", object.clone(), None));
         let response = mutate(&req);
         assert!(response.allowed);
         let mut ops: Vec<Value> = serde_json::from_value(patch_of(&response)).unwrap();
@@ -407,7 +460,7 @@ mod tests {
     #[test]
     fn defaulted_object_gets_no_patch() {
         let object = app(json!({"image": "nginx:1.27"}));
-        let req = decode_review(&review("CREATE", object.clone(), None)).unwrap();
+        let req = decoded(review("CREATE", object.clone(), None));
         let first = mutate(&req);
         let mut patched = object;
         json_patch::patch(
@@ -415,7 +468,7 @@ mod tests {
             &serde_json::from_value::<Patch>(patch_of(&first)).unwrap(),
         )
         .unwrap();
-        let again = mutate(&decode_review(&review("CREATE", patched, None)).unwrap());
+        let again = mutate(&decoded(review("CREATE", patched, None)));
         assert!(again.allowed);
         assert_eq!(again.patch, None, "second pass must not patch");
     }
@@ -427,8 +480,7 @@ mod tests {
             if let Some(labels) = labels {
                 object["metadata"]["labels"] = labels;
             }
-            let response =
-                mutate(&decode_review(&review("UPDATE", object.clone(), Some(object))).unwrap());
+            let response = mutate(&decoded(review("UPDATE", object.clone(), Some(object))));
             assert_eq!(
                 patch_of(&response),
                 json!([{"op": "add", "path": "/metadata/labels", "value": {"app.kubernetes.io/name": "checkout"}}])
@@ -440,14 +492,11 @@ mod tests {
     fn user_name_label_and_generate_name_are_respected() {
         let mut object = app(json!({"image": "nginx:1.27", "replicas": 0, "port": 80}));
         object["metadata"]["labels"] = json!({"app.kubernetes.io/name": "shop"});
-        assert_eq!(
-            mutate(&decode_review(&review("CREATE", object, None)).unwrap()).patch,
-            None
-        );
+        assert_eq!(mutate(&decoded(review("CREATE", object, None))).patch, None);
 
         let generated = json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
             "metadata": {"generateName": "checkout-"}, "spec": {"image": "nginx:1.27"}});
-        let response = mutate(&decode_review(&review("CREATE", generated, None)).unwrap());
+        let response = mutate(&decoded(review("CREATE", generated, None)));
         let paths: Vec<String> = patch_of(&response)
             .as_array()
             .unwrap()
@@ -460,15 +509,14 @@ mod tests {
 
     #[test]
     fn valid_object_is_allowed_with_warnings() {
-        let req = decode_review(&review("CREATE", app(json!({"image": "nginx"})), None)).unwrap();
+        let req = decoded(review("CREATE", app(json!({"image": "nginx"})), None));
         let response = validate(&req, &PolicySet::default(), None);
         assert!(response.allowed);
         let warnings = response.warnings.unwrap_or_default();
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("no tag"), "{warnings:?}");
 
-        let pinned =
-            decode_review(&review("CREATE", app(json!({"image": "nginx:1.27"})), None)).unwrap();
+        let pinned = decoded(review("CREATE", app(json!({"image": "nginx:1.27"})), None));
         assert_eq!(
             validate(&pinned, &PolicySet::default(), None).warnings,
             None
@@ -483,7 +531,7 @@ mod tests {
             "database": {"enabled": true}
         }));
         let response = validate(
-            &decode_review(&review("CREATE", object, None)).unwrap(),
+            &decoded(review("CREATE", object, None)),
             &PolicySet::default(),
             None,
         );
@@ -529,7 +577,7 @@ mod tests {
         let new =
             app(json!({"image": "nginx:1.27", "database": {"enabled": true, "class": "large"}}));
         let response = validate(
-            &decode_review(&review("UPDATE", new.clone(), Some(old.clone()))).unwrap(),
+            &decoded(review("UPDATE", new.clone(), Some(old.clone()))),
             &PolicySet::default(),
             None,
         );
@@ -545,7 +593,7 @@ mod tests {
         // The same object on CREATE is fine.
         assert!(
             validate(
-                &decode_review(&review("CREATE", new, None)).unwrap(),
+                &decoded(review("CREATE", new, None)),
                 &PolicySet::default(),
                 None
             )
@@ -554,7 +602,7 @@ mod tests {
         // An undecodable stored object does not block the update.
         let broken_old = app(json!({"image": 7}));
         let response = validate(
-            &decode_review(&review("UPDATE", old, Some(broken_old))).unwrap(),
+            &decoded(review("UPDATE", old, Some(broken_old))),
             &PolicySet::default(),
             None,
         );
@@ -570,20 +618,9 @@ mod tests {
         )
         .unwrap();
         let ok = app(json!({"image": "registry.example.com/checkout:v1"}));
-        assert!(
-            validate(
-                &decode_review(&review("CREATE", ok, None)).unwrap(),
-                &set,
-                None
-            )
-            .allowed
-        );
+        assert!(validate(&decoded(review("CREATE", ok, None)), &set, None).allowed);
         let bad = app(json!({"image": "docker.io/checkout:v1", "port": 0}));
-        let response = validate(
-            &decode_review(&review("CREATE", bad, None)).unwrap(),
-            &set,
-            None,
-        );
+        let response = validate(&decoded(review("CREATE", bad, None)), &set, None);
         assert!(!response.allowed);
         assert_eq!(
             response.result.message,
@@ -595,7 +632,7 @@ mod tests {
     fn delete_connect_and_subresources_pass_untouched() {
         let object = app(json!({"image": "nginx"}));
         for op in ["DELETE", "CONNECT"] {
-            let req = decode_review(&review(op, Value::Null, Some(object.clone()))).unwrap();
+            let req = decoded(review(op, Value::Null, Some(object.clone())));
             let set = PolicySet::from_yaml(
                 std::path::Path::new("p"),
                 "policies:\n  - {name: never, expression: 'false', message: no}\n",
@@ -615,7 +652,7 @@ mod tests {
         .unwrap();
         body["request"]["subResource"] = json!("scale");
         body["request"]["kind"] = json!({"group": "autoscaling", "version": "v1", "kind": "Scale"});
-        let req = decode_review(&serde_json::to_vec(&body).unwrap()).unwrap();
+        let req = decoded(serde_json::to_vec(&body).unwrap());
         assert!(mutate(&req).allowed);
     }
 
@@ -628,7 +665,7 @@ mod tests {
         ))
         .unwrap();
         body["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Pod"});
-        let req = decode_review(&serde_json::to_vec(&body).unwrap()).unwrap();
+        let req = decoded(serde_json::to_vec(&body).unwrap());
         for response in [mutate(&req), validate(&req, &PolicySet::default(), None)] {
             assert!(!response.allowed);
             assert_eq!(response.result.code, 400);
@@ -639,12 +676,11 @@ mod tests {
                 response.result.message
             );
         }
-        let req = decode_review(&review(
+        let req = decoded(review(
             "CREATE",
             app(json!({"image": "nginx", "replicas": "three"})),
             None,
-        ))
-        .unwrap();
+        ));
         let response = mutate(&req);
         assert!(!response.allowed);
         assert!(
@@ -655,13 +691,59 @@ mod tests {
             "{}",
             response.result.message
         );
-        let req = decode_review(&review("CREATE", Value::Null, None)).unwrap();
+        let req = decoded(review("CREATE", Value::Null, None));
         assert!(
             validate(&req, &PolicySet::default(), None)
                 .result
                 .message
                 .contains("object is missing")
         );
+    }
+
+    #[test]
+    fn update_without_old_object_is_refused() {
+        let object =
+            app(json!({"image": "nginx:1.27", "database": {"enabled": true, "class": "large"}}));
+        let response = validate(
+            &decoded(review("UPDATE", object, None)),
+            &PolicySet::default(),
+            None,
+        );
+        assert!(!response.allowed);
+        assert_eq!(response.result.code, 400);
+        assert_eq!(
+            response.result.message,
+            "oldObject is missing from the UPDATE request"
+        );
+    }
+
+    #[test]
+    fn oversized_objects_are_denied_naming_the_limit() {
+        let env: Vec<Value> = (0..30_000)
+            .map(|i| json!({"name": format!("V{i}")}))
+            .collect();
+        let object = app(json!({"image": "nginx:1.27", "env": env}));
+        for response in [
+            mutate(&decoded(review("CREATE", object.clone(), None))),
+            validate(
+                &decoded(review("CREATE", object.clone(), None)),
+                &PolicySet::default(),
+                None,
+            ),
+        ] {
+            assert!(!response.allowed);
+            assert_eq!(response.result.code, 422);
+            assert_eq!(
+                response.result.message,
+                "spec.env: Too many: 30000: must have at most 128 items"
+            );
+            let causes = response
+                .result
+                .details
+                .map(|d| d.causes)
+                .unwrap_or_default();
+            assert_eq!(causes[0].field, "spec.env");
+        }
     }
 
     #[test]

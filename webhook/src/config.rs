@@ -12,6 +12,8 @@ use clap::{Parser, ValueEnum};
 /// Request bodies larger than this are refused with 413. The API server caps an object
 /// at 1.5 MiB in etcd; an AdmissionReview carries it twice (object and oldObject).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+/// Bodies held at once across all requests: eight maximal reviews.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 8 * DEFAULT_MAX_BODY_BYTES;
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -72,6 +74,11 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub request_timeout: Duration,
 
+    /// Longest time the CEL policies of one review may take; past it the review is
+    /// denied (the evaluation runs on a blocking thread, never on the request workers).
+    #[arg(long, env = "WEBHOOK_POLICY_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub policy_timeout: Duration,
+
     /// Longest time to drain in-flight requests after SIGTERM before exiting anyway.
     #[arg(long, env = "WEBHOOK_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -79,6 +86,40 @@ pub struct Config {
     /// Largest accepted request body in bytes; larger ones get 413.
     #[arg(long, env = "WEBHOOK_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+
+    /// Bytes of request bodies held at once, across all requests. A review costs at most
+    /// a few times its body while it is decoded, so this bounds the memory of reviews in
+    /// progress; a request that does not fit waits (up to the request timeout).
+    #[arg(long, env = "WEBHOOK_MAX_IN_FLIGHT_BYTES", default_value_t = DEFAULT_MAX_IN_FLIGHT_BYTES)]
+    pub max_in_flight_bytes: usize,
+
+    /// Most open TLS connections; further clients wait in the listen backlog. Kept below
+    /// the file-descriptor limit so the operations port always has descriptors left.
+    #[arg(long, env = "WEBHOOK_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// Most concurrent HTTP/2 streams per connection.
+    #[arg(long, env = "WEBHOOK_MAX_CONCURRENT_STREAMS", default_value_t = 64)]
+    pub max_concurrent_streams: u32,
+
+    /// Longest time a TLS handshake may take.
+    #[arg(long, env = "WEBHOOK_TLS_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub tls_handshake_timeout: Duration,
+
+    /// Longest time to receive a request's headers (HTTP/1.1); also how long an idle
+    /// HTTP/1.1 connection waits for its next request.
+    #[arg(long, env = "WEBHOOK_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// A connection with no request in progress for this long is closed (HTTP/2 and
+    /// HTTP/1.1). Longer than the API server's idle timeout (90 s), so it closes first.
+    #[arg(long, env = "WEBHOOK_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// After SIGTERM, keep serving (and accepting) this long with /readyz failing, so
+    /// Service endpoints drop the Pod before its listener closes.
+    #[arg(long, env = "WEBHOOK_SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
 
     /// Log format. The level comes from `RUST_LOG` (default `info`).
     #[arg(long, env = "WEBHOOK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
@@ -98,8 +139,16 @@ impl Config {
             namespace_labels: false,
             reload_interval: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
+            policy_timeout: Duration::from_secs(2),
             shutdown_timeout: Duration::from_secs(25),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            max_connections: 1024,
+            max_concurrent_streams: 64,
+            tls_handshake_timeout: Duration::from_secs(5),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            shutdown_delay: Duration::ZERO,
             log_format: LogFormat::Text,
         }
     }
@@ -128,6 +177,8 @@ mod tests {
         assert_eq!(config.request_timeout, Duration::from_secs(3));
         assert_eq!(config.log_format, LogFormat::Text);
         assert_eq!(config.max_body_bytes, 3 * 1024 * 1024);
+        assert_eq!(config.shutdown_delay, Duration::from_secs(5));
+        assert_eq!(config.max_connections, 1024);
         assert_eq!(config.tls_cert, PathBuf::from("/etc/webhook/tls/tls.crt"));
     }
 }

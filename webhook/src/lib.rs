@@ -6,11 +6,14 @@
 
 pub mod admission;
 pub mod config;
+pub mod expression;
 pub mod logging;
 pub mod metrics;
 pub mod namespaces;
 pub mod policy;
+pub mod process;
 pub mod reload;
+pub mod review;
 pub mod routes;
 pub mod server;
 pub mod tls;
@@ -55,14 +58,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub max_body_bytes: usize,
+    /// Bytes of bodies held at once across requests (see [`State::body_budget`]).
+    pub max_in_flight_bytes: usize,
     pub request_timeout: Duration,
+    /// Longest time the policies of one review may take; past it the review is denied.
+    pub policy_timeout: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body_bytes: config::DEFAULT_MAX_BODY_BYTES,
+            max_in_flight_bytes: config::DEFAULT_MAX_IN_FLIGHT_BYTES,
             request_timeout: Duration::from_secs(10),
+            policy_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -73,6 +82,13 @@ pub struct State {
     pub policies: PolicyStore,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
+    /// Bytes of request bodies that may be held at once: a request takes its body's
+    /// size (its Content-Length, or the maximum when unknown) before reading it and
+    /// returns it when answered, so the memory of all reviews in progress is bounded.
+    pub body_budget: Arc<tokio::sync::Semaphore>,
+    /// Reviews whose policies are being evaluated at once, on blocking threads (one per
+    /// CPU), so CEL never runs on the async workers that serve other requests.
+    pub policy_slots: Arc<tokio::sync::Semaphore>,
     certs: Option<Arc<CertStore>>,
     namespaces: Option<NamespaceCache>,
     tls_accepting: AtomicBool,
@@ -82,10 +98,17 @@ pub struct State {
 impl State {
     /// State without a certificate (for in-process tests of the routes); never ready.
     pub fn new(policies: PolicyStore, metrics: Arc<Metrics>, limits: Limits) -> Self {
+        let budget = limits.max_in_flight_bytes.max(limits.max_body_bytes);
         State {
             policies,
             metrics,
             limits,
+            body_budget: Arc::new(tokio::sync::Semaphore::new(
+                budget.min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
+            policy_slots: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+            )),
             certs: None,
             namespaces: None,
             tls_accepting: AtomicBool::new(false),

@@ -1,5 +1,7 @@
 //! Prometheus metrics of the webhook, with small fixed label sets (endpoint, operation,
-//! decision, result), served as text on the operations port.
+//! decision, result, code), served as text on the operations port. Every series of a
+//! fixed label set exists from the start at 0, so a rate or an alert on it works before
+//! the first event; `process_*` metrics are read from `/proc` at each scrape.
 
 use std::time::Duration;
 
@@ -9,8 +11,10 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEn
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::gauge::Gauge as FloatGaugeBase;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 /// Which admission endpoint answered.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -93,7 +97,160 @@ macro_rules! label_value_from_as_str {
         }
     )*};
 }
-label_value_from_as_str!(Endpoint, Operation, Decision, ReloadResult);
+label_value_from_as_str!(
+    Endpoint,
+    Operation,
+    Decision,
+    ReloadResult,
+    Path,
+    Code,
+    HandshakeFailure
+);
+
+impl Endpoint {
+    const ALL: [Endpoint; 2] = [Endpoint::Mutate, Endpoint::Validate];
+}
+
+impl Operation {
+    const ALL: [Operation; 5] = [
+        Operation::Create,
+        Operation::Update,
+        Operation::Delete,
+        Operation::Connect,
+        Operation::Unknown,
+    ];
+}
+
+impl Decision {
+    const ALL: [Decision; 4] = [
+        Decision::Allowed,
+        Decision::Patched,
+        Decision::Denied,
+        Decision::BadRequest,
+    ];
+}
+
+/// The path an HTTP answer on the admission port was for.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Path {
+    Mutate,
+    Validate,
+    /// Anything else (answered 404 or 405).
+    Other,
+}
+
+impl Path {
+    const ALL: [Path; 3] = [Path::Mutate, Path::Validate, Path::Other];
+
+    pub fn of(path: &str) -> Path {
+        match path {
+            "/mutate" => Path::Mutate,
+            "/validate" => Path::Validate,
+            _ => Path::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Path::Mutate => "/mutate",
+            Path::Validate => "/validate",
+            Path::Other => "other",
+        }
+    }
+}
+
+/// HTTP status classes the admission port answers with, one series each.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    BadRequest,
+    NotFound,
+    MethodNotAllowed,
+    RequestTimeout,
+    PayloadTooLarge,
+    InternalError,
+    Unavailable,
+    Other,
+}
+
+impl Code {
+    const ALL: [Code; 9] = [
+        Code::Ok,
+        Code::BadRequest,
+        Code::NotFound,
+        Code::MethodNotAllowed,
+        Code::RequestTimeout,
+        Code::PayloadTooLarge,
+        Code::InternalError,
+        Code::Unavailable,
+        Code::Other,
+    ];
+
+    pub fn of(status: u16) -> Code {
+        match status {
+            200 => Code::Ok,
+            400 => Code::BadRequest,
+            404 => Code::NotFound,
+            405 => Code::MethodNotAllowed,
+            408 => Code::RequestTimeout,
+            413 => Code::PayloadTooLarge,
+            500 => Code::InternalError,
+            503 => Code::Unavailable,
+            _ => Code::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Ok => "200",
+            Code::BadRequest => "400",
+            Code::NotFound => "404",
+            Code::MethodNotAllowed => "405",
+            Code::RequestTimeout => "408",
+            Code::PayloadTooLarge => "413",
+            Code::InternalError => "500",
+            Code::Unavailable => "503",
+            Code::Other => "other",
+        }
+    }
+}
+
+/// Why a TLS connection ended before HTTP.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    Error,
+    Timeout,
+}
+
+impl HandshakeFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandshakeFailure::Error => "error",
+            HandshakeFailure::Timeout => "timeout",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResponseLabels {
+    pub path: Path,
+    pub code: Code,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    pub reason: HandshakeFailure,
+}
+
+/// Latency buckets from 100 µs to 30 s: answers are usually well below a millisecond,
+/// but the API server waits up to its webhook timeout (at most 30 s), and a slow body
+/// upload counts too.
+const DURATION_BUCKETS: [f64; 18] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 15.0, 30.0,
+];
+
+type FloatGauge = FloatGaugeBase<f64, AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -130,6 +287,86 @@ pub struct Metrics {
     policy_reloads: Family<ReloadLabels, Counter>,
     policies: Gauge<i64>,
     in_flight: Gauge<i64>,
+    responses: Family<ResponseLabels, Counter>,
+    /// The fixed series above, looked up once: a request then updates its counters
+    /// without hashing labels or taking the family's lock (index order of `ALL`).
+    request_series: Vec<Counter>,
+    response_series: Vec<Counter>,
+    duration_series: Vec<Histogram>,
+    handshake_failures: Family<HandshakeLabels, Counter>,
+    connections: Gauge<i64>,
+    process: ProcessGauges,
+}
+
+/// `process_*`, refreshed from `/proc` when scraped.
+#[derive(Debug, Default)]
+struct ProcessGauges {
+    resident_memory: Gauge<i64>,
+    virtual_memory: Gauge<i64>,
+    cpu_seconds: Counter<f64, AtomicU64>,
+    open_fds: Gauge<i64>,
+    max_fds: Gauge<i64>,
+    start_time: FloatGauge,
+}
+
+impl ProcessGauges {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            self.resident_memory.clone(),
+        );
+        registry.register(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            self.virtual_memory.clone(),
+        );
+        registry.register(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            self.cpu_seconds.clone(),
+        );
+        registry.register(
+            "process_open_fds",
+            "Number of open file descriptors",
+            self.open_fds.clone(),
+        );
+        registry.register(
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            self.max_fds.clone(),
+        );
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch in seconds",
+            self.start_time.clone(),
+        );
+    }
+
+    fn refresh(&self) {
+        let s = crate::process::sample();
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        if let Some(v) = s.resident_memory_bytes {
+            self.resident_memory.set(int(v));
+        }
+        if let Some(v) = s.virtual_memory_bytes {
+            self.virtual_memory.set(int(v));
+        }
+        if let Some(v) = s.cpu_seconds {
+            // A counter only goes up: add what was used since the last scrape.
+            let seen = self.cpu_seconds.get();
+            if v > seen {
+                self.cpu_seconds.inc_by(v - seen);
+            }
+        }
+        if let Some(v) = s.open_fds {
+            self.open_fds.set(int(v));
+        }
+        self.max_fds.set(s.max_fds.map_or(-1, int));
+        if let Some(v) = s.start_time_seconds {
+            self.start_time.set(v);
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -140,20 +377,22 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("appservice_webhook");
+        let mut root = Registry::default();
+        let process = ProcessGauges::default();
+        process.register(&mut root);
+        let registry = root.sub_registry_with_prefix("appservice_webhook");
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "admission_requests",
             "Admission requests by endpoint, operation and decision",
             requests.clone(),
         );
-        // 50 µs .. ~0.8 s: answers are CPU-bound and usually well below a millisecond.
         let duration = Family::<EndpointLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.00005, 2.0, 15))
+            Histogram::new(DURATION_BUCKETS)
         });
         registry.register(
             "admission_duration_seconds",
-            "Time to answer an admission request, from body read to response",
+            "Time to answer an admission request, from the end of its headers (so including the body upload) to the response",
             duration.clone(),
         );
         let cert_expiry = Gauge::<i64>::default();
@@ -186,9 +425,87 @@ impl Metrics {
             "Admission requests being received or answered right now",
             in_flight.clone(),
         );
+        let responses = Family::<ResponseLabels, Counter>::default();
+        registry.register(
+            "http_responses",
+            "HTTP answers of the admission port by path and status code (413 too large, 408 timeout, 404/405 wrong path or method)",
+            responses.clone(),
+        );
+        let handshake_failures = Family::<HandshakeLabels, Counter>::default();
+        registry.register(
+            "tls_handshake_failures",
+            "TLS connections that ended before HTTP, by reason",
+            handshake_failures.clone(),
+        );
+        let connections = Gauge::<i64>::default();
+        registry.register(
+            "tls_connections",
+            "Open connections of the admission port",
+            connections.clone(),
+        );
+        // Every fixed series from the start, at 0.
+        for endpoint in Endpoint::ALL {
+            drop(duration.get_or_create(&EndpointLabels { endpoint }));
+            for operation in Operation::ALL {
+                for decision in Decision::ALL {
+                    drop(requests.get_or_create(&RequestLabels {
+                        endpoint,
+                        operation,
+                        decision,
+                    }));
+                }
+            }
+        }
+        for result in [ReloadResult::Success, ReloadResult::Failure] {
+            drop(cert_reloads.get_or_create(&ReloadLabels { result }));
+            drop(policy_reloads.get_or_create(&ReloadLabels { result }));
+        }
+        for path in Path::ALL {
+            for code in Code::ALL {
+                drop(responses.get_or_create(&ResponseLabels { path, code }));
+            }
+        }
+        for reason in [HandshakeFailure::Error, HandshakeFailure::Timeout] {
+            drop(handshake_failures.get_or_create(&HandshakeLabels { reason }));
+        }
+        let mut request_series = Vec::new();
+        let mut duration_series = Vec::new();
+        for endpoint in Endpoint::ALL {
+            duration_series.push(duration.get_or_create(&EndpointLabels { endpoint }).clone());
+            for operation in Operation::ALL {
+                for decision in Decision::ALL {
+                    request_series.push(
+                        requests
+                            .get_or_create(&RequestLabels {
+                                endpoint,
+                                operation,
+                                decision,
+                            })
+                            .clone(),
+                    );
+                }
+            }
+        }
+        let mut response_series = Vec::new();
+        for path in Path::ALL {
+            for code in Code::ALL {
+                response_series.push(
+                    responses
+                        .get_or_create(&ResponseLabels { path, code })
+                        .clone(),
+                );
+            }
+        }
         Metrics {
             in_flight,
-            registry,
+            registry: root,
+            responses,
+            request_series,
+            response_series,
+            duration_series,
+            handshake_failures,
+            connections,
+            process,
             requests,
             duration,
             cert_expiry,
@@ -198,23 +515,64 @@ impl Metrics {
         }
     }
 
-    pub fn observe_request(
-        &self,
-        endpoint: Endpoint,
-        operation: Operation,
-        decision: Decision,
-        elapsed: Duration,
-    ) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                endpoint,
-                operation,
-                decision,
-            })
+    /// Counts a review by its decision.
+    pub fn observe_request(&self, endpoint: Endpoint, operation: Operation, decision: Decision) {
+        let index = (endpoint as usize * Operation::ALL.len() + operation as usize)
+            * Decision::ALL.len()
+            + decision as usize;
+        match self.request_series.get(index) {
+            Some(counter) => drop(counter.inc()),
+            None => drop(
+                self.requests
+                    .get_or_create(&RequestLabels {
+                        endpoint,
+                        operation,
+                        decision,
+                    })
+                    .inc(),
+            ),
+        }
+    }
+
+    /// Records an HTTP answer of the admission port; `elapsed` runs from the end of the
+    /// headers, so it includes reading the body. Only admission paths get a latency.
+    pub fn observe_response(&self, path: Path, status: u16, elapsed: Duration) {
+        let code = Code::of(status);
+        match self
+            .response_series
+            .get(path as usize * Code::ALL.len() + code as usize)
+        {
+            Some(counter) => drop(counter.inc()),
+            None => drop(
+                self.responses
+                    .get_or_create(&ResponseLabels { path, code })
+                    .inc(),
+            ),
+        }
+        let endpoint = match path {
+            Path::Mutate => Endpoint::Mutate,
+            Path::Validate => Endpoint::Validate,
+            Path::Other => return,
+        };
+        match self.duration_series.get(endpoint as usize) {
+            Some(histogram) => histogram.observe(elapsed.as_secs_f64()),
+            None => self
+                .duration
+                .get_or_create(&EndpointLabels { endpoint })
+                .observe(elapsed.as_secs_f64()),
+        }
+    }
+
+    pub fn handshake_failed(&self, reason: HandshakeFailure) {
+        self.handshake_failures
+            .get_or_create(&HandshakeLabels { reason })
             .inc();
-        self.duration
-            .get_or_create(&EndpointLabels { endpoint })
-            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts an open connection until the guard is dropped.
+    pub fn connection(&self) -> InFlight {
+        self.connections.inc();
+        InFlight(self.connections.clone())
     }
 
     pub fn certificate_loaded(&self, not_after_unix: i64) {
@@ -240,8 +598,9 @@ impl Metrics {
         InFlight(self.in_flight.clone())
     }
 
-    /// The registry in Prometheus' text format.
+    /// The registry in Prometheus' text format, with fresh `process_*` values.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        self.process.refresh();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
@@ -265,12 +624,9 @@ mod tests {
     #[test]
     fn encodes_observed_values() {
         let metrics = Metrics::new();
-        metrics.observe_request(
-            Endpoint::Validate,
-            Operation::Create,
-            Decision::Denied,
-            Duration::from_millis(1),
-        );
+        metrics.observe_request(Endpoint::Validate, Operation::Create, Decision::Denied);
+        metrics.observe_response(Path::Validate, 200, Duration::from_millis(1));
+        metrics.observe_response(Path::Other, 404, Duration::from_millis(1));
         metrics.certificate_loaded(1_900_000_000);
         metrics.policy_reload(ReloadResult::Failure, 2);
         let text = metrics.encode().unwrap();
@@ -285,5 +641,32 @@ mod tests {
         assert!(text.contains(
             "appservice_webhook_admission_duration_seconds_count{endpoint=\"validate\"} 1"
         ));
+        assert!(
+            text.contains(r#"appservice_webhook_http_responses_total{path="other",code="404"} 1"#)
+        );
+        assert!(text.contains("le=\"30.0\""), "{text}");
+        for line in [
+            r#"appservice_webhook_admission_requests_total{endpoint="mutate",operation="UPDATE",decision="bad_request"} 0"#,
+            r#"appservice_webhook_certificate_reloads_total{result="failure"} 0"#,
+            r#"appservice_webhook_http_responses_total{path="/mutate",code="413"} 0"#,
+            r#"appservice_webhook_tls_handshake_failures_total{reason="timeout"} 0"#,
+            "appservice_webhook_admission_duration_seconds_count{endpoint=\"mutate\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from {text}");
+        }
+        for name in [
+            "process_resident_memory_bytes",
+            "process_virtual_memory_bytes",
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(name) && !l.ends_with(" 0")),
+                "{name} missing or 0 in {text}"
+            );
+        }
     }
 }

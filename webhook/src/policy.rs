@@ -2,9 +2,11 @@
 //!
 //! Each policy is a ValidatingAdmissionPolicy-style validation: an `expression` over
 //! `object`, `oldObject` and `request` that must be true, a `message`, and an optional
-//! `messageExpression`. Evaluation uses kube's `cel` feature (kube-cel on the cel-rust
-//! interpreter), which binds those variables exactly like the API server does and adds
-//! Kubernetes' CEL libraries (strings, lists, sets, regex, quantity, semver, ...).
+//! `messageExpression`. Expressions are compiled once ([`crate::expression`]: checks,
+//! `cel.bind`, the fields read, a cost estimate) and evaluated on the cel-rust
+//! interpreter with Kubernetes' CEL libraries from kube-cel (strings, lists, sets,
+//! regex, quantity, semver, ...). Per review, only the fields the policies read are
+//! converted to CEL values, once, straight from the request's JSON.
 //!
 //! A file is compiled completely before it replaces the active set; a file that does
 //! not parse or compile is rejected with the failing policy's name and position, and
@@ -13,11 +15,23 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use kube::core::cel::cel::Program;
-use kube::core::cel::{
-    AdmissionRequest as CelRequest, CompiledVapExpression, VapError, VapEvaluator, VapExpression,
-};
+use std::collections::HashMap;
+
+use kube::core::cel::AdmissionRequest as CelRequest;
+use kube::core::cel::cel::Value;
+use kube::core::cel::cel::objects::{Key, Map};
 use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::expression::{
+    self, Expression, PER_EXPRESSION_COST_LIMIT, PER_REVIEW_COST_LIMIT, Projection,
+};
+use crate::review::MAX_POLICY_VALUES;
+
+/// Policy sets whose estimated worst case is at most this are evaluated on the request's
+/// own worker: bounded to a few tens of microseconds, they cost less than the hand-off
+/// to a blocking thread (measured: a hand-off costs more than ten cheap policies).
+pub const INLINE_COST_LIMIT: u64 = 10_000;
 
 /// Variables a policy expression may reference.
 pub const VARIABLES: [&str; 4] = ["object", "oldObject", "request", NAMESPACE_OBJECT];
@@ -39,6 +53,10 @@ pub enum PolicyError {
         #[source]
         source: Box<serde_saphyr::Error>,
     },
+    #[error(
+        "policy file {path} is empty while policies are active; refusing it (write `policies: []` to remove every policy)"
+    )]
+    Empty { path: PathBuf },
     #[error("policy file {path}: policies[{index}] ({name:?}): {reason}")]
     Invalid {
         path: PathBuf,
@@ -48,11 +66,11 @@ pub enum PolicyError {
     },
 }
 
-/// The YAML document: `policies: [...]`.
+/// The YAML document: `policies: [...]`. The key is required: a file cut short before
+/// it (a torn write) is refused, and clearing every policy is written `policies: []`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyFile {
-    #[serde(default)]
     pub policies: Vec<PolicySpec>,
 }
 
@@ -71,12 +89,15 @@ pub struct PolicySpec {
     pub message_expression: Option<String>,
 }
 
-/// What is known about a compiled policy besides its programs.
+/// A compiled policy.
 #[derive(Debug)]
 pub struct Policy {
     pub name: String,
     /// Whether the policy reads `namespaceObject`.
     pub uses_namespace: bool,
+    expression: Expression,
+    message: String,
+    message_expression: Option<Expression>,
 }
 
 /// A policy that denied a request.
@@ -90,15 +111,18 @@ pub struct Violation {
 #[derive(Debug, Default)]
 pub struct PolicySet {
     policies: Vec<Policy>,
-    // Parallel to `policies`, all `Ok`: kept in the shape `evaluate_compiled` takes, so one
-    // CEL context (with Kubernetes' function libraries) is built per request, not per policy.
-    compiled: Vec<Result<CompiledVapExpression, VapError>>,
+    /// What of `object` and `oldObject` any policy reads: all a review converts.
+    object: Projection,
+    old_object: Projection,
+    /// Sum of the policies' worst-case cost estimates.
+    cost: u64,
 }
 
 impl PolicySet {
-    /// Parses and compiles a YAML policy document; `path` is only used in errors.
+    /// Parses and compiles a YAML policy document; `path` is only used in errors. An
+    /// empty (or whitespace-only) document is an empty set here; [`PolicyStore`] decides
+    /// whether an empty file may replace loaded policies.
     pub fn from_yaml(path: &Path, yaml: &str) -> Result<Self, PolicyError> {
-        // An empty file is an empty set, not an error: `policies:` may be cleared.
         if yaml.trim().is_empty() {
             return Ok(PolicySet::default());
         }
@@ -112,8 +136,7 @@ impl PolicySet {
 
     /// Compiles policies; the first one that fails is reported.
     pub fn compile(path: &Path, specs: &[PolicySpec]) -> Result<Self, PolicyError> {
-        let mut policies = Vec::with_capacity(specs.len());
-        let mut programs = Vec::with_capacity(specs.len());
+        let mut set = PolicySet::default();
         for (index, spec) in specs.iter().enumerate() {
             let invalid = |reason: String| PolicyError::Invalid {
                 path: path.to_owned(),
@@ -127,33 +150,37 @@ impl PolicySet {
             if specs[..index].iter().any(|other| other.name == spec.name) {
                 return Err(invalid("duplicate policy name".into()));
             }
-            let mut uses_namespace =
-                check_expression("expression", &spec.expression).map_err(invalid)?;
-            if let Some(message_expression) = &spec.message_expression {
-                uses_namespace |=
-                    check_expression("messageExpression", message_expression).map_err(invalid)?;
-            }
-            let expression = VapExpression {
-                expression: spec.expression.clone(),
-                message: Some(spec.message.clone()),
-                message_expression: spec.message_expression.clone(),
+            let expression = compile_checked("expression", &spec.expression).map_err(invalid)?;
+            let message_expression = match &spec.message_expression {
+                Some(source) => {
+                    Some(compile_checked("messageExpression", source).map_err(invalid)?)
+                }
+                None => None,
             };
-            let compiled = VapEvaluator::builder()
-                .build()
-                .compile_expressions(std::slice::from_ref(&expression))
-                .pop()
-                .ok_or_else(|| invalid("compiler returned no program".into()))?
-                .map_err(|e| invalid(e.to_string()))?;
-            policies.push(Policy {
+            let uses_namespace = expression.variables.contains(NAMESPACE_OBJECT)
+                || message_expression
+                    .as_ref()
+                    .is_some_and(|m| m.variables.contains(NAMESPACE_OBJECT));
+            for e in std::iter::once(&expression).chain(message_expression.iter()) {
+                set.object.merge(&e.object);
+                set.old_object.merge(&e.old_object);
+                set.cost = set.cost.saturating_add(e.cost);
+            }
+            if set.cost > PER_REVIEW_COST_LIMIT {
+                return Err(invalid(format!(
+                    "the policies up to this one have an estimated worst-case cost of {} per review, over the limit of {PER_REVIEW_COST_LIMIT}",
+                    set.cost
+                )));
+            }
+            set.policies.push(Policy {
                 name: spec.name.clone(),
                 uses_namespace,
+                expression,
+                message: spec.message.clone(),
+                message_expression,
             });
-            programs.push(Ok(compiled));
         }
-        Ok(PolicySet {
-            policies,
-            compiled: programs,
-        })
+        Ok(set)
     }
 
     pub fn len(&self) -> usize {
@@ -177,69 +204,162 @@ impl PolicySet {
             .map(|(i, p)| (i, p.name.as_str()))
     }
 
-    /// Evaluates every policy; returns the ones that denied. An expression that fails
-    /// to evaluate (a missing field, a type error) denies: policies fail closed.
+    /// Sum of the policies' worst-case cost estimates.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// Evaluates every policy on generic JSON (tests and tools; the webhook uses
+    /// [`PolicySet::evaluate_raw`]). Returns the ones that denied.
     pub fn evaluate(
         &self,
-        object: &serde_json::Value,
-        old_object: Option<&serde_json::Value>,
+        object: serde_json::Value,
+        old_object: Option<serde_json::Value>,
         request: CelRequest,
         namespace_object: Option<serde_json::Value>,
+    ) -> Vec<Violation> {
+        let to_raw =
+            |v: &serde_json::Value| RawValue::from_string(v.to_string()).map_err(|e| e.to_string());
+        let raw = match to_raw(&object) {
+            Ok(raw) => raw,
+            Err(e) => return self.all_denied(&e),
+        };
+        let old = match old_object.as_ref().map(to_raw).transpose() {
+            Ok(old) => old,
+            Err(e) => return self.all_denied(&e),
+        };
+        self.evaluate_raw(&raw, old.as_deref(), &request, namespace_object.as_ref())
+    }
+
+    /// Evaluates every policy; returns the ones that denied. Only the fields the policies
+    /// read are converted to CEL values, once per review. An expression that fails to
+    /// evaluate (a missing field, a type error) denies: policies fail closed.
+    pub fn evaluate_raw(
+        &self,
+        object: &RawValue,
+        old_object: Option<&RawValue>,
+        request: &CelRequest,
+        namespace_object: Option<&serde_json::Value>,
     ) -> Vec<Violation> {
         if self.policies.is_empty() {
             return Vec::new();
         }
-        let mut builder = VapEvaluator::builder()
-            .object(object.clone())
-            .request(request);
-        if let Some(old) = old_object {
-            builder = builder.old_object(old.clone());
-        }
-        if let Some(namespace) = namespace_object {
-            builder = builder.namespace_object(namespace);
-        }
-        let mut results = builder
-            .build()
-            .evaluate_compiled(&self.compiled)
-            .into_iter();
+        let object = match expression::object_to_cel(object, &self.object, MAX_POLICY_VALUES) {
+            Ok(object) => object,
+            Err(e) => return self.all_denied(&format!("object cannot be read: {e}")),
+        };
+        let old_object = match old_object {
+            Some(old) if !self.old_object.is_empty() => {
+                match expression::object_to_cel(old, &self.old_object, MAX_POLICY_VALUES) {
+                    Ok(old) => old,
+                    Err(e) => return self.all_denied(&format!("oldObject cannot be read: {e}")),
+                }
+            }
+            _ => Value::Null,
+        };
+        expression::with_functions(|functions| {
+            let mut context = functions.new_inner_scope();
+            context.add_variable_from_value("object", object);
+            context.add_variable_from_value("oldObject", old_object);
+            context.add_variable_from_value("request", request_value(request));
+            if let Some(namespace) = namespace_object {
+                context
+                    .add_variable_from_value(NAMESPACE_OBJECT, expression::json_to_cel(namespace));
+            }
+            self.policies
+                .iter()
+                .filter_map(|policy| {
+                    let message = match policy.expression.evaluate(&context) {
+                        Ok(Value::Bool(true)) => return None,
+                        Ok(Value::Bool(false)) => policy
+                            .message_expression
+                            .as_ref()
+                            .and_then(|m| match m.evaluate(&context) {
+                                Ok(Value::String(s)) if !s.trim().is_empty() => {
+                                    Some(s.as_str().to_owned())
+                                }
+                                _ => None,
+                            })
+                            .unwrap_or_else(|| policy.message.clone()),
+                        Ok(other) => format!("expression returned non-boolean: {other:?}"),
+                        Err(e) => format!("evaluation error: {e}"),
+                    };
+                    Some(Violation {
+                        policy: policy.name.clone(),
+                        message,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn all_denied(&self, message: &str) -> Vec<Violation> {
         self.policies
             .iter()
-            .filter_map(|policy| match results.next() {
-                Some(r) if r.passed => None,
-                Some(r) => Some(Violation {
-                    policy: policy.name.clone(),
-                    message: r.message.unwrap_or_else(|| "denied by policy".to_owned()),
-                }),
-                None => Some(Violation {
-                    policy: policy.name.clone(),
-                    message: "policy produced no result".to_owned(),
-                }),
+            .map(|p| Violation {
+                policy: p.name.clone(),
+                message: message.to_owned(),
             })
             .collect()
     }
 }
 
-/// Parses one CEL expression and checks that it only references the bound variables, so
-/// a typo (`objet.spec`) is refused at load rather than denying every request later.
-/// Returns whether it reads `namespaceObject`.
-fn check_expression(field: &str, source: &str) -> Result<bool, String> {
-    let program = Program::compile(source).map_err(|e| format!("{field}: {e}"))?;
-    let references = program.references();
-    let mut unknown: Vec<&str> = references
-        .variables()
-        .into_iter()
-        .filter(|v| !VARIABLES.contains(v))
-        .collect();
-    unknown.sort_unstable();
-    if unknown.is_empty() {
-        Ok(references.has_variable(NAMESPACE_OBJECT))
-    } else {
-        Err(format!(
-            "{field}: undeclared reference to {} (available: {})",
-            unknown.join(", "),
-            VARIABLES.join(", ")
-        ))
+/// Compiles one expression of a policy and checks its estimated cost.
+fn compile_checked(field: &str, source: &str) -> Result<Expression, String> {
+    let expression =
+        Expression::compile(source, &VARIABLES).map_err(|e| format!("{field}: {e}"))?;
+    if expression.cost > PER_EXPRESSION_COST_LIMIT {
+        return Err(format!(
+            "{field}: estimated worst-case cost {} exceeds the limit of {PER_EXPRESSION_COST_LIMIT} (a comprehension over a list of unknown size inside another?)",
+            expression.cost
+        ));
     }
+    Ok(expression)
+}
+
+/// The `request` variable, shaped like ValidatingAdmissionPolicy's.
+fn request_value(request: &CelRequest) -> Value {
+    fn map(entries: Vec<(&str, Value)>) -> Value {
+        let map: HashMap<Key, Value> = entries
+            .into_iter()
+            .map(|(k, v)| (Key::String(Arc::new(k.to_owned())), v))
+            .collect();
+        Value::Map(Map { map: Arc::new(map) })
+    }
+    let string = |s: &str| Value::String(Arc::new(s.to_owned()));
+    map(vec![
+        ("operation", string(&request.operation)),
+        ("name", string(&request.name)),
+        ("namespace", string(&request.namespace)),
+        ("dryRun", Value::Bool(request.dry_run)),
+        (
+            "kind",
+            map(vec![
+                ("group", string(&request.kind.group)),
+                ("version", string(&request.kind.version)),
+                ("kind", string(&request.kind.kind)),
+            ]),
+        ),
+        (
+            "resource",
+            map(vec![
+                ("group", string(&request.resource.group)),
+                ("version", string(&request.resource.version)),
+                ("resource", string(&request.resource.resource)),
+            ]),
+        ),
+        (
+            "userInfo",
+            map(vec![
+                ("username", string(&request.username)),
+                ("uid", string(&request.uid)),
+                (
+                    "groups",
+                    Value::List(Arc::new(request.groups.iter().map(|g| string(g)).collect())),
+                ),
+            ]),
+        ),
+    ])
 }
 
 /// The active policy set plus where it comes from; swapped whole on reload.
@@ -336,6 +456,11 @@ impl PolicyStore {
             name: String::new(),
             reason: format!("file is not UTF-8: {e}"),
         })?;
+        // An empty file is what a torn or truncated write looks like: it must not switch
+        // enforcement off. Clearing the policies is written `policies: []`.
+        if text.trim().is_empty() && !self.current().is_empty() {
+            return Err(PolicyError::Empty { path: path.clone() });
+        }
         let set = PolicySet::from_yaml(path, &text)?;
         if !self.namespace_labels
             && let Some((index, name)) = set.first_using_namespace()
@@ -385,12 +510,12 @@ policies:
         assert_eq!(set.len(), 2);
         let good = json!({"spec": {"image": "registry.example.com/a:1", "replicas": 3}});
         assert!(
-            set.evaluate(&good, None, request("CREATE", "production"), None)
+            set.evaluate(good.clone(), None, request("CREATE", "production"), None)
                 .is_empty()
         );
 
         let bad = json!({"spec": {"image": "docker.io/a:1", "replicas": 1}});
-        let violations = set.evaluate(&bad, None, request("CREATE", "production"), None);
+        let violations = set.evaluate(bad.clone(), None, request("CREATE", "production"), None);
         assert_eq!(
             violations,
             vec![
@@ -405,7 +530,7 @@ policies:
             ]
         );
         // Outside production the replicas policy does not apply.
-        let violations = set.evaluate(&bad, None, request("CREATE", "dev"), None);
+        let violations = set.evaluate(bad.clone(), None, request("CREATE", "dev"), None);
         assert_eq!(violations.len(), 1);
     }
 
@@ -421,15 +546,18 @@ policies:
         let old = json!({"spec": {"replicas": 4}});
         let new = json!({"spec": {"replicas": 2}});
         assert_eq!(
-            set.evaluate(&new, Some(&old), request("UPDATE", "a"), None)
+            set.evaluate(new.clone(), Some(old.clone()), request("UPDATE", "a"), None)
                 .len(),
             1
         );
         let mut sre = request("UPDATE", "a");
         sre.groups.push("sre".into());
-        assert!(set.evaluate(&new, Some(&old), sre, None).is_empty());
         assert!(
-            set.evaluate(&new, None, request("CREATE", "a"), None)
+            set.evaluate(new.clone(), Some(old.clone()), sre, None)
+                .is_empty()
+        );
+        assert!(
+            set.evaluate(new.clone(), None, request("CREATE", "a"), None)
                 .is_empty()
         );
     }
@@ -449,13 +577,13 @@ policies:
         let ok =
             json!({"spec": {"image": "r/a:v1.2.3", "resources": {"limits": {"memory": "512Mi"}}}});
         assert!(
-            set.evaluate(&ok, None, request("CREATE", "a"), None)
+            set.evaluate(ok.clone(), None, request("CREATE", "a"), None)
                 .is_empty()
         );
         let big =
             json!({"spec": {"image": "r/a:latest", "resources": {"limits": {"memory": "8Gi"}}}});
         let names: Vec<String> = set
-            .evaluate(&big, None, request("CREATE", "a"), None)
+            .evaluate(big.clone(), None, request("CREATE", "a"), None)
             .into_iter()
             .map(|v| v.policy)
             .collect();
@@ -483,20 +611,30 @@ policies:
             )
         };
         let prod = set.evaluate(
-            &one,
+            one.clone(),
             None,
             request("CREATE", "shop"),
             Some(labels("production")),
         );
         assert_eq!(prod.len(), 1);
         assert!(
-            set.evaluate(&one, None, request("CREATE", "shop"), Some(labels("dev")))
-                .is_empty()
+            set.evaluate(
+                one.clone(),
+                None,
+                request("CREATE", "shop"),
+                Some(labels("dev"))
+            )
+            .is_empty()
         );
         let unlabelled = crate::namespaces::namespace_object("shop", &Default::default());
         assert!(
-            set.evaluate(&one, None, request("CREATE", "shop"), Some(unlabelled))
-                .is_empty()
+            set.evaluate(
+                one.clone(),
+                None,
+                request("CREATE", "shop"),
+                Some(unlabelled)
+            )
+            .is_empty()
         );
 
         // Without --namespace-labels such a file is refused at load.
@@ -518,7 +656,7 @@ policies:
         let yaml =
             "policies:\n  - {name: needs-port, expression: \"object.spec.port > 0\", message: m}\n";
         let set = PolicySet::from_yaml(Path::new("p.yaml"), yaml).unwrap();
-        let violations = set.evaluate(&json!({"spec": {}}), None, request("CREATE", "a"), None);
+        let violations = set.evaluate(json!({"spec": {}}), None, request("CREATE", "a"), None);
         assert_eq!(violations.len(), 1);
         assert_eq!(violations[0].policy, "needs-port");
     }
@@ -599,5 +737,100 @@ policies:
         .unwrap();
         assert_eq!(store.reload().unwrap(), Reload::Loaded(1));
         assert_eq!(store.current().names().collect::<Vec<_>>(), ["x"]);
+    }
+
+    #[test]
+    fn costly_policies_are_refused_at_load() {
+        let nested = "policies:\n  - {name: nested, expression: \"object.metadata.managedFields.all(a, object.metadata.managedFields.all(b, a == b))\", message: m}\n";
+        let err = PolicySet::from_yaml(Path::new("p.yaml"), nested)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"nested\"") && err.contains("exceeds the limit"),
+            "{err}"
+        );
+        // The same over spec.env, bounded by its 128 entries, is fine.
+        let env = "policies:\n  - {name: unique, expression: \"object.spec.env.all(a, object.spec.env.exists_one(b, a.name == b.name))\", message: m}\n";
+        let set = PolicySet::from_yaml(Path::new("p.yaml"), env).unwrap();
+        assert!(set.cost() < PER_EXPRESSION_COST_LIMIT);
+        let object = json!({"spec": {"env": [{"name": "A"}, {"name": "A"}]}});
+        assert_eq!(
+            set.evaluate(object, None, request("CREATE", "a"), None)
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_whole_language_is_accepted() {
+        let yaml = r#"
+policies:
+  - name: no-aws
+    expression: "object.spec.env.all(e, !e.name.startsWith('AWS_'))"
+    message: "no AWS_ variables"
+  - name: bound
+    expression: "cel.bind(r, object.spec.replicas, r >= 1 && r <= 10)"
+    message: "1 to 10 replicas"
+  - name: sets
+    expression: "sets.contains(['a', 'b', 'c'], object.spec.env.map(e, e.name.lowerAscii()))"
+    message: "only a, b, c"
+  - name: math
+    expression: "math.abs(object.spec.replicas - 5) <= 5"
+    message: "math"
+"#;
+        let set = PolicySet::from_yaml(Path::new("p.yaml"), yaml).unwrap();
+        let ok = json!({"spec": {"replicas": 3, "env": [{"name": "A"}]}});
+        assert!(
+            set.evaluate(ok, None, request("CREATE", "a"), None)
+                .is_empty()
+        );
+        let bad = json!({"spec": {"replicas": 30, "env": [{"name": "AWS_KEY"}]}});
+        let names: Vec<String> = set
+            .evaluate(bad, None, request("CREATE", "a"), None)
+            .into_iter()
+            .map(|v| v.policy)
+            .collect();
+        assert_eq!(names, ["no-aws", "bound", "sets", "math"]);
+        let err = PolicySet::from_yaml(
+            Path::new("p.yaml"),
+            "policies:\n  - {name: double, expression: '!!true', message: m}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("unary operators"), "{err}");
+    }
+
+    #[test]
+    fn empty_or_torn_files_do_not_remove_policies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policies.yaml");
+        std::fs::write(&path, REGISTRY).unwrap();
+        let store = PolicyStore::load(path.clone(), false).unwrap();
+        // Empty, whitespace only, cut before the key, cut inside a policy, no key at all.
+        for torn in [
+            "",
+            " \n\t\n",
+            "poli",
+            "policies:\n  - name: allowed-registry\n    expression: \"object.spec.image.sta",
+            "policies:\n  - name: allowed-registry\n",
+            "{}\n",
+        ] {
+            std::fs::write(&path, torn).unwrap();
+            let err = store.reload().unwrap_err().to_string();
+            assert_eq!(
+                store.current().len(),
+                2,
+                "{torn:?} replaced the policies ({err})"
+            );
+        }
+        std::fs::write(&path, "").unwrap();
+        let err = store.reload();
+        // The same content again is not re-reported; the previous one differed.
+        assert!(matches!(err, Err(PolicyError::Empty { .. })), "{err:?}");
+        // An explicit empty list clears them; then an empty file is harmless.
+        std::fs::write(&path, "policies: []\n").unwrap();
+        assert_eq!(store.reload().unwrap(), Reload::Loaded(0));
+        std::fs::write(&path, "\n").unwrap();
+        assert_eq!(store.reload().unwrap(), Reload::Loaded(0));
     }
 }

@@ -7,34 +7,37 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Request, State as AxumState};
+use axum::extract::{Request, State as AxumState};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use bytes::BytesMut;
+use http_body_util::BodyExt;
+use tokio::sync::OwnedSemaphorePermit;
 use tower_http::timeout::TimeoutLayer;
 use tracing::{Span, instrument};
 
 use crate::State;
 use crate::admission::{self, decode_review, operation_label};
-use crate::metrics::{Decision, Endpoint, Operation};
+use crate::metrics::{Decision, Endpoint, Operation, Path};
+use crate::policy::INLINE_COST_LIMIT;
 
 /// The admission router: `POST /mutate` and `POST /validate`, with the body limit (413
-/// beyond it) and the per-request timeout (408).
+/// beyond it), the in-flight body budget, and the per-request timeout (408). Every
+/// answer, including 404 and 405, is counted by path and status code.
 pub fn router(state: Arc<State>) -> Router {
     let limits = state.limits;
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
-        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            count_in_flight,
-        ))
+        // Explicit, so the layers below apply to it too.
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found: use /mutate or /validate") })
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             limits.request_timeout,
         ))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
 
@@ -47,39 +50,150 @@ pub fn ops_router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-/// Runs from the moment the headers are read, before the body, so a slow upload counts.
-async fn count_in_flight(
+/// Runs from the moment the headers are read, before the body, so a slow upload counts
+/// in flight and in the latency.
+async fn observe(
     AxumState(state): AxumState<Arc<State>>,
     request: Request,
     next: Next,
 ) -> Response {
+    let started = Instant::now();
+    let path = Path::of(request.uri().path());
     let _guard = state.metrics.in_flight();
-    next.run(request).await
+    let response = next.run(request).await;
+    state
+        .metrics
+        .observe_response(path, response.status().as_u16(), started.elapsed());
+    response
 }
 
 #[instrument(name = "admission", skip_all, fields(endpoint = "mutate", uid))]
-async fn mutate(AxumState(state): AxumState<Arc<State>>, body: Bytes) -> Response {
-    review(&state, Endpoint::Mutate, &body)
+async fn mutate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
+    match read_body(&state, request).await {
+        Ok((body, _permit)) => review(&state, Endpoint::Mutate, &body),
+        Err(response) => response,
+    }
 }
 
 #[instrument(name = "admission", skip_all, fields(endpoint = "validate", uid))]
-async fn validate(AxumState(state): AxumState<Arc<State>>, body: Bytes) -> Response {
-    review(&state, Endpoint::Validate, &body)
+async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
+    let (body, _permit) = match read_body(&state, request).await {
+        Ok(read) => read,
+        Err(response) => return response,
+    };
+    let cost = state.policies.current().cost();
+    if cost <= INLINE_COST_LIMIT {
+        return review(&state, Endpoint::Validate, &body);
+    }
+    // Costlier policies run on a blocking thread, a bounded number at once, within their
+    // time budget (waiting for a free slot included): they never stall the workers
+    // serving other reviews and the probes.
+    let span = Span::current();
+    let work = {
+        let (state, body) = (state.clone(), body.clone());
+        async move {
+            let slot = state.policy_slots.clone().acquire_owned().await.ok();
+            let state_for_task = state.clone();
+            tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                span.in_scope(|| review(&state_for_task, Endpoint::Validate, &body))
+            })
+            .await
+        }
+    };
+    let budget = state.limits.policy_timeout;
+    match tokio::time::timeout(budget, work).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
+            tracing::error!(%error, "policy evaluation failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "policy evaluation failed",
+            )
+                .into_response()
+        }
+        Err(_) => {
+            let message =
+                format!("the policies did not finish within their time budget of {budget:?}");
+            tracing::warn!(%message, "admission denied");
+            match admission::denied(&body, &message) {
+                Some(response) => review_body(response),
+                None => (StatusCode::SERVICE_UNAVAILABLE, message).into_response(),
+            }
+        }
+    }
+}
+
+/// The HTTP answer carrying an AdmissionReview response.
+fn review_body(response: kube::core::admission::AdmissionResponse) -> Response {
+    match serde_json::to_vec(&response.into_review()) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(error) => {
+            tracing::error!(%error, "cannot serialize the AdmissionReview");
+            (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
+        }
+    }
+}
+
+/// Reads the body into one buffer of its declared size, after reserving that many bytes
+/// of the in-flight budget (waiting for them, within the request timeout). A declared
+/// or actual size over the limit is 413 before more is read.
+async fn read_body(
+    state: &State,
+    request: Request,
+) -> Result<(Bytes, OwnedSemaphorePermit), Response> {
+    let max = state.limits.max_body_bytes;
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body is larger than the limit of {max} bytes"),
+        )
+            .into_response()
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(too_large());
+    }
+    let reserve = u32::try_from(declared.unwrap_or(max).max(1)).unwrap_or(u32::MAX);
+    let permit = state
+        .body_budget
+        .clone()
+        .acquire_many_owned(reserve)
+        .await
+        .map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response())?;
+    let mut body = request.into_body();
+    let mut buffer = BytesMut::with_capacity(declared.unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("reading the request body: {error}"),
+            )
+                .into_response()
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if buffer.len() + data.len() > max {
+                return Err(too_large());
+            }
+            buffer.extend_from_slice(&data);
+        }
+    }
+    Ok((buffer.freeze(), permit))
 }
 
 fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
-    let started = Instant::now();
     let span = Span::current();
     let request = match decode_review(body) {
         Ok(request) => request,
         Err(error) => {
             tracing::warn!(%error, decision = Decision::BadRequest.as_str(), "malformed admission request");
-            state.metrics.observe_request(
-                endpoint,
-                Operation::Unknown,
-                Decision::BadRequest,
-                started.elapsed(),
-            );
+            state
+                .metrics
+                .observe_request(endpoint, Operation::Unknown, Decision::BadRequest);
             return (StatusCode::BAD_REQUEST, error.to_string()).into_response();
         }
     };
@@ -123,17 +237,8 @@ fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
             "admission denied"
         );
     }
-    let body = serde_json::to_vec(&response.into_review());
-    state
-        .metrics
-        .observe_request(endpoint, operation, decision, started.elapsed());
-    match body {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(error) => {
-            tracing::error!(%error, "cannot serialize the AdmissionReview");
-            (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
-        }
-    }
+    state.metrics.observe_request(endpoint, operation, decision);
+    review_body(response)
 }
 
 /// Ready only when a valid certificate is loaded and the TLS listener is accepting, and

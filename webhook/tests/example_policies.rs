@@ -46,7 +46,7 @@ fn denied_by(
 ) -> Vec<String> {
     store
         .current()
-        .evaluate(new, old, request, ns)
+        .evaluate(new.clone(), old.cloned(), request, ns)
         .into_iter()
         .map(|v| v.policy)
         .collect()
@@ -115,7 +115,7 @@ fn policies_yaml() {
     let message = store
         .current()
         .evaluate(
-            &single,
+            single.clone(),
             None,
             request("CREATE", "n", &[]),
             labelled("production"),
@@ -128,7 +128,12 @@ fn policies_yaml() {
     // On CREATE `oldObject` is null: the database policy still says why, not a CEL error.
     let messages: Vec<String> = store
         .current()
-        .evaluate(&single, None, request("CREATE", "n", &[]), labelled("dev"))
+        .evaluate(
+            single.clone(),
+            None,
+            request("CREATE", "n", &[]),
+            labelled("dev"),
+        )
         .into_iter()
         .map(|v| v.message)
         .collect();

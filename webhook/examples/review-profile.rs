@@ -1,0 +1,96 @@
+//! CPU cost of answering one review in-process, without TLS or HTTP: decode, rules,
+//! policies, encode. For profiling (`valgrind --tool=callgrind`) and for the per-policy
+//! cost, next to the cost of only parsing the body into generic JSON.
+//!
+//! ```text
+//! cargo run --release -p appservice-webhook --example review-profile -- --iterations 20000
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::hint::black_box;
+use std::path::Path;
+use std::time::Instant;
+
+use clap::Parser;
+use webhook::admission;
+use webhook::policy::PolicySet;
+
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+const REVIEW: &str = include_str!("../tests/fixtures/update-realistic.json");
+const EXAMPLE_POLICIES: &str = include_str!("../../examples/policies/no-latest-in-production.yaml");
+const MORE: [&str; 7] = [
+    "object.spec.image.startsWith('registry.example.com/')",
+    "!has(object.spec.env) || object.spec.env.all(e, !e.name.startsWith('AWS_'))",
+    "has(object.metadata.labels) && 'team' in object.metadata.labels",
+    "!has(object.spec.resources) || !has(object.spec.resources.limits) || !('memory' in object.spec.resources.limits) || quantity(object.spec.resources.limits.memory).compareTo(quantity('4Gi')) <= 0",
+    "!has(object.spec.port) || object.spec.port >= 1024",
+    "size(object.metadata.name) <= 40",
+    "!has(object.spec.replicas) || object.spec.replicas <= 50",
+];
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value_t = 20_000)]
+    iterations: u32,
+    /// Only this part: parse, validate, mutate, policies3, policies10 (default: all).
+    #[arg(long)]
+    only: Option<String>,
+}
+
+fn policies(n: usize) -> PolicySet {
+    let mut yaml = EXAMPLE_POLICIES.to_owned();
+    for (i, expression) in MORE.iter().take(n.saturating_sub(3)).enumerate() {
+        yaml.push_str(&format!(
+            "\n  - name: more-{i}\n    expression: {expression:?}\n    message: m\n"
+        ));
+    }
+    let set = PolicySet::from_yaml(Path::new("p.yaml"), &yaml).unwrap();
+    assert_eq!(set.len(), n);
+    println!("{n} policies: estimated worst-case cost {}", set.cost());
+    set
+}
+
+fn main() {
+    let args = Args::parse();
+    let body = REVIEW.as_bytes();
+    let none = PolicySet::default();
+    let three = policies(3);
+    let ten = policies(10);
+    let run = |name: &str, f: &dyn Fn()| {
+        if args.only.as_deref().is_some_and(|o| o != name) {
+            return None;
+        }
+        for _ in 0..args.iterations / 10 {
+            f();
+        }
+        let started = Instant::now();
+        for _ in 0..args.iterations {
+            f();
+        }
+        let us = started.elapsed().as_secs_f64() * 1e6 / f64::from(args.iterations);
+        println!("{name:<12} {us:>8.2} µs per review");
+        Some(us)
+    };
+    run("parse", &|| {
+        black_box(serde_json::from_slice::<serde_json::Value>(black_box(body)).unwrap());
+    });
+    let validate = |set: &PolicySet| {
+        let request = admission::decode_review(black_box(body)).unwrap();
+        let response = admission::validate(&request, set, None);
+        assert!(response.allowed, "{:?}", response.result);
+        black_box(serde_json::to_vec(&response.into_review()).unwrap());
+    };
+    let base = run("validate", &|| validate(&none));
+    run("mutate", &|| {
+        let request = admission::decode_review(black_box(body)).unwrap();
+        let response = admission::mutate(&request);
+        black_box(serde_json::to_vec(&response.into_review()).unwrap());
+    });
+    for (name, set, n) in [("policies3", &three, 3.0), ("policies10", &ten, 10.0)] {
+        if let (Some(with), Some(base)) = (run(name, &|| validate(set)), base) {
+            println!("{:<12} {:>8.2} µs per policy", "", (with - base) / n);
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The process's own resources, for the `process_*` metrics Prometheus' Go and Python
+//! clients export (prometheus-client for Rust has no process collector): resident and
+//! virtual memory, CPU seconds, open and maximum file descriptors, start time. Read
+//! from Linux's `/proc/self`; elsewhere every value is absent.
+//!
+//! Also the file-descriptor limit at start: the soft limit is raised to the hard one,
+//! and the connection cap is kept below it so the operations port always has
+//! descriptors left.
+
+use std::sync::OnceLock;
+
+use rustix::process::{Resource, getrlimit, setrlimit};
+
+/// Descriptors kept free for the operations port, files being reloaded, the watcher and
+/// the API-server client.
+pub const FD_HEADROOM: u64 = 64;
+
+/// One reading of the process's resources; `None` where the system does not say.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sample {
+    pub resident_memory_bytes: Option<u64>,
+    pub virtual_memory_bytes: Option<u64>,
+    pub cpu_seconds: Option<f64>,
+    pub open_fds: Option<u64>,
+    pub max_fds: Option<u64>,
+    pub start_time_seconds: Option<f64>,
+}
+
+/// Reads `/proc/self`.
+pub fn sample() -> Sample {
+    let page = rustix::param::page_size() as u64;
+    let ticks = rustix::param::clock_ticks_per_second() as f64;
+    let mut s = Sample::default();
+    if let Ok(statm) = std::fs::read_to_string("/proc/self/statm") {
+        let mut fields = statm.split_whitespace().map(|f| f.parse::<u64>().ok());
+        s.virtual_memory_bytes = fields.next().flatten().map(|p| p * page);
+        s.resident_memory_bytes = fields.next().flatten().map(|p| p * page);
+    }
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // The command name (field 2) may hold spaces; fields count from after its ')'.
+        if let Some((_, rest)) = stat.rsplit_once(')') {
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // rest[0] is field 3 (state): utime is field 14, stime 15, starttime 22.
+            let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+            if let (Some(utime), Some(stime)) = (field(14), field(15)) {
+                s.cpu_seconds = Some((utime + stime) as f64 / ticks);
+            }
+            if let (Some(start), Some(boot)) = (field(22), boot_time()) {
+                s.start_time_seconds = Some(boot as f64 + start as f64 / ticks);
+            }
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+        // The directory handle itself is one of the entries.
+        s.open_fds = Some((dir.count() as u64).saturating_sub(1));
+    }
+    s.max_fds = getrlimit(Resource::Nofile).current;
+    s
+}
+
+/// `btime` of `/proc/stat`: boot time as a Unix timestamp. Read once.
+fn boot_time() -> Option<u64> {
+    static BOOT: OnceLock<Option<u64>> = OnceLock::new();
+    *BOOT.get_or_init(|| {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        stat.lines()
+            .find_map(|line| line.strip_prefix("btime "))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// Raises the soft file-descriptor limit to the hard limit and returns the resulting
+/// soft limit (`None`: unlimited or unknown).
+pub fn raise_fd_limit() -> Option<u64> {
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(error) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(%error, "cannot raise the file-descriptor limit");
+        }
+    }
+    getrlimit(Resource::Nofile).current
+}
+
+/// The connection cap that leaves [`FD_HEADROOM`] descriptors free under `fd_limit`.
+pub fn connection_cap(requested: usize, fd_limit: Option<u64>) -> usize {
+    match fd_limit {
+        Some(limit) => {
+            let fit = usize::try_from(limit.saturating_sub(FD_HEADROOM)).unwrap_or(usize::MAX);
+            requested.min(fit).max(1)
+        }
+        None => requested.max(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        let s = sample();
+        assert!(s.resident_memory_bytes.unwrap() > 0);
+        assert!(s.virtual_memory_bytes.unwrap() >= s.resident_memory_bytes.unwrap());
+        assert!(s.open_fds.unwrap() >= 3);
+        assert!(s.max_fds.unwrap() >= s.open_fds.unwrap());
+        assert!(s.cpu_seconds.unwrap() >= 0.0);
+        let now = jiff::Timestamp::now().as_second() as f64;
+        let start = s.start_time_seconds.unwrap();
+        assert!(
+            start <= now + 1.0 && start > now - 86_400.0 * 365.0,
+            "{start}"
+        );
+    }
+
+    #[test]
+    fn connection_cap_keeps_headroom() {
+        assert_eq!(connection_cap(1024, Some(1024)), 960);
+        assert_eq!(connection_cap(100, Some(1024)), 100);
+        assert_eq!(connection_cap(100, Some(10)), 1);
+        assert_eq!(connection_cap(100, None), 100);
+    }
+}

@@ -1,0 +1,626 @@
+//! The AdmissionReview, decoded once into the shapes the webhook needs.
+//!
+//! The body is parsed a single time into [`Request`], which borrows `object` and
+//! `oldObject` as raw JSON slices of the body: nothing of the object is copied until it
+//! is known to be worth it. An object is then checked for size ([`ObjectLimits`]: list
+//! lengths and string lengths, counted without allocating) before it is decoded into
+//! the typed [`AppService`] the rules need. Metadata is read only for what the rules
+//! use (name, generateName, namespace, and whether the name label is set); managed
+//! fields, annotations and status are skipped. So the memory one review costs stays a
+//! small multiple of its body whatever its shape, and a hostile object (30,000 env
+//! entries, a 3 MiB string, deep nesting) is refused before it is materialised.
+
+use std::fmt;
+
+use common::names::LABEL_NAME;
+use common::types::{MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_IMAGE_LEN};
+use common::validation::{FieldError, FieldErrors};
+use common::{AppService, AppServiceSpec};
+use kube::core::admission::Operation;
+use kube::core::{GroupVersionKind, GroupVersionResource, ObjectMeta};
+use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+
+/// The most entries the webhook accepts in `spec.resources.limits` or `.requests`
+/// (Kubernetes knows a handful of resource names; extended resources add a few more).
+pub const MAX_RESOURCE_ENTRIES: usize = 32;
+/// The most JSON values (scalars, lists and maps, counted recursively) of an object that
+/// CEL policies see. An AppService with 128 env entries and its managed fields has a
+/// few thousand; the bound keeps the generic JSON copy the policies need small.
+pub const MAX_POLICY_VALUES: usize = 20_000;
+
+/// Specs up to this size are decoded without sizing their lists first: even made only of
+/// the smallest env entries, the decoded form stays below 64 KiB.
+const SHAPE_CHECK_FROM: usize = 2048;
+
+/// The request of an AdmissionReview, borrowing the objects from the body.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Request<'a> {
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    pub resource: GroupVersionResource,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: Operation,
+    #[serde(default)]
+    pub user_info: UserInfo,
+    #[serde(default, borrow)]
+    pub object: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    pub old_object: Option<&'a RawValue>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// The requesting user, as CEL's `request.userInfo` exposes it.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserInfo {
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub uid: Option<String>,
+    #[serde(default)]
+    pub groups: Option<Vec<String>>,
+}
+
+/// The envelope: `apiVersion`, `kind` and the request.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Envelope<'a> {
+    #[serde(default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default, borrow)]
+    pub request: Option<Request<'a>>,
+}
+
+impl Request<'_> {
+    /// The view of this request CEL's `request` variable gets.
+    pub fn to_cel_request(&self) -> kube::core::cel::AdmissionRequest {
+        use kube::core::cel;
+        cel::AdmissionRequest {
+            operation: operation_str(&self.operation).to_owned(),
+            username: self.user_info.username.clone().unwrap_or_default(),
+            uid: self.user_info.uid.clone().unwrap_or_default(),
+            groups: self.user_info.groups.clone().unwrap_or_default(),
+            name: self.name.clone(),
+            namespace: self.namespace.clone().unwrap_or_default(),
+            dry_run: self.dry_run,
+            kind: cel::GroupVersionKind {
+                group: self.kind.group.clone(),
+                version: self.kind.version.clone(),
+                kind: self.kind.kind.clone(),
+            },
+            resource: cel::GroupVersionResource {
+                group: self.resource.group.clone(),
+                version: self.resource.version.clone(),
+                resource: self.resource.resource.clone(),
+            },
+        }
+    }
+}
+
+/// The wire name of an operation.
+pub fn operation_str(op: &Operation) -> &'static str {
+    match op {
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
+    }
+}
+
+/// Whether `metadata.labels` is there and holds the name label.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Labels {
+    /// No `labels` map (absent or null).
+    #[default]
+    Absent,
+    /// A map; `name_label` is the value of `app.kubernetes.io/name` when set.
+    Present { name_label: Option<String> },
+}
+
+/// An AppService from a review, decoded for the rules: metadata holds only name,
+/// generateName, namespace and (when set) the name label.
+#[derive(Debug)]
+pub struct Object {
+    pub app: AppService,
+    pub labels: Labels,
+}
+
+/// Why an object was not decoded.
+#[derive(Debug)]
+pub enum ObjectError {
+    /// A list or string over its bound; every such field, in Kubernetes' format.
+    TooLarge(FieldErrors),
+    /// Not an AppService: a type error, with its JSON path.
+    Invalid(String),
+}
+
+impl fmt::Display for ObjectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ObjectError::TooLarge(errors) => errors.fmt(f),
+            ObjectError::Invalid(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// Decodes an AppService from its raw JSON, checking the bounds first.
+pub fn decode_object(raw: &RawValue) -> Result<Object, ObjectError> {
+    let shell: Shell<'_> = serde_json::from_str(raw.get()).map_err(|plain| {
+        ObjectError::Invalid(
+            tracked::<Shell<'_>>(raw.get(), "").unwrap_or_else(|| plain.to_string()),
+        )
+    })?;
+    decode_shell(shell)
+}
+
+/// Decodes only the spec of an AppService (the stored object of an UPDATE: the update
+/// rules compare specs), checking the bounds first; metadata is skipped unread.
+pub fn decode_spec_only(raw: &RawValue) -> Result<Object, ObjectError> {
+    #[derive(Deserialize)]
+    struct SpecShell<'a> {
+        #[serde(default, borrow)]
+        spec: Option<&'a RawValue>,
+    }
+    let shell: SpecShell<'_> = serde_json::from_str(raw.get()).map_err(|plain| {
+        ObjectError::Invalid(
+            tracked::<SpecShell<'_>>(raw.get(), "").unwrap_or_else(|| plain.to_string()),
+        )
+    })?;
+    decode_shell(Shell {
+        metadata: Meta::default(),
+        spec: shell.spec,
+    })
+}
+
+fn decode_shell(shell: Shell<'_>) -> Result<Object, ObjectError> {
+    let Some(spec) = shell.spec else {
+        return Err(ObjectError::Invalid("missing field `spec`".to_owned()));
+    };
+    // A spec this small cannot hold a list over its bound worth refusing before it is
+    // decoded (its worst case is a few tens of KiB); larger ones are sized first.
+    if spec.get().len() > SHAPE_CHECK_FROM {
+        let mut errors = Vec::new();
+        if let Ok(shape) = serde_json::from_str::<SpecShape>(spec.get()) {
+            shape.check(&mut errors);
+        }
+        if !errors.is_empty() {
+            return Err(ObjectError::TooLarge(FieldErrors(errors)));
+        }
+    }
+    let spec: AppServiceSpec = serde_json::from_str(spec.get()).map_err(|plain| {
+        ObjectError::Invalid(
+            tracked::<AppServiceSpec>(spec.get(), "spec").unwrap_or_else(|| plain.to_string()),
+        )
+    })?;
+    let meta = shell.metadata;
+    let mut labels_map = None;
+    if let Labels::Present { name_label } = &meta.labels.0 {
+        let mut map = std::collections::BTreeMap::new();
+        if let Some(value) = name_label {
+            map.insert(LABEL_NAME.to_owned(), value.clone());
+        }
+        labels_map = Some(map);
+    }
+    let app = AppService {
+        metadata: ObjectMeta {
+            name: meta.name,
+            generate_name: meta.generate_name,
+            namespace: meta.namespace,
+            labels: labels_map,
+            ..ObjectMeta::default()
+        },
+        spec,
+        status: None,
+    };
+    Ok(Object {
+        app,
+        labels: meta.labels.0,
+    })
+}
+
+/// Re-runs a failed decode with path tracking: `path: error`. Only failures pay for it.
+fn tracked<'de, T: Deserialize<'de>>(json: &'de str, prefix: &str) -> Option<String> {
+    let de = &mut serde_json::Deserializer::from_str(json);
+    let err = serde_path_to_error::deserialize::<_, T>(de).err()?;
+    let path = err.path().to_string();
+    let path = match (prefix.is_empty(), path == ".") {
+        (true, true) => String::new(),
+        (true, false) => path,
+        (false, true) => prefix.to_owned(),
+        (false, false) => format!("{prefix}.{path}"),
+    };
+    Some(if path.is_empty() {
+        err.inner().to_string()
+    } else {
+        format!("{path}: {}", err.inner())
+    })
+}
+
+/// The object's top level: metadata for the rules, spec kept raw for the checks.
+#[derive(Deserialize)]
+struct Shell<'a> {
+    #[serde(default)]
+    metadata: Meta,
+    #[serde(default, borrow)]
+    spec: Option<&'a RawValue>,
+}
+
+/// The metadata the rules read; everything else is skipped without being stored.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    generate_name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    labels: LabelsField,
+}
+
+#[derive(Default)]
+struct LabelsField(Labels);
+
+impl<'de> Deserialize<'de> for LabelsField {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LabelsField;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of labels")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<LabelsField, E> {
+                Ok(LabelsField(Labels::Absent))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<LabelsField, E> {
+                Ok(LabelsField(Labels::Absent))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LabelsField, A::Error> {
+                let mut name_label = None;
+                while let Some(is_name) = map.next_key_seed(IsKey(LABEL_NAME))? {
+                    if is_name {
+                        name_label = Some(map.next_value::<String>()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(LabelsField(Labels::Present { name_label }))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A map key compared with a constant, without allocating it.
+struct IsKey(&'static str);
+
+impl<'de> DeserializeSeed<'de> for IsKey {
+    type Value = bool;
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for IsKey {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string key")
+    }
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<bool, E> {
+        Ok(key == self.0)
+    }
+}
+
+/// Sizes of the spec's lists and strings, read without storing them. Type errors are
+/// not reported here (everything unexpected counts as zero); the typed decode does that.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecShape {
+    #[serde(default)]
+    image: Len,
+    #[serde(default)]
+    env: EnvShape,
+    #[serde(default)]
+    resources: Option<ResourcesShape>,
+}
+
+#[derive(Default, Deserialize)]
+struct ResourcesShape {
+    #[serde(default)]
+    limits: Len,
+    #[serde(default)]
+    requests: Len,
+    #[serde(default)]
+    claims: Len,
+}
+
+impl SpecShape {
+    fn check(&self, errors: &mut Vec<FieldError>) {
+        if self.image.0 > MAX_IMAGE_LEN {
+            errors.push(FieldError::too_long("spec.image", MAX_IMAGE_LEN));
+        }
+        if self.env.count > MAX_ENV {
+            errors.push(FieldError::too_many("spec.env", self.env.count, MAX_ENV));
+        } else {
+            errors.extend(self.env.errors.iter().cloned());
+        }
+        if let Some(resources) = &self.resources {
+            for (field, len) in [
+                ("spec.resources.limits", resources.limits.0),
+                ("spec.resources.requests", resources.requests.0),
+                ("spec.resources.claims", resources.claims.0),
+            ] {
+                if len > MAX_RESOURCE_ENTRIES {
+                    errors.push(FieldError::too_many(field, len, MAX_RESOURCE_ENTRIES));
+                }
+            }
+        }
+    }
+}
+
+/// The length of a string (bytes), list or map; zero for anything else.
+#[derive(Default)]
+struct Len(usize);
+
+impl<'de> Deserialize<'de> for Len {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Len;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Len, E> {
+                Ok(Len(s.len()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Len, A::Error> {
+                let mut n = 0;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Len(n))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Len, A::Error> {
+                let mut n = 0;
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Len(n))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Len, E> {
+                Ok(Len(0))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Len, E> {
+                Ok(Len(0))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Len, E> {
+                Ok(Len(0))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Len, E> {
+                Ok(Len(0))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Len, E> {
+                Ok(Len(0))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// `spec.env`: how many entries, and the first entries whose name or value is too long
+/// (only recorded while the count is within bounds).
+#[derive(Default)]
+struct EnvShape {
+    count: usize,
+    errors: Vec<FieldError>,
+}
+
+#[derive(Default, Deserialize)]
+struct EnvEntryShape {
+    #[serde(default)]
+    name: Len,
+    #[serde(default)]
+    value: Len,
+}
+
+impl<'de> Deserialize<'de> for EnvShape {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = EnvShape;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of environment variables")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<EnvShape, A::Error> {
+                let mut shape = EnvShape::default();
+                loop {
+                    if shape.count >= MAX_ENV {
+                        // Past the bound only the count matters.
+                        if seq.next_element::<IgnoredAny>()?.is_none() {
+                            break;
+                        }
+                    } else {
+                        let Some(entry) = seq.next_element::<Option<EnvEntryShapeOrAny>>()? else {
+                            break;
+                        };
+                        if let Some(EnvEntryShapeOrAny(Some(entry))) = entry {
+                            let i = shape.count;
+                            if entry.name.0 > MAX_ENV_NAME_LEN {
+                                shape.errors.push(FieldError::too_long(
+                                    format!("spec.env[{i}].name"),
+                                    MAX_ENV_NAME_LEN,
+                                ));
+                            }
+                            if entry.value.0 > MAX_ENV_VALUE_LEN {
+                                shape.errors.push(FieldError::too_long(
+                                    format!("spec.env[{i}].value"),
+                                    MAX_ENV_VALUE_LEN,
+                                ));
+                            }
+                        }
+                    }
+                    shape.count += 1;
+                }
+                Ok(shape)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EnvShape, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(EnvShape::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<EnvShape, E> {
+                Ok(EnvShape::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<EnvShape, E> {
+                Ok(EnvShape::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<EnvShape, E> {
+                Ok(EnvShape::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<EnvShape, E> {
+                Ok(EnvShape::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<EnvShape, E> {
+                Ok(EnvShape::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<EnvShape, E> {
+                Ok(EnvShape::default())
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// One env entry's sizes when it is a map; `None` for anything else.
+struct EnvEntryShapeOrAny(Option<EnvEntryShape>);
+
+impl<'de> Deserialize<'de> for EnvEntryShapeOrAny {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = EnvEntryShapeOrAny;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an environment variable")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<EnvEntryShapeOrAny, A::Error> {
+                let entry = EnvEntryShape::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(EnvEntryShapeOrAny(Some(entry)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<EnvEntryShapeOrAny, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(EnvEntryShapeOrAny(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<EnvEntryShapeOrAny, E> {
+                Ok(EnvEntryShapeOrAny(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<EnvEntryShapeOrAny, E> {
+                Ok(EnvEntryShapeOrAny(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<EnvEntryShapeOrAny, E> {
+                Ok(EnvEntryShapeOrAny(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<EnvEntryShapeOrAny, E> {
+                Ok(EnvEntryShapeOrAny(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<EnvEntryShapeOrAny, E> {
+                Ok(EnvEntryShapeOrAny(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<EnvEntryShapeOrAny, E> {
+                Ok(EnvEntryShapeOrAny(None))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(json: &str) -> Box<RawValue> {
+        RawValue::from_string(json.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn decodes_what_the_rules_need_and_skips_the_rest() {
+        let object = raw(
+            r#"{"apiVersion":"platform.example.com/v1alpha1","kind":"AppService",
+            "metadata":{"name":"a","namespace":"n","labels":{"team":"x","app.kubernetes.io/name":"a"},
+              "annotations":{"k":"v"},"managedFields":[{"manager":"m","fieldsV1":{"f:spec":{}}}]},
+            "spec":{"image":"nginx:1","env":[{"name":"A","value":"1"}],"future":[1,2]},
+            "status":{"anything":true}}"#,
+        );
+        let object = decode_object(&object).unwrap();
+        assert_eq!(object.app.metadata.name.as_deref(), Some("a"));
+        assert_eq!(object.app.metadata.namespace.as_deref(), Some("n"));
+        assert_eq!(
+            object.labels,
+            Labels::Present {
+                name_label: Some("a".into())
+            }
+        );
+        assert_eq!(object.app.metadata.annotations, None);
+        assert_eq!(object.app.spec.env.len(), 1);
+        let object =
+            decode_object(&raw(r#"{"metadata":{"labels":null},"spec":{"image":"x"}}"#)).unwrap();
+        assert_eq!(object.labels, Labels::Absent);
+    }
+
+    #[test]
+    fn oversized_lists_and_strings_are_refused_naming_the_limit() {
+        let env: Vec<String> = (0..30_000)
+            .map(|i| format!(r#"{{"name":"V{i}"}}"#))
+            .collect();
+        let json = format!(
+            r#"{{"metadata":{{"name":"a"}},"spec":{{"image":"x","env":[{}]}}}}"#,
+            env.join(",")
+        );
+        let Err(ObjectError::TooLarge(errors)) = decode_object(&raw(&json)) else {
+            panic!("not refused");
+        };
+        assert_eq!(
+            errors.to_string(),
+            "spec.env: Too many: 30000: must have at most 128 items"
+        );
+        let long = "a".repeat(MAX_ENV_VALUE_LEN + 1);
+        let json = format!(
+            r#"{{"metadata":{{"name":"a"}},"spec":{{"image":"{}","env":[{{"name":"A","value":"{long}"}}]}}}}"#,
+            "b".repeat(600)
+        );
+        let Err(ObjectError::TooLarge(errors)) = decode_object(&raw(&json)) else {
+            panic!("not refused");
+        };
+        let text = errors.to_string();
+        assert!(text.contains("spec.image: Too long"), "{text}");
+        assert!(text.contains("spec.env[0].value: Too long"), "{text}");
+    }
+
+    #[test]
+    fn type_errors_carry_their_path() {
+        let err = decode_object(&raw(r#"{"spec":{"image":"x","replicas":"three"}}"#)).unwrap_err();
+        assert!(
+            err.to_string().starts_with("spec.replicas: invalid type"),
+            "{err}"
+        );
+        let err = decode_object(&raw(r#"{"metadata":{"name":"a"}}"#)).unwrap_err();
+        assert_eq!(err.to_string(), "missing field `spec`");
+        let err = decode_object(&raw(r#"{"metadata":{"name":5},"spec":{}}"#)).unwrap_err();
+        assert!(
+            err.to_string().starts_with("metadata.name: invalid type"),
+            "{err}"
+        );
+    }
+}
