@@ -41,12 +41,6 @@ impl CacheSync {
         .iter()
         .all(|f| f.load(Ordering::Relaxed))
     }
-
-    /// Whether the names of objects without our label are known completely.
-    pub fn others(&self) -> bool {
-        self.other_deployments.load(Ordering::Relaxed)
-            && self.other_services.load(Ordering::Relaxed)
-    }
 }
 
 /// The watch caches reconcile reads from.

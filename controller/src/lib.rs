@@ -109,18 +109,19 @@ pub async fn run_with(
             child_config.clone(),
         )
         .modify(slim_child::<Deployment>)
-        .backoff(WatchBackoff::default())
-        .inspect(mark_synced(synced.clone(), |s| &s.deployments)),
+        .backoff(WatchBackoff::default()),
     )
+    // Marked after the reflector: the store holds the list once the flag says so.
+    .inspect(mark_synced(synced.clone(), |s| &s.deployments))
     // Touched, not applied: a deleted child must wake its owner at once.
     .touched_objects();
     let service_stream = reflector::reflector(
         services_writer,
         watcher(scoped_api::<Service>(&client, &config), child_config)
             .modify(slim_child::<Service>)
-            .backoff(WatchBackoff::default())
-            .inspect(mark_synced(synced.clone(), |s| &s.services)),
+            .backoff(WatchBackoff::default()),
     )
+    .inspect(mark_synced(synced.clone(), |s| &s.services))
     .touched_objects();
     let app_stream = reflector::reflector(
         apps_writer,
@@ -129,9 +130,9 @@ pub async fn run_with(
             watcher::Config::default().any_semantic(),
         )
         .modify(slim_app)
-        .backoff(WatchBackoff::default())
-        .inspect(mark_synced(synced.clone(), |s| &s.appservices)),
+        .backoff(WatchBackoff::default()),
     )
+    .inspect(mark_synced(synced.clone(), |s| &s.appservices))
     .applied_objects();
 
     // Deployments and Services without our label, metadata only, and of those only the
@@ -152,9 +153,9 @@ pub async fn run_with(
             others_config.clone(),
         )
         .modify(name_only)
-        .backoff(WatchBackoff::default())
-        .inspect(mark_synced(synced.clone(), |s| &s.other_deployments)),
+        .backoff(WatchBackoff::default()),
     )
+    .inspect(mark_synced(synced.clone(), |s| &s.other_deployments))
     .touched_objects();
     let other_service_stream = reflector::reflector(
         other_services_writer,
@@ -163,9 +164,9 @@ pub async fn run_with(
             others_config,
         )
         .modify(name_only)
-        .backoff(WatchBackoff::default())
-        .inspect(mark_synced(synced.clone(), |s| &s.other_services)),
+        .backoff(WatchBackoff::default()),
     )
+    .inspect(mark_synced(synced.clone(), |s| &s.other_services))
     .touched_objects();
 
     let reporter = Reporter {

@@ -140,7 +140,9 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
     let service_api: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     let want_deployment = desired_deployment(app)?;
     let want_service = desired_service(app)?;
-    let others_known = ctx.synced.others();
+    // Only with every cache listed completely does a name missing from all of them mean
+    // that nobody holds it (a restarted controller reconciles before its lists are in).
+    let others_known = ctx.synced.all();
     let (live_deployment, live_service) = tokio::join!(
         lookup(
             &ctx.deployments,
