@@ -17,7 +17,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Write the CRD generated from common/src/types.rs into the Helm chart.
+    /// Write the CRDs generated from common (AppService, DatabaseClass) into the Helm chart.
     Crd {
         /// Only check that the committed file is current; exit non-zero if not.
         #[arg(long)]
@@ -80,19 +80,23 @@ fn repo_root() -> PathBuf {
 }
 
 fn crd(check: bool) -> Result<()> {
-    let path = repo_root().join(common::crd::CRD_PATH);
-    let yaml = common::crd::crd_yaml().context("serializing the CRD")?;
-    if check {
-        let committed = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if committed != yaml {
-            bail!("{} is out of date: run `cargo xtask crd`", path.display());
+    for (rel, yaml, source) in common::crd::generated().context("serializing the CRDs")? {
+        let path = repo_root().join(rel);
+        if check {
+            let committed = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if committed != yaml {
+                bail!(
+                    "{} is out of date with {source}: run `cargo xtask crd`",
+                    path.display()
+                );
+            }
+            println!("{} is current", path.display());
+            continue;
         }
-        println!("{} is current", path.display());
-        return Ok(());
+        std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
     }
-    std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
-    println!("wrote {}", path.display());
     Ok(())
 }
 
