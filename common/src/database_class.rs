@@ -90,8 +90,8 @@ pub struct DatabaseClassSpec {
     #[schemars(range(min = 1, max = 65535), extend("default" = 5432))]
     pub port: i32,
 
-    /// Transport security of connections to the server.
-    #[serde(default)]
+    /// Transport security of connections to the server (required, so that choosing
+    /// plain TCP is a decision someone wrote down).
     pub tls: DatabaseTls,
 
     /// Secret in the operator's namespace holding a PostgreSQL login that may create
@@ -110,7 +110,7 @@ fn default_port() -> i32 {
 }
 
 /// TLS settings of a class.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("self.mode != 'verify-full' || has(self.ca)").message("tls.ca is required when tls.mode is verify-full").field_path(".ca"))]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseTls {
@@ -264,7 +264,8 @@ mod tests {
         let mut c = DatabaseClass::new(
             name,
             serde_json::from_value(serde_json::json!({
-                "host": "db", "adminCredentials": {"secretName": "admin"}
+                "host": "db", "adminCredentials": {"secretName": "admin"},
+                "tls": {"mode": "verify-full", "ca": {"configMapRef": {"name": "ca"}}}
             }))
             .unwrap(),
         );

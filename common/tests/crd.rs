@@ -220,7 +220,7 @@ fn database_class_is_cluster_scoped_with_status_and_columns() {
         .filter_map(Value::as_str)
         .collect();
     required.sort_unstable();
-    assert_eq!(required, vec!["adminCredentials", "host"]);
+    assert_eq!(required, vec!["adminCredentials", "host", "tls"]);
     assert_eq!(spec["properties"]["port"]["default"], 5432);
     assert_eq!(
         spec["properties"]["deletionPolicy"]["enum"],
