@@ -11,6 +11,8 @@ use common::{AppService, AppServiceStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::external::Report;
+
 /// Source of "now" for condition timestamps.
 pub trait Clock: Send + Sync {
     fn now(&self) -> Time;
@@ -261,6 +263,51 @@ pub fn cleanup_failed_status(app: &AppService, message: &str, now: &Time) -> App
             now,
         ),
     );
+    status
+}
+
+/// Sets the conditions an external step reported (stamped with the generation and
+/// `now`; `lastTransitionTime` kept when the status did not move) and removes those it
+/// says do not apply.
+pub fn apply_external(
+    status: &mut AppServiceStatus,
+    report: &Report,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    for c in &report.conditions {
+        conditions::set(
+            &mut status.conditions,
+            conditions::new_condition(c.type_, c.status, c.reason, c.message.clone(), generation, now),
+        );
+    }
+    for type_ in &report.absent {
+        conditions::remove(&mut status.conditions, type_);
+    }
+}
+
+/// Status while an external step (the database) blocks the children: its conditions,
+/// and Ready=False for its reason. Progressing stays true while it is being retried;
+/// Degraded is true, since either an admin or the server must act.
+pub fn external_blocked_status(app: &AppService, report: &Report, now: &Time) -> AppServiceStatus {
+    let generation = app.metadata.generation;
+    let mut status = app.status.clone().unwrap_or_default();
+    apply_external(&mut status, report, generation, now);
+    if let Some(blocking) = report.blocking() {
+        for (type_, st) in [(READY, FALSE), (PROGRESSING, TRUE), (DEGRADED, TRUE)] {
+            conditions::set(
+                &mut status.conditions,
+                conditions::new_condition(
+                    type_,
+                    st,
+                    blocking.reason,
+                    blocking.message.clone(),
+                    generation,
+                    now,
+                ),
+            );
+        }
+    }
     status
 }
 
