@@ -389,6 +389,8 @@ fn rbac_is_exactly_what_the_controller_uses() {
         ("apps", "deployments", "get,list,watch,create,patch"),
         ("", "services", "get,list,watch,create,patch"),
         ("events.k8s.io", "events", "create,patch"),
+        // The `<name>-database` Secrets: by verb, never list or watch.
+        ("", "secrets", "get,create,update,delete"),
     ];
     let expected: Vec<(String, String, String)> = expected
         .into_iter()
@@ -398,6 +400,22 @@ fn rbac_is_exactly_what_the_controller_uses() {
     assert!(
         !serde_json::to_string(&docs).unwrap().contains("\"*\""),
         "no wildcard anywhere"
+    );
+
+    // DatabaseClasses: read one by name, write its status; nothing else.
+    assert_eq!(
+        find(&docs, "ClusterRole", &format!("{CONTROLLER}-databaseclasses"))["rules"],
+        json!([
+            {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses"], "verbs": ["get"]},
+            {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses/status"], "verbs": ["patch"]},
+        ])
+    );
+    // The classes' CA ConfigMaps: only in the release namespace.
+    let admin_role = find(&docs, "Role", &format!("{CONTROLLER}-database-admin"));
+    assert_eq!(admin_role["metadata"]["namespace"], "ops");
+    assert_eq!(
+        admin_role["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}])
     );
 
     // Leases: only in the release namespace, and only the one named Lease can be changed.
@@ -430,12 +448,17 @@ fn rbac_is_exactly_what_the_controller_uses() {
             .any(|e| e["name"] == "WEBHOOK_NAMESPACE_LABELS")
     );
 
-    // Scoped to one namespace: no cluster-wide role at all.
     let scoped = template("ops", &["controller.watchNamespace=team-a".to_owned()]);
-    assert!(
-        !scoped
-            .iter()
-            .any(|d| d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding")
+    // Scoped to one namespace: the only cluster-wide rights are on DatabaseClasses,
+    // which are cluster-scoped objects.
+    let classes = format!("{CONTROLLER}-databaseclasses");
+    assert!(!scoped.iter().any(|d| {
+        (d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding")
+            && d["metadata"]["name"] != classes.as_str()
+    }));
+    assert_eq!(
+        find(&scoped, "Role", &format!("{CONTROLLER}-database-admin"))["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get"]}])
     );
     assert_eq!(
         find(&scoped, "Role", CONTROLLER)["metadata"]["namespace"],
