@@ -280,11 +280,11 @@ impl Databases {
             .ok_or_else(|| DatabaseError::ClassNotFound(name.to_owned()))
     }
 
-    /// A connection to the class's server as its admin.
-    async fn connect(&self, server: &Server<'_>) -> DbResult<Object> {
-        let pool = self.pool(server).await?;
+    /// A connection to the class's server as its admin, and the class's CA (PEM).
+    async fn connect(&self, server: &Server<'_>) -> DbResult<(Object, Option<String>)> {
+        let (pool, ca_pem) = self.pool(server).await?;
         match tokio::time::timeout(self.op_timeout(), pool.get()).await {
-            Ok(Ok(conn)) => Ok(conn),
+            Ok(Ok(conn)) => Ok((conn, ca_pem)),
             Ok(Err(e)) => Err(server.pool_error(e)),
             Err(_) => Err(DatabaseError::Unreachable {
                 class: server.name.clone(),
@@ -294,7 +294,7 @@ impl Databases {
         }
     }
 
-    async fn pool(&self, server: &Server<'_>) -> DbResult<Pool> {
+    async fn pool(&self, server: &Server<'_>) -> DbResult<(Pool, Option<String>)> {
         let class = server.class;
         let admin = &class.spec.admin_credentials;
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.admin_namespace);
@@ -324,18 +324,19 @@ impl Databases {
                 ),
             })
         };
-        self.pools.get_or_build(
+        let pool = self.pools.get_or_build(
             class,
             fingerprint,
             || {
                 Ok(Credentials {
                     username: read(admin.username_key())?,
                     password: read(admin.password_key())?,
-                    ca_pem,
+                    ca_pem: ca_pem.clone(),
                 })
             },
             self.limits,
-        )
+        )?;
+        Ok((pool, ca_pem))
     }
 
     /// The CA PEM of the class (if it names one) and the version of the object holding it.
@@ -449,8 +450,8 @@ impl Databases {
             class: &class,
             name: class_name.to_owned(),
         };
-        let conn = match self.connect(&server).await {
-            Ok(conn) => conn,
+        let (conn, ca_pem) = match self.connect(&server).await {
+            Ok(c) => c,
             Err(e) => {
                 self.observe_class(&class, Err(&e)).await;
                 return Err(e);
@@ -460,7 +461,6 @@ impl Databases {
 
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
         let secret_name = database_secret_name(&name);
-        let ca_pem = self.ca(&server).await?.0;
         let live = match secrets.get_opt(&secret_name).await? {
             Some(s) => {
                 if !is_controlled_by(s.metadata.owner_references.as_deref(), &uid) {
@@ -596,7 +596,7 @@ impl Databases {
             ));
         }
         let conn = match self.connect(&server).await {
-            Ok(conn) => conn,
+            Ok((conn, _)) => conn,
             Err(e) => {
                 self.observe_class(&class, Err(&e)).await;
                 return Err(e);
