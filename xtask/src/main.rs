@@ -130,7 +130,7 @@ pub(crate) fn assets(force: bool) -> Result<PathBuf> {
 /// harness runs `/usr/lib/postgresql/<version>/bin/postgres` itself. Installs Debian's
 /// `postgresql` package when it is missing, without starting the distribution's own
 /// cluster (a policy-rc.d refuses service starts during the install).
-fn ensure_postgres() -> Result<()> {
+pub(crate) fn ensure_postgres() -> Result<()> {
     if std::env::var_os("APPSERVICE_PG_BIN").is_some() || postgres_installed() {
         return Ok(());
     }
