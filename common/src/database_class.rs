@@ -25,6 +25,8 @@ pub const DEFAULT_CA_KEY: &str = "ca.crt";
 pub const REACHABLE: &str = "Reachable";
 
 /// A PostgreSQL server offered to AppServices.
+// Several printer columns share a type; clippy reads them as one repeated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "platform.example.com",
@@ -269,9 +271,8 @@ mod tests {
             }))
             .unwrap(),
         );
-        c.metadata.annotations = default.map(|v| {
-            BTreeMap::from([(DEFAULT_CLASS_ANNOTATION.to_owned(), v.to_owned())])
-        });
+        c.metadata.annotations =
+            default.map(|v| BTreeMap::from([(DEFAULT_CLASS_ANNOTATION.to_owned(), v.to_owned())]));
         c
     }
 

@@ -11,5 +11,7 @@ pub mod names;
 pub mod types;
 pub mod validation;
 
-pub use database_class::{DatabaseClass, DatabaseClassSpec, DatabaseClassStatus, DeletionPolicy, TlsMode};
+pub use database_class::{
+    DatabaseClass, DatabaseClassSpec, DatabaseClassStatus, DeletionPolicy, TlsMode,
+};
 pub use types::{AppService, AppServiceSpec, AppServiceStatus, DatabaseSpec, EnvVar};

@@ -195,7 +195,10 @@ fn every_committed_crd_matches_generated() {
 #[test]
 fn database_class_is_cluster_scoped_with_status_and_columns() {
     let crd = serde_json::to_value(common::crd::database_class_crd()).expect("CRD to JSON");
-    assert_eq!(crd["metadata"]["name"], "databaseclasses.platform.example.com");
+    assert_eq!(
+        crd["metadata"]["name"],
+        "databaseclasses.platform.example.com"
+    );
     assert_eq!(crd["spec"]["scope"], "Cluster");
     assert_eq!(crd["spec"]["names"]["shortNames"], json!(["dbclass"]));
     let version = &crd["spec"]["versions"][0];
@@ -209,7 +212,15 @@ fn database_class_is_cluster_scoped_with_status_and_columns() {
         .collect();
     assert_eq!(
         columns,
-        vec!["Host", "Port", "TLS", "Policy", "Reachable", "Version", "Age"]
+        vec![
+            "Host",
+            "Port",
+            "TLS",
+            "Policy",
+            "Reachable",
+            "Version",
+            "Age"
+        ]
     );
     let schema = &version["schema"]["openAPIV3Schema"];
     let spec = &schema["properties"]["spec"];

@@ -23,8 +23,8 @@ use common::{AppService, AppServiceSpec, DatabaseClass, DatabaseSpec};
 use controller::database::{DatabaseConfig, Databases, sql};
 use controller::metrics::Metrics;
 use controller::{Config, Hooks};
-use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -108,9 +108,14 @@ async fn main() -> anyhow::Result<()> {
         ..Hooks::default()
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(controller::run_with(config, client.clone(), hooks, async move {
-        let _ = stop_rx.await;
-    }));
+    let run = tokio::spawn(controller::run_with(
+        config,
+        client.clone(),
+        hooks,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
 
     let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
     let started = Instant::now();

@@ -278,7 +278,14 @@ pub fn apply_external(
     for c in &report.conditions {
         conditions::set(
             &mut status.conditions,
-            conditions::new_condition(c.type_, c.status, c.reason, c.message.clone(), generation, now),
+            conditions::new_condition(
+                c.type_,
+                c.status,
+                c.reason,
+                c.message.clone(),
+                generation,
+                now,
+            ),
         );
     }
     for type_ in &report.absent {

@@ -112,8 +112,14 @@ impl World {
             connect_timeout: Duration::from_secs(3),
             statement_timeout: Duration::from_secs(10),
         };
-        let databases = Databases::new(self.client.clone(), &config, self.ns.name(), metrics.clone());
-        let running = start_controller_with(self.client.clone(), &self.ns, |_| {}, Arc::new(databases));
+        let databases = Databases::new(
+            self.client.clone(),
+            &config,
+            self.ns.name(),
+            metrics.clone(),
+        );
+        let running =
+            start_controller_with(self.client.clone(), &self.ns, |_| {}, Arc::new(databases));
         (running, metrics)
     }
 
@@ -133,10 +139,16 @@ impl World {
             rows.iter().map(|r| r.get::<_, String>(0)).collect()
         };
         let dbs = admin
-            .query("SELECT datname FROM pg_database WHERE datname LIKE 'appsvc\\_%'", &[])
+            .query(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'appsvc\\_%'",
+                &[],
+            )
             .await?;
         let roles = admin
-            .query("SELECT rolname FROM pg_roles WHERE rolname LIKE 'appsvc\\_%'", &[])
+            .query(
+                "SELECT rolname FROM pg_roles WHERE rolname LIKE 'appsvc\\_%'",
+                &[],
+            )
             .await?;
         Ok((names(dbs), names(roles)))
     }
@@ -205,7 +217,14 @@ async fn create_provisions_a_usable_database_and_delete_drops_it() -> anyhow::Re
     let secret = w.secrets().get("shop-database").await?;
     assert_eq!(secret.owner_references()[0].uid, app.uid().unwrap());
     assert_eq!(secret.owner_references()[0].controller, Some(true));
-    for key in ["DATABASE_URL", "PGHOST", "PGPORT", "PGDATABASE", "PGUSER", "PGPASSWORD"] {
+    for key in [
+        "DATABASE_URL",
+        "PGHOST",
+        "PGPORT",
+        "PGDATABASE",
+        "PGUSER",
+        "PGPASSWORD",
+    ] {
         assert!(!secret_value(&secret, key).is_empty(), "{key}");
     }
     assert_eq!(secret_value(&secret, "PGDATABASE"), db);
@@ -231,7 +250,10 @@ async fn create_provisions_a_usable_database_and_delete_drops_it() -> anyhow::Re
         .env
         .clone()
         .unwrap_or_default();
-    let url = env.iter().find(|e| e.name == DATABASE_URL_ENV).expect("DATABASE_URL");
+    let url = env
+        .iter()
+        .find(|e| e.name == DATABASE_URL_ENV)
+        .expect("DATABASE_URL");
     assert!(url.value.is_none());
     let key_ref = url
         .value_from
@@ -256,8 +278,10 @@ async fn create_provisions_a_usable_database_and_delete_drops_it() -> anyhow::Re
     assert_eq!(row.get::<_, String>(0), db);
     assert!(!row.get::<_, bool>(1), "CONNECT is revoked from PUBLIC");
     let user = w.pg.connect(&db, &password, &db).await?;
-    user.batch_execute("CREATE TABLE orders (id bigint primary key); INSERT INTO orders VALUES (1)")
-        .await?;
+    user.batch_execute(
+        "CREATE TABLE orders (id bigint primary key); INSERT INTO orders VALUES (1)",
+    )
+    .await?;
 
     // Delete: database and role go, then the AppService.
     apps.delete("shop", &DeleteParams::default()).await?;
@@ -286,7 +310,9 @@ async fn an_outage_during_delete_keeps_the_app_terminating_until_the_server_is_b
         async move {
             let app = apps.get("shop").await?;
             Ok(condition(&app, DEGRADED)
-                .is_some_and(|(s, r, _)| s == TRUE && r == common::conditions::reasons::CLEANUP_FAILED)
+                .is_some_and(|(s, r, _)| {
+                    s == TRUE && r == common::conditions::reasons::CLEANUP_FAILED
+                })
                 .then_some(app))
         }
     })
@@ -319,7 +345,10 @@ async fn an_outage_during_delete_keeps_the_app_terminating_until_the_server_is_b
     w.pg.start_again().await?;
     w.wait_gone("shop", Duration::from_secs(120)).await?;
     let (dbs, roles) = w.catalog().await?;
-    assert!(!dbs.contains(&db) && !roles.contains(&db), "{dbs:?} {roles:?}");
+    assert!(
+        !dbs.contains(&db) && !roles.contains(&db),
+        "{dbs:?} {roles:?}"
+    );
     ctl.stop().await?;
     Ok(())
 }
@@ -335,7 +364,9 @@ async fn a_lost_secret_gets_a_new_password_and_the_old_one_stops_working() -> an
     let old = secret_value(&w.secrets().get("shop-database").await?, "PGPASSWORD");
     w.pg.connect(&db, &old, &db).await?;
 
-    w.secrets().delete("shop-database", &DeleteParams::default()).await?;
+    w.secrets()
+        .delete("shop-database", &DeleteParams::default())
+        .await?;
     let secrets = w.secrets();
     let renewed = eventually(WAIT, "a new Secret", || {
         let secrets = secrets.clone();
@@ -350,7 +381,10 @@ async fn a_lost_secret_gets_a_new_password_and_the_old_one_stops_working() -> an
     .await?;
     let new = secret_value(&renewed, "PGPASSWORD");
     assert_ne!(new, old);
-    assert!(w.pg.connect(&db, &old, &db).await.is_err(), "the old password no longer works");
+    assert!(
+        w.pg.connect(&db, &old, &db).await.is_err(),
+        "the old password no longer works"
+    );
     w.pg.connect(&db, &new, &db).await?;
     ctl.stop().await?;
     Ok(())
@@ -378,7 +412,10 @@ async fn wrong_admin_credentials_are_reported_without_leaking_them() -> anyhow::
     assert_eq!(status, "False");
     assert!(message.contains("rejected the admin login"), "{message}");
     let (ready, ready_reason, _) = condition(&app, READY).unwrap();
-    assert_eq!((ready.as_str(), ready_reason.as_str()), ("False", reasons::ADMIN_CREDENTIALS_REJECTED));
+    assert_eq!(
+        (ready.as_str(), ready_reason.as_str()),
+        ("False", reasons::ADMIN_CREDENTIALS_REJECTED)
+    );
     // No Deployment points at a Secret that does not exist.
     let deployments: Api<Deployment> = Api::namespaced(w.client.clone(), &w.ns);
     assert!(deployments.get_opt("shop").await?.is_none());
@@ -392,7 +429,10 @@ async fn wrong_admin_credentials_are_reported_without_leaking_them() -> anyhow::
             let c = classes.get(&name).await?;
             Ok(c.status
                 .as_ref()
-                .is_some_and(|s| common::conditions::find(&s.conditions, "Reachable").is_some_and(|c| c.status == "False"))
+                .is_some_and(|s| {
+                    common::conditions::find(&s.conditions, "Reachable")
+                        .is_some_and(|c| c.status == "False")
+                })
                 .then_some(c))
         }
     })
@@ -400,7 +440,10 @@ async fn wrong_admin_credentials_are_reported_without_leaking_them() -> anyhow::
     let events: Api<Event> = Api::namespaced(w.client.clone(), &w.ns);
     let events = events.list(&ListParams::default()).await?;
     assert!(
-        events.items.iter().any(|e| e.reason.as_deref() == Some(reasons::ADMIN_CREDENTIALS_REJECTED)),
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(reasons::ADMIN_CREDENTIALS_REJECTED)),
         "an Event on the transition"
     );
     let everything = format!(
@@ -410,7 +453,10 @@ async fn wrong_admin_credentials_are_reported_without_leaking_them() -> anyhow::
         serde_json::to_string(&events)?
     );
     assert!(!everything.contains(wrong), "the wrong password leaked");
-    assert!(!everything.contains(w.pg.password()), "the real password leaked");
+    assert!(
+        !everything.contains(w.pg.password()),
+        "the real password leaked"
+    );
 
     // The admin fixes the Secret: provisioning goes on by itself.
     let fix = json!({"stringData": {"password": w.pg.password()}});
@@ -444,7 +490,10 @@ async fn an_unknown_class_is_reported_and_nothing_is_rolled_out() -> anyhow::Res
     })
     .await?;
     let (_, _, message) = condition(&app, READY).unwrap();
-    assert!(message.contains("\"no-such-class\" does not exist"), "{message}");
+    assert!(
+        message.contains("\"no-such-class\" does not exist"),
+        "{message}"
+    );
     let deployments: Api<Deployment> = Api::namespaced(w.client.clone(), &w.ns);
     assert!(deployments.get_opt("shop").await?.is_none());
     // Deleting it needs no server: nothing was ever created.
@@ -483,7 +532,8 @@ async fn two_controllers_at_once_make_one_database_with_one_password() -> anyhow
             }
         })
         .await?;
-        w.pg.connect(&db, &secret_value(&secret, "PGPASSWORD"), &db).await?;
+        w.pg.connect(&db, &secret_value(&secret, "PGPASSWORD"), &db)
+            .await?;
         expected.insert(db);
     }
     assert_eq!(w.catalog().await?, (expected.clone(), expected));
@@ -540,7 +590,13 @@ async fn disabling_or_deleting_follows_the_deletion_policy() -> anyhow::Result<(
         .iter()
         .find(|e| e.reason.as_deref() == Some(reasons::RETAINED))
         .expect("a DatabaseRetained Event");
-    assert!(retained.note.as_deref().unwrap_or_default().contains(&kept_db));
+    assert!(
+        retained
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&kept_db)
+    );
     ctl.stop().await?;
     Ok(())
 }
@@ -593,11 +649,17 @@ async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
         }
     }
     // Everything settles: the deleted ones go, the kept ones are ready.
-    eventually(Duration::from_secs(300), "deleted AppServices to be gone", || {
-        let apps = apps.clone();
-        let kept = kept.len();
-        async move { Ok((apps.list(&ListParams::default()).await?.items.len() == kept).then_some(())) }
-    })
+    eventually(
+        Duration::from_secs(300),
+        "deleted AppServices to be gone",
+        || {
+            let apps = apps.clone();
+            let kept = kept.len();
+            async move {
+                Ok((apps.list(&ListParams::default()).await?.items.len() == kept).then_some(()))
+            }
+        },
+    )
     .await?;
     let mut live = BTreeSet::new();
     for name in &kept {

@@ -42,8 +42,8 @@ mod webhooks;
 pub use control_plane::{ControlPlane, KWOK_NODE_ANNOTATION, LogGuard, NODE_NAME, Options};
 pub use crds::{FIELD_MANAGER, crd_dir, load_crds};
 pub use error::{Error, Result};
-pub use postgres::Postgres;
 pub use namespace::{TEST_NAMESPACE_LABEL, TestNamespace};
+pub use postgres::Postgres;
 pub use shared::{shared, shared_full, shared_with};
 pub use webhooks::{PROBE_LABEL, Webhooks};
 

@@ -300,9 +300,10 @@ impl Postgres {
                 self.component = None;
                 return Err(err);
             }
-            match tokio::time::timeout(Duration::from_secs(2), self.connect_admin()).await {
-                Ok(Ok(_)) => return Ok(()),
-                Ok(Err(_)) | Err(_) => {}
+            if let Ok(Ok(_)) =
+                tokio::time::timeout(Duration::from_secs(2), self.connect_admin()).await
+            {
+                return Ok(());
             }
             if Instant::now() > deadline {
                 return Err(Error::Timeout {
@@ -362,7 +363,10 @@ impl Postgres {
 
     /// The end of the current server log.
     pub fn log_tail(&self, lines: usize) -> String {
-        tail(&self.log_dir.join(format!("postgres-{}.log", self.starts)), lines)
+        tail(
+            &self.log_dir.join(format!("postgres-{}.log", self.starts)),
+            lines,
+        )
     }
 
     /// A TLS (verify-full) client logged in as the superuser to database `postgres`.
@@ -405,15 +409,13 @@ impl Postgres {
                 .add(cert)
                 .map_err(|e| Error::Postgres(format!("adding the PostgreSQL CA: {e}")))?;
         }
-        Ok(
-            rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::aws_lc_rs::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Postgres(format!("TLS versions: {e}")))?
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-        )
+        Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Postgres(format!("TLS versions: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
     }
 }
 

@@ -404,7 +404,11 @@ fn rbac_is_exactly_what_the_controller_uses() {
 
     // DatabaseClasses: read one by name, write its status; nothing else.
     assert_eq!(
-        find(&docs, "ClusterRole", &format!("{CONTROLLER}-databaseclasses"))["rules"],
+        find(
+            &docs,
+            "ClusterRole",
+            &format!("{CONTROLLER}-databaseclasses")
+        )["rules"],
         json!([
             {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses"], "verbs": ["get"]},
             {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses/status"], "verbs": ["patch"]},
@@ -891,13 +895,19 @@ async fn databases_work_with_the_charts_rbac() {
         "stringData": {"username": harness::postgres::SUPERUSER, "password": pg.password()},
     }))
     .unwrap();
-    secrets.create(&PostParams::default(), &secret).await.expect("admin Secret");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("admin Secret");
     let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), release_ns);
     let cm: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": ca}, "data": {"ca.crt": pg.ca_pem()},
     }))
     .unwrap();
-    config_maps.create(&PostParams::default(), &cm).await.expect("CA ConfigMap");
+    config_maps
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("CA ConfigMap");
     let class_name = format!("rbac-{suffix}");
     let classes: Api<common::DatabaseClass> = Api::all(admin.clone());
     let class: common::DatabaseClass = serde_json::from_value(json!({
@@ -910,7 +920,10 @@ async fn databases_work_with_the_charts_rbac() {
         }
     }))
     .unwrap();
-    classes.create(&PostParams::default(), &class).await.expect("class");
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("class");
 
     let mut config = controller::Config::for_namespace(&test_ns);
     config.watch_namespace = None; // cluster-wide, as the chart deploys it
@@ -933,9 +946,14 @@ async fn databases_work_with_the_charts_rbac() {
         ..controller::Hooks::default()
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(controller::run_with(config, sa_client.clone(), hooks, async move {
-        let _ = stop_rx.await;
-    }));
+    let run = tokio::spawn(controller::run_with(
+        config,
+        sa_client.clone(),
+        hooks,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
 
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &test_ns);
     let app: AppService = serde_json::from_value(json!({
@@ -944,7 +962,9 @@ async fn databases_work_with_the_charts_rbac() {
         "spec": {"image": "registry.example.com/hello:v1.0.0", "database": {"enabled": true, "class": class_name}}
     }))
     .unwrap();
-    apps.create(&PostParams::default(), &app).await.expect("AppService");
+    apps.create(&PostParams::default(), &app)
+        .await
+        .expect("AppService");
     let ready = eventually("DatabaseReady=True", Duration::from_secs(60), || {
         let apps = apps.clone();
         async move {
@@ -957,32 +977,54 @@ async fn databases_work_with_the_charts_rbac() {
     .await;
     let db = controller::database::sql::db_name(&ready.uid().unwrap());
     let app_secrets: Api<Secret> = Api::namespaced(admin.clone(), &test_ns);
-    let creds = app_secrets.get("rbac-db-database").await.expect("credentials Secret");
+    let creds = app_secrets
+        .get("rbac-db-database")
+        .await
+        .expect("credentials Secret");
     let password = String::from_utf8(creds.data.unwrap()["PGPASSWORD"].0.clone()).unwrap();
-    pg.connect(&db, &password, &db).await.expect("login with the Secret's credentials");
-    let reachable = eventually("the class's Reachable=True", Duration::from_secs(30), || {
-        let classes = classes.clone();
-        let name = class_name.clone();
-        async move {
-            let c = classes.get(&name).await.ok()?;
-            let s = c.status?;
-            (common::conditions::is_true(&s.conditions, "Reachable")).then_some(s)
-        }
-    })
+    pg.connect(&db, &password, &db)
+        .await
+        .expect("login with the Secret's credentials");
+    let reachable = eventually(
+        "the class's Reachable=True",
+        Duration::from_secs(30),
+        || {
+            let classes = classes.clone();
+            let name = class_name.clone();
+            async move {
+                let c = classes.get(&name).await.ok()?;
+                let s = c.status?;
+                (common::conditions::is_true(&s.conditions, "Reachable")).then_some(s)
+            }
+        },
+    )
     .await;
     assert!(reachable.server_version.is_some());
 
     // Disabling deletes the Secret (and the database: the class's policy is Delete).
     let disable = json!({"spec": {"database": {"enabled": false}}});
-    apps.patch("rbac-db", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&disable))
-        .await
-        .expect("disable");
+    apps.patch(
+        "rbac-db",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&disable),
+    )
+    .await
+    .expect("disable");
     eventually("the Secret deleted", Duration::from_secs(60), || {
         let app_secrets = app_secrets.clone();
-        async move { app_secrets.get_opt("rbac-db-database").await.ok()?.is_none().then_some(()) }
+        async move {
+            app_secrets
+                .get_opt("rbac-db-database")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
     })
     .await;
-    apps.delete("rbac-db", &DeleteParams::default()).await.expect("delete");
+    apps.delete("rbac-db", &DeleteParams::default())
+        .await
+        .expect("delete");
     eventually("the AppService to be gone", Duration::from_secs(60), || {
         let apps = apps.clone();
         async move { apps.get_opt("rbac-db").await.ok()?.is_none().then_some(()) }

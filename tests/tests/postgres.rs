@@ -6,12 +6,16 @@
 use harness::Postgres;
 
 #[tokio::test]
-async fn postgres_serves_tls_logins_and_survives_a_restart() -> Result<(), Box<dyn std::error::Error>> {
+async fn postgres_serves_tls_logins_and_survives_a_restart()
+-> Result<(), Box<dyn std::error::Error>> {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let mut pg = Postgres::start().await?;
     let admin = pg.connect_admin().await?;
     let row = admin
-        .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[])
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
         .await?;
     assert!(row.get::<_, bool>(0), "the harness connects over TLS");
     admin
@@ -20,12 +24,17 @@ async fn postgres_serves_tls_logins_and_survives_a_restart() -> Result<(), Box<d
     admin
         .batch_execute("CREATE DATABASE probe OWNER probe")
         .await?;
-    let wrong = pg.connect(harness::postgres::SUPERUSER, "not-the-password", "postgres").await;
+    let wrong = pg
+        .connect(harness::postgres::SUPERUSER, "not-the-password", "postgres")
+        .await;
     assert!(wrong.is_err(), "password authentication is enforced");
 
     pg.stop();
     assert!(!pg.is_running());
-    assert!(pg.connect_admin().await.is_err(), "a stopped server refuses logins");
+    assert!(
+        pg.connect_admin().await.is_err(),
+        "a stopped server refuses logins"
+    );
 
     pg.start_again().await?;
     // Same data: what was created before the outage is still there.
@@ -40,7 +49,10 @@ fn a_missing_installation_says_how_to_install_it() {
     let message = harness::postgres::find_pg_bin(None, empty.path())
         .unwrap_err()
         .to_string();
-    assert!(message.contains("apt-get install -y postgresql"), "{message}");
+    assert!(
+        message.contains("apt-get install -y postgresql"),
+        "{message}"
+    );
     let message = harness::postgres::find_pg_bin(Some(empty.path().to_owned()), empty.path())
         .unwrap_err()
         .to_string();

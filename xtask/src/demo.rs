@@ -252,9 +252,11 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         .status()
         .context("running kubectl get")?;
     let checkout = apps.get("checkout").await.context("reading checkout")?;
-    if let Some(c) = checkout.status.as_ref().and_then(|s| {
-        common::conditions::find(&s.conditions, common::conditions::DATABASE_READY)
-    }) {
+    if let Some(c) = checkout
+        .status
+        .as_ref()
+        .and_then(|s| common::conditions::find(&s.conditions, common::conditions::DATABASE_READY))
+    {
         println!(
             "\ncheckout: DatabaseReady={} ({}): {}",
             c.status, c.reason, c.message

@@ -144,13 +144,20 @@ pub(crate) fn ensure_postgres() -> Result<()> {
             "PostgreSQL is not installed and this is not root: run `sudo apt-get update && sudo apt-get install -y postgresql` (or set APPSERVICE_PG_BIN to a directory holding initdb, postgres and pg_ctl)"
         );
     }
-    eprintln!("xtask: installing PostgreSQL (apt-get install -y postgresql) for the database tests");
+    eprintln!(
+        "xtask: installing PostgreSQL (apt-get install -y postgresql) for the database tests"
+    );
     let policy = Path::new("/usr/sbin/policy-rc.d");
     let own_policy = !policy.exists();
     if own_policy {
-        std::fs::write(policy, "#!/bin/sh\n# written by cargo xtask test while installing postgresql\nexit 101\n")
-            .context("writing /usr/sbin/policy-rc.d")?;
-        let _ = Command::new("chmod").args(["755", "/usr/sbin/policy-rc.d"]).status();
+        std::fs::write(
+            policy,
+            "#!/bin/sh\n# written by cargo xtask test while installing postgresql\nexit 101\n",
+        )
+        .context("writing /usr/sbin/policy-rc.d")?;
+        let _ = Command::new("chmod")
+            .args(["755", "/usr/sbin/policy-rc.d"])
+            .status();
     }
     let status = Command::new("sh")
         .args([
@@ -164,7 +171,9 @@ pub(crate) fn ensure_postgres() -> Result<()> {
         let _ = std::fs::remove_file(policy);
     }
     if !status?.success() || !postgres_installed() {
-        bail!("installing PostgreSQL failed; run `apt-get update && apt-get install -y postgresql` by hand");
+        bail!(
+            "installing PostgreSQL failed; run `apt-get update && apt-get install -y postgresql` by hand"
+        );
     }
     Ok(())
 }

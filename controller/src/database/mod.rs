@@ -218,9 +218,11 @@ impl Server<'_> {
                 address: self.address(),
                 detail,
             },
-            sql::Failure::AlreadyExists | sql::Failure::Other => {
-                DatabaseError::Sql { class, what, detail }
-            }
+            sql::Failure::AlreadyExists | sql::Failure::Other => DatabaseError::Sql {
+                class,
+                what,
+                detail,
+            },
         }
     }
 
@@ -242,7 +244,12 @@ impl Server<'_> {
 }
 
 impl Databases {
-    pub fn new(client: Client, config: &DatabaseConfig, lease_namespace: &str, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        client: Client,
+        config: &DatabaseConfig,
+        lease_namespace: &str,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -298,21 +305,24 @@ impl Databases {
         let class = server.class;
         let admin = &class.spec.admin_credentials;
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.admin_namespace);
-        let admin_secret = secrets
-            .get_opt(&admin.secret_name)
-            .await?
-            .ok_or_else(|| DatabaseError::AdminSecret {
+        let admin_secret = secrets.get_opt(&admin.secret_name).await?.ok_or_else(|| {
+            DatabaseError::AdminSecret {
                 class: server.name.clone(),
                 reason: format!(
                     "Secret {}/{} not found",
                     self.admin_namespace, admin.secret_name
                 ),
-            })?;
+            }
+        })?;
         let (ca_pem, ca_version) = self.ca(server).await?;
         let fingerprint = Fingerprint {
             class_uid: class.metadata.uid.clone().unwrap_or_default(),
             class_generation: class.metadata.generation.unwrap_or_default(),
-            secret_version: admin_secret.metadata.resource_version.clone().unwrap_or_default(),
+            secret_version: admin_secret
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default(),
             ca_version,
         };
         let read = |key: &str| -> DbResult<String> {
@@ -355,8 +365,9 @@ impl Databases {
                 .get_opt(&r.name)
                 .await?
                 .ok_or_else(|| missing(format!("Secret {ns}/{} not found", r.name)))?;
-            let pem = secret::value(&s, r.key())
-                .ok_or_else(|| missing(format!("Secret {ns}/{} has no key {:?}", r.name, r.key())))?;
+            let pem = secret::value(&s, r.key()).ok_or_else(|| {
+                missing(format!("Secret {ns}/{} has no key {:?}", r.name, r.key()))
+            })?;
             return Ok((Some(pem), s.metadata.resource_version.unwrap_or_default()));
         }
         if let Some(r) = &ca.config_map_ref {
@@ -371,7 +382,11 @@ impl Databases {
                 .and_then(|d| d.get(r.key()))
                 .cloned()
                 .ok_or_else(|| {
-                    missing(format!("ConfigMap {ns}/{} has no key {:?}", r.name, r.key()))
+                    missing(format!(
+                        "ConfigMap {ns}/{} has no key {:?}",
+                        r.name,
+                        r.key()
+                    ))
                 })?;
             return Ok((Some(pem), cm.metadata.resource_version.unwrap_or_default()));
         }
@@ -526,34 +541,76 @@ impl Databases {
             .await?
         {
             if !self
-                .execute_create(&server, &conn, "CREATE ROLE", &sql::create_role(&db, &password))
+                .execute_create(
+                    &server,
+                    &conn,
+                    "CREATE ROLE",
+                    &sql::create_role(&db, &password),
+                )
                 .await?
             {
                 // Someone created it a moment ago: make the Secret's password the role's.
-                self.execute(&server, &conn, "ALTER ROLE", &sql::set_password(&db, &password))
-                    .await?;
+                self.execute(
+                    &server,
+                    &conn,
+                    "ALTER ROLE",
+                    &sql::set_password(&db, &password),
+                )
+                .await?;
             }
         } else if pending {
-            self.execute(&server, &conn, "ALTER ROLE", &sql::set_password(&db, &password))
-                .await?;
+            self.execute(
+                &server,
+                &conn,
+                "ALTER ROLE",
+                &sql::set_password(&db, &password),
+            )
+            .await?;
         }
         if !self
-            .query_bool(&server, &conn, "checking the database", sql::DATABASE_EXISTS, &db)
+            .query_bool(
+                &server,
+                &conn,
+                "checking the database",
+                sql::DATABASE_EXISTS,
+                &db,
+            )
             .await?
             && self
-                .execute_create(&server, &conn, "CREATE DATABASE", &sql::create_database(&db, &db))
+                .execute_create(
+                    &server,
+                    &conn,
+                    "CREATE DATABASE",
+                    &sql::create_database(&db, &db),
+                )
                 .await?
         {
             let comment = format!("AppService {namespace}/{name} (uid {uid})");
-            self.execute(&server, &conn, "COMMENT ON DATABASE", &sql::comment_database(&db, &comment))
-                .await?;
+            self.execute(
+                &server,
+                &conn,
+                "COMMENT ON DATABASE",
+                &sql::comment_database(&db, &comment),
+            )
+            .await?;
         }
         if self
-            .query_bool(&server, &conn, "checking CONNECT", sql::PUBLIC_MAY_CONNECT, &db)
+            .query_bool(
+                &server,
+                &conn,
+                "checking CONNECT",
+                sql::PUBLIC_MAY_CONNECT,
+                &db,
+            )
             .await?
         {
-            self.execute(&server, &conn, "REVOKE CONNECT", &sql::revoke_public_connect(&db))
-                .await?;
+            self.execute(
+                &server,
+                &conn,
+                "REVOKE CONNECT",
+                &sql::revoke_public_connect(&db),
+            )
+            .await?;
         }
         drop(conn);
 
@@ -629,13 +686,19 @@ impl Databases {
     }
 
     /// Records on the class whether its server could be reached (only when that changed).
-    async fn observe_class(&self, class: &DatabaseClass, result: std::result::Result<&str, &DatabaseError>) {
+    async fn observe_class(
+        &self,
+        class: &DatabaseClass,
+        result: std::result::Result<&str, &DatabaseError>,
+    ) {
         let (status, reason, message, version) = match result {
             Ok(version) => (TRUE, "LoggedIn", String::new(), Some(version.to_owned())),
-            Err(e @ (DatabaseError::Unreachable { .. }
-            | DatabaseError::Credentials { .. }
-            | DatabaseError::Ca { .. }
-            | DatabaseError::AdminSecret { .. })) => (FALSE, e.reason(), e.to_string(), None),
+            Err(
+                e @ (DatabaseError::Unreachable { .. }
+                | DatabaseError::Credentials { .. }
+                | DatabaseError::Ca { .. }
+                | DatabaseError::AdminSecret { .. }),
+            ) => (FALSE, e.reason(), e.to_string(), None),
             Err(_) => return,
         };
         let old = class.status.clone().unwrap_or_default();
@@ -678,7 +741,9 @@ impl Databases {
             .await
         {
             Ok(_) => self.metrics.write("databaseclasses/status"),
-            Err(e) => warn!(error = %e, class = %class.name_any(), "could not write DatabaseClass status"),
+            Err(e) => {
+                warn!(error = %e, class = %class.name_any(), "could not write DatabaseClass status")
+            }
         }
     }
 
@@ -705,7 +770,14 @@ impl Databases {
         self.observe_class(class, Ok(&version)).await;
     }
 
-    async fn publish(&self, app: &AppService, type_: EventType, reason: &str, note: String, action: &str) {
+    async fn publish(
+        &self,
+        app: &AppService,
+        type_: EventType,
+        reason: &str,
+        note: String,
+        action: &str,
+    ) {
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -734,9 +806,10 @@ impl Databases {
         // Only an AppService that ever mentioned a database can have one: the others
         // (most of them) cost no API request here.
         let mentioned = app.spec.database.is_some()
-            || app.status.as_ref().is_some_and(|s| {
-                common::conditions::find(&s.conditions, DATABASE_READY).is_some()
-            });
+            || app
+                .status
+                .as_ref()
+                .is_some_and(|s| common::conditions::find(&s.conditions, DATABASE_READY).is_some());
         if !mentioned {
             return Ok(absent);
         }
@@ -801,7 +874,9 @@ impl Databases {
     async fn ensure_enabled(&self, app: &AppService, class_name: &str) -> Result<Report> {
         let started = Instant::now();
         let result = self.provision(app, class_name).await;
-        self.metrics.database.provisioned(result.is_ok(), started.elapsed());
+        self.metrics
+            .database
+            .provisioned(result.is_ok(), started.elapsed());
         let report = match result {
             Ok(message) => Report {
                 outcome: Outcome::Done,
@@ -838,8 +913,14 @@ impl Databases {
                 } else {
                     EventType::Warning
                 };
-                self.publish(app, type_, new.reason, new.message.clone(), "ProvisionDatabase")
-                    .await;
+                self.publish(
+                    app,
+                    type_,
+                    new.reason,
+                    new.message.clone(),
+                    "ProvisionDatabase",
+                )
+                .await;
             }
         }
         Ok(report)

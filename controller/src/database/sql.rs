@@ -78,8 +78,7 @@ pub fn comment_database(db: &str, comment: &str) -> String {
 }
 
 /// Ends every session on `$1` but our own, so the database can be dropped.
-pub const TERMINATE_SESSIONS: &str =
-    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()";
+pub const TERMINATE_SESSIONS: &str = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()";
 
 pub fn drop_database(db: &str) -> String {
     // FORCE (PostgreSQL 13+) also ends sessions that connected after TERMINATE_SESSIONS.
@@ -91,8 +90,7 @@ pub fn drop_role(role: &str) -> String {
 }
 
 pub const ROLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)";
-pub const DATABASE_EXISTS: &str =
-    "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)";
+pub const DATABASE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)";
 /// Whether PUBLIC may still connect to `$1` (an ACL that is NULL means the default,
 /// which grants CONNECT to PUBLIC).
 pub const PUBLIC_MAY_CONNECT: &str = "SELECT has_database_privilege('public', $1, 'CONNECT')";
@@ -145,7 +143,14 @@ pub fn classify(code: Option<&SqlState>) -> Failure {
 /// `postgres://user:password@host:port/db?sslmode=...`. The user and database names
 /// are generated alphanumerics and the password alphanumeric, so nothing needs escaping
 /// except an IPv6 host, which gets brackets.
-pub fn database_url(user: &str, password: &str, host: &str, port: i32, db: &str, sslmode: &str) -> String {
+pub fn database_url(
+    user: &str,
+    password: &str,
+    host: &str,
+    port: i32,
+    db: &str,
+    sslmode: &str,
+) -> String {
     let host = if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]")
     } else {
@@ -164,8 +169,14 @@ mod tests {
         let name = db_name(uid);
         assert_eq!(name, "appsvc_0f3c2a1b9d8e4f7ab6c5d4e3f2a1b0c9");
         assert_eq!(db_name(uid), name);
-        assert!(name.len() <= 63, "PostgreSQL truncates identifiers at 63 bytes");
-        assert!(name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
+        assert!(
+            name.len() <= 63,
+            "PostgreSQL truncates identifiers at 63 bytes"
+        );
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        );
     }
 
     #[test]
@@ -194,13 +205,34 @@ mod tests {
     #[test]
     fn failures_are_classified() {
         assert_eq!(classify(None), Failure::Unavailable);
-        assert_eq!(classify(Some(&SqlState::INVALID_PASSWORD)), Failure::Credentials);
-        assert_eq!(classify(Some(&SqlState::DUPLICATE_OBJECT)), Failure::AlreadyExists);
-        assert_eq!(classify(Some(&SqlState::DUPLICATE_DATABASE)), Failure::AlreadyExists);
-        assert_eq!(classify(Some(&SqlState::UNIQUE_VIOLATION)), Failure::AlreadyExists);
-        assert_eq!(classify(Some(&SqlState::ADMIN_SHUTDOWN)), Failure::Unavailable);
-        assert_eq!(classify(Some(&SqlState::CANNOT_CONNECT_NOW)), Failure::Unavailable);
-        assert_eq!(classify(Some(&SqlState::INSUFFICIENT_PRIVILEGE)), Failure::Privilege);
+        assert_eq!(
+            classify(Some(&SqlState::INVALID_PASSWORD)),
+            Failure::Credentials
+        );
+        assert_eq!(
+            classify(Some(&SqlState::DUPLICATE_OBJECT)),
+            Failure::AlreadyExists
+        );
+        assert_eq!(
+            classify(Some(&SqlState::DUPLICATE_DATABASE)),
+            Failure::AlreadyExists
+        );
+        assert_eq!(
+            classify(Some(&SqlState::UNIQUE_VIOLATION)),
+            Failure::AlreadyExists
+        );
+        assert_eq!(
+            classify(Some(&SqlState::ADMIN_SHUTDOWN)),
+            Failure::Unavailable
+        );
+        assert_eq!(
+            classify(Some(&SqlState::CANNOT_CONNECT_NOW)),
+            Failure::Unavailable
+        );
+        assert_eq!(
+            classify(Some(&SqlState::INSUFFICIENT_PRIVILEGE)),
+            Failure::Privilege
+        );
         assert_eq!(classify(Some(&SqlState::SYNTAX_ERROR)), Failure::Other);
     }
 
