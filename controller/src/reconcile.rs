@@ -40,7 +40,7 @@ use crate::error::{Error, Result, Retry};
 use crate::external::{Outcome, Step};
 use crate::status::{
     Observation, Rollout, apply_external, cleanup_failed_status, desired_status,
-    external_blocked_status, needs_write, ready_state, rollout,
+    external_blocked_status, external_changes, needs_write, ready_state, rollout,
 };
 
 /// A name taken by someone else's object is re-checked at least this often. The watch on
@@ -201,7 +201,9 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
             message,
             service_taken: live_service.as_ref().is_some_and(|s| !ours(&s.metadata)),
         };
-        let status = desired_status(app, &obs, our_deployment, &ctx.clock.now());
+        let now = ctx.clock.now();
+        let mut status = desired_status(app, &obs, our_deployment, &now);
+        apply_external(&mut status, &report, app.metadata.generation, &now);
         write_status(ctx, &api, app, status).await?;
         // The watch on foreign objects wakes us when the name is free; this is a backstop.
         return Ok(Action::requeue(CONFLICT_RECHECK));
@@ -254,7 +256,9 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         < deployment.metadata.generation.unwrap_or(0);
     let settled =
         app.status.as_ref().and_then(|s| s.observed_generation) == app.metadata.generation;
-    if unobserved && settled && !spec_written {
+    // ... unless the external step's conditions moved (the database became ready again):
+    // that must reach status now, or DatabaseReady would wait for the next rollout.
+    if unobserved && settled && !spec_written && !external_changes(app, &report) {
         debug!("Deployment metadata changed and not yet observed; status kept");
         return Ok(Action::requeue(ctx.config.rollout_requeue));
     }
