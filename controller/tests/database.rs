@@ -685,3 +685,112 @@ async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
     ctl.stop().await?;
     Ok(())
 }
+
+/// The controller binary, leader-elected on a Lease in `ns` (admin Secrets read there).
+fn spawn_controller(
+    w: &World,
+    kubeconfig: &std::path::Path,
+    identity: &str,
+) -> anyhow::Result<tokio::process::Child> {
+    let log = std::fs::File::create(w.pg.log_dir().join(format!("{identity}.log")))?;
+    Ok(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_appservice-controller"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "--watch-namespace",
+                w.ns.name(),
+                "--lease-namespace",
+                w.ns.name(),
+            ])
+            .args(["--identity", identity, "--ops-addr", "127.0.0.1:0"])
+            .args([
+                "--lease-duration",
+                "6s",
+                "--renew-deadline",
+                "4s",
+                "--retry-period",
+                "1s",
+            ])
+            .args(["--rollout-requeue", "1s", "--log-format", "json"])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?,
+    )
+}
+
+#[tokio::test]
+async fn leader_killed_mid_provisioning_leaves_one_database_per_app() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    let cp = harness::shared().await?;
+    let mut a = spawn_controller(&w, cp.kubeconfig_path(), "db-a")?;
+    let mut b = spawn_controller(&w, cp.kubeconfig_path(), "db-b")?;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(w.client.clone(), &w.ns);
+    let leader = eventually(WAIT, "a leader", || {
+        let leases = leases.clone();
+        async move {
+            Ok(leases
+                .get_opt(common::names::LEASE_NAME)
+                .await?
+                .and_then(|l| l.spec?.holder_identity))
+        }
+    })
+    .await?;
+
+    let apps = w.apps();
+    let names: Vec<String> = (0..8).map(|i| format!("ho-{i}")).collect();
+    for name in &names {
+        apps.create(&PostParams::default(), &w.app(name)).await?;
+    }
+    // Kill the leader (SIGKILL, no lease release) as soon as provisioning is under way.
+    eventually(WAIT, "the first credentials Secret", || {
+        let secrets = w.secrets();
+        async move {
+            let list = secrets.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|s| s.name_any().starts_with("ho-"))
+                .then_some(()))
+        }
+    })
+    .await?;
+    let (killed, survivor) = if leader == "db-a" {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    killed.kill().await?;
+
+    // The standby takes over after the lease expires and finishes every one of them.
+    let mut expected = BTreeSet::new();
+    for name in &names {
+        let app = w.wait_database_ready(name).await?;
+        let db = db_name(&app);
+        let secrets = w.secrets();
+        let secret_name = format!("{name}-database");
+        let secret = eventually(WAIT, "a settled Secret", || {
+            let secrets = secrets.clone();
+            let secret_name = secret_name.clone();
+            async move {
+                Ok(secrets.get_opt(&secret_name).await?.filter(|s| {
+                    !s.annotations()
+                        .contains_key(controller::database::PASSWORD_PENDING_ANNOTATION)
+                }))
+            }
+        })
+        .await?;
+        w.pg.connect(&db, &secret_value(&secret, "PGPASSWORD"), &db)
+            .await?;
+        expected.insert(db);
+    }
+    assert_eq!(w.catalog().await?, (expected.clone(), expected));
+    assert!(
+        survivor.try_wait()?.is_none(),
+        "the standby is still running"
+    );
+    survivor.kill().await?;
+    Ok(())
+}
