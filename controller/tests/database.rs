@@ -650,7 +650,7 @@ async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
     }
     // Everything settles: the deleted ones go, the kept ones are ready.
     eventually(
-        Duration::from_secs(300),
+        Duration::from_secs(360),
         "deleted AppServices to be gone",
         || {
             let apps = apps.clone();
@@ -661,9 +661,26 @@ async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
         },
     )
     .await?;
+    // Kept ones that failed during several outages in a row may be in backoff; the
+    // error policy caps it at 300s, so that is the longest any of them may wait.
     let mut live = BTreeSet::new();
     for name in &kept {
-        live.insert(db_name(&w.wait_database_ready(name).await?));
+        let app = eventually(
+            Duration::from_secs(330),
+            "DatabaseReady after the outages",
+            || {
+                let apps = apps.clone();
+                let name = name.clone();
+                async move {
+                    let app = apps.get(&name).await?;
+                    Ok(condition(&app, DATABASE_READY)
+                        .is_some_and(|(s, _, _)| s == TRUE)
+                        .then_some(app))
+                }
+            },
+        )
+        .await?;
+        live.insert(db_name(&app));
     }
     let (dbs, roles) = w.catalog().await?;
     let leaked_dbs: Vec<_> = dbs.difference(&live).collect();

@@ -157,6 +157,19 @@ impl DatabaseError {
         )
     }
 
+    /// The message for conditions: like the error's, but without the volatile detail of
+    /// an unreachable server (connection refused, reset, shutting down, ...), so that a
+    /// continuing outage does not rewrite status (and wake the object) at every retry.
+    /// Logs and the transition's Event carry the detail.
+    pub fn condition_message(&self) -> String {
+        match self {
+            DatabaseError::Unreachable { class, address, .. } => format!(
+                "the server of DatabaseClass {class:?} ({address}) is unreachable; retrying with backoff"
+            ),
+            other => other.to_string(),
+        }
+    }
+
     /// Short, fixed label for metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -837,7 +850,10 @@ impl Databases {
                         type_: DATABASE_READY,
                         status: FALSE,
                         reason: e.reason(),
-                        message: format!("the database is disabled but could not be removed: {e}"),
+                        message: format!(
+                            "the database is disabled but could not be removed: {}",
+                            e.condition_message()
+                        ),
                     };
                     return Ok(self.failed(report, e));
                 }
@@ -896,8 +912,11 @@ impl Databases {
                     type_: DATABASE_READY,
                     status: FALSE,
                     reason: e.reason(),
-                    message: e.to_string(),
+                    message: e.condition_message(),
                 };
+                if let DatabaseError::Unreachable { .. } = e {
+                    warn!(error = %e, "database server unreachable");
+                }
                 self.failed(condition, e)
             }
         };
@@ -962,7 +981,11 @@ impl Databases {
             Err(e) => {
                 self.metrics.database.cleaned(false, started.elapsed());
                 self.metrics.database.error(e.metric_label());
-                Err(Error::Cleanup(format!("database cleanup: {e}")))
+                warn!(error = %e, "database cleanup failed");
+                Err(Error::Cleanup(format!(
+                    "database cleanup: {}",
+                    e.condition_message()
+                )))
             }
         }
     }
