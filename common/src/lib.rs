@@ -4,10 +4,14 @@
 
 pub mod conditions;
 pub mod crd;
+pub mod database_class;
 pub mod defaults;
 pub mod duration;
 pub mod names;
 pub mod types;
 pub mod validation;
 
+pub use database_class::{
+    DatabaseClass, DatabaseClassSpec, DatabaseClassStatus, DeletionPolicy, TlsMode,
+};
 pub use types::{AppService, AppServiceSpec, AppServiceStatus, DatabaseSpec, EnvVar};

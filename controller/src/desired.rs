@@ -6,11 +6,14 @@
 
 use common::AppService;
 use common::defaults::default_spec;
-use common::names::{child_labels, deployment_name, selector_labels, service_name};
+use common::names::{
+    DATABASE_URL_ENV, child_labels, database_secret_name, deployment_name, selector_labels,
+    service_name,
+};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, PodSpec, PodTemplateSpec, Probe, Service, ServicePort,
-    ServiceSpec, TCPSocketAction,
+    Container, ContainerPort, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec, Probe,
+    SecretKeySelector, Service, ServicePort, ServiceSpec, TCPSocketAction,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -65,7 +68,7 @@ pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
     default_spec(&mut spec);
     let port = spec.port();
 
-    let env: Vec<EnvVar> = spec
+    let mut env: Vec<EnvVar> = spec
         .env
         .iter()
         .map(|e| EnvVar {
@@ -74,8 +77,22 @@ pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
             value_from: e.value_from.clone(),
         })
         .collect();
-    // The database issue adds `DATABASE_URL` from the `<name>-database` Secret here,
-    // once the step that creates that Secret exists.
+    // The URL comes from the Secret, never as a value in the Deployment. Reconcile applies
+    // the Deployment only after the database step made that Secret.
+    if spec.database_class().is_some() {
+        env.push(EnvVar {
+            name: DATABASE_URL_ENV.to_owned(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: database_secret_name(name),
+                    key: DATABASE_URL_ENV.to_owned(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+        });
+    }
 
     let container = Container {
         name: CONTAINER_NAME.to_owned(),

@@ -46,6 +46,9 @@ pub enum Error {
     #[error("cleanup of external resources failed: {0}")]
     Cleanup(String),
 
+    #[error("database: {0}")]
+    Database(#[source] crate::database::DatabaseError),
+
     #[error("leadership lost while reconciling")]
     NotLeader,
 }
@@ -77,6 +80,8 @@ impl Error {
             Error::MissingField(_) | Error::Serialize { .. } => Retry::Permanent,
             Error::Cleanup(_) => Retry::Transient,
             Error::Drift { .. } => Retry::Rejected,
+            // The server is down or failing: back off (waiting states are not errors).
+            Error::Database(_) => Retry::Transient,
             // Not retried by us: the new leader reconciles everything.
             Error::NotLeader => Retry::Permanent,
         }
@@ -99,13 +104,14 @@ impl Error {
             Error::Serialize { .. } => "serialize",
             Error::Cleanup(_) => "cleanup",
             Error::Drift { .. } => "drift",
+            Error::Database(_) => "database",
             Error::NotLeader => "not_leader",
         }
     }
 }
 
 /// Every value [`Error::metric_label`] returns, so each series exists from the start.
-pub const ERROR_LABELS: [&str; 13] = [
+pub const ERROR_LABELS: [&str; 14] = [
     "conflict",
     "throttled",
     "invalid",
@@ -118,6 +124,7 @@ pub const ERROR_LABELS: [&str; 13] = [
     "serialize",
     "cleanup",
     "drift",
+    "database",
     "not_leader",
 ];
 
@@ -225,6 +232,7 @@ mod tests {
                 kind: "Service",
                 paths: vec![],
             },
+            Error::Database(crate::database::DatabaseError::Internal("x".into())),
             Error::NotLeader,
         ] {
             assert!(ERROR_LABELS.contains(&e.metric_label()), "{e}");

@@ -1,18 +1,19 @@
 //! External resources of an AppService: things outside the cluster that reconcile creates
 //! behind the finalizer and deletes before releasing it.
 //!
-//! There are none yet ([`NoExternal`]). The database (ARCHITECTURE.md, "Databases") slots
-//! in as an [`External`] implementation: `ensure` creates the role and database named from
-//! the AppService UID and the `<name>-database` Secret; `cleanup` drops them, treating
-//! "already gone" as success. Both are idempotent and may answer [`Step::NotReady`] to be
-//! called again later; an error keeps the finalizer and is retried with backoff.
+//! The database (ARCHITECTURE.md, "Databases") is the one implementation,
+//! [`crate::database::Databases`]: `ensure` creates the role and database named from the
+//! AppService UID and the `<name>-database` Secret; `cleanup` drops them, treating
+//! "already gone" as success. Both are idempotent. `ensure` answers a [`Report`]: whether
+//! the children may go on, and the conditions it owns (`DatabaseReady`), which reconcile
+//! writes into status; an error of `cleanup` keeps the finalizer and is retried with backoff.
 
 use std::time::Duration;
 
 use common::AppService;
 use futures::future::BoxFuture;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Outcome of one idempotent reconcile step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,10 +24,60 @@ pub enum Step {
     NotReady(Duration),
 }
 
+/// Whether reconcile may go on to the children after [`External::ensure`].
+#[derive(Debug)]
+pub enum Outcome {
+    /// Everything external is in place.
+    Done,
+    /// Waiting for something outside our control (a class to appear, an admin to fix
+    /// credentials); look again after this long. Not an error: no backoff growth.
+    NotReady(Duration),
+    /// A failure to retry with the error policy's backoff (e.g. server unreachable).
+    Failed(Error),
+}
+
+/// A condition an external step owns, before it is stamped with generation and time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConditionReport {
+    pub type_: &'static str,
+    pub status: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What [`External::ensure`] found.
+#[derive(Debug)]
+pub struct Report {
+    pub outcome: Outcome,
+    /// Conditions to set on the AppService's status.
+    pub conditions: Vec<ConditionReport>,
+    /// Condition types this step owns that do not apply now (removed from status).
+    pub absent: Vec<&'static str>,
+}
+
+impl Report {
+    /// Nothing external, nothing to report.
+    pub fn done() -> Self {
+        Report {
+            outcome: Outcome::Done,
+            conditions: vec![],
+            absent: vec![],
+        }
+    }
+
+    /// The first condition that is not `True`: what blocks readiness.
+    pub fn blocking(&self) -> Option<&ConditionReport> {
+        self.conditions
+            .iter()
+            .find(|c| c.status != common::conditions::TRUE)
+    }
+}
+
 /// Resources outside the cluster that belong to an AppService.
 pub trait External: Send + Sync {
-    /// Makes them exist. Runs after the finalizer is in place, before the children.
-    fn ensure<'a>(&'a self, app: &'a AppService) -> BoxFuture<'a, Result<Step>>;
+    /// Makes them exist (or, when no longer wanted, go away). Runs after the finalizer
+    /// is in place, before the children.
+    fn ensure<'a>(&'a self, app: &'a AppService) -> BoxFuture<'a, Result<Report>>;
     /// Deletes them for a terminating AppService; `Done` lets the finalizer go.
     fn cleanup<'a>(&'a self, app: &'a AppService) -> BoxFuture<'a, Result<Step>>;
 }
@@ -36,8 +87,8 @@ pub trait External: Send + Sync {
 pub struct NoExternal;
 
 impl External for NoExternal {
-    fn ensure<'a>(&'a self, _app: &'a AppService) -> BoxFuture<'a, Result<Step>> {
-        Box::pin(async { Ok(Step::Done) })
+    fn ensure<'a>(&'a self, _app: &'a AppService) -> BoxFuture<'a, Result<Report>> {
+        Box::pin(async { Ok(Report::done()) })
     }
 
     fn cleanup<'a>(&'a self, _app: &'a AppService) -> BoxFuture<'a, Result<Step>> {

@@ -10,7 +10,8 @@
 //! | [`desired`] | pure builders of the children |
 //! | [`drift`] | whether a live child is what we want, and the patch that repairs it |
 //! | [`status`] | pure status and condition computation |
-//! | [`external`] | external resources behind the finalizer (the database slots in here) |
+//! | [`external`] | external resources behind the finalizer |
+//! | [`database`] | PostgreSQL databases of AppServices (the [`external::External`] in use) |
 //! | [`error`] | the error type, its retry classification, backoff |
 //! | [`leader`] | Lease leader election |
 //! | [`metrics`], [`ops`] | Prometheus metrics, `/healthz` `/readyz` `/metrics` |
@@ -21,6 +22,7 @@
 pub mod client;
 pub mod config;
 pub mod context;
+pub mod database;
 pub mod desired;
 pub mod drift;
 pub mod error;

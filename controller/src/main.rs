@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use controller::{Config, RateLimit};
+use controller::database::{DatabaseConfig, Databases};
+use controller::metrics::Metrics;
+use controller::{Config, Hooks, RateLimit};
+use std::sync::Arc;
 use tracing::{error, info};
 
 #[derive(Parser, Debug)]
@@ -19,6 +22,9 @@ struct Args {
 
     #[command(flatten)]
     rate_limit: RateLimit,
+
+    #[command(flatten)]
+    database: DatabaseConfig,
 
     /// Kubeconfig file; in-cluster configuration or $KUBECONFIG when unset.
     #[arg(long, env = "KUBECONFIG_PATH")]
@@ -94,7 +100,19 @@ async fn main() -> ExitCode {
             burst = args.rate_limit.burst,
             "starting controller"
         );
-        controller::run(args.config, client, shutdown_signal()).await
+        let metrics = Arc::new(Metrics::default());
+        let databases = Databases::new(
+            client.clone(),
+            &args.database,
+            &args.config.lease_namespace,
+            metrics.clone(),
+        );
+        let hooks = Hooks {
+            metrics,
+            external: Arc::new(databases),
+            ..Hooks::default()
+        };
+        controller::run_with(args.config, client, hooks, shutdown_signal()).await
     }
     .await;
     match result {

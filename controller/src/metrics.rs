@@ -35,13 +35,83 @@ pub struct WriteLabel {
 }
 
 /// Every value of [`WriteLabel::resource`].
-pub const WRITE_RESOURCES: [&str; 5] = [
+pub const WRITE_RESOURCES: [&str; 7] = [
     "deployments",
     "services",
     "appservices",
     "appservices/status",
     "events",
+    "secrets",
+    "databaseclasses/status",
 ];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DatabaseOpLabel {
+    /// `provision`, `cleanup`.
+    pub operation: &'static str,
+    /// `success`, `error`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabel {
+    /// `provision`, `cleanup`.
+    pub operation: &'static str,
+}
+
+/// Metrics of the database step (`appservice_controller_database_*`).
+#[derive(Clone)]
+pub struct DatabaseMetrics {
+    /// Provision and cleanup attempts by result.
+    pub operations: Family<DatabaseOpLabel, Counter>,
+    /// Failures by reason (`unreachable`, `credentials`, `class_not_found`, ...).
+    pub errors: Family<ReasonLabel, Counter>,
+    /// Duration of one provision or cleanup attempt.
+    pub duration: Family<OperationLabel, Histogram>,
+}
+
+impl Default for DatabaseMetrics {
+    fn default() -> Self {
+        DatabaseMetrics {
+            operations: Family::default(),
+            errors: Family::default(),
+            duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 16))
+            }),
+        }
+    }
+}
+
+impl DatabaseMetrics {
+    fn record(&self, operation: &'static str, ok: bool, took: Duration) {
+        let result = if ok { "success" } else { "error" };
+        self.operations
+            .get_or_create(&DatabaseOpLabel { operation, result })
+            .inc();
+        self.duration
+            .get_or_create(&OperationLabel { operation })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn provisioned(&self, ok: bool, took: Duration) {
+        self.record("provision", ok, took);
+    }
+
+    pub fn cleaned(&self, ok: bool, took: Duration) {
+        self.record("cleanup", ok, took);
+    }
+
+    pub fn error(&self, reason: &'static str) {
+        self.errors.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Attempts of `operation` with `result` so far.
+    pub fn count(&self, operation: &'static str, result: &'static str) -> u64 {
+        self.operations
+            .get_or_create(&DatabaseOpLabel { operation, result })
+            .get()
+    }
+}
 
 /// Every metric the controller exports, registered in one registry.
 pub struct Metrics {
@@ -53,6 +123,7 @@ pub struct Metrics {
     pub leader: Gauge,
     pub cleanup_failures: Counter,
     pub writes: Family<WriteLabel, Counter>,
+    pub database: DatabaseMetrics,
     /// Ready status per object key, to keep `objects` exact.
     ready_by_key: Mutex<HashMap<String, String>>,
 }
@@ -114,8 +185,25 @@ impl Default for Metrics {
         for resource in WRITE_RESOURCES {
             let _ = writes.get_or_create(&WriteLabel { resource });
         }
+        let database = DatabaseMetrics::default();
+        registry.register(
+            "database_operations",
+            "Database provision and cleanup attempts by operation and result",
+            database.operations.clone(),
+        );
+        registry.register(
+            "database_errors",
+            "Database failures by reason",
+            database.errors.clone(),
+        );
+        registry.register(
+            "database_operation_duration_seconds",
+            "Duration of one database provision or cleanup attempt",
+            database.duration.clone(),
+        );
         Metrics {
             registry,
+            database,
             reconciles,
             errors,
             duration,

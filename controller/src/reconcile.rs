@@ -3,7 +3,8 @@
 //! 1. deleting → external cleanup, then release the finalizer;
 //! 2. finalizer in place before any side effect;
 //! 3. `common::validate` (defence in depth) → `InvalidSpec`, no retry until it changes;
-//! 4. external resources (none yet; see [`crate::external`]);
+//! 4. external resources (the database, [`crate::database`]); while they are not ready
+//!    the children wait and status says why;
 //! 5. Deployment and Service by server-side apply, skipped when already converged, never
 //!    onto an object we do not control (`ResourceConflict`);
 //! 6. status, written only when it changed.
@@ -36,9 +37,10 @@ use crate::context::Context;
 use crate::desired::{desired_deployment, desired_service, is_controlled_by, required};
 use crate::drift::{Drift, desired_hash, live_hash, set_hash};
 use crate::error::{Error, Result, Retry};
-use crate::external::Step;
+use crate::external::{Outcome, Step};
 use crate::status::{
-    Observation, Rollout, cleanup_failed_status, desired_status, needs_write, ready_state, rollout,
+    Observation, Rollout, apply_external, cleanup_failed_status, desired_status,
+    external_blocked_status, external_changes, needs_write, ready_state, rollout,
 };
 
 /// A name taken by someone else's object is re-checked at least this often. The watch on
@@ -130,8 +132,20 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
 
-    if let Step::NotReady(after) = ctx.external.ensure(app).await? {
-        return Ok(Action::requeue(after));
+    // External resources (the database) before the children: the Deployment must not
+    // point at a credentials Secret that does not exist yet.
+    let report = ctx.external.ensure(app).await?;
+    match report.outcome {
+        Outcome::Done => {}
+        Outcome::NotReady(_) | Outcome::Failed(_) => {
+            let status = external_blocked_status(app, &report, &ctx.clock.now());
+            write_status(ctx, &api, app, status).await?;
+            return match report.outcome {
+                Outcome::Failed(e) => Err(e),
+                Outcome::NotReady(after) => Ok(Action::requeue(after)),
+                Outcome::Done => Ok(Action::await_change()),
+            };
+        }
     }
 
     // Both names are checked before either child is written: a half-built AppService
@@ -189,7 +203,9 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
             message,
             service_taken: live_service.as_ref().is_some_and(|s| !ours(&s.metadata)),
         };
-        let status = desired_status(app, &obs, our_deployment, &ctx.clock.now());
+        let now = ctx.clock.now();
+        let mut status = desired_status(app, &obs, our_deployment, &now);
+        apply_external(&mut status, &report, app.metadata.generation, &now);
         write_status(ctx, &api, app, status).await?;
         // The watch on foreign objects wakes us when the name is free; this is a backstop.
         return Ok(Action::requeue(CONFLICT_RECHECK));
@@ -242,17 +258,16 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
         < deployment.metadata.generation.unwrap_or(0);
     let settled =
         app.status.as_ref().and_then(|s| s.observed_generation) == app.metadata.generation;
-    if unobserved && settled && !spec_written {
+    // ... unless the external step's conditions moved (the database became ready again):
+    // that must reach status now, or DatabaseReady would wait for the next rollout.
+    if unobserved && settled && !spec_written && !external_changes(app, &report) {
         debug!("Deployment metadata changed and not yet observed; status kept");
         return Ok(Action::requeue(ctx.config.rollout_requeue));
     }
 
-    let status = desired_status(
-        app,
-        &Observation::Applied,
-        Some(&deployment),
-        &ctx.clock.now(),
-    );
+    let now = ctx.clock.now();
+    let mut status = desired_status(app, &Observation::Applied, Some(&deployment), &now);
+    apply_external(&mut status, &report, app.metadata.generation, &now);
     write_status(ctx, &api, app, status).await?;
     Ok(match rollout(&deployment) {
         Rollout::InProgress { message, .. } => {

@@ -11,6 +11,8 @@ use common::{AppService, AppServiceStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::external::Report;
+
 /// Source of "now" for condition timestamps.
 pub trait Clock: Send + Sync {
     fn now(&self) -> Time;
@@ -261,6 +263,68 @@ pub fn cleanup_failed_status(app: &AppService, message: &str, now: &Time) -> App
             now,
         ),
     );
+    status
+}
+
+/// Sets the conditions an external step reported (stamped with the generation and
+/// `now`; `lastTransitionTime` kept when the status did not move) and removes those it
+/// says do not apply.
+pub fn apply_external(
+    status: &mut AppServiceStatus,
+    report: &Report,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    for c in &report.conditions {
+        conditions::set(
+            &mut status.conditions,
+            conditions::new_condition(
+                c.type_,
+                c.status,
+                c.reason,
+                c.message.clone(),
+                generation,
+                now,
+            ),
+        );
+    }
+    for type_ in &report.absent {
+        conditions::remove(&mut status.conditions, type_);
+    }
+}
+
+/// Whether applying `report` would change the conditions of the AppService's status.
+pub fn external_changes(app: &AppService, report: &Report) -> bool {
+    let live = app.status.clone().unwrap_or_default();
+    let mut applied = live.clone();
+    // The time is irrelevant: only whether something other than timestamps moves.
+    let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    apply_external(&mut applied, report, app.metadata.generation, &now);
+    !conditions::same_set_ignoring_time(&live.conditions, &applied.conditions)
+}
+
+/// Status while an external step (the database) blocks the children: its conditions,
+/// and Ready=False for its reason. Progressing stays true while it is being retried;
+/// Degraded is true, since either an admin or the server must act.
+pub fn external_blocked_status(app: &AppService, report: &Report, now: &Time) -> AppServiceStatus {
+    let generation = app.metadata.generation;
+    let mut status = app.status.clone().unwrap_or_default();
+    apply_external(&mut status, report, generation, now);
+    if let Some(blocking) = report.blocking() {
+        for (type_, st) in [(READY, FALSE), (PROGRESSING, TRUE), (DEGRADED, TRUE)] {
+            conditions::set(
+                &mut status.conditions,
+                conditions::new_condition(
+                    type_,
+                    st,
+                    blocking.reason,
+                    blocking.message.clone(),
+                    generation,
+                    now,
+                ),
+            );
+        }
+    }
     status
 }
 
@@ -628,5 +692,49 @@ mod tests {
             ready_state(Some(&s)),
             Some((TRUE.into(), reasons::AVAILABLE.into()))
         );
+    }
+
+    fn db_report(status: &'static str, reason: &'static str) -> Report {
+        Report {
+            outcome: crate::external::Outcome::Done,
+            conditions: vec![crate::external::ConditionReport {
+                type_: conditions::DATABASE_READY,
+                status,
+                reason,
+                message: format!("db {reason}"),
+            }],
+            absent: vec![],
+        }
+    }
+
+    #[test]
+    fn external_conditions_block_ready_and_clear_again() {
+        let mut a = app(1, 1);
+        let blocked =
+            external_blocked_status(&a, &db_report(FALSE, "DatabaseServerUnreachable"), &at(10));
+        let ready = cond(&blocked, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            (FALSE, "DatabaseServerUnreachable")
+        );
+        assert_eq!(cond(&blocked, DEGRADED).status, TRUE);
+        assert_eq!(cond(&blocked, conditions::DATABASE_READY).status, FALSE);
+        a.status = Some(blocked);
+        // The server is back: DatabaseReady moves, so the status must be written.
+        assert!(external_changes(&a, &db_report(TRUE, "Provisioned")));
+        assert!(!external_changes(
+            &a,
+            &db_report(FALSE, "DatabaseServerUnreachable")
+        ));
+        // The database is disabled: the condition goes away.
+        let gone = Report {
+            outcome: crate::external::Outcome::Done,
+            conditions: vec![],
+            absent: vec![conditions::DATABASE_READY],
+        };
+        assert!(external_changes(&a, &gone));
+        let mut st = a.status.clone().unwrap();
+        apply_external(&mut st, &gone, Some(1), &at(20));
+        assert!(conditions::find(&st.conditions, conditions::DATABASE_READY).is_none());
     }
 }

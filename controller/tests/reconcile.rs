@@ -508,8 +508,9 @@ impl controller::external::External for FlakyExternal {
     fn ensure<'a>(
         &'a self,
         _app: &'a AppService,
-    ) -> futures::future::BoxFuture<'a, controller::error::Result<controller::external::Step>> {
-        Box::pin(async { Ok(controller::external::Step::Done) })
+    ) -> futures::future::BoxFuture<'a, controller::error::Result<controller::external::Report>>
+    {
+        Box::pin(async { Ok(controller::external::Report::done()) })
     }
 
     fn cleanup<'a>(

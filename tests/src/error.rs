@@ -62,6 +62,10 @@ pub enum Error {
     #[error("the shared control plane failed to start (first failure, not retried): {0}")]
     Shared(String),
 
+    /// A PostgreSQL operation of the harness failed.
+    #[error("PostgreSQL: {0}")]
+    Postgres(String),
+
     /// Building a client configuration failed.
     #[error("client configuration: {0}")]
     Config(String),

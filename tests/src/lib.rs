@@ -34,6 +34,7 @@ mod control_plane;
 mod crds;
 mod error;
 mod namespace;
+pub mod postgres;
 pub mod process;
 mod shared;
 mod webhooks;
@@ -42,6 +43,7 @@ pub use control_plane::{ControlPlane, KWOK_NODE_ANNOTATION, LogGuard, NODE_NAME,
 pub use crds::{FIELD_MANAGER, crd_dir, load_crds};
 pub use error::{Error, Result};
 pub use namespace::{TEST_NAMESPACE_LABEL, TestNamespace};
+pub use postgres::Postgres;
 pub use shared::{shared, shared_full, shared_with};
 pub use webhooks::{PROBE_LABEL, Webhooks};
 

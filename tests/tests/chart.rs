@@ -389,6 +389,8 @@ fn rbac_is_exactly_what_the_controller_uses() {
         ("apps", "deployments", "get,list,watch,create,patch"),
         ("", "services", "get,list,watch,create,patch"),
         ("events.k8s.io", "events", "create,patch"),
+        // The `<name>-database` Secrets: by verb, never list or watch.
+        ("", "secrets", "get,create,update,delete"),
     ];
     let expected: Vec<(String, String, String)> = expected
         .into_iter()
@@ -398,6 +400,26 @@ fn rbac_is_exactly_what_the_controller_uses() {
     assert!(
         !serde_json::to_string(&docs).unwrap().contains("\"*\""),
         "no wildcard anywhere"
+    );
+
+    // DatabaseClasses: read one by name, write its status; nothing else.
+    assert_eq!(
+        find(
+            &docs,
+            "ClusterRole",
+            &format!("{CONTROLLER}-databaseclasses")
+        )["rules"],
+        json!([
+            {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses"], "verbs": ["get"]},
+            {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses/status"], "verbs": ["patch"]},
+        ])
+    );
+    // The classes' CA ConfigMaps: only in the release namespace.
+    let admin_role = find(&docs, "Role", &format!("{CONTROLLER}-database-admin"));
+    assert_eq!(admin_role["metadata"]["namespace"], "ops");
+    assert_eq!(
+        admin_role["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}])
     );
 
     // Leases: only in the release namespace, and only the one named Lease can be changed.
@@ -430,12 +452,17 @@ fn rbac_is_exactly_what_the_controller_uses() {
             .any(|e| e["name"] == "WEBHOOK_NAMESPACE_LABELS")
     );
 
-    // Scoped to one namespace: no cluster-wide role at all.
     let scoped = template("ops", &["controller.watchNamespace=team-a".to_owned()]);
-    assert!(
-        !scoped
-            .iter()
-            .any(|d| d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding")
+    // Scoped to one namespace: the only cluster-wide rights are on DatabaseClasses,
+    // which are cluster-scoped objects.
+    let classes = format!("{CONTROLLER}-databaseclasses");
+    assert!(!scoped.iter().any(|d| {
+        (d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding")
+            && d["metadata"]["name"] != classes.as_str()
+    }));
+    assert_eq!(
+        find(&scoped, "Role", &format!("{CONTROLLER}-database-admin"))["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get"]}])
     );
     assert_eq!(
         find(&scoped, "Role", CONTROLLER)["metadata"]["namespace"],
@@ -578,6 +605,10 @@ async fn installs_into_a_restricted_namespace_and_pods_are_admitted() {
     assert!(err.to_string().contains("violates PodSecurity"), "{err}");
 }
 
+/// The RBAC proofs run a controller over all namespaces; two at once would reconcile
+/// each other's AppServices.
+static CLUSTER_WIDE_CONTROLLER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A client authenticated as `system:serviceaccount:<ns>:<sa>` with a bound token.
 async fn service_account_client(cp: &harness::ControlPlane, ns: &str, sa: &str) -> Client {
     let sas: Api<ServiceAccount> = Api::namespaced(cp.client(), ns);
@@ -606,6 +637,7 @@ async fn service_account_client(cp: &harness::ControlPlane, ns: &str, sa: &str) 
 
 #[tokio::test]
 async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
+    let _one_controller = CLUSTER_WIDE_CONTROLLER.lock().await;
     let (cp, release_ns) = installed().await;
     let _logs = cp.log_guard();
     let admin = cp.client();
@@ -834,4 +866,176 @@ async fn webhook_watches_namespaces_with_the_charts_rbac_and_nothing_more() {
         "{seen}"
     );
     server.shutdown().await.expect("webhook shuts down");
+}
+
+/// The database step under the chart's RBAC: reading the class, its admin Secret and its
+/// CA ConfigMap in the release namespace, writing the class's status, creating, updating
+/// and deleting the `<name>-database` Secret, against a real PostgreSQL server.
+#[tokio::test]
+async fn databases_work_with_the_charts_rbac() {
+    use controller::database::{DatabaseConfig, Databases};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::ResourceExt;
+
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let _one_controller = CLUSTER_WIDE_CONTROLLER.lock().await;
+    let (cp, release_ns) = installed().await;
+    let _logs = cp.log_guard();
+    let admin = cp.client();
+    let test_ns = cp.namespace().await.expect("namespace");
+    let pg = harness::Postgres::start().await.expect("PostgreSQL");
+    let sa_client = service_account_client(cp, release_ns, CONTROLLER).await;
+
+    let suffix = test_ns.name().to_owned();
+    let admin_secret = format!("pg-admin-{suffix}");
+    let ca = format!("pg-ca-{suffix}");
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), release_ns);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": admin_secret},
+        "stringData": {"username": harness::postgres::SUPERUSER, "password": pg.password()},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("admin Secret");
+    let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), release_ns);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": ca}, "data": {"ca.crt": pg.ca_pem()},
+    }))
+    .unwrap();
+    config_maps
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("CA ConfigMap");
+    let class_name = format!("rbac-{suffix}");
+    let classes: Api<common::DatabaseClass> = Api::all(admin.clone());
+    let class: common::DatabaseClass = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1alpha1", "kind": "DatabaseClass",
+        "metadata": {"name": class_name},
+        "spec": {
+            "host": "localhost", "port": pg.port(),
+            "tls": {"mode": "verify-full", "ca": {"configMapRef": {"name": ca}}},
+            "adminCredentials": {"secretName": admin_secret},
+        }
+    }))
+    .unwrap();
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("class");
+
+    let mut config = controller::Config::for_namespace(&test_ns);
+    config.watch_namespace = None; // cluster-wide, as the chart deploys it
+    config.rollout_requeue = Duration::from_secs(1);
+    let metrics = std::sync::Arc::new(controller::metrics::Metrics::default());
+    let databases = Databases::new(
+        sa_client.clone(),
+        &DatabaseConfig {
+            admin_namespace: Some(release_ns.to_owned()),
+            pool_size: 2,
+            connect_timeout: Duration::from_secs(3),
+            statement_timeout: Duration::from_secs(10),
+        },
+        release_ns,
+        metrics.clone(),
+    );
+    let hooks = controller::Hooks {
+        metrics,
+        external: std::sync::Arc::new(databases),
+        ..controller::Hooks::default()
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(controller::run_with(
+        config,
+        sa_client.clone(),
+        hooks,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+
+    let apps: Api<AppService> = Api::namespaced(admin.clone(), &test_ns);
+    let app: AppService = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+        "metadata": {"name": "rbac-db"},
+        "spec": {"image": "registry.example.com/hello:v1.0.0", "database": {"enabled": true, "class": class_name}}
+    }))
+    .unwrap();
+    apps.create(&PostParams::default(), &app)
+        .await
+        .expect("AppService");
+    let ready = eventually("DatabaseReady=True", Duration::from_secs(60), || {
+        let apps = apps.clone();
+        async move {
+            let app = apps.get("rbac-db").await.ok()?;
+            let status = app.status.as_ref()?;
+            common::conditions::is_true(&status.conditions, common::conditions::DATABASE_READY)
+                .then_some(app)
+        }
+    })
+    .await;
+    let db = controller::database::sql::db_name(&ready.uid().unwrap());
+    let app_secrets: Api<Secret> = Api::namespaced(admin.clone(), &test_ns);
+    let creds = app_secrets
+        .get("rbac-db-database")
+        .await
+        .expect("credentials Secret");
+    let password = String::from_utf8(creds.data.unwrap()["PGPASSWORD"].0.clone()).unwrap();
+    pg.connect(&db, &password, &db)
+        .await
+        .expect("login with the Secret's credentials");
+    let reachable = eventually(
+        "the class's Reachable=True",
+        Duration::from_secs(30),
+        || {
+            let classes = classes.clone();
+            let name = class_name.clone();
+            async move {
+                let c = classes.get(&name).await.ok()?;
+                let s = c.status?;
+                (common::conditions::is_true(&s.conditions, "Reachable")).then_some(s)
+            }
+        },
+    )
+    .await;
+    assert!(reachable.server_version.is_some());
+
+    // Disabling deletes the Secret (and the database: the class's policy is Delete).
+    let disable = json!({"spec": {"database": {"enabled": false}}});
+    apps.patch(
+        "rbac-db",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&disable),
+    )
+    .await
+    .expect("disable");
+    eventually("the Secret deleted", Duration::from_secs(60), || {
+        let app_secrets = app_secrets.clone();
+        async move {
+            app_secrets
+                .get_opt("rbac-db-database")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+    apps.delete("rbac-db", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the AppService to be gone", Duration::from_secs(60), || {
+        let apps = apps.clone();
+        async move { apps.get_opt("rbac-db").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let _ = stop_tx.send(());
+    let result = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("controller stops");
+    result
+        .expect("controller task")
+        .expect("controller ran without error under the chart's RBAC");
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
 }

@@ -2,8 +2,9 @@
 //!
 //! A full control plane (kube-apiserver, etcd, kube-controller-manager, kube-scheduler and
 //! a kwok node, so Pods become ready), the webhook over TLS registered with a caBundle,
-//! and the controller with leader election, each as its real binary. Then the examples
-//! are applied with kubectl, an invalid one is shown being rejected, and the AppServices
+//! and the controller with leader election, each as its real binary, and a PostgreSQL
+//! server offered as the DatabaseClass `production-postgresql` (examples/appservice.yaml
+//! asks for a database on it). Then the examples are applied with kubectl, an invalid one is shown being rejected, and the AppServices
 //! are watched until Ready.
 
 use std::path::{Path, PathBuf};
@@ -11,18 +12,23 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use tokio::process::{Child, Command};
 
-use common::AppService;
+use common::{AppService, DatabaseClass};
 
 const NAMESPACE: &str = "demo";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// The class examples/appservice.yaml asks for.
+const DATABASE_CLASS: &str = "production-postgresql";
+/// Where the controller reads admin Secrets: its lease namespace in the demo.
+const CONTROLLER_NAMESPACE: &str = "default";
 
 pub fn run(root: &Path, exit_when_ready: bool) -> Result<()> {
     let bin = crate::assets(false)?;
+    crate::ensure_postgres()?;
     let binaries = build_binaries(root)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -101,6 +107,18 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         .create(&PostParams::default(), &ns)
         .await
         .context("creating the demo namespace")?;
+
+    // PostgreSQL for examples/appservice.yaml's database, offered as the DatabaseClass
+    // `production-postgresql`; its admin Secret and CA live in the controller's namespace.
+    let pg = harness::Postgres::start()
+        .await
+        .context("starting PostgreSQL")?;
+    database_class(&client, &pg).await?;
+    println!(
+        "PostgreSQL {} on localhost:{} (TLS), offered as DatabaseClass {DATABASE_CLASS}",
+        pg_version(&pg).await,
+        pg.port()
+    );
 
     // The webhook, over TLS with a certificate for 127.0.0.1 from a fresh CA.
     let (ca, serving) = harness::webhook_tls()?;
@@ -225,10 +243,25 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    println!("\n$ kubectl get appservices,deployments,services");
-    kubectl(&["get", "appservices,deployments,services"])
+    println!("\n$ kubectl get appservices,deployments,services,secrets");
+    kubectl(&["get", "appservices,deployments,services,secrets"])
         .status()
         .context("running kubectl get")?;
+    println!("\n$ kubectl get databaseclasses");
+    kubectl(&["get", "databaseclasses"])
+        .status()
+        .context("running kubectl get")?;
+    let checkout = apps.get("checkout").await.context("reading checkout")?;
+    if let Some(c) = checkout
+        .status
+        .as_ref()
+        .and_then(|s| common::conditions::find(&s.conditions, common::conditions::DATABASE_READY))
+    {
+        println!(
+            "\ncheckout: DatabaseReady={} ({}): {}",
+            c.status, c.reason, c.message
+        );
+    }
 
     if !exit_when_ready {
         println!("\nTry it yourself:\n");
@@ -239,6 +272,9 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         );
         println!("  kubectl -n {NAMESPACE} scale appservice/hello --replicas=3");
         println!("  kubectl -n {NAMESPACE} get appsrv -w");
+        println!(
+            "  kubectl -n {NAMESPACE} get secret checkout-database -o jsonpath='{{.data.DATABASE_URL}}' | base64 -d"
+        );
         println!("\nLogs: {}. Ctrl-C stops everything.", logs.display());
         crate::stop_signal().await?;
     }
@@ -246,6 +282,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
     let _ = webhooks.remove(client).await;
     stop(&mut controller).await;
     stop(&mut webhook).await;
+    drop(pg);
     drop(cp);
     Ok(())
 }
@@ -282,4 +319,55 @@ async fn stop(child: &mut Child) {
         }
     }
     let _ = child.kill().await;
+}
+
+/// The admin Secret and CA of the demo's PostgreSQL, and the DatabaseClass naming it.
+async fn database_class(client: &kube::Client, pg: &harness::Postgres) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), CONTROLLER_NAMESPACE);
+    for (name, data) in [
+        (
+            "postgres-admin",
+            serde_json::json!({"username": harness::postgres::SUPERUSER, "password": pg.password()}),
+        ),
+        ("postgres-ca", serde_json::json!({"ca.crt": pg.ca_pem()})),
+    ] {
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name}, "stringData": data,
+        }))
+        .context("building a Secret")?;
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .with_context(|| format!("creating Secret {name}"))?;
+    }
+    let class: DatabaseClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "platform.example.com/v1alpha1",
+        "kind": "DatabaseClass",
+        "metadata": {"name": DATABASE_CLASS},
+        "spec": {
+            "host": "localhost",
+            "port": pg.port(),
+            "tls": {"mode": "verify-full", "ca": {"secretRef": {"name": "postgres-ca"}}},
+            "adminCredentials": {"secretName": "postgres-admin"},
+            "deletionPolicy": "Delete",
+        }
+    }))
+    .context("building the DatabaseClass")?;
+    Api::<DatabaseClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .context("creating the DatabaseClass")?;
+    Ok(())
+}
+
+async fn pg_version(pg: &harness::Postgres) -> String {
+    match pg.connect_admin().await {
+        Ok(c) => c
+            .query_one("SHOW server_version", &[])
+            .await
+            .ok()
+            .and_then(|r| r.try_get::<_, String>(0).ok())
+            .unwrap_or_default(),
+        Err(_) => String::new(),
+    }
 }

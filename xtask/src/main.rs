@@ -17,7 +17,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Write the CRD generated from common/src/types.rs into the Helm chart.
+    /// Write the CRDs generated from common (AppService, DatabaseClass) into the Helm chart.
     Crd {
         /// Only check that the committed file is current; exit non-zero if not.
         #[arg(long)]
@@ -43,7 +43,7 @@ enum Cmd {
         #[arg(long)]
         exit_when_ready: bool,
     },
-    /// Build the test assets if needed, then run every test of the workspace.
+    /// Build the test assets and install PostgreSQL if needed, then run every test of the workspace.
     Test {
         /// Extra arguments for `cargo test`, e.g. `-- --nocapture`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -80,19 +80,23 @@ fn repo_root() -> PathBuf {
 }
 
 fn crd(check: bool) -> Result<()> {
-    let path = repo_root().join(common::crd::CRD_PATH);
-    let yaml = common::crd::crd_yaml().context("serializing the CRD")?;
-    if check {
-        let committed = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if committed != yaml {
-            bail!("{} is out of date: run `cargo xtask crd`", path.display());
+    for (rel, yaml, source) in common::crd::generated().context("serializing the CRDs")? {
+        let path = repo_root().join(rel);
+        if check {
+            let committed = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if committed != yaml {
+                bail!(
+                    "{} is out of date with {source}: run `cargo xtask crd`",
+                    path.display()
+                );
+            }
+            println!("{} is current", path.display());
+            continue;
         }
-        println!("{} is current", path.display());
-        return Ok(());
+        std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
     }
-    std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
-    println!("wrote {}", path.display());
     Ok(())
 }
 
@@ -122,8 +126,71 @@ pub(crate) fn assets(force: bool) -> Result<PathBuf> {
     Ok(PathBuf::from(bin))
 }
 
+/// Makes sure a PostgreSQL server installation exists for the database tests: the
+/// harness runs `/usr/lib/postgresql/<version>/bin/postgres` itself. Installs Debian's
+/// `postgresql` package when it is missing, without starting the distribution's own
+/// cluster (a policy-rc.d refuses service starts during the install).
+pub(crate) fn ensure_postgres() -> Result<()> {
+    if std::env::var_os("APPSERVICE_PG_BIN").is_some() || postgres_installed() {
+        return Ok(());
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    if !root {
+        bail!(
+            "PostgreSQL is not installed and this is not root: run `sudo apt-get update && sudo apt-get install -y postgresql` (or set APPSERVICE_PG_BIN to a directory holding initdb, postgres and pg_ctl)"
+        );
+    }
+    eprintln!(
+        "xtask: installing PostgreSQL (apt-get install -y postgresql) for the database tests"
+    );
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    let own_policy = !policy.exists();
+    if own_policy {
+        std::fs::write(
+            policy,
+            "#!/bin/sh\n# written by cargo xtask test while installing postgresql\nexit 101\n",
+        )
+        .context("writing /usr/sbin/policy-rc.d")?;
+        let _ = Command::new("chmod")
+            .args(["755", "/usr/sbin/policy-rc.d"])
+            .status();
+    }
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "apt-get update -q && apt-get install -y -q --no-install-recommends postgresql",
+        ])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .context("running apt-get");
+    if own_policy {
+        let _ = std::fs::remove_file(policy);
+    }
+    if !status?.success() || !postgres_installed() {
+        bail!(
+            "installing PostgreSQL failed; run `apt-get update && apt-get install -y postgresql` by hand"
+        );
+    }
+    Ok(())
+}
+
+fn postgres_installed() -> bool {
+    std::fs::read_dir("/usr/lib/postgresql")
+        .map(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.path().join("bin/postgres").is_file())
+        })
+        .unwrap_or(false)
+}
+
 fn test(args: &[String]) -> Result<()> {
     let bin = assets(false)?;
+    ensure_postgres()?;
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(repo_root())
         // Every target but benches, which are load runs (`cargo bench`), not tests;

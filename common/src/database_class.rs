@@ -1,0 +1,312 @@
+//! The `DatabaseClass` API (`platform.example.com/v1alpha1`, cluster-scoped): a PostgreSQL
+//! server that cluster admins offer to AppServices, like a StorageClass offers storage.
+//!
+//! An AppService names a class in `spec.database.class`; the controller connects to the
+//! class's server with the admin credentials from a Secret in the operator's namespace,
+//! creates a role and a database for the AppService, and on deletion drops them or keeps
+//! them, as `deletionPolicy` says.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Annotation that marks the class used when an AppService asks for a database without
+/// naming one (value `"true"`), as `storageclass.kubernetes.io/is-default-class` does.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "databaseclass.platform.example.com/is-default-class";
+/// Default PostgreSQL port.
+pub const DEFAULT_PG_PORT: i32 = 5432;
+/// Default keys of the admin credentials Secret.
+pub const DEFAULT_USERNAME_KEY: &str = "username";
+pub const DEFAULT_PASSWORD_KEY: &str = "password";
+/// Default key of the CA certificate in a Secret or ConfigMap.
+pub const DEFAULT_CA_KEY: &str = "ca.crt";
+/// Condition type on a class: the controller could log in to the server.
+pub const REACHABLE: &str = "Reachable";
+
+/// A PostgreSQL server offered to AppServices.
+// Several printer columns share a type; clippy reads them as one repeated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "platform.example.com",
+    version = "v1alpha1",
+    kind = "DatabaseClass",
+    plural = "databaseclasses",
+    shortname = "dbclass",
+    category = "platform",
+    status = "DatabaseClassStatus",
+    derive = "PartialEq",
+    doc = "A PostgreSQL server that AppServices get databases on (cluster-scoped, configured by cluster admins). Mark one default with the annotation databaseclass.platform.example.com/is-default-class: \"true\".",
+    printcolumn(
+        name = "Host",
+        type_ = "string",
+        description = "PostgreSQL server",
+        json_path = ".spec.host"
+    ),
+    printcolumn(
+        name = "Port",
+        type_ = "integer",
+        description = "PostgreSQL port",
+        json_path = ".spec.port"
+    ),
+    printcolumn(
+        name = "TLS",
+        type_ = "string",
+        description = "TLS mode",
+        json_path = ".spec.tls.mode"
+    ),
+    printcolumn(
+        name = "Policy",
+        type_ = "string",
+        description = "What happens to a database when its AppService is deleted",
+        json_path = ".spec.deletionPolicy"
+    ),
+    printcolumn(
+        name = "Reachable",
+        type_ = "string",
+        description = "Status of the Reachable condition",
+        json_path = ".status.conditions[?(@.type==\"Reachable\")].status"
+    ),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        description = "Server version",
+        json_path = ".status.serverVersion"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseClassSpec {
+    /// Host name or IP address of the PostgreSQL server, as both the controller and the
+    /// applications reach it (it is written into each application's DATABASE_URL).
+    #[schemars(length(min = 1, max = 253))]
+    pub host: String,
+
+    /// TCP port of the server. Defaults to 5432.
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535), extend("default" = 5432))]
+    pub port: i32,
+
+    /// Transport security of connections to the server (required, so that choosing
+    /// plain TCP is a decision someone wrote down).
+    pub tls: DatabaseTls,
+
+    /// Secret in the operator's namespace holding a PostgreSQL login that may create
+    /// roles and databases (CREATEROLE and CREATEDB, or a superuser).
+    pub admin_credentials: AdminCredentials,
+
+    /// What happens to an AppService's role and database when the AppService is
+    /// deleted or its database disabled: `Delete` drops both, `Retain` keeps them.
+    /// Defaults to Delete.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+fn default_port() -> i32 {
+    DEFAULT_PG_PORT
+}
+
+/// TLS settings of a class.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("self.mode != 'verify-full' || has(self.ca)").message("tls.ca is required when tls.mode is verify-full").field_path(".ca"))]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseTls {
+    /// `disable` (plain TCP), `require` (encrypted, the server is not authenticated) or
+    /// `verify-full` (encrypted, the server's certificate must chain to `ca` and name
+    /// `host`). Defaults to verify-full.
+    #[serde(default)]
+    pub mode: TlsMode,
+
+    /// The CA that signed the server's certificate, from a Secret in the operator's
+    /// namespace or a ConfigMap there. Required for verify-full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<CaSource>,
+}
+
+/// TLS mode, named as libpq's `sslmode`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TlsMode {
+    #[serde(rename = "disable")]
+    Disable,
+    #[serde(rename = "require")]
+    Require,
+    #[default]
+    #[serde(rename = "verify-full")]
+    VerifyFull,
+}
+
+impl TlsMode {
+    /// libpq's `sslmode` value.
+    pub fn as_sslmode(self) -> &'static str {
+        match self {
+            TlsMode::Disable => "disable",
+            TlsMode::Require => "require",
+            TlsMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// Where a PEM CA certificate is: exactly one of a Secret or a ConfigMap.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.secretRef) != has(self.configMapRef)").message("set exactly one of secretRef and configMapRef"))]
+#[serde(rename_all = "camelCase")]
+pub struct CaSource {
+    /// A Secret in the operator's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<KeyRef>,
+    /// A ConfigMap in the operator's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_ref: Option<KeyRef>,
+}
+
+/// A key of a Secret or ConfigMap in the operator's namespace.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRef {
+    /// Name of the object.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key holding the PEM certificate(s). Defaults to `ca.crt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl KeyRef {
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(DEFAULT_CA_KEY)
+    }
+}
+
+/// The admin login of a class.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminCredentials {
+    /// Name of the Secret in the operator's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// Key of the user name. Defaults to `username`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username_key: Option<String>,
+    /// Key of the password. Defaults to `password`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_key: Option<String>,
+}
+
+impl AdminCredentials {
+    pub fn username_key(&self) -> &str {
+        self.username_key.as_deref().unwrap_or(DEFAULT_USERNAME_KEY)
+    }
+    pub fn password_key(&self) -> &str {
+        self.password_key.as_deref().unwrap_or(DEFAULT_PASSWORD_KEY)
+    }
+}
+
+/// What happens to a database when it is no longer wanted.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeletionPolicy {
+    /// Terminate its sessions, drop the database and the role.
+    #[default]
+    Delete,
+    /// Keep the database and the role; an admin removes them.
+    Retain,
+}
+
+/// What the controller last observed of the class's server.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseClassStatus {
+    /// The `metadata.generation` the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `server_version` reported by the server at the last successful login.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+
+    /// `Reachable`: whether the controller could log in with the admin credentials, and
+    /// if not, why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+impl DatabaseClass {
+    /// Whether the class carries the default-class annotation.
+    pub fn is_default(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+            .is_some_and(|v| v == "true")
+    }
+}
+
+/// The default class among `classes`: the one marked default, by name when several are
+/// (as for StorageClasses, several defaults are an admin error; picking the first name
+/// keeps the choice stable).
+pub fn default_class(classes: &[DatabaseClass]) -> Option<&DatabaseClass> {
+    classes
+        .iter()
+        .filter(|c| c.is_default())
+        .min_by(|a, b| a.metadata.name.cmp(&b.metadata.name))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn class(name: &str, default: Option<&str>) -> DatabaseClass {
+        let mut c = DatabaseClass::new(
+            name,
+            serde_json::from_value(serde_json::json!({
+                "host": "db", "adminCredentials": {"secretName": "admin"},
+                "tls": {"mode": "verify-full", "ca": {"configMapRef": {"name": "ca"}}}
+            }))
+            .unwrap(),
+        );
+        c.metadata.annotations =
+            default.map(|v| BTreeMap::from([(DEFAULT_CLASS_ANNOTATION.to_owned(), v.to_owned())]));
+        c
+    }
+
+    #[test]
+    fn defaults_of_a_minimal_spec() {
+        let c = class("a", None);
+        assert_eq!(c.spec.port, 5432);
+        assert_eq!(c.spec.tls.mode, TlsMode::VerifyFull);
+        assert_eq!(c.spec.deletion_policy, DeletionPolicy::Delete);
+        assert_eq!(c.spec.admin_credentials.username_key(), "username");
+        assert_eq!(c.spec.admin_credentials.password_key(), "password");
+    }
+
+    #[test]
+    fn default_class_is_the_annotated_one() {
+        let classes = vec![
+            class("b", Some("true")),
+            class("a", Some("false")),
+            class("c", Some("true")),
+        ];
+        assert_eq!(
+            default_class(&classes).and_then(|c| c.metadata.name.as_deref()),
+            Some("b")
+        );
+        assert!(default_class(&[class("x", None)]).is_none());
+    }
+
+    #[test]
+    fn tls_modes_serialize_as_sslmode() {
+        for mode in [TlsMode::Disable, TlsMode::Require, TlsMode::VerifyFull] {
+            assert_eq!(
+                serde_json::to_value(mode).unwrap(),
+                serde_json::json!(mode.as_sslmode())
+            );
+        }
+    }
+}

@@ -1,0 +1,813 @@
+//! Databases of AppServices against a real kube-apiserver and a real PostgreSQL server
+//! (the harness's, started from the machine's installation). Each test has its own
+//! namespace, its own server and its own DatabaseClass.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::conditions::{DATABASE_READY, DEGRADED, READY, TRUE};
+use common::names::DATABASE_URL_ENV;
+use common::{AppService, DatabaseClass, DatabaseSpec};
+use controller::database::{DatabaseConfig, Databases, reasons};
+use controller::metrics::Metrics;
+use harness::{Postgres, TestNamespace};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use support::{Running, condition, eventually, init, start_controller_with};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One test's world: namespace, PostgreSQL, a DatabaseClass pointing at it.
+struct World {
+    ns: TestNamespace,
+    client: Client,
+    pg: Postgres,
+    class: String,
+}
+
+impl World {
+    /// A server, the admin Secret (with `admin_password`, the real one when `None`) and
+    /// CA Secret in the test namespace, and a verify-full class with `policy`.
+    async fn new(policy: &str, admin_password: Option<&str>) -> anyhow::Result<World> {
+        init();
+        let cp = harness::shared().await?;
+        let ns = cp.namespace().await?;
+        let client = cp.client();
+        let pg = Postgres::start().await?;
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        let secret = |name: &str, data: serde_json::Value| -> Secret {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "stringData": data,
+            }))
+            .unwrap()
+        };
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret(
+                    "pg-admin",
+                    json!({
+                        "username": harness::postgres::SUPERUSER,
+                        "password": admin_password.unwrap_or(pg.password()),
+                    }),
+                ),
+            )
+            .await?;
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret("pg-ca", json!({"ca.crt": pg.ca_pem()})),
+            )
+            .await?;
+        let class = format!("{}-pg", ns.name());
+        let classes: Api<DatabaseClass> = Api::all(client.clone());
+        let object: DatabaseClass = serde_json::from_value(json!({
+            "apiVersion": "platform.example.com/v1alpha1",
+            "kind": "DatabaseClass",
+            "metadata": {"name": class},
+            "spec": {
+                // A name, not the address: verify-full checks it against the certificate.
+                "host": "localhost",
+                "port": pg.port(),
+                "tls": {"mode": "verify-full", "ca": {"secretRef": {"name": "pg-ca"}}},
+                "adminCredentials": {"secretName": "pg-admin"},
+                "deletionPolicy": policy,
+            }
+        }))?;
+        classes.create(&PostParams::default(), &object).await?;
+        Ok(World {
+            ns,
+            client,
+            pg,
+            class,
+        })
+    }
+
+    fn apps(&self) -> Api<AppService> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// A controller for this namespace with the real database step; admin Secrets are
+    /// read from the test namespace.
+    fn controller(&self) -> (Running, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::default());
+        let config = DatabaseConfig {
+            admin_namespace: Some(self.ns.name().to_owned()),
+            pool_size: 4,
+            connect_timeout: Duration::from_secs(3),
+            statement_timeout: Duration::from_secs(10),
+        };
+        let databases = Databases::new(
+            self.client.clone(),
+            &config,
+            self.ns.name(),
+            metrics.clone(),
+        );
+        let running =
+            start_controller_with(self.client.clone(), &self.ns, |_| {}, Arc::new(databases));
+        (running, metrics)
+    }
+
+    fn app(&self, name: &str) -> AppService {
+        let mut app = support::app(name, "registry.example.com/shop:v1", 1);
+        app.spec.database = Some(DatabaseSpec {
+            enabled: true,
+            class: Some(self.class.clone()),
+        });
+        app
+    }
+
+    /// Names of the controller's databases and roles on the server.
+    async fn catalog(&self) -> anyhow::Result<(BTreeSet<String>, BTreeSet<String>)> {
+        let admin = self.pg.connect_admin().await?;
+        let names = |rows: Vec<tokio_postgres::Row>| -> BTreeSet<String> {
+            rows.iter().map(|r| r.get::<_, String>(0)).collect()
+        };
+        let dbs = admin
+            .query(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'appsvc\\_%'",
+                &[],
+            )
+            .await?;
+        let roles = admin
+            .query(
+                "SELECT rolname FROM pg_roles WHERE rolname LIKE 'appsvc\\_%'",
+                &[],
+            )
+            .await?;
+        Ok((names(dbs), names(roles)))
+    }
+
+    async fn wait_database_ready(&self, name: &str) -> anyhow::Result<AppService> {
+        let apps = self.apps();
+        eventually(WAIT, &format!("DatabaseReady=True on {name}"), || {
+            let apps = apps.clone();
+            async move {
+                let app = apps.get(name).await?;
+                Ok(condition(&app, DATABASE_READY)
+                    .is_some_and(|(s, _, _)| s == TRUE)
+                    .then_some(app))
+            }
+        })
+        .await
+    }
+
+    async fn wait_gone(&self, name: &str, timeout: Duration) -> anyhow::Result<()> {
+        let apps = self.apps();
+        eventually(timeout, &format!("{name} to be gone"), || {
+            let apps = apps.clone();
+            async move { Ok(apps.get_opt(name).await?.is_none().then_some(())) }
+        })
+        .await
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Cluster-scoped: remove it so other tests' lists stay small. Best effort.
+        let classes: Api<DatabaseClass> = Api::all(self.client.clone());
+        let class = self.class.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = classes.delete(&class, &DeleteParams::default()).await;
+            });
+        }
+    }
+}
+
+fn secret_value(secret: &Secret, key: &str) -> String {
+    let data = secret.data.as_ref().expect("secret data");
+    let ByteString(bytes) = data.get(key).unwrap_or_else(|| panic!("no key {key}"));
+    String::from_utf8(bytes.clone()).unwrap()
+}
+
+fn db_name(app: &AppService) -> String {
+    controller::database::sql::db_name(&app.uid().unwrap())
+}
+
+#[tokio::test]
+async fn create_provisions_a_usable_database_and_delete_drops_it() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    let (ctl, metrics) = w.controller();
+    let apps = w.apps();
+    apps.create(&PostParams::default(), &w.app("shop")).await?;
+
+    let app = w.wait_database_ready("shop").await?;
+    let db = db_name(&app);
+    let (_, reason, message) = condition(&app, DATABASE_READY).unwrap();
+    assert_eq!(reason, reasons::PROVISIONED);
+    assert!(message.contains(&db), "{message}");
+
+    // The Secret: owned by the AppService, every key, a URL that names the database.
+    let secret = w.secrets().get("shop-database").await?;
+    assert_eq!(secret.owner_references()[0].uid, app.uid().unwrap());
+    assert_eq!(secret.owner_references()[0].controller, Some(true));
+    for key in [
+        "DATABASE_URL",
+        "PGHOST",
+        "PGPORT",
+        "PGDATABASE",
+        "PGUSER",
+        "PGPASSWORD",
+    ] {
+        assert!(!secret_value(&secret, key).is_empty(), "{key}");
+    }
+    assert_eq!(secret_value(&secret, "PGDATABASE"), db);
+    assert_eq!(secret_value(&secret, "PGUSER"), db);
+    let password = secret_value(&secret, "PGPASSWORD");
+    assert!(password.len() >= 32);
+    assert_eq!(
+        secret_value(&secret, "DATABASE_URL"),
+        format!(
+            "postgres://{db}:{password}@localhost:{}/{db}?sslmode=verify-full",
+            w.pg.port()
+        )
+    );
+
+    // The Deployment takes DATABASE_URL from the Secret, never as a value.
+    let deployments: Api<Deployment> = Api::namespaced(w.client.clone(), &w.ns);
+    let d = eventually(WAIT, "the Deployment", || {
+        let deployments = deployments.clone();
+        async move { Ok(deployments.get_opt("shop").await?) }
+    })
+    .await?;
+    let env = d.spec.template.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    let url = env
+        .iter()
+        .find(|e| e.name == DATABASE_URL_ENV)
+        .expect("DATABASE_URL");
+    assert!(url.value.is_none());
+    let key_ref = url
+        .value_from
+        .as_ref()
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .expect("secretKeyRef");
+    assert_eq!(key_ref.name, "shop-database");
+    assert_eq!(key_ref.key, "DATABASE_URL");
+
+    // The server: role and database exist, the database is the role's, PUBLIC may not
+    // connect, and the application's login can create a table.
+    let (dbs, roles) = w.catalog().await?;
+    assert_eq!(dbs, BTreeSet::from([db.clone()]));
+    assert_eq!(roles, BTreeSet::from([db.clone()]));
+    let admin = w.pg.connect_admin().await?;
+    let row = admin
+        .query_one(
+            "SELECT pg_get_userbyid(datdba), has_database_privilege('public', datname, 'CONNECT') FROM pg_database WHERE datname = $1",
+            &[&db],
+        )
+        .await?;
+    assert_eq!(row.get::<_, String>(0), db);
+    assert!(!row.get::<_, bool>(1), "CONNECT is revoked from PUBLIC");
+    let user = w.pg.connect(&db, &password, &db).await?;
+    user.batch_execute(
+        "CREATE TABLE orders (id bigint primary key); INSERT INTO orders VALUES (1)",
+    )
+    .await?;
+
+    // Delete: database and role go, then the AppService.
+    apps.delete("shop", &DeleteParams::default()).await?;
+    w.wait_gone("shop", WAIT).await?;
+    assert_eq!(w.catalog().await?, (BTreeSet::new(), BTreeSet::new()));
+    assert!(metrics.database.count("provision", "success") >= 1);
+    assert!(metrics.database.count("cleanup", "success") >= 1);
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_outage_during_delete_keeps_the_app_terminating_until_the_server_is_back()
+-> anyhow::Result<()> {
+    let mut w = World::new("Delete", None).await?;
+    let (ctl, metrics) = w.controller();
+    let apps = w.apps();
+    apps.create(&PostParams::default(), &w.app("shop")).await?;
+    let app = w.wait_database_ready("shop").await?;
+    let db = db_name(&app);
+
+    w.pg.stop();
+    apps.delete("shop", &DeleteParams::default()).await?;
+    let failing = eventually(WAIT, "Degraded=CleanupFailed", || {
+        let apps = apps.clone();
+        async move {
+            let app = apps.get("shop").await?;
+            Ok(condition(&app, DEGRADED)
+                .is_some_and(|(s, r, _)| {
+                    s == TRUE && r == common::conditions::reasons::CLEANUP_FAILED
+                })
+                .then_some(app))
+        }
+    })
+    .await?;
+    let (_, _, message) = condition(&failing, DEGRADED).unwrap();
+    assert!(message.contains("unreachable"), "{message}");
+    assert!(message.contains(&w.class), "{message}");
+    assert!(failing.metadata.deletion_timestamp.is_some());
+    assert!(ctl.metrics.cleanup_failures.get() >= 1);
+    assert!(metrics.database.count("cleanup", "error") >= 1);
+    // A Warning Event says so too.
+    let events: Api<Event> = Api::namespaced(w.client.clone(), &w.ns);
+    let warned = eventually(WAIT, "a CleanupFailed Event", || {
+        let events = events.clone();
+        async move {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("CleanupFailed")))
+        }
+    })
+    .await?;
+    assert!(warned.note.unwrap_or_default().contains("unreachable"));
+    // Still there a while later: nothing releases the finalizer while the server is down.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(apps.get_opt("shop").await?.is_some(), "stays Terminating");
+
+    w.pg.start_again().await?;
+    w.wait_gone("shop", Duration::from_secs(120)).await?;
+    let (dbs, roles) = w.catalog().await?;
+    assert!(
+        !dbs.contains(&db) && !roles.contains(&db),
+        "{dbs:?} {roles:?}"
+    );
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lost_secret_gets_a_new_password_and_the_old_one_stops_working() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    let (ctl, _) = w.controller();
+    let apps = w.apps();
+    apps.create(&PostParams::default(), &w.app("shop")).await?;
+    let app = w.wait_database_ready("shop").await?;
+    let db = db_name(&app);
+    let old = secret_value(&w.secrets().get("shop-database").await?, "PGPASSWORD");
+    w.pg.connect(&db, &old, &db).await?;
+
+    w.secrets()
+        .delete("shop-database", &DeleteParams::default())
+        .await?;
+    let secrets = w.secrets();
+    let renewed = eventually(WAIT, "a new Secret", || {
+        let secrets = secrets.clone();
+        async move {
+            Ok(secrets.get_opt("shop-database").await?.filter(|s| {
+                // Settled: the password is the role's.
+                !s.annotations()
+                    .contains_key(controller::database::PASSWORD_PENDING_ANNOTATION)
+            }))
+        }
+    })
+    .await?;
+    let new = secret_value(&renewed, "PGPASSWORD");
+    assert_ne!(new, old);
+    assert!(
+        w.pg.connect(&db, &old, &db).await.is_err(),
+        "the old password no longer works"
+    );
+    w.pg.connect(&db, &new, &db).await?;
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn wrong_admin_credentials_are_reported_without_leaking_them() -> anyhow::Result<()> {
+    let wrong = "wrong-admin-password-3f9c2e";
+    let w = World::new("Delete", Some(wrong)).await?;
+    let (ctl, _) = w.controller();
+    let apps = w.apps();
+    apps.create(&PostParams::default(), &w.app("shop")).await?;
+
+    let app = eventually(WAIT, "DatabaseReady=False/AdminCredentialsRejected", || {
+        let apps = apps.clone();
+        async move {
+            let app = apps.get("shop").await?;
+            Ok(condition(&app, DATABASE_READY)
+                .is_some_and(|(_, r, _)| r == reasons::ADMIN_CREDENTIALS_REJECTED)
+                .then_some(app))
+        }
+    })
+    .await?;
+    let (status, _, message) = condition(&app, DATABASE_READY).unwrap();
+    assert_eq!(status, "False");
+    assert!(message.contains("rejected the admin login"), "{message}");
+    let (ready, ready_reason, _) = condition(&app, READY).unwrap();
+    assert_eq!(
+        (ready.as_str(), ready_reason.as_str()),
+        ("False", reasons::ADMIN_CREDENTIALS_REJECTED)
+    );
+    // No Deployment points at a Secret that does not exist.
+    let deployments: Api<Deployment> = Api::namespaced(w.client.clone(), &w.ns);
+    assert!(deployments.get_opt("shop").await?.is_none());
+
+    // Nowhere a password: not in the AppService, the class's status, or any Event.
+    let classes: Api<DatabaseClass> = Api::all(w.client.clone());
+    let class = eventually(WAIT, "the class's Reachable=False", || {
+        let classes = classes.clone();
+        let name = w.class.clone();
+        async move {
+            let c = classes.get(&name).await?;
+            Ok(c.status
+                .as_ref()
+                .is_some_and(|s| {
+                    common::conditions::find(&s.conditions, "Reachable")
+                        .is_some_and(|c| c.status == "False")
+                })
+                .then_some(c))
+        }
+    })
+    .await?;
+    let events: Api<Event> = Api::namespaced(w.client.clone(), &w.ns);
+    let events = events.list(&ListParams::default()).await?;
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(reasons::ADMIN_CREDENTIALS_REJECTED)),
+        "an Event on the transition"
+    );
+    let everything = format!(
+        "{} {} {}",
+        serde_json::to_string(&apps.get("shop").await?)?,
+        serde_json::to_string(&class)?,
+        serde_json::to_string(&events)?
+    );
+    assert!(!everything.contains(wrong), "the wrong password leaked");
+    assert!(
+        !everything.contains(w.pg.password()),
+        "the real password leaked"
+    );
+
+    // The admin fixes the Secret: provisioning goes on by itself.
+    let fix = json!({"stringData": {"password": w.pg.password()}});
+    Api::<Secret>::namespaced(w.client.clone(), &w.ns)
+        .patch("pg-admin", &PatchParams::default(), &Patch::Merge(&fix))
+        .await?;
+    w.wait_database_ready("shop").await?;
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unknown_class_is_reported_and_nothing_is_rolled_out() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    let (ctl, _) = w.controller();
+    let apps = w.apps();
+    let mut app = w.app("shop");
+    app.spec.database = Some(DatabaseSpec {
+        enabled: true,
+        class: Some("no-such-class".into()),
+    });
+    apps.create(&PostParams::default(), &app).await?;
+    let app = eventually(WAIT, "DatabaseClassNotFound", || {
+        let apps = apps.clone();
+        async move {
+            let app = apps.get("shop").await?;
+            Ok(condition(&app, DATABASE_READY)
+                .is_some_and(|(_, r, _)| r == reasons::CLASS_NOT_FOUND)
+                .then_some(app))
+        }
+    })
+    .await?;
+    let (_, _, message) = condition(&app, READY).unwrap();
+    assert!(
+        message.contains("\"no-such-class\" does not exist"),
+        "{message}"
+    );
+    let deployments: Api<Deployment> = Api::namespaced(w.client.clone(), &w.ns);
+    assert!(deployments.get_opt("shop").await?.is_none());
+    // Deleting it needs no server: nothing was ever created.
+    apps.delete("shop", &DeleteParams::default()).await?;
+    w.wait_gone("shop", WAIT).await?;
+    ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_controllers_at_once_make_one_database_with_one_password() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    // Both reconcile every object (no leader election): the worst case of a handover.
+    let (a, _) = w.controller();
+    let (b, _) = w.controller();
+    let apps = w.apps();
+    let names: Vec<String> = (0..6).map(|i| format!("shop-{i}")).collect();
+    for name in &names {
+        apps.create(&PostParams::default(), &w.app(name)).await?;
+    }
+    let mut expected = BTreeSet::new();
+    for name in &names {
+        let app = w.wait_database_ready(name).await?;
+        let db = db_name(&app);
+        // Wait until the Secret is settled, then its password must be the role's.
+        let secrets = w.secrets();
+        let secret_name = format!("{name}-database");
+        let secret = eventually(WAIT, "a settled Secret", || {
+            let secrets = secrets.clone();
+            let secret_name = secret_name.clone();
+            async move {
+                Ok(secrets.get_opt(&secret_name).await?.filter(|s| {
+                    !s.annotations()
+                        .contains_key(controller::database::PASSWORD_PENDING_ANNOTATION)
+                }))
+            }
+        })
+        .await?;
+        w.pg.connect(&db, &secret_value(&secret, "PGPASSWORD"), &db)
+            .await?;
+        expected.insert(db);
+    }
+    assert_eq!(w.catalog().await?, (expected.clone(), expected));
+    a.stop().await?;
+    b.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn disabling_or_deleting_follows_the_deletion_policy() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    let (ctl, _) = w.controller();
+    let apps = w.apps();
+    apps.create(&PostParams::default(), &w.app("shop")).await?;
+    let app = w.wait_database_ready("shop").await?;
+    let db = db_name(&app);
+
+    // Disable on a live AppService with Delete: dropped, Secret and condition gone.
+    let disable = json!({"spec": {"database": {"enabled": false}}});
+    apps.patch("shop", &PatchParams::default(), &Patch::Merge(&disable))
+        .await?;
+    eventually(WAIT, "the database dropped after disabling it", || {
+        let apps = apps.clone();
+        let w = &w;
+        async move {
+            let app = apps.get("shop").await?;
+            let (dbs, _) = w.catalog().await?;
+            Ok((condition(&app, DATABASE_READY).is_none()
+                && dbs.is_empty()
+                && w.secrets().get_opt("shop-database").await?.is_none())
+            .then_some(()))
+        }
+    })
+    .await?;
+    assert!(!w.catalog().await?.1.contains(&db));
+
+    // Retain: deleting keeps database and role, and an Event says so.
+    let classes: Api<DatabaseClass> = Api::all(w.client.clone());
+    let retain = json!({"spec": {"deletionPolicy": "Retain"}});
+    classes
+        .patch(&w.class, &PatchParams::default(), &Patch::Merge(&retain))
+        .await?;
+    apps.create(&PostParams::default(), &w.app("kept")).await?;
+    let kept = w.wait_database_ready("kept").await?;
+    let kept_db = db_name(&kept);
+    apps.delete("kept", &DeleteParams::default()).await?;
+    w.wait_gone("kept", WAIT).await?;
+    let (dbs, roles) = w.catalog().await?;
+    assert!(dbs.contains(&kept_db) && roles.contains(&kept_db));
+    let events: Api<Event> = Api::namespaced(w.client.clone(), &w.ns);
+    let events = events.list(&ListParams::default()).await?;
+    let retained = events
+        .items
+        .iter()
+        .find(|e| e.reason.as_deref() == Some(reasons::RETAINED))
+        .expect("a DatabaseRetained Event");
+    assert!(
+        retained
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&kept_db)
+    );
+    ctl.stop().await?;
+    Ok(())
+}
+
+/// Many create/delete cycles while the server restarts at random moments: afterwards the
+/// server holds exactly the databases of the live AppServices. `APPSERVICE_DB_CYCLES`
+/// sets the number of cycles (default 200).
+#[tokio::test]
+async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
+    let cycles: usize = std::env::var("APPSERVICE_DB_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let mut w = World::new("Delete", None).await?;
+    let (ctl, metrics) = w.controller();
+    let apps = w.apps();
+    let mut kept = Vec::new();
+    let batch = 10;
+    let mut restarts = 0;
+    for (round, start) in (0..cycles).step_by(batch).enumerate() {
+        let names: Vec<String> = (start..(start + batch).min(cycles))
+            .map(|i| format!("c-{i}"))
+            .collect();
+        for name in &names {
+            apps.create(&PostParams::default(), &w.app(name)).await?;
+        }
+        // A restart while these are being provisioned (every third round, and at random).
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..300))).await;
+        if round % 3 == 0 || rand::random_bool(0.2) {
+            restarts += 1;
+            w.pg.stop();
+            tokio::time::sleep(Duration::from_millis(rand::random_range(0..500))).await;
+            w.pg.start_again().await?;
+        }
+        for (i, name) in names.iter().enumerate() {
+            // Every tenth stays, so the check also covers "exactly one per live app".
+            if (start + i) % 10 == 9 {
+                kept.push(name.clone());
+            } else {
+                apps.delete(name, &DeleteParams::default()).await?;
+            }
+        }
+        // ... and one while they are being cleaned up.
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..300))).await;
+        if round % 3 == 1 || rand::random_bool(0.2) {
+            restarts += 1;
+            w.pg.stop();
+            tokio::time::sleep(Duration::from_millis(rand::random_range(0..500))).await;
+            w.pg.start_again().await?;
+        }
+    }
+    // Everything settles: the deleted ones go, the kept ones are ready.
+    eventually(
+        Duration::from_secs(360),
+        "deleted AppServices to be gone",
+        || {
+            let apps = apps.clone();
+            let kept = kept.len();
+            async move {
+                Ok((apps.list(&ListParams::default()).await?.items.len() == kept).then_some(()))
+            }
+        },
+    )
+    .await?;
+    // Kept ones that failed during several outages in a row may be in backoff; the
+    // error policy caps it at 300s, so that is the longest any of them may wait.
+    let mut live = BTreeSet::new();
+    for name in &kept {
+        let app = eventually(
+            Duration::from_secs(330),
+            "DatabaseReady after the outages",
+            || {
+                let apps = apps.clone();
+                let name = name.clone();
+                async move {
+                    let app = apps.get(&name).await?;
+                    Ok(condition(&app, DATABASE_READY)
+                        .is_some_and(|(s, _, _)| s == TRUE)
+                        .then_some(app))
+                }
+            },
+        )
+        .await?;
+        live.insert(db_name(&app));
+    }
+    let (dbs, roles) = w.catalog().await?;
+    let leaked_dbs: Vec<_> = dbs.difference(&live).collect();
+    let leaked_roles: Vec<_> = roles.difference(&live).collect();
+    eprintln!(
+        "cycles: {cycles}, server restarts: {restarts}, live: {}, leaked databases: {}, leaked roles: {}, provisions ok/err: {}/{}, cleanups ok/err: {}/{}",
+        live.len(),
+        leaked_dbs.len(),
+        leaked_roles.len(),
+        metrics.database.count("provision", "success"),
+        metrics.database.count("provision", "error"),
+        metrics.database.count("cleanup", "success"),
+        metrics.database.count("cleanup", "error"),
+    );
+    assert!(leaked_dbs.is_empty(), "leaked databases: {leaked_dbs:?}");
+    assert!(leaked_roles.is_empty(), "leaked roles: {leaked_roles:?}");
+    assert_eq!(dbs, live, "one database per live AppService");
+    assert_eq!(roles, live, "one role per live AppService");
+    ctl.stop().await?;
+    Ok(())
+}
+
+/// The controller binary, leader-elected on a Lease in `ns` (admin Secrets read there).
+fn spawn_controller(
+    w: &World,
+    kubeconfig: &std::path::Path,
+    identity: &str,
+) -> anyhow::Result<tokio::process::Child> {
+    let log = std::fs::File::create(w.pg.log_dir().join(format!("{identity}.log")))?;
+    Ok(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_appservice-controller"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "--watch-namespace",
+                w.ns.name(),
+                "--lease-namespace",
+                w.ns.name(),
+            ])
+            .args(["--identity", identity, "--ops-addr", "127.0.0.1:0"])
+            .args([
+                "--lease-duration",
+                "6s",
+                "--renew-deadline",
+                "4s",
+                "--retry-period",
+                "1s",
+            ])
+            .args(["--rollout-requeue", "1s", "--log-format", "json"])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?,
+    )
+}
+
+#[tokio::test]
+async fn leader_killed_mid_provisioning_leaves_one_database_per_app() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    let cp = harness::shared().await?;
+    let mut a = spawn_controller(&w, cp.kubeconfig_path(), "db-a")?;
+    let mut b = spawn_controller(&w, cp.kubeconfig_path(), "db-b")?;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(w.client.clone(), &w.ns);
+    let leader = eventually(WAIT, "a leader", || {
+        let leases = leases.clone();
+        async move {
+            Ok(leases
+                .get_opt(common::names::LEASE_NAME)
+                .await?
+                .and_then(|l| l.spec?.holder_identity))
+        }
+    })
+    .await?;
+
+    let apps = w.apps();
+    let names: Vec<String> = (0..8).map(|i| format!("ho-{i}")).collect();
+    for name in &names {
+        apps.create(&PostParams::default(), &w.app(name)).await?;
+    }
+    // Kill the leader (SIGKILL, no lease release) as soon as provisioning is under way.
+    eventually(WAIT, "the first credentials Secret", || {
+        let secrets = w.secrets();
+        async move {
+            let list = secrets.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|s| s.name_any().starts_with("ho-"))
+                .then_some(()))
+        }
+    })
+    .await?;
+    let (killed, survivor) = if leader == "db-a" {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    killed.kill().await?;
+
+    // The standby takes over after the lease expires and finishes every one of them.
+    let mut expected = BTreeSet::new();
+    for name in &names {
+        let app = w.wait_database_ready(name).await?;
+        let db = db_name(&app);
+        let secrets = w.secrets();
+        let secret_name = format!("{name}-database");
+        let secret = eventually(WAIT, "a settled Secret", || {
+            let secrets = secrets.clone();
+            let secret_name = secret_name.clone();
+            async move {
+                Ok(secrets.get_opt(&secret_name).await?.filter(|s| {
+                    !s.annotations()
+                        .contains_key(controller::database::PASSWORD_PENDING_ANNOTATION)
+                }))
+            }
+        })
+        .await?;
+        w.pg.connect(&db, &secret_value(&secret, "PGPASSWORD"), &db)
+            .await?;
+        expected.insert(db);
+    }
+    assert_eq!(w.catalog().await?, (expected.clone(), expected));
+    assert!(
+        survivor.try_wait()?.is_none(),
+        "the standby is still running"
+    );
+    survivor.kill().await?;
+    Ok(())
+}
