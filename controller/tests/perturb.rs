@@ -326,14 +326,26 @@ impl Fixture {
 
     /// Asserts the controller writes nothing while it reconciles at least `n` more times.
     async fn quiet(&self, n: u64) -> anyhow::Result<()> {
-        let writes = self.ctl.metrics.write_count();
+        // The status write that made an object look converged may be followed by the
+        // Event of that transition, from the same reconcile: let it land first.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let by_resource = || {
+            controller::metrics::WRITE_RESOURCES
+                .iter()
+                .map(|r| {
+                    let label = controller::metrics::WriteLabel { resource: r };
+                    (*r, self.ctl.metrics.writes.get_or_create(&label).get())
+                })
+                .collect::<Vec<_>>()
+        };
+        let writes = by_resource();
         let reconciles = self.ctl.metrics.reconcile_count();
         eventually(WAIT, "more reconciles", || async {
             Ok((self.ctl.metrics.reconcile_count() >= reconciles + n).then_some(()))
         })
         .await?;
         assert_eq!(
-            self.ctl.metrics.write_count(),
+            by_resource(),
             writes,
             "writes at steady state over {n} reconciles"
         );
