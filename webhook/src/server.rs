@@ -242,7 +242,6 @@ fn spawn_ops(
 pub async fn serve(config: Config, signal: impl Future<Output = ()>) -> Result<()> {
     let server = start(&config).await?;
     signal.await;
-    tracing::info!("shutdown requested; draining");
     server.shutdown().await
 }
 
@@ -263,7 +262,9 @@ impl Server {
     /// accepting, drains in-flight requests (bounded by the shutdown timeout) and stops
     /// the operations port.
     pub async fn shutdown(self) -> Result<()> {
+        // Not ready first, then say so: whoever reads the log line finds /readyz failing.
         self.state.draining.store(true, Ordering::SeqCst);
+        tracing::info!("shutdown requested; draining");
         if !self.shutdown_delay.is_zero() {
             tracing::info!(delay = ?self.shutdown_delay, "not ready; serving until endpoints are updated");
             tokio::time::sleep(self.shutdown_delay).await;
