@@ -186,6 +186,9 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
     // The operations port outlives the drain so /readyz can report it.
     let (ops_stop, ops_stop_rx) = watch::channel(false);
     let ops_done = spawn_ops(ops_listener, routes::ops_router(state.clone()), ops_stop_rx)?;
+    // The listener is bound: connections wait in its backlog until the accept loop runs.
+    // Ready from here, before the line below says so.
+    state.tls_accepting.store(true, Ordering::SeqCst);
     let tls_task = tokio::spawn(serve_tls(
         tls_listener,
         acceptor,
@@ -350,7 +353,6 @@ async fn serve_tls(
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     // Closes the connections still open when the drain times out.
     let (abort, abort_rx) = watch::channel(false);
-    state.tls_accepting.store(true, Ordering::SeqCst);
     loop {
         // A free slot first: at the cap, clients wait in the backlog, not in our fds.
         let slot = tokio::select! {
