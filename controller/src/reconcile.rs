@@ -531,11 +531,7 @@ async fn repair<K>(
 where
     K: Resource + Drift + Clone + Debug + Serialize + DeserializeOwned,
 {
-    let paths: Vec<String> = ops
-        .iter()
-        .filter(|op| op["op"] != "test")
-        .filter_map(|op| op["path"].as_str().map(str::to_owned))
-        .collect();
+    let paths = changed_paths(&ops);
     let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
         .map_err(|source| Error::Serialize { kind, source })?;
     let patched = api
@@ -556,13 +552,17 @@ where
     } else {
         Err(Error::Drift {
             kind,
-            paths: left
-                .iter()
-                .filter(|op| op["op"] != "test")
-                .filter_map(|op| op["path"].as_str().map(str::to_owned))
-                .collect(),
+            paths: changed_paths(&left),
         })
     }
+}
+
+/// The paths a JSON patch changes (its `test` operations only guard).
+fn changed_paths(ops: &[serde_json::Value]) -> Vec<String> {
+    ops.iter()
+        .filter(|op| op["op"] != "test")
+        .filter_map(|op| op["path"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// Writes `status` through the status subresource if it differs from the live status,

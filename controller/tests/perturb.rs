@@ -415,8 +415,77 @@ impl Perturbation {
         Perturbation::RemoveFinalizer,
     ];
 
+    /// The JSON patch another field manager sends, for the perturbations that are one:
+    /// which child it edits (`true` for the Deployment) and the operations.
+    fn edit(self) -> Option<(bool, Value)> {
+        let c = "/spec/template/spec/containers/0";
+        let (deployment, op, path, value) = match self {
+            Perturbation::Image => (
+                true,
+                "replace",
+                format!("{c}/image"),
+                json!("registry.example.com/other:v9"),
+            ),
+            Perturbation::Replicas => (true, "replace", "/spec/replicas".into(), json!(5)),
+            Perturbation::ContainerPort => (
+                true,
+                "replace",
+                format!("{c}/ports/0/containerPort"),
+                json!(9999),
+            ),
+            Perturbation::ExtraEnv => (
+                true,
+                "add",
+                format!("{c}/env/-"),
+                json!({"name": "INJECTED", "value": "1"}),
+            ),
+            Perturbation::ServicePort => {
+                (false, "replace", "/spec/ports/0/port".into(), json!(9999))
+            }
+            Perturbation::ServiceTypeNodePort => {
+                (false, "replace", "/spec/type".into(), json!("NodePort"))
+            }
+            Perturbation::ServiceTypeLoadBalancer => {
+                (false, "replace", "/spec/type".into(), json!("LoadBalancer"))
+            }
+            Perturbation::ServiceSelector => (
+                false,
+                "replace",
+                "/spec/selector/app.kubernetes.io~1instance".into(),
+                json!("someone-else"),
+            ),
+            Perturbation::ServiceSelectorExtraKey => {
+                (false, "add", "/spec/selector/tier".into(), json!("backend"))
+            }
+            Perturbation::RemoveDeploymentLabel => (
+                true,
+                "remove",
+                "/metadata/labels/app.kubernetes.io~1managed-by".into(),
+                Value::Null,
+            ),
+            Perturbation::RemoveServiceLabel => (
+                false,
+                "remove",
+                "/metadata/labels/app.kubernetes.io~1instance".into(),
+                Value::Null,
+            ),
+            _ => return None,
+        };
+        let mut operation = json!({"op": op, "path": path});
+        if !value.is_null() {
+            operation["value"] = value;
+        }
+        Some((deployment, json!([operation])))
+    }
+
     async fn apply(self, f: &Fixture, name: &str) -> anyhow::Result<()> {
-        let container = "/spec/template/spec/containers/0";
+        if let Some((deployment, ops)) = self.edit() {
+            return if deployment {
+                f.json_patch(&f.deployments, name, ops).await
+            } else {
+                f.json_patch(&f.services, name, ops).await
+            };
+        }
         match self {
             Perturbation::DeleteDeployment => {
                 f.deployments.delete(name, &DeleteParams::default()).await?;
@@ -427,100 +496,6 @@ impl Perturbation {
             Perturbation::DeleteBoth => {
                 f.deployments.delete(name, &DeleteParams::default()).await?;
                 f.services.delete(name, &DeleteParams::default()).await?;
-            }
-            Perturbation::Image => {
-                f.json_patch(&f.deployments, name, json!([
-                    {"op": "replace", "path": format!("{container}/image"), "value": "registry.example.com/other:v9"}
-                ]))
-                .await?;
-            }
-            Perturbation::Replicas => {
-                f.json_patch(
-                    &f.deployments,
-                    name,
-                    json!([
-                        {"op": "replace", "path": "/spec/replicas", "value": 5}
-                    ]),
-                )
-                .await?;
-            }
-            Perturbation::ContainerPort => {
-                f.json_patch(&f.deployments, name, json!([
-                    {"op": "replace", "path": format!("{container}/ports/0/containerPort"), "value": 9999}
-                ]))
-                .await?;
-            }
-            Perturbation::ExtraEnv => {
-                f.json_patch(&f.deployments, name, json!([
-                    {"op": "add", "path": format!("{container}/env/-"), "value": {"name": "INJECTED", "value": "1"}}
-                ]))
-                .await?;
-            }
-            Perturbation::ServicePort => {
-                f.json_patch(
-                    &f.services,
-                    name,
-                    json!([
-                        {"op": "replace", "path": "/spec/ports/0/port", "value": 9999}
-                    ]),
-                )
-                .await?;
-            }
-            Perturbation::ServiceTypeNodePort => {
-                f.json_patch(
-                    &f.services,
-                    name,
-                    json!([
-                        {"op": "replace", "path": "/spec/type", "value": "NodePort"}
-                    ]),
-                )
-                .await?;
-            }
-            Perturbation::ServiceTypeLoadBalancer => {
-                f.json_patch(
-                    &f.services,
-                    name,
-                    json!([
-                        {"op": "replace", "path": "/spec/type", "value": "LoadBalancer"}
-                    ]),
-                )
-                .await?;
-            }
-            Perturbation::ServiceSelector => {
-                f.json_patch(&f.services, name, json!([
-                    {"op": "replace", "path": "/spec/selector/app.kubernetes.io~1instance", "value": "someone-else"}
-                ]))
-                .await?;
-            }
-            Perturbation::ServiceSelectorExtraKey => {
-                f.json_patch(
-                    &f.services,
-                    name,
-                    json!([
-                        {"op": "add", "path": "/spec/selector/tier", "value": "backend"}
-                    ]),
-                )
-                .await?;
-            }
-            Perturbation::RemoveDeploymentLabel => {
-                f.json_patch(
-                    &f.deployments,
-                    name,
-                    json!([
-                        {"op": "remove", "path": "/metadata/labels/app.kubernetes.io~1managed-by"}
-                    ]),
-                )
-                .await?;
-            }
-            Perturbation::RemoveServiceLabel => {
-                f.json_patch(
-                    &f.services,
-                    name,
-                    json!([
-                        {"op": "remove", "path": "/metadata/labels/app.kubernetes.io~1instance"}
-                    ]),
-                )
-                .await?;
             }
             Perturbation::ForceApplyDeployment => {
                 let mut d = f.deployments.get(name).await?;
@@ -582,6 +557,8 @@ impl Perturbation {
                     )
                     .await?;
             }
+            // JSON patches of another field manager, sent above.
+            _ => {}
         }
         Ok(())
     }
