@@ -7,6 +7,7 @@ pub mod crd;
 pub mod database_class;
 pub mod defaults;
 pub mod duration;
+pub mod image;
 pub mod names;
 pub mod types;
 pub mod validation;
