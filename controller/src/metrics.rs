@@ -1,7 +1,7 @@
 //! Prometheus metrics of the controller, with small fixed label sets.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -124,13 +124,18 @@ pub struct Metrics {
     pub cleanup_failures: Counter,
     pub writes: Family<WriteLabel, Counter>,
     pub database: DatabaseMetrics,
+    /// The work queue (controller-runtime's names, no prefix).
+    pub queue: Arc<crate::queue::Queue>,
     /// Ready status per object key, to keep `objects` exact.
     ready_by_key: Mutex<HashMap<String, String>>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("appservice_controller");
+        let mut root = Registry::default();
+        let queue = Arc::new(crate::queue::Queue::default());
+        queue.register(&mut root);
+        let registry = root.sub_registry_with_prefix("appservice_controller");
         let reconciles = Family::<ResultLabel, Counter>::default();
         let errors = Family::<ReasonLabel, Counter>::default();
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
@@ -202,8 +207,9 @@ impl Default for Metrics {
             database.duration.clone(),
         );
         Metrics {
-            registry,
+            registry: root,
             database,
+            queue,
             reconciles,
             errors,
             duration,
@@ -271,8 +277,9 @@ impl Metrics {
         }
     }
 
-    /// The registry in the Prometheus text format.
+    /// The registry in the Prometheus text format, with the queue's gauges as of now.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        self.queue.refresh(std::time::Instant::now());
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
