@@ -59,6 +59,20 @@ pub struct OperationLabel {
     pub operation: &'static str,
 }
 
+/// Every value of `DatabaseError::metric_label` (the `reason` of `database_errors`).
+pub const DATABASE_ERROR_LABELS: [&str; 10] = [
+    "class_not_found",
+    "admin_secret",
+    "ca",
+    "credentials",
+    "privilege",
+    "unreachable",
+    "sql",
+    "secret_conflict",
+    "kube",
+    "internal",
+];
+
 /// Metrics of the database step (`appservice_controller_database_*`).
 #[derive(Clone)]
 pub struct DatabaseMetrics {
@@ -191,6 +205,19 @@ impl Default for Metrics {
             let _ = writes.get_or_create(&WriteLabel { resource });
         }
         let database = DatabaseMetrics::default();
+        for operation in ["provision", "cleanup"] {
+            for result in ["success", "error"] {
+                let _ = database
+                    .operations
+                    .get_or_create(&DatabaseOpLabel { operation, result });
+            }
+            let _ = database
+                .duration
+                .get_or_create(&OperationLabel { operation });
+        }
+        for reason in DATABASE_ERROR_LABELS {
+            let _ = database.errors.get_or_create(&ReasonLabel { reason });
+        }
         registry.register(
             "database_operations",
             "Database provision and cleanup attempts by operation and result",
@@ -319,6 +346,10 @@ mod tests {
             "appservice_controller_objects{ready=\"Unknown\"} 0",
             "appservice_controller_api_writes_total{resource=\"services\"} 0",
             "appservice_controller_cleanup_failures_total 0",
+            "appservice_controller_database_operations_total{operation=\"cleanup\",result=\"error\"} 0",
+            "appservice_controller_database_errors_total{reason=\"unreachable\"} 0",
+            "appservice_controller_database_operation_duration_seconds_count{operation=\"provision\"} 0",
+            "workqueue_depth{name=\"appservice\"} 0",
         ] {
             assert!(text.contains(series), "{series} missing from\n{text}");
         }

@@ -1,7 +1,8 @@
 //! Operating the `appservice-controller` binary against a real kube-apiserver: a
 //! reconcile exported to an OTLP receiver as a span tree (the pass, the reconcile, its
 //! API calls as client spans) with its trace id in the JSON logs; CPU and heap profiles
-//! on demand, absent by default.
+//! on demand, absent by default; the chart's alerts and dashboard query only metrics
+//! the binaries export.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -252,4 +253,181 @@ async fn profiles_on_demand_and_absent_by_default() {
         "the watch caches hold memory: {:?}",
         &heap.functions[..heap.functions.len().min(30)]
     );
+}
+
+/// Every metric name a PromQL expression selects.
+fn metric_names(expr: &promql_parser::parser::Expr, names: &mut Vec<String>) {
+    use promql_parser::parser::Expr;
+    match expr {
+        Expr::Aggregate(a) => {
+            metric_names(&a.expr, names);
+            if let Some(p) = &a.param {
+                metric_names(p, names);
+            }
+        }
+        Expr::Unary(u) => metric_names(&u.expr, names),
+        Expr::Binary(b) => {
+            metric_names(&b.lhs, names);
+            metric_names(&b.rhs, names);
+        }
+        Expr::Paren(p) => metric_names(&p.expr, names),
+        Expr::Subquery(s) => metric_names(&s.expr, names),
+        Expr::VectorSelector(v) => names.extend(v.name.clone()),
+        Expr::MatrixSelector(m) => names.extend(m.vs.name.clone()),
+        Expr::Call(c) => c.args.args.iter().for_each(|a| metric_names(a, names)),
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => {}
+    }
+}
+
+/// The metric names of a Prometheus text exposition (histograms as their `_bucket`,
+/// `_sum` and `_count` series, counters with `_total`).
+fn exported_names(scrape: &str) -> std::collections::BTreeSet<String> {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The chart rendered with the PrometheusRule and the dashboard.
+fn render_monitoring(namespace: &str) -> Vec<Value> {
+    let root = harness::assets::workspace_root();
+    let helm = harness::assets::bin_dir().unwrap().join("helm");
+    let home = std::env::temp_dir().join("aso-helm-ops");
+    let out = std::process::Command::new(helm)
+        .args(["template", "aso"])
+        .arg(root.join("charts/appservice-operator"))
+        .args(["--namespace", namespace])
+        .args(["--set", "metrics.prometheusRule.enabled=true"])
+        .args(["--set", "metrics.grafanaDashboard.enabled=true"])
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    docs.into_iter().filter(Value::is_object).collect()
+}
+
+#[tokio::test]
+async fn alerts_and_dashboard_query_only_exported_metrics() {
+    support::init();
+    let docs = render_monitoring("ops");
+    let rule = docs
+        .iter()
+        .find(|d| d["kind"] == "PrometheusRule")
+        .expect("a PrometheusRule");
+    let runbooks =
+        std::fs::read_to_string(harness::assets::workspace_root().join("docs/runbooks.md"))
+            .unwrap();
+
+    // (where, expression) of every query.
+    let mut queries = Vec::new();
+    let mut alerts = Vec::new();
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for r in group["rules"].as_array().unwrap() {
+            let alert = r["alert"].as_str().unwrap().to_owned();
+            assert!(r["for"].is_string(), "{alert}: no `for`");
+            assert!(
+                ["warning", "critical"].contains(&r["labels"]["severity"].as_str().unwrap()),
+                "{alert}"
+            );
+            assert!(
+                r["annotations"]["summary"]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty()),
+                "{alert}"
+            );
+            let url = r["annotations"]["runbook_url"].as_str().unwrap();
+            let anchor = url.rsplit_once('#').map(|(_, a)| a).unwrap_or_default();
+            assert_eq!(anchor, alert.to_lowercase(), "{alert}: {url}");
+            assert!(
+                runbooks.lines().any(|l| l == format!("## {alert}")),
+                "{alert} has no runbook paragraph in docs/runbooks.md"
+            );
+            queries.push((alert.clone(), r["expr"].as_str().unwrap().to_owned()));
+            alerts.push(alert);
+        }
+    }
+    for required in [
+        "AppServiceReconcileErrors",
+        "AppServiceQueueDepth",
+        "AppServiceQueueWait",
+        "AppServiceControllerNoLeader",
+        "AppServiceCleanupFailing",
+        "AppServiceWebhookErrors",
+        "AppServiceWebhookLatency",
+        "AppServiceWebhookCertificateExpiry",
+    ] {
+        assert!(alerts.iter().any(|a| a == required), "{required} missing");
+    }
+
+    let dashboard_map = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["labels"]["grafana_dashboard"] == "1")
+        .expect("a dashboard ConfigMap with the sidecar label");
+    let dashboard: Value = serde_json::from_str(
+        dashboard_map["data"]["appservice-operator.json"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let mut panels = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m")
+                .replace("$namespace", "ops");
+            queries.push((format!("panel {}", panel["title"]), expr));
+            panels += 1;
+        }
+    }
+    assert!(panels >= 20, "{panels} dashboard queries");
+
+    // A scrape of both binaries: the controller binary on the control plane, the
+    // webhook as its binary runs it (`webhook::start`).
+    let cp = harness::shared().await.unwrap();
+    let ns = cp.namespace().await.unwrap();
+    let controller = Controller::start(cp, &ns, &[], &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_ca, serving) = harness::webhook_tls().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    serving.write(&cert, &key).unwrap();
+    let webhook = webhook::start(&webhook::Config::local(cert, key, None))
+        .await
+        .unwrap();
+    let mut exported = std::collections::BTreeSet::new();
+    for (what, ops) in [
+        ("controller", controller.ops),
+        ("webhook", webhook.ops_addr()),
+    ] {
+        let (status, body) = get(ops, "/metrics").await;
+        assert_eq!(status, 200, "{what}");
+        let names = exported_names(&String::from_utf8_lossy(&body));
+        assert!(names.len() > 10, "{what}: {names:?}");
+        exported.extend(names);
+    }
+
+    for (place, expr) in &queries {
+        let parsed = promql_parser::parser::parse(expr)
+            .unwrap_or_else(|e| panic!("{place}: not PromQL ({e}): {expr}"));
+        let mut names = Vec::new();
+        metric_names(&parsed, &mut names);
+        assert!(!names.is_empty(), "{place}: selects nothing: {expr}");
+        for name in names {
+            assert!(
+                exported.contains(&name),
+                "{place} queries {name}, which neither binary exports: {expr}"
+            );
+        }
+    }
 }
