@@ -140,6 +140,8 @@ pub struct Metrics {
     pub database: DatabaseMetrics,
     /// The work queue (controller-runtime's names, no prefix).
     pub queue: Arc<crate::queue::Queue>,
+    /// `process_*`: memory, CPU, file descriptors, start time (read at scrape).
+    pub process: telemetry::process::ProcessMetrics,
     /// Ready status per object key, to keep `objects` exact.
     ready_by_key: Mutex<HashMap<String, String>>,
 }
@@ -149,6 +151,8 @@ impl Default for Metrics {
         let mut root = Registry::default();
         let queue = Arc::new(crate::queue::Queue::default());
         queue.register(&mut root);
+        let process = telemetry::process::ProcessMetrics::default();
+        process.register(&mut root);
         let registry = root.sub_registry_with_prefix("appservice_controller");
         let reconciles = Family::<ResultLabel, Counter>::default();
         let errors = Family::<ReasonLabel, Counter>::default();
@@ -237,6 +241,7 @@ impl Default for Metrics {
             registry: root,
             database,
             queue,
+            process,
             reconciles,
             errors,
             duration,
@@ -307,6 +312,7 @@ impl Metrics {
     /// The registry in the Prometheus text format, with the queue's gauges as of now.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         self.queue.refresh(std::time::Instant::now());
+        self.process.refresh();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)

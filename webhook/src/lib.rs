@@ -11,7 +11,8 @@ pub mod logging;
 pub mod metrics;
 pub mod namespaces;
 pub mod policy;
-pub mod process;
+/// `process_*` metrics and the file-descriptor limit, shared with the controller.
+pub use telemetry::process;
 pub mod reload;
 pub mod review;
 pub mod routes;
