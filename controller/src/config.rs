@@ -65,6 +65,16 @@ pub struct Config {
     /// How long in-flight reconciles may run after SIGTERM.
     #[arg(long, env = "SHUTDOWN_GRACE", value_parser = parse_duration, default_value = "20s")]
     pub shutdown_grace: Duration,
+
+    /// Serve CPU and heap profiles on the ops port (`/debug/pprof/profile`,
+    /// `/debug/pprof/heap`), to loopback connections only (`kubectl port-forward`).
+    /// Also makes jemalloc sample allocations from the start.
+    #[arg(long, env = "PROFILING", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub profiling: bool,
+
+    /// With `--profiling`: serve profiles to any address that reaches the ops port.
+    #[arg(long, env = "PROFILING_ALLOW_REMOTE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub profiling_allow_remote: bool,
 }
 
 impl Config {
@@ -85,6 +95,16 @@ impl Config {
             rollout_requeue: Duration::from_secs(10),
             resync_interval: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(20),
+            profiling: false,
+            profiling_allow_remote: false,
+        }
+    }
+
+    /// Whether and to whom the ops port serves profiles.
+    pub fn profiling(&self) -> telemetry::Profiling {
+        telemetry::Profiling {
+            enabled: self.profiling,
+            allow_remote: self.profiling_allow_remote,
         }
     }
 

@@ -16,6 +16,7 @@
 //! | [`error`] | the error type, its retry classification, backoff |
 //! | [`leader`] | Lease leader election |
 //! | [`metrics`], [`ops`] | Prometheus metrics, `/healthz` `/readyz` `/metrics` |
+//! | [`queue`] | the work queue's metrics, observed around kube-runtime's scheduler |
 //! | [`client`] | the rate-limited client |
 //! | [`config`] | flags |
 //! | [`context`] | the one `Arc<Context>` shared by reconcile and the ops server |
@@ -31,6 +32,7 @@ pub mod external;
 pub mod leader;
 pub mod metrics;
 pub mod ops;
+pub mod queue;
 pub mod reconcile;
 pub mod status;
 pub mod view;
@@ -175,6 +177,13 @@ pub async fn run_with(
     .inspect(mark_synced(synced.clone(), |s| &s.other_services))
     .touched_objects();
 
+    // The work queue is observed around the Controller: each trigger stream counts.
+    let queue = hooks.metrics.queue.clone();
+    queue.set_max_concurrent(config.concurrency);
+    let app_stream = queue::observe_apps(app_stream, queue.clone());
+    let deployment_stream = queue::observe_children(deployment_stream, queue.clone());
+    let service_stream = queue::observe_children(service_stream, queue.clone());
+
     let reporter = Reporter {
         controller: common::names::FIELD_MANAGER.to_owned(),
         instance: Some(identity.clone()),
@@ -199,6 +208,7 @@ pub async fn run_with(
 
     let apps_for_deployments = apps.clone();
     let apps_for_services = apps.clone();
+    let apps_for_queue = apps.clone();
 
     let controller = Controller::for_stream(app_stream, apps)
         .with_config(controller::Config::default().concurrency(config.concurrency))
@@ -212,19 +222,23 @@ pub async fn run_with(
         .owns_stream(service_stream)
         .watches_stream(
             other_deployment_stream,
-            move |meta: PartialObjectMeta<Deployment>| {
+            queue::observe_mapper(queue.clone(), move |meta: PartialObjectMeta<Deployment>| {
                 same_named_app(&apps_for_deployments, &meta.metadata)
-            },
+            }),
         )
         .watches_stream(
             other_service_stream,
-            move |meta: PartialObjectMeta<Service>| {
+            queue::observe_mapper(queue.clone(), move |meta: PartialObjectMeta<Service>| {
                 same_named_app(&apps_for_services, &meta.metadata)
-            },
+            }),
         )
         // On gaining the lease, look at everything again: the previous leader may have died
         // half-way, and as a standby we skipped every event.
-        .reconcile_all_on(leadership_gained(leading_rx.clone()));
+        .reconcile_all_on(queue::observe_reconcile_all(
+            leadership_gained(leading_rx.clone()),
+            apps_for_queue,
+            queue.clone(),
+        ));
 
     // Leader gauge follows the election.
     let gauge_ctx = ctx.clone();
@@ -281,17 +295,24 @@ pub async fn run_with(
                 let _ = stop_for_controller.wait_for(|s| *s).await;
             })
             .run(
-                reconcile::reconcile,
-                reconcile::error_policy,
+                queue::observe_reconcile(reconcile::reconcile),
+                queue::observe_error_policy(reconcile::error_policy),
                 controller_ctx,
             )
-            .for_each(|result| async move {
-                match result {
-                    Ok(_) => {}
-                    // The object went away between event and reconcile: fine.
-                    Err(controller::Error::ObjectNotFound(_)) => {}
-                    Err(controller::Error::ReconcilerFailed(..)) => {}
-                    Err(e) => warn!(error = %e, "controller stream error"),
+            .for_each(move |result| {
+                // The object went away between event and reconcile: fine, and no longer queued.
+                if let Err(controller::Error::ObjectNotFound(obj)) = &result
+                    && let Some(namespace) = &obj.namespace
+                {
+                    queue.forget(&reflector::ObjectRef::new(&obj.name).within(namespace));
+                }
+                async move {
+                    match result {
+                        Ok(_) => {}
+                        Err(controller::Error::ObjectNotFound(_)) => {}
+                        Err(controller::Error::ReconcilerFailed(..)) => {}
+                        Err(e) => warn!(error = %e, "controller stream error"),
+                    }
                 }
             }),
     );

@@ -10,6 +10,10 @@ use controller::{Config, Hooks, RateLimit};
 use std::sync::Arc;
 use tracing::{error, info};
 
+// jemalloc, for heap profiles on demand (`--profiling`); it samples nothing without it.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "appservice-controller",
@@ -33,28 +37,26 @@ struct Args {
     /// Log format: `json` (production) or `text`; default json unless stderr is a terminal.
     #[arg(long, env = "LOG_FORMAT")]
     log_format: Option<String>,
+
+    /// Export traces over OTLP/gRPC to this endpoint (e.g. `http://otel-collector:4317`):
+    /// a span per reconcile with its API calls and database statements as children.
+    /// Unset: no traces, and no cost.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
-fn init_logging(format: Option<&str>) {
+fn init_logging(args: &Args) -> anyhow::Result<telemetry::Telemetry> {
     use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let json = match format {
+    let json = match args.log_format.as_deref() {
         Some(f) => f == "json",
         None => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
-            .init();
-    } else {
-        builder.init();
-    }
+    Ok(telemetry::logs::init(&telemetry::LogOptions {
+        json,
+        flatten_json: false,
+        service_name: "appservice-controller",
+        otlp_endpoint: args.otlp_endpoint.clone(),
+    })?)
 }
 
 async fn kube_config(path: Option<&PathBuf>) -> anyhow::Result<kube::Config> {
@@ -87,7 +89,17 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(args.log_format.as_deref());
+    if let Err(e) = telemetry::profiling::enable_heap_profiling(args.config.profiling()) {
+        eprintln!("cannot restart with heap profiling enabled: {e}");
+        return ExitCode::FAILURE;
+    }
+    let telemetry = match init_logging(&args) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("appservice-controller: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     // One crypto provider for every TLS connection; installing twice is harmless.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 
@@ -115,6 +127,7 @@ async fn main() -> ExitCode {
         controller::run_with(args.config, client, hooks, shutdown_signal()).await
     }
     .await;
+    telemetry.shutdown().await;
     match result {
         Ok(()) => {
             info!("stopped");

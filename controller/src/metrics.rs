@@ -1,7 +1,7 @@
 //! Prometheus metrics of the controller, with small fixed label sets.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -58,6 +58,20 @@ pub struct OperationLabel {
     /// `provision`, `cleanup`.
     pub operation: &'static str,
 }
+
+/// Every value of `DatabaseError::metric_label` (the `reason` of `database_errors`).
+pub const DATABASE_ERROR_LABELS: [&str; 10] = [
+    "class_not_found",
+    "admin_secret",
+    "ca",
+    "credentials",
+    "privilege",
+    "unreachable",
+    "sql",
+    "secret_conflict",
+    "kube",
+    "internal",
+];
 
 /// Metrics of the database step (`appservice_controller_database_*`).
 #[derive(Clone)]
@@ -124,13 +138,22 @@ pub struct Metrics {
     pub cleanup_failures: Counter,
     pub writes: Family<WriteLabel, Counter>,
     pub database: DatabaseMetrics,
+    /// The work queue (controller-runtime's names, no prefix).
+    pub queue: Arc<crate::queue::Queue>,
+    /// `process_*`: memory, CPU, file descriptors, start time (read at scrape).
+    pub process: telemetry::process::ProcessMetrics,
     /// Ready status per object key, to keep `objects` exact.
     ready_by_key: Mutex<HashMap<String, String>>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("appservice_controller");
+        let mut root = Registry::default();
+        let queue = Arc::new(crate::queue::Queue::default());
+        queue.register(&mut root);
+        let process = telemetry::process::ProcessMetrics::default();
+        process.register(&mut root);
+        let registry = root.sub_registry_with_prefix("appservice_controller");
         let reconciles = Family::<ResultLabel, Counter>::default();
         let errors = Family::<ReasonLabel, Counter>::default();
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
@@ -186,6 +209,19 @@ impl Default for Metrics {
             let _ = writes.get_or_create(&WriteLabel { resource });
         }
         let database = DatabaseMetrics::default();
+        for operation in ["provision", "cleanup"] {
+            for result in ["success", "error"] {
+                let _ = database
+                    .operations
+                    .get_or_create(&DatabaseOpLabel { operation, result });
+            }
+            let _ = database
+                .duration
+                .get_or_create(&OperationLabel { operation });
+        }
+        for reason in DATABASE_ERROR_LABELS {
+            let _ = database.errors.get_or_create(&ReasonLabel { reason });
+        }
         registry.register(
             "database_operations",
             "Database provision and cleanup attempts by operation and result",
@@ -202,8 +238,10 @@ impl Default for Metrics {
             database.duration.clone(),
         );
         Metrics {
-            registry,
+            registry: root,
             database,
+            queue,
+            process,
             reconciles,
             errors,
             duration,
@@ -271,8 +309,10 @@ impl Metrics {
         }
     }
 
-    /// The registry in the Prometheus text format.
+    /// The registry in the Prometheus text format, with the queue's gauges as of now.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        self.queue.refresh(std::time::Instant::now());
+        self.process.refresh();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
@@ -312,6 +352,10 @@ mod tests {
             "appservice_controller_objects{ready=\"Unknown\"} 0",
             "appservice_controller_api_writes_total{resource=\"services\"} 0",
             "appservice_controller_cleanup_failures_total 0",
+            "appservice_controller_database_operations_total{operation=\"cleanup\",result=\"error\"} 0",
+            "appservice_controller_database_errors_total{reason=\"unreachable\"} 0",
+            "appservice_controller_database_operation_duration_seconds_count{operation=\"provision\"} 0",
+            "workqueue_depth{name=\"appservice\"} 0",
         ] {
             assert!(text.contains(series), "{series} missing from\n{text}");
         }

@@ -1,4 +1,5 @@
-//! The ops server: `/healthz` (the process runs), `/readyz` (caches synced), `/metrics`.
+//! The ops server: `/healthz` (the process runs), `/readyz` (caches synced), `/metrics`,
+//! and with `--profiling` the profiles of [`telemetry::profiling`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,11 +13,13 @@ use axum::routing::get;
 use crate::context::Context;
 
 pub fn router(ctx: Arc<Context>) -> Router {
+    let profiles = telemetry::profiling::router(ctx.config.profiling());
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(ctx)
+        .merge(profiles)
 }
 
 async fn readyz(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
@@ -50,7 +53,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "ops server listening");
-    axum::serve(listener, router(ctx))
-        .with_graceful_shutdown(shutdown)
-        .await
+    // The peer address decides who may fetch profiles.
+    axum::serve(
+        listener,
+        router(ctx).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }

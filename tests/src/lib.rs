@@ -24,6 +24,7 @@
 //!   creates a [`TestNamespace`] prints that path (shown by the test runner only when the
 //!   test fails); a [`LogGuard`] prints it on panic. `APPSERVICE_KEEP_LOGS=1` also keeps
 //!   certificates, kubeconfig and etcd data of a stopped control plane.
+//! * [`OtlpReceiver`] receives the traces a binary under test exports over OTLP/gRPC.
 //! * Binaries: `APPSERVICE_ASSETS_BIN`, else the cache that `cargo xtask assets` fills
 //!   (built on demand when missing; needs `go`).
 
@@ -34,7 +35,9 @@ mod control_plane;
 mod crds;
 mod error;
 mod namespace;
+pub mod otlp;
 pub mod postgres;
+pub mod pprof;
 pub mod process;
 mod shared;
 mod webhooks;
@@ -43,6 +46,7 @@ pub use control_plane::{ControlPlane, KWOK_NODE_ANNOTATION, LogGuard, NODE_NAME,
 pub use crds::{FIELD_MANAGER, crd_dir, load_crds};
 pub use error::{Error, Result};
 pub use namespace::{TEST_NAMESPACE_LABEL, TestNamespace};
+pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use postgres::Postgres;
 pub use shared::{shared, shared_full, shared_with};
 pub use webhooks::{PROBE_LABEL, Webhooks};

@@ -124,6 +124,21 @@ pub struct Config {
     /// Log format. The level comes from `RUST_LOG` (default `info`).
     #[arg(long, env = "WEBHOOK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
     pub log_format: LogFormat,
+
+    /// Serve CPU and heap profiles on the operations port (`/debug/pprof/profile`,
+    /// `/debug/pprof/heap`), to loopback connections only (`kubectl port-forward`).
+    /// Also makes jemalloc sample allocations from the start.
+    #[arg(long, env = "WEBHOOK_PROFILING", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub profiling: bool,
+
+    /// With `--profiling`: serve profiles to any address that reaches the operations port.
+    #[arg(long, env = "WEBHOOK_PROFILING_ALLOW_REMOTE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub profiling_allow_remote: bool,
+
+    /// Export traces over OTLP/gRPC to this endpoint (e.g. `http://otel-collector:4317`):
+    /// a span per admission review. Unset: no traces, and no cost.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Config {
@@ -150,6 +165,17 @@ impl Config {
             idle_timeout: Duration::from_secs(120),
             shutdown_delay: Duration::ZERO,
             log_format: LogFormat::Text,
+            profiling: false,
+            profiling_allow_remote: false,
+            otlp_endpoint: None,
+        }
+    }
+
+    /// Whether and to whom the operations port serves profiles.
+    pub fn profiling(&self) -> telemetry::Profiling {
+        telemetry::Profiling {
+            enabled: self.profiling,
+            allow_remote: self.profiling_allow_remote,
         }
     }
 }

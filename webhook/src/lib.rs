@@ -11,7 +11,8 @@ pub mod logging;
 pub mod metrics;
 pub mod namespaces;
 pub mod policy;
-pub mod process;
+/// `process_*` metrics and the file-descriptor limit, shared with the controller.
+pub use telemetry::process;
 pub mod reload;
 pub mod review;
 pub mod routes;
@@ -89,6 +90,8 @@ pub struct State {
     /// Reviews whose policies are being evaluated at once, on blocking threads (one per
     /// CPU), so CEL never runs on the async workers that serve other requests.
     pub policy_slots: Arc<tokio::sync::Semaphore>,
+    /// Whether the operations port serves profiles.
+    pub profiling: telemetry::Profiling,
     certs: Option<Arc<CertStore>>,
     namespaces: Option<NamespaceCache>,
     tls_accepting: AtomicBool,
@@ -109,6 +112,7 @@ impl State {
             policy_slots: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
             )),
+            profiling: telemetry::Profiling::default(),
             certs: None,
             namespaces: None,
             tls_accepting: AtomicBool::new(false),
@@ -118,6 +122,12 @@ impl State {
 
     fn with_certs(mut self, certs: Arc<CertStore>) -> Self {
         self.certs = Some(certs);
+        self
+    }
+
+    /// Serves profiles on the operations port as `profiling` says.
+    pub fn with_profiling(mut self, profiling: telemetry::Profiling) -> Self {
+        self.profiling = profiling;
         self
     }
 

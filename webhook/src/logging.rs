@@ -1,26 +1,20 @@
 //! Log setup: JSON lines (with the admission span's uid, namespace, name, operation and
-//! decision) or readable text; the level comes from `RUST_LOG`, `info` by default.
-
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::format::FmtSpan;
+//! decision, and its trace id when traces are exported) or readable text; the level
+//! comes from `RUST_LOG`, `info` by default. With an OTLP endpoint each admission review
+//! is exported as a span ([`telemetry::logs`]).
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber. Returns false if one was already installed.
-pub fn init(format: LogFormat) -> bool {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_span_events(FmtSpan::NONE)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .try_init()
-            .is_ok(),
-        LogFormat::Text => builder.try_init().is_ok(),
-    }
+/// Installs the global subscriber and, with `otlp_endpoint`, the trace exporter (inside
+/// a Tokio runtime).
+pub fn init(
+    format: LogFormat,
+    otlp_endpoint: Option<String>,
+) -> Result<telemetry::Telemetry, telemetry::logs::Error> {
+    telemetry::logs::init(&telemetry::LogOptions {
+        json: format == LogFormat::Json,
+        flatten_json: true,
+        service_name: "appservice-webhook",
+        otlp_endpoint,
+    })
 }

@@ -13,9 +13,21 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();
-    logging::init(config.log_format);
+    if let Err(error) = telemetry::profiling::enable_heap_profiling(config.profiling()) {
+        eprintln!("cannot restart with heap profiling enabled: {error}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let telemetry = match logging::init(config.log_format, config.otlp_endpoint.clone()) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("appservice-webhook: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     tls::install_crypto_provider();
-    match serve(config, shutdown_signal()).await {
+    let result = serve(config, shutdown_signal()).await;
+    telemetry.shutdown().await;
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, "webhook failed");

@@ -11,10 +11,8 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEn
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::gauge::Gauge as FloatGaugeBase;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::sync::atomic::AtomicU64;
 
 /// Which admission endpoint answered.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -250,8 +248,6 @@ const DURATION_BUCKETS: [f64; 18] = [
     5.0, 10.0, 15.0, 30.0,
 ];
 
-type FloatGauge = FloatGaugeBase<f64, AtomicU64>;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub endpoint: Endpoint,
@@ -295,78 +291,7 @@ pub struct Metrics {
     duration_series: Vec<Histogram>,
     handshake_failures: Family<HandshakeLabels, Counter>,
     connections: Gauge<i64>,
-    process: ProcessGauges,
-}
-
-/// `process_*`, refreshed from `/proc` when scraped.
-#[derive(Debug, Default)]
-struct ProcessGauges {
-    resident_memory: Gauge<i64>,
-    virtual_memory: Gauge<i64>,
-    cpu_seconds: Counter<f64, AtomicU64>,
-    open_fds: Gauge<i64>,
-    max_fds: Gauge<i64>,
-    start_time: FloatGauge,
-}
-
-impl ProcessGauges {
-    fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "process_resident_memory_bytes",
-            "Resident memory size in bytes",
-            self.resident_memory.clone(),
-        );
-        registry.register(
-            "process_virtual_memory_bytes",
-            "Virtual memory size in bytes",
-            self.virtual_memory.clone(),
-        );
-        registry.register(
-            "process_cpu_seconds",
-            "Total user and system CPU time spent in seconds",
-            self.cpu_seconds.clone(),
-        );
-        registry.register(
-            "process_open_fds",
-            "Number of open file descriptors",
-            self.open_fds.clone(),
-        );
-        registry.register(
-            "process_max_fds",
-            "Maximum number of open file descriptors",
-            self.max_fds.clone(),
-        );
-        registry.register(
-            "process_start_time_seconds",
-            "Start time of the process since the Unix epoch in seconds",
-            self.start_time.clone(),
-        );
-    }
-
-    fn refresh(&self) {
-        let s = crate::process::sample();
-        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        if let Some(v) = s.resident_memory_bytes {
-            self.resident_memory.set(int(v));
-        }
-        if let Some(v) = s.virtual_memory_bytes {
-            self.virtual_memory.set(int(v));
-        }
-        if let Some(v) = s.cpu_seconds {
-            // A counter only goes up: add what was used since the last scrape.
-            let seen = self.cpu_seconds.get();
-            if v > seen {
-                self.cpu_seconds.inc_by(v - seen);
-            }
-        }
-        if let Some(v) = s.open_fds {
-            self.open_fds.set(int(v));
-        }
-        self.max_fds.set(s.max_fds.map_or(-1, int));
-        if let Some(v) = s.start_time_seconds {
-            self.start_time.set(v);
-        }
-    }
+    process: telemetry::process::ProcessMetrics,
 }
 
 impl Default for Metrics {
@@ -378,7 +303,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut root = Registry::default();
-        let process = ProcessGauges::default();
+        let process = telemetry::process::ProcessMetrics::default();
         process.register(&mut root);
         let registry = root.sub_registry_with_prefix("appservice_webhook");
         let requests = Family::<RequestLabels, Counter>::default();

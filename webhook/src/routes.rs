@@ -41,13 +41,15 @@ pub fn router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-/// The operations router.
+/// The operations router, with the profiles of [`telemetry::profiling`] when enabled.
 pub fn ops_router(state: Arc<State>) -> Router {
+    let profiles = telemetry::profiling::router(state.profiling);
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state)
+        .merge(profiles)
 }
 
 /// Runs from the moment the headers are read, before the body, so a slow upload counts

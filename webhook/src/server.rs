@@ -136,7 +136,9 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
     };
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut reloaders = Vec::new();
-    let mut state = State::new(policies, metrics, limits).with_certs(certs.clone());
+    let mut state = State::new(policies, metrics, limits)
+        .with_certs(certs.clone())
+        .with_profiling(config.profiling());
     if let (true, Some(client)) = (config.namespace_labels, client) {
         let (cache, task) = NamespaceCache::spawn(client, shutdown_rx.clone());
         state = state.with_namespaces(cache);
@@ -228,6 +230,8 @@ fn spawn_ops(
                 .and_then(|runtime| {
                     runtime.block_on(async move {
                         let listener = TcpListener::from_std(listener)?;
+                        // The peer address decides who may fetch profiles.
+                        let app = app.into_make_service_with_connect_info::<SocketAddr>();
                         axum::serve(listener, app)
                             .with_graceful_shutdown(async move {
                                 let _ = stop.wait_for(|stop| *stop).await;

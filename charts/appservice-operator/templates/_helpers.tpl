@@ -108,3 +108,9 @@ cert: {{ $cert.Cert | quote }}
 key: {{ $cert.Key | quote }}
 {{- end -}}
 {{- end }}
+
+{{/* jemalloc samples allocations from the start (what --profiling would otherwise
+restart the binary for); must match telemetry::profiling::JEMALLOC_PROFILING_CONF. */}}
+{{- define "aso.jemallocProfiling" -}}
+- {name: _RJEM_MALLOC_CONF, value: "background_thread:true,prof:true,prof_active:true,lg_prof_sample:19"}
+{{- end }}

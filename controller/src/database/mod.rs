@@ -33,7 +33,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{Instrument, info, info_span, instrument, warn};
 
 pub use connect::Limits;
 use connect::{Credentials, Fingerprint, Pools};
@@ -301,6 +301,7 @@ impl Databases {
     }
 
     /// A connection to the class's server as its admin, and the class's CA (PEM).
+    #[instrument(name = "db.connect", skip_all, fields(otel.kind = "client", db.system = "postgresql", server.address = %server.address()))]
     async fn connect(&self, server: &Server<'_>) -> DbResult<(Object, Option<String>)> {
         let (pool, ca_pem) = self.pool(server).await?;
         match tokio::time::timeout(self.op_timeout(), pool.get()).await {
@@ -406,7 +407,9 @@ impl Databases {
         Ok((None, String::new()))
     }
 
-    /// Runs `statement`, bounded by the operation timeout.
+    /// Runs `statement`, bounded by the operation timeout. Its span names the operation,
+    /// never the statement text, which may hold a password.
+    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
     async fn execute(
         &self,
         server: &Server<'_>,
@@ -426,6 +429,7 @@ impl Databases {
     }
 
     /// Like [`Self::execute`], with "already exists" counting as success.
+    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
     async fn execute_create(
         &self,
         server: &Server<'_>,
@@ -445,6 +449,7 @@ impl Databases {
         }
     }
 
+    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
     async fn query_bool(
         &self,
         server: &Server<'_>,
@@ -676,6 +681,7 @@ impl Databases {
             self.op_timeout(),
             conn.query_one(sql::TERMINATE_SESSIONS, &[&db]),
         )
+        .instrument(info_span!("db.statement", otel.kind = "client", db.system = "postgresql", db.operation = "terminating sessions", server.address = %server.address()))
         .await
         {
             Ok(Ok(_)) => {}

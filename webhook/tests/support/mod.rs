@@ -289,6 +289,12 @@ pub fn leaf_der(pem_path: &Path) -> Vec<u8> {
 
 /// Plain HTTP GET against the operations port.
 pub async fn get(addr: SocketAddr, path: &str) -> (StatusCode, String) {
+    let (status, body) = get_bytes(addr, path).await;
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Plain HTTP GET against the operations port, the body as bytes.
+pub async fn get_bytes(addr: SocketAddr, path: &str) -> (StatusCode, Bytes) {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
@@ -302,5 +308,5 @@ pub async fn get(addr: SocketAddr, path: &str) -> (StatusCode, String) {
     let response = sender.send_request(request).await.unwrap();
     let status = response.status();
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    (status, body)
 }

@@ -8,6 +8,11 @@
 //! descriptors left.
 
 use std::sync::OnceLock;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use rustix::process::{Resource, getrlimit, setrlimit};
 
@@ -93,6 +98,81 @@ pub fn connection_cap(requested: usize, fd_limit: Option<u64>) -> usize {
             requested.min(fit).max(1)
         }
         None => requested.max(1),
+    }
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// `process_*`, refreshed from `/proc` when scraped.
+#[derive(Debug, Default)]
+pub struct ProcessMetrics {
+    resident_memory: Gauge<i64>,
+    virtual_memory: Gauge<i64>,
+    cpu_seconds: Counter<f64, AtomicU64>,
+    open_fds: Gauge<i64>,
+    max_fds: Gauge<i64>,
+    start_time: FloatGauge,
+}
+
+impl ProcessMetrics {
+    /// Registers the `process_*` metrics (unprefixed, as other clients name them).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            self.resident_memory.clone(),
+        );
+        registry.register(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            self.virtual_memory.clone(),
+        );
+        registry.register(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            self.cpu_seconds.clone(),
+        );
+        registry.register(
+            "process_open_fds",
+            "Number of open file descriptors",
+            self.open_fds.clone(),
+        );
+        registry.register(
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            self.max_fds.clone(),
+        );
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch in seconds",
+            self.start_time.clone(),
+        );
+    }
+
+    /// Reads the values from `/proc` (call it before encoding).
+    pub fn refresh(&self) {
+        let s = sample();
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        if let Some(v) = s.resident_memory_bytes {
+            self.resident_memory.set(int(v));
+        }
+        if let Some(v) = s.virtual_memory_bytes {
+            self.virtual_memory.set(int(v));
+        }
+        if let Some(v) = s.cpu_seconds {
+            // A counter only goes up: add what was used since the last scrape.
+            let seen = self.cpu_seconds.get();
+            if v > seen {
+                self.cpu_seconds.inc_by(v - seen);
+            }
+        }
+        if let Some(v) = s.open_fds {
+            self.open_fds.set(int(v));
+        }
+        self.max_fds.set(s.max_fds.map_or(-1, int));
+        if let Some(v) = s.start_time_seconds {
+            self.start_time.set(v);
+        }
     }
 }
 

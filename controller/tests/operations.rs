@@ -1,0 +1,433 @@
+//! Operating the `appservice-controller` binary against a real kube-apiserver: a
+//! reconcile exported to an OTLP receiver as a span tree (the pass, the reconcile, its
+//! API calls as client spans) with its trace id in the JSON logs; CPU and heap profiles
+//! on demand, absent by default; the chart's alerts and dashboard query only metrics
+//! the binaries export.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::AppService;
+use harness::OtlpReceiver;
+use kube::Api;
+use serde_json::Value;
+use support::{app, create};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// The controller binary for one namespace; its JSON log lines arrive on `logs`.
+struct Controller {
+    _child: Child,
+    ops: SocketAddr,
+    logs: mpsc::UnboundedReceiver<Value>,
+}
+
+impl Controller {
+    async fn start(
+        cp: &harness::ControlPlane,
+        ns: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let ops_port = harness::process::free_port().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_appservice-controller"));
+        command
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig_path())
+            .args(["--watch-namespace", ns, "--leader-election", "false"])
+            .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
+            .args(["--log-format", "json", "--rollout-requeue", "1s"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let (tx, logs) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                match serde_json::from_str::<Value>(&line) {
+                    Ok(value) => {
+                        let _ = tx.send(value);
+                    }
+                    Err(e) => panic!("controller log line is not JSON ({e}): {line}"),
+                }
+            }
+        });
+        let mut controller = Controller {
+            _child: child,
+            ops: SocketAddr::from(([127, 0, 0, 1], ops_port)),
+            logs,
+        };
+        controller
+            .wait_log(|l| l["fields"]["message"] == "caches synced")
+            .await;
+        controller
+    }
+
+    async fn wait_log(&mut self, mut matches: impl FnMut(&Value) -> bool) -> Value {
+        let read = async {
+            while let Some(line) = self.logs.recv().await {
+                if matches(&line) {
+                    return line;
+                }
+            }
+            panic!("the controller exited");
+        };
+        tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .expect("log line within 30 s")
+    }
+}
+
+/// GET on the ops port: status and body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP response");
+    let head = String::from_utf8_lossy(&response[..split]);
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status code");
+    (status, response[split + 4..].to_vec())
+}
+
+#[tokio::test]
+async fn a_reconcile_is_a_span_tree_with_its_api_calls() {
+    support::init();
+    let receiver = OtlpReceiver::start().await.unwrap();
+    let cp = harness::shared().await.unwrap();
+    let ns = cp.namespace().await.unwrap();
+    let mut ctl = Controller::start(
+        cp,
+        &ns,
+        &["--otlp-endpoint", &receiver.endpoint()],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    )
+    .await;
+    let apps: Api<AppService> = Api::namespaced(cp.client(), &ns);
+    create(&apps, &app("traced", "registry.example.com/traced:v1", 1))
+        .await
+        .unwrap();
+
+    // The Deployment is created inside a reconcile: its log line carries the trace id.
+    let created = ctl
+        .wait_log(|l| l["fields"]["message"] == "created" && l["fields"]["kind"] == "Deployment")
+        .await;
+    let trace_id = created["trace_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no trace_id in {created}"))
+        .to_owned();
+
+    // kube's ObjectRef display: `AppService.v1alpha1.platform.example.com/traced.<ns>`.
+    let object = format!("/traced.{}", ns.name());
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            let trace: Vec<_> = spans
+                .iter()
+                .filter(|s| s.trace_id == trace_id)
+                .cloned()
+                .collect();
+            let creates = trace
+                .iter()
+                .filter(|s| s.name == "create" && s.kind == 3)
+                .count();
+            (creates >= 2).then_some(trace)
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "no complete trace {trace_id}; received {:#?}",
+                receiver.spans()
+            )
+        });
+    let by_id = |id: &str| spans.iter().find(|s| s.span_id == id);
+
+    // The pass of kube-runtime's controller is the root; the reconcile is its child.
+    let reconcile = spans
+        .iter()
+        .find(|s| s.name == "reconcile")
+        .unwrap_or_else(|| panic!("no reconcile span in {spans:#?}"));
+    assert_eq!(reconcile.service, "appservice-controller");
+    assert!(
+        reconcile
+            .attribute("object")
+            .is_some_and(|o| o.contains(&object)),
+        "{reconcile:?}"
+    );
+    let root = by_id(&reconcile.parent_span_id).expect("the reconcile's parent is exported");
+    assert_eq!(root.name, "reconciling object");
+    assert!(root.parent_span_id.is_empty());
+
+    // The API calls are client spans under the reconcile, with method, URL and status.
+    let calls: Vec<_> = spans.iter().filter(|s| s.kind == 3).collect();
+    assert!(calls.len() >= 2, "{spans:#?}");
+    for call in &calls {
+        assert_eq!(call.parent_span_id, reconcile.span_id, "{call:?}");
+        assert!(call.attribute("http.method").is_some(), "{call:?}");
+        assert!(call.attribute("http.status_code").is_some(), "{call:?}");
+    }
+    let urls: Vec<_> = calls
+        .iter()
+        .filter_map(|c| c.attribute("http.url"))
+        .collect();
+    assert!(urls.iter().any(|u| u.contains("/deployments")), "{urls:?}");
+    assert!(urls.iter().any(|u| u.contains("/services")), "{urls:?}");
+
+    // Watches and other background requests are not traces of their own.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let orphans: Vec<_> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s.kind == 3 && s.parent_span_id.is_empty())
+        .collect();
+    assert!(orphans.is_empty(), "{orphans:#?}");
+}
+
+#[tokio::test]
+async fn profiles_on_demand_and_absent_by_default() {
+    support::init();
+    let cp = harness::shared().await.unwrap();
+    let ns = cp.namespace().await.unwrap();
+
+    let plain = Controller::start(cp, &ns, &[], &[]).await;
+    assert_eq!(get(plain.ops, "/debug/pprof/heap").await.0, 404);
+    assert_eq!(
+        get(plain.ops, "/debug/pprof/profile?seconds=1").await.0,
+        404
+    );
+    assert_eq!(get(plain.ops, "/metrics").await.0, 200);
+    drop(plain);
+
+    let ns2 = cp.namespace().await.unwrap();
+    let profiled = Controller::start(cp, &ns2, &["--profiling"], &[]).await;
+    let apps: Api<AppService> = Api::namespaced(cp.client(), &ns2);
+    for i in 0..5 {
+        create(
+            &apps,
+            &app(&format!("p{i}"), "registry.example.com/p:v1", 1),
+        )
+        .await
+        .unwrap();
+    }
+    let (status, body) = get(profiled.ops, "/debug/pprof/profile?seconds=1").await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let cpu = harness::pprof::decode(&body).unwrap();
+    assert!(cpu.sample_types.iter().any(|(t, _)| t == "cpu"), "{cpu:?}");
+
+    let (status, body) = get(profiled.ops, "/debug/pprof/heap").await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let heap = harness::pprof::decode(&body).unwrap();
+    assert_eq!(
+        heap.sample_types,
+        vec![("inuse_space".to_owned(), "bytes".to_owned())]
+    );
+    assert!(heap.samples > 0, "{heap:?}");
+    assert!(
+        heap.functions.iter().any(|f| f.contains("kube")),
+        "the watch caches hold memory: {:?}",
+        &heap.functions[..heap.functions.len().min(30)]
+    );
+}
+
+/// Every metric name a PromQL expression selects.
+fn metric_names(expr: &promql_parser::parser::Expr, names: &mut Vec<String>) {
+    use promql_parser::parser::Expr;
+    match expr {
+        Expr::Aggregate(a) => {
+            metric_names(&a.expr, names);
+            if let Some(p) = &a.param {
+                metric_names(p, names);
+            }
+        }
+        Expr::Unary(u) => metric_names(&u.expr, names),
+        Expr::Binary(b) => {
+            metric_names(&b.lhs, names);
+            metric_names(&b.rhs, names);
+        }
+        Expr::Paren(p) => metric_names(&p.expr, names),
+        Expr::Subquery(s) => metric_names(&s.expr, names),
+        Expr::VectorSelector(v) => names.extend(v.name.clone()),
+        Expr::MatrixSelector(m) => names.extend(m.vs.name.clone()),
+        Expr::Call(c) => c.args.args.iter().for_each(|a| metric_names(a, names)),
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => {}
+    }
+}
+
+/// The metric names of a Prometheus text exposition (histograms as their `_bucket`,
+/// `_sum` and `_count` series, counters with `_total`).
+fn exported_names(scrape: &str) -> std::collections::BTreeSet<String> {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The chart rendered with the PrometheusRule and the dashboard.
+fn render_monitoring(namespace: &str) -> Vec<Value> {
+    let root = harness::assets::workspace_root();
+    let helm = harness::assets::bin_dir().unwrap().join("helm");
+    let home = std::env::temp_dir().join("aso-helm-ops");
+    let out = std::process::Command::new(helm)
+        .args(["template", "aso"])
+        .arg(root.join("charts/appservice-operator"))
+        .args(["--namespace", namespace])
+        .args(["--set", "metrics.prometheusRule.enabled=true"])
+        .args(["--set", "metrics.grafanaDashboard.enabled=true"])
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    docs.into_iter().filter(Value::is_object).collect()
+}
+
+#[tokio::test]
+async fn alerts_and_dashboard_query_only_exported_metrics() {
+    support::init();
+    let docs = render_monitoring("ops");
+    let rule = docs
+        .iter()
+        .find(|d| d["kind"] == "PrometheusRule")
+        .expect("a PrometheusRule");
+    let runbooks =
+        std::fs::read_to_string(harness::assets::workspace_root().join("docs/runbooks.md"))
+            .unwrap();
+
+    // (where, expression) of every query.
+    let mut queries = Vec::new();
+    let mut alerts = Vec::new();
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for r in group["rules"].as_array().unwrap() {
+            let alert = r["alert"].as_str().unwrap().to_owned();
+            assert!(r["for"].is_string(), "{alert}: no `for`");
+            assert!(
+                ["warning", "critical"].contains(&r["labels"]["severity"].as_str().unwrap()),
+                "{alert}"
+            );
+            assert!(
+                r["annotations"]["summary"]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty()),
+                "{alert}"
+            );
+            let url = r["annotations"]["runbook_url"].as_str().unwrap();
+            let anchor = url.rsplit_once('#').map(|(_, a)| a).unwrap_or_default();
+            assert_eq!(anchor, alert.to_lowercase(), "{alert}: {url}");
+            assert!(
+                runbooks.lines().any(|l| l == format!("## {alert}")),
+                "{alert} has no runbook paragraph in docs/runbooks.md"
+            );
+            queries.push((alert.clone(), r["expr"].as_str().unwrap().to_owned()));
+            alerts.push(alert);
+        }
+    }
+    for required in [
+        "AppServiceReconcileErrors",
+        "AppServiceQueueDepth",
+        "AppServiceQueueWait",
+        "AppServiceControllerNoLeader",
+        "AppServiceCleanupFailing",
+        "AppServiceWebhookErrors",
+        "AppServiceWebhookLatency",
+        "AppServiceWebhookCertificateExpiry",
+    ] {
+        assert!(alerts.iter().any(|a| a == required), "{required} missing");
+    }
+
+    let dashboard_map = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["labels"]["grafana_dashboard"] == "1")
+        .expect("a dashboard ConfigMap with the sidecar label");
+    let dashboard: Value = serde_json::from_str(
+        dashboard_map["data"]["appservice-operator.json"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let mut panels = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m")
+                .replace("$namespace", "ops");
+            queries.push((format!("panel {}", panel["title"]), expr));
+            panels += 1;
+        }
+    }
+    assert!(panels >= 20, "{panels} dashboard queries");
+
+    // A scrape of both binaries: the controller binary on the control plane, the
+    // webhook as its binary runs it (`webhook::start`).
+    let cp = harness::shared().await.unwrap();
+    let ns = cp.namespace().await.unwrap();
+    let controller = Controller::start(cp, &ns, &[], &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_ca, serving) = harness::webhook_tls().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    serving.write(&cert, &key).unwrap();
+    let webhook = webhook::start(&webhook::Config::local(cert, key, None))
+        .await
+        .unwrap();
+    let mut exported = std::collections::BTreeSet::new();
+    for (what, ops) in [
+        ("controller", controller.ops),
+        ("webhook", webhook.ops_addr()),
+    ] {
+        let (status, body) = get(ops, "/metrics").await;
+        assert_eq!(status, 200, "{what}");
+        let names = exported_names(&String::from_utf8_lossy(&body));
+        assert!(names.len() > 10, "{what}: {names:?}");
+        exported.extend(names);
+    }
+
+    for (place, expr) in &queries {
+        let parsed = promql_parser::parser::parse(expr)
+            .unwrap_or_else(|e| panic!("{place}: not PromQL ({e}): {expr}"));
+        let mut names = Vec::new();
+        metric_names(&parsed, &mut names);
+        assert!(!names.is_empty(), "{place}: selects nothing: {expr}");
+        for name in names {
+            assert!(
+                exported.contains(&name),
+                "{place} queries {name}, which neither binary exports: {expr}"
+            );
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! What both binaries share to be operated at 3 a.m.:
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`logs`] | the log subscriber (JSON or text), OpenTelemetry traces over OTLP when an endpoint is configured, trace ids in JSON logs |
+//! | [`process`] | the `process_*` metrics (memory, CPU, file descriptors, start time) and the file-descriptor limit |
+//! | [`profiling`] | CPU and heap profiles on demand (`/debug/pprof/*` on the ops port, loopback only unless told otherwise) |
+//!
+//! Nothing here costs anything unless it is switched on: without an OTLP endpoint no
+//! exporter or OpenTelemetry layer exists, and without `--profiling` the profile routes
+//! answer 404 and jemalloc does not sample.
+
+pub mod logs;
+pub mod process;
+pub mod profiling;
+
+pub use logs::{LogOptions, Telemetry};
+pub use profiling::Profiling;
