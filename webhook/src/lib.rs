@@ -1,11 +1,12 @@
-//! The AppService admission webhook as a library: the admission decisions
-//! ([`admission`]), the CEL policies ([`policy`]), TLS with certificate reload ([`tls`]),
+//! The AppService admission and conversion webhook as a library: the admission decisions
+//! ([`admission`]), CRD version conversion ([`conversion`]), the CEL policies ([`policy`]), TLS with certificate reload ([`tls`]),
 //! the routes ([`routes`]) and the server that ties them together ([`server`]). The
 //! binary only parses flags, sets up logging and the crypto provider, and runs
 //! [`server::serve`]; tests and the benchmark use the same entry points.
 
 pub mod admission;
 pub mod config;
+pub mod conversion;
 pub mod expression;
 pub mod logging;
 pub mod metrics;

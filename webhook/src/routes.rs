@@ -20,10 +20,11 @@ use tracing::{Span, instrument};
 
 use crate::State;
 use crate::admission::{self, decode_review, operation_label};
-use crate::metrics::{Decision, Endpoint, Operation, Path};
+use crate::metrics::{ConversionResult, Decision, Endpoint, Operation, Path};
 use crate::policy::INLINE_COST_LIMIT;
 
-/// The admission router: `POST /mutate` and `POST /validate`, with the body limit (413
+/// The admission router: `POST /mutate`, `POST /validate` and `POST /convert` (CRD
+/// conversion), with the body limit (413
 /// beyond it), the in-flight body budget, and the per-request timeout (408). Every
 /// answer, including 404 and 405, is counted by path and status code.
 pub fn router(state: Arc<State>) -> Router {
@@ -31,8 +32,14 @@ pub fn router(state: Arc<State>) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
+        .route("/convert", post(convert))
         // Explicit, so the layers below apply to it too.
-        .fallback(|| async { (StatusCode::NOT_FOUND, "not found: use /mutate or /validate") })
+        .fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                "not found: use /mutate, /validate or /convert",
+            )
+        })
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             limits.request_timeout,
@@ -72,6 +79,48 @@ async fn mutate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Re
     match read_body(&state, request).await {
         Ok((body, _permit)) => review(&state, Endpoint::Mutate, &body),
         Err(response) => response,
+    }
+}
+
+#[instrument(name = "conversion", skip_all, fields(endpoint = "convert"))]
+async fn convert(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
+    let (body, _permit) = match read_body(&state, request).await {
+        Ok(read) => read,
+        Err(response) => return response,
+    };
+    match crate::conversion::convert(&body) {
+        Ok(answer) => {
+            let result = if answer.succeeded() {
+                tracing::debug!(
+                    uid = %answer.response.uid,
+                    objects = answer.response.converted_objects.len(),
+                    "converted"
+                );
+                ConversionResult::Success
+            } else {
+                tracing::warn!(
+                    uid = %answer.response.uid,
+                    reason = %answer.response.result.message,
+                    "conversion failed"
+                );
+                ConversionResult::Failure
+            };
+            state.metrics.observe_conversion(result);
+            match serde_json::to_vec(&answer) {
+                Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+                Err(error) => {
+                    tracing::error!(%error, "cannot serialize the ConversionReview");
+                    (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
+                }
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "malformed conversion request");
+            state
+                .metrics
+                .observe_conversion(ConversionResult::BadRequest);
+            (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+        }
     }
 }
 
@@ -201,7 +250,8 @@ fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
     let operation = operation_label(&request.operation);
 
     let response = match endpoint {
-        Endpoint::Mutate => admission::mutate(&request),
+        // `/convert` has its own handler and never reaches here.
+        Endpoint::Mutate | Endpoint::Convert => admission::mutate(&request),
         Endpoint::Validate => admission::validate(
             &request,
             &state.policies.current(),
