@@ -364,7 +364,8 @@ mod tests {
         let probe = container(&d).readiness_probe.clone().unwrap();
         assert_eq!(probe.tcp_socket.unwrap().port, IntOrString::Int(9090));
         let s = desired_service(&app(spec)).unwrap();
-        let ports: Vec<(Option<&str>, i32, Option<IntOrString>, Option<&str>)> = s
+        type Row<'a> = (Option<&'a str>, i32, Option<IntOrString>, Option<&'a str>);
+        let ports: Vec<Row<'_>> = s
             .spec
             .as_ref()
             .unwrap()

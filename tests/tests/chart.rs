@@ -777,7 +777,7 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
 
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &test_ns);
     let app: AppService = serde_json::from_value(json!({
-        "apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
         "metadata": {"name": "rbac-proof"},
         "spec": {"image": "registry.example.com/hello:v1.0.0", "replicas": 1}
     }))
@@ -1033,9 +1033,9 @@ async fn databases_work_with_the_charts_rbac() {
 
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &test_ns);
     let app: AppService = serde_json::from_value(json!({
-        "apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
         "metadata": {"name": "rbac-db"},
-        "spec": {"image": "registry.example.com/hello:v1.0.0", "database": {"enabled": true, "class": class_name}}
+        "spec": {"image": "registry.example.com/hello:v1.0.0", "database": {"class": class_name}}
     }))
     .unwrap();
     apps.create(&PostParams::default(), &app)
@@ -1078,7 +1078,7 @@ async fn databases_work_with_the_charts_rbac() {
     assert!(reachable.server_version.is_some());
 
     // Disabling deletes the Secret (and the database: the class's policy is Delete).
-    let disable = json!({"spec": {"database": {"enabled": false}}});
+    let disable = json!({"spec": {"database": null}});
     apps.patch(
         "rbac-db",
         &kube::api::PatchParams::default(),

@@ -45,8 +45,8 @@ async fn main() -> ExitCode {
 async fn client(kubeconfig: Option<std::path::PathBuf>) -> Result<kube::Client, kube::Error> {
     let config = match kubeconfig {
         Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| kube::Error::InferKubeconfig(e))?;
+            let file =
+                kube::config::Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
             kube::Config::from_custom_kubeconfig(file, &Default::default())
                 .await
                 .map_err(kube::Error::InferKubeconfig)?
