@@ -192,7 +192,7 @@ async fn server_side_apply_and_the_status_subresource_work() -> TestResult {
     let api: Api<AppService> = Api::namespaced(cp.client(), &ns);
     let ssa = PatchParams::apply("appservice-tests-user").force();
     let desired = json!({
-        "apiVersion": "platform.example.com/v1alpha1",
+        "apiVersion": "platform.example.com/v1beta1",
         "kind": "AppService",
         "metadata": {"name": "web"},
         "spec": {"image": "registry.example.com/web:v1", "replicas": 3},
@@ -217,7 +217,7 @@ async fn server_side_apply_and_the_status_subresource_work() -> TestResult {
 
     // Status goes through the status subresource, with its own field manager...
     let status = json!({
-        "apiVersion": "platform.example.com/v1alpha1",
+        "apiVersion": "platform.example.com/v1beta1",
         "kind": "AppService",
         "status": {
             "observedGeneration": again.metadata.generation,
