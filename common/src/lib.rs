@@ -12,6 +12,7 @@ pub mod crd;
 pub mod database_class;
 pub mod defaults;
 pub mod duration;
+pub mod image;
 pub mod names;
 pub mod types;
 pub mod v1alpha1;

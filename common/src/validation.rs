@@ -17,7 +17,6 @@ use std::fmt;
 use k8s_openapi::api::core::v1::{EnvVarSource, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube_quantity::ParsedQuantity;
-use oci_spec::distribution::Reference;
 
 use crate::names::DATABASE_URL_ENV;
 use crate::types::{
@@ -425,9 +424,8 @@ struct ImageFacts {
     latest: bool,
 }
 
-/// Parses an image reference. oci-spec does it with a large regular expression, about
-/// two thirds of the CPU of validating an AppService (profiled with callgrind); the same
-/// images come back on every update, so the last results are kept, per thread.
+/// Parses an image reference ([`crate::image`]). The same images come back on every
+/// update, so the last results are kept, per thread.
 fn image_facts(image: &str) -> ImageFacts {
     const RECENT: usize = 64;
     thread_local! {
@@ -444,11 +442,11 @@ fn image_facts(image: &str) -> ImageFacts {
     if let Some(facts) = cached {
         return facts;
     }
-    let facts = match Reference::try_from(image) {
+    let facts = match crate::image::parse(image) {
         Ok(reference) => ImageFacts {
             error: None,
-            digest: reference.digest().is_some(),
-            latest: reference.tag() == Some("latest"),
+            digest: reference.digest.is_some(),
+            latest: reference.tag == Some("latest"),
         },
         Err(err) => ImageFacts {
             error: Some(err.to_string()),

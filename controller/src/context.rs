@@ -18,6 +18,7 @@ use crate::error::BackoffPolicy;
 use crate::external::External;
 use crate::metrics::Metrics;
 use crate::status::Clock;
+use crate::view::{DeploymentView, ServiceView};
 
 /// Initial-list completion of the caches, set from their watch streams.
 #[derive(Debug, Default)]
@@ -46,8 +47,8 @@ impl CacheSync {
 /// The watch caches reconcile reads from.
 pub struct Caches {
     /// Our children (labelled `managed-by=appservice-operator`).
-    pub deployments: Store<Deployment>,
-    pub services: Store<Service>,
+    pub deployments: Store<DeploymentView>,
+    pub services: Store<ServiceView>,
     /// The names of Deployments and Services without that label.
     pub other_deployments: Store<PartialObjectMeta<Deployment>>,
     pub other_services: Store<PartialObjectMeta<Service>>,
@@ -61,9 +62,9 @@ pub struct Context {
     pub clock: Box<dyn Clock>,
     /// External resources behind the finalizer.
     pub external: Arc<dyn External>,
-    /// Caches of our children (labelled `managed-by=appservice-operator`).
-    pub deployments: Store<Deployment>,
-    pub services: Store<Service>,
+    /// Caches of our children (labelled `managed-by=appservice-operator`), as views.
+    pub deployments: Store<DeploymentView>,
+    pub services: Store<ServiceView>,
     /// The names of Deployments and Services without that label.
     pub other_deployments: Store<PartialObjectMeta<Deployment>>,
     pub other_services: Store<PartialObjectMeta<Service>>,
@@ -146,6 +147,22 @@ impl Context {
                 None
             }
             None => None,
+        }
+    }
+
+    /// Forgets the status we wrote for `key` if the cached object (at
+    /// `resource_version`) has moved past the one that write replaced.
+    pub fn drop_stale_status_write(
+        &self,
+        key: &ObjectRef<AppService>,
+        resource_version: Option<&str>,
+    ) {
+        if let Ok(mut map) = self.written.lock()
+            && map
+                .get(key)
+                .is_some_and(|(base, _)| Some(base.as_str()) != resource_version)
+        {
+            map.remove(key);
         }
     }
 

@@ -21,10 +21,7 @@
 use std::collections::BTreeMap;
 
 use common::names::ANNOTATION_DESIRED_HASH;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, ResourceRequirements, Service, ServicePort,
-};
+use k8s_openapi::api::core::v1::{ContainerPort, ResourceRequirements, ServicePort};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -34,6 +31,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::desired::CONTAINER_NAME;
+use crate::view::{ContainerView, DeploymentView, EnvVarView, Labels, ServiceView};
 
 /// A hash of `desired` (serialized with sorted map keys, so it is stable across runs
 /// and releases as long as the desired object is the same).
@@ -51,27 +49,20 @@ pub fn set_hash(meta: &mut ObjectMeta, hash: String) {
         .insert(ANNOTATION_DESIRED_HASH.to_owned(), hash);
 }
 
-/// The desired-hash annotation of a live object.
-pub fn live_hash(meta: &ObjectMeta) -> Option<&str> {
-    meta.annotations
-        .as_ref()?
-        .get(ANNOTATION_DESIRED_HASH)
-        .map(String::as_str)
-}
-
 /// The JSON-patch operations that make `live` what `desired` says in everything the
-/// controller is responsible for; empty when nothing differs.
+/// controller is responsible for; empty when nothing differs. Both are views
+/// ([`crate::view`]): the desired object is compared in the shape the cache keeps.
 pub trait Drift {
     fn drift(desired: &Self, live: &Self) -> Vec<Value>;
 }
 
-impl Drift for Deployment {
+impl Drift for DeploymentView {
     fn drift(desired: &Self, live: &Self) -> Vec<Value> {
         let mut ops = Vec::new();
         labels_subset(
             "/metadata/labels",
-            desired.metadata.labels.as_ref(),
-            live.metadata.labels.as_ref(),
+            Some(&desired.labels),
+            Some(&live.labels),
             &mut ops,
         );
         if desired.spec.replicas != live.spec.replicas {
@@ -125,7 +116,7 @@ impl Drift for Deployment {
     }
 }
 
-fn container_drift(want: &Container, have: &Container, index: usize, ops: &mut Vec<Value>) {
+fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops: &mut Vec<Value>) {
     let base = format!("/spec/template/spec/containers/{index}");
     let before = ops.len();
     if want.image != have.image {
@@ -154,13 +145,13 @@ fn container_drift(want: &Container, have: &Container, index: usize, ops: &mut V
             None => ops.push(add(&format!("{base}/resources"), json!({}))),
         }
     }
-    let probe_port = |c: &Container| {
+    let probe_port = |c: &ContainerView| {
         c.readiness_probe
             .as_ref()
             .and_then(|p| p.tcp_socket.as_ref())
             .map(|t| t.port.clone())
     };
-    let probe_kind = |c: &Container| {
+    let probe_kind = |c: &ContainerView| {
         c.readiness_probe.as_ref().map(|p| {
             (
                 p.exec.is_some(),
@@ -187,13 +178,13 @@ fn container_drift(want: &Container, have: &Container, index: usize, ops: &mut V
     }
 }
 
-impl Drift for Service {
+impl Drift for ServiceView {
     fn drift(desired: &Self, live: &Self) -> Vec<Value> {
         let mut ops = Vec::new();
         labels_subset(
             "/metadata/labels",
-            desired.metadata.labels.as_ref(),
-            live.metadata.labels.as_ref(),
+            Some(&desired.labels),
+            Some(&live.labels),
             &mut ops,
         );
         let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
@@ -245,12 +236,7 @@ fn set_or_remove<T: Serialize>(path: &str, want: Option<&T>, present: bool, ops:
 }
 
 /// Our labels must be present with our values; labels others add are theirs to keep.
-fn labels_subset(
-    path: &str,
-    want: Option<&BTreeMap<String, String>>,
-    have: Option<&BTreeMap<String, String>>,
-    ops: &mut Vec<Value>,
-) {
+fn labels_subset(path: &str, want: Option<&Labels>, have: Option<&Labels>, ops: &mut Vec<Value>) {
     let Some(want) = want.filter(|w| !w.is_empty()) else {
         return;
     };
@@ -258,7 +244,12 @@ fn labels_subset(
         ops.push(add(path, json!(want)));
         return;
     };
-    for (k, v) in want {
+    // An empty live map is absent for a JSON patch as much as a missing one.
+    if have.is_empty() {
+        ops.push(add(path, json!(want)));
+        return;
+    }
+    for (k, v) in want.iter() {
         if have.get(k) != Some(v) {
             ops.push(add(&format!("{path}/{}", escape(k)), json!(v)));
         }
@@ -307,7 +298,7 @@ fn normalized_service_ports(ports: Option<&[ServicePort]>) -> Vec<PortKey<'_>> {
 /// Whether the live env is the one we want. An empty `value` is dropped on the wire,
 /// and the API server fills in defaults inside `valueFrom` (`fieldRef.apiVersion`), so
 /// a live `valueFrom` matches when it holds everything ours says.
-fn same_env(want: Option<&[EnvVar]>, have: Option<&[EnvVar]>) -> bool {
+fn same_env(want: Option<&[EnvVarView]>, have: Option<&[EnvVarView]>) -> bool {
     let want = want.unwrap_or_default();
     let have = have.unwrap_or_default();
     want.len() == have.len()
@@ -370,8 +361,20 @@ fn same_quantities(
 mod tests {
     use super::*;
     use crate::desired::{desired_deployment, desired_service};
+    use crate::view::of;
     use common::{AppService, AppServiceSpec, EnvVar as AppEnvVar};
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{EnvVar, Service};
     use pretty_assertions::assert_eq;
+
+    /// The drift between two full objects, compared as the controller compares them.
+    fn deployment_drift(desired: &Deployment, live: &Deployment) -> Vec<Value> {
+        DeploymentView::drift(&of(desired).unwrap(), &of(live).unwrap())
+    }
+
+    fn service_drift(desired: &Service, live: &Service) -> Vec<Value> {
+        ServiceView::drift(&of(desired).unwrap(), &of(live).unwrap())
+    }
 
     fn app(spec: AppServiceSpec) -> AppService {
         let mut app = AppService::new("web", spec);
@@ -431,14 +434,14 @@ mod tests {
     fn stored_form_of_every_shape_is_converged() {
         let d = desired_deployment(&app(spec())).unwrap();
         assert_eq!(
-            Deployment::drift(&d, &as_stored(d.clone())),
+            deployment_drift(&d, &as_stored(d.clone())),
             Vec::<Value>::new()
         );
         let s = desired_service(&app(spec())).unwrap();
         let mut stored = s.clone();
         stored.spec.as_mut().unwrap().cluster_ip = Some("10.0.0.1".into());
         stored.spec.as_mut().unwrap().session_affinity = Some("None".into());
-        assert_eq!(Service::drift(&s, &stored), Vec::<Value>::new());
+        assert_eq!(service_drift(&s, &stored), Vec::<Value>::new());
     }
 
     #[test]
@@ -454,7 +457,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .remove(common::names::LABEL_INSTANCE);
-        let ops = Deployment::drift(&d, &live);
+        let ops = deployment_drift(&d, &live);
         let paths: Vec<&str> = ops.iter().map(|o| o["path"].as_str().unwrap()).collect();
         assert_eq!(
             paths,
@@ -471,7 +474,7 @@ mod tests {
         let patch: json_patch::Patch = serde_json::from_value(json!(ops)).unwrap();
         json_patch::patch(&mut v, &patch).unwrap();
         let repaired: Deployment = serde_json::from_value(v).unwrap();
-        assert!(Deployment::drift(&d, &repaired).is_empty());
+        assert!(deployment_drift(&d, &repaired).is_empty());
     }
 
     #[test]
@@ -485,7 +488,7 @@ mod tests {
             value_from: None,
         });
         c.resources = None;
-        let ops = Deployment::drift(&d, &live);
+        let ops = deployment_drift(&d, &live);
         assert_eq!(ops.len(), 3, "{ops:#?}");
     }
 
@@ -509,10 +512,10 @@ mod tests {
         };
         let live =
             with_source(json!({"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}));
-        assert!(Deployment::drift(&d, &live).is_empty());
+        assert!(deployment_drift(&d, &live).is_empty());
         let live =
             with_source(json!({"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}));
-        assert_eq!(Deployment::drift(&d, &live).len(), 2);
+        assert_eq!(deployment_drift(&d, &live).len(), 2);
     }
 
     #[test]
@@ -526,7 +529,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert("extra".into(), "x".into());
-        let ops = Service::drift(&s, &live);
+        let ops = service_drift(&s, &live);
         let paths: Vec<&str> = ops.iter().map(|o| o["path"].as_str().unwrap()).collect();
         assert_eq!(paths, ["/spec/type", "/spec/ports", "/spec/selector"]);
         // The replacement ports carry no node port.

@@ -10,6 +10,7 @@
 //! | [`desired`] | pure builders of the children |
 //! | [`drift`] | whether a live child is what we want, and the patch that repairs it |
 //! | [`status`] | pure status and condition computation |
+//! | [`view`] | what the caches keep of a child |
 //! | [`external`] | external resources behind the finalizer |
 //! | [`database`] | PostgreSQL databases of AppServices (the [`external::External`] in use) |
 //! | [`error`] | the error type, its retry classification, backoff |
@@ -33,6 +34,7 @@ pub mod migrate;
 pub mod ops;
 pub mod reconcile;
 pub mod status;
+pub mod view;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -102,16 +104,16 @@ pub async fn run_with(
         .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
         .any_semantic();
     let synced = Arc::new(CacheSync::default());
-    let (deployments, deployments_writer) = reflector::store::<Deployment>();
-    let (services, services_writer) = reflector::store::<Service>();
+    // The children enter the caches as views: only what reconcile reads.
+    let (deployments, deployments_writer) = reflector::store::<view::DeploymentView>();
+    let (services, services_writer) = reflector::store::<view::ServiceView>();
     let (apps, apps_writer) = reflector::store::<AppService>();
     let deployment_stream = reflector::reflector(
         deployments_writer,
         watcher(
-            scoped_api::<Deployment>(&client, &config),
+            scoped_api::<view::DeploymentView>(&client, &config),
             child_config.clone(),
         )
-        .modify(slim_child::<Deployment>)
         .backoff(WatchBackoff::default()),
     )
     // Marked after the reflector: the store holds the list once the flag says so.
@@ -120,9 +122,11 @@ pub async fn run_with(
     .touched_objects();
     let service_stream = reflector::reflector(
         services_writer,
-        watcher(scoped_api::<Service>(&client, &config), child_config)
-            .modify(slim_child::<Service>)
-            .backoff(WatchBackoff::default()),
+        watcher(
+            scoped_api::<view::ServiceView>(&client, &config),
+            child_config,
+        )
+        .backoff(WatchBackoff::default()),
     )
     .inspect(mark_synced(synced.clone(), |s| &s.services))
     .touched_objects();
@@ -132,7 +136,7 @@ pub async fn run_with(
             scoped_api::<AppService>(&client, &config),
             watcher::Config::default().any_semantic(),
         )
-        .modify(slim_app)
+        .modify(view::slim_app)
         .backoff(WatchBackoff::default()),
     )
     .inspect(mark_synced(synced.clone(), |s| &s.appservices))
@@ -409,26 +413,6 @@ impl Iterator for WatchBackoff {
 impl kube::runtime::utils::Backoff for WatchBackoff {
     fn reset(&mut self) {
         self.next = Self::MIN;
-    }
-}
-
-/// Drops from a child what the controller never reads before it enters the cache:
-/// `managedFields` (often the largest part of a stored object) and every annotation but
-/// the desired hash. The live comparison in [`drift`] reads neither.
-fn slim_child<K: kube::Resource>(obj: &mut K) {
-    let meta = obj.meta_mut();
-    meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k == common::names::ANNOTATION_DESIRED_HASH);
-    }
-}
-
-/// Drops from an AppService what the controller never reads before it enters the
-/// cache: `managedFields`, and kubectl's copy of the whole object in an annotation.
-fn slim_app(app: &mut AppService) {
-    app.metadata.managed_fields = None;
-    if let Some(annotations) = app.metadata.annotations.as_mut() {
-        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
 }
 

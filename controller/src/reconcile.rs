@@ -12,7 +12,6 @@
 //! Reads come from the watch caches; the only API calls are writes that change
 //! something, so a reconcile at steady state makes no request at all.
 
-use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,28 +19,25 @@ use common::conditions::{TRUE, reasons};
 use common::names::{FIELD_MANAGER, FINALIZER};
 use common::validation::validate;
 use common::{AppService, AppServiceStatus};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
 use crate::context::Context;
 use crate::desired::{desired_deployment, desired_service, is_controlled_by, required};
-use crate::drift::{Drift, desired_hash, live_hash, set_hash};
+use crate::drift::{Drift, desired_hash, set_hash};
 use crate::error::{Error, Result, Retry};
 use crate::external::{Outcome, Step};
 use crate::status::{
     Observation, Rollout, apply_external, cleanup_failed_status, desired_status,
     external_blocked_status, external_changes, needs_write, ready_state, rollout,
 };
+use crate::view::{self, Child, DeploymentView, Hashed};
 
 /// A name taken by someone else's object is re-checked at least this often. The watch on
 /// objects without our label wakes the AppService as soon as the name is free; this is
@@ -55,6 +51,9 @@ pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::await_change());
     }
     let key = ObjectRef::from_obj(&*app);
+    // A status we wrote that the cache has caught up with is no longer needed: drop it
+    // here, not only in `write_status`, which a pass may never reach.
+    ctx.drop_stale_status_write(&key, app.metadata.resource_version.as_deref());
     let started = Instant::now();
     let mut leading = ctx.leading.clone();
     // Losing the lease stops this reconcile at its next await point.
@@ -150,8 +149,6 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
 
     // Both names are checked before either child is written: a half-built AppService
     // (Pods without a Service, or the reverse) would look like progress.
-    let deployment_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
-    let service_api: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     let want_deployment = desired_deployment(app)?;
     let want_service = desired_service(app)?;
     // Only with every cache listed completely does a name missing from all of them mean
@@ -159,15 +156,15 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
     let others_known = ctx.synced.all();
     let (live_deployment, live_service) = tokio::join!(
         lookup(
+            ctx,
             &ctx.deployments,
             others_known.then_some(&ctx.other_deployments),
-            &deployment_api,
             &want_deployment,
         ),
         lookup(
+            ctx,
             &ctx.services,
             others_known.then_some(&ctx.other_services),
-            &service_api,
             &want_service,
         ),
     );
@@ -214,22 +211,8 @@ async fn reconcile_steps(app: &AppService, ctx: &Context) -> Result<Action> {
     // The two children are independent: converge them at once (one round trip less
     // per new AppService).
     let (deployment, service) = tokio::join!(
-        converge(
-            ctx,
-            &deployment_api,
-            want_deployment,
-            live_deployment.clone(),
-            "Deployment",
-            "deployments",
-        ),
-        converge(
-            ctx,
-            &service_api,
-            want_service,
-            live_service,
-            "Service",
-            "services",
-        ),
+        converge(ctx, want_deployment, live_deployment.clone(), "deployments"),
+        converge(ctx, want_service, live_service, "services"),
     );
     let deployment = match deployment {
         Ok(d) => d,
@@ -288,7 +271,7 @@ async fn rejected(
     api: &Api<AppService>,
     app: &AppService,
     kind: &str,
-    deployment: Option<&Deployment>,
+    deployment: Option<&DeploymentView>,
     error: Error,
 ) -> Error {
     let message = match &error {
@@ -313,7 +296,7 @@ async fn rejected(
 }
 
 /// Our Deployment of `app` from the cache, for the ready count of a blocked status.
-fn cached_deployment(ctx: &Context, app: &AppService) -> Option<Arc<Deployment>> {
+fn cached_deployment(ctx: &Context, app: &AppService) -> Option<Arc<DeploymentView>> {
     let name = app.metadata.name.as_deref()?;
     let namespace = app.metadata.namespace.as_deref()?;
     let uid = app.metadata.uid.as_deref()?;
@@ -393,18 +376,12 @@ async fn finalize(
 /// name is not among the taken names of objects without our label (`others`, when that
 /// list is complete), there is none; else (a foreign object, or ours with a label
 /// removed) from the API server.
-async fn lookup<K>(
-    cache: &Store<K>,
+async fn lookup<K: Child>(
+    ctx: &Context,
+    cache: &Store<K::View>,
     others: Option<&Store<PartialObjectMeta<K>>>,
-    api: &Api<K>,
     desired: &K,
-) -> Result<Option<K>>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned,
-{
+) -> Result<Option<K::View>> {
     let name = required(&desired.meta().name, "metadata.name")?;
     let namespace = required(&desired.meta().namespace, "metadata.namespace")?;
     if let Some(obj) = cache.get(&ObjectRef::new(name).within(namespace)) {
@@ -417,6 +394,7 @@ where
     {
         return Ok(None);
     }
+    let api: Api<K::View> = Api::namespaced(ctx.client.clone(), namespace);
     Ok(api.get_opt(name).await?)
 }
 
@@ -430,28 +408,25 @@ where
 /// * new hash (the AppService changed): one server-side apply, then a repair if other
 ///   writers' list entries or keys survived the merge; an apply the API server rejects
 ///   because of them (e.g. a re-keyed port) is repaired and retried once.
-async fn converge<K>(
+///
+/// Returns the child as the cache would hold it.
+async fn converge<K: Child>(
     ctx: &Context,
-    api: &Api<K>,
     mut desired: K,
-    live: Option<K>,
-    kind: &'static str,
+    live: Option<K::View>,
     resource: &'static str,
-) -> Result<K>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Drift
-        + Clone
-        + Debug
-        + Serialize
-        + DeserializeOwned,
-{
+) -> Result<K::View> {
+    let kind = K::KIND;
     let name = required(&desired.meta().name, "metadata.name")?.to_owned();
+    let namespace = required(&desired.meta().namespace, "metadata.namespace")?.to_owned();
     let hash = desired_hash(&desired).map_err(|source| Error::Serialize { kind, source })?;
     set_hash(desired.meta_mut(), hash.clone());
+    let want: K::View = view::of(&desired).map_err(|source| Error::Serialize { kind, source })?;
+    // Responses decode straight into views: nothing of a child but the view is kept.
+    let api: Api<K::View> = Api::namespaced(ctx.client.clone(), &namespace);
 
     let Some(live) = live else {
-        let created = api
+        let created = Api::<K>::namespaced(ctx.client.clone(), &namespace)
             .create(
                 &PostParams {
                     field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -462,47 +437,44 @@ where
             .await?;
         ctx.metrics.write(resource);
         info!(kind, child = %name, "created");
-        return Ok(created);
+        return view::of(&created).map_err(|source| Error::Serialize { kind, source });
     };
-    if live_hash(live.meta()) == Some(hash.as_str()) {
-        let ops = K::drift(&desired, &live);
+    if live.hash() == Some(hash.as_str()) {
+        let ops = K::View::drift(&want, &live);
         if ops.is_empty() {
             return Ok(live);
         }
-        return repair(ctx, api, &name, &desired, ops, kind, resource).await;
+        return repair(ctx, &api, &name, &want, ops, kind, resource).await;
     }
 
-    let applied = match apply(ctx, api, &name, &desired, kind, resource).await {
+    let applied = match apply(ctx, &api, &name, &desired, kind, resource).await {
         Ok(applied) => applied,
         Err(Error::Kube(kube::Error::Api(status))) if matches!(status.code, 400 | 422) => {
-            let ops = K::drift(&desired, &live);
+            let ops = K::View::drift(&want, &live);
             if ops.is_empty() {
                 return Err(Error::Kube(kube::Error::Api(status)));
             }
             info!(kind, child = %name, reason = %status.message, "apply rejected; putting our fields back first");
-            repair(ctx, api, &name, &desired, ops, kind, resource).await?;
-            apply(ctx, api, &name, &desired, kind, resource).await?
+            repair(ctx, &api, &name, &want, ops, kind, resource).await?;
+            apply(ctx, &api, &name, &desired, kind, resource).await?
         }
         Err(e) => return Err(e),
     };
-    let ops = K::drift(&desired, &applied);
+    let ops = K::View::drift(&want, &applied);
     if ops.is_empty() {
         return Ok(applied);
     }
-    repair(ctx, api, &name, &desired, ops, kind, resource).await
+    repair(ctx, &api, &name, &want, ops, kind, resource).await
 }
 
-async fn apply<K>(
+async fn apply<K: Child>(
     ctx: &Context,
-    api: &Api<K>,
+    api: &Api<K::View>,
     name: &str,
     desired: &K,
     kind: &'static str,
     resource: &'static str,
-) -> Result<K>
-where
-    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
-{
+) -> Result<K::View> {
     // Force: we are the controller of this object; fields we set are ours.
     let applied = api
         .patch(
@@ -519,17 +491,17 @@ where
 /// Puts our values back with one JSON patch. If they still differ right after (a
 /// mutating webhook or another controller insists), it is reported as an error, so the
 /// error policy backs off instead of fighting in a loop.
-async fn repair<K>(
+async fn repair<V>(
     ctx: &Context,
-    api: &Api<K>,
+    api: &Api<V>,
     name: &str,
-    desired: &K,
+    want: &V,
     ops: Vec<serde_json::Value>,
     kind: &'static str,
     resource: &'static str,
-) -> Result<K>
+) -> Result<V>
 where
-    K: Resource + Drift + Clone + Debug + Serialize + DeserializeOwned,
+    V: Resource<DynamicType = ()> + Drift + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
 {
     let paths = changed_paths(&ops);
     let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
@@ -546,7 +518,7 @@ where
         .await?;
     ctx.metrics.write(resource);
     info!(kind, child = %name, fields = ?paths, "repaired fields changed by another writer");
-    let left = K::drift(desired, &patched);
+    let left = V::drift(want, &patched);
     if left.is_empty() {
         Ok(patched)
     } else {

@@ -8,10 +8,10 @@
 use common::conditions::{self, DEGRADED, FALSE, PROGRESSING, READY, TRUE, reasons};
 use common::names::{endpoint, selector_string};
 use common::{AppService, AppServiceStatus};
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::external::Report;
+use crate::view::{DeploymentStatusView, DeploymentView};
 
 /// Source of "now" for condition timestamps.
 pub trait Clock: Send + Sync {
@@ -63,9 +63,10 @@ pub enum Rollout {
 }
 
 /// Assesses a Deployment's rollout, as `kubectl rollout status` does.
-pub fn rollout(deployment: &Deployment) -> Rollout {
+pub fn rollout(deployment: &DeploymentView) -> Rollout {
     let desired = deployment.spec.replicas.unwrap_or(1);
-    let status = deployment.status.clone().unwrap_or_default();
+    let default = DeploymentStatusView::default();
+    let status = deployment.status.as_ref().unwrap_or(&default);
     let ready = status.ready_replicas.unwrap_or(0);
     let updated = status.updated_replicas.unwrap_or(0);
     let total = status.replicas.unwrap_or(0);
@@ -81,20 +82,10 @@ pub fn rollout(deployment: &Deployment) -> Rollout {
             ),
         };
     }
-    if let Some(c) = status
-        .conditions
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .find(|c| c.type_.as_deref() == Some("Progressing") && c.status.as_deref() == Some(FALSE))
-        && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
-    {
+    if let Some(message) = &status.deadline_exceeded {
         return Rollout::Failed {
             ready,
-            message: format!(
-                "rollout exceeded its progress deadline: {}",
-                c.message.as_deref().unwrap_or("")
-            ),
+            message: format!("rollout exceeded its progress deadline: {message}"),
         };
     }
     let message = if updated < desired {
@@ -120,7 +111,7 @@ pub fn rollout(deployment: &Deployment) -> Rollout {
 pub fn desired_status(
     app: &AppService,
     obs: &Observation,
-    deployment: Option<&Deployment>,
+    deployment: Option<&DeploymentView>,
     now: &Time,
 ) -> AppServiceStatus {
     let generation = app.metadata.generation;
@@ -350,7 +341,9 @@ pub fn ready_state(status: Option<&AppServiceStatus>) -> Option<(String, String)
 mod tests {
     use super::*;
     use common::AppServiceSpec;
-    use k8s_openapi::api::apps::v1::{DeploymentCondition, DeploymentSpec, DeploymentStatus};
+    use k8s_openapi::api::apps::v1::{
+        Deployment, DeploymentCondition, DeploymentSpec, DeploymentStatus,
+    };
     use pretty_assertions::assert_eq;
 
     fn at(secs: i64) -> Time {
@@ -372,7 +365,7 @@ mod tests {
         app
     }
 
-    fn deployment(replicas: i32, generation: i64, st: DeploymentStatus) -> Deployment {
+    fn deployment(replicas: i32, generation: i64, st: DeploymentStatus) -> DeploymentView {
         let mut d = Deployment {
             spec: DeploymentSpec {
                 replicas: Some(replicas),
@@ -382,7 +375,7 @@ mod tests {
             ..Default::default()
         };
         d.metadata.generation = Some(generation);
-        d
+        crate::view::of(&d).unwrap()
     }
 
     fn healthy(replicas: i32) -> DeploymentStatus {

@@ -1,0 +1,493 @@
+//! What the controller keeps of its children: views.
+//!
+//! A child in the cache is read for a handful of values: the ones [`crate::drift`]
+//! compares, the desired-hash annotation, the owner reference, and the rollout counts
+//! status reports. A k8s-openapi `Deployment` holds every field of the API (its Pod
+//! template alone is kilobytes, most of it empty `Option`s), and every label map is a
+//! B-tree node of a few hundred bytes however few labels it has. So the watches decode
+//! children straight into the views below, which keep only what is read, labels as
+//! sorted pairs, and no other annotation than the hash. At 10,000 AppServices that is
+//! the difference between kilobytes and a few hundred bytes per child (see
+//! `benches/cache_cost.rs`).
+//!
+//! The views decode from the API's JSON (unknown fields ignored), so the watches,
+//! `GET`s and patch responses all yield them directly, and the desired objects are
+//! turned into views by the same decoder ([`of`]) before they are compared.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use common::names::ANNOTATION_DESIRED_HASH;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::api::core::v1::{
+    ContainerPort, EnvVarSource, Probe, ResourceRequirements, Service, ServicePort,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::drift::Drift;
+
+/// The view of `obj` (a desired child, or an API response), decoded as a watch would.
+pub fn of<V: DeserializeOwned>(obj: &impl Serialize) -> Result<V, serde_json::Error> {
+    serde_json::from_value(serde_json::to_value(obj)?)
+}
+
+/// A child kind the controller builds, and the view it keeps of it.
+pub trait Child:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + Serialize
+    + DeserializeOwned
+{
+    /// The kind, for messages.
+    const KIND: &'static str;
+    type View: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Drift
+        + Hashed
+        + Clone
+        + std::fmt::Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static;
+}
+
+impl Child for Deployment {
+    const KIND: &'static str = "Deployment";
+    type View = DeploymentView;
+}
+
+impl Child for Service {
+    const KIND: &'static str = "Service";
+    type View = ServiceView;
+}
+
+/// A view that carries the desired-hash annotation of its object.
+pub trait Hashed {
+    fn hash(&self) -> Option<&str>;
+    fn labels(&self) -> &Labels;
+}
+
+/// A label map as sorted pairs: a few dozen bytes where a `BTreeMap` takes a node of
+/// several hundred.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Labels(Box<[(String, String)]>);
+
+impl Labels {
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_str().cmp(key))
+            .ok()
+            .map(|i| self.0[i].1.as_str())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+impl From<BTreeMap<String, String>> for Labels {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        // A BTreeMap iterates in key order: the pairs come out sorted and unique.
+        Labels(map.into_iter().collect())
+    }
+}
+
+impl Serialize for Labels {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Labels {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(BTreeMap::<String, String>::deserialize(deserializer)?.into())
+    }
+}
+
+/// Moves what a view keeps out of `meta`: its labels and the desired hash. The rest of
+/// its annotations and `managedFields` are dropped; name, namespace, uid,
+/// resourceVersion, generation and owner references stay for the reflector, the
+/// controller's owner mapping, and status.
+fn split_meta(mut meta: ObjectMeta) -> (ObjectMeta, Labels, Option<String>) {
+    let labels = meta.labels.take().map(Labels::from).unwrap_or_default();
+    let hash = meta
+        .annotations
+        .take()
+        .and_then(|mut a| a.remove(ANNOTATION_DESIRED_HASH));
+    meta.managed_fields = None;
+    meta.creation_timestamp = None;
+    (meta, labels, hash)
+}
+
+// ---- Deployment ------------------------------------------------------------------
+
+/// What the controller reads of a Deployment.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "RawDeployment")]
+pub struct DeploymentView {
+    /// Name, namespace, uid, resourceVersion, generation, owner references.
+    pub metadata: ObjectMeta,
+    pub labels: Labels,
+    /// The desired-hash annotation.
+    pub hash: Option<String>,
+    pub spec: DeploymentSpecView,
+    pub status: Option<DeploymentStatusView>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentSpecView {
+    #[serde(default)]
+    pub replicas: Option<i32>,
+    #[serde(default)]
+    pub template: PodTemplateView,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct PodTemplateView {
+    /// `None` when the template has no metadata at all.
+    #[serde(default)]
+    pub metadata: Option<TemplateMetaView>,
+    #[serde(default)]
+    pub spec: Option<PodSpecView>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct TemplateMetaView {
+    #[serde(default)]
+    pub labels: Option<Labels>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct PodSpecView {
+    #[serde(default)]
+    pub containers: Vec<ContainerView>,
+}
+
+/// The fields of a container the controller sets (and nothing else).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerView {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<Vec<ContainerPort>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<Vec<EnvVarView>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_probe: Option<Box<Probe>>,
+}
+
+/// An environment variable: k8s-openapi's `EnvVar` holds its `valueFrom` inline, a few
+/// hundred bytes per variable whether it is set or not; here it is boxed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVarView {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<Box<EnvVarSource>>,
+}
+
+/// The rollout counts of a Deployment's status, and the message of a
+/// `ProgressDeadlineExceeded` condition if there is one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeploymentStatusView {
+    pub observed_generation: Option<i64>,
+    pub replicas: Option<i32>,
+    pub updated_replicas: Option<i32>,
+    pub ready_replicas: Option<i32>,
+    pub available_replicas: Option<i32>,
+    pub deadline_exceeded: Option<String>,
+}
+
+impl From<DeploymentStatus> for DeploymentStatusView {
+    fn from(s: DeploymentStatus) -> Self {
+        let deadline_exceeded = s.conditions.unwrap_or_default().into_iter().find_map(|c| {
+            (c.type_.as_deref() == Some("Progressing")
+                && c.status.as_deref() == Some("False")
+                && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
+            .then(|| c.message.unwrap_or_default())
+        });
+        DeploymentStatusView {
+            observed_generation: s.observed_generation,
+            replicas: s.replicas,
+            updated_replicas: s.updated_replicas,
+            ready_replicas: s.ready_replicas,
+            available_replicas: s.available_replicas,
+            deadline_exceeded,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RawDeployment {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: DeploymentSpecView,
+    #[serde(default)]
+    status: Option<DeploymentStatus>,
+}
+
+impl From<RawDeployment> for DeploymentView {
+    fn from(raw: RawDeployment) -> Self {
+        let (metadata, labels, hash) = split_meta(raw.metadata);
+        DeploymentView {
+            metadata,
+            labels,
+            hash,
+            spec: raw.spec,
+            status: raw.status.map(Into::into),
+        }
+    }
+}
+
+impl Resource for DeploymentView {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Deployment::kind(&())
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Deployment::group(&())
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Deployment::version(&())
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        Deployment::api_version(&())
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Deployment::plural(&())
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Hashed for DeploymentView {
+    fn hash(&self) -> Option<&str> {
+        self.hash.as_deref()
+    }
+    fn labels(&self) -> &Labels {
+        &self.labels
+    }
+}
+
+// ---- Service ---------------------------------------------------------------------
+
+/// What the controller reads of a Service.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "RawService")]
+pub struct ServiceView {
+    pub metadata: ObjectMeta,
+    pub labels: Labels,
+    pub hash: Option<String>,
+    pub spec: Option<ServiceSpecView>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpecView {
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<Vec<ServicePort>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<Labels>,
+}
+
+#[derive(Deserialize)]
+struct RawService {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<ServiceSpecView>,
+}
+
+impl From<RawService> for ServiceView {
+    fn from(raw: RawService) -> Self {
+        let (metadata, labels, hash) = split_meta(raw.metadata);
+        ServiceView {
+            metadata,
+            labels,
+            hash,
+            spec: raw.spec,
+        }
+    }
+}
+
+impl Resource for ServiceView {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Service::kind(&())
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Service::group(&())
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Service::version(&())
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        Service::api_version(&())
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Service::plural(&())
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Hashed for ServiceView {
+    fn hash(&self) -> Option<&str> {
+        self.hash.as_deref()
+    }
+    fn labels(&self) -> &Labels {
+        &self.labels
+    }
+}
+
+// ---- AppService ------------------------------------------------------------------
+
+/// Drops from an AppService what the controller never reads before it enters the
+/// cache: `managedFields`, and kubectl's copy of the whole object in an annotation.
+pub fn slim_app(app: &mut common::AppService) {
+    app.metadata.managed_fields = None;
+    if let Some(annotations) = app.metadata.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        if annotations.is_empty() {
+            app.metadata.annotations = None;
+        }
+    }
+}
+
+/// What the caches held of a child before views: the whole object, without
+/// `managedFields` and without annotations but the hash (kept for the comparison in
+/// `benches/cache_cost.rs`).
+pub fn slim_meta_of<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == ANNOTATION_DESIRED_HASH);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::{desired_deployment, desired_service};
+    use common::{AppService, AppServiceSpec};
+    use serde_json::json;
+
+    fn app() -> AppService {
+        let mut app = AppService::new(
+            "web",
+            AppServiceSpec {
+                image: "nginx:1.27".into(),
+                ..AppServiceSpec::default()
+            },
+        );
+        app.metadata.namespace = Some("shop".into());
+        app.metadata.uid = Some("uid-1".into());
+        app
+    }
+
+    /// Everything the desired builders set survives into the views: the comparison
+    /// and the repair patches built from a desired view lose nothing of it.
+    #[test]
+    fn desired_children_survive_the_view() {
+        let d = desired_deployment(&app()).unwrap();
+        let v: DeploymentView = of(&d).unwrap();
+        let want = serde_json::to_value(&d).unwrap();
+        let containers =
+            serde_json::to_value(&v.spec.template.spec.as_ref().unwrap().containers).unwrap();
+        assert_eq!(containers, want["spec"]["template"]["spec"]["containers"]);
+        assert_eq!(
+            serde_json::to_value(&v.labels).unwrap(),
+            want["metadata"]["labels"]
+        );
+        assert_eq!(
+            serde_json::to_value(&v.spec.template.metadata.as_ref().unwrap().labels).unwrap(),
+            want["spec"]["template"]["metadata"]["labels"]
+        );
+        assert_eq!(v.spec.replicas, d.spec.replicas);
+        assert_eq!(v.metadata.owner_references, d.metadata.owner_references);
+
+        let s = desired_service(&app()).unwrap();
+        let v: ServiceView = of(&s).unwrap();
+        let want = serde_json::to_value(&s).unwrap();
+        assert_eq!(serde_json::to_value(&v.spec).unwrap(), want["spec"]);
+    }
+
+    #[test]
+    fn labels_are_sorted_pairs_and_the_hash_is_kept_apart() {
+        let v: ServiceView = serde_json::from_value(json!({
+            "metadata": {
+                "name": "web", "namespace": "shop",
+                "labels": {"z": "1", "a": "2", "m": "3"},
+                "annotations": {ANNOTATION_DESIRED_HASH: "abc", "other": "dropped"},
+                "managedFields": [{"manager": "x"}]
+            },
+            "spec": {"selector": {"b": "1", "a": "0"}, "clusterIP": "10.0.0.1"}
+        }))
+        .unwrap();
+        assert_eq!(v.labels.get("a"), Some("2"));
+        assert_eq!(v.labels.get("m"), Some("3"));
+        assert_eq!(v.labels.get("missing"), None);
+        assert_eq!(
+            v.labels.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            ["a", "m", "z"]
+        );
+        assert_eq!(v.hash.as_deref(), Some("abc"));
+        assert_eq!(v.metadata.annotations, None);
+        assert_eq!(v.metadata.managed_fields, None);
+        assert_eq!(
+            v.spec.unwrap().selector.unwrap().iter().collect::<Vec<_>>(),
+            [("a", "0"), ("b", "1")]
+        );
+    }
+
+    #[test]
+    fn deployment_status_keeps_counts_and_a_missed_deadline() {
+        let v: DeploymentView = serde_json::from_value(json!({
+            "metadata": {"name": "web"},
+            "spec": {"template": {"spec": {"containers": [{"name": "app"}]}}},
+            "status": {"observedGeneration": 3, "readyReplicas": 1, "conditions": [
+                {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"},
+                {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                 "message": "ReplicaSet \"web-1\" has timed out progressing."}
+            ]}
+        }))
+        .unwrap();
+        let status = v.status.unwrap();
+        assert_eq!(status.observed_generation, Some(3));
+        assert_eq!(status.ready_replicas, Some(1));
+        assert_eq!(
+            status.deadline_exceeded.as_deref(),
+            Some("ReplicaSet \"web-1\" has timed out progressing.")
+        );
+    }
+}
