@@ -43,6 +43,9 @@ enum Cmd {
         #[arg(long)]
         exit_when_ready: bool,
     },
+    /// Build the controller-runtime baseline controller (bench/controller-runtime, Go) for
+    /// the scale benchmark's `--controller-bin`, and print the binary's path.
+    BuildCrBaseline,
     /// Build the test assets and install PostgreSQL if needed, then run every test of the workspace.
     Test {
         /// Extra arguments for `cargo test`, e.g. `-- --nocapture`.
@@ -68,6 +71,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Test { args } => test(&args),
         Cmd::Up { full } => up(full),
         Cmd::Demo { exit_when_ready } => demo::run(&repo_root(), exit_when_ready),
+        Cmd::BuildCrBaseline => build_cr_baseline().map(|bin| println!("{}", bin.display())),
     }
 }
 
@@ -98,6 +102,28 @@ fn crd(check: bool) -> Result<()> {
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Builds bench/controller-runtime with `go build` into
+/// `$HOME/.cache/appservice-operator/cr-baseline/` and returns the binary's path.
+fn build_cr_baseline() -> Result<PathBuf> {
+    let src = repo_root().join("bench/controller-runtime");
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    let dir = PathBuf::from(home).join(".cache/appservice-operator/cr-baseline");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let bin = dir.join("appservice-cr-baseline");
+    let status = Command::new("go")
+        .current_dir(&src)
+        .arg("build")
+        .arg("-o")
+        .arg(&bin)
+        .arg(".")
+        .status()
+        .context("running `go build` (is Go installed?)")?;
+    if !status.success() {
+        bail!("go build in {} failed ({status})", src.display());
+    }
+    Ok(bin)
 }
 
 /// Runs the asset build script and returns the directory holding the binaries.
