@@ -76,15 +76,16 @@ async fn observe(
 
 #[instrument(name = "admission", skip_all, fields(endpoint = "mutate", uid))]
 async fn mutate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
-    match read_body(&state, request).await {
-        Ok((body, _permit)) => review(&state, Endpoint::Mutate, &body),
+    match read_body(&state, request, state.limits.max_body_bytes).await {
+        Ok((body, _permit)) => review(&state, Review::Mutate, &body),
         Err(response) => response,
     }
 }
 
 #[instrument(name = "conversion", skip_all, fields(endpoint = "convert"))]
 async fn convert(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
-    let (body, _permit) = match read_body(&state, request).await {
+    let max = state.limits.max_convert_body_bytes;
+    let (body, _permit) = match read_body(&state, request, max).await {
         Ok(read) => read,
         Err(response) => return response,
     };
@@ -126,13 +127,13 @@ async fn convert(AxumState(state): AxumState<Arc<State>>, request: Request) -> R
 
 #[instrument(name = "admission", skip_all, fields(endpoint = "validate", uid))]
 async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
-    let (body, _permit) = match read_body(&state, request).await {
+    let (body, _permit) = match read_body(&state, request, state.limits.max_body_bytes).await {
         Ok(read) => read,
         Err(response) => return response,
     };
     let cost = state.policies.current().cost();
     if cost <= INLINE_COST_LIMIT {
-        return review(&state, Endpoint::Validate, &body);
+        return review(&state, Review::Validate, &body);
     }
     // Costlier policies run on a blocking thread, a bounded number at once, within their
     // time budget (waiting for a free slot included): they never stall the workers
@@ -145,7 +146,7 @@ async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> 
             let state_for_task = state.clone();
             tokio::task::spawn_blocking(move || {
                 let _slot = slot;
-                span.in_scope(|| review(&state_for_task, Endpoint::Validate, &body))
+                span.in_scope(|| review(&state_for_task, Review::Validate, &body))
             })
             .await
         }
@@ -186,12 +187,12 @@ fn review_body(response: kube::core::admission::AdmissionResponse) -> Response {
 
 /// Reads the body into one buffer of its declared size, after reserving that many bytes
 /// of the in-flight budget (waiting for them, within the request timeout). A declared
-/// or actual size over the limit is 413 before more is read.
+/// or actual size over `max` is 413 before more is read.
 async fn read_body(
     state: &State,
     request: Request,
+    max: usize,
 ) -> Result<(Bytes, OwnedSemaphorePermit), Response> {
-    let max = state.limits.max_body_bytes;
     let too_large = || {
         (
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -234,7 +235,24 @@ async fn read_body(
     Ok((buffer.freeze(), permit))
 }
 
-fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
+/// The two admission reviews; `/convert` answers ConversionReviews in [`convert`].
+#[derive(Clone, Copy, Debug)]
+enum Review {
+    Mutate,
+    Validate,
+}
+
+impl Review {
+    fn endpoint(self) -> Endpoint {
+        match self {
+            Review::Mutate => Endpoint::Mutate,
+            Review::Validate => Endpoint::Validate,
+        }
+    }
+}
+
+fn review(state: &State, kind: Review, body: &[u8]) -> Response {
+    let endpoint = kind.endpoint();
     let span = Span::current();
     let request = match decode_review(body) {
         Ok(request) => request,
@@ -249,10 +267,9 @@ fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
     span.record("uid", request.uid.as_str());
     let operation = operation_label(&request.operation);
 
-    let response = match endpoint {
-        // `/convert` has its own handler and never reaches here.
-        Endpoint::Mutate | Endpoint::Convert => admission::mutate(&request),
-        Endpoint::Validate => admission::validate(
+    let response = match kind {
+        Review::Mutate => admission::mutate(&request),
+        Review::Validate => admission::validate(
             &request,
             &state.policies.current(),
             state.namespace_object(request.namespace.as_deref()),
