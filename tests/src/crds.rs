@@ -28,6 +28,18 @@ pub fn appservice_crd_path() -> PathBuf {
     crate::assets::workspace_root().join(common::crd::CRD_PATH)
 }
 
+/// Reads one CRD from a YAML file.
+pub fn load_crd(path: &Path) -> Result<CustomResourceDefinition> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Crd {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    serde_saphyr::from_str(&text).map_err(|e| Error::Crd {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
 /// Reads every `*.yaml` CRD of [`crd_dir`], sorted by file name, and, when `dir` is
 /// [`crd_dir`], the AppService CRD of [`appservice_crd_path`].
 pub fn load_crds(dir: &Path) -> Result<Vec<CustomResourceDefinition>> {
@@ -49,19 +61,7 @@ pub fn load_crds(dir: &Path) -> Result<Vec<CustomResourceDefinition>> {
             reason: "no *.yaml files (run `cargo xtask crd`)".to_owned(),
         });
     }
-    files
-        .iter()
-        .map(|path| {
-            let text = std::fs::read_to_string(path).map_err(|e| Error::Crd {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-            serde_saphyr::from_str(&text).map_err(|e| Error::Crd {
-                path: path.clone(),
-                reason: e.to_string(),
-            })
-        })
-        .collect()
+    files.iter().map(|path| load_crd(path)).collect()
 }
 
 impl ControlPlane {
@@ -88,6 +88,52 @@ impl ControlPlane {
             self.wait_crd_served(&api, crd).await?;
         }
         Ok(())
+    }
+
+    /// Server-side applies one CRD as the harness's field manager (an upgrade: fields
+    /// the new one no longer names are removed) and waits until every served version
+    /// is listed.
+    pub async fn apply_crd(&self, crd: &CustomResourceDefinition) -> Result<()> {
+        let api: Api<CustomResourceDefinition> = Api::all(self.try_client()?);
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .map_err(kube_err(format!("applying CRD {name}")))?;
+        self.wait_crd_served(&api, crd).await
+    }
+
+    /// Deletes the CRD of the same name (and with it every object of it), waits until
+    /// it is gone, then installs `crd`: a control plane that starts from an older
+    /// release's CRD.
+    pub async fn replace_crd(&self, crd: &CustomResourceDefinition) -> Result<()> {
+        let api: Api<CustomResourceDefinition> = Api::all(self.try_client()?);
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        match api.delete(&name, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(kube_err(format!("deleting CRD {name}"))(e)),
+        }
+        let deadline = Instant::now() + CRD_TIMEOUT;
+        while api
+            .get_opt(&name)
+            .await
+            .map_err(kube_err(format!("reading CRD {name}")))?
+            .is_some()
+        {
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("CRD {name} to be deleted"),
+                    timeout: CRD_TIMEOUT,
+                    log_dir: self.log_dir().to_owned(),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        self.apply_crd(crd).await
     }
 
     /// Points the AppService CRD's conversion at a webhook server (`<base_url>/convert`,
