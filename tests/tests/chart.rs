@@ -20,7 +20,7 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
@@ -421,6 +421,125 @@ fn webhook_shutdown_and_limits_match_the_grace_period() {
     );
     let pod = &find(&longer, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
     assert_eq!(pod["terminationGracePeriodSeconds"], 60);
+}
+
+const MIGRATE: &str = "aso-appservice-operator-migrate";
+
+#[test]
+fn storage_migration_is_an_opt_in_post_upgrade_hook() {
+    let docs = template("ops", &[]);
+    assert!(
+        !docs.iter().any(|d| d["metadata"]["name"] == MIGRATE),
+        "rendered without storageMigration.enabled"
+    );
+    let docs = template("ops", &["storageMigration.enabled=true".to_owned()]);
+    let job = find(&docs, "Job", MIGRATE);
+    assert_eq!(
+        job["metadata"]["annotations"]["helm.sh/hook"],
+        "post-upgrade"
+    );
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], MIGRATE);
+    assert_eq!(pod["restartPolicy"], "Never");
+    assert_eq!(
+        pod["containers"][0]["command"],
+        json!(["/usr/local/bin/appservice-migrate-storage"])
+    );
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    // Its ServiceAccount and RBAC are hooks too, created before the Job.
+    for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] {
+        let doc = find(&docs, kind, MIGRATE);
+        assert_eq!(
+            doc["metadata"]["annotations"]["helm.sh/hook"], "post-upgrade",
+            "{kind}"
+        );
+        assert_eq!(
+            doc["metadata"]["annotations"]["helm.sh/hook-weight"], "-10",
+            "{kind}"
+        );
+    }
+}
+
+/// The migration does its whole job (list, rewrite, narrow storedVersions) with the
+/// hook's ServiceAccount and ClusterRole as the chart renders them, and nothing more.
+#[tokio::test]
+async fn storage_migration_runs_with_the_hooks_rbac() {
+    let (cp, _) = installed().await;
+    let _logs = cp.log_guard();
+    let ns = cp.namespace().await.expect("namespace");
+    let admin = cp.client();
+    let docs = template(ns.name(), &["storageMigration.enabled=true".to_owned()]);
+    let mut role: ClusterRole =
+        serde_json::from_value(find(&docs, "ClusterRole", MIGRATE).clone()).expect("ClusterRole");
+    // A name of this test's own: other tests may render the same release.
+    let role_name = format!("{MIGRATE}-{}", ns.name());
+    role.metadata = ObjectMeta {
+        name: Some(role_name.clone()),
+        ..Default::default()
+    };
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("creating the hook's ClusterRole");
+    Api::<ServiceAccount>::namespaced(admin.clone(), ns.name())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": MIGRATE}})).expect("sa"),
+        )
+        .await
+        .expect("creating the ServiceAccount");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": role_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": MIGRATE, "namespace": ns.name()}]
+    }))
+    .expect("binding");
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("creating the binding");
+    let apps: Api<AppService> = Api::namespaced(admin.clone(), ns.name());
+    let app: AppService = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+        "metadata": {"name": "migrated"},
+        "spec": {"image": "registry.example.com/hello:v1.0.0"}
+    }))
+    .expect("app");
+    apps.create(&PostParams::default(), &app)
+        .await
+        .expect("creating an AppService");
+
+    let sa_client = service_account_client(cp, ns.name(), MIGRATE).await;
+    // RBAC takes effect through an informer: retry until the role is in force.
+    let report = eventually(
+        "a migration with the hook's RBAC",
+        Duration::from_secs(30),
+        || {
+            let client = sa_client.clone();
+            async move { controller::migrate::run(client).await.ok() }
+        },
+    )
+    .await;
+    assert!(report.rewritten >= 1, "{report:?}");
+    assert_eq!(report.stored_versions, ["v1beta1"]);
+    // Nothing more: it cannot delete what it rewrites.
+    let forbidden = |e: kube::Error| matches!(e, kube::Error::Api(ref s) if s.code == 403);
+    let sa_apps: Api<AppService> = Api::namespaced(sa_client, ns.name());
+    assert!(forbidden(
+        sa_apps
+            .delete("migrated", &DeleteParams::default())
+            .await
+            .expect_err("the migration deletes an AppService")
+    ));
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete(&role_name, &DeleteParams::default())
+        .await
+        .expect("deleting the binding");
+    Api::<ClusterRole>::all(admin)
+        .delete(&role_name, &DeleteParams::default())
+        .await
+        .expect("deleting the ClusterRole");
+    ns.cleanup().await.expect("namespace cleanup");
 }
 
 #[test]
