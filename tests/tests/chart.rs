@@ -412,6 +412,7 @@ fn webhook_shutdown_and_limits_match_the_grace_period() {
     assert_eq!(value("WEBHOOK_SHUTDOWN_TIMEOUT"), "20s");
     assert_eq!(value("WEBHOOK_MAX_CONNECTIONS"), "1024");
     assert_eq!(value("WEBHOOK_MAX_IN_FLIGHT_BYTES"), "12582912");
+    assert_eq!(value("WEBHOOK_MAX_CONVERT_BODY_BYTES"), "8388608");
     let longer = template(
         "ops",
         &[
