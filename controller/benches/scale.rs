@@ -3,6 +3,7 @@
 //! ```text
 //! cargo bench -p appservice-controller --bench scale -- --n 1000
 //! cargo bench -p appservice-controller --bench scale -- --n 10000 --no-floor
+//! cargo bench -p appservice-controller --bench scale -- --n 5000 --precreate
 //! ```
 //!
 //! On a private *plain* control plane (kube-apiserver and etcd, no Pods), so that the
@@ -75,6 +76,11 @@ struct Args {
     /// Skip the restart measurement.
     #[arg(long)]
     no_restart: bool,
+    /// Create the AppServices first and only then start the controller (and the floor's
+    /// client): times are measured from its start, as for a controller deployed into a
+    /// cluster full of AppServices.
+    #[arg(long)]
+    precreate: bool,
     /// The controller binary to measure (default: the one built with this benchmark),
     /// e.g. a copy of an earlier build for a before/after comparison.
     #[arg(long)]
@@ -100,6 +106,13 @@ fn app(i: usize) -> AppService {
             ..AppServiceSpec::default()
         },
     )
+}
+
+/// Every object as if created now: for `--precreate`, where times count from the start
+/// of the controller (or of the floor's client).
+fn started_now(created: HashMap<String, Instant>) -> HashMap<String, Instant> {
+    let now = Instant::now();
+    created.into_keys().map(|name| (name, now)).collect()
 }
 
 /// When each AppService of a namespace first showed `status.observedGeneration`.
@@ -288,8 +301,18 @@ async fn main() -> anyhow::Result<()> {
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &ns);
     let done = watch_status(admin.clone(), &ns);
     let before = apiserver_writes(&admin).await?;
-    eprintln!("creating {n} AppServices in a burst …");
-    let created = burst(&apps, n, args.create_concurrency).await?;
+    let (created, pid) = if args.precreate {
+        stop(&mut ctl, pid).await;
+        eprintln!("creating {n} AppServices with the controller stopped …");
+        let created = burst(&apps, n, args.create_concurrency).await?;
+        eprintln!("starting the controller …");
+        let (ctl2, pid2) = start_controller(&cp, &args, &ns, ops_port, &log_path)?;
+        ctl = ctl2;
+        (started_now(created), pid2)
+    } else {
+        eprintln!("creating {n} AppServices in a burst …");
+        (burst(&apps, n, args.create_concurrency).await?, pid)
+    };
     wait_done(&done, n, timeout, "AppServices with children and status").await?;
     let reaction = latencies(&created, &done);
     let converge = delta(&apiserver_writes(&admin).await?, &before);
@@ -337,11 +360,18 @@ async fn main() -> anyhow::Result<()> {
             },
         )?;
         let fdone = watch_status(admin.clone(), &fns);
-        let workers = floor_workers(client, fns.to_string(), args.concurrency as usize);
         let fapps: Api<AppService> = Api::namespaced(admin.clone(), &fns);
         let before = apiserver_writes(&admin).await?;
         eprintln!("floor: the same burst, a plain client making the same writes …");
-        let fcreated = burst(&fapps, n, args.create_concurrency).await?;
+        let (workers, fcreated) = if args.precreate {
+            let fcreated = burst(&fapps, n, args.create_concurrency).await?;
+            let fcreated = started_now(fcreated);
+            let workers = floor_workers(client, fns.to_string(), args.concurrency as usize);
+            (workers, fcreated)
+        } else {
+            let workers = floor_workers(client, fns.to_string(), args.concurrency as usize);
+            (workers, burst(&fapps, n, args.create_concurrency).await?)
+        };
         wait_done(&fdone, n, timeout, "floor AppServices with status").await?;
         let writes = sum_for(
             &delta(&apiserver_writes(&admin).await?, &before),
@@ -355,8 +385,15 @@ async fn main() -> anyhow::Result<()> {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!();
     println!(
-        "controller scale benchmark: N={n} AppServices in a burst, plain control plane (no Pods), client {} QPS / burst {}, concurrency {}",
-        args.qps, args.burst, args.concurrency
+        "controller scale benchmark: N={n} AppServices {}, plain control plane (no Pods), client {} QPS / burst {}, concurrency {}",
+        if args.precreate {
+            "created first, then the controller started (times from its start)"
+        } else {
+            "in a burst"
+        },
+        args.qps,
+        args.burst,
+        args.concurrency
     );
     println!(
         "  controller: all converged in {:.1?}; per object p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",

@@ -1,6 +1,6 @@
 //! The one shared context of reconcile, error policy and the ops server.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -77,7 +77,12 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<AppService>, u32>>,
     /// Per object, the last status we wrote and the resourceVersion it was written over.
     written: Mutex<HashMap<ObjectRef<AppService>, (String, AppServiceStatus)>>,
+    /// Children we created that our caches have not shown yet (kind, namespace, name).
+    created: Mutex<HashSet<ChildKey>>,
 }
+
+/// A child of a kind (`"Deployment"`, `"Service"`) in a namespace, by name.
+pub type ChildKey = (&'static str, String, String);
 
 impl Context {
     #[allow(clippy::too_many_arguments)]
@@ -108,6 +113,7 @@ impl Context {
             backoff_policy: BackoffPolicy::default(),
             failures: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
+            created: Mutex::new(HashSet::new()),
         }
     }
 
@@ -183,6 +189,32 @@ impl Context {
         self.reset_failures(key);
         if let Ok(mut map) = self.written.lock() {
             map.remove(key);
+        }
+        if let Ok(mut set) = self.created.lock() {
+            let namespace = key.namespace.as_deref().unwrap_or_default();
+            set.retain(|(_, ns, name)| !(ns == namespace && *name == key.name));
+        }
+    }
+
+    /// Records that we created `child`: until the cache shows it, a miss in the cache
+    /// means "not seen yet", not "absent" (creating it again would fail with 409).
+    pub fn created(&self, child: ChildKey) {
+        if let Ok(mut set) = self.created.lock() {
+            set.insert(child);
+        }
+    }
+
+    /// Whether we created `child` and the cache has not shown it yet.
+    pub fn awaiting(&self, child: &ChildKey) -> bool {
+        self.created.lock().is_ok_and(|set| set.contains(child))
+    }
+
+    /// The cache shows `child` (or the API server says it is gone): stop awaiting it.
+    pub fn seen(&self, child: &ChildKey) {
+        if let Ok(mut set) = self.created.lock()
+            && !set.is_empty()
+        {
+            set.remove(child);
         }
     }
 

@@ -384,10 +384,16 @@ async fn lookup<K: Child>(
 ) -> Result<Option<K::View>> {
     let name = required(&desired.meta().name, "metadata.name")?;
     let namespace = required(&desired.meta().namespace, "metadata.namespace")?;
+    let child = (K::KIND, namespace.to_owned(), name.to_owned());
     if let Some(obj) = cache.get(&ObjectRef::new(name).within(namespace)) {
+        ctx.seen(&child);
         return Ok(Some((*obj).clone()));
     }
-    if let Some(others) = others
+    // A child we created in an earlier pass may not have reached the cache yet (another
+    // event of the AppService came first): ask, rather than create it again.
+    let awaiting = ctx.awaiting(&child);
+    if !awaiting
+        && let Some(others) = others
         && others
             .get(&ObjectRef::new(name).within(namespace))
             .is_none()
@@ -395,7 +401,11 @@ async fn lookup<K: Child>(
         return Ok(None);
     }
     let api: Api<K::View> = Api::namespaced(ctx.client.clone(), namespace);
-    Ok(api.get_opt(name).await?)
+    let live = api.get_opt(name).await?;
+    if awaiting && live.is_none() {
+        ctx.seen(&child);
+    }
+    Ok(live)
 }
 
 /// Makes a child we control match `desired`, with as few requests as possible:
@@ -436,6 +446,7 @@ async fn converge<K: Child>(
             )
             .await?;
         ctx.metrics.write(resource);
+        ctx.created((kind, namespace.clone(), name.clone()));
         info!(kind, child = %name, "created");
         return view::of(&created).map_err(|source| Error::Serialize { kind, source });
     };
