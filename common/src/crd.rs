@@ -3,12 +3,15 @@
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
+use kube::core::crd::merge_crds;
 
 use crate::database_class::DatabaseClass;
-use crate::types::AppService;
+use crate::{v1alpha1, v1beta1};
 
 /// Where the generated AppService CRD lives, relative to the repository root.
-pub const CRD_PATH: &str = "charts/appservice-operator/crds/appservices.platform.example.com.yaml";
+/// Not in the chart's `crds/`: Helm would install it there without the conversion webhook
+/// and never upgrade it; `templates/crd-appservices.yaml` renders it with its conversion.
+pub const CRD_PATH: &str = "charts/appservice-operator/files/appservices.platform.example.com.yaml";
 /// Where the generated DatabaseClass CRD lives, relative to the repository root.
 pub const DATABASE_CLASS_CRD_PATH: &str =
     "charts/appservice-operator/crds/databaseclasses.platform.example.com.yaml";
@@ -20,9 +23,26 @@ fn header(source: &str) -> String {
     )
 }
 
-/// The AppService CRD.
-pub fn crd() -> CustomResourceDefinition {
-    AppService::crd()
+/// The version the API server stores AppServices in.
+pub const STORAGE_VERSION: &str = "v1beta1";
+
+/// The AppService CRD: `v1alpha1` and `v1beta1` served, `v1beta1` stored. It carries no
+/// `spec.conversion`: where the conversion webhook runs is the installation's business
+/// (the chart's template adds it); without it the API server would convert by relabelling.
+pub fn crd() -> Result<CustomResourceDefinition, Error> {
+    Ok(merge_crds(
+        vec![v1alpha1::AppService::crd(), v1beta1::AppService::crd()],
+        STORAGE_VERSION,
+    )?)
+}
+
+/// Why a CRD could not be generated.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("merging the AppService versions into one CRD: {0}")]
+    Merge(#[from] kube::core::crd::MergeError),
+    #[error("serializing a CRD: {0}")]
+    Yaml(#[from] serde_saphyr::ser::Error),
 }
 
 /// The DatabaseClass CRD.
@@ -31,18 +51,22 @@ pub fn database_class_crd() -> CustomResourceDefinition {
 }
 
 /// The AppService CRD as the YAML document committed under [`CRD_PATH`].
-pub fn crd_yaml() -> Result<String, serde_saphyr::ser::Error> {
+pub fn crd_yaml() -> Result<String, Error> {
     Ok(format!(
         "{}{}",
-        header("common/src/types.rs"),
-        serde_saphyr::to_string(&crd())?
+        header("common/src/v1alpha1.rs and common/src/v1beta1.rs"),
+        serde_saphyr::to_string(&crd()?)?
     ))
 }
 
 /// Every generated CRD: `(path relative to the repository root, YAML, source file)`.
-pub fn generated() -> Result<Vec<(&'static str, String, &'static str)>, serde_saphyr::ser::Error> {
+pub fn generated() -> Result<Vec<(&'static str, String, &'static str)>, Error> {
     Ok(vec![
-        (CRD_PATH, crd_yaml()?, "common/src/types.rs"),
+        (
+            CRD_PATH,
+            crd_yaml()?,
+            "common/src/v1alpha1.rs and v1beta1.rs",
+        ),
         (
             DATABASE_CLASS_CRD_PATH,
             format!(

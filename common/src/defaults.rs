@@ -3,14 +3,27 @@
 //! The webhook turns the difference into a JSON patch; the controller applies the same
 //! function before building children, so both agree even when the webhook is bypassed.
 //! Every function here is idempotent: defaulting a defaulted object changes nothing.
+//!
+//! Each version has its own defaults for the fields it alone has (`ports` and their
+//! protocols in `v1beta1`, `port` in `v1alpha1`); they mean the same thing, which the
+//! property tests check by converting defaulted objects.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::names::LABEL_NAME;
-use crate::types::{AppService, AppServiceSpec, DEFAULT_PORT, DEFAULT_REPLICAS};
+use crate::types::{AppPort, AppService, AppServiceSpec, DEFAULT_PORT, DEFAULT_REPLICAS, Protocol};
+use crate::v1alpha1;
 
-/// Fills every omitted field of a spec with its default.
+/// Fills every omitted field of a spec with its default: one replica, the `http` port
+/// 8080 when no port is given, and `TCP` for every port without a protocol.
 pub fn default_spec(spec: &mut AppServiceSpec) {
     spec.replicas.get_or_insert(DEFAULT_REPLICAS);
-    spec.port.get_or_insert(DEFAULT_PORT);
+    if spec.ports.is_empty() {
+        spec.ports.push(AppPort::http(DEFAULT_PORT));
+    }
+    for port in &mut spec.ports {
+        port.protocol.get_or_insert(Protocol::Tcp);
+    }
 }
 
 /// Defaults an AppService: its spec, plus the recommended `app.kubernetes.io/name` label
@@ -18,8 +31,24 @@ pub fn default_spec(spec: &mut AppServiceSpec) {
 /// never changed.
 pub fn default_object(app: &mut AppService) {
     default_spec(&mut app.spec);
-    if let Some(name) = app.metadata.name.clone().filter(|n| !n.is_empty()) {
-        app.metadata
+    default_name_label(&mut app.metadata);
+}
+
+/// Fills every omitted field of a `v1alpha1` spec: one replica, port 8080.
+pub fn default_v1alpha1_spec(spec: &mut v1alpha1::AppServiceSpec) {
+    spec.replicas.get_or_insert(DEFAULT_REPLICAS);
+    spec.port.get_or_insert(DEFAULT_PORT);
+}
+
+/// [`default_object`] for a `v1alpha1` AppService.
+pub fn default_v1alpha1_object(app: &mut v1alpha1::AppService) {
+    default_v1alpha1_spec(&mut app.spec);
+    default_name_label(&mut app.metadata);
+}
+
+fn default_name_label(metadata: &mut ObjectMeta) {
+    if let Some(name) = metadata.name.clone().filter(|n| !n.is_empty()) {
+        metadata
             .labels
             .get_or_insert_with(Default::default)
             .entry(LABEL_NAME.to_owned())
@@ -41,7 +70,10 @@ mod tests {
         };
         default_spec(&mut spec);
         assert_eq!(spec.replicas, Some(DEFAULT_REPLICAS));
-        assert_eq!(spec.port, Some(DEFAULT_PORT));
+        assert_eq!(spec.ports, vec![AppPort::http(DEFAULT_PORT)]);
+        let mut old = v1alpha1::AppServiceSpec::default();
+        default_v1alpha1_spec(&mut old);
+        assert_eq!((old.replicas, old.port), (Some(1), Some(DEFAULT_PORT)));
     }
 
     #[test]
@@ -49,10 +81,13 @@ mod tests {
         let mut spec = AppServiceSpec {
             image: "nginx:1.27".into(),
             replicas: Some(0),
-            port: Some(9090),
+            ports: vec![AppPort {
+                name: "metrics".into(),
+                port: 9090,
+                protocol: Some(Protocol::Udp),
+            }],
             database: Some(DatabaseSpec {
-                enabled: false,
-                class: None,
+                class: "small".into(),
             }),
             ..Default::default()
         };

@@ -27,6 +27,19 @@ pub const MANAGED_BY: &str = "appservice-operator";
 /// object instead of re-implementing the API server's merge rules.
 pub const ANNOTATION_DESIRED_HASH: &str = "platform.example.com/desired-hash";
 
+/// Name of the port a `v1alpha1` `port` stands for, and of the default port.
+pub const DEFAULT_PORT_NAME: &str = "http";
+
+/// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `ports` list when
+/// `port` alone cannot express it (more ports, another name or protocol). Written and read
+/// only by conversion ([`crate::conversion`]), so an object created in `v1beta1` survives a
+/// read-edit-write by a `v1alpha1` client.
+pub const ANNOTATION_V1BETA1_PORTS: &str = "platform.example.com/v1beta1-ports";
+/// Annotation on a `v1beta1` AppService holding, as JSON, the `v1alpha1` `database` that
+/// `v1beta1` cannot express (`enabled: false`, with or without a class). Written and read
+/// only by conversion.
+pub const ANNOTATION_V1ALPHA1_DATABASE: &str = "platform.example.com/v1alpha1-database";
+
 /// Environment variable through which the application receives its database URL.
 pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 

@@ -5,6 +5,10 @@
 //! subset the API server can check itself. All errors are collected, each with its field
 //! path and in Kubernetes' format (`spec.port: Invalid value: 70000: must be between 1 and
 //! 65535`), so a user fixes everything in one round trip.
+//!
+//! The rules are written once, for the hub (`v1beta1`). A `v1alpha1` object is validated
+//! by converting it ([`crate::conversion`]) and naming the fields as `v1alpha1` has them
+//! ([`validate_v1alpha1`]), so both versions accept exactly the same objects.
 
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
@@ -17,8 +21,9 @@ use kube_quantity::ParsedQuantity;
 use crate::names::DATABASE_URL_ENV;
 use crate::types::{
     AppService, AppServiceSpec, MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN,
-    MAX_IMAGE_LEN, MAX_PORT, MAX_REPLICAS, MIN_PORT, MIN_REPLICAS,
+    MAX_IMAGE_LEN, MAX_PORT, MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MIN_PORT, MIN_REPLICAS,
 };
+use crate::{conversion, v1alpha1};
 
 /// Longest value quoted back in an error message; longer ones are shortened.
 const MAX_QUOTED_VALUE: usize = 128;
@@ -215,6 +220,36 @@ pub fn validate_report(new: &AppService, old: Option<&AppService>) -> Report {
     report
 }
 
+/// [`validate`] for a `v1alpha1` object: the hub's rules on its conversion, with field
+/// paths as the `v1alpha1` client wrote them (`spec.port`, not `spec.ports[0].port`).
+pub fn validate_v1alpha1(
+    new: &v1alpha1::AppService,
+    old: Option<&v1alpha1::AppService>,
+) -> Result<Warnings, FieldErrors> {
+    let report = validate_v1alpha1_report(new, old);
+    if report.errors.is_empty() {
+        Ok(report.warnings)
+    } else {
+        Err(report.errors)
+    }
+}
+
+/// Like [`validate_v1alpha1`], but returns errors and warnings together.
+pub fn validate_v1alpha1_report(
+    new: &v1alpha1::AppService,
+    old: Option<&v1alpha1::AppService>,
+) -> Report {
+    let hub = conversion::to_v1beta1(new);
+    let old = old.map(conversion::to_v1beta1);
+    let mut report = validate_report(&hub, old.as_ref());
+    for error in &mut report.errors.0 {
+        if let Some(rest) = error.field.strip_prefix("spec.ports[0].port") {
+            error.field = format!("spec.port{rest}");
+        }
+    }
+    report
+}
+
 fn validate_name(app: &AppService, errors: &mut Vec<FieldError>) {
     // With generateName the name is assigned after the mutating webhook ran; the
     // validating webhook and the controller always see it.
@@ -259,26 +294,16 @@ fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
             format!("must be between {MIN_REPLICAS} and {MAX_REPLICAS}"),
         ));
     }
-    if let Some(port) = spec.port
-        && !(MIN_PORT..=MAX_PORT).contains(&port)
-    {
-        errors.push(FieldError::invalid_int(
-            "spec.port",
-            port.into(),
-            format!("must be between {MIN_PORT} and {MAX_PORT}"),
-        ));
-    }
+    validate_ports(spec, errors);
     validate_env(spec, errors);
     if let Some(resources) = &spec.resources {
         validate_resources(resources, errors);
     }
-    if let Some(db) = &spec.database
-        && db.enabled
-    {
-        match db.class.as_deref() {
+    if let Some(db) = &spec.database {
+        match Some(db.class.as_str()) {
             None | Some("") => errors.push(FieldError::required(
                 "spec.database.class",
-                "required when spec.database.enabled is true",
+                "required when a database is requested",
             )),
             Some(class) if class.len() > MAX_CLASS_LEN => {
                 errors.push(FieldError::too_long("spec.database.class", MAX_CLASS_LEN));
@@ -289,6 +314,57 @@ fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
                 "must be a lowercase RFC 1123 subdomain (e.g. 'production-postgresql')",
             )),
             Some(_) => {}
+        }
+    }
+}
+
+fn validate_ports(spec: &AppServiceSpec, errors: &mut Vec<FieldError>) {
+    if spec.ports.len() > MAX_PORTS {
+        errors.push(FieldError::too_many(
+            "spec.ports",
+            spec.ports.len(),
+            MAX_PORTS,
+        ));
+    }
+    let mut names = HashSet::new();
+    let mut numbers = HashSet::new();
+    for (i, port) in spec.ports.iter().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        if port.name.is_empty() {
+            errors.push(FieldError::required(format!("{field}.name"), ""));
+        } else if port.name.len() > MAX_PORT_NAME_LEN {
+            errors.push(FieldError::too_long(
+                format!("{field}.name"),
+                MAX_PORT_NAME_LEN,
+            ));
+        } else if !is_iana_svc_name(&port.name) {
+            errors.push(FieldError::invalid_str(
+                format!("{field}.name"),
+                &port.name,
+                "must be an IANA service name: lowercase letters, digits and '-', at least one letter, no '--', not starting or ending with '-'",
+            ));
+        } else if !names.insert(port.name.as_str()) {
+            errors.push(FieldError::duplicate(format!("{field}.name"), &port.name));
+        }
+        if !(MIN_PORT..=MAX_PORT).contains(&port.port) {
+            errors.push(FieldError::invalid_int(
+                format!("{field}.port"),
+                port.port.into(),
+                format!("must be between {MIN_PORT} and {MAX_PORT}"),
+            ));
+        } else if !numbers.insert((port.port, port.protocol())) {
+            errors.push(
+                FieldError::new(
+                    format!("{field}.port"),
+                    ErrorType::Duplicate,
+                    format!(
+                        "port {} is already used with protocol {}",
+                        port.port,
+                        port.protocol().as_str()
+                    ),
+                )
+                .with_value(port.port.to_string()),
+            );
         }
     }
 }
@@ -392,7 +468,7 @@ fn validate_env(spec: &AppServiceSpec, errors: &mut Vec<FieldError>) {
     if spec.env.len() > MAX_ENV {
         errors.push(FieldError::too_many("spec.env", spec.env.len(), MAX_ENV));
     }
-    let database = spec.database.as_ref().is_some_and(|db| db.enabled);
+    let database = spec.database.is_some();
     let mut seen = HashSet::new();
     for (i, var) in spec.env.iter().enumerate() {
         let field = format!("spec.env[{i}]");
@@ -412,9 +488,7 @@ fn validate_env(spec: &AppServiceSpec, errors: &mut Vec<FieldError>) {
         } else if database && var.name == DATABASE_URL_ENV {
             errors.push(FieldError::forbidden(
                 &name_field,
-                format!(
-                    "{DATABASE_URL_ENV} is set by the operator when spec.database.enabled is true"
-                ),
+                format!("{DATABASE_URL_ENV} is set by the operator when a database is requested"),
             ));
         }
         if let Some(value) = &var.value
@@ -518,17 +592,14 @@ fn validate_resources(resources: &ResourceRequirements, errors: &mut Vec<FieldEr
 }
 
 fn validate_update(new: &AppServiceSpec, old: &AppServiceSpec, errors: &mut Vec<FieldError>) {
-    let enabled = |spec: &AppServiceSpec| spec.database.as_ref().is_some_and(|db| db.enabled);
-    if enabled(old) && enabled(new) {
-        let old_class = old.database.as_ref().and_then(|db| db.class.as_deref());
-        let new_class = new.database.as_ref().and_then(|db| db.class.as_deref());
-        if old_class != new_class {
-            errors.push(FieldError::invalid_str(
-                "spec.database.class",
-                new_class.unwrap_or_default(),
-                "field is immutable while the database is enabled",
-            ));
-        }
+    if let (Some(old), Some(new)) = (&old.database, &new.database)
+        && old.class != new.class
+    {
+        errors.push(FieldError::invalid_str(
+            "spec.database.class",
+            &new.class,
+            "field is immutable while the database is enabled",
+        ));
     }
 }
 
@@ -542,6 +613,18 @@ fn quote(value: &str) -> String {
         end -= 1;
     }
     format!("{:?}...(truncated, {} bytes)", &value[..end], value.len())
+}
+
+/// An IANA service name, as Kubernetes requires of port names: at most 15 lowercase
+/// letters, digits and '-', at least one letter, no '--', no '-' at either end.
+pub fn is_iana_svc_name(s: &str) -> bool {
+    (1..=MAX_PORT_NAME_LEN).contains(&s.len())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && s.chars().any(|c| c.is_ascii_lowercase())
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && !s.contains("--")
 }
 
 /// `[A-Za-z_][A-Za-z0-9_]*`

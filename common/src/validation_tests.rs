@@ -9,7 +9,12 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use pretty_assertions::assert_eq;
 
 use super::*;
-use crate::types::{DatabaseSpec, EnvVar};
+// These tests write v1alpha1 objects, the shape most rules were first written for: they
+// pin down that a v1alpha1 object is judged exactly as before the hub moved to v1beta1.
+// The v1beta1-only rules (ports) are tested at the end on the hub itself.
+use super::{validate_v1alpha1 as validate, validate_v1alpha1_report as validate_report};
+use crate::types::EnvVar;
+use crate::v1alpha1::{AppService, AppServiceSpec, DatabaseSpec};
 
 fn app(spec: AppServiceSpec) -> AppService {
     AppService::new("checkout", spec)
@@ -351,7 +356,7 @@ fn database_url_reserved_only_when_database_enabled() {
     assert_eq!(
         errors_of(&with_db(true)),
         vec![
-            "spec.env[0].name: Forbidden: DATABASE_URL is set by the operator when spec.database.enabled is true"
+            "spec.env[0].name: Forbidden: DATABASE_URL is set by the operator when a database is requested"
         ]
     );
     assert_eq!(errors_of(&with_db(false)), Vec::<String>::new());
@@ -417,9 +422,7 @@ fn database_class_required_when_enabled() {
         });
         assert_eq!(
             errors_of(&obj),
-            vec![
-                "spec.database.class: Required value: required when spec.database.enabled is true"
-            ]
+            vec!["spec.database.class: Required value: required when a database is requested"]
         );
     }
     let disabled = app(AppServiceSpec {
@@ -621,4 +624,102 @@ fn identifier_helpers() {
     assert!(!is_dns1123_subdomain("a..b"));
     assert!(!is_dns1123_subdomain(""));
     assert!(!is_dns1035_label(""));
+}
+
+mod v1beta1_ports {
+    use super::super::{validate, validate_report as validate_hub_report};
+    use crate::types::{AppPort, AppService, AppServiceSpec, Protocol};
+
+    fn port(name: &str, port: i32, protocol: Option<Protocol>) -> AppPort {
+        AppPort {
+            name: name.into(),
+            port,
+            protocol,
+        }
+    }
+
+    fn errors(ports: Vec<AppPort>) -> Vec<String> {
+        let app = AppService::new(
+            "checkout",
+            AppServiceSpec {
+                image: "nginx:1.27".into(),
+                ports,
+                ..Default::default()
+            },
+        );
+        validate_hub_report(&app, None)
+            .errors
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn several_ports_names_and_protocols() {
+        assert_eq!(
+            errors(vec![
+                port("http", 8080, None),
+                port("metrics", 9090, Some(Protocol::Tcp)),
+                port("dns", 8080, Some(Protocol::Udp)),
+            ]),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            errors(vec![]),
+            Vec::<String>::new(),
+            "empty means the default"
+        );
+        assert_eq!(
+            errors(vec![
+                port("http", 0, None),
+                port("http", 80, None),
+                port("-bad", 80, Some(Protocol::Tcp)),
+                port("12345", 81, None),
+                port("a-very-long-port-name", 82, None),
+                port("", 83, None),
+            ]),
+            vec![
+                "spec.ports[0].port: Invalid value: 0: must be between 1 and 65535",
+                "spec.ports[1].name: Duplicate value: \"http\"",
+                "spec.ports[2].name: Invalid value: \"-bad\": must be an IANA service name: lowercase letters, digits and '-', at least one letter, no '--', not starting or ending with '-'",
+                "spec.ports[2].port: Duplicate value: 80: port 80 is already used with protocol TCP",
+                "spec.ports[3].name: Invalid value: \"12345\": must be an IANA service name: lowercase letters, digits and '-', at least one letter, no '--', not starting or ending with '-'",
+                "spec.ports[4].name: Too long: may not be more than 15 bytes",
+                "spec.ports[5].name: Required value",
+            ]
+        );
+        let many: Vec<AppPort> = (0..17)
+            .map(|i| port(&format!("p{i}"), 1000 + i, None))
+            .collect();
+        assert_eq!(
+            errors(many),
+            vec!["spec.ports: Too many: 17: must have at most 16 items"]
+        );
+    }
+
+    #[test]
+    fn v1alpha1_port_errors_name_spec_port() {
+        let app = crate::v1alpha1::AppService::new(
+            "checkout",
+            crate::v1alpha1::AppServiceSpec {
+                image: "nginx:1.27".into(),
+                port: Some(70000),
+                ..Default::default()
+            },
+        );
+        let errors = super::validate_report(&app, None).errors.to_string();
+        assert_eq!(
+            errors,
+            "spec.port: Invalid value: 70000: must be between 1 and 65535"
+        );
+        // The same object in v1beta1 names the list entry.
+        let hub = crate::conversion::to_v1beta1(&app);
+        assert_eq!(
+            validate(&hub, None)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default(),
+            "spec.ports[0].port: Invalid value: 70000: must be between 1 and 65535"
+        );
+    }
 }

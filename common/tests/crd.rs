@@ -16,10 +16,10 @@ fn committed() -> String {
 
 #[test]
 fn committed_crd_matches_generated() {
-    let generated = crd_yaml().expect("CRD serializes");
+    let generated = crd_yaml().expect("CRD generates");
     assert!(
         committed() == generated,
-        "{CRD_PATH} differs from what common/src/types.rs generates; run `cargo xtask crd` and commit the result"
+        "{CRD_PATH} differs from what common/src/v1alpha1.rs and v1beta1.rs generate; run `cargo xtask crd` and commit the result"
     );
 }
 
@@ -27,38 +27,70 @@ fn committed_crd_matches_generated() {
 fn committed_crd_parses_back_to_the_same_object() {
     let parsed: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
         serde_saphyr::from_str(&committed()).expect("committed CRD is valid YAML");
-    assert_eq!(parsed, crd());
+    assert_eq!(parsed, crd().expect("CRD generates"));
+}
+
+fn crd_json() -> Value {
+    serde_json::to_value(crd().expect("CRD generates")).expect("CRD to JSON")
+}
+
+/// The schema of `version`.
+fn schema_of(version: &str) -> Value {
+    let crd = crd_json();
+    let versions = crd["spec"]["versions"].as_array().expect("versions");
+    versions
+        .iter()
+        .find(|v| v["name"] == version)
+        .unwrap_or_else(|| panic!("no version {version}"))["schema"]["openAPIV3Schema"]
+        .clone()
 }
 
 fn schema() -> Value {
-    let crd = serde_json::to_value(crd()).expect("CRD to JSON");
-    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+    schema_of("v1alpha1")
 }
 
 #[test]
 fn names_scope_and_subresources() {
-    let crd = serde_json::to_value(crd()).expect("CRD to JSON");
+    let crd = crd_json();
     assert_eq!(crd["metadata"]["name"], "appservices.platform.example.com");
     assert_eq!(crd["spec"]["scope"], "Namespaced");
     assert_eq!(crd["spec"]["names"]["shortNames"], json!(["appsrv"]));
-    let version = &crd["spec"]["versions"][0];
-    assert_eq!(version["name"], "v1alpha1");
-    assert_eq!(version["subresources"]["status"], json!({}));
-    assert_eq!(
-        version["subresources"]["scale"],
-        json!({
-            "specReplicasPath": ".spec.replicas",
-            "statusReplicasPath": ".status.readyReplicas",
-            "labelSelectorPath": ".status.selector"
-        })
-    );
-    let columns: Vec<&str> = version["additionalPrinterColumns"]
+    let versions: Vec<(&str, bool, bool)> = crd["spec"]["versions"]
         .as_array()
-        .expect("printer columns")
+        .expect("versions")
         .iter()
-        .filter_map(|c| c["name"].as_str())
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap_or_default(),
+                v["served"] == true,
+                v["storage"] == true,
+            )
+        })
         .collect();
-    assert_eq!(columns, vec!["Ready", "Replicas", "Endpoint", "Age"]);
+    assert_eq!(
+        versions,
+        vec![("v1beta1", true, true), ("v1alpha1", true, false)]
+    );
+    // The conversion webhook is the installation's (the chart adds it).
+    assert!(crd["spec"].get("conversion").is_none());
+    for version in crd["spec"]["versions"].as_array().expect("versions") {
+        assert_eq!(version["subresources"]["status"], json!({}));
+        assert_eq!(
+            version["subresources"]["scale"],
+            json!({
+                "specReplicasPath": ".spec.replicas",
+                "statusReplicasPath": ".status.readyReplicas",
+                "labelSelectorPath": ".status.selector"
+            })
+        );
+        let columns: Vec<&str> = version["additionalPrinterColumns"]
+            .as_array()
+            .expect("printer columns")
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        assert_eq!(columns, vec!["Ready", "Replicas", "Endpoint", "Age"]);
+    }
 }
 
 #[test]
@@ -75,6 +107,25 @@ fn defaults_and_bounds() {
     assert_eq!(spec["env"]["x-kubernetes-list-type"], "map");
     assert_eq!(spec["env"]["x-kubernetes-list-map-keys"], json!(["name"]));
     assert_eq!(spec["database"]["properties"]["enabled"]["default"], false);
+    let beta = &schema_of("v1beta1")["properties"]["spec"]["properties"];
+    assert_eq!(beta["replicas"]["default"], 1);
+    assert_eq!(
+        beta["ports"]["default"],
+        json!([{"name": "http", "port": 8080, "protocol": "TCP"}])
+    );
+    assert_eq!(beta["ports"]["maxItems"], 16);
+    assert_eq!(beta["ports"]["x-kubernetes-list-map-keys"], json!(["name"]));
+    let port = &beta["ports"]["items"]["properties"];
+    assert_eq!(port["port"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(port["port"]["maximum"].as_f64(), Some(65535.0));
+    assert_eq!(port["name"]["maxLength"], 15);
+    assert_eq!(port["protocol"]["enum"], json!(["TCP", "UDP", "SCTP"]));
+    assert_eq!(port["protocol"]["default"], "TCP");
+    assert_eq!(
+        beta["database"]["required"],
+        json!(["class"]),
+        "presence means requested: the class is required"
+    );
     // Non-nullable, so a null from a client is pruned and then defaulted.
     assert!(spec["replicas"].get("nullable").is_none());
     assert!(spec["port"].get("nullable").is_none());
@@ -107,8 +158,18 @@ fn every_property_has_a_description() {
         }
     }
     let mut missing = vec![];
-    walk("", &schema()["properties"]["spec"], &mut missing);
-    walk("", &schema()["properties"]["status"], &mut missing);
+    for version in ["v1alpha1", "v1beta1"] {
+        walk(
+            version,
+            &schema_of(version)["properties"]["spec"],
+            &mut missing,
+        );
+        walk(
+            version,
+            &schema_of(version)["properties"]["status"],
+            &mut missing,
+        );
+    }
     assert!(
         missing.is_empty(),
         "properties without a description: {missing:?}"
@@ -140,6 +201,25 @@ fn cel_rules_present() {
     );
     let db = rules(&s["properties"]["spec"]["properties"]["database"]);
     assert_eq!(db, vec!["!self.enabled || has(self.class)".to_owned()]);
+
+    let beta = schema_of("v1beta1");
+    assert!(
+        rules(&beta)
+            .iter()
+            .any(|r| r.contains("self.metadata.name"))
+    );
+    assert!(
+        rules(&beta["properties"]["spec"])
+            .iter()
+            .any(|r| r.contains("oldSelf.database"))
+    );
+    let ports = &beta["properties"]["spec"]["properties"]["ports"];
+    assert!(rules(ports).iter().any(|r| r.contains("q.port == p.port")));
+    assert!(
+        rules(&ports["items"])
+            .iter()
+            .any(|r| r.contains("self.name"))
+    );
 }
 
 #[test]
@@ -176,6 +256,7 @@ fn structural_no_untyped_nodes() {
     }
     let mut bad = vec![];
     walk("", &schema(), &mut bad);
+    walk("", &schema_of("v1beta1"), &mut bad);
     assert!(bad.is_empty(), "untyped schema nodes: {bad:?}");
 }
 

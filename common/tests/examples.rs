@@ -6,8 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use common::AppService;
-use common::validation::validate;
+use common::conversion::Version;
+use common::validation::{FieldErrors, Warnings, validate, validate_v1alpha1};
+use common::{AppService, v1alpha1};
 
 fn examples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
@@ -23,10 +24,36 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-fn load(path: &Path) -> (String, AppService) {
+/// An example in either version, as the hub (for its fields) and with its version's
+/// validation result.
+struct Example {
+    hub: AppService,
+    validation: Result<Warnings, FieldErrors>,
+}
+
+fn load(path: &Path) -> (String, Example) {
     let text = std::fs::read_to_string(path).expect("example readable");
-    let app = serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    (text, app)
+    let value: serde_json::Value =
+        serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let version = Version::from_api_version(value["apiVersion"].as_str().unwrap_or_default())
+        .unwrap_or_else(|| panic!("{}: unknown apiVersion", path.display()));
+    let example = match version {
+        Version::V1alpha1 => {
+            let app: v1alpha1::AppService = serde_json::from_value(value).expect("v1alpha1");
+            Example {
+                validation: validate_v1alpha1(&app, None),
+                hub: common::conversion::to_v1beta1(&app),
+            }
+        }
+        Version::V1beta1 => {
+            let app: AppService = serde_json::from_value(value).expect("v1beta1");
+            Example {
+                validation: validate(&app, None),
+                hub: app,
+            }
+        }
+    };
+    (text, example)
 }
 
 #[test]
@@ -37,16 +64,17 @@ fn valid_examples_pass() {
         "expected the valid examples, found {files:?}"
     );
     for path in files {
-        let (_, app) = load(&path);
-        assert_eq!(validate(&app, None), Ok(vec![]), "{}", path.display());
+        let (_, example) = load(&path);
+        assert_eq!(example.validation, Ok(vec![]), "{}", path.display());
     }
 }
 
 #[test]
 fn minimal_example_relies_on_defaults() {
-    let (_, app) = load(&examples_dir().join("minimal.yaml"));
+    let (_, example) = load(&examples_dir().join("minimal.yaml"));
+    let app = example.hub;
     assert_eq!(app.spec.replicas, None);
-    assert_eq!(app.spec.port, None);
+    assert_eq!(app.spec.ports, vec![]);
     assert_eq!((app.spec.replicas(), app.spec.port()), (1, 8080));
 }
 
@@ -58,7 +86,7 @@ fn invalid_examples_fail_with_declared_errors() {
         "expected invalid examples, found {files:?}"
     );
     for path in files {
-        let (text, app) = load(&path);
+        let (text, example) = load(&path);
         let expected: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# expect-error: "))
@@ -68,8 +96,9 @@ fn invalid_examples_fail_with_declared_errors() {
             "{} declares no expect-error line",
             path.display()
         );
-        let errors =
-            validate(&app, None).expect_err(&format!("{} must be invalid", path.display()));
+        let errors = example
+            .validation
+            .expect_err(&format!("{} must be invalid", path.display()));
         let actual: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert_eq!(
             actual.len(),

@@ -1,8 +1,14 @@
-//! Property tests: defaulting is idempotent and validation never panics, on arbitrary specs.
+//! Property tests: defaulting is idempotent and validation never panics, on arbitrary specs
+//! (written in `v1alpha1`, validated through conversion to the hub like the webhook does).
 
-use common::defaults::{default_object, default_spec};
-use common::validation::{validate, validate_report};
-use common::{AppService, AppServiceSpec, DatabaseSpec, EnvVar};
+use common::EnvVar;
+use common::defaults::{
+    default_v1alpha1_object as default_object, default_v1alpha1_spec as default_spec,
+};
+use common::v1alpha1::{AppService, AppServiceSpec, DatabaseSpec};
+use common::validation::{
+    validate_v1alpha1 as validate, validate_v1alpha1_report as validate_report,
+};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use proptest::prelude::*;

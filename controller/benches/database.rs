@@ -125,8 +125,7 @@ async fn main() -> anyhow::Result<()> {
             AppServiceSpec {
                 image: "registry.example.com/bench:v1".into(),
                 database: Some(DatabaseSpec {
-                    enabled: true,
-                    class: Some("bench".into()),
+                    class: "bench".into(),
                 }),
                 ..AppServiceSpec::default()
             },

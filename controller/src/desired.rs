@@ -4,12 +4,12 @@
 //! everything else (defaults, other managers' fields) alone, and [`crate::drift`]
 //! compares the live children with what they build.
 
-use common::AppService;
 use common::defaults::default_spec;
 use common::names::{
     DATABASE_URL_ENV, child_labels, database_secret_name, deployment_name, selector_labels,
     service_name,
 };
+use common::{AppService, Protocol};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec, Probe,
@@ -23,8 +23,12 @@ use crate::error::{Error, Result};
 
 /// Name of the application container in the Pod template.
 pub const CONTAINER_NAME: &str = "app";
-/// Name of the container port and of the Service port.
-pub const PORT_NAME: &str = "http";
+/// `apiVersion` of the owner reference on children. Children keep the one they were
+/// created with: changing it would rewrite every Deployment and Service on upgrade. The
+/// garbage collector finds an owner by its uid through any served version, so this can
+/// move to `v1beta1` only in a release that stops serving `v1alpha1`, with the rewrite
+/// that implies. The rollback to a `v1alpha1`-only controller relies on it too.
+pub const OWNER_API_VERSION: &str = "platform.example.com/v1alpha1";
 
 /// A metadata field the API server always sets on stored objects; its absence is a
 /// permanent error rather than a panic.
@@ -38,7 +42,7 @@ pub fn owner_reference(app: &AppService) -> Result<OwnerReference> {
     let name = required(&app.metadata.name, "metadata.name")?.to_owned();
     let uid = required(&app.metadata.uid, "metadata.uid")?.to_owned();
     Ok(OwnerReference {
-        api_version: AppService::api_version(&()).into_owned(),
+        api_version: OWNER_API_VERSION.to_owned(),
         kind: AppService::kind(&()).into_owned(),
         name,
         uid,
@@ -61,12 +65,12 @@ fn child_metadata(app: &AppService, name: String) -> Result<ObjectMeta> {
 }
 
 /// The Deployment that runs an AppService: `replicas` Pods of one container listening on
-/// `port`, ready once the port accepts TCP connections.
+/// each of `ports`, ready once the first TCP port accepts connections.
 pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
     let name = required(&app.metadata.name, "metadata.name")?;
     let mut spec = app.spec.clone();
     default_spec(&mut spec);
-    let port = spec.port();
+    let ports = spec.ports();
 
     let mut env: Vec<EnvVar> = spec
         .env
@@ -97,26 +101,36 @@ pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
     let container = Container {
         name: CONTAINER_NAME.to_owned(),
         image: Some(spec.image.clone()),
-        ports: Some(vec![ContainerPort {
-            name: Some(PORT_NAME.to_owned()),
-            container_port: port,
-            // Explicit: it is part of the list key the API server tracks ownership by.
-            protocol: Some("TCP".to_owned()),
-            ..ContainerPort::default()
-        }]),
+        ports: Some(
+            ports
+                .iter()
+                .map(|p| ContainerPort {
+                    name: Some(p.name.clone()),
+                    container_port: p.port,
+                    // Explicit: it is part of the list key the API server tracks ownership by.
+                    protocol: Some(p.protocol().as_str().to_owned()),
+                    ..ContainerPort::default()
+                })
+                .collect(),
+        ),
         env: (!env.is_empty()).then_some(env),
         resources: spec.resources.clone().filter(|r| {
             r.limits.as_ref().is_some_and(|l| !l.is_empty())
                 || r.requests.as_ref().is_some_and(|l| !l.is_empty())
                 || r.claims.as_ref().is_some_and(|l| !l.is_empty())
         }),
-        readiness_probe: Some(Probe {
-            tcp_socket: Some(TCPSocketAction {
-                port: IntOrString::Int(port),
-                ..TCPSocketAction::default()
+        // The first TCP port is the one the endpoint names when it is the first port;
+        // an application with only UDP or SCTP ports has no TCP readiness to probe.
+        readiness_probe: ports
+            .iter()
+            .find(|p| p.protocol() == Protocol::Tcp)
+            .map(|p| Probe {
+                tcp_socket: Some(TCPSocketAction {
+                    port: IntOrString::Int(p.port),
+                    ..TCPSocketAction::default()
+                }),
+                ..Probe::default()
             }),
-            ..Probe::default()
-        }),
         ..Container::default()
     };
 
@@ -144,21 +158,26 @@ pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
     })
 }
 
-/// The ClusterIP Service in front of an AppService's Pods, on `port`.
+/// The ClusterIP Service in front of an AppService's Pods, on each of `ports`.
 pub fn desired_service(app: &AppService) -> Result<Service> {
     let name = required(&app.metadata.name, "metadata.name")?;
-    let port = app.spec.port();
+    let ports = app.spec.ports();
     Ok(Service {
         metadata: child_metadata(app, service_name(name))?,
         spec: Some(ServiceSpec {
             selector: Some(selector_labels(name)),
-            ports: Some(vec![ServicePort {
-                name: Some(PORT_NAME.to_owned()),
-                port,
-                target_port: Some(IntOrString::Int(port)),
-                protocol: Some("TCP".to_owned()),
-                ..ServicePort::default()
-            }]),
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|p| ServicePort {
+                        name: Some(p.name.clone()),
+                        port: p.port,
+                        target_port: Some(IntOrString::Int(p.port)),
+                        protocol: Some(p.protocol().as_str().to_owned()),
+                        ..ServicePort::default()
+                    })
+                    .collect(),
+            ),
             // Explicit, so a type changed by someone else is put back.
             type_: Some("ClusterIP".to_owned()),
             ..ServiceSpec::default()
@@ -178,7 +197,7 @@ pub fn is_controlled_by(refs: Option<&[OwnerReference]>, owner_uid: &str) -> boo
 mod tests {
     use super::*;
     use common::names::{LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY};
-    use common::{AppServiceSpec, EnvVar as AppEnvVar};
+    use common::{AppPort, AppServiceSpec, EnvVar as AppEnvVar};
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use pretty_assertions::assert_eq;
@@ -257,6 +276,7 @@ mod tests {
         }
         let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(owner.kind, "AppService");
+        // Unchanged by the move of the hub to v1beta1: no child is rewritten on upgrade.
         assert_eq!(owner.api_version, "platform.example.com/v1alpha1");
         assert_eq!(owner.uid, "uid-1");
         assert_eq!(owner.controller, Some(true));
@@ -278,7 +298,7 @@ mod tests {
         };
         let d = desired_deployment(&app(AppServiceSpec {
             image: "nginx:1.27".into(),
-            port: Some(9090),
+            ports: vec![AppPort::http(9090)],
             env: vec![AppEnvVar {
                 name: "LOG_LEVEL".into(),
                 value: Some("info".into()),
@@ -309,10 +329,78 @@ mod tests {
     }
 
     #[test]
+    fn every_port_on_the_container_and_the_service_probe_on_the_first_tcp_one() {
+        let spec = AppServiceSpec {
+            image: "nginx:1.27".into(),
+            ports: vec![
+                AppPort {
+                    name: "dns".into(),
+                    port: 53,
+                    protocol: Some(Protocol::Udp),
+                },
+                AppPort {
+                    name: "metrics".into(),
+                    port: 9090,
+                    protocol: None,
+                },
+            ],
+            ..Default::default()
+        };
+        let d = desired_deployment(&app(spec.clone())).unwrap();
+        let ports: Vec<(Option<&str>, i32, Option<&str>)> = container(&d)
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| (p.name.as_deref(), p.container_port, p.protocol.as_deref()))
+            .collect();
+        assert_eq!(
+            ports,
+            vec![
+                (Some("dns"), 53, Some("UDP")),
+                (Some("metrics"), 9090, Some("TCP"))
+            ]
+        );
+        let probe = container(&d).readiness_probe.clone().unwrap();
+        assert_eq!(probe.tcp_socket.unwrap().port, IntOrString::Int(9090));
+        let s = desired_service(&app(spec)).unwrap();
+        type Row<'a> = (Option<&'a str>, i32, Option<IntOrString>, Option<&'a str>);
+        let ports: Vec<Row<'_>> = s
+            .spec
+            .as_ref()
+            .unwrap()
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p.name.as_deref(),
+                    p.port,
+                    p.target_port.clone(),
+                    p.protocol.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ports,
+            vec![
+                (Some("dns"), 53, Some(IntOrString::Int(53)), Some("UDP")),
+                (
+                    Some("metrics"),
+                    9090,
+                    Some(IntOrString::Int(9090)),
+                    Some("TCP")
+                )
+            ]
+        );
+    }
+
+    #[test]
     fn service_selects_pods_on_port() {
         let s = desired_service(&app(AppServiceSpec {
             image: "nginx:1.27".into(),
-            port: Some(9090),
+            ports: vec![AppPort::http(9090)],
             ..Default::default()
         }))
         .unwrap();

@@ -536,6 +536,46 @@ mod tests {
         assert!(ops[1]["value"][0].get("nodePort").is_none());
     }
 
+    /// Every port counts: a live child missing one of several ports, or with one whose
+    /// protocol changed, is repaired with the whole list (in order: the first port is
+    /// the endpoint).
+    #[test]
+    fn every_port_of_several_is_compared() {
+        let mut several = spec();
+        several.ports = serde_json::from_value(json!([
+            {"name": "http", "port": 8080},
+            {"name": "dns", "port": 53, "protocol": "UDP"},
+            {"name": "metrics", "port": 9090}
+        ]))
+        .unwrap();
+        let d = desired_deployment(&app(several.clone())).unwrap();
+        let s = desired_service(&app(several)).unwrap();
+        assert!(deployment_drift(&d, &as_stored(d.clone())).is_empty());
+        assert!(service_drift(&s, &s.clone()).is_empty());
+
+        let mut live = as_stored(d.clone());
+        let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
+        c.ports.as_mut().unwrap().pop();
+        let ops = deployment_drift(&d, &live);
+        let paths: Vec<&str> = ops.iter().map(|o| o["path"].as_str().unwrap()).collect();
+        // The first operation tests that container 0 is still ours.
+        assert_eq!(
+            paths,
+            [
+                "/spec/template/spec/containers/0/name",
+                "/spec/template/spec/containers/0/ports"
+            ]
+        );
+        assert_eq!(ops[1]["value"].as_array().unwrap().len(), 3);
+
+        let mut live = s.clone();
+        live.spec.as_mut().unwrap().ports.as_mut().unwrap()[1].protocol = Some("TCP".into());
+        let ops = service_drift(&s, &live);
+        let paths: Vec<&str> = ops.iter().map(|o| o["path"].as_str().unwrap()).collect();
+        assert_eq!(paths, ["/spec/ports"]);
+        assert_eq!(ops[0]["value"][1]["protocol"], "UDP");
+    }
+
     #[test]
     fn hash_is_stable_and_sensitive() {
         let a = desired_deployment(&app(spec())).unwrap();

@@ -31,6 +31,7 @@ pub mod error;
 pub mod external;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod ops;
 pub mod queue;
 pub mod reconcile;

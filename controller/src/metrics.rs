@@ -277,6 +277,11 @@ impl Metrics {
             .sum()
     }
 
+    /// API writes made so far by reconcile to one resource (one of [`WRITE_RESOURCES`]).
+    pub fn writes_to(&self, resource: &'static str) -> u64 {
+        self.writes.get_or_create(&WriteLabel { resource }).get()
+    }
+
     /// API writes made so far by reconcile, all resources.
     pub fn write_count(&self) -> u64 {
         WRITE_RESOURCES

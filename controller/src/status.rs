@@ -356,7 +356,7 @@ mod tests {
             AppServiceSpec {
                 image: "nginx:1.27".into(),
                 replicas: Some(replicas),
-                port: Some(8080),
+                ports: vec![common::AppPort::http(8080)],
                 ..Default::default()
             },
         );

@@ -417,9 +417,33 @@ mod tests {
 
     /// Everything the desired builders set survives into the views: the comparison
     /// and the repair patches built from a desired view lose nothing of it.
+    /// An AppService with several ports (the first one UDP), env and resources.
+    fn multi_port_app() -> AppService {
+        let mut app = app();
+        app.spec = serde_json::from_value(json!({
+            "image": "registry.example.com/dns:v2",
+            "replicas": 3,
+            "ports": [
+                {"name": "dns", "port": 53, "protocol": "UDP"},
+                {"name": "http", "port": 8053},
+                {"name": "metrics", "port": 9090, "protocol": "TCP"}
+            ],
+            "env": [{"name": "LOG_LEVEL", "value": "debug"}],
+            "resources": {"requests": {"cpu": "100m"}}
+        }))
+        .unwrap();
+        app
+    }
+
     #[test]
     fn desired_children_survive_the_view() {
-        let d = desired_deployment(&app()).unwrap();
+        for app in [app(), multi_port_app()] {
+            desired_children_survive_the_view_of(&app);
+        }
+    }
+
+    fn desired_children_survive_the_view_of(app: &AppService) {
+        let d = desired_deployment(app).unwrap();
         let v: DeploymentView = of(&d).unwrap();
         let want = serde_json::to_value(&d).unwrap();
         let containers =
@@ -436,10 +460,12 @@ mod tests {
         assert_eq!(v.spec.replicas, d.spec.replicas);
         assert_eq!(v.metadata.owner_references, d.metadata.owner_references);
 
-        let s = desired_service(&app()).unwrap();
+        let s = desired_service(app).unwrap();
         let v: ServiceView = of(&s).unwrap();
         let want = serde_json::to_value(&s).unwrap();
         assert_eq!(serde_json::to_value(&v.spec).unwrap(), want["spec"]);
+        let ports = want["spec"]["ports"].as_array().unwrap().len();
+        assert_eq!(ports, app.spec.ports().len());
     }
 
     #[test]

@@ -126,8 +126,7 @@ impl World {
     fn app(&self, name: &str) -> AppService {
         let mut app = support::app(name, "registry.example.com/shop:v1", 1);
         app.spec.database = Some(DatabaseSpec {
-            enabled: true,
-            class: Some(self.class.clone()),
+            class: self.class.clone(),
         });
         app
     }
@@ -475,8 +474,7 @@ async fn an_unknown_class_is_reported_and_nothing_is_rolled_out() -> anyhow::Res
     let apps = w.apps();
     let mut app = w.app("shop");
     app.spec.database = Some(DatabaseSpec {
-        enabled: true,
-        class: Some("no-such-class".into()),
+        class: "no-such-class".into(),
     });
     apps.create(&PostParams::default(), &app).await?;
     let app = eventually(WAIT, "DatabaseClassNotFound", || {
@@ -552,7 +550,7 @@ async fn disabling_or_deleting_follows_the_deletion_policy() -> anyhow::Result<(
     let db = db_name(&app);
 
     // Disable on a live AppService with Delete: dropped, Secret and condition gone.
-    let disable = json!({"spec": {"database": {"enabled": false}}});
+    let disable = json!({"spec": {"database": null}});
     apps.patch("shop", &PatchParams::default(), &Patch::Merge(&disable))
         .await?;
     eventually(WAIT, "the database dropped after disabling it", || {

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use common::conditions::{DEGRADED, READY, TRUE, reasons};
+use common::names::DEFAULT_PORT_NAME as PORT_NAME;
 use common::names::{FINALIZER, child_labels, endpoint, selector_labels};
 use common::{AppService, AppServiceSpec, EnvVar};
-use controller::desired::{CONTAINER_NAME, PORT_NAME};
+use controller::desired::CONTAINER_NAME;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -102,7 +103,7 @@ impl Fixture {
         let app = self.apps.get(name).await?;
         let spec = &app.spec;
         let replicas = spec.replicas.unwrap_or(1);
-        let port = spec.port.unwrap_or(8080);
+        let port = spec.port();
         let uid = app.uid().context("uid")?;
         let generation = app.metadata.generation;
 
@@ -647,7 +648,7 @@ async fn spec_change_after_a_foreign_port_edit_converges() -> anyhow::Result<()>
         .patch(
             "ports",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"port": 9090}})),
+            &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 9090}]}})),
         )
         .await?;
     let children = f.within("ports", HEAL, false).await?;
@@ -835,7 +836,7 @@ async fn zero_like_specs_converge_and_stay_quiet() -> anyhow::Result<()> {
     ];
     for (name, spec) in &shapes {
         let obj: AppService = serde_json::from_value(json!({
-            "apiVersion": "platform.example.com/v1alpha1",
+            "apiVersion": "platform.example.com/v1beta1",
             "kind": "AppService",
             "metadata": {"name": name},
             "spec": spec,

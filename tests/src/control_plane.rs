@@ -77,6 +77,8 @@ pub struct ControlPlane {
     apiserver: (usize, Vec<String>),
     /// How often kube-apiserver was restarted (names the new log file).
     restarts: std::sync::atomic::AtomicUsize,
+    /// etcd's client port (plain HTTP on 127.0.0.1), for [`Self::stored_object`].
+    etcd_port: u16,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -156,6 +158,7 @@ impl ControlPlane {
             paths,
             apiserver: (0, Vec::new()),
             restarts: std::sync::atomic::AtomicUsize::new(0),
+            etcd_port,
         };
         write(&cp.paths.kubeconfig, &cp.kubeconfig_yaml())?;
 
@@ -460,6 +463,50 @@ impl ControlPlane {
         }
     }
 
+    /// A custom resource as kube-apiserver stored it in etcd (the JSON of its key
+    /// `/registry/<group>/<plural>/<namespace>/<name>`), or `None` when there is no such
+    /// key. Its `apiVersion` is the version it is stored in: what a storage migration
+    /// changes and no API call shows.
+    pub async fn stored_object(
+        &self,
+        group: &str,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        let key = format!("/registry/{group}/{plural}/{namespace}/{name}");
+        let what = format!("reading {key} from etcd");
+        // etcd's gRPC gateway speaks JSON with base64 keys and values.
+        let request =
+            serde_json::json!({ "key": k8s_openapi::ByteString(key.clone().into_bytes()) });
+        let port = self.etcd_port;
+        let io_error = |what: &str, source: std::io::Error| Error::Io {
+            what: what.to_owned(),
+            source,
+        };
+        let body = tokio::task::spawn_blocking(move || {
+            http_post_local(port, "/v3/kv/range", &request.to_string())
+        })
+        .await
+        .map_err(|e| io_error(&what, std::io::Error::other(e)))?
+        .map_err(|e| io_error(&what, e))?;
+        let json = body
+            .split_once("\r\n\r\n")
+            .map(|(_, json)| json)
+            .unwrap_or_default();
+        let invalid = |reason: String| io_error(&what, std::io::Error::other(reason));
+        let answer: serde_json::Value = serde_json::from_str(json)
+            .map_err(|e| invalid(format!("{e} in the answer {body:?}")))?;
+        let Some(value) = answer.pointer("/kvs/0/value") else {
+            return Ok(None);
+        };
+        let bytes: k8s_openapi::ByteString = serde_json::from_value(value.clone())
+            .map_err(|e| invalid(format!("value of {key}: {e}")))?;
+        serde_json::from_slice(&bytes.0)
+            .map(Some)
+            .map_err(|e| invalid(format!("{key} is not stored as JSON: {e}")))
+    }
+
     /// Which components were started.
     pub fn options(&self) -> Options {
         self.options
@@ -733,6 +780,22 @@ fn http_get_local(port: u16, path: &str) -> std::io::Result<String> {
     let mut body = String::new();
     stream.read_to_string(&mut body)?;
     Ok(body)
+}
+
+/// A plain-HTTP POST of a JSON body to 127.0.0.1 (etcd's gRPC gateway); the raw answer.
+fn http_post_local(port: u16, path: &str, body: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
 }
 
 /// kwok's stages: node-initialize, node-heartbeat and pod-ready/complete/delete, as

@@ -43,7 +43,7 @@ mod shared;
 mod webhooks;
 
 pub use control_plane::{ControlPlane, KWOK_NODE_ANNOTATION, LogGuard, NODE_NAME, Options};
-pub use crds::{FIELD_MANAGER, crd_dir, load_crds};
+pub use crds::{FIELD_MANAGER, appservice_crd_path, crd_dir, load_crd, load_crds};
 pub use error::{Error, Result};
 pub use namespace::{TEST_NAMESPACE_LABEL, TestNamespace};
 pub use otlp::{OtlpReceiver, ReceivedSpan};

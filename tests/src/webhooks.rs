@@ -32,7 +32,7 @@ use crate::error::{Error, Result, kube as kube_err};
 pub const PROBE_LABEL: &str = "appservice-tests.example.com/webhook-probe";
 
 const GROUP: &str = "platform.example.com";
-const VERSION: &str = "v1alpha1";
+const VERSIONS: [&str; 2] = ["v1alpha1", "v1beta1"];
 const RESOURCE: &str = "appservices";
 /// Nothing listens on port 1 of the loopback address (binding it needs root and no
 /// service uses it), so calls to the probe fail at once with "connection refused".
@@ -73,7 +73,7 @@ impl Webhooks {
 fn rules() -> Vec<RuleWithOperations> {
     vec![RuleWithOperations {
         api_groups: Some(vec![GROUP.to_owned()]),
-        api_versions: Some(vec![VERSION.to_owned()]),
+        api_versions: Some(VERSIONS.iter().map(|v| (*v).to_owned()).collect()),
         operations: Some(vec!["CREATE".to_owned(), "UPDATE".to_owned()]),
         resources: Some(vec![RESOURCE.to_owned()]),
         scope: Some("Namespaced".to_owned()),
@@ -220,7 +220,7 @@ impl ControlPlane {
     }
 
     async fn wait_probe(&self, client: &kube::Client, namespace: &str, kind: &str) -> Result<()> {
-        let gvk = GroupVersionKind::gvk(GROUP, VERSION, "AppService");
+        let gvk = GroupVersionKind::gvk(GROUP, VERSIONS[0], "AppService");
         let resource = ApiResource::from_gvk_with_plural(&gvk, RESOURCE);
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
         let mut probe = DynamicObject::new("webhook-probe", &resource);

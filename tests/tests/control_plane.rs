@@ -7,7 +7,7 @@
 
 use std::process::Command;
 
-use common::{AppService, AppServiceSpec, DatabaseSpec};
+use common::{AppPort, AppService, AppServiceSpec, DatabaseSpec};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -59,7 +59,8 @@ async fn crd_is_established_and_served_with_its_subresources() -> TestResult {
         .and_then(|g| g.recommended_kind("AppService"))
         .expect("AppService is discoverable");
     assert_eq!(resource.plural, "appservices");
-    assert_eq!(resource.version, "v1alpha1");
+    // The preferred (and stored) version; v1alpha1 is still served.
+    assert_eq!(resource.version, "v1beta1");
     let subresources: Vec<_> = caps
         .subresources
         .iter()
@@ -86,7 +87,7 @@ async fn an_appservice_is_created_read_back_and_defaulted_by_the_schema() -> Tes
     assert_eq!(read.spec.image, "registry.example.com/checkout:v3.4.0");
     // Defaults come from the CRD's structural schema, applied by the API server.
     assert_eq!(read.spec.replicas, Some(1));
-    assert_eq!(read.spec.port, Some(8080));
+    assert_eq!(read.spec.ports, vec![AppPort::http(8080)]);
     assert_eq!(read.metadata.generation, Some(1));
 
     let listed = api.list(&ListParams::default()).await?;
@@ -95,21 +96,16 @@ async fn an_appservice_is_created_read_back_and_defaulted_by_the_schema() -> Tes
 }
 
 #[tokio::test]
-async fn database_enabled_without_class_is_rejected_with_the_rules_message() -> TestResult {
+async fn a_database_without_class_is_rejected() -> TestResult {
     let cp = harness::shared().await?;
     let ns = cp.namespace().await?;
     let api: Api<AppService> = Api::namespaced(cp.client(), &ns);
     let mut bad = spec("registry.example.com/db:v1");
     bad.database = Some(DatabaseSpec {
-        enabled: true,
-        class: None,
+        class: String::new(),
     });
     let (code, message) = rejection(api.create(&PostParams::default(), &app("db", bad)).await);
     assert_eq!(code, 422, "{message}");
-    assert!(
-        message.contains("database.class is required when database.enabled is true"),
-        "{message}"
-    );
     assert!(
         message.contains("spec.database.class"),
         "field path: {message}"
@@ -123,14 +119,14 @@ async fn schema_bounds_are_enforced() -> TestResult {
     let ns = cp.namespace().await?;
     let api: Api<AppService> = Api::namespaced(cp.client(), &ns);
     let mut bad = spec("registry.example.com/app:v1");
-    bad.port = Some(70000);
+    bad.ports = vec![AppPort::http(70000)];
     bad.replicas = Some(-1);
     let (code, message) = rejection(
         api.create(&PostParams::default(), &app("bounds", bad))
             .await,
     );
     assert_eq!(code, 422, "{message}");
-    assert!(message.contains("spec.port"), "{message}");
+    assert!(message.contains("spec.ports[0].port"), "{message}");
     assert!(message.contains("spec.replicas"), "{message}");
     Ok(())
 }
@@ -162,33 +158,30 @@ async fn database_class_cannot_change_while_enabled() -> TestResult {
     let api: Api<AppService> = Api::namespaced(cp.client(), &ns);
     let mut with_db = spec("registry.example.com/shop:v1");
     with_db.database = Some(DatabaseSpec {
-        enabled: true,
-        class: Some("small".into()),
+        class: "small".into(),
     });
     api.create(&PostParams::default(), &app("shop", with_db))
         .await?;
 
-    let change = json!({"spec": {"database": {"enabled": true, "class": "large"}}});
+    let change = json!({"spec": {"database": {"class": "large"}}});
     let (code, message) = rejection(
         api.patch("shop", &PatchParams::default(), &Patch::Merge(&change))
             .await,
     );
     assert_eq!(code, 422, "{message}");
     assert!(
-        message.contains("database.class is immutable while the database is enabled"),
+        message.contains("database.class is immutable while a database is requested"),
         "{message}"
     );
 
-    // Disabling first, then changing, is allowed.
-    let disable = json!({"spec": {"database": {"enabled": false, "class": "large"}}});
-    api.patch("shop", &PatchParams::default(), &Patch::Merge(&disable))
+    // Removing the database first, then requesting another class, is allowed.
+    let remove = json!({"spec": {"database": null}});
+    api.patch("shop", &PatchParams::default(), &Patch::Merge(&remove))
         .await?;
-    let read = api.get("shop").await?;
-    assert_eq!(read.spec.database_class(), None);
-    assert_eq!(
-        read.spec.database.and_then(|d| d.class).as_deref(),
-        Some("large")
-    );
+    assert_eq!(api.get("shop").await?.spec.database_class(), None);
+    api.patch("shop", &PatchParams::default(), &Patch::Merge(&change))
+        .await?;
+    assert_eq!(api.get("shop").await?.spec.database_class(), Some("large"));
     Ok(())
 }
 
@@ -199,7 +192,7 @@ async fn server_side_apply_and_the_status_subresource_work() -> TestResult {
     let api: Api<AppService> = Api::namespaced(cp.client(), &ns);
     let ssa = PatchParams::apply("appservice-tests-user").force();
     let desired = json!({
-        "apiVersion": "platform.example.com/v1alpha1",
+        "apiVersion": "platform.example.com/v1beta1",
         "kind": "AppService",
         "metadata": {"name": "web"},
         "spec": {"image": "registry.example.com/web:v1", "replicas": 3},
@@ -224,7 +217,7 @@ async fn server_side_apply_and_the_status_subresource_work() -> TestResult {
 
     // Status goes through the status subresource, with its own field manager...
     let status = json!({
-        "apiVersion": "platform.example.com/v1alpha1",
+        "apiVersion": "platform.example.com/v1beta1",
         "kind": "AppService",
         "status": {
             "observedGeneration": again.metadata.generation,

@@ -12,9 +12,10 @@
 
 use std::fmt::Display;
 
+use common::conversion::Version;
 use common::names::GROUP;
 use common::validation::{ErrorType, FieldErrors};
-use common::{AppService, defaults};
+use common::{AppService, defaults, v1alpha1};
 use json_patch::{Patch, PatchOperation};
 use kube::core::admission::{AdmissionResponse, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
@@ -24,15 +25,15 @@ use serde_json::value::RawValue;
 
 use crate::metrics::{self, Decision};
 use crate::policy::{PolicySet, Violation};
-use crate::review::{self, Envelope, Object, ObjectError};
+use crate::review::{self, App, Envelope, Object, ObjectError};
 
 pub use crate::review::Request;
 
 /// The only AdmissionReview version the API server still sends.
 pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
-/// Kind and version of the resource this webhook admits.
+/// Kind of the resource this webhook admits, in either version (`v1alpha1`, `v1beta1`):
+/// the API server sends the version the client wrote.
 pub const KIND: &str = "AppService";
-pub const VERSION: &str = "v1alpha1";
 
 /// A request body that is not a usable AdmissionReview: answered with HTTP 400.
 #[derive(Debug, thiserror::Error)]
@@ -134,8 +135,8 @@ pub fn denied(body: &[u8], message: &str) -> Option<AdmissionResponse> {
 
 /// What a review is about, once it is known to concern an AppService write.
 enum Subject {
-    /// CREATE or UPDATE of the AppService itself.
-    Write,
+    /// CREATE or UPDATE of the AppService itself, in this version.
+    Write(Version),
     /// Anything we let through untouched (DELETE, CONNECT, a subresource).
     PassThrough,
 }
@@ -151,18 +152,23 @@ fn subject(req: &Request<'_>) -> Result<Subject, Box<AdmissionResponse>> {
         return Ok(Subject::PassThrough);
     }
     let kind = &req.kind;
-    if kind.group != GROUP || kind.kind != KIND || kind.version != VERSION {
-        let got = if kind.group.is_empty() {
-            format!("{}/{}", kind.version, kind.kind)
-        } else {
-            format!("{}/{} {}", kind.group, kind.version, kind.kind)
-        };
-        return Err(bad_request(
-            req,
-            format!("this webhook admits {GROUP}/{VERSION} {KIND} only, got {got}"),
-        ));
+    let version = Version::from_version(&kind.version);
+    match version {
+        Some(version) if kind.group == GROUP && kind.kind == KIND => Ok(Subject::Write(version)),
+        _ => {
+            let got = if kind.group.is_empty() {
+                format!("{}/{}", kind.version, kind.kind)
+            } else {
+                format!("{}/{} {}", kind.group, kind.version, kind.kind)
+            };
+            Err(bad_request(
+                req,
+                format!(
+                    "this webhook admits {GROUP}/v1alpha1 and {GROUP}/v1beta1 {KIND} only, got {got}"
+                ),
+            ))
+        }
     }
-    Ok(Subject::Write)
 }
 
 /// A well-formed review whose content cannot be admitted as is: `allowed: false`, 400.
@@ -178,6 +184,7 @@ fn decode(
     req: &Request<'_>,
     raw: Option<&RawValue>,
     field: &str,
+    version: Version,
 ) -> Result<Object, Box<AdmissionResponse>> {
     let Some(raw) = raw else {
         return Err(bad_request(
@@ -185,9 +192,12 @@ fn decode(
             format!("{field} is missing from the request"),
         ));
     };
-    review::decode_object(raw).map_err(|error| match error {
+    review::decode_object(raw, version).map_err(|error| match error {
         ObjectError::TooLarge(errors) => too_large(req, &errors),
-        ObjectError::Invalid(e) => bad_request(req, format!("{field} is not a valid {KIND}: {e}")),
+        ObjectError::Invalid(e) => bad_request(
+            req,
+            format!("{field} is not a valid {} {KIND}: {e}", version.as_str()),
+        ),
     })
 }
 
@@ -202,16 +212,20 @@ fn too_large(req: &Request<'_>, errors: &FieldErrors) -> Box<AdmissionResponse> 
 /// `/mutate`: the JSON patch that applies `common`'s defaults, or no patch at all when the
 /// object is already defaulted.
 pub fn mutate(req: &Request<'_>) -> AdmissionResponse {
-    match subject(req) {
+    let version = match subject(req) {
         Err(response) => return *response,
         Ok(Subject::PassThrough) => return allow(req),
-        Ok(Subject::Write) => {}
-    }
-    let object = match decode(req, req.object, "object") {
+        Ok(Subject::Write(version)) => version,
+    };
+    let object = match decode(req, req.object, "object", version) {
         Ok(object) => object,
         Err(response) => return *response,
     };
-    let patch = match defaults_patch(&object.app) {
+    let patch = match &object.app {
+        App::V1alpha1(app) => defaults_patch_v1alpha1(app),
+        App::V1beta1(app) => defaults_patch(app),
+    };
+    let patch = match patch {
         Ok(patch) => patch,
         Err(message) => {
             tracing::error!(%message, "defaults patch does not apply to the incoming object");
@@ -247,11 +261,25 @@ pub fn mutate(req: &Request<'_>) -> AdmissionResponse {
 pub fn defaults_patch(app: &AppService) -> Result<Patch, String> {
     let mut defaulted = app.clone();
     defaults::default_object(&mut defaulted);
-    if defaulted == *app {
+    add_only_patch(app, &defaulted)
+}
+
+/// [`defaults_patch`] for a `v1alpha1` object: that version's defaults, in its shape.
+pub fn defaults_patch_v1alpha1(app: &v1alpha1::AppService) -> Result<Patch, String> {
+    let mut defaulted = app.clone();
+    defaults::default_v1alpha1_object(&mut defaulted);
+    add_only_patch(app, &defaulted)
+}
+
+fn add_only_patch<T: serde::Serialize + PartialEq>(
+    app: &T,
+    defaulted: &T,
+) -> Result<Patch, String> {
+    if defaulted == app {
         return Ok(Patch(Vec::new()));
     }
     let before = serde_json::to_value(app).map_err(|e| e.to_string())?;
-    let after = serde_json::to_value(&defaulted).map_err(|e| e.to_string())?;
+    let after = serde_json::to_value(defaulted).map_err(|e| e.to_string())?;
     let patch = json_patch::diff(&before, &after);
     if let Some(op) = patch
         .0
@@ -271,12 +299,12 @@ pub fn validate(
     policies: &PolicySet,
     namespace_object: Option<Value>,
 ) -> AdmissionResponse {
-    match subject(req) {
+    let version = match subject(req) {
         Err(response) => return *response,
         Ok(Subject::PassThrough) => return allow(req),
-        Ok(Subject::Write) => {}
-    }
-    let object = match decode(req, req.object, "object") {
+        Ok(Subject::Write(version)) => version,
+    };
+    let object = match decode(req, req.object, "object", version) {
         Ok(object) => object,
         Err(response) => return *response,
     };
@@ -289,7 +317,7 @@ pub fn validate(
                 "oldObject is missing from the UPDATE request".to_owned(),
             );
         };
-        match review::decode_spec_only(raw_old) {
+        match review::decode_spec_only(raw_old, version) {
             Ok(old) => Some(old),
             Err(e) => {
                 // Refusing would block every update of an object stored before a schema
@@ -304,7 +332,17 @@ pub fn validate(
     } else {
         None
     };
-    let report = common::validation::validate_report(&object.app, old.as_ref().map(|old| &old.app));
+    let old = old.map(|old| old.app);
+    let report = match (&object.app, old) {
+        (App::V1alpha1(new), Some(App::V1alpha1(old))) => {
+            common::validation::validate_v1alpha1_report(new, Some(&old))
+        }
+        (App::V1alpha1(new), _) => common::validation::validate_v1alpha1_report(new, None),
+        (App::V1beta1(new), Some(App::V1beta1(old))) => {
+            common::validation::validate_report(new, Some(&old))
+        }
+        (App::V1beta1(new), _) => common::validation::validate_report(new, None),
+    };
     warnings.extend(report.warnings);
     let violations = if policies.is_empty() {
         Vec::new()
@@ -331,7 +369,7 @@ pub fn validate(
         return response;
     }
     response.allowed = false;
-    let name = object.app.metadata.name.as_deref().unwrap_or_default();
+    let name = object.app.name().unwrap_or_default();
     response.result = denial(name, &report.errors, &violations);
     response
 }

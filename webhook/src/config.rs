@@ -14,6 +14,11 @@ use clap::{Parser, ValueEnum};
 pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 /// Bodies held at once across all requests: eight maximal reviews.
 pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 8 * DEFAULT_MAX_BODY_BYTES;
+/// `/convert` bodies larger than this are refused with 413. A list read in the version
+/// that is not stored is converted in one ConversionReview per page (kubectl and
+/// kube-runtime page at 500 objects), and an unpaginated list in one: 8 MiB is several
+/// thousand AppServices, a third of the in-flight budget.
+pub const DEFAULT_MAX_CONVERT_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -87,6 +92,11 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 
+    /// Largest accepted `/convert` body in bytes (a ConversionReview carries a whole
+    /// page of a list); larger ones get 413. Counted in the in-flight budget too.
+    #[arg(long, env = "WEBHOOK_MAX_CONVERT_BODY_BYTES", default_value_t = DEFAULT_MAX_CONVERT_BODY_BYTES)]
+    pub max_convert_body_bytes: usize,
+
     /// Bytes of request bodies held at once, across all requests. A review costs at most
     /// a few times its body while it is decoded, so this bounds the memory of reviews in
     /// progress; a request that does not fit waits (up to the request timeout).
@@ -157,6 +167,7 @@ impl Config {
             policy_timeout: Duration::from_secs(2),
             shutdown_timeout: Duration::from_secs(25),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_convert_body_bytes: DEFAULT_MAX_CONVERT_BODY_BYTES,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             max_connections: 1024,
             max_concurrent_streams: 64,

@@ -1,11 +1,12 @@
-//! The AppService admission webhook as a library: the admission decisions
-//! ([`admission`]), the CEL policies ([`policy`]), TLS with certificate reload ([`tls`]),
+//! The AppService admission and conversion webhook as a library: the admission decisions
+//! ([`admission`]), CRD version conversion ([`conversion`]), the CEL policies ([`policy`]), TLS with certificate reload ([`tls`]),
 //! the routes ([`routes`]) and the server that ties them together ([`server`]). The
 //! binary only parses flags, sets up logging and the crypto provider, and runs
 //! [`server::serve`]; tests and the benchmark use the same entry points.
 
 pub mod admission;
 pub mod config;
+pub mod conversion;
 pub mod expression;
 pub mod logging;
 pub mod metrics;
@@ -59,6 +60,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub max_body_bytes: usize,
+    /// Largest `/convert` body.
+    pub max_convert_body_bytes: usize,
     /// Bytes of bodies held at once across requests (see [`State::body_budget`]).
     pub max_in_flight_bytes: usize,
     pub request_timeout: Duration,
@@ -70,6 +73,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body_bytes: config::DEFAULT_MAX_BODY_BYTES,
+            max_convert_body_bytes: config::DEFAULT_MAX_CONVERT_BODY_BYTES,
             max_in_flight_bytes: config::DEFAULT_MAX_IN_FLIGHT_BYTES,
             request_timeout: Duration::from_secs(10),
             policy_timeout: Duration::from_secs(2),
@@ -101,7 +105,11 @@ pub struct State {
 impl State {
     /// State without a certificate (for in-process tests of the routes); never ready.
     pub fn new(policies: PolicyStore, metrics: Arc<Metrics>, limits: Limits) -> Self {
-        let budget = limits.max_in_flight_bytes.max(limits.max_body_bytes);
+        // At least one request of the largest kind always fits.
+        let budget = limits
+            .max_in_flight_bytes
+            .max(limits.max_body_bytes)
+            .max(limits.max_convert_body_bytes);
         State {
             policies,
             metrics,

@@ -19,6 +19,8 @@ use prometheus_client::registry::Registry;
 pub enum Endpoint {
     Mutate,
     Validate,
+    /// `/convert`: CRD version conversion (counted in `conversions`, not `requests`).
+    Convert,
 }
 
 impl Endpoint {
@@ -26,6 +28,7 @@ impl Endpoint {
         match self {
             Endpoint::Mutate => "mutate",
             Endpoint::Validate => "validate",
+            Endpoint::Convert => "convert",
         }
     }
 }
@@ -97,6 +100,7 @@ macro_rules! label_value_from_as_str {
 }
 label_value_from_as_str!(
     Endpoint,
+    ConversionResult,
     Operation,
     Decision,
     ReloadResult,
@@ -106,7 +110,43 @@ label_value_from_as_str!(
 );
 
 impl Endpoint {
+    /// The admission endpoints, counted by operation and decision.
     const ALL: [Endpoint; 2] = [Endpoint::Mutate, Endpoint::Validate];
+    /// Every endpoint with a latency histogram, in `as usize` order.
+    const TIMED: [Endpoint; 3] = [Endpoint::Mutate, Endpoint::Validate, Endpoint::Convert];
+}
+
+/// How a ConversionReview ended.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ConversionResult {
+    /// Every object converted.
+    Success,
+    /// Answered with `result.status: Failure` (an object could not be converted, or an
+    /// unsupported version was asked for).
+    Failure,
+    /// The body was not a ConversionReview: HTTP 400.
+    BadRequest,
+}
+
+impl ConversionResult {
+    const ALL: [ConversionResult; 3] = [
+        ConversionResult::Success,
+        ConversionResult::Failure,
+        ConversionResult::BadRequest,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConversionResult::Success => "success",
+            ConversionResult::Failure => "failure",
+            ConversionResult::BadRequest => "bad_request",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConversionLabels {
+    pub result: ConversionResult,
 }
 
 impl Operation {
@@ -133,17 +173,19 @@ impl Decision {
 pub enum Path {
     Mutate,
     Validate,
+    Convert,
     /// Anything else (answered 404 or 405).
     Other,
 }
 
 impl Path {
-    const ALL: [Path; 3] = [Path::Mutate, Path::Validate, Path::Other];
+    const ALL: [Path; 4] = [Path::Mutate, Path::Validate, Path::Convert, Path::Other];
 
     pub fn of(path: &str) -> Path {
         match path {
             "/mutate" => Path::Mutate,
             "/validate" => Path::Validate,
+            "/convert" => Path::Convert,
             _ => Path::Other,
         }
     }
@@ -152,6 +194,7 @@ impl Path {
         match self {
             Path::Mutate => "/mutate",
             Path::Validate => "/validate",
+            Path::Convert => "/convert",
             Path::Other => "other",
         }
     }
@@ -277,6 +320,7 @@ pub struct ReloadLabels {
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
+    conversions: Family<ConversionLabels, Counter>,
     duration: Family<EndpointLabels, Histogram>,
     cert_expiry: Gauge<i64>,
     cert_reloads: Family<ReloadLabels, Counter>,
@@ -311,6 +355,12 @@ impl Metrics {
             "admission_requests",
             "Admission requests by endpoint, operation and decision",
             requests.clone(),
+        );
+        let conversions = Family::<ConversionLabels, Counter>::default();
+        registry.register(
+            "conversion_reviews",
+            "ConversionReviews (CRD version conversion on /convert) by result",
+            conversions.clone(),
         );
         let duration = Family::<EndpointLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(DURATION_BUCKETS)
@@ -369,8 +419,13 @@ impl Metrics {
             connections.clone(),
         );
         // Every fixed series from the start, at 0.
-        for endpoint in Endpoint::ALL {
+        for endpoint in Endpoint::TIMED {
             drop(duration.get_or_create(&EndpointLabels { endpoint }));
+        }
+        for result in ConversionResult::ALL {
+            drop(conversions.get_or_create(&ConversionLabels { result }));
+        }
+        for endpoint in Endpoint::ALL {
             for operation in Operation::ALL {
                 for decision in Decision::ALL {
                     drop(requests.get_or_create(&RequestLabels {
@@ -395,8 +450,10 @@ impl Metrics {
         }
         let mut request_series = Vec::new();
         let mut duration_series = Vec::new();
-        for endpoint in Endpoint::ALL {
+        for endpoint in Endpoint::TIMED {
             duration_series.push(duration.get_or_create(&EndpointLabels { endpoint }).clone());
+        }
+        for endpoint in Endpoint::ALL {
             for operation in Operation::ALL {
                 for decision in Decision::ALL {
                     request_series.push(
@@ -432,12 +489,20 @@ impl Metrics {
             connections,
             process,
             requests,
+            conversions,
             duration,
             cert_expiry,
             cert_reloads,
             policy_reloads,
             policies,
         }
+    }
+
+    /// Counts a ConversionReview by how it ended.
+    pub fn observe_conversion(&self, result: ConversionResult) {
+        self.conversions
+            .get_or_create(&ConversionLabels { result })
+            .inc();
     }
 
     /// Counts a review by its decision.
@@ -477,6 +542,7 @@ impl Metrics {
         let endpoint = match path {
             Path::Mutate => Endpoint::Mutate,
             Path::Validate => Endpoint::Validate,
+            Path::Convert => Endpoint::Convert,
             Path::Other => return,
         };
         match self.duration_series.get(endpoint as usize) {

@@ -12,13 +12,15 @@
 
 use std::fmt;
 
-use common::names::LABEL_NAME;
-use common::types::{MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_IMAGE_LEN};
+use common::conversion::Version;
+use common::names::{ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_PORTS, LABEL_NAME};
+use common::types::{MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_IMAGE_LEN, MAX_PORTS};
 use common::validation::{FieldError, FieldErrors};
-use common::{AppService, AppServiceSpec};
+use common::{AppService, v1alpha1};
 use kube::core::admission::Operation;
 use kube::core::{GroupVersionKind, GroupVersionResource, ObjectMeta};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
@@ -128,11 +130,29 @@ pub enum Labels {
 }
 
 /// An AppService from a review, decoded for the rules: metadata holds only name,
-/// generateName, namespace and (when set) the name label.
+/// generateName, namespace, (when set) the name label and the conversion annotations
+/// (they carry what `v1alpha1` cannot express, which the rules check too).
 #[derive(Debug)]
 pub struct Object {
-    pub app: AppService,
+    pub app: App,
     pub labels: Labels,
+}
+
+/// An AppService in the version the client wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub enum App {
+    V1alpha1(v1alpha1::AppService),
+    V1beta1(AppService),
+}
+
+impl App {
+    /// The object's name, if it has one yet.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            App::V1alpha1(app) => app.metadata.name.as_deref(),
+            App::V1beta1(app) => app.metadata.name.as_deref(),
+        }
+    }
 }
 
 /// Why an object was not decoded.
@@ -153,36 +173,50 @@ impl fmt::Display for ObjectError {
     }
 }
 
-/// Decodes an AppService from its raw JSON, checking the bounds first.
-pub fn decode_object(raw: &RawValue) -> Result<Object, ObjectError> {
+/// Decodes an AppService of `version` from its raw JSON, checking the bounds first.
+pub fn decode_object(raw: &RawValue, version: Version) -> Result<Object, ObjectError> {
     let shell: Shell<'_> = serde_json::from_str(raw.get()).map_err(|plain| {
         ObjectError::Invalid(
             tracked::<Shell<'_>>(raw.get(), "").unwrap_or_else(|| plain.to_string()),
         )
     })?;
-    decode_shell(shell)
+    decode_shell(shell, version)
 }
 
 /// Decodes only the spec of an AppService (the stored object of an UPDATE: the update
 /// rules compare specs), checking the bounds first; metadata is skipped unread.
-pub fn decode_spec_only(raw: &RawValue) -> Result<Object, ObjectError> {
+pub fn decode_spec_only(raw: &RawValue, version: Version) -> Result<Object, ObjectError> {
     #[derive(Deserialize)]
     struct SpecShell<'a> {
         #[serde(default, borrow)]
         spec: Option<&'a RawValue>,
+        // What v1alpha1 cannot express is part of the spec the update rules compare.
+        #[serde(default)]
+        metadata: AnnotationsOnly,
+    }
+    #[derive(Default, Deserialize)]
+    struct AnnotationsOnly {
+        #[serde(default)]
+        annotations: ConversionAnnotations,
     }
     let shell: SpecShell<'_> = serde_json::from_str(raw.get()).map_err(|plain| {
         ObjectError::Invalid(
             tracked::<SpecShell<'_>>(raw.get(), "").unwrap_or_else(|| plain.to_string()),
         )
     })?;
-    decode_shell(Shell {
-        metadata: Meta::default(),
-        spec: shell.spec,
-    })
+    decode_shell(
+        Shell {
+            metadata: Meta {
+                annotations: shell.metadata.annotations,
+                ..Meta::default()
+            },
+            spec: shell.spec,
+        },
+        version,
+    )
 }
 
-fn decode_shell(shell: Shell<'_>) -> Result<Object, ObjectError> {
+fn decode_shell(shell: Shell<'_>, version: Version) -> Result<Object, ObjectError> {
     let Some(spec) = shell.spec else {
         return Err(ObjectError::Invalid("missing field `spec`".to_owned()));
     };
@@ -197,11 +231,6 @@ fn decode_shell(shell: Shell<'_>) -> Result<Object, ObjectError> {
             return Err(ObjectError::TooLarge(FieldErrors(errors)));
         }
     }
-    let spec: AppServiceSpec = serde_json::from_str(spec.get()).map_err(|plain| {
-        ObjectError::Invalid(
-            tracked::<AppServiceSpec>(spec.get(), "spec").unwrap_or_else(|| plain.to_string()),
-        )
-    })?;
     let meta = shell.metadata;
     let mut labels_map = None;
     if let Labels::Present { name_label } = &meta.labels.0 {
@@ -211,20 +240,35 @@ fn decode_shell(shell: Shell<'_>) -> Result<Object, ObjectError> {
         }
         labels_map = Some(map);
     }
-    let app = AppService {
-        metadata: ObjectMeta {
-            name: meta.name,
-            generate_name: meta.generate_name,
-            namespace: meta.namespace,
-            labels: labels_map,
-            ..ObjectMeta::default()
-        },
-        spec,
-        status: None,
+    let metadata = ObjectMeta {
+        name: meta.name,
+        generate_name: meta.generate_name,
+        namespace: meta.namespace,
+        labels: labels_map,
+        annotations: (!meta.annotations.0.is_empty()).then_some(meta.annotations.0),
+        ..ObjectMeta::default()
+    };
+    let app = match version {
+        Version::V1alpha1 => App::V1alpha1(v1alpha1::AppService {
+            metadata,
+            spec: typed_spec(spec)?,
+            status: None,
+        }),
+        Version::V1beta1 => App::V1beta1(AppService {
+            metadata,
+            spec: typed_spec(spec)?,
+            status: None,
+        }),
     };
     Ok(Object {
         app,
         labels: meta.labels.0,
+    })
+}
+
+fn typed_spec<S: DeserializeOwned>(spec: &RawValue) -> Result<S, ObjectError> {
+    serde_json::from_str(spec.get()).map_err(|plain| {
+        ObjectError::Invalid(tracked::<S>(spec.get(), "spec").unwrap_or_else(|| plain.to_string()))
     })
 }
 
@@ -267,6 +311,45 @@ struct Meta {
     namespace: Option<String>,
     #[serde(default)]
     labels: LabelsField,
+    #[serde(default)]
+    annotations: ConversionAnnotations,
+}
+
+/// The conversion annotations of `metadata.annotations`; every other one is skipped.
+#[derive(Default)]
+struct ConversionAnnotations(std::collections::BTreeMap<String, String>);
+
+impl<'de> Deserialize<'de> for ConversionAnnotations {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ConversionAnnotations;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of annotations")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ConversionAnnotations, E> {
+                Ok(ConversionAnnotations::default())
+            }
+            fn visit_none<E: de::Error>(self) -> Result<ConversionAnnotations, E> {
+                Ok(ConversionAnnotations::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ConversionAnnotations, A::Error> {
+                let mut kept = std::collections::BTreeMap::new();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == ANNOTATION_V1BETA1_PORTS || key == ANNOTATION_V1ALPHA1_DATABASE {
+                        kept.insert(key.into_owned(), map.next_value::<String>()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(ConversionAnnotations(kept))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
 }
 
 #[derive(Default)]
@@ -332,6 +415,8 @@ struct SpecShape {
     #[serde(default)]
     env: EnvShape,
     #[serde(default)]
+    ports: Len,
+    #[serde(default)]
     resources: Option<ResourcesShape>,
 }
 
@@ -354,6 +439,9 @@ impl SpecShape {
             errors.push(FieldError::too_many("spec.env", self.env.count, MAX_ENV));
         } else {
             errors.extend(self.env.errors.iter().cloned());
+        }
+        if self.ports.0 > MAX_PORTS {
+            errors.push(FieldError::too_many("spec.ports", self.ports.0, MAX_PORTS));
         }
         if let Some(resources) = &self.resources {
             for (field, len) in [
@@ -563,19 +651,25 @@ mod tests {
             "spec":{"image":"nginx:1","env":[{"name":"A","value":"1"}],"future":[1,2]},
             "status":{"anything":true}}"#,
         );
-        let object = decode_object(&object).unwrap();
-        assert_eq!(object.app.metadata.name.as_deref(), Some("a"));
-        assert_eq!(object.app.metadata.namespace.as_deref(), Some("n"));
+        let object = decode_object(&object, Version::V1alpha1).unwrap();
+        let App::V1alpha1(app) = &object.app else {
+            panic!("not v1alpha1")
+        };
+        assert_eq!(app.metadata.name.as_deref(), Some("a"));
+        assert_eq!(app.metadata.namespace.as_deref(), Some("n"));
         assert_eq!(
             object.labels,
             Labels::Present {
                 name_label: Some("a".into())
             }
         );
-        assert_eq!(object.app.metadata.annotations, None);
-        assert_eq!(object.app.spec.env.len(), 1);
-        let object =
-            decode_object(&raw(r#"{"metadata":{"labels":null},"spec":{"image":"x"}}"#)).unwrap();
+        assert_eq!(app.metadata.annotations, None);
+        assert_eq!(app.spec.env.len(), 1);
+        let object = decode_object(
+            &raw(r#"{"metadata":{"labels":null},"spec":{"image":"x"}}"#),
+            Version::V1beta1,
+        )
+        .unwrap();
         assert_eq!(object.labels, Labels::Absent);
     }
 
@@ -588,7 +682,8 @@ mod tests {
             r#"{{"metadata":{{"name":"a"}},"spec":{{"image":"x","env":[{}]}}}}"#,
             env.join(",")
         );
-        let Err(ObjectError::TooLarge(errors)) = decode_object(&raw(&json)) else {
+        let Err(ObjectError::TooLarge(errors)) = decode_object(&raw(&json), Version::V1beta1)
+        else {
             panic!("not refused");
         };
         assert_eq!(
@@ -600,7 +695,8 @@ mod tests {
             r#"{{"metadata":{{"name":"a"}},"spec":{{"image":"{}","env":[{{"name":"A","value":"{long}"}}]}}}}"#,
             "b".repeat(600)
         );
-        let Err(ObjectError::TooLarge(errors)) = decode_object(&raw(&json)) else {
+        let Err(ObjectError::TooLarge(errors)) = decode_object(&raw(&json), Version::V1beta1)
+        else {
             panic!("not refused");
         };
         let text = errors.to_string();
@@ -610,14 +706,23 @@ mod tests {
 
     #[test]
     fn type_errors_carry_their_path() {
-        let err = decode_object(&raw(r#"{"spec":{"image":"x","replicas":"three"}}"#)).unwrap_err();
+        let err = decode_object(
+            &raw(r#"{"spec":{"image":"x","replicas":"three"}}"#),
+            Version::V1alpha1,
+        )
+        .unwrap_err();
         assert!(
             err.to_string().starts_with("spec.replicas: invalid type"),
             "{err}"
         );
-        let err = decode_object(&raw(r#"{"metadata":{"name":"a"}}"#)).unwrap_err();
+        let err =
+            decode_object(&raw(r#"{"metadata":{"name":"a"}}"#), Version::V1alpha1).unwrap_err();
         assert_eq!(err.to_string(), "missing field `spec`");
-        let err = decode_object(&raw(r#"{"metadata":{"name":5},"spec":{}}"#)).unwrap_err();
+        let err = decode_object(
+            &raw(r#"{"metadata":{"name":5},"spec":{}}"#),
+            Version::V1alpha1,
+        )
+        .unwrap_err();
         assert!(
             err.to_string().starts_with("metadata.name: invalid type"),
             "{err}"

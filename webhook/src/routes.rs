@@ -20,10 +20,11 @@ use tracing::{Span, instrument};
 
 use crate::State;
 use crate::admission::{self, decode_review, operation_label};
-use crate::metrics::{Decision, Endpoint, Operation, Path};
+use crate::metrics::{ConversionResult, Decision, Endpoint, Operation, Path};
 use crate::policy::INLINE_COST_LIMIT;
 
-/// The admission router: `POST /mutate` and `POST /validate`, with the body limit (413
+/// The admission router: `POST /mutate`, `POST /validate` and `POST /convert` (CRD
+/// conversion), with the body limit (413
 /// beyond it), the in-flight body budget, and the per-request timeout (408). Every
 /// answer, including 404 and 405, is counted by path and status code.
 pub fn router(state: Arc<State>) -> Router {
@@ -31,8 +32,14 @@ pub fn router(state: Arc<State>) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
+        .route("/convert", post(convert))
         // Explicit, so the layers below apply to it too.
-        .fallback(|| async { (StatusCode::NOT_FOUND, "not found: use /mutate or /validate") })
+        .fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                "not found: use /mutate, /validate or /convert",
+            )
+        })
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             limits.request_timeout,
@@ -71,21 +78,64 @@ async fn observe(
 
 #[instrument(name = "admission", skip_all, fields(endpoint = "mutate", uid))]
 async fn mutate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
-    match read_body(&state, request).await {
-        Ok((body, _permit)) => review(&state, Endpoint::Mutate, &body),
+    match read_body(&state, request, state.limits.max_body_bytes).await {
+        Ok((body, _permit)) => review(&state, Review::Mutate, &body),
         Err(response) => response,
+    }
+}
+
+#[instrument(name = "conversion", skip_all, fields(endpoint = "convert"))]
+async fn convert(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
+    let max = state.limits.max_convert_body_bytes;
+    let (body, _permit) = match read_body(&state, request, max).await {
+        Ok(read) => read,
+        Err(response) => return response,
+    };
+    match crate::conversion::convert(&body) {
+        Ok(answer) => {
+            let result = if answer.succeeded() {
+                tracing::debug!(
+                    uid = %answer.response.uid,
+                    objects = answer.response.converted_objects.len(),
+                    "converted"
+                );
+                ConversionResult::Success
+            } else {
+                tracing::warn!(
+                    uid = %answer.response.uid,
+                    reason = %answer.response.result.message,
+                    "conversion failed"
+                );
+                ConversionResult::Failure
+            };
+            state.metrics.observe_conversion(result);
+            match serde_json::to_vec(&answer) {
+                Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+                Err(error) => {
+                    tracing::error!(%error, "cannot serialize the ConversionReview");
+                    (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
+                }
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "malformed conversion request");
+            state
+                .metrics
+                .observe_conversion(ConversionResult::BadRequest);
+            (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+        }
     }
 }
 
 #[instrument(name = "admission", skip_all, fields(endpoint = "validate", uid))]
 async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
-    let (body, _permit) = match read_body(&state, request).await {
+    let (body, _permit) = match read_body(&state, request, state.limits.max_body_bytes).await {
         Ok(read) => read,
         Err(response) => return response,
     };
     let cost = state.policies.current().cost();
     if cost <= INLINE_COST_LIMIT {
-        return review(&state, Endpoint::Validate, &body);
+        return review(&state, Review::Validate, &body);
     }
     // Costlier policies run on a blocking thread, a bounded number at once, within their
     // time budget (waiting for a free slot included): they never stall the workers
@@ -98,7 +148,7 @@ async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> 
             let state_for_task = state.clone();
             tokio::task::spawn_blocking(move || {
                 let _slot = slot;
-                span.in_scope(|| review(&state_for_task, Endpoint::Validate, &body))
+                span.in_scope(|| review(&state_for_task, Review::Validate, &body))
             })
             .await
         }
@@ -139,12 +189,12 @@ fn review_body(response: kube::core::admission::AdmissionResponse) -> Response {
 
 /// Reads the body into one buffer of its declared size, after reserving that many bytes
 /// of the in-flight budget (waiting for them, within the request timeout). A declared
-/// or actual size over the limit is 413 before more is read.
+/// or actual size over `max` is 413 before more is read.
 async fn read_body(
     state: &State,
     request: Request,
+    max: usize,
 ) -> Result<(Bytes, OwnedSemaphorePermit), Response> {
-    let max = state.limits.max_body_bytes;
     let too_large = || {
         (
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -187,7 +237,24 @@ async fn read_body(
     Ok((buffer.freeze(), permit))
 }
 
-fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
+/// The two admission reviews; `/convert` answers ConversionReviews in [`convert`].
+#[derive(Clone, Copy, Debug)]
+enum Review {
+    Mutate,
+    Validate,
+}
+
+impl Review {
+    fn endpoint(self) -> Endpoint {
+        match self {
+            Review::Mutate => Endpoint::Mutate,
+            Review::Validate => Endpoint::Validate,
+        }
+    }
+}
+
+fn review(state: &State, kind: Review, body: &[u8]) -> Response {
+    let endpoint = kind.endpoint();
     let span = Span::current();
     let request = match decode_review(body) {
         Ok(request) => request,
@@ -202,9 +269,9 @@ fn review(state: &State, endpoint: Endpoint, body: &[u8]) -> Response {
     span.record("uid", request.uid.as_str());
     let operation = operation_label(&request.operation);
 
-    let response = match endpoint {
-        Endpoint::Mutate => admission::mutate(&request),
-        Endpoint::Validate => admission::validate(
+    let response = match kind {
+        Review::Mutate => admission::mutate(&request),
+        Review::Validate => admission::validate(
             &request,
             &state.policies.current(),
             state.namespace_object(request.namespace.as_deref()),

@@ -114,6 +114,7 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
     };
     let limits = Limits {
         max_body_bytes: config.max_body_bytes,
+        max_convert_body_bytes: config.max_convert_body_bytes,
         max_in_flight_bytes: config.max_in_flight_bytes,
         request_timeout: config.request_timeout,
         policy_timeout: config.policy_timeout,

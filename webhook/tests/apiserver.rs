@@ -6,6 +6,12 @@
 //! validating admission. So the tests below use rules only the webhook knows (image
 //! references, env names, requests vs limits, the name label, policies) to prove that
 //! the webhook, not the schema, answered.
+//!
+//! The tests write `v1alpha1`, the version the admission tests were first written for;
+//! the API server stores `v1beta1` and converts through the webhook's `/convert` (one
+//! server for the whole binary, since the CRD's conversion is cluster-wide), so every
+//! write and read here also goes through conversion. `objects_survive_read_edit_write_across_versions`
+//! mixes the versions on purpose.
 // Test helpers outside #[test] functions unwrap too: a failure is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,11 +21,12 @@ use std::path::PathBuf;
 use std::process::Output;
 use std::time::Duration;
 
-use common::AppService;
+use common::v1alpha1::AppService;
 use harness::{ControlPlane, TestNamespace, Webhooks};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::TestCerts;
+use tokio::sync::OnceCell;
 use webhook::Server;
 
 struct Env {
@@ -48,6 +55,7 @@ impl Env {
         let server = webhook::start_with_client(&config, Some(cp.client()))
             .await
             .unwrap();
+        converter(cp, &ns).await;
         let webhooks = cp
             .register_webhooks(
                 &ns,
@@ -110,6 +118,33 @@ impl Env {
     }
 }
 
+/// The conversion webhook every test of this binary shares, set on the CRD once. Each
+/// `#[tokio::test]` has its own runtime, so the server runs on a runtime of its own
+/// thread and lives as long as the binary.
+async fn converter(cp: &'static ControlPlane, ns: &str) {
+    static CONVERTER: OnceCell<()> = OnceCell::const_new();
+    CONVERTER
+        .get_or_init(|| async {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Runtime::new().unwrap();
+                runtime.block_on(async move {
+                    let certs = TestCerts::new();
+                    let server = webhook::start(&certs.config(None)).await.unwrap();
+                    let _ = tx.send((server.tls_addr(), certs.ca.cert_pem().to_owned()));
+                    // Keep the server and its certificate files for the whole binary.
+                    let _keep = (server, certs);
+                    std::future::pending::<()>().await;
+                });
+            });
+            let (addr, ca) = rx.await.unwrap();
+            cp.use_conversion_webhook(&format!("https://{addr}"), &ca, ns)
+                .await
+                .expect("conversion webhook in effect");
+        })
+        .await;
+}
+
 fn app(name: &str, spec: serde_json::Value) -> AppService {
     serde_json::from_value(json!({
         "apiVersion": "platform.example.com/v1alpha1",
@@ -146,6 +181,7 @@ async fn defaults_are_stored_and_a_defaulted_object_is_not_patched() {
         .unwrap();
     assert_eq!(created.spec.replicas, Some(1));
     assert_eq!(created.spec.port, Some(8080));
+    assert_eq!(created.metadata.annotations, None, "nothing to carry");
     // Only the webhook adds this label (the schema cannot).
     let labels = created.metadata.labels.clone().unwrap_or_default();
     assert_eq!(
@@ -507,5 +543,148 @@ async fn policies_see_namespace_labels() {
         allowed,
         "the relabelled namespace never allowed a single replica"
     );
+    env.finish().await;
+}
+
+fn beta_api(env: &Env) -> Api<common::AppService> {
+    Api::namespaced(env.cp.client(), &env.ns)
+}
+
+#[tokio::test]
+async fn objects_survive_read_edit_write_across_versions() {
+    let env = Env::new("policies: []\n").await;
+    let alpha = env.api();
+    let beta = beta_api(&env);
+
+    // Written in v1beta1 with what v1alpha1 cannot say: a v1alpha1 client edits it.
+    let created: common::AppService = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1beta1",
+        "kind": "AppService",
+        "metadata": {"name": "multi"},
+        "spec": {"image": "registry.example.com/multi:v1", "ports": [
+            {"name": "web", "port": 8080},
+            {"name": "metrics", "port": 9090},
+            {"name": "dns", "port": 5353, "protocol": "UDP"}
+        ], "database": {"class": "small"}}
+    }))
+    .unwrap();
+    beta.create(&PostParams::default(), &created).await.unwrap();
+    let mut read = alpha.get("multi").await.unwrap();
+    assert_eq!(read.spec.port, Some(8080));
+    let db = read.spec.database.clone().unwrap();
+    assert!(db.enabled && db.class.as_deref() == Some("small"));
+    read.spec.port = Some(8081);
+    read.spec.replicas = Some(3);
+    alpha
+        .replace("multi", &PostParams::default(), &read)
+        .await
+        .unwrap();
+    let back = beta.get("multi").await.unwrap();
+    let ports: Vec<(&str, i32, Option<common::Protocol>)> = back
+        .spec
+        .ports
+        .iter()
+        .map(|p| (p.name.as_str(), p.port, p.protocol))
+        .collect();
+    use common::Protocol::{Tcp, Udp};
+    assert_eq!(
+        ports,
+        vec![
+            ("web", 8081, Some(Tcp)),
+            ("metrics", 9090, Some(Tcp)),
+            ("dns", 5353, Some(Udp))
+        ]
+    );
+    assert_eq!(back.spec.replicas, Some(3));
+    assert_eq!(back.spec.database_class(), Some("small"));
+    assert_eq!(
+        back.metadata.annotations, None,
+        "the carried ports are not stored"
+    );
+
+    // Written in v1alpha1 with what v1beta1 cannot say: a v1beta1 client edits it.
+    alpha
+        .create(
+            &PostParams::default(),
+            &app(
+                "legacy",
+                json!({"image": "registry.example.com/legacy:v1", "port": 9000,
+                       "database": {"enabled": false, "class": "large"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut read = beta.get("legacy").await.unwrap();
+    assert_eq!(read.spec.ports, vec![common::AppPort::http(9000)]);
+    assert_eq!(read.spec.database, None);
+    read.spec.image = "registry.example.com/legacy:v2".into();
+    beta.replace("legacy", &PostParams::default(), &read)
+        .await
+        .unwrap();
+    let back = alpha.get("legacy").await.unwrap();
+    assert_eq!(back.spec.image, "registry.example.com/legacy:v2");
+    assert_eq!(back.spec.port, Some(9000));
+    assert_eq!(
+        back.spec.database,
+        Some(common::v1alpha1::DatabaseSpec {
+            enabled: false,
+            class: Some("large".into())
+        })
+    );
+    assert_eq!(back.metadata.annotations, None);
+
+    // The webhook validates v1beta1 too: a port name only it checks.
+    let mut bad = created.clone();
+    bad.metadata.name = Some("badports".into());
+    bad.spec.ports[1].name = "12345".into();
+    let error = beta.create(&PostParams::default(), &bad).await.unwrap_err();
+    assert!(error.to_string().contains("spec.ports[1].name"), "{error}");
+
+    // kubectl lists and explains both versions.
+    for resource in [
+        "appservices.v1alpha1.platform.example.com",
+        "appservices.v1beta1.platform.example.com",
+    ] {
+        let out = env.kubectl(&["get", resource], None).await;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.starts_with("NAME") && text.contains("READY") && text.contains("ENDPOINT"),
+            "{text}"
+        );
+        assert!(text.contains("multi") && text.contains("legacy"), "{text}");
+    }
+    for (version, field) in [("v1alpha1", "port"), ("v1beta1", "ports")] {
+        let out = env
+            .kubectl(
+                &[
+                    "explain",
+                    "appservices.spec",
+                    &format!("--api-version=platform.example.com/{version}"),
+                ],
+                None,
+            )
+            .await;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains(&format!("VERSION:    {version}")) || text.contains(version),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{field}\t"))
+                    || l.trim_start().starts_with(&format!("{field} "))),
+            "{version}: {text}"
+        );
+    }
     env.finish().await;
 }

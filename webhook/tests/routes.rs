@@ -212,7 +212,7 @@ async fn wrong_kind_is_a_clear_answer() {
         assert_eq!(response["status"]["code"], 400);
         assert_eq!(
             response["status"]["message"],
-            "this webhook admits platform.example.com/v1alpha1 AppService only, got v1/Pod"
+            "this webhook admits platform.example.com/v1alpha1 and platform.example.com/v1beta1 AppService only, got v1/Pod"
         );
     }
 }
@@ -255,6 +255,52 @@ async fn oversize_body_gets_413() {
     let (status, body) = oneshot(&app, "POST", "/validate", bytes(&review)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(response_of(&body)["allowed"], true);
+}
+
+/// A ConversionReview of `n` v1alpha1 AppServices, each padded to about `pad` bytes.
+fn conversion_review(n: usize, pad: usize) -> Vec<u8> {
+    let objects: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+                   "metadata": {"name": format!("app-{i}"), "namespace": "shop", "uid": format!("uid-{i}"),
+                                "annotations": {"padding": "x".repeat(pad)}},
+                   "spec": {"image": "registry.example.com/app:v1", "port": 8080}})
+        })
+        .collect();
+    bytes(&json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "ConversionReview",
+        "request": {"uid": "c-1", "desiredAPIVersion": "platform.example.com/v1beta1", "objects": objects}
+    }))
+}
+
+#[tokio::test]
+async fn convert_has_its_own_body_limit_above_the_admission_one() {
+    let app = router(state(None));
+    // A page of 500 objects of 10 KiB: over the 3 MiB admission limit, under /convert's 8 MiB.
+    let body = conversion_review(500, 10 * 1024);
+    assert!(body.len() > 3 * 1024 * 1024 && body.len() < 8 * 1024 * 1024);
+    let (status, reply) = oneshot(&app, "POST", "/convert", body).await;
+    assert_eq!(status, StatusCode::OK);
+    let reply: Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(reply["response"]["result"]["status"], "Success");
+    let converted = reply["response"]["convertedObjects"].as_array().unwrap();
+    assert_eq!(converted.len(), 500);
+    assert_eq!(converted[499]["spec"]["ports"][0]["port"], 8080);
+
+    // Over 8 MiB: refused before it is converted.
+    let body = conversion_review(900, 10 * 1024);
+    assert!(body.len() > 8 * 1024 * 1024);
+    let (status, reply) = oneshot(&app, "POST", "/convert", body).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        String::from_utf8_lossy(&reply).contains("limit of 8388608 bytes"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    // The admission endpoints keep their own limit.
+    let (status, _) = oneshot(&app, "POST", "/validate", conversion_review(500, 10 * 1024)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
 #[tokio::test]

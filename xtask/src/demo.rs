@@ -155,6 +155,15 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         )
         .await
         .context("registering the webhooks")?;
+    // The same server converts between v1alpha1 and v1beta1 (/convert), as the chart
+    // wires it: `kubectl get appservices.v1alpha1.platform.example.com` reads losslessly.
+    cp.use_conversion_webhook(
+        &format!("https://127.0.0.1:{webhook_port}"),
+        ca.cert_pem(),
+        NAMESPACE,
+    )
+    .await
+    .context("setting the conversion webhook")?;
     println!(
         "webhook serving on https://127.0.0.1:{webhook_port} (ops http://127.0.0.1:{webhook_ops})"
     );
@@ -188,11 +197,15 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         cmd
     };
     let examples = root.join("examples");
-    println!("\n$ kubectl apply -f examples/appservice.yaml -f examples/minimal.yaml");
+    println!(
+        "\n$ kubectl apply -f examples/appservice.yaml -f examples/minimal.yaml -f examples/appservice-v1alpha1.yaml"
+    );
     let status = kubectl(&["apply", "-f"])
         .arg(examples.join("appservice.yaml"))
         .arg("-f")
         .arg(examples.join("minimal.yaml"))
+        .arg("-f")
+        .arg(examples.join("appservice-v1alpha1.yaml"))
         .status()
         .context("running kubectl apply")?;
     if !status.success() {
@@ -272,6 +285,9 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         );
         println!("  kubectl -n {NAMESPACE} scale appservice/hello --replicas=3");
         println!("  kubectl -n {NAMESPACE} get appsrv -w");
+        println!(
+            "  kubectl -n {NAMESPACE} get appservices.v1alpha1.platform.example.com checkout -o yaml   # v1beta1 object, read in v1alpha1"
+        );
         println!(
             "  kubectl -n {NAMESPACE} get secret checkout-database -o jsonpath='{{.data.DATABASE_URL}}' | base64 -d"
         );

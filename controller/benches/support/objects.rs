@@ -44,7 +44,7 @@ fn app(i: usize, env: usize) -> AppService {
         "env": (0..env).map(|e| json!({"name": format!("VAR_{e}"), "value": format!("value-{e}")})).collect::<Vec<_>>(),
     }))
     .unwrap();
-    spec.port = None;
+    spec.ports.clear();
     let mut a = AppService::new(&format!("app-{i:05}"), spec);
     a.metadata.namespace = Some("scale".into());
     a.metadata.uid = Some(format!("00000000-0000-4000-8000-{i:012}"));

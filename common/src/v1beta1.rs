@@ -1,0 +1,248 @@
+//! The `AppService` API, version `v1beta1`: the hub. The API server stores this version and
+//! the controller works on it; `v1alpha1` objects are converted to and from it
+//! ([`crate::conversion`]).
+//!
+//! What changed from `v1alpha1`, and why:
+//!
+//! * `ports: [{name, port, protocol}]` instead of one `port`: applications serve metrics,
+//!   gRPC or UDP next to HTTP. The Deployment's container and the Service expose every
+//!   port; the first one is the application's endpoint (`status.endpoint`) and the one the
+//!   readiness probe checks. Defaults to `[{name: http, port: 8080, protocol: TCP}]`, which
+//!   is what a `v1alpha1` object without `port` means.
+//! * `database: {class}`: a database is requested when `database` is present. The
+//!   `enabled` flag of `v1alpha1` allowed `{enabled: true}` without a class (an error) and
+//!   `{enabled: false, class: x}` (a class that means nothing); neither can be written now.
+//!
+//! Everything else (image, replicas, env, resources, status) is the same in both versions.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use kube::{CustomResource, KubeSchema};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+use crate::names::DEFAULT_PORT_NAME;
+use crate::types::{AppServiceStatus, DEFAULT_PORT, DEFAULT_REPLICAS, EnvVar, replicas_schema};
+
+/// The desired state of an AppService: what to run, how many copies, on which ports.
+// Several printer columns share a type; clippy reads them as one repeated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "platform.example.com",
+    version = "v1beta1",
+    kind = "AppService",
+    plural = "appservices",
+    shortname = "appsrv",
+    category = "platform",
+    namespaced,
+    status = "AppServiceStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "An application: an OCI image run as a Deployment of `replicas` Pods behind a Service on `ports`, optionally with a PostgreSQL database.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.readyReplicas",
+        label_selector_path = ".status.selector"
+    ),
+    validation = Rule::new("size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')")
+        .message("metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        description = "Status of the Ready condition",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Replicas",
+        type_ = "integer",
+        description = "Desired replicas",
+        json_path = ".spec.replicas"
+    ),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        description = "In-cluster URL of the Service",
+        json_path = ".status.endpoint"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new(
+    "!has(oldSelf.database) || !has(self.database) || self.database.class == oldSelf.database.class"
+).message("database.class is immutable while a database is requested").field_path(".database.class"))]
+#[serde(rename_all = "camelCase")]
+pub struct AppServiceSpec {
+    /// OCI image reference to run, for example `registry.example.com/checkout:v3.4.0` or
+    /// `registry.example.com/checkout@sha256:<digest>`. Pin a tag or a digest: an image
+    /// without a tag, or with `:latest`, is accepted with a warning.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+
+    /// Number of Pods to run, from 0 to 1000. Defaults to 1. Also settable through the
+    /// `scale` subresource (`kubectl scale appservice/<name> --replicas=N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "replicas_schema")]
+    pub replicas: Option<i32>,
+
+    /// Ports the container listens on; the Service exposes each. The first one is the
+    /// application's endpoint and is probed for readiness. At most 16, names unique, each
+    /// port number at most once per protocol. Defaults to
+    /// `[{name: http, port: 8080, protocol: TCP}]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "ports_schema")]
+    pub ports: Vec<AppPort>,
+
+    /// Environment variables for the container. Names are unique C identifiers
+    /// (`[A-Za-z_][A-Za-z0-9_]*`); each sets either `value` or `valueFrom`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 128),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
+    pub env: Vec<EnvVar>,
+
+    /// Compute resources (CPU, memory) requested by and limited for the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// A PostgreSQL database provisioned for this application, requested by being
+    /// present. The connection URL is passed to the container as `DATABASE_URL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<DatabaseSpec>,
+}
+
+/// One port of the application.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("self.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && self.name.matches('[a-z]') && !self.name.contains('--')").message("name must be an IANA service name: lowercase letters, digits and '-', at least one letter, no '--', not starting or ending with '-'").field_path(".name"))]
+#[serde(rename_all = "camelCase")]
+pub struct AppPort {
+    /// Name of the port on the container and the Service, an IANA service name of at most
+    /// 15 characters such as `http`, `metrics` or `grpc`.
+    #[schemars(length(min = 1, max = 15))]
+    pub name: String,
+
+    /// Port number the container listens on and the Service exposes, from 1 to 65535.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+
+    /// `TCP` (the default), `UDP` or `SCTP`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "protocol_schema")]
+    pub protocol: Option<Protocol>,
+}
+
+/// Transport protocol of a port.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    #[default]
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+    #[serde(rename = "SCTP")]
+    Sctp,
+}
+
+impl Protocol {
+    /// The protocol as the core API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+}
+
+/// Database request of an AppService: present means requested.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseSpec {
+    /// Database class: the name of a cluster-admin configured PostgreSQL server. Cannot
+    /// change while the database is requested.
+    #[schemars(length(min = 1, max = 253))]
+    pub class: String,
+}
+
+fn ports_schema(generator: &mut SchemaGenerator) -> Schema {
+    let item = generator.subschema_for::<AppPort>();
+    json_schema!({
+        "type": "array",
+        "items": item,
+        "maxItems": crate::types::MAX_PORTS,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+        "default": [{"name": DEFAULT_PORT_NAME, "port": DEFAULT_PORT, "protocol": "TCP"}],
+        "x-kubernetes-validations": [{
+            "rule": "self.all(p, self.filter(q, q.port == p.port && (has(q.protocol) ? q.protocol : 'TCP') == (has(p.protocol) ? p.protocol : 'TCP')).size() == 1)",
+            "message": "each port number may appear once per protocol"
+        }],
+    })
+}
+
+fn protocol_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "enum": ["TCP", "UDP", "SCTP"],
+        "default": "TCP",
+    })
+}
+
+impl JsonSchema for Protocol {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Protocol".into()
+    }
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        protocol_schema(generator)
+    }
+}
+
+impl AppPort {
+    /// The default port list's only entry, and what a `v1alpha1` `port` becomes.
+    pub fn http(port: i32) -> Self {
+        AppPort {
+            name: DEFAULT_PORT_NAME.to_owned(),
+            port,
+            protocol: Some(Protocol::Tcp),
+        }
+    }
+
+    /// The protocol with the default applied.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol.unwrap_or_default()
+    }
+}
+
+impl AppServiceSpec {
+    /// Replicas to run, with the default applied.
+    pub fn replicas(&self) -> i32 {
+        self.replicas.unwrap_or(DEFAULT_REPLICAS)
+    }
+
+    /// The ports with the defaults applied: never empty, every protocol set.
+    pub fn ports(&self) -> Vec<AppPort> {
+        if self.ports.is_empty() {
+            return vec![AppPort::http(DEFAULT_PORT)];
+        }
+        self.ports
+            .iter()
+            .map(|p| AppPort {
+                protocol: Some(p.protocol()),
+                ..p.clone()
+            })
+            .collect()
+    }
+
+    /// The first port's number, the application's endpoint, with the default applied.
+    pub fn port(&self) -> i32 {
+        self.ports.first().map_or(DEFAULT_PORT, |p| p.port)
+    }
+
+    /// The database class when a database is requested.
+    pub fn database_class(&self) -> Option<&str> {
+        self.database.as_ref().map(|db| db.class.as_str())
+    }
+}

@@ -1,0 +1,657 @@
+//! The upgrade from the release with only `v1alpha1` to this one, and back, on a real
+//! control plane with live AppServices (issue 16, README "Upgrading"):
+//!
+//! 1. **Previous release**: the old CRD (`tests/fixtures/upgrade/appservices-v1alpha1-crd.yaml`,
+//!    `v1alpha1` only) with AppServices stored in `v1alpha1` and the children the previous
+//!    controller made for them. The previous controller is emulated, not run: its
+//!    builders and hash are copied in `upgrade/previous.rs` and checked against what its
+//!    own code produced (a golden fixture). Its writes are exactly those: a create of each
+//!    child with field manager `appservice-controller`, and the finalizer.
+//! 2. **Upgrade**: the new CRD (both versions, `v1beta1` stored) with the conversion
+//!    webhook (`/convert` of the real TLS webhook server), then the new controller.
+//! 3. **Storage migration** while the controller runs and a user keeps writing, twice.
+//! 4. Throughout: no child is written (resourceVersions unchanged, the controller counts
+//!    no write to deployments or services), every object reads in both versions, and
+//!    what one version cannot express survives a read-edit-write in the other.
+//! 5. **Rollback**: the previous controller's view, read in `v1alpha1` through
+//!    `/convert`, of objects written in `v1beta1`: it builds the same children (nothing
+//!    to write) where the object is expressible in `v1alpha1`, its writes (children,
+//!    status) are accepted, and they do not lose what only `v1beta1` holds.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "upgrade/previous.rs"]
+mod previous;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{v1alpha1, v1beta1};
+use harness::{ControlPlane, Options};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
+};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+const GROUP: &str = "platform.example.com";
+const CRD_NAME: &str = "appservices.platform.example.com";
+
+fn init() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
+/// Polls `check` until it returns `Some`, panicking after `timeout`.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The `(resourceVersion, generation)` of every child, by `kind/name`.
+async fn children(client: &Client, ns: &str) -> BTreeMap<String, (String, Option<i64>)> {
+    let mut all = BTreeMap::new();
+    for d in Api::<Deployment>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        all.insert(
+            format!("deployment/{}", d.name_any()),
+            (d.resource_version().unwrap(), d.metadata.generation),
+        );
+    }
+    for s in Api::<Service>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        all.insert(
+            format!("service/{}", s.name_any()),
+            (s.resource_version().unwrap(), s.metadata.generation),
+        );
+    }
+    all
+}
+
+/// The `apiVersion` an AppService is stored in, read from etcd.
+async fn stored_version(cp: &ControlPlane, ns: &str, name: &str) -> String {
+    let stored = cp
+        .stored_object(GROUP, "appservices", ns, name)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{ns}/{name} is not in etcd"));
+    stored["apiVersion"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn stored_versions(client: &Client) -> Vec<String> {
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .get_status(CRD_NAME)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.stored_versions)
+        .unwrap_or_default()
+}
+
+/// The AppServices of the previous release, as their users wrote them in `v1alpha1`.
+fn previous_apps() -> Vec<v1alpha1::AppService> {
+    [
+        json!({"metadata": {"name": "minimal"},
+               "spec": {"image": "registry.example.com/minimal:v1"}}),
+        json!({"metadata": {"name": "checkout", "labels": {"team": "payments"}},
+               "spec": {"image": "registry.example.com/checkout:v3.4.0", "replicas": 3, "port": 9090,
+                        "env": [{"name": "LOG_LEVEL", "value": "info"},
+                                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "checkout", "key": "token"}}}],
+                        "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "256Mi"}}}}),
+        // A class without a database: meaningless in v1alpha1, not expressible in v1beta1
+        // (kept in an annotation there).
+        json!({"metadata": {"name": "legacy"},
+               "spec": {"image": "registry.example.com/legacy:v0.9", "port": 80,
+                        "database": {"enabled": false, "class": "standard"}}}),
+    ]
+    .into_iter()
+    .map(|mut v| {
+        v["apiVersion"] = json!("platform.example.com/v1alpha1");
+        v["kind"] = json!("AppService");
+        serde_json::from_value(v).unwrap()
+    })
+    .collect()
+}
+
+/// What the previous controller did for a stored AppService: the finalizer, then a
+/// create of each child.
+async fn previous_controller_converges(client: &Client, ns: &str, app: &v1alpha1::AppService) {
+    let apps: Api<v1alpha1::AppService> = Api::namespaced(client.clone(), ns);
+    let name = app.name_any();
+    let app = apps
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["platform.example.com/cleanup"]}})),
+        )
+        .await
+        .unwrap();
+    let params = PostParams {
+        field_manager: Some(previous::FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .create(&params, &previous::deployment(&app))
+        .await
+        .unwrap();
+    Api::<Service>::namespaced(client.clone(), ns)
+        .create(&params, &previous::service(&app))
+        .await
+        .unwrap();
+}
+
+/// A client's read-edit-write of one object in the version of `api`, retried on a
+/// conflict (the controller writes status and the finalizer meanwhile).
+async fn edit<K, F>(api: &Api<K>, name: &str, mut change: F) -> K
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+    F: FnMut(&mut K),
+{
+    for _ in 0..20 {
+        let mut object = api.get(name).await.unwrap();
+        change(&mut object);
+        match api.replace(name, &PostParams::default(), &object).await {
+            Ok(written) => return written,
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => panic!("writing {name}: {e}"),
+        }
+    }
+    panic!("{name}: conflicts on every attempt");
+}
+
+/// Runs the kubectl of the test assets against `cp` (without blocking the runtime that
+/// serves the webhook): `(success, stdout, stderr)`.
+async fn try_kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String, String) {
+    let output = tokio::process::Command::new(cp.bin_dir().unwrap().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// kubectl's stdout, failing on a non-zero exit.
+async fn kubectl(cp: &ControlPlane, args: &[&str]) -> String {
+    let (ok, stdout, stderr) = try_kubectl(cp, args).await;
+    assert!(ok, "kubectl {args:?}: {stderr}");
+    stdout
+}
+
+#[test]
+fn previous_children_match_the_golden_fixture() {
+    // Made by the previous release's own desired_deployment/desired_service/set_hash.
+    let golden: Value =
+        serde_json::from_str(include_str!("../fixtures/upgrade/previous-children.json")).unwrap();
+    let cases = golden["cases"].as_array().unwrap();
+    assert!(cases.len() >= 4);
+    for case in cases {
+        let app: v1alpha1::AppService = serde_json::from_value(case["appService"].clone()).unwrap();
+        assert_eq!(
+            serde_json::to_value(previous::deployment(&app)).unwrap(),
+            case["deployment"],
+            "{}",
+            app.name_any()
+        );
+        assert_eq!(
+            serde_json::to_value(previous::service(&app)).unwrap(),
+            case["service"],
+            "{}",
+            app.name_any()
+        );
+        // And the current controller builds the very same children from the object
+        // converted to v1beta1: the upgrade writes none of them.
+        let hub = common::conversion::to_v1beta1(&app);
+        let mut d = controller::desired::desired_deployment(&hub).unwrap();
+        let hash = controller::drift::desired_hash(&d).unwrap();
+        controller::drift::set_hash(&mut d.metadata, hash);
+        assert_eq!(serde_json::to_value(&d).unwrap(), case["deployment"]);
+        let mut s = controller::desired::desired_service(&hub).unwrap();
+        let hash = controller::drift::desired_hash(&s).unwrap();
+        controller::drift::set_hash(&mut s.metadata, hash);
+        assert_eq!(serde_json::to_value(&s).unwrap(), case["service"]);
+    }
+}
+
+// The webhook server, the controller and the test share this runtime: several threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_migrate_and_roll_back_without_touching_children() {
+    init();
+    let started = Instant::now();
+    let cp = ControlPlane::start(Options::plain()).await.unwrap();
+    let _logs = cp.log_guard();
+    let client = cp.client();
+    let ns_guard = cp.namespace().await.unwrap();
+    let ns = ns_guard.name().to_owned();
+
+    // 1. The previous release: its CRD, its objects, its children.
+    let old_crd = harness::load_crd(
+        &harness::assets::workspace_root()
+            .join("tests/fixtures/upgrade/appservices-v1alpha1-crd.yaml"),
+    )
+    .unwrap();
+    assert_eq!(old_crd.spec.versions.len(), 1);
+    cp.replace_crd(&old_crd).await.unwrap();
+    let alpha: Api<v1alpha1::AppService> = Api::namespaced(client.clone(), &ns);
+    for app in previous_apps() {
+        let stored = alpha.create(&PostParams::default(), &app).await.unwrap();
+        previous_controller_converges(&client, &ns, &stored).await;
+    }
+    for app in previous_apps() {
+        assert_eq!(
+            stored_version(&cp, &ns, &app.name_any()).await,
+            "platform.example.com/v1alpha1"
+        );
+    }
+    let before = children(&client, &ns).await;
+    assert_eq!(before.len(), 6, "{before:?}");
+    // The migration refuses to run against a CRD that does not store v1beta1.
+    let refused = controller::migrate::run(client.clone()).await;
+    assert!(
+        matches!(
+            refused,
+            Err(controller::migrate::Error::WrongStorageVersion { .. })
+        ),
+        "{refused:?}"
+    );
+
+    // 2. Upgrade: the webhook first (it serves /convert), then the CRD with its
+    //    conversion in the same write, then the controller.
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, serving) = harness::webhook_tls().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    serving.write(&cert, &key).unwrap();
+    let webhook = webhook::server::start(&webhook::config::Config::local(cert, key, None))
+        .await
+        .unwrap();
+    let base = format!("https://{}", webhook.tls_addr());
+    let mut new_crd = harness::load_crd(&harness::appservice_crd_path()).unwrap();
+    new_crd.spec.conversion = Some(CustomResourceConversion {
+        strategy: "Webhook".to_owned(),
+        webhook: Some(WebhookConversion {
+            client_config: Some(WebhookClientConfig {
+                url: Some(format!("{base}/convert")),
+                ca_bundle: Some(k8s_openapi::ByteString(ca.cert_pem().as_bytes().to_vec())),
+                service: None,
+            }),
+            conversion_review_versions: vec!["v1".to_owned()],
+        }),
+    });
+    cp.apply_crd(&new_crd).await.unwrap();
+    cp.use_conversion_webhook(&base, ca.cert_pem(), &ns)
+        .await
+        .unwrap();
+    let admission = cp
+        .register_webhooks(&ns, &base, ca.cert_pem())
+        .await
+        .unwrap();
+
+    let metrics = Arc::new(controller::metrics::Metrics::default());
+    let mut config = controller::Config::for_namespace(&ns);
+    config.rollout_requeue = Duration::from_secs(1);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(controller::run_with(
+        config,
+        client.clone(),
+        controller::Hooks {
+            metrics: metrics.clone(),
+            ..controller::Hooks::default()
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    let beta: Api<v1beta1::AppService> = Api::namespaced(client.clone(), &ns);
+    // Every object reconciled by the new controller (its status names this generation).
+    eventually(
+        "the new controller to reconcile every AppService",
+        Duration::from_secs(30),
+        || {
+            let beta = beta.clone();
+            async move {
+                let list = beta.list(&ListParams::default()).await.ok()?;
+                (list.items.len() == 3
+                    && list.items.iter().all(|a| {
+                        a.status.as_ref().and_then(|s| s.observed_generation)
+                            == a.metadata.generation
+                    }))
+                .then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        children(&client, &ns).await,
+        before,
+        "the upgrade wrote a child"
+    );
+    assert_eq!(metrics.writes_to("deployments"), 0);
+    assert_eq!(metrics.writes_to("services"), 0);
+
+    // 3. Storage migration while the controller runs and a user keeps annotating every
+    //    object in v1alpha1 (writes that conflict with the migration's).
+    let user = {
+        let alpha = alpha.clone();
+        tokio::spawn(async move {
+            for round in 0..10 {
+                for app in ["minimal", "checkout", "legacy"] {
+                    let patch = json!({"metadata": {"annotations": {"example.com/round": round.to_string()}}});
+                    alpha
+                        .patch(app, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .unwrap();
+                }
+            }
+        })
+    };
+    let first = controller::migrate::run(client.clone()).await.unwrap();
+    user.await.unwrap();
+    assert_eq!(first.rewritten, 3, "{first:?}");
+    assert_eq!(first.stored_versions, ["v1beta1"]);
+    assert_eq!(stored_versions(&client).await, ["v1beta1"]);
+    for app in ["minimal", "checkout", "legacy"] {
+        assert_eq!(
+            stored_version(&cp, &ns, app).await,
+            "platform.example.com/v1beta1",
+            "{app}"
+        );
+        let read = alpha.get(app).await.unwrap();
+        assert_eq!(read.annotations()["example.com/round"], "9", "{app}");
+    }
+    // Safe to run twice: the second run writes nothing (no resourceVersion moves).
+    let versions = |list: Vec<v1beta1::AppService>| {
+        list.into_iter()
+            .map(|a| (a.name_any(), a.resource_version()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let settled = versions(beta.list(&ListParams::default()).await.unwrap().items);
+    let second = controller::migrate::run(client.clone()).await.unwrap();
+    assert_eq!(second.stored_versions, ["v1beta1"]);
+    assert_eq!(
+        versions(beta.list(&ListParams::default()).await.unwrap().items),
+        settled,
+        "a second migration wrote an object"
+    );
+    // The controller saw every rewrite and still wrote no child.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        children(&client, &ns).await,
+        before,
+        "the migration caused a child write"
+    );
+    assert_eq!(metrics.writes_to("deployments"), 0);
+    assert_eq!(metrics.writes_to("services"), 0);
+
+    // 4. Both versions, both ways. What v1alpha1 cannot say survives a v1alpha1 edit...
+    let mut two_ports: v1beta1::AppService = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+        "metadata": {"name": "dns"},
+        "spec": {"image": "registry.example.com/dns:v2", "ports": [
+            {"name": "http", "port": 8053},
+            {"name": "dns", "port": 53, "protocol": "UDP"}]}
+    }))
+    .unwrap();
+    two_ports = beta
+        .create(&PostParams::default(), &two_ports)
+        .await
+        .unwrap();
+    edit(&alpha, "dns", |as_alpha| {
+        assert_eq!(as_alpha.spec.port, Some(8053));
+        as_alpha.spec.replicas = Some(2);
+        as_alpha.spec.image = "registry.example.com/dns:v2.1".to_owned();
+    })
+    .await;
+    let read = beta.get("dns").await.unwrap();
+    assert_eq!(
+        read.spec.ports, two_ports.spec.ports,
+        "a v1alpha1 edit lost a port"
+    );
+    assert_eq!(read.spec.replicas, Some(2));
+    assert_eq!(read.spec.image, "registry.example.com/dns:v2.1");
+    assert_eq!(
+        stored_version(&cp, &ns, "dns").await,
+        "platform.example.com/v1beta1"
+    );
+    // ... and what v1beta1 cannot say survives a v1beta1 edit.
+    edit(&beta, "legacy", |legacy| {
+        assert_eq!(legacy.spec.database, None);
+        legacy.spec.replicas = Some(2);
+    })
+    .await;
+    let legacy_alpha = alpha.get("legacy").await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&legacy_alpha.spec.database).unwrap(),
+        json!({"enabled": false, "class": "standard"})
+    );
+    assert_eq!(legacy_alpha.spec.replicas, Some(2));
+    // The controller applied those two edits, and wrote no other child.
+    let dns_deployment = eventually(
+        "the dns Deployment with both ports",
+        Duration::from_secs(20),
+        || {
+            let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+            async move {
+                let d = api.get_opt("dns").await.ok()??;
+                let ports = d.spec.template.spec.as_ref()?.containers[0].ports.clone()?;
+                (ports.len() == 2 && d.spec.replicas == Some(2)).then_some(d)
+            }
+        },
+    )
+    .await;
+    eventually("legacy scaled to 2", Duration::from_secs(20), || {
+        let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+        async move { (api.get("legacy").await.ok()?.spec.replicas == Some(2)).then_some(()) }
+    })
+    .await;
+    let after = children(&client, &ns).await;
+    for (child, version) in &before {
+        if child != "deployment/legacy" {
+            assert_eq!(after.get(child), Some(version), "{child} was written");
+        }
+    }
+
+    // kubectl reads and explains both versions.
+    let table = kubectl(&cp, &["get", "appsrv", "-n", &ns]).await;
+    for expected in [
+        "NAME", "READY", "REPLICAS", "ENDPOINT", "checkout", "dns", "legacy", "minimal",
+    ] {
+        assert!(table.contains(expected), "{expected} missing from\n{table}");
+    }
+    let old_port = kubectl(
+        &cp,
+        &[
+            "get",
+            &format!("appservices.v1alpha1.{GROUP}"),
+            "dns",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.spec.port}",
+        ],
+    )
+    .await;
+    assert_eq!(old_port, "8053");
+    let new_ports = kubectl(
+        &cp,
+        &[
+            "get",
+            &format!("appservices.v1beta1.{GROUP}"),
+            "dns",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.spec.ports[*].name}",
+        ],
+    )
+    .await;
+    assert_eq!(new_ports, "http dns");
+    for (version, field, expected) in [
+        (
+            "v1alpha1",
+            "appservices.spec.port",
+            "TCP port the container listens on",
+        ),
+        (
+            "v1beta1",
+            "appservices.spec.ports",
+            "Ports the container listens on",
+        ),
+    ] {
+        // The OpenAPI document of a changed CRD is published shortly after the change.
+        let api_version = format!("--api-version={GROUP}/{version}");
+        eventually(
+            &format!("kubectl explain {field} in {version}"),
+            Duration::from_secs(20),
+            || {
+                let api_version = api_version.clone();
+                let cp = &cp;
+                async move {
+                    let (ok, text, _) = try_kubectl(cp, &["explain", field, &api_version]).await;
+                    (ok && text.contains(expected)).then_some(())
+                }
+            },
+        )
+        .await;
+    }
+
+    // 5. Rollback: the new controller stops; the previous one reads v1alpha1 through
+    //    /convert. For every object v1alpha1 can express, it builds exactly the live
+    //    children (same hash): nothing to write.
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    let mut writes = Vec::new();
+    for app in alpha.list(&ListParams::default()).await.unwrap() {
+        let name = app.name_any();
+        let live_d = Api::<Deployment>::namespaced(client.clone(), &ns)
+            .get(&name)
+            .await
+            .unwrap();
+        let live_s = Api::<Service>::namespaced(client.clone(), &ns)
+            .get(&name)
+            .await
+            .unwrap();
+        let want_d = previous::deployment(&app);
+        let want_s = previous::service(&app);
+        if live_d.annotations().get(previous::HASH) != want_d.annotations().get(previous::HASH) {
+            writes.push(format!("deployment/{name}"));
+        }
+        if live_s.annotations().get(previous::HASH) != want_s.annotations().get(previous::HASH) {
+            writes.push(format!("service/{name}"));
+        }
+    }
+    // Only the object with two ports, which v1alpha1 cannot express, would be written.
+    assert_eq!(writes, ["deployment/dns", "service/dns"]);
+    // The previous controller's writes for it: a server-side apply of each child (one
+    // port), then, as its drift check finds the port it does not know kept by the merge,
+    // its repair: a JSON patch replacing the whole port list it owns. Then a status in
+    // v1alpha1. All accepted, and the object keeps both ports for when the new
+    // controller is back.
+    let dns = alpha.get("dns").await.unwrap();
+    let apply = PatchParams::apply(previous::FIELD_MANAGER).force();
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    let services = Api::<Service>::namespaced(client.clone(), &ns);
+    let want_d = previous::deployment(&dns);
+    let want_s = previous::service(&dns);
+    deployments
+        .patch("dns", &apply, &Patch::Apply(&want_d))
+        .await
+        .unwrap();
+    services
+        .patch("dns", &apply, &Patch::Apply(&want_s))
+        .await
+        .unwrap();
+    let repair = |path: &str, value: Value| -> Patch<()> {
+        Patch::Json(
+            serde_json::from_value(json!([{"op": "replace", "path": path, "value": value}]))
+                .unwrap(),
+        )
+    };
+    deployments
+        .patch(
+            "dns",
+            &PatchParams::default(),
+            &repair(
+                "/spec/template/spec/containers/0/ports",
+                serde_json::to_value(
+                    &want_d.spec.template.spec.as_ref().unwrap().containers[0].ports,
+                )
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    services
+        .patch(
+            "dns",
+            &PatchParams::default(),
+            &repair(
+                "/spec/ports",
+                serde_json::to_value(&want_s.spec.as_ref().unwrap().ports).unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    let status = json!({"status": {
+        "observedGeneration": dns.metadata.generation, "readyReplicas": 0,
+        "selector": "app.kubernetes.io/instance=dns,app.kubernetes.io/managed-by=appservice-operator",
+        "endpoint": format!("http://dns.{ns}.svc:8053"),
+        "conditions": [{"type": "Ready", "status": "False", "reason": "Progressing",
+                        "message": "0/2 replicas ready", "observedGeneration": dns.metadata.generation,
+                        "lastTransitionTime": "2026-11-30T12:00:00Z"}]}});
+    alpha
+        .patch_status("dns", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let read = beta.get("dns").await.unwrap();
+    assert_eq!(read.spec.ports, two_ports.spec.ports);
+    let read_status = read.status.unwrap();
+    assert_eq!(
+        read_status.endpoint.as_deref(),
+        Some(&*format!("http://dns.{ns}.svc:8053"))
+    );
+    assert_eq!(read_status.observed_generation, dns.metadata.generation);
+    // Its apply took effect: the Deployment is back to the one port it knows.
+    let rolled_back = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get("dns")
+        .await
+        .unwrap();
+    assert_ne!(
+        rolled_back.resource_version(),
+        dns_deployment.resource_version()
+    );
+    let ports = rolled_back.spec.template.spec.unwrap().containers[0]
+        .ports
+        .clone()
+        .unwrap();
+    assert_eq!(ports.len(), 1, "{ports:?}");
+
+    admission.remove(cp.client()).await.unwrap();
+    webhook.shutdown().await.unwrap();
+    ns_guard.cleanup().await.unwrap();
+    eprintln!("upgrade test took {:?}", started.elapsed());
+}

@@ -1,0 +1,269 @@
+//! `/convert`: the CRD conversion webhook. A ConversionReview (`apiextensions.k8s.io/v1`)
+//! carries objects in one version of AppService and the version the API server wants;
+//! each object is converted by `common::conversion` (pure, lossless both ways).
+//!
+//! A body that is not a ConversionReview is a [`ConversionReviewError`] (HTTP 400); a
+//! review that asks for an unknown version, or holds an object that cannot be converted,
+//! is answered with `result.status: Failure` and a message naming the object, which the
+//! API server passes on to its client. Nothing here panics on input.
+
+use common::conversion::{self, Version};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The only ConversionReview version the API server sends for `conversionReviewVersions: [v1]`.
+pub const REVIEW_API_VERSION: &str = "apiextensions.k8s.io/v1";
+
+/// A body that is not a usable ConversionReview: answered with HTTP 400.
+#[derive(Debug, thiserror::Error)]
+pub enum ConversionReviewError {
+    #[error("request body is not a valid ConversionReview: {0}")]
+    Decode(String),
+    #[error(
+        "unsupported ConversionReview {api_version:?} kind {kind:?}: expected {REVIEW_API_VERSION} ConversionReview"
+    )]
+    Version { api_version: String, kind: String },
+    #[error("ConversionReview has no request")]
+    MissingRequest,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Review {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    request: Option<Request>,
+}
+
+#[derive(Deserialize)]
+struct Request {
+    uid: String,
+    #[serde(rename = "desiredAPIVersion")]
+    desired_api_version: String,
+    #[serde(default)]
+    objects: Vec<Value>,
+}
+
+/// The answer: a ConversionReview with a response.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReviewResponse {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub response: Response,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Response {
+    pub uid: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub converted_objects: Vec<Value>,
+    pub result: ResultStatus,
+}
+
+/// `metav1.Status`, as much of it as a ConversionReview result uses.
+#[derive(Debug, Serialize)]
+pub struct ResultStatus {
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl ReviewResponse {
+    /// Whether every object was converted.
+    pub fn succeeded(&self) -> bool {
+        self.response.result.status == "Success"
+    }
+
+    fn new(uid: String, result: Result<Vec<Value>, String>) -> Self {
+        let (converted_objects, result) = match result {
+            Ok(objects) => (
+                objects,
+                ResultStatus {
+                    status: "Success",
+                    message: String::new(),
+                },
+            ),
+            Err(message) => (
+                Vec::new(),
+                ResultStatus {
+                    status: "Failure",
+                    message,
+                },
+            ),
+        };
+        ReviewResponse {
+            api_version: REVIEW_API_VERSION,
+            kind: "ConversionReview",
+            response: Response {
+                uid,
+                converted_objects,
+                result,
+            },
+        }
+    }
+}
+
+/// Answers a ConversionReview body: every object converted, or a failure saying which
+/// object could not be and why.
+pub fn convert(body: &[u8]) -> Result<ReviewResponse, ConversionReviewError> {
+    let review: Review = serde_json::from_slice(body).map_err(|plain| {
+        let de = &mut serde_json::Deserializer::from_slice(body);
+        ConversionReviewError::Decode(
+            serde_path_to_error::deserialize::<_, Review>(de)
+                .err()
+                .map_or_else(
+                    || plain.to_string(),
+                    |e| {
+                        let path = e.path().to_string();
+                        if path == "." {
+                            e.inner().to_string()
+                        } else {
+                            format!("{path}: {}", e.inner())
+                        }
+                    },
+                ),
+        )
+    })?;
+    if review.api_version != REVIEW_API_VERSION || review.kind != "ConversionReview" {
+        return Err(ConversionReviewError::Version {
+            api_version: review.api_version,
+            kind: review.kind,
+        });
+    }
+    let request = review
+        .request
+        .ok_or(ConversionReviewError::MissingRequest)?;
+    let Some(desired) = Version::from_api_version(&request.desired_api_version) else {
+        let message = format!(
+            "cannot convert to {:?}: this webhook converts AppServices between platform.example.com/v1alpha1 and v1beta1",
+            request.desired_api_version
+        );
+        return Ok(ReviewResponse::new(request.uid, Err(message)));
+    };
+    let converted = request
+        .objects
+        .iter()
+        .enumerate()
+        .map(|(i, object)| {
+            conversion::convert_object(object, desired).map_err(|error| {
+                let name = object
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("<unnamed>");
+                let namespace = object
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                format!(
+                    "converting object {i} ({namespace}/{name}) to {}: {error}",
+                    desired.api_version()
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>();
+    Ok(ReviewResponse::new(request.uid, converted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn review(desired: &str, objects: Vec<Value>) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "ConversionReview",
+            "request": {"uid": "u-1", "desiredAPIVersion": desired, "objects": objects}
+        }))
+        .unwrap()
+    }
+
+    fn alpha(name: &str, port: i64) -> Value {
+        json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+               "metadata": {"name": name, "namespace": "shop", "uid": "x"},
+               "spec": {"image": "nginx:1.27", "port": port}})
+    }
+
+    #[test]
+    fn converts_every_object() {
+        let answer = convert(&review(
+            "platform.example.com/v1beta1",
+            vec![alpha("a", 80), alpha("b", 81)],
+        ))
+        .unwrap();
+        assert!(answer.succeeded());
+        let value = serde_json::to_value(&answer).unwrap();
+        assert_eq!(value["response"]["uid"], "u-1");
+        assert_eq!(value["response"]["result"], json!({"status": "Success"}));
+        let objects = value["response"]["convertedObjects"].as_array().unwrap();
+        assert_eq!(objects.len(), 2);
+        assert_eq!(objects[1]["spec"]["ports"][0]["port"], 81);
+        assert_eq!(objects[1]["apiVersion"], "platform.example.com/v1beta1");
+    }
+
+    #[test]
+    fn bad_objects_and_versions_fail_the_review_with_a_message() {
+        let answer = convert(&review(
+            "platform.example.com/v1beta1",
+            vec![
+                alpha("a", 80),
+                json!({"apiVersion": "platform.example.com/v1alpha1",
+                "kind": "AppService", "metadata": {"name": "b", "namespace": "shop"},
+                "spec": {"image": 7}}),
+            ],
+        ))
+        .unwrap();
+        assert!(!answer.succeeded());
+        assert!(answer.response.converted_objects.is_empty());
+        assert!(
+            answer
+                .response
+                .result
+                .message
+                .starts_with("converting object 1 (shop/b) to platform.example.com/v1beta1: object is not a valid v1alpha1 AppService: spec.image"),
+            "{}",
+            answer.response.result.message
+        );
+        let answer = convert(&review("platform.example.com/v2", vec![alpha("a", 80)])).unwrap();
+        assert!(!answer.succeeded());
+        assert!(
+            answer
+                .response
+                .result
+                .message
+                .contains("\"platform.example.com/v2\"")
+        );
+        let answer = convert(&review(
+            "platform.example.com/v1beta1",
+            vec![json!({"apiVersion": "v1", "kind": "ConfigMap"})],
+        ))
+        .unwrap();
+        assert!(!answer.succeeded());
+    }
+
+    #[test]
+    fn malformed_reviews_are_errors() {
+        assert!(matches!(
+            convert(b"{"),
+            Err(ConversionReviewError::Decode(_))
+        ));
+        assert!(matches!(
+            convert(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#),
+            Err(ConversionReviewError::Version { .. })
+        ));
+        assert!(matches!(
+            convert(br#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview"}"#),
+            Err(ConversionReviewError::MissingRequest)
+        ));
+        let err = convert(
+            br#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview","request":{"uid":1}}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("request.uid"), "{err}");
+    }
+}
