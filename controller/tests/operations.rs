@@ -248,9 +248,12 @@ async fn profiles_on_demand_and_absent_by_default() {
         vec![("inuse_space".to_owned(), "bytes".to_owned())]
     );
     assert!(heap.samples > 0, "{heap:?}");
+    // Symbolized: Rust paths, not addresses. (Which allocations are sampled is up to
+    // jemalloc's sampling, one per 512 KiB on average: the caches of five AppServices
+    // are far smaller than that, so no particular function can be expected.)
     assert!(
-        heap.functions.iter().any(|f| f.contains("kube")),
-        "the watch caches hold memory: {:?}",
+        heap.functions.iter().any(|f| f.contains("::")),
+        "the heap profile is symbolized: {:?}",
         &heap.functions[..heap.functions.len().min(30)]
     );
 }
