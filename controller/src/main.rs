@@ -34,9 +34,9 @@ struct Args {
     #[arg(long, env = "KUBECONFIG_PATH")]
     kubeconfig: Option<PathBuf>,
 
-    /// Log format: `json` (production) or `text`; default json unless stderr is a terminal.
-    #[arg(long, env = "LOG_FORMAT")]
-    log_format: Option<String>,
+    /// Log format; default json unless stderr is a terminal.
+    #[arg(long, env = "LOG_FORMAT", value_enum)]
+    log_format: Option<telemetry::LogFormat>,
 
     /// Export traces over OTLP/gRPC to this endpoint (e.g. `http://otel-collector:4317`):
     /// a span per reconcile with its API calls and database statements as children.
@@ -47,8 +47,8 @@ struct Args {
 
 fn init_logging(args: &Args) -> anyhow::Result<telemetry::Telemetry> {
     use std::io::IsTerminal;
-    let json = match args.log_format.as_deref() {
-        Some(f) => f == "json",
+    let json = match args.log_format {
+        Some(format) => format == telemetry::LogFormat::Json,
         None => !std::io::stderr().is_terminal(),
     };
     Ok(telemetry::logs::init(&telemetry::LogOptions {
@@ -137,5 +137,21 @@ async fn main() -> ExitCode {
             error!(error = %format!("{e:#}"), "controller failed");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_misspelt_log_format_is_refused_not_read_as_text() {
+        let parse = |format: &str| {
+            Args::try_parse_from(["appservice-controller", "--log-format", format])
+                .map(|a| a.log_format)
+        };
+        assert_eq!(parse("text").ok(), Some(Some(telemetry::LogFormat::Text)));
+        assert_eq!(parse("json").ok(), Some(Some(telemetry::LogFormat::Json)));
+        assert!(parse("jsn").is_err());
     }
 }

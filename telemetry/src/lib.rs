@@ -14,5 +14,5 @@ pub mod logs;
 pub mod process;
 pub mod profiling;
 
-pub use logs::{LogOptions, Telemetry};
+pub use logs::{LogFormat, LogOptions, Telemetry};
 pub use profiling::Profiling;

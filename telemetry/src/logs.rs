@@ -26,6 +26,16 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::{Layer, Registry};
 
+/// Log output format, as both binaries spell it on the command line: a value outside
+/// these is refused at startup rather than read as "not JSON".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line, for log collectors.
+    Json,
+    /// Human-readable lines, for a terminal.
+    Text,
+}
+
 /// The environment variable OpenTelemetry SDKs read the OTLP endpoint from.
 pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 pub use common::duration::parse_duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
 /// Request bodies larger than this are refused with 413. The API server caps an object
 /// at 1.5 MiB in etcd; an AdmissionReview carries it twice (object and oldObject).
@@ -20,14 +20,7 @@ pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 8 * DEFAULT_MAX_BODY_BYTES;
 /// thousand AppServices, a third of the in-flight budget.
 pub const DEFAULT_MAX_CONVERT_BODY_BYTES: usize = 8 * 1024 * 1024;
 
-/// Log output format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// One JSON object per line, for log collectors.
-    Json,
-    /// Human-readable lines, for a terminal.
-    Text,
-}
+pub use telemetry::LogFormat;
 
 /// Configuration of the webhook server.
 #[derive(Clone, Debug, Parser)]
