@@ -84,12 +84,12 @@ pub const REACHABLE: &str = "Reachable";
 pub struct DatabaseClassSpec {
     /// Host name or IP address of the PostgreSQL server, as both the controller and the
     /// applications reach it (it is written into each application's DATABASE_URL).
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = crate::types::MAX_SUBDOMAIN_LEN))]
     pub host: String,
 
     /// TCP port of the server. Defaults to 5432.
     #[serde(default = "default_port")]
-    #[schemars(range(min = 1, max = 65535), extend("default" = 5432))]
+    #[schemars(range(min = crate::types::MIN_PORT, max = crate::types::MAX_PORT), extend("default" = 5432))]
     pub port: i32,
 
     /// Transport security of connections to the server (required, so that choosing
@@ -169,7 +169,7 @@ pub struct CaSource {
 #[serde(rename_all = "camelCase")]
 pub struct KeyRef {
     /// Name of the object.
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = crate::types::MAX_SUBDOMAIN_LEN))]
     pub name: String,
     /// Key holding the PEM certificate(s). Defaults to `ca.crt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,7 +187,7 @@ impl KeyRef {
 #[serde(rename_all = "camelCase")]
 pub struct AdminCredentials {
     /// Name of the Secret in the operator's namespace.
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = crate::types::MAX_SUBDOMAIN_LEN))]
     pub secret_name: String,
     /// Key of the user name. Defaults to `username`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -34,8 +34,10 @@ pub const MAX_ENV: usize = 128;
 pub const MAX_ENV_NAME_LEN: usize = 256;
 /// Longest literal environment variable value (32 KiB).
 pub const MAX_ENV_VALUE_LEN: usize = 32 * 1024;
+/// Longest DNS-1123 subdomain: object names such as Secrets, and host names.
+pub const MAX_SUBDOMAIN_LEN: usize = 253;
 /// Longest database class name (a DNS-1123 subdomain).
-pub const MAX_CLASS_LEN: usize = 253;
+pub const MAX_CLASS_LEN: usize = MAX_SUBDOMAIN_LEN;
 /// Most ports one AppService (`v1beta1`) may declare.
 pub const MAX_PORTS: usize = 16;
 /// Longest port name: Kubernetes port names are IANA service names of at most 15 characters.
@@ -47,12 +49,12 @@ pub const MAX_PORT_NAME_LEN: usize = 15;
 #[serde(rename_all = "camelCase")]
 pub struct EnvVar {
     /// Variable name: a C identifier such as `LOG_LEVEL`.
-    #[schemars(length(min = 1, max = 256))]
+    #[schemars(length(min = 1, max = MAX_ENV_NAME_LEN))]
     pub name: String,
 
     /// Literal value. Mutually exclusive with `valueFrom`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32768))]
+    #[schemars(length(max = MAX_ENV_VALUE_LEN))]
     pub value: Option<String>,
 
     /// Value read from a Secret, a ConfigMap or a field of the Pod. Mutually exclusive with

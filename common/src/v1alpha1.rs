@@ -65,7 +65,7 @@ pub struct AppServiceSpec {
     /// OCI image reference to run, for example `registry.example.com/checkout:v3.4.0` or
     /// `registry.example.com/checkout@sha256:<digest>`. Pin a tag or a digest: an image
     /// without a tag, or with `:latest`, is accepted with a warning.
-    #[schemars(length(min = 1, max = 512))]
+    #[schemars(length(min = 1, max = crate::types::MAX_IMAGE_LEN))]
     pub image: String,
 
     /// Number of Pods to run, from 0 to 1000. Defaults to 1. Also settable through the
@@ -84,7 +84,7 @@ pub struct AppServiceSpec {
     /// (`[A-Za-z_][A-Za-z0-9_]*`); each sets either `value` or `valueFrom`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(
-        length(max = 128),
+        length(max = crate::types::MAX_ENV),
         extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
     )]
     pub env: Vec<EnvVar>,
@@ -112,7 +112,7 @@ pub struct DatabaseSpec {
     /// Database class: the name of a cluster-admin configured PostgreSQL server. Required
     /// when `enabled` is true; cannot change while the database is enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = crate::types::MAX_CLASS_LEN))]
     pub class: Option<String>,
 }
 

@@ -78,7 +78,7 @@ pub struct AppServiceSpec {
     /// OCI image reference to run, for example `registry.example.com/checkout:v3.4.0` or
     /// `registry.example.com/checkout@sha256:<digest>`. Pin a tag or a digest: an image
     /// without a tag, or with `:latest`, is accepted with a warning.
-    #[schemars(length(min = 1, max = 512))]
+    #[schemars(length(min = 1, max = crate::types::MAX_IMAGE_LEN))]
     pub image: String,
 
     /// Number of Pods to run, from 0 to 1000. Defaults to 1. Also settable through the
@@ -99,7 +99,7 @@ pub struct AppServiceSpec {
     /// (`[A-Za-z_][A-Za-z0-9_]*`); each sets either `value` or `valueFrom`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(
-        length(max = 128),
+        length(max = crate::types::MAX_ENV),
         extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
     )]
     pub env: Vec<EnvVar>,
@@ -121,11 +121,11 @@ pub struct AppServiceSpec {
 pub struct AppPort {
     /// Name of the port on the container and the Service, an IANA service name of at most
     /// 15 characters such as `http`, `metrics` or `grpc`.
-    #[schemars(length(min = 1, max = 15))]
+    #[schemars(length(min = 1, max = crate::types::MAX_PORT_NAME_LEN))]
     pub name: String,
 
     /// Port number the container listens on and the Service exposes, from 1 to 65535.
-    #[schemars(range(min = 1, max = 65535))]
+    #[schemars(range(min = crate::types::MIN_PORT, max = crate::types::MAX_PORT))]
     pub port: i32,
 
     /// `TCP` (the default), `UDP` or `SCTP`.
@@ -163,7 +163,7 @@ impl Protocol {
 pub struct DatabaseSpec {
     /// Database class: the name of a cluster-admin configured PostgreSQL server. Cannot
     /// change while the database is requested.
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = crate::types::MAX_CLASS_LEN))]
     pub class: String,
 }
 

@@ -27,8 +27,10 @@ use crate::{conversion, v1alpha1};
 
 /// Longest value quoted back in an error message; longer ones are shortened.
 const MAX_QUOTED_VALUE: usize = 128;
+/// Longest DNS label (RFC 1035, RFC 1123), as Kubernetes checks names.
+pub const MAX_LABEL_LEN: usize = 63;
 /// Longest AppService name: children include a Service, whose name is a DNS-1035 label.
-pub const MAX_NAME_LEN: usize = 63;
+pub const MAX_NAME_LEN: usize = MAX_LABEL_LEN;
 
 /// Legal but risky input, reported to the client as admission warnings.
 pub type Warnings = Vec<String>;
@@ -636,27 +638,28 @@ pub fn is_c_identifier(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// `[a-z]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
+/// `[a-z]([-a-z0-9]*[a-z0-9])?`, at most [`MAX_LABEL_LEN`] characters.
 pub fn is_dns1035_label(s: &str) -> bool {
-    s.len() <= 63
+    s.len() <= MAX_LABEL_LEN
         && s.starts_with(|c: char| c.is_ascii_lowercase())
         && s.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
         && s.chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
-/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?` (a DNS-1123 label), at most 63 characters.
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?` (a DNS-1123 label), at most [`MAX_LABEL_LEN`]
+/// characters.
 pub fn is_dns1123_label(s: &str) -> bool {
     let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    (1..=63).contains(&s.len())
+    (1..=MAX_LABEL_LEN).contains(&s.len())
         && s.starts_with(alnum)
         && s.ends_with(alnum)
         && s.chars().all(|c| alnum(c) || c == '-')
 }
 
-/// Dot-separated DNS-1123 labels, at most 253 characters.
+/// Dot-separated DNS-1123 labels, at most [`crate::types::MAX_SUBDOMAIN_LEN`] characters.
 pub fn is_dns1123_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns1123_label)
+    s.len() <= crate::types::MAX_SUBDOMAIN_LEN && s.split('.').all(is_dns1123_label)
 }
 
 #[cfg(test)]
