@@ -68,7 +68,45 @@ impl Child for Service {
 /// A view that carries the desired-hash annotation of its object.
 pub trait Hashed {
     fn hash(&self) -> Option<&str>;
-    fn labels(&self) -> &Labels;
+}
+
+/// `Resource` (the API type, group, version, plural of the kind it views) and `Hashed`
+/// for a view with `metadata` and `hash` fields.
+macro_rules! view_of {
+    ($view:ty, $kind:ty) => {
+        impl Resource for $view {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
+
+            fn kind(_: &()) -> Cow<'_, str> {
+                <$kind>::kind(&())
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                <$kind>::group(&())
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                <$kind>::version(&())
+            }
+            fn api_version(_: &()) -> Cow<'_, str> {
+                <$kind>::api_version(&())
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                <$kind>::plural(&())
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+
+        impl Hashed for $view {
+            fn hash(&self) -> Option<&str> {
+                self.hash.as_deref()
+            }
+        }
+    };
 }
 
 /// A label map as sorted pairs: a few dozen bytes where a `BTreeMap` takes a node of
@@ -255,41 +293,7 @@ impl From<RawDeployment> for DeploymentView {
     }
 }
 
-impl Resource for DeploymentView {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Deployment::kind(&())
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Deployment::group(&())
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Deployment::version(&())
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Deployment::api_version(&())
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Deployment::plural(&())
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-impl Hashed for DeploymentView {
-    fn hash(&self) -> Option<&str> {
-        self.hash.as_deref()
-    }
-    fn labels(&self) -> &Labels {
-        &self.labels
-    }
-}
+view_of!(DeploymentView, Deployment);
 
 // ---- Service ---------------------------------------------------------------------
 
@@ -334,41 +338,7 @@ impl From<RawService> for ServiceView {
     }
 }
 
-impl Resource for ServiceView {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Service::kind(&())
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Service::group(&())
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Service::version(&())
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Service::api_version(&())
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Service::plural(&())
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-impl Hashed for ServiceView {
-    fn hash(&self) -> Option<&str> {
-        self.hash.as_deref()
-    }
-    fn labels(&self) -> &Labels {
-        &self.labels
-    }
-}
+view_of!(ServiceView, Service);
 
 // ---- AppService ------------------------------------------------------------------
 
