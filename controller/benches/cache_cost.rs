@@ -23,10 +23,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::Resource;
 use kube::runtime::reflector;
-use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 #[path = "support/objects.rs"]
 mod objects;
@@ -56,23 +55,13 @@ struct Held {
     count: isize,
 }
 
-/// Decodes each JSON document as `K`, passes it through `modify` and keeps it in a
-/// reflector store; returns the heap held per object.
+/// The heap held per object in a store of `K` built from `docs` (see
+/// [`objects::into_store`]).
 fn measure<K>(docs: &[Value], modify: impl Fn(&mut K)) -> (reflector::Store<K>, Held)
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Send + Sync + 'static,
 {
-    let (reader, mut writer) = reflector::store::<K>();
-    let region = Region::new(GLOBAL);
-    for doc in docs {
-        // As the watch does: bytes off the wire, decoded into `K`.
-        let bytes = serde_json::to_vec(doc).unwrap();
-        let mut obj: K = serde_json::from_slice(&bytes).unwrap();
-        drop(bytes);
-        modify(&mut obj);
-        writer.apply_watcher_event(&watcher::Event::Apply(obj));
-    }
-    let change = region.change();
+    let (reader, change) = objects::into_store(GLOBAL, docs, modify);
     let n = docs.len() as isize;
     let requested = change.bytes_allocated as isize - change.bytes_deallocated as isize;
     let count = change.allocations as isize - change.deallocations as isize;

@@ -11,10 +11,10 @@
 use std::alloc::System;
 
 use controller::view::{DeploymentView, ServiceView};
-use kube::runtime::{reflector, watcher};
+use kube::runtime::reflector;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 #[path = "../benches/support/objects.rs"]
 mod objects;
@@ -27,17 +27,7 @@ fn held_per_object<K>(docs: &[Value]) -> (reflector::Store<K>, usize)
 where
     K: kube::Resource<DynamicType = ()> + DeserializeOwned + Clone + Send + Sync + 'static,
 {
-    let bytes: Vec<Vec<u8>> = docs
-        .iter()
-        .map(|d| serde_json::to_vec(d).unwrap())
-        .collect();
-    let (reader, mut writer) = reflector::store::<K>();
-    let region = Region::new(GLOBAL);
-    for b in &bytes {
-        let obj: K = serde_json::from_slice(b).unwrap();
-        writer.apply_watcher_event(&watcher::Event::Apply(obj));
-    }
-    let change = region.change();
+    let (reader, change) = objects::into_store(GLOBAL, docs, |_: &mut K| {});
     let held = change
         .bytes_allocated
         .saturating_sub(change.bytes_deallocated);

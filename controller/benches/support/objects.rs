@@ -1,11 +1,41 @@
 //! AppServices with their Deployment and Service as the API server returns them (server
 //! defaults, a `managedFields` entry per writer, a Deployment status as
 //! kube-controller-manager writes it), as JSON: the input of `benches/cache_cost.rs` and
-//! of `tests/cache_size.rs`.
+//! of `tests/cache_size.rs`, and the measurement both make of them.
+
+use std::alloc::System;
 
 use common::{AppService, AppServiceSpec};
 use controller::desired::{desired_deployment, desired_service};
+use kube::runtime::{reflector, watcher};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use stats_alloc::{Region, Stats, StatsAlloc};
+
+/// Decodes each JSON document as `K` (bytes off the wire, as the watch does), passes it
+/// through `modify` and keeps it in a reflector store; returns the store and what
+/// `alloc` (the binary's instrumented global allocator) counted meanwhile.
+pub fn into_store<K>(
+    alloc: &'static StatsAlloc<System>,
+    docs: &[Value],
+    modify: impl Fn(&mut K),
+) -> (reflector::Store<K>, Stats)
+where
+    K: kube::Resource<DynamicType = ()> + DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    let bytes: Vec<Vec<u8>> = docs
+        .iter()
+        .map(|d| serde_json::to_vec(d).unwrap())
+        .collect();
+    let (reader, mut writer) = reflector::store::<K>();
+    let region = Region::new(alloc);
+    for b in &bytes {
+        let mut obj: K = serde_json::from_slice(b).unwrap();
+        modify(&mut obj);
+        writer.apply_watcher_event(&watcher::Event::Apply(obj));
+    }
+    (reader, region.change())
+}
 
 fn managed_fields(manager: &str, operation: &str) -> Value {
     json!({
