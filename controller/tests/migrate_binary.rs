@@ -2,7 +2,7 @@
 //! API server: it refuses a CRD that does not store `v1beta1` (exit 1, nothing written),
 //! and with the current CRD rewrites every AppService and reports `storedVersions`.
 //! The migration itself (twice, while the controller runs, checked in etcd) is
-//! `tests/tests/upgrade.rs`.
+//! `e2e/tests/upgrade.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -38,7 +38,7 @@ async fn the_binary_refuses_an_old_crd_and_migrates_with_the_new_one() {
     // The previous release's CRD: refused, and its storedVersions stay as they are.
     let old = harness::load_crd(
         &harness::assets::workspace_root()
-            .join("tests/fixtures/upgrade/appservices-v1alpha1-crd.yaml"),
+            .join("e2e/fixtures/upgrade/appservices-v1alpha1-crd.yaml"),
     )
     .unwrap();
     cp.replace_crd(&old).await.unwrap();

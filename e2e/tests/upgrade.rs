@@ -1,7 +1,7 @@
 //! The upgrade from the release with only `v1alpha1` to this one, and back, on a real
 //! control plane with live AppServices (issue 16, README "Upgrading"):
 //!
-//! 1. **Previous release**: the old CRD (`tests/fixtures/upgrade/appservices-v1alpha1-crd.yaml`,
+//! 1. **Previous release**: the old CRD (`e2e/fixtures/upgrade/appservices-v1alpha1-crd.yaml`,
 //!    `v1alpha1` only) with AppServices stored in `v1alpha1` and the children the previous
 //!    controller made for them. The previous controller is emulated, not run: its
 //!    builders and hash are copied in `upgrade/previous.rs` and checked against what its
@@ -251,7 +251,7 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
     // 1. The previous release: its CRD, its objects, its children.
     let old_crd = harness::load_crd(
         &harness::assets::workspace_root()
-            .join("tests/fixtures/upgrade/appservices-v1alpha1-crd.yaml"),
+            .join("e2e/fixtures/upgrade/appservices-v1alpha1-crd.yaml"),
     )
     .unwrap();
     assert_eq!(old_crd.spec.versions.len(), 1);
