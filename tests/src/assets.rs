@@ -20,12 +20,28 @@ pub const PLAIN_BINARIES: &[&str] = &["etcd", "kube-apiserver", "kubectl"];
 /// Binaries the full mode adds.
 pub const FULL_BINARIES: &[&str] = &["kube-controller-manager", "kube-scheduler", "kwok"];
 
-/// The workspace root (parent of this crate's directory).
+/// The workspace root, found at run time: the nearest directory holding a `Cargo.toml`
+/// with a `[workspace]` table, above the package that cargo runs (`CARGO_MANIFEST_DIR` in
+/// the environment of `cargo test`, `cargo run`, `cargo bench`), else above the current
+/// directory. Never the path this crate was compiled in: with a target directory shared
+/// by several clones (as in CI), a binary built in one clone would read another's files.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+    let start = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::current_dir().ok())
+        .unwrap_or_default();
+    find_workspace_root(&start).unwrap_or(start)
+}
+
+/// The nearest ancestor of `dir` (itself included) whose `Cargo.toml` has a
+/// `[workspace]` table.
+pub fn find_workspace_root(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors()
+        .find(|d| {
+            std::fs::read_to_string(d.join("Cargo.toml"))
+                .is_ok_and(|manifest| manifest.lines().any(|l| l.trim() == "[workspace]"))
+        })
         .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 /// The asset build script.

@@ -480,9 +480,9 @@ impl ControlPlane {
         let request =
             serde_json::json!({ "key": k8s_openapi::ByteString(key.clone().into_bytes()) });
         let port = self.etcd_port;
-        let io_error = |what: &str, source: std::io::Error| Error::Io {
+        let io_error = |what: &str, error: std::io::Error| Error::Io {
             what: what.to_owned(),
-            source,
+            error,
         };
         let body = tokio::task::spawn_blocking(move || {
             http_post_local(port, "/v3/kv/range", &request.to_string())
@@ -537,6 +537,15 @@ impl ControlPlane {
     /// referenced by path, so `kubectl --kubeconfig <this>` works as is.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.paths.kubeconfig
+    }
+
+    /// A command that runs `program --kubeconfig <this control plane's> ...` (kubectl,
+    /// a binary under test); add the arguments, then run it, e.g. with
+    /// [`crate::process::outcome`] of its output.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(program);
+        command.arg("--kubeconfig").arg(&self.paths.kubeconfig);
+        command
     }
 
     /// Directory holding one `<component>.log` per component.

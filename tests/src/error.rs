@@ -1,5 +1,6 @@
 //! The harness's error type: every failure says what it was waiting for and, for a
-//! component that did not start, where its log is and how it ends.
+//! component that did not start, where its log is and how it ends. A message includes
+//! its cause, so no field is a `#[source]`: the cause is printed exactly once.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,12 +13,8 @@ pub enum Error {
     Assets(String),
 
     /// A file or process operation failed.
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{what}: {error}")]
+    Io { what: String, error: std::io::Error },
 
     /// A component exited or never became ready.
     #[error(
@@ -35,15 +32,11 @@ pub enum Error {
 
     /// Generating certificates failed.
     #[error("certificates: {0}")]
-    Certs(#[from] certs::Error),
+    Certs(certs::Error),
 
     /// A call to the API server failed.
-    #[error("{what}: {source}")]
-    Kube {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error("{what}: {error}")]
+    Kube { what: String, error: kube::Error },
 
     /// Something did not happen in time.
     #[error("timed out after {timeout:?} waiting for {what} (logs: {})", log_dir.display())]
@@ -51,6 +44,17 @@ pub enum Error {
         what: String,
         timeout: Duration,
         log_dir: PathBuf,
+    },
+
+    /// A condition a test waited for with [`crate::eventually`] did not hold in time.
+    #[error(
+        "timed out after {timeout:?} waiting for {what}{}",
+        last.as_ref().map(|l| format!("; last failure: {l}")).unwrap_or_default()
+    )]
+    GaveUp {
+        what: String,
+        timeout: Duration,
+        last: Option<String>,
     },
 
     /// A CRD file could not be read or parsed.
@@ -61,6 +65,14 @@ pub enum Error {
     /// failure is repeated so that every test reports it without retrying for minutes.
     #[error("the shared control plane failed to start (first failure, not retried): {0}")]
     Shared(String),
+
+    /// A binary under test did not start or log what was expected.
+    #[error("binary under test: {0}")]
+    Binary(String),
+
+    /// A profile a binary served is not what `go tool pprof` reads.
+    #[error("profile: {0}")]
+    Profile(String),
 
     /// A PostgreSQL operation of the harness failed.
     #[error("PostgreSQL: {0}")]
@@ -76,19 +88,25 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
     let what = what.into();
-    move |source| Error::Io { what, source }
+    move |error| Error::Io { what, error }
 }
 
 pub(crate) fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     let what = what.into();
-    move |source| Error::Kube { what, source }
+    move |error| Error::Kube { what, error }
 }
 
 impl From<kube::Error> for Error {
-    fn from(source: kube::Error) -> Self {
+    fn from(error: kube::Error) -> Self {
         Error::Kube {
             what: "API call".to_owned(),
-            source,
+            error,
         }
+    }
+}
+
+impl From<certs::Error> for Error {
+    fn from(error: certs::Error) -> Self {
+        Error::Certs(error)
     }
 }

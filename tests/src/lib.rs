@@ -24,6 +24,10 @@
 //!   creates a [`TestNamespace`] prints that path (shown by the test runner only when the
 //!   test fails); a [`LogGuard`] prints it on panic. `APPSERVICE_KEEP_LOGS=1` also keeps
 //!   certificates, kubeconfig and etcd data of a stopped control plane.
+//! * [`eventually`] waits for a condition (the one poller of every test): a timeout is
+//!   a failure naming what was awaited and the last failure seen, never a timing assertion.
+//! * [`Binary`] runs a binary under test and reads its JSON log; [`pprof`] checks the
+//!   profiles it serves.
 //! * [`OtlpReceiver`] receives the traces a binary under test exports over OTLP/gRPC.
 //! * Binaries: `APPSERVICE_ASSETS_BIN`, else the cache that `cargo xtask assets` fills
 //!   (built on demand when missing; needs `go`).
@@ -31,22 +35,26 @@
 #![forbid(unsafe_code)]
 
 pub mod assets;
+pub mod binary;
 mod control_plane;
 mod crds;
 mod error;
 mod namespace;
 pub mod otlp;
+pub mod poll;
 pub mod postgres;
 pub mod pprof;
 pub mod process;
 mod shared;
 mod webhooks;
 
+pub use binary::{Binary, logged_addr};
 pub use control_plane::{ControlPlane, KWOK_NODE_ANNOTATION, LogGuard, NODE_NAME, Options};
 pub use crds::{FIELD_MANAGER, appservice_crd_path, crd_dir, load_crd, load_crds};
 pub use error::{Error, Result};
 pub use namespace::{TEST_NAMESPACE_LABEL, TestNamespace};
 pub use otlp::{OtlpReceiver, ReceivedSpan};
+pub use poll::eventually;
 pub use postgres::Postgres;
 pub use shared::{shared, shared_full, shared_with};
 pub use webhooks::{PROBE_LABEL, Webhooks};

@@ -80,9 +80,10 @@ impl TraceService for Collector {
                 }
             }
         }
-        if let Ok(mut spans) = self.spans.lock() {
-            spans.extend(received);
-        }
+        self.spans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(received);
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
         }))
@@ -146,7 +147,10 @@ impl OtlpReceiver {
 
     /// Every span received so far.
     pub fn spans(&self) -> Vec<ReceivedSpan> {
-        self.spans.lock().map(|s| s.clone()).unwrap_or_default()
+        self.spans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Polls until `found` returns `Some` for the spans received so far, or `timeout`.
@@ -155,15 +159,11 @@ impl OtlpReceiver {
         timeout: Duration,
         mut found: impl FnMut(&[ReceivedSpan]) -> Option<T>,
     ) -> Option<T> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some(value) = found(&self.spans()) {
-                return Some(value);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        crate::eventually("spans", timeout, || {
+            let value = found(&self.spans());
+            async move { value }
+        })
+        .await
+        .ok()
     }
 }

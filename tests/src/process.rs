@@ -174,6 +174,15 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// A finished command's `(success, stdout, stderr)`, its output read as UTF-8 (lossily).
+pub fn outcome(output: &std::process::Output) -> (bool, String, String) {
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// A plain HTTP/1.0 GET of `path` on `127.0.0.1:port` (an operations port: `/readyz`,
 /// `/metrics`), returning the whole response, status line included. Keeps tests free of
 /// an HTTP client.
