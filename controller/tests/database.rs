@@ -15,36 +15,40 @@ use common::names::DATABASE_URL_ENV;
 use common::{AppService, DatabaseClass, DatabaseSpec};
 use controller::database::{DatabaseConfig, Databases, reasons};
 use controller::metrics::Metrics;
-use harness::{Postgres, TestNamespace};
+use harness::Postgres;
+use harness::eventually;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::{Running, condition, eventually, init, start_controller_with};
+use support::{Fixture, Running, condition, start_controller_with};
 
 const WAIT: Duration = Duration::from_secs(60);
 
 /// One test's world: namespace, PostgreSQL, a DatabaseClass pointing at it.
 struct World {
-    ns: TestNamespace,
-    client: Client,
+    fixture: Fixture,
     pg: Postgres,
     class: String,
+}
+
+impl std::ops::Deref for World {
+    type Target = Fixture;
+    fn deref(&self) -> &Fixture {
+        &self.fixture
+    }
 }
 
 impl World {
     /// A server, the admin Secret (with `admin_password`, the real one when `None`) and
     /// CA Secret in the test namespace, and a verify-full class with `policy`.
     async fn new(policy: &str, admin_password: Option<&str>) -> anyhow::Result<World> {
-        init();
-        let cp = harness::shared().await?;
-        let ns = cp.namespace().await?;
-        let client = cp.client();
+        let fixture = Fixture::setup().without_controller().await?;
         let pg = Postgres::start().await?;
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        let secrets: Api<Secret> = fixture.api();
         let secret = |name: &str, data: serde_json::Value| -> Secret {
             serde_json::from_value(json!({
                 "metadata": {"name": name},
@@ -70,8 +74,8 @@ impl World {
                 &secret("pg-ca", json!({"ca.crt": pg.ca_pem()})),
             )
             .await?;
-        let class = format!("{}-pg", ns.name());
-        let classes: Api<DatabaseClass> = Api::all(client.clone());
+        let class = format!("{}-pg", fixture.ns.name());
+        let classes: Api<DatabaseClass> = Api::all(fixture.client.clone());
         let object: DatabaseClass = serde_json::from_value(json!({
             "apiVersion": "platform.example.com/v1alpha1",
             "kind": "DatabaseClass",
@@ -86,20 +90,7 @@ impl World {
             }
         }))?;
         classes.create(&PostParams::default(), &object).await?;
-        Ok(World {
-            ns,
-            client,
-            pg,
-            class,
-        })
-    }
-
-    fn apps(&self) -> Api<AppService> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    fn secrets(&self) -> Api<Secret> {
-        Api::namespaced(self.client.clone(), &self.ns)
+        Ok(World { fixture, pg, class })
     }
 
     /// A controller for this namespace with the real database step; admin Secrets are
@@ -153,26 +144,52 @@ impl World {
     }
 
     async fn wait_database_ready(&self, name: &str) -> anyhow::Result<AppService> {
-        let apps = self.apps();
-        eventually(WAIT, &format!("DatabaseReady=True on {name}"), || {
-            let apps = apps.clone();
-            async move {
-                let app = apps.get(name).await?;
-                Ok(condition(&app, DATABASE_READY)
-                    .is_some_and(|(s, _, _)| s == TRUE)
-                    .then_some(app))
-            }
+        let ready = eventually(&format!("DatabaseReady=True on {name}"), WAIT, || async {
+            let app = self.apps.get(name).await?;
+            Ok(condition(&app, DATABASE_READY)
+                .is_some_and(|(s, _, _)| s == TRUE)
+                .then_some(app))
         })
-        .await
+        .await?;
+        Ok(ready)
+    }
+
+    /// Creates the AppService `name` with a database of this world's class and waits
+    /// until the database is ready; returns the AppService and the database's name.
+    async fn create_ready(&self, name: &str) -> anyhow::Result<(AppService, String)> {
+        self.apps
+            .create(&PostParams::default(), &self.app(name))
+            .await?;
+        let app = self.wait_database_ready(name).await?;
+        let db = db_name(&app);
+        Ok((app, db))
+    }
+
+    /// Waits until `name`'s database is ready and its Secret settled, then logs in with
+    /// the Secret's password (it must be the role's); returns the database's name.
+    async fn wait_usable(&self, name: &str) -> anyhow::Result<String> {
+        let db = db_name(&self.wait_database_ready(name).await?);
+        let secrets = self.api::<Secret>();
+        let secret_name = format!("{name}-database");
+        let secret = eventually("a settled Secret", WAIT, || async {
+            Ok(secrets.get_opt(&secret_name).await?.filter(|s| {
+                !s.annotations()
+                    .contains_key(controller::database::PASSWORD_PENDING_ANNOTATION)
+            }))
+        })
+        .await?;
+        self.pg
+            .connect(&db, &secret_value(&secret, "PGPASSWORD"), &db)
+            .await?;
+        Ok(db)
     }
 
     async fn wait_gone(&self, name: &str, timeout: Duration) -> anyhow::Result<()> {
-        let apps = self.apps();
-        eventually(timeout, &format!("{name} to be gone"), || {
-            let apps = apps.clone();
-            async move { Ok(apps.get_opt(name).await?.is_none().then_some(())) }
+        eventually(&format!("{name} to be gone"), timeout, || async {
+            Ok(self.apps.get_opt(name).await?.is_none().then_some(()))
         })
-        .await
+        .await?;
+        Ok(())
     }
 }
 
@@ -203,17 +220,14 @@ fn db_name(app: &AppService) -> String {
 async fn create_provisions_a_usable_database_and_delete_drops_it() -> anyhow::Result<()> {
     let w = World::new("Delete", None).await?;
     let (ctl, metrics) = w.controller();
-    let apps = w.apps();
-    apps.create(&PostParams::default(), &w.app("shop")).await?;
-
-    let app = w.wait_database_ready("shop").await?;
-    let db = db_name(&app);
+    let apps = w.apps.clone();
+    let (app, db) = w.create_ready("shop").await?;
     let (_, reason, message) = condition(&app, DATABASE_READY).unwrap();
     assert_eq!(reason, reasons::PROVISIONED);
     assert!(message.contains(&db), "{message}");
 
     // The Secret: owned by the AppService, every key, a URL that names the database.
-    let secret = w.secrets().get("shop-database").await?;
+    let secret = w.api::<Secret>().get("shop-database").await?;
     assert_eq!(secret.owner_references()[0].uid, app.uid().unwrap());
     assert_eq!(secret.owner_references()[0].controller, Some(true));
     for key in [
@@ -239,8 +253,8 @@ async fn create_provisions_a_usable_database_and_delete_drops_it() -> anyhow::Re
     );
 
     // The Deployment takes DATABASE_URL from the Secret, never as a value.
-    let deployments: Api<Deployment> = Api::namespaced(w.client.clone(), &w.ns);
-    let d = eventually(WAIT, "the Deployment", || {
+    let deployments: Api<Deployment> = w.api();
+    let d = eventually("the Deployment", WAIT, || {
         let deployments = deployments.clone();
         async move { Ok(deployments.get_opt("shop").await?) }
     })
@@ -297,14 +311,12 @@ async fn an_outage_during_delete_keeps_the_app_terminating_until_the_server_is_b
 -> anyhow::Result<()> {
     let mut w = World::new("Delete", None).await?;
     let (ctl, metrics) = w.controller();
-    let apps = w.apps();
-    apps.create(&PostParams::default(), &w.app("shop")).await?;
-    let app = w.wait_database_ready("shop").await?;
-    let db = db_name(&app);
+    let apps = w.apps.clone();
+    let (_, db) = w.create_ready("shop").await?;
 
     w.pg.stop();
     apps.delete("shop", &DeleteParams::default()).await?;
-    let failing = eventually(WAIT, "Degraded=CleanupFailed", || {
+    let failing = eventually("Degraded=CleanupFailed", WAIT, || {
         let apps = apps.clone();
         async move {
             let app = apps.get("shop").await?;
@@ -323,8 +335,8 @@ async fn an_outage_during_delete_keeps_the_app_terminating_until_the_server_is_b
     assert!(ctl.metrics.cleanup_failures.get() >= 1);
     assert!(metrics.database.count("cleanup", "error") >= 1);
     // A Warning Event says so too.
-    let events: Api<Event> = Api::namespaced(w.client.clone(), &w.ns);
-    let warned = eventually(WAIT, "a CleanupFailed Event", || {
+    let events: Api<Event> = w.api();
+    let warned = eventually("a CleanupFailed Event", WAIT, || {
         let events = events.clone();
         async move {
             Ok(events
@@ -356,18 +368,15 @@ async fn an_outage_during_delete_keeps_the_app_terminating_until_the_server_is_b
 async fn a_lost_secret_gets_a_new_password_and_the_old_one_stops_working() -> anyhow::Result<()> {
     let w = World::new("Delete", None).await?;
     let (ctl, _) = w.controller();
-    let apps = w.apps();
-    apps.create(&PostParams::default(), &w.app("shop")).await?;
-    let app = w.wait_database_ready("shop").await?;
-    let db = db_name(&app);
-    let old = secret_value(&w.secrets().get("shop-database").await?, "PGPASSWORD");
+    let (_, db) = w.create_ready("shop").await?;
+    let old = secret_value(&w.api::<Secret>().get("shop-database").await?, "PGPASSWORD");
     w.pg.connect(&db, &old, &db).await?;
 
-    w.secrets()
+    w.api::<Secret>()
         .delete("shop-database", &DeleteParams::default())
         .await?;
-    let secrets = w.secrets();
-    let renewed = eventually(WAIT, "a new Secret", || {
+    let secrets = w.api::<Secret>();
+    let renewed = eventually("a new Secret", WAIT, || {
         let secrets = secrets.clone();
         async move {
             Ok(secrets.get_opt("shop-database").await?.filter(|s| {
@@ -394,10 +403,10 @@ async fn wrong_admin_credentials_are_reported_without_leaking_them() -> anyhow::
     let wrong = "wrong-admin-password-3f9c2e";
     let w = World::new("Delete", Some(wrong)).await?;
     let (ctl, _) = w.controller();
-    let apps = w.apps();
+    let apps = w.apps.clone();
     apps.create(&PostParams::default(), &w.app("shop")).await?;
 
-    let app = eventually(WAIT, "DatabaseReady=False/AdminCredentialsRejected", || {
+    let app = eventually("DatabaseReady=False/AdminCredentialsRejected", WAIT, || {
         let apps = apps.clone();
         async move {
             let app = apps.get("shop").await?;
@@ -416,12 +425,12 @@ async fn wrong_admin_credentials_are_reported_without_leaking_them() -> anyhow::
         ("False", reasons::ADMIN_CREDENTIALS_REJECTED)
     );
     // No Deployment points at a Secret that does not exist.
-    let deployments: Api<Deployment> = Api::namespaced(w.client.clone(), &w.ns);
+    let deployments: Api<Deployment> = w.api();
     assert!(deployments.get_opt("shop").await?.is_none());
 
     // Nowhere a password: not in the AppService, the class's status, or any Event.
     let classes: Api<DatabaseClass> = Api::all(w.client.clone());
-    let class = eventually(WAIT, "the class's Reachable=False", || {
+    let class = eventually("the class's Reachable=False", WAIT, || {
         let classes = classes.clone();
         let name = w.class.clone();
         async move {
@@ -436,7 +445,7 @@ async fn wrong_admin_credentials_are_reported_without_leaking_them() -> anyhow::
         }
     })
     .await?;
-    let events: Api<Event> = Api::namespaced(w.client.clone(), &w.ns);
+    let events: Api<Event> = w.api();
     let events = events.list(&ListParams::default()).await?;
     assert!(
         events
@@ -459,7 +468,7 @@ async fn wrong_admin_credentials_are_reported_without_leaking_them() -> anyhow::
 
     // The admin fixes the Secret: provisioning goes on by itself.
     let fix = json!({"stringData": {"password": w.pg.password()}});
-    Api::<Secret>::namespaced(w.client.clone(), &w.ns)
+    w.api::<Secret>()
         .patch("pg-admin", &PatchParams::default(), &Patch::Merge(&fix))
         .await?;
     w.wait_database_ready("shop").await?;
@@ -471,13 +480,13 @@ async fn wrong_admin_credentials_are_reported_without_leaking_them() -> anyhow::
 async fn an_unknown_class_is_reported_and_nothing_is_rolled_out() -> anyhow::Result<()> {
     let w = World::new("Delete", None).await?;
     let (ctl, _) = w.controller();
-    let apps = w.apps();
+    let apps = w.apps.clone();
     let mut app = w.app("shop");
     app.spec.database = Some(DatabaseSpec {
         class: "no-such-class".into(),
     });
     apps.create(&PostParams::default(), &app).await?;
-    let app = eventually(WAIT, "DatabaseClassNotFound", || {
+    let app = eventually("DatabaseClassNotFound", WAIT, || {
         let apps = apps.clone();
         async move {
             let app = apps.get("shop").await?;
@@ -492,7 +501,7 @@ async fn an_unknown_class_is_reported_and_nothing_is_rolled_out() -> anyhow::Res
         message.contains("\"no-such-class\" does not exist"),
         "{message}"
     );
-    let deployments: Api<Deployment> = Api::namespaced(w.client.clone(), &w.ns);
+    let deployments: Api<Deployment> = w.api();
     assert!(deployments.get_opt("shop").await?.is_none());
     // Deleting it needs no server: nothing was ever created.
     apps.delete("shop", &DeleteParams::default()).await?;
@@ -507,32 +516,14 @@ async fn two_controllers_at_once_make_one_database_with_one_password() -> anyhow
     // Both reconcile every object (no leader election): the worst case of a handover.
     let (a, _) = w.controller();
     let (b, _) = w.controller();
-    let apps = w.apps();
+    let apps = w.apps.clone();
     let names: Vec<String> = (0..6).map(|i| format!("shop-{i}")).collect();
     for name in &names {
         apps.create(&PostParams::default(), &w.app(name)).await?;
     }
     let mut expected = BTreeSet::new();
     for name in &names {
-        let app = w.wait_database_ready(name).await?;
-        let db = db_name(&app);
-        // Wait until the Secret is settled, then its password must be the role's.
-        let secrets = w.secrets();
-        let secret_name = format!("{name}-database");
-        let secret = eventually(WAIT, "a settled Secret", || {
-            let secrets = secrets.clone();
-            let secret_name = secret_name.clone();
-            async move {
-                Ok(secrets.get_opt(&secret_name).await?.filter(|s| {
-                    !s.annotations()
-                        .contains_key(controller::database::PASSWORD_PENDING_ANNOTATION)
-                }))
-            }
-        })
-        .await?;
-        w.pg.connect(&db, &secret_value(&secret, "PGPASSWORD"), &db)
-            .await?;
-        expected.insert(db);
+        expected.insert(w.wait_usable(name).await?);
     }
     assert_eq!(w.catalog().await?, (expected.clone(), expected));
     a.stop().await?;
@@ -544,16 +535,14 @@ async fn two_controllers_at_once_make_one_database_with_one_password() -> anyhow
 async fn disabling_or_deleting_follows_the_deletion_policy() -> anyhow::Result<()> {
     let w = World::new("Delete", None).await?;
     let (ctl, _) = w.controller();
-    let apps = w.apps();
-    apps.create(&PostParams::default(), &w.app("shop")).await?;
-    let app = w.wait_database_ready("shop").await?;
-    let db = db_name(&app);
+    let apps = w.apps.clone();
+    let (_, db) = w.create_ready("shop").await?;
 
     // Disable on a live AppService with Delete: dropped, Secret and condition gone.
     let disable = json!({"spec": {"database": null}});
     apps.patch("shop", &PatchParams::default(), &Patch::Merge(&disable))
         .await?;
-    eventually(WAIT, "the database dropped after disabling it", || {
+    eventually("the database dropped after disabling it", WAIT, || {
         let apps = apps.clone();
         let w = &w;
         async move {
@@ -561,7 +550,7 @@ async fn disabling_or_deleting_follows_the_deletion_policy() -> anyhow::Result<(
             let (dbs, _) = w.catalog().await?;
             Ok((condition(&app, DATABASE_READY).is_none()
                 && dbs.is_empty()
-                && w.secrets().get_opt("shop-database").await?.is_none())
+                && w.api::<Secret>().get_opt("shop-database").await?.is_none())
             .then_some(()))
         }
     })
@@ -574,14 +563,12 @@ async fn disabling_or_deleting_follows_the_deletion_policy() -> anyhow::Result<(
     classes
         .patch(&w.class, &PatchParams::default(), &Patch::Merge(&retain))
         .await?;
-    apps.create(&PostParams::default(), &w.app("kept")).await?;
-    let kept = w.wait_database_ready("kept").await?;
-    let kept_db = db_name(&kept);
+    let (_, kept_db) = w.create_ready("kept").await?;
     apps.delete("kept", &DeleteParams::default()).await?;
     w.wait_gone("kept", WAIT).await?;
     let (dbs, roles) = w.catalog().await?;
     assert!(dbs.contains(&kept_db) && roles.contains(&kept_db));
-    let events: Api<Event> = Api::namespaced(w.client.clone(), &w.ns);
+    let events: Api<Event> = w.api();
     let events = events.list(&ListParams::default()).await?;
     let retained = events
         .items
@@ -610,7 +597,7 @@ async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
         .unwrap_or(200);
     let mut w = World::new("Delete", None).await?;
     let (ctl, metrics) = w.controller();
-    let apps = w.apps();
+    let apps = w.apps.clone();
     let mut kept = Vec::new();
     let batch = 10;
     let mut restarts = 0;
@@ -648,8 +635,8 @@ async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
     }
     // Everything settles: the deleted ones go, the kept ones are ready.
     eventually(
-        Duration::from_secs(360),
         "deleted AppServices to be gone",
+        Duration::from_secs(360),
         || {
             let apps = apps.clone();
             let kept = kept.len();
@@ -664,8 +651,8 @@ async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
     let mut live = BTreeSet::new();
     for name in &kept {
         let app = eventually(
-            Duration::from_secs(330),
             "DatabaseReady after the outages",
+            Duration::from_secs(330),
             || {
                 let apps = apps.clone();
                 let name = name.clone();
@@ -741,9 +728,8 @@ async fn leader_killed_mid_provisioning_leaves_one_database_per_app() -> anyhow:
     let cp = harness::shared().await?;
     let mut a = spawn_controller(&w, cp.kubeconfig_path(), "db-a")?;
     let mut b = spawn_controller(&w, cp.kubeconfig_path(), "db-b")?;
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(w.client.clone(), &w.ns);
-    let leader = eventually(WAIT, "a leader", || {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = w.api();
+    let leader = eventually("a leader", WAIT, || {
         let leases = leases.clone();
         async move {
             Ok(leases
@@ -754,14 +740,14 @@ async fn leader_killed_mid_provisioning_leaves_one_database_per_app() -> anyhow:
     })
     .await?;
 
-    let apps = w.apps();
+    let apps = w.apps.clone();
     let names: Vec<String> = (0..8).map(|i| format!("ho-{i}")).collect();
     for name in &names {
         apps.create(&PostParams::default(), &w.app(name)).await?;
     }
     // Kill the leader (SIGKILL, no lease release) as soon as provisioning is under way.
-    eventually(WAIT, "the first credentials Secret", || {
-        let secrets = w.secrets();
+    eventually("the first credentials Secret", WAIT, || {
+        let secrets = w.api::<Secret>();
         async move {
             let list = secrets.list(&ListParams::default()).await?;
             Ok(list
@@ -782,24 +768,7 @@ async fn leader_killed_mid_provisioning_leaves_one_database_per_app() -> anyhow:
     // The standby takes over after the lease expires and finishes every one of them.
     let mut expected = BTreeSet::new();
     for name in &names {
-        let app = w.wait_database_ready(name).await?;
-        let db = db_name(&app);
-        let secrets = w.secrets();
-        let secret_name = format!("{name}-database");
-        let secret = eventually(WAIT, "a settled Secret", || {
-            let secrets = secrets.clone();
-            let secret_name = secret_name.clone();
-            async move {
-                Ok(secrets.get_opt(&secret_name).await?.filter(|s| {
-                    !s.annotations()
-                        .contains_key(controller::database::PASSWORD_PENDING_ANNOTATION)
-                }))
-            }
-        })
-        .await?;
-        w.pg.connect(&db, &secret_value(&secret, "PGPASSWORD"), &db)
-            .await?;
-        expected.insert(db);
+        expected.insert(w.wait_usable(name).await?);
     }
     assert_eq!(w.catalog().await?, (expected.clone(), expected));
     assert!(

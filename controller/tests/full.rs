@@ -7,30 +7,28 @@ mod support;
 
 use std::time::Duration;
 
-use common::AppService;
 use common::conditions::{DEGRADED, FALSE, PROGRESSING, READY, TRUE, reasons};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
-use kube::Api;
+use harness::eventually;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use support::{app, condition, create, eventually, init, start_controller};
+use support::{Fixture, app, condition, create};
 
 const WAIT: Duration = Duration::from_secs(90);
 
 #[tokio::test]
 async fn becomes_ready_then_deletion_removes_everything() -> anyhow::Result<()> {
-    init();
-    let cp = harness::shared_full().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
-    let ctl = start_controller(client.clone(), &ns, |_| {});
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let (
+        Fixture {
+            apps,
+            deployments,
+            services,
+            ..
+        },
+        ctl,
+    ) = Fixture::setup().full().start().await?;
 
     create(&apps, &app("shop", "registry.example.com/shop:v1", 2)).await?;
-    let a = eventually(WAIT, "Ready=True", || async {
+    let a = eventually("Ready=True", WAIT, || async {
         let a = apps.get("shop").await?;
         Ok(condition(&a, READY)
             .is_some_and(|(s, _, _)| s == TRUE)
@@ -53,7 +51,7 @@ async fn becomes_ready_then_deletion_removes_everything() -> anyhow::Result<()> 
         &Patch::Merge(json!({"spec": {"replicas": 3}})),
     )
     .await?;
-    eventually(WAIT, "3 ready replicas", || async {
+    eventually("3 ready replicas", WAIT, || async {
         let a = apps.get("shop").await?;
         let ok = a.status.as_ref().and_then(|s| s.ready_replicas) == Some(3)
             && a.status.as_ref().and_then(|s| s.observed_generation) == Some(2)
@@ -64,8 +62,8 @@ async fn becomes_ready_then_deletion_removes_everything() -> anyhow::Result<()> 
 
     apps.delete("shop", &DeleteParams::default()).await?;
     eventually(
-        WAIT,
         "AppService, Deployment and Service to be gone",
+        WAIT,
         || async {
             let gone = apps.get_opt("shop").await?.is_none()
                 && deployments.get_opt("shop").await?.is_none()

@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use common::AppService;
+use harness::eventually;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use support::{app, create, eventually, init};
+use support::{app, create, init};
 use tokio::process::{Child, Command};
 
 const LEASE_SECS: u64 = 12;
@@ -103,10 +104,11 @@ async fn holder(leases: &Api<Lease>) -> anyhow::Result<Option<String>> {
 }
 
 async fn wait_holder(leases: &Api<Lease>, who: &str, timeout: Duration) -> anyhow::Result<()> {
-    eventually(timeout, &format!("{who} to hold the lease"), || async {
+    eventually(&format!("{who} to hold the lease"), timeout, || async {
         Ok((holder(leases).await?.as_deref() == Some(who)).then_some(()))
     })
-    .await
+    .await?;
+    Ok(())
 }
 
 async fn wait_deployment(
@@ -114,10 +116,11 @@ async fn wait_deployment(
     name: &str,
     timeout: Duration,
 ) -> anyhow::Result<()> {
-    eventually(timeout, &format!("Deployment {name}"), || async {
+    eventually(&format!("Deployment {name}"), timeout, || async {
         Ok(deployments.get_opt(name).await?.map(|_| ()))
     })
-    .await
+    .await?;
+    Ok(())
 }
 
 #[tokio::test]
@@ -137,7 +140,7 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
         .await
         .with_context(|| a.log_tail())?;
     let mut b = Proc::spawn(kubeconfig, &ns, "ctl-b", dir.path())?;
-    eventually(Duration::from_secs(30), "ctl-b ready", || async {
+    eventually("ctl-b ready", Duration::from_secs(30), || async {
         Ok(harness::process::http_get(b.ops_port, "/readyz")
             .await
             .ok()
@@ -179,7 +182,7 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
     // SIGTERM: the leader releases the lease; the standby takes over well within the
     // lease duration.
     let c = Proc::spawn(kubeconfig, &ns, "ctl-c", dir.path())?;
-    eventually(Duration::from_secs(30), "ctl-c ready", || async {
+    eventually("ctl-c ready", Duration::from_secs(30), || async {
         Ok(harness::process::http_get(c.ops_port, "/readyz")
             .await
             .ok()

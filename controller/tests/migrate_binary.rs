@@ -13,17 +13,12 @@ use serde_json::json;
 
 /// Runs the binary with the control plane's kubeconfig: (exit success, stdout, stderr).
 async fn migrate(cp: &harness::ControlPlane) -> (bool, String, String) {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_appservice-migrate-storage"))
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
+    let output = cp
+        .command(env!("CARGO_BIN_EXE_appservice-migrate-storage"))
         .output()
         .await
         .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    harness::process::outcome(&output)
 }
 
 #[tokio::test]

@@ -9,7 +9,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::AppService;
@@ -17,15 +16,12 @@ use harness::OtlpReceiver;
 use kube::Api;
 use serde_json::Value;
 use support::{app, create};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use tokio::process::Command;
 
-/// The controller binary for one namespace; its JSON log lines arrive on `logs`.
+/// The controller binary for one namespace, logging JSON.
 struct Controller {
-    _child: Child,
+    binary: harness::Binary,
     ops: SocketAddr,
-    logs: mpsc::UnboundedReceiver<Value>,
 }
 
 impl Controller {
@@ -49,29 +45,9 @@ impl Controller {
         for (k, v) in env {
             command.env(k, v);
         }
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let (tx, logs) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                match serde_json::from_str::<Value>(&line) {
-                    Ok(value) => {
-                        let _ = tx.send(value);
-                    }
-                    Err(e) => panic!("controller log line is not JSON ({e}): {line}"),
-                }
-            }
-        });
         let mut controller = Controller {
-            _child: child,
+            binary: harness::Binary::spawn(command).unwrap(),
             ops: SocketAddr::from(([127, 0, 0, 1], ops_port)),
-            logs,
         };
         controller
             .wait_log(|l| l["fields"]["message"] == "caches synced")
@@ -79,18 +55,11 @@ impl Controller {
         controller
     }
 
-    async fn wait_log(&mut self, mut matches: impl FnMut(&Value) -> bool) -> Value {
-        let read = async {
-            while let Some(line) = self.logs.recv().await {
-                if matches(&line) {
-                    return line;
-                }
-            }
-            panic!("the controller exited");
-        };
-        tokio::time::timeout(Duration::from_secs(30), read)
+    async fn wait_log(&mut self, matches: impl FnMut(&Value) -> bool) -> Value {
+        self.binary
+            .wait_log("a log line", Duration::from_secs(30), matches)
             .await
-            .expect("log line within 30 s")
+            .unwrap()
     }
 }
 
@@ -237,25 +206,14 @@ async fn profiles_on_demand_and_absent_by_default() {
     }
     let (status, body) = get(profiled.ops, "/debug/pprof/profile?seconds=1").await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    let cpu = harness::pprof::decode(&body).unwrap();
-    assert!(cpu.sample_types.iter().any(|(t, _)| t == "cpu"), "{cpu:?}");
+    harness::pprof::check_cpu(&body).unwrap();
 
     let (status, body) = get(profiled.ops, "/debug/pprof/heap").await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    let heap = harness::pprof::decode(&body).unwrap();
-    assert_eq!(
-        heap.sample_types,
-        vec![("inuse_space".to_owned(), "bytes".to_owned())]
-    );
-    assert!(heap.samples > 0, "{heap:?}");
     // Symbolized: Rust paths, not addresses. (Which allocations are sampled is up to
     // jemalloc's sampling, one per 512 KiB on average: the caches of five AppServices
     // are far smaller than that, so no particular function can be expected.)
-    assert!(
-        heap.functions.iter().any(|f| f.contains("::")),
-        "the heap profile is symbolized: {:?}",
-        &heap.functions[..heap.functions.len().min(30)]
-    );
+    harness::pprof::check_heap(&body, "::").unwrap();
 }
 
 /// Every metric name a PromQL expression selects.

@@ -18,13 +18,14 @@ use common::names::DEFAULT_PORT_NAME as PORT_NAME;
 use common::names::{FINALIZER, child_labels, endpoint, selector_labels};
 use common::{AppService, AppServiceSpec, EnvVar};
 use controller::desired::CONTAINER_NAME;
+use harness::eventually;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use support::{Running, condition, eventually, init, start_controller};
+use support::{Fixture, Running, condition, init, start_controller};
 
 /// How long healing may take. Generous for a loaded CI machine; the measured times are
 /// printed and are normally well under a second plus the Pods' start.
@@ -38,40 +39,31 @@ const WAIT: Duration = Duration::from_secs(90);
 /// The field manager of "someone else".
 const INTRUDER: &str = "intruder";
 
-struct Fixture {
-    client: Client,
-    ns: String,
-    apps: Api<AppService>,
-    deployments: Api<Deployment>,
-    services: Api<Service>,
+/// A [`Fixture`] on the shared full control plane whose controller resyncs every second,
+/// so "no writes over several reconciles" is quick to observe.
+struct World {
+    fixture: Fixture,
     ctl: Running,
-    _ns_guard: harness::TestNamespace,
 }
 
-/// A namespace and an in-process controller for it that resyncs every second, so "no
-/// writes over several reconciles" is quick to observe.
-async fn fixture() -> anyhow::Result<Fixture> {
-    init();
-    fixture_on(harness::shared_full().await?).await
+impl std::ops::Deref for World {
+    type Target = Fixture;
+    fn deref(&self) -> &Fixture {
+        &self.fixture
+    }
 }
 
-/// [`fixture`] on a given control plane.
-async fn fixture_on(cp: &harness::ControlPlane) -> anyhow::Result<Fixture> {
-    let ns_guard = cp.namespace().await?;
-    let ns = ns_guard.name().to_owned();
-    let client = cp.client();
-    let ctl = start_controller(client.clone(), &ns, |c| {
-        c.resync_interval = Duration::from_secs(1);
-    });
-    Ok(Fixture {
-        apps: Api::namespaced(client.clone(), &ns),
-        deployments: Api::namespaced(client.clone(), &ns),
-        services: Api::namespaced(client.clone(), &ns),
-        client,
-        ns,
-        ctl,
-        _ns_guard: ns_guard,
-    })
+fn resync_every_second(c: &mut controller::Config) {
+    c.resync_interval = Duration::from_secs(1);
+}
+
+async fn fixture() -> anyhow::Result<World> {
+    world(Fixture::setup().full()).await
+}
+
+async fn world(setup: support::Setup<'_>) -> anyhow::Result<World> {
+    let (fixture, ctl) = setup.config(resync_every_second).start().await?;
+    Ok(World { fixture, ctl })
 }
 
 fn spec(image: &str, replicas: i32) -> AppServiceSpec {
@@ -87,7 +79,7 @@ fn spec(image: &str, replicas: i32) -> AppServiceSpec {
     }
 }
 
-impl Fixture {
+impl World {
     async fn create(&self, name: &str, spec: AppServiceSpec) -> anyhow::Result<AppService> {
         Ok(self
             .apps
@@ -309,16 +301,18 @@ impl Fixture {
             "{name} must be converged before {p:?}: {before:?}"
         );
         p.apply(self, name).await?;
-        let children = self
-            .within(name, HEAL, false)
+        self.recovers(name, &format!("healed {p:?} on {name}"))
             .await
-            .with_context(|| format!("after {p:?}"))?;
-        let ready = self
-            .converged_within(name, READY_BOUND)
-            .await
-            .with_context(|| format!("after {p:?}"))?;
+            .with_context(|| format!("after {p:?}"))
+    }
+
+    /// Waits until `name`'s children (within [`HEAL`]) and then its Ready condition
+    /// (within [`READY_BOUND`]) are back, and prints how long each took after `what`.
+    async fn recovers(&self, name: &str, what: &str) -> anyhow::Result<()> {
+        let children = self.within(name, HEAL, false).await?;
+        let ready = self.converged_within(name, READY_BOUND).await?;
         println!(
-            "healed {p:?} on {name}: children in {} ms, Ready in {} ms",
+            "{what}: children in {} ms, Ready in {} ms",
             children.as_millis(),
             ready.as_millis()
         );
@@ -341,7 +335,7 @@ impl Fixture {
         };
         let writes = by_resource();
         let reconciles = self.ctl.metrics.reconcile_count();
-        eventually(WAIT, "more reconciles", || async {
+        eventually("more reconciles", WAIT, || async {
             Ok((self.ctl.metrics.reconcile_count() >= reconciles + n).then_some(()))
         })
         .await?;
@@ -479,7 +473,7 @@ impl Perturbation {
         Some((deployment, json!([operation])))
     }
 
-    async fn apply(self, f: &Fixture, name: &str) -> anyhow::Result<()> {
+    async fn apply(self, f: &World, name: &str) -> anyhow::Result<()> {
         if let Some((deployment, ops)) = self.edit() {
             return if deployment {
                 f.json_patch(&f.deployments, name, ops).await
@@ -651,13 +645,7 @@ async fn spec_change_after_a_foreign_port_edit_converges() -> anyhow::Result<()>
             &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 9090}]}})),
         )
         .await?;
-    let children = f.within("ports", HEAL, false).await?;
-    let ready = f.converged_within("ports", READY_BOUND).await?;
-    println!(
-        "port change: children in {} ms, Ready in {} ms",
-        children.as_millis(),
-        ready.as_millis()
-    );
+    f.recovers("ports", "port change").await?;
     f.quiet(3).await?;
     f.ctl.stop().await?;
     Ok(())
@@ -747,7 +735,7 @@ async fn foreign_objects_block_until_they_go_away() -> anyhow::Result<()> {
         }
         f.create(&name, spec("registry.example.com/web:v1", 1))
             .await?;
-        let a = eventually(WAIT, "ResourceConflict", || async {
+        let a = eventually("ResourceConflict", WAIT, || async {
             let a = f.apps.get(&name).await?;
             Ok(condition(&a, READY)
                 .is_some_and(|(_, r, _)| r == reasons::RESOURCE_CONFLICT)
@@ -794,13 +782,7 @@ async fn foreign_objects_block_until_they_go_away() -> anyhow::Result<()> {
         } else {
             f.services.delete(&name, &DeleteParams::default()).await?;
         }
-        let children = f.within(&name, HEAL, false).await?;
-        let ready = f.converged_within(&name, READY_BOUND).await?;
-        println!(
-            "foreign {kind} gone: children in {} ms, Ready in {} ms",
-            children.as_millis(),
-            ready.as_millis()
-        );
+        f.recovers(&name, &format!("foreign {kind} gone")).await?;
     }
     f.quiet(3).await?;
     f.ctl.stop().await?;
@@ -858,7 +840,7 @@ async fn zero_like_specs_converge_and_stay_quiet() -> anyhow::Result<()> {
 }
 
 /// resourceVersions of every AppService child in the namespace.
-async fn child_versions(f: &Fixture) -> anyhow::Result<BTreeMap<String, String>> {
+async fn child_versions(f: &World) -> anyhow::Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for d in f.deployments.list(&ListParams::default()).await? {
         out.insert(
@@ -894,12 +876,11 @@ async fn restart_with_100_converged_appservices_writes_nothing() -> anyhow::Resu
     for name in &names {
         f.converged_within(name, WAIT).await?;
     }
-    let Fixture {
-        client,
-        ns,
+    let World {
+        fixture: Fixture {
+            client, ns, apps, ..
+        },
         ctl,
-        apps,
-        ..
     } = f;
     ctl.stop().await?;
     let versions: BTreeMap<String, String> = apps
@@ -909,10 +890,8 @@ async fn restart_with_100_converged_appservices_writes_nothing() -> anyhow::Resu
         .map(|a| (a.name_any(), a.resource_version().unwrap_or_default()))
         .collect();
 
-    let again = start_controller(client.clone(), &ns, |c| {
-        c.resync_interval = Duration::from_secs(1);
-    });
-    eventually(WAIT, "every AppService reconciled twice", || async {
+    let again = start_controller(client.clone(), &ns, resync_every_second);
+    eventually("every AppService reconciled twice", WAIT, || async {
         Ok((again.metrics.reconcile_count() >= 200).then_some(()))
     })
     .await?;
@@ -965,17 +944,9 @@ async fn random_perturbation_sequences_converge() -> anyhow::Result<()> {
         }
         println!("round {round}: {applied:?}");
         for name in names {
-            let context = || format!("seed {seed}, round {round}, after {applied:?}");
-            let children = f.within(name, HEAL, false).await.with_context(context)?;
-            let ready = f
-                .converged_within(name, READY_BOUND)
+            f.recovers(name, &format!("round {round}: {name}"))
                 .await
-                .with_context(context)?;
-            println!(
-                "round {round}: {name}: children in {} ms, Ready in {} ms",
-                children.as_millis(),
-                ready.as_millis()
-            );
+                .with_context(|| format!("seed {seed}, round {round}, after {applied:?}"))?;
         }
     }
     f.quiet(3 * names.len() as u64).await?;
@@ -990,7 +961,7 @@ async fn api_server_restart_loses_nothing_and_writes_nothing() -> anyhow::Result
     init();
     let cp = harness::ControlPlane::start(harness::Options::full()).await?;
     let _logs = cp.log_guard();
-    let f = fixture_on(&cp).await?;
+    let f = world(Fixture::setup().on(&cp)).await?;
     for name in ["r-a", "r-b"] {
         f.create(name, spec("registry.example.com/web:v1", 1))
             .await?;
@@ -1049,7 +1020,7 @@ async fn missing_hash_annotation_is_put_back_without_a_ready_flap() -> anyhow::R
             f.json_patch(&f.services, "hash", ops).await?;
         }
     }
-    eventually(HEAL, "the hash annotations back", || async {
+    eventually("the hash annotations back", HEAL, || async {
         let d = f.deployments.get("hash").await?;
         let s = f.services.get("hash").await?;
         let has =

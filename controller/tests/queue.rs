@@ -9,12 +9,10 @@ mod support;
 
 use std::time::Duration;
 
-use common::AppService;
 use common::conditions::READY;
-use k8s_openapi::api::apps::v1::Deployment;
-use kube::Api;
+use harness::eventually;
 use kube::api::{DeleteParams, ListParams};
-use support::{app, condition, create, eventually, init, start_controller};
+use support::{Fixture, app, condition, create};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -27,27 +25,26 @@ fn value(scrape: &str, series: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
-    let ctl = start_controller(client.clone(), &ns, |_| {});
+    let (
+        Fixture {
+            apps, deployments, ..
+        },
+        ctl,
+    ) = Fixture::start().await?;
     let queue = ctl.metrics.queue.clone();
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
 
     for name in ["q1", "q2", "q3"] {
         create(&apps, &app(name, "registry.example.com/q:v1", 1)).await?;
     }
     for name in ["q1", "q2", "q3"] {
-        eventually(WAIT, "status", || async {
+        eventually("status", WAIT, || async {
             Ok(condition(&apps.get(name).await?, READY).map(|_| ()))
         })
         .await?;
     }
     // Without kube-controller-manager no Pod becomes ready: every pass asks to look
     // again after the rollout requeue (1 s in these tests).
-    eventually(WAIT, "requeued reconciles", || async {
+    eventually("requeued reconciles", WAIT, || async {
         Ok((queue.reconciles("requeue") >= 6).then_some(()))
     })
     .await?;
@@ -98,7 +95,7 @@ async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
     // Deployment is back.
     let before = queue.adds();
     deployments.delete("q2", &DeleteParams::default()).await?;
-    eventually(WAIT, "the Deployment recreated", || async {
+    eventually("the Deployment recreated", WAIT, || async {
         Ok(deployments.get_opt("q2").await?)
     })
     .await?;
@@ -107,7 +104,7 @@ async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
     // Once every AppService is gone, nothing is waiting, running or scheduled.
     apps.delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
-    eventually(WAIT, "the AppServices gone", || async {
+    eventually("the AppServices gone", WAIT, || async {
         Ok(apps
             .list(&ListParams::default())
             .await?
@@ -116,7 +113,7 @@ async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
             .then_some(()))
     })
     .await?;
-    eventually(WAIT, "an empty queue", || async {
+    eventually("an empty queue", WAIT, || async {
         Ok((queue.tracked() == 0).then_some(()))
     })
     .await?;

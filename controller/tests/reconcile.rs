@@ -11,14 +11,15 @@ use std::time::Duration;
 use common::AppService;
 use common::conditions::{DEGRADED, FALSE, PROGRESSING, READY, TRUE, reasons};
 use common::names::{FIELD_MANAGER, FINALIZER, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY};
+use harness::eventually;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::autoscaling::v1::Scale;
-use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, Service};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::{app, condition, create, eventually, init, start_controller};
+use support::{Fixture, app, condition, create, start_controller};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -28,14 +29,16 @@ async fn get_deployment(api: &Api<Deployment>, name: &str) -> anyhow::Result<Opt
 
 #[tokio::test]
 async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
-    let ctl = start_controller(client.clone(), &ns, |_| {});
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let (
+        Fixture {
+            ns,
+            apps,
+            deployments,
+            services,
+            ..
+        },
+        ctl,
+    ) = Fixture::start().await?;
 
     let created = create(
         &apps,
@@ -44,8 +47,8 @@ async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
     .await?;
     let uid = created.uid().unwrap();
 
-    let d = eventually(WAIT, "the Deployment", || {
-        get_deployment(&deployments, "checkout")
+    let d = eventually("the Deployment", WAIT, || async {
+        Ok(get_deployment(&deployments, "checkout").await?)
     })
     .await?;
     let owner = &d.owner_references()[0];
@@ -64,7 +67,7 @@ async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
             .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER))
     );
 
-    let s = eventually(WAIT, "the Service", || async {
+    let s = eventually("the Service", WAIT, || async {
         Ok(services.get_opt("checkout").await?)
     })
     .await?;
@@ -73,7 +76,7 @@ async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
     assert_eq!(port.port, 8080);
 
     // Status: no Pods become ready without kube-controller-manager, so Ready=False.
-    let a = eventually(WAIT, "status with conditions", || async {
+    let a = eventually("status with conditions", WAIT, || async {
         let a = apps.get("checkout").await?;
         Ok(condition(&a, READY).is_some().then_some(a))
     })
@@ -110,16 +113,15 @@ async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn image_change_updates_deployment_and_observed_generation() -> anyhow::Result<()> {
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
-    let ctl = start_controller(client.clone(), &ns, |_| {});
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let (
+        Fixture {
+            apps, deployments, ..
+        },
+        ctl,
+    ) = Fixture::start().await?;
 
     create(&apps, &app("web", "nginx:1.26", 1)).await?;
-    eventually(WAIT, "observedGeneration 1", || async {
+    eventually("observedGeneration 1", WAIT, || async {
         let a = apps.get("web").await?;
         Ok((a.status.and_then(|s| s.observed_generation) == Some(1)).then_some(()))
     })
@@ -131,7 +133,7 @@ async fn image_change_updates_deployment_and_observed_generation() -> anyhow::Re
         &Patch::Merge(json!({"spec": {"image": "nginx:1.27"}})),
     )
     .await?;
-    let d = eventually(WAIT, "the new image on the Deployment", || async {
+    let d = eventually("the new image on the Deployment", WAIT, || async {
         let d = deployments.get("web").await?;
         let image = d
             .spec
@@ -143,7 +145,7 @@ async fn image_change_updates_deployment_and_observed_generation() -> anyhow::Re
     })
     .await?;
     assert_eq!(d.spec.replicas, Some(1));
-    let a = eventually(WAIT, "observedGeneration 2", || async {
+    let a = eventually("observedGeneration 2", WAIT, || async {
         let a = apps.get("web").await?;
         Ok((a.status.as_ref().and_then(|s| s.observed_generation) == Some(2)).then_some(a))
     })
@@ -158,16 +160,15 @@ async fn image_change_updates_deployment_and_observed_generation() -> anyhow::Re
 
 #[tokio::test]
 async fn scale_subresource_drives_replicas() -> anyhow::Result<()> {
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
-    let ctl = start_controller(client.clone(), &ns, |_| {});
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let (
+        Fixture {
+            apps, deployments, ..
+        },
+        ctl,
+    ) = Fixture::start().await?;
 
     create(&apps, &app("api", "nginx:1.27", 1)).await?;
-    eventually(WAIT, "status.selector", || async {
+    eventually("status.selector", WAIT, || async {
         let a = apps.get("api").await?;
         Ok(a.status.and_then(|s| s.selector).map(|_| ()))
     })
@@ -190,7 +191,7 @@ async fn scale_subresource_drives_replicas() -> anyhow::Result<()> {
         &Patch::Merge(json!({"spec": {"replicas": 3}})),
     )
     .await?;
-    eventually(WAIT, "3 replicas on the Deployment", || async {
+    eventually("3 replicas on the Deployment", WAIT, || async {
         let d = deployments.get("api").await?;
         Ok((d.spec.replicas == Some(3)).then_some(()))
     })
@@ -202,13 +203,14 @@ async fn scale_subresource_drives_replicas() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result<()> {
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let Fixture {
+        ns,
+        client,
+        apps,
+        deployments,
+        services,
+        ..
+    } = Fixture::setup().without_controller().await?;
 
     let labels = std::collections::BTreeMap::from([("app".to_owned(), "legacy".to_owned())]);
     let foreign = Deployment {
@@ -245,7 +247,7 @@ async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result
 
     let ctl = start_controller(client.clone(), &ns, |_| {});
     create(&apps, &app("legacy", "nginx:1.27", 1)).await?;
-    let a = eventually(WAIT, "Ready=False ResourceConflict", || async {
+    let a = eventually("Ready=False ResourceConflict", WAIT, || async {
         let a = apps.get("legacy").await?;
         Ok(condition(&a, READY)
             .is_some_and(|(_, reason, _)| reason == reasons::RESOURCE_CONFLICT)
@@ -272,7 +274,7 @@ async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result
     assert!(services.get_opt("legacy").await?.is_none());
     // The transition is visible to `kubectl describe` as a Warning Event.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
-    let warning = eventually(WAIT, "a ResourceConflict Event", || async {
+    let warning = eventually("a ResourceConflict Event", WAIT, || async {
         let list = events.list(&Default::default()).await?;
         Ok(list.items.into_iter().find(|e| {
             e.reason.as_deref() == Some(reasons::RESOURCE_CONFLICT)
@@ -290,17 +292,16 @@ async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result
 
 #[tokio::test]
 async fn invalid_spec_is_reported_and_not_applied_until_fixed() -> anyhow::Result<()> {
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
-    let ctl = start_controller(client.clone(), &ns, |_| {});
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let (
+        Fixture {
+            apps, deployments, ..
+        },
+        ctl,
+    ) = Fixture::start().await?;
 
     // No webhook here: the schema admits this image, common::validate does not.
     create(&apps, &app("broken", "Not A Valid Image!", 1)).await?;
-    let a = eventually(WAIT, "Ready=False InvalidSpec", || async {
+    let a = eventually("Ready=False InvalidSpec", WAIT, || async {
         let a = apps.get("broken").await?;
         Ok(condition(&a, READY)
             .is_some_and(|(_, reason, _)| reason == reasons::INVALID_SPEC)
@@ -323,11 +324,11 @@ async fn invalid_spec_is_reported_and_not_applied_until_fixed() -> anyhow::Resul
         &Patch::Merge(json!({"spec": {"image": "nginx:1.27"}})),
     )
     .await?;
-    eventually(WAIT, "the Deployment after the fix", || {
-        get_deployment(&deployments, "broken")
+    eventually("the Deployment after the fix", WAIT, || async {
+        Ok(get_deployment(&deployments, "broken").await?)
     })
     .await?;
-    let fixed = eventually(WAIT, "observedGeneration 2", || async {
+    let fixed = eventually("observedGeneration 2", WAIT, || async {
         let a = apps.get("broken").await?;
         Ok((a.status.as_ref().and_then(|s| s.observed_generation) == Some(2)).then_some(a))
     })
@@ -339,17 +340,19 @@ async fn invalid_spec_is_reported_and_not_applied_until_fixed() -> anyhow::Resul
 
 #[tokio::test]
 async fn steady_state_reconcile_makes_no_writes() -> anyhow::Result<()> {
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
     // Requeue every second while "rolling out" (always, in plain mode): many reconciles.
-    let ctl = start_controller(client.clone(), &ns, |c| {
-        c.rollout_requeue = Duration::from_secs(1)
-    });
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let (
+        Fixture {
+            apps,
+            deployments,
+            services,
+            ..
+        },
+        ctl,
+    ) = Fixture::setup()
+        .config(|c| c.rollout_requeue = Duration::from_secs(1))
+        .start()
+        .await?;
 
     let mut spec_app = app("steady", "nginx:1.27", 2);
     spec_app.spec.env = vec![common::EnvVar {
@@ -369,12 +372,12 @@ async fn steady_state_reconcile_makes_no_writes() -> anyhow::Result<()> {
         ..Default::default()
     });
     create(&apps, &spec_app).await?;
-    eventually(WAIT, "status written", || async {
+    eventually("status written", WAIT, || async {
         let a = apps.get("steady").await?;
         Ok(condition(&a, READY).map(|_| ()))
     })
     .await?;
-    eventually(WAIT, "the Service", || async {
+    eventually("the Service", WAIT, || async {
         Ok(services.get_opt("steady").await?)
     })
     .await?;
@@ -425,32 +428,33 @@ async fn steady_state_reconcile_makes_no_writes() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn delete_runs_finalizer_and_removes_the_appservice() -> anyhow::Result<()> {
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
-    let ctl = start_controller(client.clone(), &ns, |_| {});
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let (
+        Fixture {
+            apps,
+            deployments,
+            services,
+            ..
+        },
+        ctl,
+    ) = Fixture::start().await?;
 
     let created = create(&apps, &app("gone", "nginx:1.27", 1)).await?;
-    eventually(WAIT, "the finalizer", || async {
+    eventually("the finalizer", WAIT, || async {
         let a = apps.get("gone").await?;
         Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
     })
     .await?;
-    let d = eventually(WAIT, "the Deployment", || {
-        get_deployment(&deployments, "gone")
+    let d = eventually("the Deployment", WAIT, || async {
+        Ok(get_deployment(&deployments, "gone").await?)
     })
     .await?;
-    let s = eventually(WAIT, "the Service", || async {
+    let s = eventually("the Service", WAIT, || async {
         Ok(services.get_opt("gone").await?)
     })
     .await?;
 
     apps.delete("gone", &DeleteParams::default()).await?;
-    eventually(WAIT, "the AppService to be gone", || async {
+    eventually("the AppService to be gone", WAIT, || async {
         Ok(apps.get_opt("gone").await?.is_none().then_some(()))
     })
     .await?;
@@ -469,14 +473,14 @@ async fn delete_runs_finalizer_and_removes_the_appservice() -> anyhow::Result<()
 async fn without_the_controller_nothing_is_removed_from_a_deleted_appservice() -> anyhow::Result<()>
 {
     // The finalizer is real: while no controller runs, a deleted AppService stays.
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let ctl = start_controller(client.clone(), &ns, |_| {});
+    let (
+        Fixture {
+            ns, client, apps, ..
+        },
+        ctl,
+    ) = Fixture::start().await?;
     create(&apps, &app("held", "nginx:1.27", 1)).await?;
-    eventually(WAIT, "the finalizer", || async {
+    eventually("the finalizer", WAIT, || async {
         let a = apps.get("held").await?;
         Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
     })
@@ -489,7 +493,7 @@ async fn without_the_controller_nothing_is_removed_from_a_deleted_appservice() -
     assert!(held.metadata.deletion_timestamp.is_some());
 
     let ctl = start_controller(client.clone(), &ns, |_| {});
-    eventually(WAIT, "the AppService to be gone", || async {
+    eventually("the AppService to be gone", WAIT, || async {
         Ok(apps.get_opt("held").await?.is_none().then_some(()))
     })
     .await?;
@@ -535,24 +539,20 @@ impl controller::external::External for FlakyExternal {
 async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() -> anyhow::Result<()>
 {
     use std::sync::atomic::Ordering;
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
     let external = std::sync::Arc::new(FlakyExternal::default());
     external.fail.store(true, Ordering::SeqCst);
-    let ctl = support::start_controller_with(client.clone(), &ns, |_| {}, external.clone());
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
+    let (fixture, ctl) = Fixture::setup().external(external.clone()).start().await?;
+    let apps = &fixture.apps;
 
-    create(&apps, &app("db", "nginx:1.27", 1)).await?;
-    eventually(WAIT, "the finalizer", || async {
+    create(apps, &app("db", "nginx:1.27", 1)).await?;
+    eventually("the finalizer", WAIT, || async {
         let a = apps.get("db").await?;
         Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
     })
     .await?;
     apps.delete("db", &DeleteParams::default()).await?;
 
-    let a = eventually(WAIT, "Degraded=True CleanupFailed", || async {
+    let a = eventually("Degraded=True CleanupFailed", WAIT, || async {
         let a = apps.get("db").await?;
         Ok(condition(&a, DEGRADED)
             .is_some_and(|(s, r, _)| s == TRUE && r == reasons::CLEANUP_FAILED)
@@ -578,7 +578,7 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
         apps.get_opt("db").await?.is_some(),
         "the finalizer must hold the object"
     );
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let events: Api<k8s_openapi::api::events::v1::Event> = fixture.api();
     let list = events.list(&Default::default()).await?;
     assert!(
         list.items
@@ -589,8 +589,8 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
 
     external.fail.store(false, Ordering::SeqCst);
     eventually(
-        Duration::from_secs(60),
         "the AppService to be gone",
+        Duration::from_secs(60),
         || async { Ok(apps.get_opt("db").await?.is_none().then_some(())) },
     )
     .await?;
@@ -601,13 +601,12 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
 #[tokio::test]
 async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() -> anyhow::Result<()>
 {
-    init();
-    let cp = harness::shared().await?;
-    let ns = cp.namespace().await?;
-    let client = cp.client();
-    let ctl = start_controller(client.clone(), &ns, |_| {});
-    let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let (
+        Fixture {
+            apps, deployments, ..
+        },
+        ctl,
+    ) = Fixture::start().await?;
 
     // Passes the schema and common::validate, but Pods cannot reference this field.
     let mut bad = app("rejected", "nginx:1.27", 1);
@@ -623,7 +622,7 @@ async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() ->
         }),
     }];
     create(&apps, &bad).await?;
-    let a = eventually(WAIT, "Ready=False ApplyFailed", || async {
+    let a = eventually("Ready=False ApplyFailed", WAIT, || async {
         let a = apps.get("rejected").await?;
         Ok(condition(&a, READY)
             .is_some_and(|(_, reason, _)| reason == reasons::APPLY_FAILED)
@@ -655,11 +654,11 @@ async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() ->
         &Patch::Merge(json!({"spec": {"env": [{"name": "NODE", "value": "x"}]}})),
     )
     .await?;
-    eventually(WAIT, "the Deployment after the fix", || {
-        get_deployment(&deployments, "rejected")
+    eventually("the Deployment after the fix", WAIT, || async {
+        Ok(get_deployment(&deployments, "rejected").await?)
     })
     .await?;
-    let fixed = eventually(WAIT, "Degraded=False", || async {
+    let fixed = eventually("Degraded=False", WAIT, || async {
         let a = apps.get("rejected").await?;
         Ok(condition(&a, DEGRADED)
             .is_some_and(|(s, _, _)| s == FALSE)

@@ -1,18 +1,22 @@
-//! Helpers shared by the controller's integration tests: an in-process controller scoped
-//! to one test namespace, AppService fixtures, and polling for eventual conditions.
+//! Helpers shared by the controller's integration tests: the [`Fixture`] every test starts
+//! from (a namespace, a client, and an in-process controller scoped to that namespace),
+//! and AppService objects. Polling is `harness::eventually`.
 
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use common::{AppService, AppServiceSpec};
 use controller::metrics::Metrics;
 use controller::{Config, Hooks};
+use harness::{ControlPlane, TestNamespace};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
 use kube::api::PostParams;
-use kube::{Api, Client};
+use kube::{Api, Client, Resource};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -29,6 +33,118 @@ pub fn init() {
             .with_test_writer()
             .try_init();
     });
+}
+
+/// One test's world: its own namespace on a control plane, a client made in this test's
+/// runtime, and the Apis of what the controller reads and writes there.
+pub struct Fixture {
+    pub ns: TestNamespace,
+    pub client: Client,
+    pub apps: Api<AppService>,
+    pub deployments: Api<Deployment>,
+    pub services: Api<Service>,
+}
+
+impl Fixture {
+    /// A namespace on the shared plain control plane and a controller watching it, with
+    /// the defaults of [`start_controller`].
+    pub async fn start() -> anyhow::Result<(Fixture, Running)> {
+        Fixture::setup().start().await
+    }
+
+    /// What a test varies: the control plane, the controller's configuration, its
+    /// external resources.
+    pub fn setup<'a>() -> Setup<'a> {
+        Setup {
+            control_plane: Plane::Shared,
+            tweak: Box::new(|_| {}),
+            external: Arc::new(controller::external::NoExternal),
+        }
+    }
+
+    /// An Api of another namespaced kind in the test's namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+}
+
+enum Plane<'a> {
+    Shared,
+    SharedFull,
+    Given(&'a ControlPlane),
+}
+
+/// The options of a [`Fixture`]; [`Setup::start`] makes it.
+pub struct Setup<'a> {
+    control_plane: Plane<'a>,
+    tweak: Box<dyn FnOnce(&mut Config)>,
+    external: Arc<dyn controller::external::External>,
+}
+
+impl<'a> Setup<'a> {
+    /// On the shared full control plane (Pods become ready, the garbage collector runs).
+    pub fn full(mut self) -> Self {
+        self.control_plane = Plane::SharedFull;
+        self
+    }
+
+    /// On a control plane of the test's own (one it restarts, for example).
+    pub fn on(mut self, cp: &'a ControlPlane) -> Self {
+        self.control_plane = Plane::Given(cp);
+        self
+    }
+
+    /// Changes the controller's configuration after [`start_controller`]'s defaults.
+    pub fn config(mut self, tweak: impl FnOnce(&mut Config) + 'static) -> Self {
+        self.tweak = Box::new(tweak);
+        self
+    }
+
+    /// The external resources behind the finalizer (none by default).
+    pub fn external(mut self, external: Arc<dyn controller::external::External>) -> Self {
+        self.external = external;
+        self
+    }
+
+    /// The namespace and client only; the test starts controllers itself.
+    pub async fn without_controller(self) -> anyhow::Result<Fixture> {
+        Fixture::on(self.control_plane).await
+    }
+
+    /// The fixture and a controller watching its namespace.
+    pub async fn start(self) -> anyhow::Result<(Fixture, Running)> {
+        let fixture = Fixture::on(self.control_plane).await?;
+        let ctl = start_controller_with(
+            fixture.client.clone(),
+            &fixture.ns,
+            self.tweak,
+            self.external,
+        );
+        Ok((fixture, ctl))
+    }
+}
+
+impl Fixture {
+    async fn on(control_plane: Plane<'_>) -> anyhow::Result<Fixture> {
+        init();
+        let cp = match control_plane {
+            Plane::Shared => harness::shared().await?,
+            Plane::SharedFull => harness::shared_full().await?,
+            Plane::Given(cp) => cp,
+        };
+        let ns = cp.namespace().await?;
+        let client = cp.client();
+        Ok(Fixture {
+            apps: Api::namespaced(client.clone(), &ns),
+            deployments: Api::namespaced(client.clone(), &ns),
+            services: Api::namespaced(client.clone(), &ns),
+            ns,
+            client,
+        })
+    }
 }
 
 /// A controller running in this test's runtime, watching one namespace.
@@ -105,33 +221,6 @@ pub fn app(name: &str, image: &str, replicas: i32) -> AppService {
 
 pub async fn create(api: &Api<AppService>, app: &AppService) -> anyhow::Result<AppService> {
     Ok(api.create(&PostParams::default(), app).await?)
-}
-
-/// Polls `check` every 200ms until it returns `Some`, failing after `timeout` with the
-/// last observation.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut last_err = None;
-    loop {
-        match check().await {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if tokio::time::Instant::now() >= deadline {
-            match last_err {
-                Some(e) => {
-                    bail!("timed out after {timeout:?} waiting for {what}; last error: {e:#}")
-                }
-                None => bail!("timed out after {timeout:?} waiting for {what}"),
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// The condition `type_` of an AppService's status as `(status, reason, message)`.
