@@ -5,31 +5,16 @@
 
 mod support;
 
-use std::net::SocketAddr;
-use std::process::Stdio;
+use std::time::Duration;
 
+use harness::binary::webhook_command;
+use harness::{Binary, logged_addr};
 use http::StatusCode;
-use serde_json::Value;
 use support::{TestCerts, bytes, fixture, get, response_of};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-/// Reads JSON log lines until one has `message`; returns it.
-async fn wait_for_line(
-    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStderr>>,
-    message: &str,
-    seen: &mut Vec<Value>,
-) -> Value {
-    while let Some(line) = lines.next_line().await.unwrap() {
-        let value: Value =
-            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-        seen.push(value.clone());
-        if value["message"] == message {
-            return value;
-        }
-    }
-    panic!("the webhook exited before logging {message:?}; logged: {seen:#?}");
-}
+/// Upper bound of any wait; reaching it is a failure, not a timing assertion.
+const GIVE_UP: Duration = Duration::from_secs(60);
 
 #[tokio::test]
 async fn runs_from_environment_logs_json_and_stops_on_sigterm() {
@@ -40,28 +25,26 @@ async fn runs_from_environment_logs_json_and_stops_on_sigterm() {
         "policies:\n  - {name: always, expression: 'true', message: never shown}\n",
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_appservice-webhook"))
-        .env_clear()
-        .env("RUST_LOG", "info")
-        .env("WEBHOOK_LISTEN", "127.0.0.1:0")
-        .env("WEBHOOK_OPS_LISTEN", "127.0.0.1:0")
-        .env("WEBHOOK_TLS_CERT", &certs.cert_path)
-        .env("WEBHOOK_TLS_KEY", &certs.key_path)
+    let mut command = webhook_command(
+        env!("CARGO_BIN_EXE_appservice-webhook"),
+        &certs.cert_path,
+        &certs.key_path,
+    );
+    command
         .env("WEBHOOK_POLICIES", &policies)
-        .env("WEBHOOK_SHUTDOWN_TIMEOUT", "5s")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
+        .env("WEBHOOK_SHUTDOWN_TIMEOUT", "5s");
+    let mut webhook = Binary::spawn(command).unwrap();
+    let loaded = webhook
+        .wait_message("policies loaded", GIVE_UP)
+        .await
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    let loaded = wait_for_line(&mut lines, "policies loaded", &mut seen).await;
     assert_eq!(loaded["policies"], 1);
-    let serving = wait_for_line(&mut lines, "webhook serving", &mut seen).await;
-    let tls: SocketAddr = serving["tls_addr"].as_str().unwrap().parse().unwrap();
-    let ops: SocketAddr = serving["ops_addr"].as_str().unwrap().parse().unwrap();
+    let serving = webhook
+        .wait_message("webhook serving", GIVE_UP)
+        .await
+        .unwrap();
+    let tls = logged_addr(&serving, "tls_addr").unwrap();
+    let ops = logged_addr(&serving, "ops_addr").unwrap();
 
     assert_eq!(get(ops, "/readyz").await.0, StatusCode::OK);
     let review = fixture("create-invalid.json");
@@ -74,7 +57,10 @@ async fn runs_from_environment_logs_json_and_stops_on_sigterm() {
     assert_eq!(response_of(&reply.body)["allowed"], false);
 
     // One line per review, with what is needed to find it.
-    let logged = wait_for_line(&mut lines, "admission denied", &mut seen).await;
+    let logged = webhook
+        .wait_message("admission denied", GIVE_UP)
+        .await
+        .unwrap();
     assert_eq!(logged["uid"], review["request"]["uid"]);
     assert_eq!(logged["namespace"], "dev");
     assert_eq!(logged["name"], "Bad_Name");
@@ -82,16 +68,16 @@ async fn runs_from_environment_logs_json_and_stops_on_sigterm() {
     assert_eq!(logged["decision"], "denied");
     assert_eq!(logged["level"], "INFO");
 
-    let pid = child.id().unwrap().to_string();
     let killed = Command::new("kill")
-        .args(["-TERM", &pid])
+        .args(["-TERM", &webhook.pid.to_string()])
         .status()
         .await
         .unwrap();
     assert!(killed.success());
-    wait_for_line(&mut lines, "shutdown requested; draining", &mut seen).await;
-    wait_for_line(&mut lines, "webhook stopped", &mut seen).await;
-    let status = child.wait().await.unwrap();
+    for message in ["shutdown requested; draining", "webhook stopped"] {
+        webhook.wait_message(message, GIVE_UP).await.unwrap();
+    }
+    let status = webhook.child.wait().await.unwrap();
     assert!(status.success(), "exit status {status}");
 }
 

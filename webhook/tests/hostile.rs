@@ -13,16 +13,17 @@ mod support;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::Bytes;
+use harness::Binary;
+use harness::binary::{ServingWebhook, start_webhook, webhook_command};
 use http::StatusCode;
 use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 use support::{TestCerts, bytes, fixture, get, response_of};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -42,53 +43,27 @@ struct Webhook {
 impl Webhook {
     /// Starts the binary with the test certificates and `env`; waits until it serves.
     async fn start(certs: &TestCerts, env: &[(&str, &str)]) -> Webhook {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_appservice-webhook"));
+        let mut command = webhook_command(
+            env!("CARGO_BIN_EXE_appservice-webhook"),
+            &certs.cert_path,
+            &certs.key_path,
+        );
         command
-            .env_clear()
-            .env("RUST_LOG", "info")
-            .env("WEBHOOK_LISTEN", "127.0.0.1:0")
-            .env("WEBHOOK_OPS_LISTEN", "127.0.0.1:0")
-            .env("WEBHOOK_TLS_CERT", &certs.cert_path)
-            .env("WEBHOOK_TLS_KEY", &certs.key_path)
             .env("WEBHOOK_SHUTDOWN_DELAY", "0s")
             .env("WEBHOOK_RELOAD_INTERVAL", "100ms");
         for (key, value) in env {
             command.env(key, value);
         }
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let pid = child.id().unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let (tx, mut logs) = mpsc::unbounded_channel();
-        // Drain stderr for the whole run, so the pipe never fills.
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
-                if tx.send(value).is_err() {
-                    break;
-                }
-            }
-        });
-        let serving = tokio::time::timeout(GIVE_UP, async {
-            while let Some(line) = logs.recv().await {
-                if line["message"] == "webhook serving" {
-                    return line;
-                }
-            }
-            panic!("the webhook exited before serving");
-        })
-        .await
-        .expect("the webhook did not start");
+        let ServingWebhook {
+            binary: Binary { child, pid, logs },
+            tls,
+            ops,
+        } = start_webhook(command, GIVE_UP).await.unwrap();
         Webhook {
             child,
             pid,
-            tls: serving["tls_addr"].as_str().unwrap().parse().unwrap(),
-            ops: serving["ops_addr"].as_str().unwrap().parse().unwrap(),
+            tls,
+            ops,
             logs,
         }
     }

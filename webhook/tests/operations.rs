@@ -5,86 +5,36 @@
 
 mod support;
 
-use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
 use harness::OtlpReceiver;
+use harness::binary::{ServingWebhook, start_webhook, webhook_command};
 use http::StatusCode;
-use serde_json::Value;
 use support::{TestCerts, bytes, fixture, get, get_bytes};
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStderr, Command};
 
-struct Webhook {
-    _child: Child,
-    lines: Lines<BufReader<ChildStderr>>,
-    tls: SocketAddr,
-    ops: SocketAddr,
-}
+/// Upper bound of any wait; reaching it is a failure, not a timing assertion.
+const GIVE_UP: Duration = Duration::from_secs(30);
 
-impl Webhook {
-    async fn start(certs: &TestCerts, env: &[(&str, &str)]) -> Webhook {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_appservice-webhook"));
-        command
-            .env_clear()
-            .env("RUST_LOG", "info")
-            .env("WEBHOOK_LISTEN", "127.0.0.1:0")
-            .env("WEBHOOK_OPS_LISTEN", "127.0.0.1:0")
-            .env("WEBHOOK_TLS_CERT", &certs.cert_path)
-            .env("WEBHOOK_TLS_KEY", &certs.key_path)
-            .env("WEBHOOK_SHUTDOWN_TIMEOUT", "1s")
-            .env("WEBHOOK_SHUTDOWN_DELAY", "0s");
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let serving = next_line(&mut lines, "webhook serving").await;
-        Webhook {
-            _child: child,
-            lines,
-            tls: serving["tls_addr"].as_str().unwrap().parse().unwrap(),
-            ops: serving["ops_addr"].as_str().unwrap().parse().unwrap(),
-        }
+/// Starts the webhook binary with the test certificates and `env`; returns once it serves.
+async fn start(certs: &TestCerts, env: &[(&str, &str)]) -> ServingWebhook {
+    let mut command = webhook_command(
+        env!("CARGO_BIN_EXE_appservice-webhook"),
+        &certs.cert_path,
+        &certs.key_path,
+    );
+    command
+        .env("WEBHOOK_SHUTDOWN_TIMEOUT", "1s")
+        .env("WEBHOOK_SHUTDOWN_DELAY", "0s");
+    for (k, v) in env {
+        command.env(k, v);
     }
-}
-
-impl Webhook {
-    /// Keeps reading the log, so that a chatty webhook never blocks on a full pipe.
-    fn drain_logs(self) -> (SocketAddr, SocketAddr, Child) {
-        let mut lines = self.lines;
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        (self.tls, self.ops, self._child)
-    }
-}
-
-async fn next_line(lines: &mut Lines<BufReader<ChildStderr>>, message: &str) -> Value {
-    let read = async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            let value: Value =
-                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-            if value["message"] == message {
-                return value;
-            }
-        }
-        panic!("the webhook exited before logging {message:?}");
-    };
-    tokio::time::timeout(Duration::from_secs(30), read)
-        .await
-        .unwrap_or_else(|_| panic!("no {message:?} logged within 30 s"))
+    start_webhook(command, GIVE_UP).await.unwrap()
 }
 
 #[tokio::test]
 async fn profiles_are_off_by_default() {
     let certs = TestCerts::new();
-    let webhook = Webhook::start(&certs, &[]).await;
+    let webhook = start(&certs, &[]).await;
     for path in ["/debug/pprof/heap", "/debug/pprof/profile?seconds=1"] {
         assert_eq!(
             get(webhook.ops, path).await.0,
@@ -99,8 +49,9 @@ async fn profiles_are_off_by_default() {
 async fn cpu_and_heap_profiles_on_demand() {
     let certs = TestCerts::new();
     // Only the flag: the binary restarts itself with jemalloc's sampling configured.
-    let webhook = Webhook::start(&certs, &[("WEBHOOK_PROFILING", "true")]).await;
-    let (tls, ops, _child) = webhook.drain_logs();
+    let webhook = start(&certs, &[("WEBHOOK_PROFILING", "true")]).await;
+    let (tls, ops) = (webhook.tls, webhook.ops);
+    let _child = webhook.binary.drain_logs();
 
     // Work to sample while the CPU profile runs: reviews over TLS.
     let client = certs.client();
@@ -130,29 +81,15 @@ async fn cpu_and_heap_profiles_on_demand() {
     eprintln!("answered {answered} reviews while profiling");
     assert!(answered > 0);
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
-    let profile = harness::pprof::decode(&body).unwrap();
-    assert!(
-        profile.sample_types.iter().any(|(t, _)| t == "cpu"),
-        "{profile:?}"
-    );
+    let profile = harness::pprof::check_cpu(&body).unwrap();
     // Samples are not asserted: a short profile sometimes has none (see telemetry's
     // profiling tests).
     eprintln!("CPU profile: {} samples", profile.samples);
 
     let (status, body) = get_bytes(ops, "/debug/pprof/heap").await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
-    let heap = harness::pprof::decode(&body).unwrap();
-    assert_eq!(
-        heap.sample_types,
-        vec![("inuse_space".to_owned(), "bytes".to_owned())]
-    );
-    assert!(heap.samples > 0, "{heap:?}");
     // Symbolized in the process: readable without the binary.
-    assert!(
-        heap.functions.iter().any(|f| f.contains("webhook")),
-        "{:?}",
-        &heap.functions[..heap.functions.len().min(20)]
-    );
+    harness::pprof::check_heap(&body, "webhook").unwrap();
 
     // Bounded.
     let (status, _) = get(ops, "/debug/pprof/profile?seconds=3600").await;
@@ -164,7 +101,7 @@ async fn an_admission_review_is_a_span_with_its_trace_id_in_the_log() {
     let receiver = OtlpReceiver::start().await.unwrap();
     let certs = TestCerts::new();
     let endpoint = receiver.endpoint();
-    let mut webhook = Webhook::start(
+    let mut webhook = start(
         &certs,
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
@@ -179,7 +116,11 @@ async fn an_admission_review_is_a_span_with_its_trace_id_in_the_log() {
         .await
         .unwrap();
     assert_eq!(reply.status, StatusCode::OK);
-    let logged = next_line(&mut webhook.lines, "admission denied").await;
+    let logged = webhook
+        .binary
+        .wait_message("admission denied", GIVE_UP)
+        .await
+        .unwrap();
     let trace_id = logged["trace_id"]
         .as_str()
         .unwrap_or_else(|| panic!("no trace_id in {logged}"))

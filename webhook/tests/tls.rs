@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use harness::eventually;
 use http::StatusCode;
 use serde_json::json;
 use support::{TestCerts, TlsClient, bytes, fixture, get, leaf_der, response_of};
@@ -22,21 +23,6 @@ use webhook::Server;
 
 /// Upper bound of any wait; reaching it is a failure, not a timing assertion.
 const GIVE_UP: Duration = Duration::from_secs(60);
-
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + GIVE_UP;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn metric(server: &Server, line_prefix: &str) -> u64 {
     let text = server.state().metrics.encode().unwrap();
@@ -197,32 +183,35 @@ async fn certificate_rotation_under_load_drops_nothing() {
     let load = start_load(certs.client(), addr, 4, expected.clone());
     let ok = load.ok.clone();
     let seen_new = load.seen_new.clone();
-    eventually("requests with the first certificate", || {
+    eventually("requests with the first certificate", GIVE_UP, || {
         let ok = ok.clone();
         async move { ok.load(Ordering::SeqCst) >= 200 }
     })
-    .await;
+    .await
+    .unwrap();
 
     // Rotation 1: the symlink swap.
     let second = certs.ca.serving_cert(&["127.0.0.1"]).unwrap();
     *expected.lock().unwrap() = pem_leaf(&second.cert_pem);
     write_generation(&volume, "..2026_11_29_18_00_00.000000002", &second);
-    eventually("the swapped certificate to be served", || {
+    eventually("the swapped certificate to be served", GIVE_UP, || {
         let seen = seen_new.clone();
         async move { seen.load(Ordering::SeqCst) >= 100 }
     })
-    .await;
+    .await
+    .unwrap();
 
     // Rotation 2: another swap while the load goes on, then keep going.
     let third = certs.ca.serving_cert(&["127.0.0.1"]).unwrap();
     seen_new.store(0, Ordering::SeqCst);
     *expected.lock().unwrap() = pem_leaf(&third.cert_pem);
     write_generation(&volume, "..2026_11_29_19_00_00.000000003", &third);
-    eventually("the third certificate to be served", || {
+    eventually("the third certificate to be served", GIVE_UP, || {
         let seen = seen_new.clone();
         async move { seen.load(Ordering::SeqCst) >= 100 }
     })
-    .await;
+    .await
+    .unwrap();
 
     let (ok, failures) = load.finish().await;
     assert!(
@@ -278,13 +267,14 @@ async fn replaced_files_and_a_bad_pair() {
         "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
     )
     .unwrap();
-    eventually("the refusal to be counted", || async {
+    eventually("the refusal to be counted", GIVE_UP, || async {
         metric(
             &server,
             "appservice_webhook_certificate_reloads_total{result=\"failure\"}",
         ) >= 1
     })
-    .await;
+    .await
+    .unwrap();
     let reply = client
         .post(
             addr,
@@ -307,7 +297,7 @@ async fn replaced_files_and_a_bad_pair() {
     std::fs::rename(&tmp_key, &certs.key_path).unwrap();
     std::fs::rename(&tmp_cert, &certs.cert_path).unwrap();
     let expected = pem_leaf(&next.cert_pem);
-    eventually("the replaced certificate to be served", || {
+    eventually("the replaced certificate to be served", GIVE_UP, || {
         let (client, expected) = (client.clone(), expected.clone());
         async move {
             let reply = client
@@ -323,7 +313,8 @@ async fn replaced_files_and_a_bad_pair() {
             reply.peer_cert == expected
         }
     })
-    .await;
+    .await
+    .unwrap();
     server.shutdown().await.unwrap();
 }
 
@@ -349,24 +340,26 @@ async fn policies_reload_and_a_broken_file_keeps_the_old_set() {
         "policies:\n  - name: production-replicas\n    expression: \"request.namespace != 'production' || object.spec.replicas >= 2\"\n    message: production needs 2 replicas\n",
     )
     .unwrap();
-    eventually("the new policy to deny", || {
+    eventually("the new policy to deny", GIVE_UP, || {
         let reply = allowed(client.clone(), bytes(&review));
         async move { !reply.await }
     })
-    .await;
+    .await
+    .unwrap();
 
     std::fs::write(
         &policies,
         "policies:\n  - {name: broken, expression: 'object.spec.replicas >', message: x}\n",
     )
     .unwrap();
-    eventually("the broken file to be refused", || async {
+    eventually("the broken file to be refused", GIVE_UP, || async {
         metric(
             &server,
             "appservice_webhook_policy_reloads_total{result=\"failure\"}",
         ) >= 1
     })
-    .await;
+    .await
+    .unwrap();
     assert!(
         !allowed(client.clone(), bytes(&review)).await,
         "the previous policy stays active"
@@ -394,22 +387,25 @@ async fn shutdown_drains_a_request_in_flight() {
     stream.write_all(first).await.unwrap();
     stream.flush().await.unwrap();
     // Shut down only once the server is inside the request (headers read, body pending).
-    eventually("the request to be in flight", || async {
+    eventually("the request to be in flight", GIVE_UP, || async {
         metric(&server, "appservice_webhook_admission_in_flight ") == 1
     })
-    .await;
+    .await
+    .unwrap();
 
     let shutdown = tokio::spawn(server.shutdown());
-    eventually("readiness to turn off", || async {
+    eventually("readiness to turn off", GIVE_UP, || async {
         get(ops, "/readyz").await.0 == StatusCode::SERVICE_UNAVAILABLE
     })
-    .await;
+    .await
+    .unwrap();
     // New connections are refused once the listener is closed.
-    eventually("the listener to close", || {
+    eventually("the listener to close", GIVE_UP, || {
         let client = client.clone();
         async move { client.raw(addr).await.is_err() }
     })
-    .await;
+    .await
+    .unwrap();
 
     // The request in flight still completes.
     stream.write_all(rest).await.unwrap();
