@@ -49,6 +49,16 @@ fn schema() -> Value {
     schema_of("v1alpha1")
 }
 
+/// The names of a CRD version's printer columns, in order.
+fn printer_columns(version: &Value) -> Vec<&str> {
+    version["additionalPrinterColumns"]
+        .as_array()
+        .expect("printer columns")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect()
+}
+
 #[test]
 fn names_scope_and_subresources() {
     let crd = crd_json();
@@ -83,13 +93,10 @@ fn names_scope_and_subresources() {
                 "labelSelectorPath": ".status.selector"
             })
         );
-        let columns: Vec<&str> = version["additionalPrinterColumns"]
-            .as_array()
-            .expect("printer columns")
-            .iter()
-            .filter_map(|c| c["name"].as_str())
-            .collect();
-        assert_eq!(columns, vec!["Ready", "Replicas", "Endpoint", "Age"]);
+        assert_eq!(
+            printer_columns(version),
+            vec!["Ready", "Replicas", "Endpoint", "Age"]
+        );
     }
 }
 
@@ -285,14 +292,8 @@ fn database_class_is_cluster_scoped_with_status_and_columns() {
     let version = &crd["spec"]["versions"][0];
     assert_eq!(version["name"], "v1alpha1");
     assert_eq!(version["subresources"]["status"], json!({}));
-    let columns: Vec<&str> = version["additionalPrinterColumns"]
-        .as_array()
-        .expect("printer columns")
-        .iter()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
     assert_eq!(
-        columns,
+        printer_columns(version),
         vec![
             "Host",
             "Port",

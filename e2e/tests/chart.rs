@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::AppService;
+use harness::eventually;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -57,11 +58,7 @@ fn run_helm(args: &[&str]) -> (bool, String, String) {
         .env("HELM_DATA_HOME", std::env::temp_dir().join("aso-helm/data"))
         .output()
         .expect("running helm");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    harness::process::outcome(&out)
 }
 
 /// Values for a certificate mode, as `--set` arguments.
@@ -520,7 +517,8 @@ async fn storage_migration_runs_with_the_hooks_rbac() {
             async move { controller::migrate::run(client).await.ok() }
         },
     )
-    .await;
+    .await
+    .unwrap();
     assert!(report.rewritten >= 1, "{report:?}");
     assert_eq!(report.stored_versions, ["v1beta1"]);
     // Nothing more: it cannot delete what it rewrites.
@@ -718,24 +716,6 @@ async fn installed() -> (&'static harness::ControlPlane, &'static str) {
     (cp, ns.as_str())
 }
 
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 #[tokio::test]
 async fn installs_into_a_restricted_namespace_and_pods_are_admitted() {
     let (cp, ns) = installed().await;
@@ -785,7 +765,8 @@ async fn installs_into_a_restricted_namespace_and_pods_are_admitted() {
                 }
             },
         )
-        .await;
+        .await
+        .unwrap();
         assert_eq!(count, 2, "{component}");
     }
     // A privileged Pod in the same namespace is refused: the profile is really enforced.
@@ -918,7 +899,8 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
                 .holder_identity
         }
     })
-    .await;
+    .await
+    .unwrap();
     assert_eq!(holder, "rbac-proof");
 
     let admin_deployments: Api<Deployment> = Api::namespaced(admin.clone(), &test_ns);
@@ -929,7 +911,8 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
             (d.get("rbac-proof").await.is_ok() && s.get("rbac-proof").await.is_ok()).then_some(())
         }
     })
-    .await;
+    .await
+    .unwrap();
     let reconciled = eventually("finalizer and status", Duration::from_secs(60), || {
         let apps = apps.clone();
         async move {
@@ -947,7 +930,8 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
             (has_finalizer && has_status).then_some(app)
         }
     })
-    .await;
+    .await
+    .unwrap();
     assert!(
         reconciled
             .status
@@ -972,7 +956,8 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
             }
         },
     )
-    .await;
+    .await
+    .unwrap();
 
     // Deletion: the finalizer runs and is removed with the same credentials.
     apps.delete("rbac-proof", &DeleteParams::default())
@@ -985,7 +970,8 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
                 .then_some(())
         }
     })
-    .await;
+    .await
+    .unwrap();
 
     let _ = stop_tx.send(());
     let result = tokio::time::timeout(Duration::from_secs(60), run)
@@ -1046,7 +1032,8 @@ async fn webhook_watches_namespaces_with_the_charts_rbac_and_nothing_more() {
             async move { state.readiness().is_ok().then_some(()) }
         },
     )
-    .await;
+    .await
+    .unwrap();
     let seen = eventually(
         "the test namespace in the webhook's cache",
         Duration::from_secs(30),
@@ -1056,7 +1043,8 @@ async fn webhook_watches_namespaces_with_the_charts_rbac_and_nothing_more() {
             async move { state.namespace_object(Some(&ns)) }
         },
     )
-    .await;
+    .await
+    .unwrap();
     assert_eq!(
         seen["metadata"]["labels"]["appservice-tests.example.com/test-namespace"], "true",
         "{seen}"
@@ -1170,7 +1158,8 @@ async fn databases_work_with_the_charts_rbac() {
                 .then_some(app)
         }
     })
-    .await;
+    .await
+    .unwrap();
     let db = controller::database::sql::db_name(&ready.uid().unwrap());
     let app_secrets: Api<Secret> = Api::namespaced(admin.clone(), &test_ns);
     let creds = app_secrets
@@ -1194,7 +1183,8 @@ async fn databases_work_with_the_charts_rbac() {
             }
         },
     )
-    .await;
+    .await
+    .unwrap();
     assert!(reachable.server_version.is_some());
 
     // Disabling deletes the Secret (and the database: the class's policy is Delete).
@@ -1217,7 +1207,8 @@ async fn databases_work_with_the_charts_rbac() {
                 .then_some(())
         }
     })
-    .await;
+    .await
+    .unwrap();
     apps.delete("rbac-db", &DeleteParams::default())
         .await
         .expect("delete");
@@ -1225,7 +1216,8 @@ async fn databases_work_with_the_charts_rbac() {
         let apps = apps.clone();
         async move { apps.get_opt("rbac-db").await.ok()?.is_none().then_some(()) }
     })
-    .await;
+    .await
+    .unwrap();
     let _ = stop_tx.send(());
     let result = tokio::time::timeout(Duration::from_secs(60), run)
         .await

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use harness::eventually;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -13,22 +14,6 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-/// Polls `check` every 100 ms until it returns `Some`, failing after `timeout`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test]
 async fn a_deployment_gets_two_ready_pods_on_the_simulated_node() -> TestResult {
@@ -57,7 +42,8 @@ async fn a_deployment_gets_two_ready_pods_on_the_simulated_node() -> TestResult 
         let status = d.status?;
         (status.ready_replicas == Some(2)).then_some(status)
     })
-    .await;
+    .await
+    .unwrap();
     eprintln!("deployment ready in {:?}", started.elapsed());
     assert_eq!(ready.available_replicas, Some(2));
 
@@ -97,7 +83,8 @@ async fn the_garbage_collector_deletes_dependents_of_a_deleted_owner() -> TestRe
         Duration::from_secs(60),
         || async { matches!(maps.get_opt("dependent").await, Ok(None)).then_some(()) },
     )
-    .await;
+    .await
+    .unwrap();
     Ok(())
 }
 
@@ -119,6 +106,7 @@ async fn deleted_namespaces_are_finalized() -> TestResult {
         Duration::from_secs(60),
         || async { matches!(namespaces.get_opt(&name).await, Ok(None)).then_some(()) },
     )
-    .await;
+    .await
+    .unwrap();
     Ok(())
 }

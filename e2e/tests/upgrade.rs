@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{v1alpha1, v1beta1};
-use harness::{ControlPlane, Options};
+use harness::{ControlPlane, Options, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
@@ -43,22 +43,6 @@ const CRD_NAME: &str = "appservices.platform.example.com";
 
 fn init() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-}
-
-/// Polls `check` until it returns `Some`, panicking after `timeout`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// The `(resourceVersion, generation)` of every child, by `kind/name`.
@@ -181,18 +165,13 @@ where
 /// Runs the kubectl of the test assets against `cp` (without blocking the runtime that
 /// serves the webhook): `(success, stdout, stderr)`.
 async fn try_kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String, String) {
-    let output = tokio::process::Command::new(cp.bin_dir().unwrap().join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
+    let output = cp
+        .command(cp.bin_dir().unwrap().join("kubectl"))
         .args(args)
         .output()
         .await
         .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    harness::process::outcome(&output)
 }
 
 /// kubectl's stdout, failing on a non-zero exit.
@@ -344,7 +323,8 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
             }
         },
     )
-    .await;
+    .await
+    .unwrap();
     assert_eq!(
         children(&client, &ns).await,
         before,
@@ -462,12 +442,14 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
             }
         },
     )
-    .await;
+    .await
+    .unwrap();
     eventually("legacy scaled to 2", Duration::from_secs(20), || {
         let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
         async move { (api.get("legacy").await.ok()?.spec.replicas == Some(2)).then_some(()) }
     })
-    .await;
+    .await
+    .unwrap();
     let after = children(&client, &ns).await;
     for (child, version) in &before {
         if child != "deployment/legacy" {
@@ -536,7 +518,8 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
                 }
             },
         )
-        .await;
+        .await
+        .unwrap();
     }
 
     // 5. Rollback: the new controller stops; the previous one reads v1alpha1 through
