@@ -16,13 +16,12 @@
 
 mod support;
 
-use std::process::Stdio;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use clap::Parser;
+use common::AppService;
 use common::conditions::{READY, TRUE};
-use common::{AppService, AppServiceSpec};
 use controller::RateLimit;
 use controller::desired::{desired_deployment, desired_service};
 use futures::{StreamExt, TryStreamExt};
@@ -31,7 +30,8 @@ use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use support::{
-    apiserver_writes, delta, keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_all,
+    CONTROLLER_RESOURCES, ControllerRun, apiserver_writes, app, delta, is_bench_run,
+    keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_all, wait_ready,
 };
 
 #[derive(Parser, Debug)]
@@ -69,36 +69,10 @@ struct Args {
     bench: bool,
 }
 
-/// The writes the controller makes (children, the AppService and its status). Events are
-/// also written by kube-controller-manager and the scheduler, so they are reported from
-/// the controller's own counter instead.
-const CONTROLLER_RESOURCES: &[(&str, &str)] = &[
-    ("deployments", ""),
-    ("services", ""),
-    ("appservices", ""),
-    ("appservices", "status"),
-];
-
-fn app(i: usize, replicas: i32) -> AppService {
-    AppService::new(
-        &format!("app-{i:05}"),
-        AppServiceSpec {
-            image: format!("registry.example.com/bench/app-{i}:v1"),
-            replicas: Some(replicas),
-            ..AppServiceSpec::default()
-        },
-    )
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if !args.bench {
-        // `cargo test --benches` runs bench targets without `--bench`: a load run of
-        // several minutes is not a test.
-        eprintln!(
-            "controller benchmark: run it with `cargo bench -p appservice-controller --bench controller`"
-        );
+    if !is_bench_run(args.bench, "controller benchmark", "controller") {
         return Ok(());
     }
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -117,47 +91,20 @@ async fn main() -> anyhow::Result<()> {
     let ns = cp.namespace_with_prefix("bench-ctl").await?;
     let ops_port = harness::process::free_port()?;
     let log_path = cp.log_dir().join("controller-bench.log");
-    let mut ctl = tokio::process::Command::new(env!("CARGO_BIN_EXE_appservice-controller"))
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
-        // The Lease lives outside the measured namespace: deleting that namespace before
-        // the floor run deletes its content, and a leader that cannot re-create its Lease
-        // stops reconciling, leaving the remaining finalizers in place.
-        .args(["--watch-namespace", &ns, "--lease-namespace", "default"])
-        .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
-        .args([
-            "--kube-api-qps",
-            &args.qps.to_string(),
-            "--kube-api-burst",
-            &args.burst.to_string(),
-        ])
-        .args([
-            "--concurrency",
-            &args.concurrency.to_string(),
-            "--resync-interval",
-            &args.resync,
-        ])
-        .args(["--log-format", "json"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path)?)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the controller binary")?;
-    let pid = ctl.id().context("controller pid")?;
-    wait_all(
-        Duration::from_secs(60),
-        "controller ready",
-        || async {
-            Ok(usize::from(
-                harness::process::http_get(ops_port, "/readyz")
-                    .await?
-                    .contains(" 200 "),
-            ))
-        },
-        1,
-    )
-    .await?;
+    let resync = ["--resync-interval", args.resync.as_str()];
+    let (mut ctl, pid) = ControllerRun {
+        bin: Path::new(env!("CARGO_BIN_EXE_appservice-controller")),
+        cp: &cp,
+        ns: &ns,
+        ops_port,
+        qps: args.qps,
+        burst: args.burst,
+        concurrency: args.concurrency,
+        args: &resync,
+        log: &log_path,
+    }
+    .spawn()?;
+    wait_ready(ops_port, Duration::from_secs(60)).await?;
     let (rss_idle, _) = rss_kib(pid);
 
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &ns);

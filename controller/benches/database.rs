@@ -13,6 +13,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,10 +51,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if !args.bench {
-        eprintln!(
-            "database benchmark: run it with `cargo bench -p appservice-controller --bench database`"
-        );
+    if !support::is_bench_run(args.bench, "database benchmark", "database") {
         return Ok(());
     }
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();

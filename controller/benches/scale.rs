@@ -26,14 +26,12 @@
 mod support;
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use clap::Parser;
+use common::AppService;
 use common::names::{FIELD_MANAGER, FINALIZER};
-use common::{AppService, AppServiceSpec};
 use controller::RateLimit;
 use controller::desired::{desired_deployment, desired_service};
 use futures::{StreamExt, TryStreamExt};
@@ -44,7 +42,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use support::{
-    apiserver_writes, delta, keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_all,
+    CONTROLLER_RESOURCES, ControllerRun, apiserver_writes, app, delta, is_bench_run,
+    keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_all, wait_ready,
 };
 
 #[derive(Parser, Debug)]
@@ -90,24 +89,6 @@ struct Args {
     bench: bool,
 }
 
-const CONTROLLER_RESOURCES: &[(&str, &str)] = &[
-    ("deployments", ""),
-    ("services", ""),
-    ("appservices", ""),
-    ("appservices", "status"),
-];
-
-fn app(i: usize) -> AppService {
-    AppService::new(
-        &format!("app-{i:05}"),
-        AppServiceSpec {
-            image: format!("registry.example.com/bench/app-{i}:v1"),
-            replicas: Some(1),
-            ..AppServiceSpec::default()
-        },
-    )
-}
-
 /// Every object as if created now: for `--precreate`, where times count from the start
 /// of the controller (or of the floor's client).
 fn started_now(created: HashMap<String, Instant>) -> HashMap<String, Instant> {
@@ -148,7 +129,7 @@ async fn burst(
         .map(|i| {
             let apps = apps.clone();
             async move {
-                let a = app(i);
+                let a = app(i, 1);
                 let at = Instant::now();
                 apps.create(&PostParams::default(), &a).await?;
                 anyhow::Ok((a.name_any(), at))
@@ -210,54 +191,19 @@ fn start_controller(
     ops_port: u16,
     log: &std::path::Path,
 ) -> anyhow::Result<(tokio::process::Child, u32)> {
-    let bin = args
-        .controller_bin
-        .clone()
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_appservice-controller")));
-    let ctl = tokio::process::Command::new(bin)
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
-        .args(["--watch-namespace", ns, "--lease-namespace", "default"])
-        .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
-        .args([
-            "--kube-api-qps",
-            &args.qps.to_string(),
-            "--kube-api-burst",
-            &args.burst.to_string(),
-            "--concurrency",
-            &args.concurrency.to_string(),
-        ])
-        .args(["--log-format", "json"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)?,
-        )
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the controller binary")?;
-    let pid = ctl.id().context("controller pid")?;
-    Ok((ctl, pid))
-}
-
-async fn wait_ready(ops_port: u16) -> anyhow::Result<Duration> {
-    wait_all(
-        Duration::from_secs(600),
-        "controller ready",
-        || async {
-            Ok(usize::from(
-                harness::process::http_get(ops_port, "/readyz")
-                    .await
-                    .unwrap_or_default()
-                    .contains(" 200 "),
-            ))
-        },
-        1,
-    )
-    .await
+    let default_bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_appservice-controller"));
+    ControllerRun {
+        bin: args.controller_bin.as_ref().unwrap_or(&default_bin),
+        cp,
+        ns,
+        ops_port,
+        qps: args.qps,
+        burst: args.burst,
+        concurrency: args.concurrency,
+        args: &[],
+        log,
+    }
+    .spawn()
 }
 
 fn metric_sum(text: &str, prefix: &str) -> f64 {
@@ -273,10 +219,7 @@ fn metric_sum(text: &str, prefix: &str) -> f64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if !args.bench {
-        eprintln!(
-            "controller scale benchmark: run it with `cargo bench -p appservice-controller --bench scale`"
-        );
+    if !is_bench_run(args.bench, "controller scale benchmark", "scale") {
         return Ok(());
     }
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -294,7 +237,7 @@ async fn main() -> anyhow::Result<()> {
     let ops_port = harness::process::free_port()?;
     let log_path = cp.log_dir().join("controller-scale.log");
     let (mut ctl, pid) = start_controller(&cp, &args, &ns, ops_port, &log_path)?;
-    wait_ready(ops_port).await?;
+    wait_ready(ops_port, Duration::from_secs(600)).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (rss_idle, _) = rss_kib(pid);
 
@@ -330,7 +273,7 @@ async fn main() -> anyhow::Result<()> {
         let started = Instant::now();
         let (ctl2, pid2) = start_controller(&cp, &args, &ns, ops_port, &log_path)?;
         ctl = ctl2;
-        wait_ready(ops_port).await?;
+        wait_ready(ops_port, Duration::from_secs(600)).await?;
         let ready_in = started.elapsed();
         tokio::time::sleep(settle).await;
         let writes = sum_for(

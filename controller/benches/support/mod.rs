@@ -1,4 +1,5 @@
-//! Helpers shared by the controller benchmarks (`controller.rs`, `scale.rs`).
+//! Helpers shared by the controller benchmarks (`controller.rs`, `scale.rs`, `database.rs`,
+//! `cache_cost.rs`).
 
 #![allow(dead_code)]
 
@@ -6,7 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
+use common::{AppService, AppServiceSpec};
 use kube::Client;
 
 /// Write verbs of `apiserver_request_total`.
@@ -142,4 +144,105 @@ pub fn keep_logs_hint(dir: &Path) {
         "  control-plane logs: {} (removed on exit unless APPSERVICE_KEEP_LOGS=1)",
         dir.display()
     );
+}
+
+/// `cargo test --benches` (and clippy's `--all-targets` runs) start bench targets without
+/// `--bench`: a load run of minutes is not a test, so `main` returns at once then, saying
+/// how to run benchmark `name`. True when this is a benchmark run.
+pub fn is_bench_run(bench: bool, title: &str, name: &str) -> bool {
+    if !bench {
+        eprintln!("{title}: run it with `cargo bench -p appservice-controller --bench {name}`");
+    }
+    bench
+}
+
+/// The writes the controller makes (children, the AppService and its status). Events are
+/// also written by kube-controller-manager and the scheduler, so they are reported from
+/// the controller's own counter instead.
+pub const CONTROLLER_RESOURCES: &[(&str, &str)] = &[
+    ("deployments", ""),
+    ("services", ""),
+    ("appservices", ""),
+    ("appservices", "status"),
+];
+
+/// The `i`-th AppService of a benchmark.
+pub fn app(i: usize, replicas: i32) -> AppService {
+    AppService::new(
+        &format!("app-{i:05}"),
+        AppServiceSpec {
+            image: format!("registry.example.com/bench/app-{i}:v1"),
+            replicas: Some(replicas),
+            ..AppServiceSpec::default()
+        },
+    )
+}
+
+/// How a benchmark runs the controller binary.
+pub struct ControllerRun<'a> {
+    pub bin: &'a Path,
+    pub cp: &'a harness::ControlPlane,
+    pub ns: &'a str,
+    pub ops_port: u16,
+    pub qps: f64,
+    pub burst: u32,
+    pub concurrency: u16,
+    /// Extra arguments.
+    pub args: &'a [&'a str],
+    /// Where its (JSON, warnings only) log is appended.
+    pub log: &'a Path,
+}
+
+impl ControllerRun<'_> {
+    /// Starts the binary; returns it and its pid. The Lease lives outside the measured
+    /// namespace: deleting that namespace deletes its content, and a leader that cannot
+    /// re-create its Lease stops reconciling, leaving the remaining finalizers in place.
+    pub fn spawn(&self) -> anyhow::Result<(tokio::process::Child, u32)> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        let ctl = tokio::process::Command::new(self.bin)
+            .arg("--kubeconfig")
+            .arg(self.cp.kubeconfig_path())
+            .args(["--watch-namespace", self.ns, "--lease-namespace", "default"])
+            .args(["--ops-addr", &format!("127.0.0.1:{}", self.ops_port)])
+            .args([
+                "--kube-api-qps",
+                &self.qps.to_string(),
+                "--kube-api-burst",
+                &self.burst.to_string(),
+                "--concurrency",
+                &self.concurrency.to_string(),
+            ])
+            .args(["--log-format", "json"])
+            .args(self.args)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the controller binary")?;
+        let pid = ctl.id().context("controller pid")?;
+        Ok((ctl, pid))
+    }
+}
+
+/// Waits until the controller on `ops_port` is ready (its caches synced), at most
+/// `timeout`; returns how long that took.
+pub async fn wait_ready(ops_port: u16, timeout: Duration) -> anyhow::Result<Duration> {
+    wait_all(
+        timeout,
+        "controller ready",
+        || async {
+            Ok(usize::from(
+                harness::process::http_get(ops_port, "/readyz")
+                    .await?
+                    .contains(" 200 "),
+            ))
+        },
+        1,
+    )
+    .await
 }
