@@ -70,22 +70,43 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Assets { force } => assets(force).map(|bin| println!("{}", bin.display())),
         Cmd::Test { args } => test(&args),
         Cmd::Up { full } => up(full),
-        Cmd::Demo { exit_when_ready } => demo::run(&repo_root(), exit_when_ready),
+        Cmd::Demo { exit_when_ready } => demo::run(&repo_root()?, exit_when_ready),
         Cmd::BuildCrBaseline => build_cr_baseline().map(|bin| println!("{}", bin.display())),
     }
 }
 
-fn repo_root() -> PathBuf {
-    // xtask lives one level below the workspace root.
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
+/// The repository this command works on, found at run time: the workspace above the
+/// package `cargo run` runs (the `cargo xtask` alias sets `CARGO_MANIFEST_DIR` in its
+/// environment), else above the current directory, else where `cargo locate-project`
+/// says. Not the path xtask was compiled in: with a target directory shared by several
+/// clones, as in CI, a binary built in one clone would work on another.
+fn repo_root() -> Result<PathBuf> {
+    let starts = [
+        std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from),
+        std::env::current_dir().ok(),
+    ];
+    if let Some(root) = starts
+        .into_iter()
+        .flatten()
+        .find_map(|dir| harness::assets::find_workspace_root(&dir))
+    {
+        return Ok(root);
+    }
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["locate-project", "--workspace", "--message-format", "plain"])
+        .output()
+        .context("running `cargo locate-project --workspace`")?;
+    let manifest = String::from_utf8(out.stdout).context("cargo's answer is not UTF-8")?;
+    match Path::new(manifest.trim()).parent() {
+        Some(root) if out.status.success() && !manifest.trim().is_empty() => Ok(root.to_owned()),
+        _ => bail!("no workspace found above the current directory; run xtask in the repository"),
+    }
 }
 
 fn crd(check: bool) -> Result<()> {
+    let root = repo_root()?;
     for (rel, yaml, source) in common::crd::generated().context("serializing the CRDs")? {
-        let path = repo_root().join(rel);
+        let path = root.join(rel);
         if check {
             let committed = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -107,7 +128,7 @@ fn crd(check: bool) -> Result<()> {
 /// Builds bench/controller-runtime with `go build` into
 /// `$HOME/.cache/appservice-operator/cr-baseline/` and returns the binary's path.
 fn build_cr_baseline() -> Result<PathBuf> {
-    let src = repo_root().join("bench/controller-runtime");
+    let src = repo_root()?.join("bench/controller-runtime");
     let home = std::env::var_os("HOME").context("HOME is not set")?;
     let dir = PathBuf::from(home).join(".cache/appservice-operator/cr-baseline");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -128,7 +149,7 @@ fn build_cr_baseline() -> Result<PathBuf> {
 
 /// Runs the asset build script and returns the directory holding the binaries.
 pub(crate) fn assets(force: bool) -> Result<PathBuf> {
-    let script = repo_root().join("tests/envtest/assets/build.sh");
+    let script = repo_root()?.join("tests/envtest/assets/build.sh");
     let mut cmd = Command::new("bash");
     cmd.arg(&script);
     if force {
@@ -218,7 +239,7 @@ fn test(args: &[String]) -> Result<()> {
     let bin = assets(false)?;
     ensure_postgres()?;
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(repo_root())
+        .current_dir(repo_root()?)
         // Every target but benches, which are load runs (`cargo bench`), not tests;
         // examples are compiled, and the benches are still compiled by clippy in CI.
         .args([
