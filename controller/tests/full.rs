@@ -17,19 +17,11 @@ const WAIT: Duration = Duration::from_secs(90);
 
 #[tokio::test]
 async fn becomes_ready_then_deletion_removes_everything() -> anyhow::Result<()> {
-    let (
-        Fixture {
-            apps,
-            deployments,
-            services,
-            ..
-        },
-        ctl,
-    ) = Fixture::setup().full().start().await?;
+    let (f, ctl) = Fixture::setup().full().start().await?;
 
-    create(&apps, &app("shop", "registry.example.com/shop:v1", 2)).await?;
+    create(&f.apps, &app("shop", "registry.example.com/shop:v1", 2)).await?;
     let a = eventually("Ready=True", WAIT, || async {
-        let a = apps.get("shop").await?;
+        let a = f.apps.get("shop").await?;
         Ok(condition(&a, READY)
             .is_some_and(|(s, _, _)| s == TRUE)
             .then_some(a))
@@ -45,14 +37,15 @@ async fn becomes_ready_then_deletion_removes_everything() -> anyhow::Result<()> 
     assert_eq!(condition(&a, DEGRADED).unwrap().0, FALSE);
 
     // Scale up through the spec: Ready drops while the new Pod starts, then returns.
-    apps.patch(
-        "shop",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": 3}})),
-    )
-    .await?;
+    f.apps
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await?;
     eventually("3 ready replicas", WAIT, || async {
-        let a = apps.get("shop").await?;
+        let a = f.apps.get("shop").await?;
         let ok = a.status.as_ref().and_then(|s| s.ready_replicas) == Some(3)
             && a.status.as_ref().and_then(|s| s.observed_generation) == Some(2)
             && condition(&a, READY).is_some_and(|(s, _, _)| s == TRUE);
@@ -60,14 +53,14 @@ async fn becomes_ready_then_deletion_removes_everything() -> anyhow::Result<()> 
     })
     .await?;
 
-    apps.delete("shop", &DeleteParams::default()).await?;
+    f.apps.delete("shop", &DeleteParams::default()).await?;
     eventually(
         "AppService, Deployment and Service to be gone",
         WAIT,
         || async {
-            let gone = apps.get_opt("shop").await?.is_none()
-                && deployments.get_opt("shop").await?.is_none()
-                && services.get_opt("shop").await?.is_none();
+            let gone = f.apps.get_opt("shop").await?.is_none()
+                && f.deployments.get_opt("shop").await?.is_none()
+                && f.services.get_opt("shop").await?.is_none();
             Ok(gone.then_some(()))
         },
     )

@@ -126,7 +126,12 @@ async fn a_reconcile_is_a_span_tree_with_its_api_calls() {
                 .iter()
                 .filter(|s| s.name == "create" && s.kind == 3)
                 .count();
-            (creates >= 2).then_some(trace)
+            // Complete once the root arrived: a span is exported when it ends, and the
+            // root (the pass) ends after the reconcile and its calls.
+            let root = trace
+                .iter()
+                .any(|s| s.name == "reconciling object" && s.parent_span_id.is_empty());
+            (creates >= 2 && root).then_some(trace)
         })
         .await
         .unwrap_or_else(|| {

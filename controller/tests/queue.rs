@@ -25,20 +25,15 @@ fn value(scrape: &str, series: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
-    let (
-        Fixture {
-            apps, deployments, ..
-        },
-        ctl,
-    ) = Fixture::start().await?;
+    let (f, ctl) = Fixture::start().await?;
     let queue = ctl.metrics.queue.clone();
 
     for name in ["q1", "q2", "q3"] {
-        create(&apps, &app(name, "registry.example.com/q:v1", 1)).await?;
+        create(&f.apps, &app(name, "registry.example.com/q:v1", 1)).await?;
     }
     for name in ["q1", "q2", "q3"] {
         eventually("status", WAIT, || async {
-            Ok(condition(&apps.get(name).await?, READY).map(|_| ()))
+            Ok(condition(&f.apps.get(name).await?, READY).map(|_| ()))
         })
         .await?;
     }
@@ -94,18 +89,19 @@ async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
     // A deleted child wakes its owner: one more add, one more reconcile, and the
     // Deployment is back.
     let before = queue.adds();
-    deployments.delete("q2", &DeleteParams::default()).await?;
+    f.deployments.delete("q2", &DeleteParams::default()).await?;
     eventually("the Deployment recreated", WAIT, || async {
-        Ok(deployments.get_opt("q2").await?)
+        Ok(f.deployments.get_opt("q2").await?)
     })
     .await?;
     assert!(queue.adds() > before);
 
     // Once every AppService is gone, nothing is waiting, running or scheduled.
-    apps.delete_collection(&DeleteParams::default(), &ListParams::default())
+    f.apps
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
     eventually("the AppServices gone", WAIT, || async {
-        Ok(apps
+        Ok(f.apps
             .list(&ListParams::default())
             .await?
             .items

@@ -29,26 +29,17 @@ async fn get_deployment(api: &Api<Deployment>, name: &str) -> anyhow::Result<Opt
 
 #[tokio::test]
 async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
-    let (
-        Fixture {
-            ns,
-            apps,
-            deployments,
-            services,
-            ..
-        },
-        ctl,
-    ) = Fixture::start().await?;
+    let (f, ctl) = Fixture::start().await?;
 
     let created = create(
-        &apps,
+        &f.apps,
         &app("checkout", "registry.example.com/checkout:v1", 2),
     )
     .await?;
     let uid = created.uid().unwrap();
 
     let d = eventually("the Deployment", WAIT, || async {
-        Ok(get_deployment(&deployments, "checkout").await?)
+        Ok(get_deployment(&f.deployments, "checkout").await?)
     })
     .await?;
     let owner = &d.owner_references()[0];
@@ -68,7 +59,7 @@ async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
     );
 
     let s = eventually("the Service", WAIT, || async {
-        Ok(services.get_opt("checkout").await?)
+        Ok(f.services.get_opt("checkout").await?)
     })
     .await?;
     assert_eq!(s.owner_references()[0].uid, uid);
@@ -77,7 +68,7 @@ async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
 
     // Status: no Pods become ready without kube-controller-manager, so Ready=False.
     let a = eventually("status with conditions", WAIT, || async {
-        let a = apps.get("checkout").await?;
+        let a = f.apps.get("checkout").await?;
         Ok(condition(&a, READY).is_some().then_some(a))
     })
     .await?;
@@ -93,7 +84,7 @@ async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
     );
     assert_eq!(
         status.endpoint,
-        Some(format!("http://checkout.{}.svc:8080", &*ns))
+        Some(format!("http://checkout.{}.svc:8080", &*f.ns))
     );
     let (st, reason, message) = condition(&a, READY).unwrap();
     assert_eq!(
@@ -113,28 +104,24 @@ async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn image_change_updates_deployment_and_observed_generation() -> anyhow::Result<()> {
-    let (
-        Fixture {
-            apps, deployments, ..
-        },
-        ctl,
-    ) = Fixture::start().await?;
+    let (f, ctl) = Fixture::start().await?;
 
-    create(&apps, &app("web", "nginx:1.26", 1)).await?;
+    create(&f.apps, &app("web", "nginx:1.26", 1)).await?;
     eventually("observedGeneration 1", WAIT, || async {
-        let a = apps.get("web").await?;
+        let a = f.apps.get("web").await?;
         Ok((a.status.and_then(|s| s.observed_generation) == Some(1)).then_some(()))
     })
     .await?;
 
-    apps.patch(
-        "web",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"image": "nginx:1.27"}})),
-    )
-    .await?;
+    f.apps
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": "nginx:1.27"}})),
+        )
+        .await?;
     let d = eventually("the new image on the Deployment", WAIT, || async {
-        let d = deployments.get("web").await?;
+        let d = f.deployments.get("web").await?;
         let image = d
             .spec
             .template
@@ -146,7 +133,7 @@ async fn image_change_updates_deployment_and_observed_generation() -> anyhow::Re
     .await?;
     assert_eq!(d.spec.replicas, Some(1));
     let a = eventually("observedGeneration 2", WAIT, || async {
-        let a = apps.get("web").await?;
+        let a = f.apps.get("web").await?;
         Ok((a.status.as_ref().and_then(|s| s.observed_generation) == Some(2)).then_some(a))
     })
     .await?;
@@ -160,22 +147,17 @@ async fn image_change_updates_deployment_and_observed_generation() -> anyhow::Re
 
 #[tokio::test]
 async fn scale_subresource_drives_replicas() -> anyhow::Result<()> {
-    let (
-        Fixture {
-            apps, deployments, ..
-        },
-        ctl,
-    ) = Fixture::start().await?;
+    let (f, ctl) = Fixture::start().await?;
 
-    create(&apps, &app("api", "nginx:1.27", 1)).await?;
+    create(&f.apps, &app("api", "nginx:1.27", 1)).await?;
     eventually("status.selector", WAIT, || async {
-        let a = apps.get("api").await?;
+        let a = f.apps.get("api").await?;
         Ok(a.status.and_then(|s| s.selector).map(|_| ()))
     })
     .await?;
 
     // `kubectl scale appservice/api --replicas=3`.
-    let scale: Scale = apps.get_scale("api").await?;
+    let scale: Scale = f.apps.get_scale("api").await?;
     assert_eq!(scale.spec.as_ref().and_then(|s| s.replicas), Some(1));
     assert_eq!(
         scale
@@ -185,32 +167,26 @@ async fn scale_subresource_drives_replicas() -> anyhow::Result<()> {
             .as_deref(),
         Some("app.kubernetes.io/instance=api,app.kubernetes.io/managed-by=appservice-operator")
     );
-    apps.patch_scale(
-        "api",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": 3}})),
-    )
-    .await?;
+    f.apps
+        .patch_scale(
+            "api",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await?;
     eventually("3 replicas on the Deployment", WAIT, || async {
-        let d = deployments.get("api").await?;
+        let d = f.deployments.get("api").await?;
         Ok((d.spec.replicas == Some(3)).then_some(()))
     })
     .await?;
-    assert_eq!(apps.get("api").await?.spec.replicas, Some(3));
+    assert_eq!(f.apps.get("api").await?.spec.replicas, Some(3));
     ctl.stop().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result<()> {
-    let Fixture {
-        ns,
-        client,
-        apps,
-        deployments,
-        services,
-        ..
-    } = Fixture::setup().without_controller().await?;
+    let f = Fixture::setup().without_controller().await?;
 
     let labels = std::collections::BTreeMap::from([("app".to_owned(), "legacy".to_owned())]);
     let foreign = Deployment {
@@ -243,12 +219,15 @@ async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result
         },
         status: None,
     };
-    let before = deployments.create(&PostParams::default(), &foreign).await?;
+    let before = f
+        .deployments
+        .create(&PostParams::default(), &foreign)
+        .await?;
 
-    let ctl = start_controller(client.clone(), &ns, |_| {});
-    create(&apps, &app("legacy", "nginx:1.27", 1)).await?;
+    let ctl = start_controller(f.client.clone(), &f.ns, |_| {});
+    create(&f.apps, &app("legacy", "nginx:1.27", 1)).await?;
     let a = eventually("Ready=False ResourceConflict", WAIT, || async {
-        let a = apps.get("legacy").await?;
+        let a = f.apps.get("legacy").await?;
         Ok(condition(&a, READY)
             .is_some_and(|(_, reason, _)| reason == reasons::RESOURCE_CONFLICT)
             .then_some(a))
@@ -261,7 +240,7 @@ async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result
 
     // Give the controller time for more reconciles, then check nothing was touched.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = deployments.get("legacy").await?;
+    let after = f.deployments.get("legacy").await?;
     assert_eq!(after.resource_version(), before.resource_version());
     assert!(after.owner_references().is_empty());
     assert_eq!(after.spec.replicas, Some(5));
@@ -271,9 +250,9 @@ async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result
             .iter()
             .all(|m| m.manager.as_deref() != Some(FIELD_MANAGER))
     );
-    assert!(services.get_opt("legacy").await?.is_none());
+    assert!(f.services.get_opt("legacy").await?.is_none());
     // The transition is visible to `kubectl describe` as a Warning Event.
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(f.client.clone(), &f.ns);
     let warning = eventually("a ResourceConflict Event", WAIT, || async {
         let list = events.list(&Default::default()).await?;
         Ok(list.items.into_iter().find(|e| {
@@ -284,7 +263,7 @@ async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result
     .await?;
     assert_eq!(warning.type_.as_deref(), Some("Warning"));
     // Nothing more happened to the AppService either (no write loop).
-    let a2 = apps.get("legacy").await?;
+    let a2 = f.apps.get("legacy").await?;
     assert_eq!(a2.resource_version(), a.resource_version());
     ctl.stop().await?;
     Ok(())
@@ -292,17 +271,12 @@ async fn foreign_deployment_is_a_conflict_and_left_untouched() -> anyhow::Result
 
 #[tokio::test]
 async fn invalid_spec_is_reported_and_not_applied_until_fixed() -> anyhow::Result<()> {
-    let (
-        Fixture {
-            apps, deployments, ..
-        },
-        ctl,
-    ) = Fixture::start().await?;
+    let (f, ctl) = Fixture::start().await?;
 
     // No webhook here: the schema admits this image, common::validate does not.
-    create(&apps, &app("broken", "Not A Valid Image!", 1)).await?;
+    create(&f.apps, &app("broken", "Not A Valid Image!", 1)).await?;
     let a = eventually("Ready=False InvalidSpec", WAIT, || async {
-        let a = apps.get("broken").await?;
+        let a = f.apps.get("broken").await?;
         Ok(condition(&a, READY)
             .is_some_and(|(_, reason, _)| reason == reasons::INVALID_SPEC)
             .then_some(a))
@@ -312,24 +286,25 @@ async fn invalid_spec_is_reported_and_not_applied_until_fixed() -> anyhow::Resul
     assert!(message.contains("spec.image"), "{message}");
     assert_eq!(a.status.as_ref().unwrap().observed_generation, None);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(deployments.get_opt("broken").await?.is_none());
+    assert!(f.deployments.get_opt("broken").await?.is_none());
     assert_eq!(
-        apps.get("broken").await?.resource_version(),
+        f.apps.get("broken").await?.resource_version(),
         a.resource_version()
     );
 
-    apps.patch(
-        "broken",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"image": "nginx:1.27"}})),
-    )
-    .await?;
+    f.apps
+        .patch(
+            "broken",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": "nginx:1.27"}})),
+        )
+        .await?;
     eventually("the Deployment after the fix", WAIT, || async {
-        Ok(get_deployment(&deployments, "broken").await?)
+        Ok(get_deployment(&f.deployments, "broken").await?)
     })
     .await?;
     let fixed = eventually("observedGeneration 2", WAIT, || async {
-        let a = apps.get("broken").await?;
+        let a = f.apps.get("broken").await?;
         Ok((a.status.as_ref().and_then(|s| s.observed_generation) == Some(2)).then_some(a))
     })
     .await?;
@@ -341,15 +316,7 @@ async fn invalid_spec_is_reported_and_not_applied_until_fixed() -> anyhow::Resul
 #[tokio::test]
 async fn steady_state_reconcile_makes_no_writes() -> anyhow::Result<()> {
     // Requeue every second while "rolling out" (always, in plain mode): many reconciles.
-    let (
-        Fixture {
-            apps,
-            deployments,
-            services,
-            ..
-        },
-        ctl,
-    ) = Fixture::setup()
+    let (f, ctl) = Fixture::setup()
         .config(|c| c.rollout_requeue = Duration::from_secs(1))
         .start()
         .await?;
@@ -371,33 +338,34 @@ async fn steady_state_reconcile_makes_no_writes() -> anyhow::Result<()> {
         ),
         ..Default::default()
     });
-    create(&apps, &spec_app).await?;
+    create(&f.apps, &spec_app).await?;
     eventually("status written", WAIT, || async {
-        let a = apps.get("steady").await?;
+        let a = f.apps.get("steady").await?;
         Ok(condition(&a, READY).map(|_| ()))
     })
     .await?;
     eventually("the Service", WAIT, || async {
-        Ok(services.get_opt("steady").await?)
+        Ok(f.services.get_opt("steady").await?)
     })
     .await?;
     // Let the initial flurry settle.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let a0 = apps.get("steady").await?;
-    let d0 = deployments.get("steady").await?;
-    let s0 = services.get("steady").await?;
+    let a0 = f.apps.get("steady").await?;
+    let d0 = f.deployments.get("steady").await?;
+    let s0 = f.services.get("steady").await?;
     let writes0 = ctl.metrics.write_count();
     let reconciles0 = ctl.metrics.reconcile_count();
 
     // An unrelated metadata change also triggers a reconcile.
-    apps.patch(
-        "steady",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {"touched": "yes"}}})),
-    )
-    .await?;
-    let a_touched = apps.get("steady").await?;
+    f.apps
+        .patch(
+            "steady",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"touched": "yes"}}})),
+        )
+        .await?;
+    let a_touched = f.apps.get("steady").await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     let reconciles = ctl.metrics.reconcile_count() - reconciles0;
@@ -411,14 +379,14 @@ async fn steady_state_reconcile_makes_no_writes() -> anyhow::Result<()> {
         "reconciles at steady state must not write"
     );
     assert_eq!(
-        deployments.get("steady").await?.resource_version(),
+        f.deployments.get("steady").await?.resource_version(),
         d0.resource_version()
     );
     assert_eq!(
-        services.get("steady").await?.resource_version(),
+        f.services.get("steady").await?.resource_version(),
         s0.resource_version()
     );
-    let a1 = apps.get("steady").await?;
+    let a1 = f.apps.get("steady").await?;
     assert_ne!(a_touched.resource_version(), a0.resource_version());
     assert_eq!(a1.resource_version(), a_touched.resource_version());
     assert_eq!(a1.status, a0.status);
@@ -428,34 +396,26 @@ async fn steady_state_reconcile_makes_no_writes() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn delete_runs_finalizer_and_removes_the_appservice() -> anyhow::Result<()> {
-    let (
-        Fixture {
-            apps,
-            deployments,
-            services,
-            ..
-        },
-        ctl,
-    ) = Fixture::start().await?;
+    let (f, ctl) = Fixture::start().await?;
 
-    let created = create(&apps, &app("gone", "nginx:1.27", 1)).await?;
+    let created = create(&f.apps, &app("gone", "nginx:1.27", 1)).await?;
     eventually("the finalizer", WAIT, || async {
-        let a = apps.get("gone").await?;
+        let a = f.apps.get("gone").await?;
         Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
     })
     .await?;
     let d = eventually("the Deployment", WAIT, || async {
-        Ok(get_deployment(&deployments, "gone").await?)
+        Ok(get_deployment(&f.deployments, "gone").await?)
     })
     .await?;
     let s = eventually("the Service", WAIT, || async {
-        Ok(services.get_opt("gone").await?)
+        Ok(f.services.get_opt("gone").await?)
     })
     .await?;
 
-    apps.delete("gone", &DeleteParams::default()).await?;
+    f.apps.delete("gone", &DeleteParams::default()).await?;
     eventually("the AppService to be gone", WAIT, || async {
-        Ok(apps.get_opt("gone").await?.is_none().then_some(()))
+        Ok(f.apps.get_opt("gone").await?.is_none().then_some(()))
     })
     .await?;
     // Plain mode has no garbage collector: check the children would be collected, i.e.
@@ -473,28 +433,23 @@ async fn delete_runs_finalizer_and_removes_the_appservice() -> anyhow::Result<()
 async fn without_the_controller_nothing_is_removed_from_a_deleted_appservice() -> anyhow::Result<()>
 {
     // The finalizer is real: while no controller runs, a deleted AppService stays.
-    let (
-        Fixture {
-            ns, client, apps, ..
-        },
-        ctl,
-    ) = Fixture::start().await?;
-    create(&apps, &app("held", "nginx:1.27", 1)).await?;
+    let (f, ctl) = Fixture::start().await?;
+    create(&f.apps, &app("held", "nginx:1.27", 1)).await?;
     eventually("the finalizer", WAIT, || async {
-        let a = apps.get("held").await?;
+        let a = f.apps.get("held").await?;
         Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
     })
     .await?;
     ctl.stop().await?;
 
-    apps.delete("held", &DeleteParams::default()).await?;
+    f.apps.delete("held", &DeleteParams::default()).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let held = apps.get("held").await?;
+    let held = f.apps.get("held").await?;
     assert!(held.metadata.deletion_timestamp.is_some());
 
-    let ctl = start_controller(client.clone(), &ns, |_| {});
+    let ctl = start_controller(f.client.clone(), &f.ns, |_| {});
     eventually("the AppService to be gone", WAIT, || async {
-        Ok(apps.get_opt("held").await?.is_none().then_some(()))
+        Ok(f.apps.get_opt("held").await?.is_none().then_some(()))
     })
     .await?;
     ctl.stop().await?;
@@ -601,12 +556,7 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
 #[tokio::test]
 async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() -> anyhow::Result<()>
 {
-    let (
-        Fixture {
-            apps, deployments, ..
-        },
-        ctl,
-    ) = Fixture::start().await?;
+    let (f, ctl) = Fixture::start().await?;
 
     // Passes the schema and common::validate, but Pods cannot reference this field.
     let mut bad = app("rejected", "nginx:1.27", 1);
@@ -621,9 +571,9 @@ async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() ->
             ..Default::default()
         }),
     }];
-    create(&apps, &bad).await?;
+    create(&f.apps, &bad).await?;
     let a = eventually("Ready=False ApplyFailed", WAIT, || async {
-        let a = apps.get("rejected").await?;
+        let a = f.apps.get("rejected").await?;
         Ok(condition(&a, READY)
             .is_some_and(|(_, reason, _)| reason == reasons::APPLY_FAILED)
             .then_some(a))
@@ -633,11 +583,11 @@ async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() ->
     assert!(message.contains("Deployment"), "{message}");
     assert!(message.contains("fieldPath"), "{message}");
     assert_eq!(condition(&a, DEGRADED).unwrap().0, TRUE);
-    assert!(deployments.get_opt("rejected").await?.is_none());
+    assert!(f.deployments.get_opt("rejected").await?.is_none());
     // Not retried in a loop: the object stays as it is.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        apps.get("rejected").await?.resource_version(),
+        f.apps.get("rejected").await?.resource_version(),
         a.resource_version()
     );
     assert!(
@@ -648,18 +598,19 @@ async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() ->
             <= 3
     );
 
-    apps.patch(
-        "rejected",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"env": [{"name": "NODE", "value": "x"}]}})),
-    )
-    .await?;
+    f.apps
+        .patch(
+            "rejected",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"env": [{"name": "NODE", "value": "x"}]}})),
+        )
+        .await?;
     eventually("the Deployment after the fix", WAIT, || async {
-        Ok(get_deployment(&deployments, "rejected").await?)
+        Ok(get_deployment(&f.deployments, "rejected").await?)
     })
     .await?;
     let fixed = eventually("Degraded=False", WAIT, || async {
-        let a = apps.get("rejected").await?;
+        let a = f.apps.get("rejected").await?;
         Ok(condition(&a, DEGRADED)
             .is_some_and(|(s, _, _)| s == FALSE)
             .then_some(a))
