@@ -706,29 +706,8 @@ impl Drop for LogGuard {
 
 /// Prefix of every control plane's directory under the system temporary directory.
 const DIR_PREFIX: &str = "appservice-envtest-";
-/// Directories of earlier runs older than this are removed at startup.
-const PRUNE_AFTER: Duration = Duration::from_secs(24 * 3600);
-
-/// Removes directories of earlier control planes (their logs) older than a day.
-fn prune_old_dirs() {
-    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let old = entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > PRUNE_AFTER);
-        if old && entry.file_name().to_string_lossy().starts_with(DIR_PREFIX) {
-            let _ = fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
 fn make_dirs() -> Result<Paths> {
-    prune_old_dirs();
+    crate::process::prune_old_dirs(DIR_PREFIX);
     let root = tempfile::Builder::new()
         .prefix(DIR_PREFIX)
         .tempdir()

@@ -29,25 +29,6 @@ const INSTALL_HINT: &str = "install PostgreSQL with `apt-get update && apt-get i
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const DIR_PREFIX: &str = "appservice-postgres-";
 
-/// Removes data directories older than a day that a killed test process left behind
-/// (its server was killed with it by the wrapper; only the files remain).
-fn prune_old_dirs() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let old = entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > Duration::from_secs(24 * 3600));
-        if old && entry.file_name().to_string_lossy().starts_with(DIR_PREFIX) {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
 /// A running (or stopped) PostgreSQL server.
 pub struct Postgres {
     bin: PathBuf,
@@ -159,7 +140,7 @@ impl Postgres {
     pub async fn start() -> Result<Postgres> {
         let bin = pg_bin_dir()?;
         let run_as = unprivileged_user()?;
-        prune_old_dirs();
+        crate::process::prune_old_dirs(DIR_PREFIX);
         let root = tempfile::Builder::new()
             .prefix(DIR_PREFIX)
             .tempdir()

@@ -174,6 +174,29 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// Directories of earlier runs older than this are removed at startup.
+const PRUNE_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Removes the directories under the system temporary directory whose names start with
+/// `prefix` and that are older than a day: what a killed test process left behind (its
+/// components were killed with it by the wrapper; only the files remain).
+pub(crate) fn prune_old_dirs(prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > PRUNE_AFTER);
+        if old && entry.file_name().to_string_lossy().starts_with(prefix) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// A finished command's `(success, stdout, stderr)`, its output read as UTF-8 (lossily).
 pub fn outcome(output: &std::process::Output) -> (bool, String, String) {
     (
