@@ -787,6 +787,50 @@ async fn installs_into_a_restricted_namespace_and_pods_are_admitted() {
 static CLUSTER_WIDE_CONTROLLER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A client authenticated as `system:serviceaccount:<ns>:<sa>` with a bound token.
+/// The real controller, in this test, with the credentials of the chart's ServiceAccount.
+struct ChartController {
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<()>,
+}
+
+impl ChartController {
+    fn start(config: controller::Config, client: Client, hooks: controller::Hooks) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(async move {
+            controller::run_with(config, client, hooks, async move {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("controller ran without error under the chart's RBAC");
+        });
+        ChartController { stop, run }
+    }
+
+    /// Deletes the AppService `name` and waits until it is gone: the controller ran its
+    /// finalizer and removed it, with the chart's permissions.
+    async fn deletes(&self, apps: &Api<AppService>, name: &str) {
+        apps.delete(name, &DeleteParams::default())
+            .await
+            .expect("deleting");
+        eventually(
+            "the AppService to be gone",
+            Duration::from_secs(60),
+            || async { apps.get_opt(name).await.ok()?.is_none().then_some(()) },
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Stops the controller; it must have run without an error.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(60), self.run)
+            .await
+            .expect("controller stops")
+            .expect("controller task");
+    }
+}
+
 async fn service_account_client(cp: &harness::ControlPlane, ns: &str, sa: &str) -> Client {
     let sas: Api<ServiceAccount> = Api::namespaced(cp.client(), ns);
     let request = TokenRequest {
@@ -871,10 +915,7 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     config.leader_election = true;
     config.lease_namespace = release_ns.to_owned();
     config.identity = Some("rbac-proof".into());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(controller::run(config, sa_client.clone(), async move {
-        let _ = stop_rx.await;
-    }));
+    let ctl = ChartController::start(config, sa_client.clone(), controller::Hooks::default());
 
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &test_ns);
     let app: AppService = serde_json::from_value(json!({
@@ -960,26 +1001,8 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     .unwrap();
 
     // Deletion: the finalizer runs and is removed with the same credentials.
-    apps.delete("rbac-proof", &DeleteParams::default())
-        .await
-        .expect("deleting");
-    eventually("the AppService to be gone", Duration::from_secs(60), || {
-        let apps = apps.clone();
-        async move {
-            matches!(apps.get("rbac-proof").await, Err(kube::Error::Api(ref s)) if s.code == 404)
-                .then_some(())
-        }
-    })
-    .await
-    .unwrap();
-
-    let _ = stop_tx.send(());
-    let result = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("controller stops");
-    result
-        .expect("controller task")
-        .expect("controller ran without error under the chart's RBAC");
+    ctl.deletes(&apps, "rbac-proof").await;
+    ctl.stop().await;
 }
 
 #[tokio::test]
@@ -1129,15 +1152,7 @@ async fn databases_work_with_the_charts_rbac() {
         external: std::sync::Arc::new(databases),
         ..controller::Hooks::default()
     };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(controller::run_with(
-        config,
-        sa_client.clone(),
-        hooks,
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let ctl = ChartController::start(config, sa_client.clone(), hooks);
 
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &test_ns);
     let app: AppService = serde_json::from_value(json!({
@@ -1209,21 +1224,7 @@ async fn databases_work_with_the_charts_rbac() {
     })
     .await
     .unwrap();
-    apps.delete("rbac-db", &DeleteParams::default())
-        .await
-        .expect("delete");
-    eventually("the AppService to be gone", Duration::from_secs(60), || {
-        let apps = apps.clone();
-        async move { apps.get_opt("rbac-db").await.ok()?.is_none().then_some(()) }
-    })
-    .await
-    .unwrap();
-    let _ = stop_tx.send(());
-    let result = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("controller stops");
-    result
-        .expect("controller task")
-        .expect("controller ran without error under the chart's RBAC");
+    ctl.deletes(&apps, "rbac-db").await;
+    ctl.stop().await;
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
 }
