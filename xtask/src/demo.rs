@@ -11,13 +11,15 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use tokio::process::{Child, Command};
 
 use common::{AppService, DatabaseClass};
+
+use crate::Doing as _;
 
 const NAMESPACE: &str = "demo";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -34,7 +36,7 @@ pub fn run(root: &Path, exit_when_ready: bool) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .context("starting the tokio runtime")?;
+        .doing("starting the tokio runtime")?;
     runtime.block_on(demo(root, &bin, &binaries, exit_when_ready))
 }
 
@@ -59,7 +61,7 @@ fn build_binaries(root: &Path) -> Result<Binaries> {
         ])
         .stderr(Stdio::inherit())
         .output()
-        .context("running cargo build")?;
+        .doing("running cargo build")?;
     if !out.status.success() {
         bail!("building the binaries failed ({})", out.status);
     }
@@ -85,7 +87,7 @@ fn build_binaries(root: &Path) -> Result<Binaries> {
 async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: bool) -> Result<()> {
     let cp = harness::ControlPlane::start(harness::Options::full())
         .await
-        .context("starting the control plane")?;
+        .doing("starting the control plane")?;
     let kubeconfig = cp.kubeconfig_path().to_owned();
     let logs = cp.log_dir().to_owned();
     println!(
@@ -106,13 +108,13 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
     namespaces
         .create(&PostParams::default(), &ns)
         .await
-        .context("creating the demo namespace")?;
+        .doing("creating the demo namespace")?;
 
     // PostgreSQL for examples/appservice.yaml's database, offered as the DatabaseClass
     // `production-postgresql`; its admin Secret and CA live in the controller's namespace.
     let pg = harness::Postgres::start()
         .await
-        .context("starting PostgreSQL")?;
+        .doing("starting PostgreSQL")?;
     database_class(&client, &pg).await?;
     println!(
         "PostgreSQL {} on localhost:{} (TLS), offered as DatabaseClass {DATABASE_CLASS}",
@@ -123,7 +125,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
     // The webhook, over TLS with a certificate for 127.0.0.1 from a fresh CA.
     let (ca, serving) = harness::webhook_tls()?;
     let pki = logs.join("demo-pki");
-    std::fs::create_dir_all(&pki).with_context(|| format!("creating {}", pki.display()))?;
+    std::fs::create_dir_all(&pki).doing(format!("creating {}", pki.display()))?;
     let (cert, key) = (pki.join("tls.crt"), pki.join("tls.key"));
     serving.write(&cert, &key)?;
     let webhook_port = harness::process::free_port()?;
@@ -154,7 +156,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
             ca.cert_pem(),
         )
         .await
-        .context("registering the webhooks")?;
+        .doing("registering the webhooks")?;
     // The same server converts between v1alpha1 and v1beta1 (/convert), as the chart
     // wires it: `kubectl get appservices.v1alpha1.platform.example.com` reads losslessly.
     cp.use_conversion_webhook(
@@ -163,7 +165,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         NAMESPACE,
     )
     .await
-    .context("setting the conversion webhook")?;
+    .doing("setting the conversion webhook")?;
     println!(
         "webhook serving on https://127.0.0.1:{webhook_port} (ops http://127.0.0.1:{webhook_ops})"
     );
@@ -207,7 +209,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         .arg("-f")
         .arg(examples.join("appservice-v1alpha1.yaml"))
         .status()
-        .context("running kubectl apply")?;
+        .doing("running kubectl apply")?;
     if !status.success() {
         bail!("kubectl apply of the examples failed ({status})");
     }
@@ -217,7 +219,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
     let rejected = kubectl(&["apply", "-f"])
         .arg(examples.join("invalid/webhook-rules.yaml"))
         .status()
-        .context("running kubectl apply")?;
+        .doing("running kubectl apply")?;
     if rejected.success() {
         bail!("the invalid example was accepted: is the webhook registered?");
     }
@@ -229,7 +231,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         let list = apps
             .list(&Default::default())
             .await
-            .context("listing AppServices")?;
+            .doing("listing AppServices")?;
         let ready = list
             .items
             .iter()
@@ -242,7 +244,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         if !list.items.is_empty() && ready == list.items.len() {
             break;
         }
-        if let Some(code) = controller.try_wait().context("checking the controller")? {
+        if let Some(code) = controller.try_wait().doing("checking the controller")? {
             bail!(
                 "the controller exited ({code}); see {}",
                 logs.join("controller.log").display()
@@ -259,12 +261,12 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
     println!("\n$ kubectl get appservices,deployments,services,secrets");
     kubectl(&["get", "appservices,deployments,services,secrets"])
         .status()
-        .context("running kubectl get")?;
+        .doing("running kubectl get")?;
     println!("\n$ kubectl get databaseclasses");
     kubectl(&["get", "databaseclasses"])
         .status()
-        .context("running kubectl get")?;
-    let checkout = apps.get("checkout").await.context("reading checkout")?;
+        .doing("running kubectl get")?;
+    let checkout = apps.get("checkout").await.doing("reading checkout")?;
     if let Some(c) = checkout
         .status
         .as_ref()
@@ -305,8 +307,8 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
 
 /// Starts a binary with its output in `log`; killed when dropped.
 fn spawn(exe: &Path, log: &Path, args: &[String]) -> Result<Child> {
-    let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let err = out.try_clone().context("duplicating the log file handle")?;
+    let out = std::fs::File::create(log).doing(format!("creating {}", log.display()))?;
+    let err = out.try_clone().doing("duplicating the log file handle")?;
     Command::new(exe)
         .args(args)
         .env(
@@ -318,7 +320,7 @@ fn spawn(exe: &Path, log: &Path, args: &[String]) -> Result<Child> {
         .stderr(err)
         .kill_on_drop(true)
         .spawn()
-        .with_context(|| format!("starting {}", exe.display()))
+        .doing(format!("starting {}", exe.display()))
 }
 
 /// SIGTERM (so the controller releases its lease and the webhook drains), then SIGKILL.
@@ -350,11 +352,11 @@ async fn database_class(client: &kube::Client, pg: &harness::Postgres) -> Result
         let secret: Secret = serde_json::from_value(serde_json::json!({
             "metadata": {"name": name}, "stringData": data,
         }))
-        .context("building a Secret")?;
+        .doing("building a Secret")?;
         secrets
             .create(&PostParams::default(), &secret)
             .await
-            .with_context(|| format!("creating Secret {name}"))?;
+            .doing(format!("creating Secret {name}"))?;
     }
     let class: DatabaseClass = serde_json::from_value(serde_json::json!({
         "apiVersion": "platform.example.com/v1alpha1",
@@ -368,11 +370,11 @@ async fn database_class(client: &kube::Client, pg: &harness::Postgres) -> Result
             "deletionPolicy": "Delete",
         }
     }))
-    .context("building the DatabaseClass")?;
+    .doing("building the DatabaseClass")?;
     Api::<DatabaseClass>::all(client.clone())
         .create(&PostParams::default(), &class)
         .await
-        .context("creating the DatabaseClass")?;
+        .doing("creating the DatabaseClass")?;
     Ok(())
 }
 

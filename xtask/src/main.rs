@@ -3,10 +3,22 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 
 mod demo;
+
+/// What was being done when an error happened, with the error's own message in the same
+/// line: the one line printed has the cause once, and no error chain is walked.
+pub(crate) trait Doing<T> {
+    fn doing(self, what: impl std::fmt::Display) -> Result<T>;
+}
+
+impl<T, E: std::fmt::Display> Doing<T> for std::result::Result<T, E> {
+    fn doing(self, what: impl std::fmt::Display) -> Result<T> {
+        self.map_err(|e| anyhow!("{what}: {e}"))
+    }
+}
 
 #[derive(Parser)]
 #[command(about = "Developer commands for appservice-operator")]
@@ -58,7 +70,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {err}");
             ExitCode::FAILURE
         }
     }
@@ -95,8 +107,8 @@ fn repo_root() -> Result<PathBuf> {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["locate-project", "--workspace", "--message-format", "plain"])
         .output()
-        .context("running `cargo locate-project --workspace`")?;
-    let manifest = String::from_utf8(out.stdout).context("cargo's answer is not UTF-8")?;
+        .doing("running `cargo locate-project --workspace`")?;
+    let manifest = String::from_utf8(out.stdout).doing("cargo's answer is not UTF-8")?;
     match Path::new(manifest.trim()).parent() {
         Some(root) if out.status.success() && !manifest.trim().is_empty() => Ok(root.to_owned()),
         _ => bail!("no workspace found above the current directory; run xtask in the repository"),
@@ -105,11 +117,11 @@ fn repo_root() -> Result<PathBuf> {
 
 fn crd(check: bool) -> Result<()> {
     let root = repo_root()?;
-    for (rel, yaml, source) in common::crd::generated().context("serializing the CRDs")? {
+    for (rel, yaml, source) in common::crd::generated().doing("serializing the CRDs")? {
         let path = root.join(rel);
         if check {
-            let committed = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let committed =
+                std::fs::read_to_string(&path).doing(format!("reading {}", path.display()))?;
             if committed != yaml {
                 bail!(
                     "{} is out of date with {source}: run `cargo xtask crd`",
@@ -119,7 +131,7 @@ fn crd(check: bool) -> Result<()> {
             println!("{} is current", path.display());
             continue;
         }
-        std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, yaml).doing(format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     Ok(())
@@ -131,7 +143,7 @@ fn build_cr_baseline() -> Result<PathBuf> {
     let src = repo_root()?.join("bench/controller-runtime");
     let home = std::env::var_os("HOME").context("HOME is not set")?;
     let dir = PathBuf::from(home).join(".cache/appservice-operator/cr-baseline");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(&dir).doing(format!("creating {}", dir.display()))?;
     let bin = dir.join("appservice-cr-baseline");
     let status = Command::new("go")
         .current_dir(&src)
@@ -140,7 +152,7 @@ fn build_cr_baseline() -> Result<PathBuf> {
         .arg(&bin)
         .arg(".")
         .status()
-        .context("running `go build` (is Go installed?)")?;
+        .doing("running `go build` (is Go installed?)")?;
     if !status.success() {
         bail!("go build in {} failed ({status})", src.display());
     }
@@ -158,14 +170,14 @@ pub(crate) fn assets(force: bool) -> Result<PathBuf> {
     let out = cmd
         .stderr(std::process::Stdio::inherit())
         .output()
-        .with_context(|| format!("running {}", script.display()))?;
+        .doing(format!("running {}", script.display()))?;
     if !out.status.success() {
         bail!(
             "building the test assets failed ({}); see the messages above",
             out.status
         );
     }
-    let bin = String::from_utf8(out.stdout).context("asset directory is not UTF-8")?;
+    let bin = String::from_utf8(out.stdout).doing("asset directory is not UTF-8")?;
     let bin = bin.lines().last().unwrap_or_default().trim();
     if bin.is_empty() {
         bail!("{} printed no asset directory", script.display());
@@ -201,7 +213,7 @@ pub(crate) fn ensure_postgres() -> Result<()> {
             policy,
             "#!/bin/sh\n# written by cargo xtask test while installing postgresql\nexit 101\n",
         )
-        .context("writing /usr/sbin/policy-rc.d")?;
+        .doing("writing /usr/sbin/policy-rc.d")?;
         let _ = Command::new("chmod")
             .args(["755", "/usr/sbin/policy-rc.d"])
             .status();
@@ -213,7 +225,7 @@ pub(crate) fn ensure_postgres() -> Result<()> {
         ])
         .env("DEBIAN_FRONTEND", "noninteractive")
         .status()
-        .context("running apt-get");
+        .doing("running apt-get");
     if own_policy {
         let _ = std::fs::remove_file(policy);
     }
@@ -253,7 +265,7 @@ fn test(args: &[String]) -> Result<()> {
         .args(args)
         .env("APPSERVICE_ASSETS_BIN", &bin)
         .status()
-        .context("running cargo test")?;
+        .doing("running cargo test")?;
     if !status.success() {
         bail!("tests failed ({status})");
     }
@@ -267,11 +279,11 @@ fn up(full: bool) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("starting the tokio runtime")?;
+        .doing("starting the tokio runtime")?;
     runtime.block_on(async move {
         let cp = harness::ControlPlane::start(harness::Options { full })
             .await
-            .context("starting the control plane")?;
+            .doing("starting the control plane")?;
         let kubeconfig = cp.kubeconfig_path().display().to_string();
         let kubectl = bin.join("kubectl");
         println!(
@@ -311,9 +323,9 @@ fn up(full: bool) -> Result<()> {
 /// Waits for Ctrl-C or SIGTERM.
 pub(crate) async fn stop_signal() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
+        .doing("installing the SIGTERM handler")?;
     tokio::select! {
-        result = tokio::signal::ctrl_c() => result.context("waiting for Ctrl-C")?,
+        result = tokio::signal::ctrl_c() => result.doing("waiting for Ctrl-C")?,
         _ = term.recv() => {}
     }
     Ok(())
