@@ -2,14 +2,13 @@
 //! until the API server serves them.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::ControlPlane;
-use crate::control_plane::POLL;
 use crate::error::{Error, Result, kube as kube_err};
 
 /// Field manager of the harness's server-side applies.
@@ -117,22 +116,12 @@ impl ControlPlane {
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(kube_err(format!("deleting CRD {name}"))(e)),
         }
-        let deadline = Instant::now() + CRD_TIMEOUT;
-        while api
-            .get_opt(&name)
-            .await
-            .map_err(kube_err(format!("reading CRD {name}")))?
-            .is_some()
-        {
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    what: format!("CRD {name} to be deleted"),
-                    timeout: CRD_TIMEOUT,
-                    log_dir: self.log_dir().to_owned(),
-                });
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        crate::eventually(
+            &format!("CRD {name} to be deleted"),
+            CRD_TIMEOUT,
+            || async { Ok(api.get_opt(&name).await?.is_none().then_some(())) },
+        )
+        .await?;
         self.apply_crd(crd).await
     }
 
@@ -182,26 +171,22 @@ impl ControlPlane {
             path: appservice_crd_path(),
             reason: e.to_string(),
         })?;
-        let deadline = Instant::now() + CRD_TIMEOUT;
         let params = kube::api::PostParams {
             dry_run: true,
             ..Default::default()
         };
-        loop {
-            if let Ok(created) = objects.create(&params, &probe).await
-                && created.data.pointer("/spec/port") == Some(&serde_json::json!(4321))
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    what: "the AppService conversion webhook to be in effect".to_owned(),
-                    timeout: CRD_TIMEOUT,
-                    log_dir: self.log_dir().to_owned(),
-                });
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        crate::eventually(
+            "the AppService conversion webhook to be in effect",
+            CRD_TIMEOUT,
+            || async {
+                let created = objects.create(&params, &probe).await?;
+                Ok(
+                    (created.data.pointer("/spec/port") == Some(&serde_json::json!(4321)))
+                        .then_some(()),
+                )
+            },
+        )
+        .await
     }
 
     async fn wait_crd_served(
@@ -210,42 +195,28 @@ impl ControlPlane {
         crd: &CustomResourceDefinition,
     ) -> Result<()> {
         let name = crd.metadata.name.clone().unwrap_or_default();
-        let deadline = Instant::now() + CRD_TIMEOUT;
-        let timeout = || Error::Timeout {
-            what: format!("CRD {name} to be established and served"),
-            timeout: CRD_TIMEOUT,
-            log_dir: self.log_dir().to_owned(),
-        };
-        loop {
-            let established = api.get(&name).await.ok().is_some_and(|c| {
-                c.status.and_then(|s| s.conditions).is_some_and(|cs| {
+        let client = api.clone().into_client();
+        crate::eventually(
+            &format!("CRD {name} to be established and served"),
+            CRD_TIMEOUT,
+            || async {
+                let established = api.get(&name).await?.status.and_then(|s| s.conditions);
+                if !established.is_some_and(|cs| {
                     cs.iter()
                         .any(|c| c.type_ == "Established" && c.status == "True")
-                })
-            });
-            if established {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(timeout());
-            }
-            tokio::time::sleep(POLL).await;
-        }
-        let client = api.clone().into_client();
-        for version in crd.spec.versions.iter().filter(|v| v.served) {
-            let gvk = GroupVersionKind::gvk(&crd.spec.group, &version.name, &crd.spec.names.kind);
-            let resource = ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural);
-            let objects: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-            loop {
-                if objects.list(&ListParams::default().limit(1)).await.is_ok() {
-                    break;
+                }) {
+                    return Ok(None);
                 }
-                if Instant::now() > deadline {
-                    return Err(timeout());
+                for version in crd.spec.versions.iter().filter(|v| v.served) {
+                    let gvk =
+                        GroupVersionKind::gvk(&crd.spec.group, &version.name, &crd.spec.names.kind);
+                    let resource = ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural);
+                    let objects: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+                    objects.list(&ListParams::default().limit(1)).await?;
                 }
-                tokio::time::sleep(POLL).await;
-            }
-        }
-        Ok(())
+                Ok(Some(()))
+            },
+        )
+        .await
     }
 }

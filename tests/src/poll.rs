@@ -87,3 +87,48 @@ where
         pause = (pause * 2).min(MAX_PAUSE);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn returns_the_value_once_the_check_is_done() {
+        let mut looks = 0;
+        let value = eventually("the third look", Duration::from_secs(60), || {
+            looks += 1;
+            let done = looks >= 3;
+            async move { Ok::<_, Failure>(done.then_some(looks)) }
+        })
+        .await
+        .unwrap();
+        assert_eq!(value, 3);
+        assert!(
+            eventually("true", Duration::ZERO, || async { true })
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_timeout_names_what_and_the_last_failure() {
+        let mut looks = 0;
+        let err = eventually("the impossible", Duration::ZERO, || {
+            looks += 1;
+            let failure: Failure = format!("look {looks} failed").into();
+            async move { Err::<Option<()>, _>(failure) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "timed out after 0ns waiting for the impossible; last failure: look 1 failed"
+        );
+        let err = eventually("never", Duration::ZERO, || async { None::<()> })
+            .await
+            .unwrap_err();
+        assert_eq!(err.to_string(), "timed out after 0ns waiting for never");
+    }
+}

@@ -11,7 +11,7 @@
 //! server to be running yet nor depends on what it answers, and dry-run persists nothing.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -23,9 +23,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams
 use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::ControlPlane;
-use crate::control_plane::POLL;
 use crate::crds::FIELD_MANAGER;
-use crate::error::{Error, Result, kube as kube_err};
+use crate::error::{Result, kube as kube_err};
 
 /// Objects with this label only reach the probe webhooks (value `mutating` or
 /// `validating`); the real webhooks never see them.
@@ -231,25 +230,19 @@ impl ControlPlane {
             ..PostParams::default()
         };
         let probe_name = format!("probe.{kind}.appservice-tests.example.com");
-        let deadline = Instant::now() + EFFECT_TIMEOUT;
-        loop {
-            let last = match api.create(&params, &probe).await {
-                Err(kube::Error::Api(status)) if status.message.contains(&probe_name) => {
-                    return Ok(());
+        crate::eventually(
+            &format!("the {kind} webhook configuration to take effect in {namespace}"),
+            EFFECT_TIMEOUT,
+            || async {
+                match api.create(&params, &probe).await {
+                    Err(kube::Error::Api(status)) if status.message.contains(&probe_name) => {
+                        Ok(Some(()))
+                    }
+                    Err(e) => Err(e.into()),
+                    Ok(_) => Err("the dry-run create was not intercepted yet".into()),
                 }
-                Err(e) => e.to_string(),
-                Ok(_) => "dry-run create was not intercepted yet".to_owned(),
-            };
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    what: format!(
-                        "the {kind} webhook configuration to take effect in {namespace} (last: {last})"
-                    ),
-                    timeout: EFFECT_TIMEOUT,
-                    log_dir: self.log_dir().to_owned(),
-                });
-            }
-            tokio::time::sleep(POLL).await;
-        }
+            },
+        )
+        .await
     }
 }
