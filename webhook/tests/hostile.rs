@@ -50,10 +50,8 @@ impl Webhook {
         );
         command
             .env("WEBHOOK_SHUTDOWN_DELAY", "0s")
-            .env("WEBHOOK_RELOAD_INTERVAL", "100ms");
-        for (key, value) in env {
-            command.env(key, value);
-        }
+            .env("WEBHOOK_RELOAD_INTERVAL", "100ms")
+            .envs(env.iter().copied());
         let ServingWebhook {
             binary: Binary { child, pid, logs },
             tls,

@@ -24,10 +24,8 @@ async fn start(certs: &TestCerts, env: &[(&str, &str)]) -> ServingWebhook {
     );
     command
         .env("WEBHOOK_SHUTDOWN_TIMEOUT", "1s")
-        .env("WEBHOOK_SHUTDOWN_DELAY", "0s");
-    for (k, v) in env {
-        command.env(k, v);
-    }
+        .env("WEBHOOK_SHUTDOWN_DELAY", "0s")
+        .envs(env.iter().copied());
     start_webhook(command, GIVE_UP).await.unwrap()
 }
 
