@@ -430,7 +430,7 @@ fn floor_workers(client: Client, ns: String, concurrency: usize) -> tokio::task:
                     }
                     .await;
                     if let Err(e) = r {
-                        eprintln!("floor: {name}: {e:#}");
+                        eprintln!("floor: {name}: {e}");
                     }
                 }
             })

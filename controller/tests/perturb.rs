@@ -936,7 +936,7 @@ async fn random_perturbation_sequences_converge() -> anyhow::Result<()> {
                     [rand::Rng::random_range(&mut rng, 0..Perturbation::ALL.len())];
                 // Tolerate an edit of an object another perturbation just deleted.
                 if let Err(e) = p.apply(&f, name).await {
-                    println!("round {round}: {p:?} on {name} not applied: {e:#}");
+                    println!("round {round}: {p:?} on {name} not applied: {e}");
                 } else {
                     applied.push((name, p));
                 }
