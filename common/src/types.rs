@@ -4,9 +4,10 @@
 //! (`AppService`, `AppServiceSpec`, `DatabaseSpec`) are the hub, `v1beta1`, the version the
 //! API server stores and the controller works on.
 //!
-//! Optional scalar fields are `Option`s so that "absent" and "set to the default" stay
-//! distinguishable on the wire; `crate::defaults` fills them, and the schema carries the
-//! same defaults so the API server applies them even when the webhook is not installed.
+//! Optional fields are `Option`s (or empty lists) so that "absent" and "set to the default"
+//! stay distinguishable on the wire; [`crate::defaults`] defines the defaults and fills
+//! them, and the schema carries the same constants so the API server applies them even
+//! when the webhook is not installed.
 
 use k8s_openapi::api::core::v1::EnvVarSource;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -14,16 +15,14 @@ use kube::KubeSchema;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+use crate::defaults::{DEFAULT_PORT, DEFAULT_REPLICAS};
+
 pub use crate::v1beta1::{AppPort, AppService, AppServiceSpec, DatabaseSpec, Protocol};
 
-/// Default for `spec.replicas`.
-pub const DEFAULT_REPLICAS: i32 = 1;
-/// Default for `spec.port`.
-pub const DEFAULT_PORT: i32 = 8080;
 /// Bounds of `spec.replicas`.
 pub const MIN_REPLICAS: i32 = 0;
 pub const MAX_REPLICAS: i32 = 1000;
-/// Bounds of `spec.port`.
+/// Bounds of a port number (`spec.port`, `spec.ports[].port`).
 pub const MIN_PORT: i32 = 1;
 pub const MAX_PORT: i32 = 65535;
 /// Longest accepted image reference; registries cap names well below this.

@@ -8,9 +8,8 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::types::{
-    AppServiceStatus, DEFAULT_PORT, DEFAULT_REPLICAS, EnvVar, port_schema, replicas_schema,
-};
+use crate::defaults::{DEFAULT_PORT, DEFAULT_REPLICAS};
+use crate::types::{AppServiceStatus, EnvVar, port_schema, replicas_schema};
 
 /// The desired state of an AppService: what to run and how many copies of it.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

@@ -20,8 +20,11 @@ use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
-use crate::names::DEFAULT_PORT_NAME;
-use crate::types::{AppServiceStatus, DEFAULT_PORT, DEFAULT_REPLICAS, EnvVar, replicas_schema};
+use crate::defaults::{
+    DEFAULT_PORT, DEFAULT_PORT_NAME, DEFAULT_PROTOCOL, DEFAULT_REPLICAS, default_port_list,
+    default_ports,
+};
+use crate::types::{AppServiceStatus, EnvVar, replicas_schema};
 
 /// The desired state of an AppService: what to run, how many copies, on which ports.
 // Several printer columns share a type; clippy reads them as one repeated attribute.
@@ -135,15 +138,20 @@ pub struct AppPort {
 }
 
 /// Transport protocol of a port.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Protocol {
-    #[default]
     #[serde(rename = "TCP")]
     Tcp,
     #[serde(rename = "UDP")]
     Udp,
     #[serde(rename = "SCTP")]
     Sctp,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        DEFAULT_PROTOCOL
+    }
 }
 
 impl Protocol {
@@ -175,7 +183,7 @@ fn ports_schema(generator: &mut SchemaGenerator) -> Schema {
         "maxItems": crate::types::MAX_PORTS,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["name"],
-        "default": [{"name": DEFAULT_PORT_NAME, "port": DEFAULT_PORT, "protocol": "TCP"}],
+        "default": default_ports(),
         "x-kubernetes-validations": [{
             "rule": "self.all(p, self.filter(q, q.port == p.port && (has(q.protocol) ? q.protocol : 'TCP') == (has(p.protocol) ? p.protocol : 'TCP')).size() == 1)",
             "message": "each port number may appear once per protocol"
@@ -186,8 +194,8 @@ fn ports_schema(generator: &mut SchemaGenerator) -> Schema {
 fn protocol_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",
-        "enum": ["TCP", "UDP", "SCTP"],
-        "default": "TCP",
+        "enum": [Protocol::Tcp.as_str(), Protocol::Udp.as_str(), Protocol::Sctp.as_str()],
+        "default": DEFAULT_PROTOCOL.as_str(),
     })
 }
 
@@ -206,7 +214,7 @@ impl AppPort {
         AppPort {
             name: DEFAULT_PORT_NAME.to_owned(),
             port,
-            protocol: Some(Protocol::Tcp),
+            protocol: Some(DEFAULT_PROTOCOL),
         }
     }
 
@@ -224,16 +232,9 @@ impl AppServiceSpec {
 
     /// The ports with the defaults applied: never empty, every protocol set.
     pub fn ports(&self) -> Vec<AppPort> {
-        if self.ports.is_empty() {
-            return vec![AppPort::http(DEFAULT_PORT)];
-        }
-        self.ports
-            .iter()
-            .map(|p| AppPort {
-                protocol: Some(p.protocol()),
-                ..p.clone()
-            })
-            .collect()
+        let mut ports = self.ports.clone();
+        default_port_list(&mut ports);
+        ports
     }
 
     /// The first port's number, the application's endpoint, with the default applied.

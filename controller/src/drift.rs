@@ -261,6 +261,9 @@ fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
+/// The protocol the API server gives a container or Service port without one.
+const SERVER_DEFAULT_PROTOCOL: &str = "TCP";
+
 fn normalized_ports(ports: Option<&[ContainerPort]>) -> Vec<(Option<&str>, i32, &str)> {
     ports
         .unwrap_or_default()
@@ -269,7 +272,7 @@ fn normalized_ports(ports: Option<&[ContainerPort]>) -> Vec<(Option<&str>, i32, 
             (
                 p.name.as_deref(),
                 p.container_port,
-                p.protocol.as_deref().unwrap_or("TCP"),
+                p.protocol.as_deref().unwrap_or(SERVER_DEFAULT_PROTOCOL),
             )
         })
         .collect()
@@ -288,7 +291,7 @@ fn normalized_service_ports(ports: Option<&[ServicePort]>) -> Vec<PortKey<'_>> {
                 p.port,
                 // The API server defaults an absent targetPort to the port.
                 p.target_port.clone().unwrap_or(IntOrString::Int(p.port)),
-                p.protocol.as_deref().unwrap_or("TCP"),
+                p.protocol.as_deref().unwrap_or(SERVER_DEFAULT_PROTOCOL),
                 p.app_protocol.as_deref(),
             )
         })

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use common::conditions::{DEGRADED, READY, TRUE, reasons};
-use common::names::DEFAULT_PORT_NAME as PORT_NAME;
+use common::defaults::DEFAULT_PORT_NAME as PORT_NAME;
 use common::names::{FINALIZER, child_labels, endpoint, selector_labels};
 use common::{AppService, AppServiceSpec, EnvVar};
 use controller::desired::CONTAINER_NAME;
