@@ -32,7 +32,7 @@ async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
     let ns = cp.namespace().await?;
     let client = cp.client();
     let ctl = start_controller(client.clone(), &ns, |_| {});
-    let queue = ctl.metrics.queue.clone();
+    let queue = ctl.metrics.queue().clone();
     let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
 

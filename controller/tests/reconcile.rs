@@ -573,7 +573,7 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
         (2..=8).contains(&attempts),
         "cleanup attempts in ~3s: {attempts}"
     );
-    assert!(ctl.metrics.cleanup_failures.get() >= 2);
+    assert!(ctl.metrics.cleanup_failure_count() >= 2);
     assert!(
         apps.get_opt("db").await?.is_some(),
         "the finalizer must hold the object"
@@ -643,9 +643,7 @@ async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() ->
     );
     assert!(
         ctl.metrics
-            .errors
-            .get_or_create(&controller::metrics::ReasonLabel { reason: "invalid" })
-            .get()
+            .errors_of(controller::metrics::ErrorReason::Invalid)
             <= 3
     );
 

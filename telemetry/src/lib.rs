@@ -2,6 +2,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
+//! | [`labels`] | metric label values as enums ([`label_values!`]) |
 //! | [`logs`] | the log subscriber (JSON or text), OpenTelemetry traces over OTLP when an endpoint is configured, trace ids in JSON logs |
 //! | [`process`] | the `process_*` metrics (memory, CPU, file descriptors, start time) and the file-descriptor limit |
 //! | [`profiling`] | CPU and heap profiles on demand (`/debug/pprof/*` on the ops port, loopback only unless told otherwise) |
@@ -10,6 +11,7 @@
 //! exporter or OpenTelemetry layer exists, and without `--profiling` the profile routes
 //! answer 404 and jemalloc does not sample.
 
+pub mod labels;
 pub mod logs;
 pub mod process;
 pub mod profiling;
