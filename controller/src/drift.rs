@@ -56,15 +56,16 @@ pub trait Drift {
     fn drift(desired: &Self, live: &Self) -> Vec<Value>;
 }
 
+/// Puts back our labels on a child's metadata (other labels stay).
+fn metadata_labels(desired: &Labels, live: &Labels) -> Vec<Value> {
+    let mut ops = Vec::new();
+    labels_subset("/metadata/labels", Some(desired), Some(live), &mut ops);
+    ops
+}
+
 impl Drift for DeploymentView {
     fn drift(desired: &Self, live: &Self) -> Vec<Value> {
-        let mut ops = Vec::new();
-        labels_subset(
-            "/metadata/labels",
-            Some(&desired.labels),
-            Some(&live.labels),
-            &mut ops,
-        );
+        let mut ops = metadata_labels(&desired.labels, &live.labels);
         if desired.spec.replicas != live.spec.replicas {
             ops.push(add("/spec/replicas", json!(desired.spec.replicas)));
         }
@@ -180,13 +181,7 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
 
 impl Drift for ServiceView {
     fn drift(desired: &Self, live: &Self) -> Vec<Value> {
-        let mut ops = Vec::new();
-        labels_subset(
-            "/metadata/labels",
-            Some(&desired.labels),
-            Some(&live.labels),
-            &mut ops,
-        );
+        let mut ops = metadata_labels(&desired.labels, &live.labels);
         let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
             if let Some(want) = &desired.spec {
                 ops.push(add("/spec", json!(want)));

@@ -6,10 +6,12 @@
 //!
 //! | module | holds |
 //! | --- | --- |
-//! | [`reconcile`] | the reconcile steps and the error policy |
+//! | [`reconcile`] | one pass over an AppService: its steps, the status it writes once at the end, and the error policy |
+//! | [`children`] | converging one child: look it up, create, apply or repair it |
+//! | [`report`] | writing what a pass observed: status and Events |
 //! | [`desired`] | pure builders of the children |
 //! | [`drift`] | whether a live child is what we want, and the patch that repairs it |
-//! | [`status`] | pure status and condition computation |
+//! | [`status`] | pure status and condition computation, and the rollout assessment |
 //! | [`view`] | what the caches keep of a child |
 //! | [`external`] | external resources behind the finalizer |
 //! | [`database`] | PostgreSQL databases of AppServices (the [`external::External`] in use) |
@@ -21,6 +23,7 @@
 //! | [`config`] | flags |
 //! | [`context`] | the one `Arc<Context>` shared by reconcile and the ops server |
 
+pub mod children;
 pub mod client;
 pub mod config;
 pub mod context;
@@ -35,6 +38,7 @@ pub mod migrate;
 pub mod ops;
 pub mod queue;
 pub mod reconcile;
+pub mod report;
 pub mod status;
 pub mod view;
 
@@ -179,7 +183,7 @@ pub async fn run_with(
     .touched_objects();
 
     // The work queue is observed around the Controller: each trigger stream counts.
-    let queue = hooks.metrics.queue.clone();
+    let queue = hooks.metrics.queue().clone();
     queue.set_max_concurrent(config.concurrency);
     let app_stream = queue::observe_apps(app_stream, queue.clone());
     let deployment_stream = queue::observe_children(deployment_stream, queue.clone());
@@ -193,19 +197,17 @@ pub async fn run_with(
         client.clone(),
         config.clone(),
         Recorder::new(client.clone(), reporter),
-        hooks.clock,
-        hooks.metrics,
-        hooks.external,
+        hooks,
         context::Caches {
             deployments: deployments.clone(),
             services: services.clone(),
             other_deployments,
             other_services,
+            synced,
         },
         leading_rx.clone(),
-        synced,
     ));
-    ctx.metrics.leader.set(i64::from(ctx.is_leader()));
+    ctx.metrics().set_leader(ctx.is_leader());
 
     let apps_for_deployments = apps.clone();
     let apps_for_services = apps.clone();
@@ -247,7 +249,7 @@ pub async fn run_with(
     tokio::spawn(async move {
         while gauge_rx.changed().await.is_ok() {
             let leading = *gauge_rx.borrow_and_update();
-            gauge_ctx.metrics.leader.set(i64::from(leading));
+            gauge_ctx.metrics().set_leader(leading);
         }
     });
 

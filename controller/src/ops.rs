@@ -13,7 +13,7 @@ use axum::routing::get;
 use crate::context::Context;
 
 pub fn router(ctx: Arc<Context>) -> Router {
-    let profiles = telemetry::profiling::router(ctx.config.profiling());
+    let profiles = telemetry::profiling::router(ctx.config().profiling());
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -31,7 +31,7 @@ async fn readyz(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
-    match ctx.metrics.encode() {
+    match ctx.metrics().encode() {
         Ok(body) => (
             StatusCode::OK,
             [(

@@ -16,7 +16,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use common::AppService;
@@ -179,10 +179,7 @@ impl Queue {
         f: impl FnOnce(&mut HashMap<ObjectRef<AppService>, Entry>) -> T,
     ) -> T {
         // A poisoned lock only means a panic elsewhere while counting: keep counting.
-        let mut entries = match self.entries.lock() {
-            Ok(entries) => entries,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         f(&mut entries)
     }
 
@@ -505,8 +502,8 @@ where
     Fut: Future<Output = Result<Action, Error>> + Send + 'static,
 {
     move |app, ctx| {
-        let queue = ctx.metrics.queue.clone();
-        let resync = ctx.config.resync_interval;
+        let queue = ctx.metrics().queue().clone();
+        let resync = ctx.config().resync_interval;
         let running = queue.start(ObjectRef::from_obj(&*app), Instant::now(), ctx.is_leader());
         let reconciling = reconcile(app, ctx);
         async move {
@@ -529,7 +526,7 @@ where
         let key = ObjectRef::from_obj(&*app);
         let action = policy(app, error, ctx.clone());
         if ctx.is_leader() {
-            ctx.metrics.queue.retried(&key, &action, Instant::now());
+            ctx.metrics().queue().retried(&key, &action, Instant::now());
         }
         action
     }

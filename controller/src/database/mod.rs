@@ -41,7 +41,7 @@ use connect::{Credentials, Fingerprint, Pools};
 use crate::desired::is_controlled_by;
 use crate::error::{Error, Result};
 use crate::external::{ConditionReport, External, Outcome, Report, Step};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Written};
 
 /// Condition reasons of `DatabaseReady` (and of `Ready` while it is not true).
 pub mod reasons {
@@ -121,40 +121,48 @@ pub enum DatabaseError {
     #[error("Secret {0} exists and is not controlled by this AppService; it is left untouched")]
     SecretConflict(String),
     #[error("Kubernetes API request failed: {0}")]
-    Kube(#[source] kube::Error),
+    Kube(kube::Error),
     #[error("{0}")]
     Internal(String),
 }
 
 impl DatabaseError {
-    /// The condition reason.
-    pub fn reason(&self) -> &'static str {
+    /// What the failure means, in one table: its condition reason, its metric label, and
+    /// whether it waits for an admin or a user to change something (checked again at a
+    /// fixed, slow pace) rather than being a failure to back off from.
+    fn meaning(&self) -> (&'static str, DatabaseErrorReason, bool) {
+        use DatabaseErrorReason as M;
         match self {
-            DatabaseError::ClassNotFound(_) => reasons::CLASS_NOT_FOUND,
-            DatabaseError::AdminSecret { .. } => reasons::ADMIN_SECRET_INVALID,
-            DatabaseError::Ca { .. } => reasons::CA_INVALID,
-            DatabaseError::Credentials { .. } => reasons::ADMIN_CREDENTIALS_REJECTED,
-            DatabaseError::Privilege { .. } => reasons::ADMIN_PRIVILEGE_MISSING,
-            DatabaseError::Unreachable { .. } => reasons::SERVER_UNREACHABLE,
-            DatabaseError::SecretConflict(_) => reasons::SECRET_CONFLICT,
-            DatabaseError::Sql { .. } | DatabaseError::Kube(_) | DatabaseError::Internal(_) => {
-                reasons::PROVISIONING_FAILED
+            DatabaseError::ClassNotFound(_) => (reasons::CLASS_NOT_FOUND, M::ClassNotFound, true),
+            DatabaseError::AdminSecret { .. } => {
+                (reasons::ADMIN_SECRET_INVALID, M::AdminSecret, true)
             }
+            DatabaseError::Ca { .. } => (reasons::CA_INVALID, M::Ca, true),
+            DatabaseError::Credentials { .. } => {
+                (reasons::ADMIN_CREDENTIALS_REJECTED, M::Credentials, true)
+            }
+            DatabaseError::Privilege { .. } => {
+                (reasons::ADMIN_PRIVILEGE_MISSING, M::Privilege, true)
+            }
+            DatabaseError::SecretConflict(_) => (reasons::SECRET_CONFLICT, M::SecretConflict, true),
+            DatabaseError::Unreachable { .. } => {
+                (reasons::SERVER_UNREACHABLE, M::Unreachable, false)
+            }
+            DatabaseError::Sql { .. } => (reasons::PROVISIONING_FAILED, M::Sql, false),
+            DatabaseError::Kube(_) => (reasons::PROVISIONING_FAILED, M::Kube, false),
+            DatabaseError::Internal(_) => (reasons::PROVISIONING_FAILED, M::Internal, false),
         }
     }
 
-    /// Waits for an admin or a user to change something (checked again at a fixed,
-    /// slow pace) rather than a failure to back off from.
+    /// The condition reason.
+    pub fn reason(&self) -> &'static str {
+        self.meaning().0
+    }
+
+    /// Waits for an admin or a user to change something rather than a failure to back
+    /// off from.
     pub fn is_waiting(&self) -> bool {
-        matches!(
-            self,
-            DatabaseError::ClassNotFound(_)
-                | DatabaseError::AdminSecret { .. }
-                | DatabaseError::Ca { .. }
-                | DatabaseError::Credentials { .. }
-                | DatabaseError::Privilege { .. }
-                | DatabaseError::SecretConflict(_)
-        )
+        self.meaning().2
     }
 
     /// The message for conditions: like the error's, but without the volatile detail of
@@ -171,19 +179,24 @@ impl DatabaseError {
     }
 
     /// Short, fixed label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            DatabaseError::ClassNotFound(_) => "class_not_found",
-            DatabaseError::AdminSecret { .. } => "admin_secret",
-            DatabaseError::Ca { .. } => "ca",
-            DatabaseError::Credentials { .. } => "credentials",
-            DatabaseError::Privilege { .. } => "privilege",
-            DatabaseError::Unreachable { .. } => "unreachable",
-            DatabaseError::Sql { .. } => "sql",
-            DatabaseError::SecretConflict(_) => "secret_conflict",
-            DatabaseError::Kube(_) => "kube",
-            DatabaseError::Internal(_) => "internal",
-        }
+    pub fn metric_label(&self) -> DatabaseErrorReason {
+        self.meaning().1
+    }
+}
+
+telemetry::label_values! {
+    /// Why a database operation failed, as the `database_errors` metric counts it.
+    pub enum DatabaseErrorReason {
+        ClassNotFound => "class_not_found",
+        AdminSecret => "admin_secret",
+        Ca => "ca",
+        Credentials => "credentials",
+        Privilege => "privilege",
+        Unreachable => "unreachable",
+        Sql => "sql",
+        SecretConflict => "secret_conflict",
+        Kube => "kube",
+        Internal => "internal",
     }
 }
 
@@ -407,9 +420,25 @@ impl Databases {
         Ok((None, String::new()))
     }
 
-    /// Runs `statement`, bounded by the operation timeout. Its span names the operation,
-    /// never the statement text, which may hold a password.
+    /// Runs one call to the server, bounded by the operation timeout. Its span names the
+    /// operation, never the statement text, which may hold a password.
     #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
+    async fn bounded<T>(
+        &self,
+        server: &Server<'_>,
+        what: &'static str,
+        call: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> DbResult<Result<T, tokio_postgres::Error>> {
+        tokio::time::timeout(self.op_timeout(), call)
+            .await
+            .map_err(|_| DatabaseError::Unreachable {
+                class: server.name.clone(),
+                address: server.address(),
+                detail: format!("{what} did not finish in time"),
+            })
+    }
+
+    /// Runs `statement`.
     async fn execute(
         &self,
         server: &Server<'_>,
@@ -417,19 +446,13 @@ impl Databases {
         what: &'static str,
         statement: &str,
     ) -> DbResult<()> {
-        match tokio::time::timeout(self.op_timeout(), conn.batch_execute(statement)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(server.pg_error(what, &e)),
-            Err(_) => Err(DatabaseError::Unreachable {
-                class: server.name.clone(),
-                address: server.address(),
-                detail: format!("{what} did not finish in time"),
-            }),
-        }
+        self.bounded(server, what, conn.batch_execute(statement))
+            .await?
+            .map_err(|e| server.pg_error(what, &e))
     }
 
-    /// Like [`Self::execute`], with "already exists" counting as success.
-    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
+    /// Like [`Self::execute`], with "already exists" counting as success; returns whether
+    /// the statement created something.
     async fn execute_create(
         &self,
         server: &Server<'_>,
@@ -437,19 +460,17 @@ impl Databases {
         what: &'static str,
         statement: &str,
     ) -> DbResult<bool> {
-        match tokio::time::timeout(self.op_timeout(), conn.batch_execute(statement)).await {
-            Ok(Ok(())) => Ok(true),
-            Ok(Err(e)) if sql::classify(e.code()) == sql::Failure::AlreadyExists => Ok(false),
-            Ok(Err(e)) => Err(server.pg_error(what, &e)),
-            Err(_) => Err(DatabaseError::Unreachable {
-                class: server.name.clone(),
-                address: server.address(),
-                detail: format!("{what} did not finish in time"),
-            }),
+        match self
+            .bounded(server, what, conn.batch_execute(statement))
+            .await?
+        {
+            Ok(()) => Ok(true),
+            Err(e) if sql::classify(e.code()) == sql::Failure::AlreadyExists => Ok(false),
+            Err(e) => Err(server.pg_error(what, &e)),
         }
     }
 
-    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
+    /// The boolean `query` answers for `arg`.
     async fn query_bool(
         &self,
         server: &Server<'_>,
@@ -458,17 +479,10 @@ impl Databases {
         query: &str,
         arg: &str,
     ) -> DbResult<bool> {
-        match tokio::time::timeout(self.op_timeout(), conn.query_one(query, &[&arg])).await {
-            Ok(Ok(row)) => row
-                .try_get::<_, bool>(0)
-                .map_err(|e| server.pg_error(what, &e)),
-            Ok(Err(e)) => Err(server.pg_error(what, &e)),
-            Err(_) => Err(DatabaseError::Unreachable {
-                class: server.name.clone(),
-                address: server.address(),
-                detail: format!("{what} did not finish in time"),
-            }),
-        }
+        self.bounded(server, what, conn.query_one(query, &[&arg]))
+            .await?
+            .and_then(|row| row.try_get::<_, bool>(0))
+            .map_err(|e| server.pg_error(what, &e))
     }
 
     /// Provisions the database of `app` on `class_name`; returns what `DatabaseReady`
@@ -529,7 +543,7 @@ impl Databases {
                 // Create, not apply: a second controller racing us gets 409 and then
                 // reads our password instead of writing its own.
                 let created = secrets.create(&PostParams::default(), &desired).await?;
-                self.metrics.write("secrets");
+                self.metrics.write(Written::Secrets);
                 info!(secret = %secret_name, "database credentials Secret created");
                 created
             }
@@ -545,7 +559,7 @@ impl Databases {
                 let replaced = secrets
                     .replace(&secret_name, &PostParams::default(), &desired)
                     .await?;
-                self.metrics.write("secrets");
+                self.metrics.write(Written::Secrets);
                 (replaced, pw)
             }
         };
@@ -643,7 +657,7 @@ impl Databases {
             secrets
                 .replace(&secret_name, &PostParams::default(), &desired)
                 .await?;
-            self.metrics.write("secrets");
+            self.metrics.write(Written::Secrets);
         }
         Ok(format!(
             "database {db} on {} (DatabaseClass {class_name}); credentials in Secret {secret_name}",
@@ -759,7 +773,7 @@ impl Databases {
             )
             .await
         {
-            Ok(_) => self.metrics.write("databaseclasses/status"),
+            Ok(_) => self.metrics.write(Written::DatabaseClassStatus),
             Err(e) => {
                 warn!(error = %e, class = %class.name_any(), "could not write DatabaseClass status")
             }
@@ -805,7 +819,7 @@ impl Databases {
             secondary: None,
         };
         match self.recorder.publish(&event, &app.object_ref(&())).await {
-            Ok(()) => self.metrics.write("events"),
+            Ok(()) => self.metrics.write(Written::Events),
             Err(e) => warn!(error = %e, "could not publish event"),
         }
     }
@@ -843,15 +857,15 @@ impl Databases {
             let started = Instant::now();
             match self.remove(app, &class_name).await {
                 Ok((reason, message)) => {
-                    self.metrics.database.cleaned(true, started.elapsed());
+                    self.metrics.database().cleaned(true, started.elapsed());
                     info!(%message, "database disabled");
                     self.publish(app, EventType::Normal, reason, message, "DisableDatabase")
                         .await;
                 }
                 Err(DatabaseError::Kube(e)) => return Err(Error::Kube(e)),
                 Err(e) => {
-                    self.metrics.database.cleaned(false, started.elapsed());
-                    self.metrics.database.error(e.metric_label());
+                    self.metrics.database().cleaned(false, started.elapsed());
+                    self.metrics.database().error(e.metric_label());
                     let report = ConditionReport {
                         type_: DATABASE_READY,
                         status: FALSE,
@@ -873,7 +887,7 @@ impl Databases {
             ..DeleteParams::default()
         };
         match secrets.delete(&secret_name, &params).await {
-            Ok(_) => self.metrics.write("secrets"),
+            Ok(_) => self.metrics.write(Written::Secrets),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(Error::Kube(e)),
         }
@@ -897,7 +911,7 @@ impl Databases {
         let started = Instant::now();
         let result = self.provision(app, class_name).await;
         self.metrics
-            .database
+            .database()
             .provisioned(result.is_ok(), started.elapsed());
         let report = match result {
             Ok(message) => Report {
@@ -913,7 +927,7 @@ impl Databases {
             // API errors go to the error policy like any other (409 retried soon, ...).
             Err(DatabaseError::Kube(e)) => return Err(Error::Kube(e)),
             Err(e) => {
-                self.metrics.database.error(e.metric_label());
+                self.metrics.database().error(e.metric_label());
                 let condition = ConditionReport {
                     type_: DATABASE_READY,
                     status: FALSE,
@@ -974,7 +988,7 @@ impl Databases {
         let started = Instant::now();
         match self.remove(app, &class_name).await {
             Ok((reason, message)) => {
-                self.metrics.database.cleaned(true, started.elapsed());
+                self.metrics.database().cleaned(true, started.elapsed());
                 info!(%message, "database cleanup done");
                 self.publish(app, EventType::Normal, reason, message, "Cleanup")
                     .await;
@@ -985,13 +999,10 @@ impl Databases {
             Err(DatabaseError::ClassNotFound(_)) if secret.is_none() => Ok(Step::Done),
             Err(DatabaseError::Kube(e)) => Err(Error::Kube(e)),
             Err(e) => {
-                self.metrics.database.cleaned(false, started.elapsed());
-                self.metrics.database.error(e.metric_label());
+                self.metrics.database().cleaned(false, started.elapsed());
+                self.metrics.database().error(e.metric_label());
                 warn!(error = %e, "database cleanup failed");
-                Err(Error::Cleanup(format!(
-                    "database cleanup: {}",
-                    e.condition_message()
-                )))
+                Err(Error::Cleanup(e))
             }
         }
     }
