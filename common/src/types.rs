@@ -109,3 +109,106 @@ pub(crate) fn port_schema(_: &mut SchemaGenerator) -> Schema {
         "default": DEFAULT_PORT,
     })
 }
+
+/// Declares one version's `AppServiceSpec` and, through kube's derive, its `AppService`:
+/// what every version shares (group, names, scale subresource, printer columns, the
+/// name rule; the `image`, `replicas`, `env`, `resources` and `database` fields) is
+/// written here once. A version gives its `version`, the kind's and the spec's docs, its own
+/// object-level rule, the fields between `replicas` and `env`, and the `database` field's
+/// documentation; field order is the version's wire order.
+macro_rules! app_service_spec {
+    (
+        version = $version:literal,
+        doc = $doc:literal,
+        spec_doc = $spec_doc:literal,
+        $(#[$spec_attr:meta])*
+        fields { $($fields:tt)* }
+        $(#[doc = $database_doc:literal])*
+    ) => {
+        #[doc = $spec_doc]
+        // Several printer columns share a type; clippy reads them as one repeated attribute.
+        #[allow(clippy::duplicated_attributes)]
+        #[derive(
+            kube::CustomResource, kube::KubeSchema, serde::Serialize, serde::Deserialize,
+            Clone, Debug, Default, PartialEq,
+        )]
+        #[kube(
+            group = "platform.example.com",
+            version = $version,
+            kind = "AppService",
+            plural = "appservices",
+            shortname = "appsrv",
+            category = "platform",
+            namespaced,
+            status = "crate::types::AppServiceStatus",
+            derive = "PartialEq",
+            derive = "Default",
+            doc = $doc,
+            scale(
+                spec_replicas_path = ".spec.replicas",
+                status_replicas_path = ".status.readyReplicas",
+                label_selector_path = ".status.selector"
+            ),
+            validation = Rule::new("size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')")
+                .message("metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)"),
+            printcolumn(
+                name = "Ready",
+                type_ = "string",
+                description = "Status of the Ready condition",
+                json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+            ),
+            printcolumn(
+                name = "Replicas",
+                type_ = "integer",
+                description = "Desired replicas",
+                json_path = ".spec.replicas"
+            ),
+            printcolumn(
+                name = "Endpoint",
+                type_ = "string",
+                description = "In-cluster URL of the Service",
+                json_path = ".status.endpoint"
+            ),
+            printcolumn(
+                name = "Age",
+                type_ = "date",
+                json_path = ".metadata.creationTimestamp"
+            )
+        )]
+        $(#[$spec_attr])*
+        #[serde(rename_all = "camelCase")]
+        pub struct AppServiceSpec {
+            /// OCI image reference to run, for example `registry.example.com/checkout:v3.4.0` or
+            /// `registry.example.com/checkout@sha256:<digest>`. Pin a tag or a digest: an image
+            /// without a tag, or with `:latest`, is accepted with a warning.
+            #[schemars(length(min = 1, max = crate::types::MAX_IMAGE_LEN))]
+            pub image: String,
+
+            /// Number of Pods to run, from 0 to 1000. Defaults to 1. Also settable through the
+            /// `scale` subresource (`kubectl scale appservice/<name> --replicas=N`).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schemars(schema_with = "crate::types::replicas_schema")]
+            pub replicas: Option<i32>,
+
+            $($fields)*
+
+            /// Environment variables for the container. Names are unique C identifiers
+            /// (`[A-Za-z_][A-Za-z0-9_]*`); each sets either `value` or `valueFrom`.
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            #[schemars(
+                length(max = crate::types::MAX_ENV),
+                extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+            )]
+            pub env: Vec<crate::types::EnvVar>,
+
+            /// Compute resources (CPU, memory) requested by and limited for the container.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+
+            $(#[doc = $database_doc])*
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub database: Option<DatabaseSpec>,
+        }
+    };
+}
+pub(crate) use app_service_spec;
