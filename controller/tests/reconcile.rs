@@ -522,7 +522,9 @@ impl controller::external::External for FlakyExternal {
             self.cleanups.fetch_add(1, Ordering::SeqCst);
             if self.fail.load(Ordering::SeqCst) {
                 Err(controller::error::Error::Cleanup(
-                    "database server unreachable".into(),
+                    controller::database::DatabaseError::Internal(
+                        "database server unreachable".into(),
+                    ),
                 ))
             } else {
                 Ok(controller::external::Step::Done)
