@@ -157,7 +157,12 @@ async fn a_reconcile_is_a_span_tree_with_its_api_calls() {
                 .iter()
                 .filter(|s| s.name == "create" && s.kind == 3)
                 .count();
-            (creates >= 2).then_some(trace)
+            // Spans are exported as they end: the reconcile and the controller's pass
+            // around it end after their API calls, possibly in a later batch.
+            let whole = trace.iter().any(|s| {
+                s.name == "reconcile" && trace.iter().any(|p| p.span_id == s.parent_span_id)
+            });
+            (creates >= 2 && whole).then_some(trace)
         })
         .await
         .unwrap_or_else(|| {
