@@ -9,6 +9,8 @@
 //! | [`reconcile`] | one pass over an AppService: its steps, the status it writes once at the end, and the error policy |
 //! | [`children`] | converging one child: look it up, create, apply or repair it |
 //! | [`report`] | writing what a pass observed: status and Events |
+//! | `finalizer` | the finalizer: on before side effects, released after external cleanup |
+//! | `watches` | the caches: a reflector per watch, trimmed, with its backoff and sync flag |
 //! | [`desired`] | pure builders of the children |
 //! | [`drift`] | whether a live child is what we want, and the patch that repairs it |
 //! | [`status`] | pure status and condition computation, and the rollout assessment |
@@ -32,6 +34,7 @@ pub mod desired;
 pub mod drift;
 pub mod error;
 pub mod external;
+mod finalizer;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;

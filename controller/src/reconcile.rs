@@ -1,7 +1,7 @@
 //! One reconcile pass over an AppService: a sequence of idempotent steps that observe and
 //! act, then one report of what they observed.
 //!
-//! 1. deleting → external cleanup, then release the finalizer;
+//! 1. deleting → external cleanup, then release the finalizer ([`crate::finalizer`]);
 //! 2. finalizer in place before any side effect;
 //! 3. `common::validate` (defence in depth) → `InvalidSpec`, no retry until it changes;
 //! 4. external resources (the database, [`crate::database`]); while they are not ready
@@ -20,28 +20,24 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::conditions::reasons;
-use common::names::FINALIZER;
 use common::validation::validate;
 use common::{AppService, AppServiceStatus};
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::Event;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use serde_json::json;
-use tracing::{debug, info, instrument, warn};
+use tracing::{debug, instrument, warn};
 
 use crate::children::{converge, lookup};
 use crate::context::Context;
 use crate::desired::{desired_deployment, desired_service, is_controlled_by, required};
 use crate::error::{Error, Result, Retry};
-use crate::external::{Outcome as External, Report, Step};
-use crate::metrics::Written;
+use crate::external::{Outcome as External, Report};
+use crate::finalizer::{ensure_finalizer, finalize};
 use crate::report::{publish, write_status};
 use crate::status::{
-    Observation, Rollout, apply_external, cleanup_failed_status, desired_status,
-    external_blocked_status, external_changes, rollout,
+    Observation, Rollout, apply_external, desired_status, external_blocked_status,
+    external_changes, rollout,
 };
 use crate::view::DeploymentView;
 
@@ -51,20 +47,20 @@ use crate::view::DeploymentView;
 pub const CONFLICT_RECHECK: Duration = Duration::from_secs(60);
 
 /// How a pass ends: what it observed, reported by [`finish`] in one place.
-struct Outcome {
+pub(crate) struct Outcome {
     /// The status the pass observed; `None` leaves the status as it is.
-    status: Option<AppServiceStatus>,
+    pub(crate) status: Option<AppServiceStatus>,
     /// An Event the pass owes, published once the status is written.
-    event: Option<Event>,
+    pub(crate) event: Option<Event>,
     /// The AppService is gone for good (its finalizer released, or never ours).
-    gone: bool,
+    pub(crate) gone: bool,
     /// What happens next: when to look again, or the error the policy retries.
-    next: Result<Action>,
+    pub(crate) next: Result<Action>,
 }
 
 impl Outcome {
     /// Nothing to report; `next` decides.
-    fn next(next: Result<Action>) -> Self {
+    pub(crate) fn next(next: Result<Action>) -> Self {
         Outcome {
             status: None,
             event: None,
@@ -74,7 +70,7 @@ impl Outcome {
     }
 
     /// `status` observed; `next` decides.
-    fn status(status: AppServiceStatus, next: Result<Action>) -> Self {
+    pub(crate) fn status(status: AppServiceStatus, next: Result<Action>) -> Self {
         Outcome {
             status: Some(status),
             ..Outcome::next(next)
@@ -82,7 +78,7 @@ impl Outcome {
     }
 
     /// The AppService is gone: forget it.
-    fn gone() -> Self {
+    pub(crate) fn gone() -> Self {
         Outcome {
             gone: true,
             ..Outcome::next(Ok(Action::await_change()))
@@ -180,42 +176,6 @@ async fn finish(
         }
     }
     outcome.next
-}
-
-/// The finalizer goes on before anything we may have to clean up exists. Returns the
-/// object as it is now.
-async fn ensure_finalizer<'a>(
-    app: &'a AppService,
-    ctx: &Context,
-    api: &Api<AppService>,
-) -> Result<Cow<'a, AppService>> {
-    if app.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(Cow::Borrowed(app));
-    }
-    let mut finalizers = app.finalizers().to_vec();
-    finalizers.push(FINALIZER.to_owned());
-    let patched = patch_finalizers(api, app, finalizers).await?;
-    debug!("added finalizer");
-    ctx.metrics().write(Written::AppServices);
-    Ok(Cow::Owned(patched))
-}
-
-/// Sets the finalizers of `app`, guarded by its resourceVersion.
-async fn patch_finalizers(
-    api: &Api<AppService>,
-    app: &AppService,
-    finalizers: Vec<String>,
-) -> kube::Result<AppService> {
-    let patch = json!({"metadata": {
-        "resourceVersion": app.metadata.resource_version,
-        "finalizers": finalizers,
-    }});
-    api.patch(
-        &app.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
 }
 
 /// Validation, the external step, then the children.
@@ -405,50 +365,4 @@ fn cached_deployment(ctx: &Context, app: &AppService) -> Option<Arc<DeploymentVi
         .deployments
         .get(&ObjectRef::new(name).within(namespace))
         .filter(|d| is_controlled_by(d.metadata.owner_references.as_deref(), uid))
-}
-
-/// Deletion: clean up external resources, then let the object go.
-async fn finalize(app: &AppService, ctx: &Context, api: &Api<AppService>) -> Result<Outcome> {
-    if !app.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(Outcome::gone());
-    }
-    match ctx.external().cleanup(app).await {
-        Ok(Step::Done) => {}
-        Ok(Step::NotReady(after)) => return Ok(Outcome::next(Ok(Action::requeue(after)))),
-        Err(e) => {
-            ctx.metrics().cleanup_failed();
-            let message = e.to_string();
-            // The first failure is announced; its retries are not.
-            let first = !app.status.as_ref().is_some_and(|s| {
-                common::conditions::find(&s.conditions, common::conditions::DEGRADED)
-                    .is_some_and(|c| c.reason == reasons::CLEANUP_FAILED)
-            });
-            let status = cleanup_failed_status(app, &message, &ctx.clock().now());
-            return Ok(Outcome {
-                event: first.then(|| Event {
-                    type_: EventType::Warning,
-                    reason: reasons::CLEANUP_FAILED.to_owned(),
-                    note: Some(message),
-                    action: "Cleanup".to_owned(),
-                    secondary: None,
-                }),
-                ..Outcome::status(status, Err(e))
-            });
-        }
-    }
-    let finalizers: Vec<String> = app
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    match patch_finalizers(api, app, finalizers).await {
-        Ok(_) => {}
-        // Already gone: nothing left to do.
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(e.into()),
-    }
-    ctx.metrics().write(Written::AppServices);
-    info!("cleanup done, finalizer removed");
-    Ok(Outcome::gone())
 }
