@@ -1,7 +1,7 @@
 //! One reconcile pass over an AppService: a sequence of idempotent steps that observe and
 //! act, then one report of what they observed.
 //!
-//! 1. deleting → external cleanup, then release the finalizer ([`crate::finalizer`]);
+//! 1. deleting → external cleanup, then release the finalizer (`finalizer.rs`);
 //! 2. finalizer in place before any side effect;
 //! 3. `common::validate` (defence in depth) → `InvalidSpec`, no retry until it changes;
 //! 4. external resources (the database, [`crate::database`]); while they are not ready
@@ -9,8 +9,8 @@
 //! 5. Deployment and Service ([`crate::children`]), skipped when already converged,
 //!    never onto an object we do not control (`ResourceConflict`).
 //!
-//! Each step ends the pass with an [`Outcome`]: the status it observed (if any), an Event
-//! it owes, and what happens next. [`finish`] reports it in one place: the status is
+//! Each step ends the pass with an `Outcome`: the status it observed (if any), an Event
+//! it owes, and what happens next. `finish` reports it in one place: the status is
 //! written at the end of the pass, only when it changed ([`crate::report`]).
 //!
 //! Reads come from the watch caches; the only API calls are writes that change
