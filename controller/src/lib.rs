@@ -17,7 +17,7 @@
 //! | [`view`] | what the caches keep of a child |
 //! | [`external`] | external resources behind the finalizer |
 //! | [`database`] | PostgreSQL databases of AppServices (the [`external::External`] in use) |
-//! | [`error`] | the error type, its retry classification, backoff |
+//! | [`error`](mod@error) | the error type, its retry classification, backoff |
 //! | [`leader`] | Lease leader election |
 //! | [`metrics`], [`ops`] | Prometheus metrics, `/healthz` `/readyz` `/metrics` |
 //! | [`queue`] | the work queue's metrics, observed around kube-runtime's scheduler |

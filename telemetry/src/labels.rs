@@ -1,5 +1,5 @@
 //! Metric label values as enums: a label can only take the values its type lists, and
-//! every series can be created at 0 from [`ALL`](label_values) before the first event.
+//! every series can be created at 0 from `ALL` before the first event.
 
 #[doc(hidden)]
 pub use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
