@@ -33,6 +33,10 @@ pub const MAX_ENV: usize = 128;
 pub const MAX_ENV_NAME_LEN: usize = 256;
 /// Longest literal environment variable value (32 KiB).
 pub const MAX_ENV_VALUE_LEN: usize = 32 * 1024;
+/// Longest DNS label (RFC 1035, RFC 1123), as Kubernetes checks names.
+pub const MAX_LABEL_LEN: usize = 63;
+/// Longest AppService name: children include a Service, whose name is a DNS-1035 label.
+pub const MAX_NAME_LEN: usize = MAX_LABEL_LEN;
 /// Longest DNS-1123 subdomain: object names such as Secrets, and host names.
 pub const MAX_SUBDOMAIN_LEN: usize = 253;
 /// Longest database class name (a DNS-1123 subdomain).
@@ -149,8 +153,8 @@ macro_rules! app_service_spec {
                 status_replicas_path = ".status.readyReplicas",
                 label_selector_path = ".status.selector"
             ),
-            validation = Rule::new("size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')")
-                .message("metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)"),
+            validation = Rule::new(format!("size(self.metadata.name) <= {} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", crate::types::MAX_NAME_LEN))
+                .message(kube::core::Message::Message(format!("metadata.name must be a DNS-1035 label of at most {} characters (it names the Service)", crate::types::MAX_NAME_LEN))),
             printcolumn(
                 name = "Ready",
                 type_ = "string",
