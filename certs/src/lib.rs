@@ -38,18 +38,16 @@ pub enum Error {
     #[error("invalid validity of {days} days")]
     InvalidValidity { days: u32 },
     /// Key generation, signing or parsing failed in rcgen.
-    #[error("{what}")]
+    #[error("{what}: {error}")]
     Rcgen {
         what: &'static str,
-        #[source]
-        source: rcgen::Error,
+        error: rcgen::Error,
     },
     /// Reading or writing a PEM file failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -57,7 +55,7 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn rcgen_err(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
-    move |source| Error::Rcgen { what, source }
+    move |error| Error::Rcgen { what, error }
 }
 
 /// How long generated certificates are valid, in days, unless told otherwise.
@@ -179,7 +177,7 @@ impl Ca {
         let cert_der =
             CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|_| Error::Rcgen {
                 what: "parsing the CA certificate",
-                source: rcgen::Error::CouldNotParseCertificate,
+                error: rcgen::Error::CouldNotParseCertificate,
             })?;
         let issuer = Issuer::from_ca_cert_der(&cert_der, key)
             .map_err(rcgen_err("parsing the CA certificate"))?;
@@ -347,16 +345,16 @@ fn set_validity(params: &mut CertificateParams, days: u32) -> Result<()> {
 }
 
 fn read_file(path: &Path) -> Result<String> {
-    fs::read_to_string(path).map_err(|source| Error::Io {
+    fs::read_to_string(path).map_err(|error| Error::Io {
         path: path.to_owned(),
-        source,
+        error,
     })
 }
 
 fn write_file(path: &Path, contents: &str, private: bool) -> Result<()> {
-    let io = |source| Error::Io {
+    let io = |error| Error::Io {
         path: path.to_owned(),
-        source,
+        error,
     };
     let mut options = fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
@@ -405,9 +403,9 @@ pub struct DevCerts<'a> {
 /// Writes a CA (unless an existing one is given), a serving certificate and optionally a
 /// client certificate into `dir` under the names in [`files`]; returns the paths written.
 pub fn write_dev_certs(dir: &Path, spec: &DevCerts<'_>) -> Result<Vec<PathBuf>> {
-    fs::create_dir_all(dir).map_err(|source| Error::Io {
+    fs::create_dir_all(dir).map_err(|error| Error::Io {
         path: dir.to_owned(),
-        source,
+        error,
     })?;
     let mut written = Vec::new();
     let ca = match spec.existing_ca {

@@ -3,6 +3,7 @@
 //! | module | holds |
 //! | --- | --- |
 //! | [`logs`] | the log subscriber (JSON or text), OpenTelemetry traces over OTLP when an endpoint is configured, trace ids in JSON logs |
+//! | [`ops`] | the operations router (`/healthz`, `/readyz`, `/metrics`, profiles), its server, and the shutdown signal |
 //! | [`process`] | the `process_*` metrics (memory, CPU, file descriptors, start time) and the file-descriptor limit |
 //! | [`profiling`] | CPU and heap profiles on demand (`/debug/pprof/*` on the ops port, loopback only unless told otherwise) |
 //!
@@ -11,8 +12,10 @@
 //! answer 404 and jemalloc does not sample.
 
 pub mod logs;
+pub mod ops;
 pub mod process;
 pub mod profiling;
 
 pub use logs::{LogFormat, LogOptions, Telemetry};
+pub use ops::shutdown_signal;
 pub use profiling::Profiling;

@@ -151,17 +151,17 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
     let tls_listener = bind(config.listen).await?;
     let ops_listener = std::net::TcpListener::bind(config.ops_listen)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|source| Error::Bind {
+        .map_err(|error| Error::Bind {
             addr: config.ops_listen,
-            source,
+            error,
         })?;
-    let tls_addr = tls_listener.local_addr().map_err(|source| Error::Bind {
+    let tls_addr = tls_listener.local_addr().map_err(|error| Error::Bind {
         addr: config.listen,
-        source,
+        error,
     })?;
-    let ops_addr = ops_listener.local_addr().map_err(|source| Error::Bind {
+    let ops_addr = ops_listener.local_addr().map_err(|error| Error::Bind {
         addr: config.ops_listen,
-        source,
+        error,
     })?;
 
     {
@@ -231,13 +231,10 @@ fn spawn_ops(
                 .and_then(|runtime| {
                     runtime.block_on(async move {
                         let listener = TcpListener::from_std(listener)?;
-                        // The peer address decides who may fetch profiles.
-                        let app = app.into_make_service_with_connect_info::<SocketAddr>();
-                        axum::serve(listener, app)
-                            .with_graceful_shutdown(async move {
-                                let _ = stop.wait_for(|stop| *stop).await;
-                            })
-                            .await
+                        telemetry::ops::serve(listener, app, async move {
+                            let _ = stop.wait_for(|stop| *stop).await;
+                        })
+                        .await
                     })
                 });
             let _ = done.send(result);
@@ -298,7 +295,7 @@ impl Server {
 async fn bind(addr: SocketAddr) -> Result<TcpListener> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| Error::Bind { addr, source })
+        .map_err(|error| Error::Bind { addr, error })
 }
 
 fn reload_policies(state: &State) {

@@ -10,8 +10,8 @@
 mod support;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use http::StatusCode;
@@ -146,15 +146,20 @@ fn start_load(
                             && response_of(&reply.body)["allowed"] == true =>
                     {
                         ok.fetch_add(1, Ordering::SeqCst);
-                        if reply.peer_cert == *new_cert.lock().unwrap() {
+                        if reply.peer_cert
+                            == *new_cert.lock().unwrap_or_else(PoisonError::into_inner)
+                        {
                             seen_new.fetch_add(1, Ordering::SeqCst);
                         }
                     }
                     Ok(reply) => failures
                         .lock()
-                        .unwrap()
+                        .unwrap_or_else(PoisonError::into_inner)
                         .push(format!("status {} {:?}", reply.status, reply.body)),
-                    Err(e) => failures.lock().unwrap().push(e),
+                    Err(e) => failures
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(e),
                 }
             }
         }));
@@ -168,7 +173,11 @@ impl Load {
         for task in self.tasks {
             task.await.unwrap();
         }
-        let failures = self.failures.lock().unwrap().clone();
+        let failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         (self.ok.load(Ordering::SeqCst), failures)
     }
 }
@@ -205,7 +214,7 @@ async fn certificate_rotation_under_load_drops_nothing() {
 
     // Rotation 1: the symlink swap.
     let second = certs.ca.serving_cert(&["127.0.0.1"]).unwrap();
-    *expected.lock().unwrap() = pem_leaf(&second.cert_pem);
+    *expected.lock().unwrap_or_else(PoisonError::into_inner) = pem_leaf(&second.cert_pem);
     write_generation(&volume, "..2026_11_29_18_00_00.000000002", &second);
     eventually("the swapped certificate to be served", || {
         let seen = seen_new.clone();
@@ -216,7 +225,7 @@ async fn certificate_rotation_under_load_drops_nothing() {
     // Rotation 2: another swap while the load goes on, then keep going.
     let third = certs.ca.serving_cert(&["127.0.0.1"]).unwrap();
     seen_new.store(0, Ordering::SeqCst);
-    *expected.lock().unwrap() = pem_leaf(&third.cert_pem);
+    *expected.lock().unwrap_or_else(PoisonError::into_inner) = pem_leaf(&third.cert_pem);
     write_generation(&volume, "..2026_11_29_19_00_00.000000003", &third);
     eventually("the third certificate to be served", || {
         let seen = seen_new.clone();
