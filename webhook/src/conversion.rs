@@ -18,13 +18,30 @@ pub const REVIEW_API_VERSION: &str = "apiextensions.k8s.io/v1";
 #[derive(Debug, thiserror::Error)]
 pub enum ConversionReviewError {
     #[error("request body is not a valid ConversionReview: {0}")]
-    Decode(String),
+    Decode(crate::review::JsonError),
     #[error(
         "unsupported ConversionReview {api_version:?} kind {kind:?}: expected {REVIEW_API_VERSION} ConversionReview"
     )]
     Version { api_version: String, kind: String },
     #[error("ConversionReview has no request")]
     MissingRequest,
+}
+
+/// Why a well-formed review is answered with `result.status: Failure`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConversionFailure {
+    #[error(
+        "cannot convert to {desired:?}: this webhook converts AppServices between platform.example.com/v1alpha1 and v1beta1"
+    )]
+    UnknownVersion { desired: String },
+    #[error("converting object {index} ({namespace}/{name}) to {api_version}: {error}")]
+    Object {
+        index: usize,
+        namespace: String,
+        name: String,
+        api_version: &'static str,
+        error: conversion::ConversionError,
+    },
 }
 
 #[derive(Deserialize)]
@@ -79,7 +96,7 @@ impl ReviewResponse {
         self.response.result.status == "Success"
     }
 
-    fn new(uid: String, result: Result<Vec<Value>, String>) -> Self {
+    fn new(uid: String, result: Result<Vec<Value>, ConversionFailure>) -> Self {
         let (converted_objects, result) = match result {
             Ok(objects) => (
                 objects,
@@ -88,11 +105,11 @@ impl ReviewResponse {
                     message: String::new(),
                 },
             ),
-            Err(message) => (
+            Err(failure) => (
                 Vec::new(),
                 ResultStatus {
                     status: "Failure",
-                    message,
+                    message: failure.to_string(),
                 },
             ),
         };
@@ -111,24 +128,8 @@ impl ReviewResponse {
 /// Answers a ConversionReview body: every object converted, or a failure saying which
 /// object could not be and why.
 pub fn convert(body: &[u8]) -> Result<ReviewResponse, ConversionReviewError> {
-    let review: Review = serde_json::from_slice(body).map_err(|plain| {
-        let de = &mut serde_json::Deserializer::from_slice(body);
-        ConversionReviewError::Decode(
-            serde_path_to_error::deserialize::<_, Review>(de)
-                .err()
-                .map_or_else(
-                    || plain.to_string(),
-                    |e| {
-                        let path = e.path().to_string();
-                        if path == "." {
-                            e.inner().to_string()
-                        } else {
-                            format!("{path}: {}", e.inner())
-                        }
-                    },
-                ),
-        )
-    })?;
+    let review: Review =
+        crate::review::decode_tracked(body).map_err(ConversionReviewError::Decode)?;
     if review.api_version != REVIEW_API_VERSION || review.kind != "ConversionReview" {
         return Err(ConversionReviewError::Version {
             api_version: review.api_version,
@@ -139,11 +140,10 @@ pub fn convert(body: &[u8]) -> Result<ReviewResponse, ConversionReviewError> {
         .request
         .ok_or(ConversionReviewError::MissingRequest)?;
     let Some(desired) = Version::from_api_version(&request.desired_api_version) else {
-        let message = format!(
-            "cannot convert to {:?}: this webhook converts AppServices between platform.example.com/v1alpha1 and v1beta1",
-            request.desired_api_version
-        );
-        return Ok(ReviewResponse::new(request.uid, Err(message)));
+        let failure = ConversionFailure::UnknownVersion {
+            desired: request.desired_api_version,
+        };
+        return Ok(ReviewResponse::new(request.uid, Err(failure)));
     };
     let converted = request
         .objects
@@ -151,18 +151,19 @@ pub fn convert(body: &[u8]) -> Result<ReviewResponse, ConversionReviewError> {
         .enumerate()
         .map(|(i, object)| {
             conversion::convert_object(object, desired).map_err(|error| {
-                let name = object
-                    .pointer("/metadata/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("<unnamed>");
-                let namespace = object
-                    .pointer("/metadata/namespace")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                format!(
-                    "converting object {i} ({namespace}/{name}) to {}: {error}",
-                    desired.api_version()
-                )
+                let metadata = |field: &str| {
+                    object
+                        .pointer(&format!("/metadata/{field}"))
+                        .and_then(Value::as_str)
+                        .map(ToOwned::to_owned)
+                };
+                ConversionFailure::Object {
+                    index: i,
+                    namespace: metadata("namespace").unwrap_or_default(),
+                    name: metadata("name").unwrap_or_else(|| "<unnamed>".to_owned()),
+                    api_version: desired.api_version(),
+                    error,
+                }
             })
         })
         .collect::<Result<Vec<_>, _>>();

@@ -109,6 +109,43 @@ impl Projection {
     }
 }
 
+/// Why an expression was refused, or an object could not be read for it.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpressionError {
+    #[error(
+        "a run of unary operators at column {column} ('!!', '--'): the CEL parser in use evaluates it wrong (an even run is dropped); remove the pair or write !(!x), -(-x)"
+    )]
+    UnaryRun { column: usize },
+    /// The CEL parser's own message.
+    #[error("{0}")]
+    Parse(String),
+    #[error("cel.bind takes three arguments: a name, a value and an expression")]
+    BindArguments,
+    #[error("the first argument of cel.bind must be a name")]
+    BindName,
+    #[error("cannot expand cel.bind")]
+    BindExpansion,
+    /// A construct the cost estimate and the projection do not follow.
+    #[error("{0} are not supported")]
+    Unsupported(&'static str),
+    #[error("an empty expression")]
+    Empty,
+    #[error("undeclared reference to {} (available: {})", unknown.join(", "), available.join(", "))]
+    Undeclared {
+        unknown: Vec<String>,
+        available: Vec<String>,
+    },
+    #[error("it has more than {max} JSON values, the most policies read")]
+    TooManyValues { max: usize },
+    #[error("{0}")]
+    Json(serde_json::Error),
+}
+
+/// Parses `source` with the CEL parser.
+fn parse(source: &str) -> Result<Program, ExpressionError> {
+    Program::compile(source).map_err(|e| ExpressionError::Parse(e.to_string()))
+}
+
 /// A compiled expression.
 #[derive(Debug)]
 pub struct Expression {
@@ -123,30 +160,27 @@ pub struct Expression {
 
 impl Expression {
     /// Parses and checks `source`; `variables` are the names that may be referenced.
-    pub fn compile(source: &str, variables: &[&str]) -> Result<Expression, String> {
+    pub fn compile(source: &str, variables: &[&str]) -> Result<Expression, ExpressionError> {
         if let Some(column) = unary_run(source) {
-            return Err(format!(
-                "a run of unary operators at column {column} ('!!', '--'): the CEL parser in use evaluates it wrong (an even run is dropped); remove the pair or write !(!x), -(-x)"
-            ));
+            return Err(ExpressionError::UnaryRun { column });
         }
-        let program = Program::compile(source).map_err(|e| e.to_string())?;
+        let program = parse(source)?;
         let mut ast = program.expression().clone();
         rewrite_bind(&mut ast)?;
         let mut analysis = Analysis::default();
         analysis.walk(&ast, &mut Vec::new())?;
-        let mut unknown: Vec<&str> = analysis
+        let mut unknown: Vec<String> = analysis
             .variables
             .iter()
-            .map(String::as_str)
-            .filter(|v| !variables.contains(v))
+            .filter(|v| !variables.contains(&v.as_str()))
+            .cloned()
             .collect();
         unknown.sort_unstable();
         if !unknown.is_empty() {
-            return Err(format!(
-                "undeclared reference to {} (available: {})",
-                unknown.join(", "),
-                variables.join(", ")
-            ));
+            return Err(ExpressionError::Undeclared {
+                unknown,
+                available: variables.iter().map(|v| (*v).to_owned()).collect(),
+            });
         }
         let cost = estimate(&ast);
         Ok(Expression {
@@ -242,17 +276,17 @@ fn unary_run(source: &str) -> Option<usize> {
 
 /// Rewrites every `cel.bind(name, init, body)` into a comprehension over an empty list
 /// whose accumulator is `name`, as CEL-Go expands the macro.
-fn rewrite_bind(expr: &mut IdedExpr) -> Result<(), String> {
+fn rewrite_bind(expr: &mut IdedExpr) -> Result<(), ExpressionError> {
     let bind = match &mut expr.expr {
         Expr::Call(call)
             if call.func_name == "bind"
                 && matches!(call.target.as_deref(), Some(IdedExpr { expr: Expr::Ident(ns), .. }) if ns == "cel") =>
         {
-            let [name, init, body] = std::mem::take(&mut call.args).try_into().map_err(|_| {
-                "cel.bind takes three arguments: a name, a value and an expression".to_owned()
-            })?;
+            let [name, init, body] = std::mem::take(&mut call.args)
+                .try_into()
+                .map_err(|_| ExpressionError::BindArguments)?;
             let Expr::Ident(name) = name.expr else {
-                return Err("the first argument of cel.bind must be a name".to_owned());
+                return Err(ExpressionError::BindName);
             };
             Some((name, init, body))
         }
@@ -261,17 +295,14 @@ fn rewrite_bind(expr: &mut IdedExpr) -> Result<(), String> {
     if let Some((name, mut init, mut body)) = bind {
         rewrite_bind(&mut init)?;
         rewrite_bind(&mut body)?;
-        let template = Program::compile("[].all(x, false)").map_err(|e| e.to_string())?;
+        let template = parse("[].all(x, false)")?;
         let mut comprehension = template.expression().clone();
         let Expr::Comprehension(c) = &mut comprehension.expr else {
-            return Err("cannot expand cel.bind".to_owned());
+            return Err(ExpressionError::BindExpansion);
         };
         c.accu_var = name.clone();
         c.accu_init = init;
-        c.loop_cond = Program::compile("false")
-            .map_err(|e| e.to_string())?
-            .expression()
-            .clone();
+        c.loop_cond = parse("false")?.expression().clone();
         c.loop_step = IdedExpr {
             id: 0,
             expr: Expr::Ident(name),
@@ -336,7 +367,7 @@ impl Analysis {
         }
     }
 
-    fn walk(&mut self, expr: &IdedExpr, bound: &mut Vec<String>) -> Result<(), String> {
+    fn walk(&mut self, expr: &IdedExpr, bound: &mut Vec<String>) -> Result<(), ExpressionError> {
         match &expr.expr {
             Expr::Ident(name) => {
                 if !bound.contains(name) {
@@ -369,7 +400,7 @@ impl Analysis {
             }
             Expr::Comprehension(c) => {
                 if c.iter_var2.is_some() {
-                    return Err("two-variable comprehensions are not supported".to_owned());
+                    return Err(ExpressionError::Unsupported("two-variable comprehensions"));
                 }
                 self.walk(&c.iter_range, bound)?;
                 self.walk(&c.accu_init, bound)?;
@@ -395,13 +426,13 @@ impl Analysis {
                             self.walk(&e.value, bound)?;
                         }
                         EntryExpr::StructField(_) => {
-                            return Err("struct literals are not supported".to_owned());
+                            return Err(ExpressionError::Unsupported("struct literals"));
                         }
                     }
                 }
             }
-            Expr::Struct(_) => return Err("struct literals are not supported".to_owned()),
-            Expr::Unspecified => return Err("an empty expression".to_owned()),
+            Expr::Struct(_) => return Err(ExpressionError::Unsupported("struct literals")),
+            Expr::Unspecified => return Err(ExpressionError::Empty),
             Expr::Literal(_) => {}
         }
         Ok(())
@@ -580,7 +611,7 @@ pub fn object_to_cel(
     raw: &RawValue,
     projection: &Projection,
     max_values: usize,
-) -> Result<Value, String> {
+) -> Result<Value, ExpressionError> {
     let mut de = serde_json::Deserializer::from_str(raw.get());
     let remaining = std::cell::Cell::new(max_values);
     let value = CelSeed {
@@ -591,9 +622,9 @@ pub fn object_to_cel(
     .deserialize(&mut de)
     .map_err(|e| {
         if remaining.get() == 0 {
-            format!("it has more than {max_values} JSON values, the most policies read")
+            ExpressionError::TooManyValues { max: max_values }
         } else {
-            e.to_string()
+            ExpressionError::Json(e)
         }
     })?;
     Ok(value)
@@ -738,7 +769,7 @@ mod tests {
         }
         let err = Expression::compile("objet.spec > 1 && [1].all(x, y > 0)", &VARS).unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "undeclared reference to objet, y (available: object, oldObject, request)"
         );
         // A comprehension variable is only bound inside its macro.
@@ -756,7 +787,10 @@ mod tests {
             "x == - -1",
         ] {
             let err = Expression::compile(source, &["x"]).unwrap_err();
-            assert!(err.contains("unary operators"), "{source}: {err}");
+            assert!(
+                matches!(err, ExpressionError::UnaryRun { .. }),
+                "{source}: {err}"
+            );
         }
         for source in [
             "!true == false",
@@ -825,7 +859,7 @@ mod tests {
         // Only converted values count against the bound: root, spec, replicas.
         assert!(object_to_cel(&raw, &expression.object, 3).is_ok());
         let err = object_to_cel(&raw, &expression.object, 2).unwrap_err();
-        assert!(err.contains("more than 2 JSON values"), "{err}");
+        assert!(err.to_string().contains("more than 2 JSON values"), "{err}");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::expression::{
-    self, Expression, PER_EXPRESSION_COST_LIMIT, PER_REVIEW_COST_LIMIT, Projection,
+    self, Expression, ExpressionError, PER_EXPRESSION_COST_LIMIT, PER_REVIEW_COST_LIMIT, Projection,
 };
 use crate::review::MAX_POLICY_VALUES;
 
@@ -41,29 +41,56 @@ pub const NAMESPACE_OBJECT: &str = "namespaceObject";
 /// Why a policy file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
-    #[error("reading policy file {path}: {source}")]
+    #[error("reading policy file {path}: {error}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("policy file {path}: {source}")]
+    #[error("policy file {path}: {error}")]
     Parse {
         path: PathBuf,
-        #[source]
-        source: Box<serde_saphyr::Error>,
+        error: Box<serde_saphyr::Error>,
     },
     #[error(
         "policy file {path} is empty while policies are active; refusing it (write `policies: []` to remove every policy)"
     )]
     Empty { path: PathBuf },
+    #[error("policy file {path} is not UTF-8: {error}")]
+    NotUtf8 {
+        path: PathBuf,
+        error: std::string::FromUtf8Error,
+    },
     #[error("policy file {path}: policies[{index}] ({name:?}): {reason}")]
     Invalid {
         path: PathBuf,
         index: usize,
         name: String,
-        reason: String,
+        reason: InvalidPolicy,
     },
+}
+
+/// What is wrong with one policy of a file.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidPolicy {
+    #[error("name must not be empty")]
+    EmptyName,
+    #[error("duplicate policy name")]
+    DuplicateName,
+    #[error("{field}: {error}")]
+    Expression {
+        field: &'static str,
+        error: ExpressionError,
+    },
+    #[error(
+        "{field}: estimated worst-case cost {cost} exceeds the limit of {PER_EXPRESSION_COST_LIMIT} (a comprehension over a list of unknown size inside another?)"
+    )]
+    ExpressionCost { field: &'static str, cost: u64 },
+    #[error(
+        "the policies up to this one have an estimated worst-case cost of {cost} per review, over the limit of {PER_REVIEW_COST_LIMIT}"
+    )]
+    ReviewCost { cost: u64 },
+    #[error("{NAMESPACE_OBJECT} is only available with --namespace-labels")]
+    NamespaceObject,
 }
 
 /// The YAML document: `policies: [...]`. The key is required: a file cut short before
@@ -127,9 +154,9 @@ impl PolicySet {
             return Ok(PolicySet::default());
         }
         let file: PolicyFile =
-            serde_saphyr::from_str(yaml).map_err(|source| PolicyError::Parse {
+            serde_saphyr::from_str(yaml).map_err(|error| PolicyError::Parse {
                 path: path.to_owned(),
-                source: Box::new(source),
+                error: Box::new(error),
             })?;
         Self::compile(path, &file.policies)
     }
@@ -138,17 +165,17 @@ impl PolicySet {
     pub fn compile(path: &Path, specs: &[PolicySpec]) -> Result<Self, PolicyError> {
         let mut set = PolicySet::default();
         for (index, spec) in specs.iter().enumerate() {
-            let invalid = |reason: String| PolicyError::Invalid {
+            let invalid = |reason: InvalidPolicy| PolicyError::Invalid {
                 path: path.to_owned(),
                 index,
                 name: spec.name.clone(),
                 reason,
             };
             if spec.name.trim().is_empty() {
-                return Err(invalid("name must not be empty".into()));
+                return Err(invalid(InvalidPolicy::EmptyName));
             }
             if specs[..index].iter().any(|other| other.name == spec.name) {
-                return Err(invalid("duplicate policy name".into()));
+                return Err(invalid(InvalidPolicy::DuplicateName));
             }
             let expression = compile_checked("expression", &spec.expression).map_err(invalid)?;
             let message_expression = match &spec.message_expression {
@@ -167,10 +194,7 @@ impl PolicySet {
                 set.cost = set.cost.saturating_add(e.cost);
             }
             if set.cost > PER_REVIEW_COST_LIMIT {
-                return Err(invalid(format!(
-                    "the policies up to this one have an estimated worst-case cost of {} per review, over the limit of {PER_REVIEW_COST_LIMIT}",
-                    set.cost
-                )));
+                return Err(invalid(InvalidPolicy::ReviewCost { cost: set.cost }));
             }
             set.policies.push(Policy {
                 name: spec.name.clone(),
@@ -305,14 +329,14 @@ impl PolicySet {
 }
 
 /// Compiles one expression of a policy and checks its estimated cost.
-fn compile_checked(field: &str, source: &str) -> Result<Expression, String> {
-    let expression =
-        Expression::compile(source, &VARIABLES).map_err(|e| format!("{field}: {e}"))?;
+fn compile_checked(field: &'static str, source: &str) -> Result<Expression, InvalidPolicy> {
+    let expression = Expression::compile(source, &VARIABLES)
+        .map_err(|error| InvalidPolicy::Expression { field, error })?;
     if expression.cost > PER_EXPRESSION_COST_LIMIT {
-        return Err(format!(
-            "{field}: estimated worst-case cost {} exceeds the limit of {PER_EXPRESSION_COST_LIMIT} (a comprehension over a list of unknown size inside another?)",
-            expression.cost
-        ));
+        return Err(InvalidPolicy::ExpressionCost {
+            field,
+            cost: expression.cost,
+        });
     }
     Ok(expression)
 }
@@ -436,9 +460,9 @@ impl PolicyStore {
         let Some(path) = &self.path else {
             return Ok(Reload::Unchanged);
         };
-        let bytes = std::fs::read(path).map_err(|source| PolicyError::Read {
+        let bytes = std::fs::read(path).map_err(|error| PolicyError::Read {
             path: path.clone(),
-            source,
+            error,
         })?;
         {
             let mut last = self
@@ -450,11 +474,9 @@ impl PolicyStore {
             }
             *last = Some(bytes.clone());
         }
-        let text = String::from_utf8(bytes).map_err(|e| PolicyError::Invalid {
+        let text = String::from_utf8(bytes).map_err(|error| PolicyError::NotUtf8 {
             path: path.clone(),
-            index: 0,
-            name: String::new(),
-            reason: format!("file is not UTF-8: {e}"),
+            error,
         })?;
         // An empty file is what a torn or truncated write looks like: it must not switch
         // enforcement off. Clearing the policies is written `policies: []`.
@@ -469,7 +491,7 @@ impl PolicyStore {
                 path: path.clone(),
                 index,
                 name: name.to_owned(),
-                reason: format!("{NAMESPACE_OBJECT} is only available with --namespace-labels"),
+                reason: InvalidPolicy::NamespaceObject,
             });
         }
         let count = set.len();

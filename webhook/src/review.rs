@@ -164,6 +164,12 @@ pub enum ObjectError {
     Invalid(String),
 }
 
+impl ObjectError {
+    fn invalid(error: JsonError) -> Self {
+        ObjectError::Invalid(error.0)
+    }
+}
+
 impl fmt::Display for ObjectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -175,11 +181,7 @@ impl fmt::Display for ObjectError {
 
 /// Decodes an AppService of `version` from its raw JSON, checking the bounds first.
 pub fn decode_object(raw: &RawValue, version: Version) -> Result<Object, ObjectError> {
-    let shell: Shell<'_> = serde_json::from_str(raw.get()).map_err(|plain| {
-        ObjectError::Invalid(
-            tracked::<Shell<'_>>(raw.get(), "").unwrap_or_else(|| plain.to_string()),
-        )
-    })?;
+    let shell: Shell<'_> = decode_at(raw.get().as_bytes(), "").map_err(ObjectError::invalid)?;
     decode_shell(shell, version)
 }
 
@@ -199,11 +201,7 @@ pub fn decode_spec_only(raw: &RawValue, version: Version) -> Result<Object, Obje
         #[serde(default)]
         annotations: ConversionAnnotations,
     }
-    let shell: SpecShell<'_> = serde_json::from_str(raw.get()).map_err(|plain| {
-        ObjectError::Invalid(
-            tracked::<SpecShell<'_>>(raw.get(), "").unwrap_or_else(|| plain.to_string()),
-        )
-    })?;
+    let shell: SpecShell<'_> = decode_at(raw.get().as_bytes(), "").map_err(ObjectError::invalid)?;
     decode_shell(
         Shell {
             metadata: Meta {
@@ -267,14 +265,37 @@ fn decode_shell(shell: Shell<'_>, version: Version) -> Result<Object, ObjectErro
 }
 
 fn typed_spec<S: DeserializeOwned>(spec: &RawValue) -> Result<S, ObjectError> {
-    serde_json::from_str(spec.get()).map_err(|plain| {
-        ObjectError::Invalid(tracked::<S>(spec.get(), "spec").unwrap_or_else(|| plain.to_string()))
-    })
+    decode_at(spec.get().as_bytes(), "spec").map_err(ObjectError::invalid)
 }
 
-/// Re-runs a failed decode with path tracking: `path: error`. Only failures pay for it.
-fn tracked<'de, T: Deserialize<'de>>(json: &'de str, prefix: &str) -> Option<String> {
-    let de = &mut serde_json::Deserializer::from_str(json);
+/// A JSON document that is not the shape it should be: the error, after its JSON path
+/// (`spec.replicas: invalid type: ...`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct JsonError(String);
+
+impl JsonError {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        JsonError(message.into())
+    }
+}
+
+/// Decodes `json`, a whole document (a review); an error names its JSON path.
+pub fn decode_tracked<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, JsonError> {
+    decode_at(json, "")
+}
+
+/// Decodes `json`, found at `prefix` in its document. Path tracking costs on every
+/// decode, so only a failed one is run again with it; the tracked pass does not check
+/// for trailing characters, so the plain error is kept for that case.
+fn decode_at<'de, T: Deserialize<'de>>(json: &'de [u8], prefix: &str) -> Result<T, JsonError> {
+    serde_json::from_slice(json)
+        .map_err(|plain| JsonError(tracked::<T>(json, prefix).unwrap_or_else(|| plain.to_string())))
+}
+
+/// Re-runs a failed decode with path tracking: `path: error`.
+fn tracked<'de, T: Deserialize<'de>>(json: &'de [u8], prefix: &str) -> Option<String> {
+    let de = &mut serde_json::Deserializer::from_slice(json);
     let err = serde_path_to_error::deserialize::<_, T>(de).err()?;
     let path = err.path().to_string();
     let path = match (prefix.is_empty(), path == ".") {
