@@ -72,10 +72,7 @@ pub struct CertKey {
 
 impl std::fmt::Debug for CertKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertKey")
-            .field("cert_pem", &self.cert_pem)
-            .field("key_pem", &"[elided]")
-            .finish()
+        debug_public_half(f, "CertKey", ("cert_pem", &self.cert_pem), "key_pem")
     }
 }
 
@@ -83,9 +80,21 @@ impl CertKey {
     /// Writes the certificate and key to `cert_path` and `key_path` (the key with mode
     /// 0600 on Unix).
     pub fn write(&self, cert_path: &Path, key_path: &Path) -> Result<()> {
-        write_file(cert_path, &self.cert_pem, false)?;
-        write_file(key_path, &self.key_pem, true)
+        write_pair(cert_path, &self.cert_pem, key_path, &self.key_pem)
     }
+}
+
+/// Debug output of a key pair that shows the public half and never the private key.
+fn debug_public_half(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    (public_field, public): (&str, &str),
+    private_field: &str,
+) -> std::fmt::Result {
+    f.debug_struct(name)
+        .field(public_field, &public)
+        .field(private_field, &"[elided]")
+        .finish()
 }
 
 /// A signing key pair without a certificate, e.g. for service-account tokens.
@@ -99,10 +108,12 @@ pub struct SigningKeyPair {
 
 impl std::fmt::Debug for SigningKeyPair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SigningKeyPair")
-            .field("public_pem", &self.public_pem)
-            .field("private_pem", &"[elided]")
-            .finish()
+        debug_public_half(
+            f,
+            "SigningKeyPair",
+            ("public_pem", &self.public_pem),
+            "private_pem",
+        )
     }
 }
 
@@ -214,8 +225,7 @@ impl Ca {
 
     /// Writes the CA certificate and key.
     pub fn write(&self, cert_path: &Path, key_path: &Path) -> Result<()> {
-        write_file(cert_path, &self.cert_pem, false)?;
-        write_file(key_path, &self.key_pem, true)
+        write_pair(cert_path, &self.cert_pem, key_path, &self.key_pem)
     }
 
     /// Issues a TLS serving certificate for `sans`: entries that parse as IP addresses
@@ -351,6 +361,12 @@ fn read_file(path: &Path) -> Result<String> {
     })
 }
 
+/// Writes a certificate and its private key (the key with mode 0600 on Unix).
+fn write_pair(cert_path: &Path, cert_pem: &str, key_path: &Path, key_pem: &str) -> Result<()> {
+    write_file(cert_path, cert_pem, false)?;
+    write_file(key_path, key_pem, true)
+}
+
 fn write_file(path: &Path, contents: &str, private: bool) -> Result<()> {
     let io = |error| Error::Io {
         path: path.to_owned(),
@@ -408,34 +424,43 @@ pub fn write_dev_certs(dir: &Path, spec: &DevCerts<'_>) -> Result<Vec<PathBuf>> 
         error,
     })?;
     let mut written = Vec::new();
+    // Writes a certificate and its key into `dir` under these names.
+    let write = |(cert_name, key_name): (&str, &str), cert_pem: &str, key_pem: &str| {
+        let (cert, key) = (dir.join(cert_name), dir.join(key_name));
+        write_pair(&cert, cert_pem, &key, key_pem).map(|()| [cert, key])
+    };
     let ca = match spec.existing_ca {
         Some((cert, key)) => {
             let mut ca = Ca::read(cert, key)?;
             ca.validity_days = spec.validity_days;
+            let cert = dir.join(files::CA_CERT);
+            write_file(&cert, ca.cert_pem(), false)?;
+            written.push(cert);
             ca
         }
         None => {
             let ca = Ca::with_validity("appservice-operator development CA", spec.validity_days)?;
-            let (cert, key) = (dir.join(files::CA_CERT), dir.join(files::CA_KEY));
-            ca.write(&cert, &key)?;
-            written.extend([cert, key]);
+            written.extend(write(
+                (files::CA_CERT, files::CA_KEY),
+                ca.cert_pem(),
+                ca.key_pem(),
+            )?);
             ca
         }
     };
-    if spec.existing_ca.is_some() {
-        let cert = dir.join(files::CA_CERT);
-        write_file(&cert, ca.cert_pem(), false)?;
-        written.push(cert);
-    }
     let serving = ca.serving_cert(&spec.sans)?;
-    let (cert, key) = (dir.join(files::TLS_CERT), dir.join(files::TLS_KEY));
-    serving.write(&cert, &key)?;
-    written.extend([cert, key]);
+    written.extend(write(
+        (files::TLS_CERT, files::TLS_KEY),
+        &serving.cert_pem,
+        &serving.key_pem,
+    )?);
     if let Some(cn) = &spec.client_cn {
         let client = ca.client_cert(cn, &spec.client_orgs)?;
-        let (cert, key) = (dir.join(files::CLIENT_CERT), dir.join(files::CLIENT_KEY));
-        client.write(&cert, &key)?;
-        written.extend([cert, key]);
+        written.extend(write(
+            (files::CLIENT_CERT, files::CLIENT_KEY),
+            &client.cert_pem,
+            &client.key_pem,
+        )?);
     }
     Ok(written)
 }
@@ -461,6 +486,22 @@ mod tests {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(der(ca.cert_pem())).unwrap();
         Arc::new(roots)
+    }
+
+    /// Whether `ca` vouches for `leaf` as the server `name`.
+    fn verify_server(ca: &Ca, leaf: &CertificateDer<'_>, name: &str) -> Result<(), rustls::Error> {
+        use rustls::client::danger::ServerCertVerifier;
+        rustls::client::WebPkiServerVerifier::builder_with_provider(roots(ca), provider())
+            .build()
+            .unwrap()
+            .verify_server_cert(
+                leaf,
+                &[],
+                &ServerName::try_from(name).unwrap(),
+                &[],
+                UnixTime::now(),
+            )
+            .map(|_| ())
     }
 
     #[test]
@@ -489,30 +530,13 @@ mod tests {
         );
         assert!(!x509.is_ca());
 
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(roots(&ca), provider())
-                .build()
-                .unwrap();
-        use rustls::client::danger::ServerCertVerifier;
         for name in ["localhost", "127.0.0.1", "webhook.ns.svc"] {
-            verifier
-                .verify_server_cert(
-                    &leaf_der,
-                    &[],
-                    &ServerName::try_from(name).unwrap(),
-                    &[],
-                    UnixTime::now(),
-                )
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            verify_server(&ca, &leaf_der, name).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
-        let wrong = verifier.verify_server_cert(
-            &leaf_der,
-            &[],
-            &ServerName::try_from("example.com").unwrap(),
-            &[],
-            UnixTime::now(),
+        assert!(
+            verify_server(&ca, &leaf_der, "example.com").is_err(),
+            "a name outside the SANs must not verify"
         );
-        assert!(wrong.is_err(), "a name outside the SANs must not verify");
 
         // The key matches the certificate: rustls accepts the pair.
         let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
@@ -529,22 +553,7 @@ mod tests {
         let ca = Ca::new("one").unwrap();
         let other = Ca::new("other").unwrap();
         let leaf = other.serving_cert(&["localhost"]).unwrap();
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(roots(&ca), provider())
-                .build()
-                .unwrap();
-        use rustls::client::danger::ServerCertVerifier;
-        assert!(
-            verifier
-                .verify_server_cert(
-                    &der(&leaf.cert_pem),
-                    &[],
-                    &ServerName::try_from("localhost").unwrap(),
-                    &[],
-                    UnixTime::now(),
-                )
-                .is_err()
-        );
+        assert!(verify_server(&ca, &der(&leaf.cert_pem), "localhost").is_err());
     }
 
     #[test]
@@ -592,20 +601,7 @@ mod tests {
 
         let loaded = Ca::read(&cert, &key).unwrap();
         let leaf = loaded.serving_cert(&["localhost"]).unwrap();
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(roots(&ca), provider())
-                .build()
-                .unwrap();
-        use rustls::client::danger::ServerCertVerifier;
-        verifier
-            .verify_server_cert(
-                &der(&leaf.cert_pem),
-                &[],
-                &ServerName::try_from("localhost").unwrap(),
-                &[],
-                UnixTime::now(),
-            )
-            .unwrap();
+        verify_server(&ca, &der(&leaf.cert_pem), "localhost").unwrap();
     }
 
     #[test]
