@@ -15,6 +15,8 @@ pub mod logs;
 pub mod ops;
 pub mod process;
 pub mod profiling;
+#[cfg(test)]
+mod test_support;
 
 pub use logs::{LogFormat, LogOptions, Telemetry};
 pub use ops::shutdown_signal;

@@ -97,7 +97,6 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tower::ServiceExt;
 
     struct Fixed {
         ready: Result<(), &'static str>,
@@ -114,27 +113,12 @@ mod tests {
     }
 
     async fn get(probes: Fixed, path: &str) -> (StatusCode, Option<String>, String) {
-        let response = router(Arc::new(probes), Profiling::default())
-            .oneshot(
-                axum::http::Request::get(path)
-                    .body(axum::body::Body::empty())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-        let status = response.status();
-        let content_type = response
-            .headers()
+        let app = router(Arc::new(probes), Profiling::default());
+        let (status, headers, body) = crate::test_support::get(app, path).await;
+        let content_type = headers
             .get(header::CONTENT_TYPE)
             .map(|v| v.to_str().unwrap().to_owned());
-        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        (
-            status,
-            content_type,
-            String::from_utf8(body.to_vec()).unwrap(),
-        )
+        (status, content_type, String::from_utf8(body).unwrap())
     }
 
     #[tokio::test]
