@@ -8,6 +8,7 @@ pub mod admission;
 pub mod config;
 pub mod conversion;
 pub mod expression;
+mod listener;
 pub mod logging;
 pub mod metrics;
 pub mod namespaces;

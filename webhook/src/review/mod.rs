@@ -2,7 +2,7 @@
 //!
 //! The body is parsed a single time into [`Request`], which borrows `object` and
 //! `oldObject` as raw JSON slices of the body: nothing of the object is copied until it
-//! is known to be worth it. An object is then checked for size ([`ObjectLimits`]: list
+//! is known to be worth it. An object is then checked for size ([`shape`]: list
 //! lengths and string lengths, counted without allocating) before it is decoded into
 //! the typed [`AppService`] the rules need. Metadata is read only for what the rules
 //! use (name, generateName, namespace, and whether the name label is set); managed
@@ -14,15 +14,16 @@ use std::fmt;
 
 use common::conversion::Version;
 use common::names::{ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_PORTS, LABEL_NAME};
-use common::types::{MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_IMAGE_LEN, MAX_PORTS};
-use common::validation::{FieldError, FieldErrors};
+use common::validation::FieldErrors;
 use common::{AppService, v1alpha1};
 use kube::core::admission::Operation;
 use kube::core::{GroupVersionKind, GroupVersionResource, ObjectMeta};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
+
+mod shape;
 
 /// The most entries the webhook accepts in `spec.resources.limits` or `.requests`
 /// (Kubernetes knows a handful of resource names; extended resources add a few more).
@@ -31,10 +32,6 @@ pub const MAX_RESOURCE_ENTRIES: usize = 32;
 /// CEL policies see. An AppService with 128 env entries and its managed fields has a
 /// few thousand; the bound keeps the generic JSON copy the policies need small.
 pub const MAX_POLICY_VALUES: usize = 20_000;
-
-/// Specs up to this size are decoded without sizing their lists first: even made only of
-/// the smallest env entries, the decoded form stays below 64 KiB.
-const SHAPE_CHECK_FROM: usize = 2048;
 
 /// The request of an AdmissionReview, borrowing the objects from the body.
 #[derive(Debug, Deserialize)]
@@ -218,16 +215,8 @@ fn decode_shell(shell: Shell<'_>, version: Version) -> Result<Object, ObjectErro
     let Some(spec) = shell.spec else {
         return Err(ObjectError::Invalid("missing field `spec`".to_owned()));
     };
-    // A spec this small cannot hold a list over its bound worth refusing before it is
-    // decoded (its worst case is a few tens of KiB); larger ones are sized first.
-    if spec.get().len() > SHAPE_CHECK_FROM {
-        let mut errors = Vec::new();
-        if let Ok(shape) = serde_json::from_str::<SpecShape>(spec.get()) {
-            shape.check(&mut errors);
-        }
-        if !errors.is_empty() {
-            return Err(ObjectError::TooLarge(FieldErrors(errors)));
-        }
+    if let Some(errors) = shape::oversized(spec) {
+        return Err(ObjectError::TooLarge(errors));
     }
     let meta = shell.metadata;
     let mut labels_map = None;
@@ -426,238 +415,10 @@ impl<'de> Visitor<'de> for IsKey {
     }
 }
 
-/// Sizes of the spec's lists and strings, read without storing them. Type errors are
-/// not reported here (everything unexpected counts as zero); the typed decode does that.
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SpecShape {
-    #[serde(default)]
-    image: Len,
-    #[serde(default)]
-    env: EnvShape,
-    #[serde(default)]
-    ports: Len,
-    #[serde(default)]
-    resources: Option<ResourcesShape>,
-}
-
-#[derive(Default, Deserialize)]
-struct ResourcesShape {
-    #[serde(default)]
-    limits: Len,
-    #[serde(default)]
-    requests: Len,
-    #[serde(default)]
-    claims: Len,
-}
-
-impl SpecShape {
-    fn check(&self, errors: &mut Vec<FieldError>) {
-        if self.image.0 > MAX_IMAGE_LEN {
-            errors.push(FieldError::too_long("spec.image", MAX_IMAGE_LEN));
-        }
-        if self.env.count > MAX_ENV {
-            errors.push(FieldError::too_many("spec.env", self.env.count, MAX_ENV));
-        } else {
-            errors.extend(self.env.errors.iter().cloned());
-        }
-        if self.ports.0 > MAX_PORTS {
-            errors.push(FieldError::too_many("spec.ports", self.ports.0, MAX_PORTS));
-        }
-        if let Some(resources) = &self.resources {
-            for (field, len) in [
-                ("spec.resources.limits", resources.limits.0),
-                ("spec.resources.requests", resources.requests.0),
-                ("spec.resources.claims", resources.claims.0),
-            ] {
-                if len > MAX_RESOURCE_ENTRIES {
-                    errors.push(FieldError::too_many(field, len, MAX_RESOURCE_ENTRIES));
-                }
-            }
-        }
-    }
-}
-
-/// The length of a string (bytes), list or map; zero for anything else.
-#[derive(Default)]
-struct Len(usize);
-
-impl<'de> Deserialize<'de> for Len {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Len;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any value")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Len, E> {
-                Ok(Len(s.len()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Len, A::Error> {
-                let mut n = 0;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    n += 1;
-                }
-                Ok(Len(n))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Len, A::Error> {
-                let mut n = 0;
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
-                    n += 1;
-                }
-                Ok(Len(n))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Len, E> {
-                Ok(Len(0))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Len, E> {
-                Ok(Len(0))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Len, E> {
-                Ok(Len(0))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Len, E> {
-                Ok(Len(0))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Len, E> {
-                Ok(Len(0))
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// `spec.env`: how many entries, and the first entries whose name or value is too long
-/// (only recorded while the count is within bounds).
-#[derive(Default)]
-struct EnvShape {
-    count: usize,
-    errors: Vec<FieldError>,
-}
-
-#[derive(Default, Deserialize)]
-struct EnvEntryShape {
-    #[serde(default)]
-    name: Len,
-    #[serde(default)]
-    value: Len,
-}
-
-impl<'de> Deserialize<'de> for EnvShape {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = EnvShape;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a list of environment variables")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<EnvShape, A::Error> {
-                let mut shape = EnvShape::default();
-                loop {
-                    if shape.count >= MAX_ENV {
-                        // Past the bound only the count matters.
-                        if seq.next_element::<IgnoredAny>()?.is_none() {
-                            break;
-                        }
-                    } else {
-                        let Some(entry) = seq.next_element::<Option<EnvEntryShapeOrAny>>()? else {
-                            break;
-                        };
-                        if let Some(EnvEntryShapeOrAny(Some(entry))) = entry {
-                            let i = shape.count;
-                            if entry.name.0 > MAX_ENV_NAME_LEN {
-                                shape.errors.push(FieldError::too_long(
-                                    format!("spec.env[{i}].name"),
-                                    MAX_ENV_NAME_LEN,
-                                ));
-                            }
-                            if entry.value.0 > MAX_ENV_VALUE_LEN {
-                                shape.errors.push(FieldError::too_long(
-                                    format!("spec.env[{i}].value"),
-                                    MAX_ENV_VALUE_LEN,
-                                ));
-                            }
-                        }
-                    }
-                    shape.count += 1;
-                }
-                Ok(shape)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EnvShape, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(EnvShape::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// One env entry's sizes when it is a map; `None` for anything else.
-struct EnvEntryShapeOrAny(Option<EnvEntryShape>);
-
-impl<'de> Deserialize<'de> for EnvEntryShapeOrAny {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = EnvEntryShapeOrAny;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an environment variable")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<EnvEntryShapeOrAny, A::Error> {
-                let entry = EnvEntryShape::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(EnvEntryShapeOrAny(Some(entry)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<EnvEntryShapeOrAny, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::types::MAX_ENV_VALUE_LEN;
 
     fn raw(json: &str) -> Box<RawValue> {
         RawValue::from_string(json.to_owned()).unwrap()
