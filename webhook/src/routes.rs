@@ -288,31 +288,23 @@ fn review(state: &State, kind: Review, body: &[u8]) -> Response {
     // One line per review with everything needed to find it again; these fields sit on
     // the event, not the span, so JSON keys never collide with the span's own `name`.
     let namespace = request.namespace.as_deref().unwrap_or_default();
-    if response.allowed {
-        tracing::info!(
-            uid = %request.uid,
-            namespace,
-            name = %request.name,
-            operation = operation.as_str(),
-            decision = decision.as_str(),
-            patched = response.patch.is_some(),
-            warnings = response.warnings.as_ref().map_or(0, Vec::len),
-            dry_run = request.dry_run,
-            "admission allowed"
-        );
-    } else {
-        tracing::info!(
-            uid = %request.uid,
-            namespace,
-            name = %request.name,
-            operation = operation.as_str(),
-            decision = decision.as_str(),
-            code = response.result.code,
-            reason = %response.result.message,
-            dry_run = request.dry_run,
-            "admission denied"
-        );
-    }
+    // Allowed: whether it was patched and how many warnings; denied: the code and why.
+    let allowed = response.allowed;
+    let denial = (!allowed).then_some(&response.result);
+    tracing::info!(
+        uid = %request.uid,
+        namespace,
+        name = %request.name,
+        operation = operation.as_str(),
+        decision = decision.as_str(),
+        patched = allowed.then_some(response.patch.is_some()),
+        warnings = allowed.then(|| response.warnings.as_ref().map_or(0, Vec::len)),
+        code = denial.map(|status| status.code),
+        reason = denial.map(|status| tracing::field::display(&status.message)),
+        dry_run = request.dry_run,
+        "admission {}",
+        if allowed { "allowed" } else { "denied" }
+    );
     state.metrics.observe_request(endpoint, operation, decision);
     review_body(response)
 }
