@@ -110,6 +110,18 @@ impl Env {
         child.wait_with_output().await.unwrap()
     }
 
+    /// `kubectl` that must succeed.
+    async fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let out = self.kubectl(args, stdin).await;
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
     async fn finish(self) {
         self.webhooks.remove(self.cp.client()).await.unwrap();
         self.server.shutdown().await.unwrap();
@@ -358,7 +370,7 @@ async fn kubectl_server_side_apply_dry_run_and_warnings() {
 
     // --dry-run=server: admitted (and defaulted) but not stored.
     let out = env
-        .kubectl(
+        .kubectl_ok(
             &[
                 "apply",
                 "--server-side",
@@ -371,11 +383,6 @@ async fn kubectl_server_side_apply_dry_run_and_warnings() {
             Some(MANIFEST),
         )
         .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let dry: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(dry["metadata"]["labels"]["app.kubernetes.io/name"], "shop");
     assert_eq!(dry["spec"]["port"], 8080);
@@ -385,28 +392,16 @@ async fn kubectl_server_side_apply_dry_run_and_warnings() {
     );
 
     // Server-side apply, twice: the second apply changes nothing.
-    let out = env
-        .kubectl(&["apply", "--server-side", "-f", "-"], Some(MANIFEST))
+    env.kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(MANIFEST))
         .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let first = env.api().get("shop").await.unwrap();
     assert_eq!(first.spec.replicas, Some(1));
     assert_eq!(
         first.metadata.labels.clone().unwrap_or_default()["app.kubernetes.io/name"],
         "shop"
     );
-    let out = env
-        .kubectl(&["apply", "--server-side", "-f", "-"], Some(MANIFEST))
+    env.kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(MANIFEST))
         .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let second = env.api().get("shop").await.unwrap();
     assert_eq!(second.metadata.generation, first.metadata.generation);
     assert_eq!(
@@ -420,16 +415,11 @@ async fn kubectl_server_side_apply_dry_run_and_warnings() {
         "registry.example.com/shop:latest",
     );
     let out = env
-        .kubectl(
+        .kubectl_ok(
             &["apply", "--server-side", "--dry-run=server", "-f", "-"],
             Some(&latest),
         )
         .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("Warning:") && stderr.contains(":latest tag"),

@@ -243,16 +243,7 @@ async fn certificate_rotation_under_load_drops_nothing() {
     );
     eprintln!("rotation under load: {ok} requests, 0 failed, 2 rotations");
     // Every request from now on sees the third certificate.
-    let reply = certs
-        .client()
-        .post(
-            addr,
-            "/validate",
-            bytes(&fixture("create-minimal.json")),
-            false,
-        )
-        .await
-        .unwrap();
+    let reply = certs.client().review(addr, "/validate").await.unwrap();
     assert_eq!(reply.peer_cert, pem_leaf(&third.cert_pem));
     assert_eq!(
         metric(
@@ -294,15 +285,7 @@ async fn replaced_files_and_a_bad_pair() {
         ) >= 1
     })
     .await;
-    let reply = client
-        .post(
-            addr,
-            "/validate",
-            bytes(&fixture("create-minimal.json")),
-            false,
-        )
-        .await
-        .unwrap();
+    let reply = client.review(addr, "/validate").await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.peer_cert, original);
     assert_eq!(get(server.ops_addr(), "/readyz").await.0, StatusCode::OK);

@@ -202,6 +202,13 @@ impl TlsClient {
         connector.connect(name, tcp).await
     }
 
+    /// POSTs the review of a minimal AppService (`create-minimal.json`) to `path` over a
+    /// new HTTP/1.1 connection.
+    pub async fn review(&self, addr: SocketAddr, path: &str) -> Result<Reply, String> {
+        self.post(addr, path, bytes(&fixture("create-minimal.json")), false)
+            .await
+    }
+
     /// POSTs `body` to `path` over a new TLS connection (HTTP/2 when `h2`).
     pub async fn post(
         &self,
