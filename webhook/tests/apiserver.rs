@@ -48,8 +48,7 @@ impl Env {
         let cp = harness::shared().await.expect("control plane");
         let ns = cp.namespace().await.expect("namespace");
         let certs = TestCerts::new();
-        let policies_path = certs.dir.path().join("policies.yaml");
-        std::fs::write(&policies_path, policies).unwrap();
+        let policies_path = certs.write_policies(policies);
         let mut config = certs.config(Some(policies_path.clone()));
         config.namespace_labels = namespace_labels;
         let server = webhook::start_with_client(&config, Some(cp.client()))
@@ -462,7 +461,17 @@ async fn policies_see_namespace_labels() {
         "ready once namespaces are cached"
     );
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.cp.client());
-    let label = |value: serde_json::Value| json!({"metadata": {"labels": {"environment": value}}});
+    // Labels the test namespace `environment=<value>`.
+    let label = |value: &str| {
+        let (namespaces, ns) = (namespaces.clone(), env.ns.name().to_owned());
+        let patch = json!({"metadata": {"labels": {"environment": value}}});
+        async move {
+            namespaces
+                .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -475,26 +484,10 @@ async fn policies_see_namespace_labels() {
     // Unlabelled: allowed.
     env.api().create(&dry_run, &single).await.unwrap();
 
-    namespaces
-        .patch(
-            &env.ns,
-            &PatchParams::default(),
-            &Patch::Merge(&label(json!("production"))),
-        )
+    label("production").await;
+    let denied = single_replica_until(&env, &single, false)
         .await
-        .unwrap();
-    let mut denied = None;
-    for _ in 0..500 {
-        match env.api().create(&dry_run, &single).await {
-            Err(kube::Error::Api(status)) => {
-                denied = Some(status.message);
-                break;
-            }
-            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(e) => panic!("{e}"),
-        }
-    }
-    let denied = denied.expect("the label change never reached the policy");
+        .expect("the label change never reached the policy");
     assert!(denied.contains("need at least 2 replicas"), "{denied}");
     let two = app(
         "double",
@@ -506,34 +499,39 @@ async fn policies_see_namespace_labels() {
         .unwrap();
 
     // Relabelled to staging: allowed again.
-    namespaces
-        .patch(
-            &env.ns,
-            &PatchParams::default(),
-            &Patch::Merge(&label(json!("staging"))),
-        )
-        .await
-        .unwrap();
-    let mut allowed = false;
-    for _ in 0..500 {
-        match env.api().create(&dry_run, &single).await {
-            Ok(_) => {
-                allowed = true;
-                break;
-            }
-            Err(kube::Error::Api(status))
-                if status.message.contains("need at least 2 replicas") =>
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    assert!(
-        allowed,
+    label("staging").await;
+    assert_eq!(
+        single_replica_until(&env, &single, true).await,
+        None,
         "the relabelled namespace never allowed a single replica"
     );
     env.finish().await;
+}
+
+/// Dry-runs the creation of `app` until it is allowed (`want_allowed`) or denied for its
+/// replicas, as a namespace label change reaches the webhook's cache; the denial's
+/// message, if denied.
+async fn single_replica_until(env: &Env, app: &AppService, want_allowed: bool) -> Option<String> {
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for _ in 0..500 {
+        let denial = match env.api().create(&dry_run, app).await {
+            Ok(_) => None,
+            Err(kube::Error::Api(status))
+                if status.message.contains("need at least 2 replicas") =>
+            {
+                Some(status.message)
+            }
+            Err(e) => panic!("{e}"),
+        };
+        if denial.is_none() == want_allowed {
+            return denial;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the webhook never answered allowed={want_allowed}");
 }
 
 fn beta_api(env: &Env) -> Api<common::AppService> {

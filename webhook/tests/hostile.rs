@@ -241,12 +241,7 @@ fn hostile_bodies() -> Vec<(&'static str, Vec<u8>, StatusCode, Option<bool>)> {
 #[tokio::test]
 async fn memory_per_review_stays_within_four_times_its_body() {
     let certs = TestCerts::new();
-    let policies = certs.dir.path().join("policies.yaml");
-    std::fs::write(
-        &policies,
-        "policies:\n  - {name: has-image, expression: \"object.spec.image != ''\", message: needs an image}\n",
-    )
-    .unwrap();
+    let policies = certs.write_policies("policies:\n  - {name: has-image, expression: \"object.spec.image != ''\", message: needs an image}\n");
     let bodies = hostile_bodies();
     for (shape, body, _, _) in &bodies {
         assert!(
@@ -552,7 +547,7 @@ async fn the_ops_port_answers_when_the_connection_cap_is_reached() {
     // A review waits for a slot; freeing the flood lets it through.
     let client = certs.client();
     let addr = webhook.tls;
-    let review = tokio::spawn(async move { client.review(addr, "/validate").await });
+    let review = tokio::spawn(async move { client.review(addr, "/validate", false).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !review.is_finished(),
@@ -609,12 +604,7 @@ async fn rapid_h2_resets_leave_no_work_behind() {
     // The server still serves new connections.
     let reply = certs
         .client()
-        .post(
-            webhook.tls,
-            "/validate",
-            bytes(&fixture("create-minimal.json")),
-            true,
-        )
+        .review(webhook.tls, "/validate", true)
         .await
         .unwrap();
     assert_eq!(reply.status, StatusCode::OK);
@@ -833,12 +823,7 @@ async fn error_answers_are_counted() {
 #[tokio::test]
 async fn expensive_policies_are_refused_at_load_or_cut_off() {
     let certs = TestCerts::new();
-    let policies = certs.dir.path().join("policies.yaml");
-    std::fs::write(
-        &policies,
-        "policies:\n  - name: nested\n    expression: \"object.metadata.managedFields.all(a, object.metadata.managedFields.all(b, object.metadata.managedFields.all(c, a != c)))\"\n    message: m\n",
-    )
-    .unwrap();
+    let policies = certs.write_policies("policies:\n  - name: nested\n    expression: \"object.metadata.managedFields.all(a, object.metadata.managedFields.all(b, object.metadata.managedFields.all(c, a != c)))\"\n    message: m\n");
     let output = Command::new(env!("CARGO_BIN_EXE_appservice-webhook"))
         .env_clear()
         .env("WEBHOOK_LISTEN", "127.0.0.1:0")
@@ -874,7 +859,7 @@ async fn expensive_policies_are_refused_at_load_or_cut_off() {
     let slow: Vec<_> = (0..4)
         .map(|_| {
             let (client, addr) = (certs.client(), webhook.tls);
-            tokio::spawn(async move { client.review(addr, "/validate").await.unwrap() })
+            tokio::spawn(async move { client.review(addr, "/validate", false).await.unwrap() })
         })
         .collect();
     // Meanwhile: probes and a /mutate review.

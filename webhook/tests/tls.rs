@@ -60,12 +60,7 @@ async fn serves_http1_and_h2_and_is_ready() {
     let client = certs.client();
     for h2 in [false, true] {
         let reply = client
-            .post(
-                server.tls_addr(),
-                "/mutate",
-                bytes(&fixture("create-minimal.json")),
-                h2,
-            )
+            .review(server.tls_addr(), "/mutate", h2)
             .await
             .unwrap();
         assert_eq!(reply.status, StatusCode::OK);
@@ -243,7 +238,11 @@ async fn certificate_rotation_under_load_drops_nothing() {
     );
     eprintln!("rotation under load: {ok} requests, 0 failed, 2 rotations");
     // Every request from now on sees the third certificate.
-    let reply = certs.client().review(addr, "/validate").await.unwrap();
+    let reply = certs
+        .client()
+        .review(addr, "/validate", false)
+        .await
+        .unwrap();
     assert_eq!(reply.peer_cert, pem_leaf(&third.cert_pem));
     assert_eq!(
         metric(
@@ -285,7 +284,7 @@ async fn replaced_files_and_a_bad_pair() {
         ) >= 1
     })
     .await;
-    let reply = client.review(addr, "/validate").await.unwrap();
+    let reply = client.review(addr, "/validate", false).await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.peer_cert, original);
     assert_eq!(get(server.ops_addr(), "/readyz").await.0, StatusCode::OK);
@@ -302,15 +301,7 @@ async fn replaced_files_and_a_bad_pair() {
     eventually("the replaced certificate to be served", || {
         let (client, expected) = (client.clone(), expected.clone());
         async move {
-            let reply = client
-                .post(
-                    addr,
-                    "/validate",
-                    bytes(&fixture("create-minimal.json")),
-                    true,
-                )
-                .await
-                .unwrap();
+            let reply = client.review(addr, "/validate", true).await.unwrap();
             assert_eq!(reply.status, StatusCode::OK);
             reply.peer_cert == expected
         }
@@ -322,8 +313,7 @@ async fn replaced_files_and_a_bad_pair() {
 #[tokio::test]
 async fn policies_reload_and_a_broken_file_keeps_the_old_set() {
     let certs = TestCerts::new();
-    let policies = certs.dir.path().join("policies.yaml");
-    std::fs::write(&policies, "policies: []\n").unwrap();
+    let policies = certs.write_policies("policies: []\n");
     let server = webhook::start(&certs.config(Some(policies.clone())))
         .await
         .unwrap();
