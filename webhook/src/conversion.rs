@@ -2,7 +2,7 @@
 //! carries objects in one version of AppService and the version the API server wants;
 //! each object is converted by `common::conversion` (pure, lossless both ways).
 //!
-//! A body that is not a ConversionReview is a [`ConversionReviewError`] (HTTP 400); a
+//! A body that is not a ConversionReview is a [`ReviewError`] (HTTP 400); a
 //! review that asks for an unknown version, or holds an object that cannot be converted,
 //! is answered with `result.status: Failure` and a message naming the object, which the
 //! API server passes on to its client. Nothing here panics on input.
@@ -11,21 +11,16 @@ use common::conversion::{self, Version};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::review::{ReviewError, ReviewKind, decode_review};
+
 /// The only ConversionReview version the API server sends for `conversionReviewVersions: [v1]`.
 pub const REVIEW_API_VERSION: &str = "apiextensions.k8s.io/v1";
 
-/// A body that is not a usable ConversionReview: answered with HTTP 400.
-#[derive(Debug, thiserror::Error)]
-pub enum ConversionReviewError {
-    #[error("request body is not a valid ConversionReview: {0}")]
-    Decode(crate::review::JsonError),
-    #[error(
-        "unsupported ConversionReview {api_version:?} kind {kind:?}: expected {REVIEW_API_VERSION} ConversionReview"
-    )]
-    Version { api_version: String, kind: String },
-    #[error("ConversionReview has no request")]
-    MissingRequest,
-}
+/// What `/convert` accepts.
+pub const CONVERSION_REVIEW: ReviewKind = ReviewKind {
+    kind: "ConversionReview",
+    api_version: REVIEW_API_VERSION,
+};
 
 /// Why a well-formed review is answered with `result.status: Failure`.
 #[derive(Debug, thiserror::Error)]
@@ -42,17 +37,6 @@ pub enum ConversionFailure {
         api_version: &'static str,
         error: conversion::ConversionError,
     },
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Review {
-    #[serde(default)]
-    api_version: String,
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    request: Option<Request>,
 }
 
 #[derive(Deserialize)]
@@ -127,18 +111,8 @@ impl ReviewResponse {
 
 /// Answers a ConversionReview body: every object converted, or a failure saying which
 /// object could not be and why.
-pub fn convert(body: &[u8]) -> Result<ReviewResponse, ConversionReviewError> {
-    let review: Review =
-        crate::review::decode_tracked(body).map_err(ConversionReviewError::Decode)?;
-    if review.api_version != REVIEW_API_VERSION || review.kind != "ConversionReview" {
-        return Err(ConversionReviewError::Version {
-            api_version: review.api_version,
-            kind: review.kind,
-        });
-    }
-    let request = review
-        .request
-        .ok_or(ConversionReviewError::MissingRequest)?;
+pub fn convert(body: &[u8]) -> Result<ReviewResponse, ReviewError> {
+    let request: Request = decode_review(body, CONVERSION_REVIEW)?;
     let Some(desired) = Version::from_api_version(&request.desired_api_version) else {
         let failure = ConversionFailure::UnknownVersion {
             desired: request.desired_api_version,
@@ -249,17 +223,14 @@ mod tests {
 
     #[test]
     fn malformed_reviews_are_errors() {
-        assert!(matches!(
-            convert(b"{"),
-            Err(ConversionReviewError::Decode(_))
-        ));
+        assert!(matches!(convert(b"{"), Err(ReviewError::Decode { .. })));
         assert!(matches!(
             convert(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#),
-            Err(ConversionReviewError::Version { .. })
+            Err(ReviewError::Version { .. })
         ));
         assert!(matches!(
             convert(br#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview"}"#),
-            Err(ConversionReviewError::MissingRequest)
+            Err(ReviewError::MissingRequest { .. })
         ));
         let err = convert(
             br#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview","request":{"uid":1}}"#,

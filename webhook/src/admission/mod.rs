@@ -31,9 +31,9 @@ use serde_json::value::RawValue;
 
 use crate::metrics::{self, Decision};
 use crate::policy::Violation;
-use crate::review::{self, Envelope, Object, ObjectError};
+use crate::review::{self, Object, ObjectError, ReviewKind};
 
-pub use crate::review::Request;
+pub use crate::review::{Request, ReviewError};
 
 /// The only AdmissionReview version the API server still sends.
 pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
@@ -41,36 +41,16 @@ pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
 /// the API server sends the version the client wrote.
 pub const KIND: &str = "AppService";
 
-/// A request body that is not a usable AdmissionReview: answered with HTTP 400.
-#[derive(Debug, thiserror::Error)]
-pub enum ReviewError {
-    #[error("request body is not a valid AdmissionReview: {0}")]
-    Decode(review::JsonError),
-    #[error(
-        "unsupported AdmissionReview {api_version:?} kind {kind:?}: expected {REVIEW_API_VERSION} AdmissionReview"
-    )]
-    Version { api_version: String, kind: String },
-    #[error("AdmissionReview has no request")]
-    MissingRequest,
-}
+/// What `/mutate` and `/validate` accept.
+pub const ADMISSION_REVIEW: ReviewKind = ReviewKind {
+    kind: "AdmissionReview",
+    api_version: REVIEW_API_VERSION,
+};
 
 /// Parses an AdmissionReview body once, reporting the JSON path of a type error. The
 /// request borrows `object` and `oldObject` from `body`.
 pub fn decode_review(body: &[u8]) -> Result<Request<'_>, ReviewError> {
-    // serde's derived structs also accept a JSON array; an AdmissionReview is an object.
-    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-        return Err(ReviewError::Decode(review::JsonError::new(
-            "expected a JSON object (an AdmissionReview)",
-        )));
-    }
-    let review: Envelope<'_> = review::decode_tracked(body).map_err(ReviewError::Decode)?;
-    if review.api_version != REVIEW_API_VERSION || review.kind != "AdmissionReview" {
-        return Err(ReviewError::Version {
-            api_version: review.api_version,
-            kind: review.kind,
-        });
-    }
-    review.request.ok_or(ReviewError::MissingRequest)
+    review::decode_review(body, ADMISSION_REVIEW)
 }
 
 /// The metrics label of an operation.
@@ -363,8 +343,14 @@ mod tests {
 
     #[test]
     fn malformed_reviews() {
-        assert!(matches!(decode_review(b"{"), Err(ReviewError::Decode(_))));
-        assert!(matches!(decode_review(b"[]"), Err(ReviewError::Decode(_))));
+        assert!(matches!(
+            decode_review(b"{"),
+            Err(ReviewError::Decode { .. })
+        ));
+        assert!(matches!(
+            decode_review(b"[]"),
+            Err(ReviewError::Decode { .. })
+        ));
         let trailing = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"} x"#;
         let err = decode_review(trailing).unwrap_err().to_string();
         assert!(err.contains("trailing characters"), "{err}");
@@ -379,7 +365,7 @@ mod tests {
         ));
         assert!(matches!(
             decode_review(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#),
-            Err(ReviewError::MissingRequest)
+            Err(ReviewError::MissingRequest { .. })
         ));
     }
 }

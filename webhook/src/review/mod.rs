@@ -68,16 +68,72 @@ pub struct UserInfo {
     pub groups: Option<Vec<String>>,
 }
 
-/// The envelope: `apiVersion`, `kind` and the request.
-#[derive(Debug, Deserialize)]
+/// Which review a body must be: its `kind`, and the only `apiVersion` the API server
+/// sends for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReviewKind {
+    pub kind: &'static str,
+    pub api_version: &'static str,
+}
+
+/// A request body that is not a usable review of its kind (AdmissionReview,
+/// ConversionReview): answered with HTTP 400.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("request body is not a valid {}: {error}", expected.kind)]
+    Decode {
+        expected: ReviewKind,
+        error: JsonError,
+    },
+    #[error(
+        "unsupported {} {api_version:?} kind {kind:?}: expected {} {}",
+        expected.kind, expected.api_version, expected.kind
+    )]
+    Version {
+        expected: ReviewKind,
+        api_version: String,
+        kind: String,
+    },
+    #[error("{} has no request", expected.kind)]
+    MissingRequest { expected: ReviewKind },
+}
+
+/// The envelope of a review: `apiVersion`, `kind` and the request.
+#[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Envelope<'a> {
+struct Envelope<R> {
     #[serde(default)]
-    pub api_version: String,
+    api_version: String,
     #[serde(default)]
-    pub kind: String,
-    #[serde(default, borrow)]
-    pub request: Option<Request<'a>>,
+    kind: String,
+    request: Option<R>,
+}
+
+/// The request of a review body, decoded once (a type error names its JSON path) and
+/// known to be of the `expected` kind and version. The request may borrow from `body`.
+pub fn decode_review<'de, R: Deserialize<'de>>(
+    body: &'de [u8],
+    expected: ReviewKind,
+) -> Result<R, ReviewError> {
+    // serde's derived structs also accept a JSON array; a review is an object.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ReviewError::Decode {
+            expected,
+            error: JsonError(format!("expected a JSON object ({})", expected.kind)),
+        });
+    }
+    let review: Envelope<R> =
+        decode_tracked(body).map_err(|error| ReviewError::Decode { expected, error })?;
+    if review.api_version != expected.api_version || review.kind != expected.kind {
+        return Err(ReviewError::Version {
+            expected,
+            api_version: review.api_version,
+            kind: review.kind,
+        });
+    }
+    review
+        .request
+        .ok_or(ReviewError::MissingRequest { expected })
 }
 
 impl Request<'_> {
@@ -263,14 +319,8 @@ fn typed_spec<S: DeserializeOwned>(spec: &RawValue) -> Result<S, ObjectError> {
 #[error("{0}")]
 pub struct JsonError(String);
 
-impl JsonError {
-    pub(crate) fn new(message: impl Into<String>) -> Self {
-        JsonError(message.into())
-    }
-}
-
 /// Decodes `json`, a whole document (a review); an error names its JSON path.
-pub fn decode_tracked<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, JsonError> {
+fn decode_tracked<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, JsonError> {
     decode_at(json, "")
 }
 
