@@ -537,6 +537,47 @@ mod tests {
     }
 
     #[test]
+    fn malformed_reviews_are_refused_for_what_they_are() {
+        #[derive(Debug, Deserialize)]
+        struct Uid {
+            uid: String,
+        }
+        let kind = ReviewKind {
+            kind: "SomeReview",
+            api_version: "example.com/v1",
+        };
+        let decode = |body: &str| decode_review::<Uid>(body.as_bytes(), kind);
+        for body in ["{", "[]", " [{}]"] {
+            assert!(
+                matches!(decode(body), Err(ReviewError::Decode { .. })),
+                "{body}"
+            );
+        }
+        let err = decode(r#"{"apiVersion":"example.com/v1","kind":"SomeReview"} x"#).unwrap_err();
+        assert!(err.to_string().contains("trailing characters"), "{err}");
+        let err =
+            decode(r#"{"apiVersion":"example.com/v1","kind":"SomeReview","request":{"uid":1}}"#)
+                .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "request body is not a valid SomeReview: request.uid: invalid type: integer `1`, expected a string at line 1 column 69"
+        );
+        let err = decode(r#"{"apiVersion":"example.com/v2","kind":"SomeReview"}"#).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"unsupported SomeReview "example.com/v2" kind "SomeReview": expected example.com/v1 SomeReview"#
+        );
+        let err = decode(r#"{"apiVersion":"example.com/v1","kind":"SomeReview"}"#).unwrap_err();
+        assert_eq!(err.to_string(), "SomeReview has no request");
+        assert_eq!(
+            decode(r#"{"apiVersion":"example.com/v1","kind":"SomeReview","request":{"uid":"u"}}"#)
+                .unwrap()
+                .uid,
+            "u"
+        );
+    }
+
+    #[test]
     fn type_errors_carry_their_path() {
         let err = decode_object(
             &raw(r#"{"spec":{"image":"x","replicas":"three"}}"#),
