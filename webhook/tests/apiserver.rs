@@ -298,13 +298,9 @@ async fn changing_an_immutable_field_is_rejected() {
     env.finish().await;
 }
 
-const REGISTRY_POLICY: &str = r#"
-policies:
-  - name: allowed-registry
-    expression: "object.spec.image.startsWith('registry.example.com/')"
-    message: "images must come from registry.example.com"
-    messageExpression: "'image ' + object.spec.image + ' is not from registry.example.com'"
-"#;
+/// Images from one registry (and two replicas in a namespace named production, which
+/// the test namespaces are not).
+const REGISTRY_POLICY: &str = include_str!("fixtures/registry-policies.yaml");
 
 #[tokio::test]
 async fn a_policy_denial_reaches_the_client_and_policies_reload() {
