@@ -220,19 +220,4 @@ mod tests {
         .unwrap();
         assert!(!answer.succeeded());
     }
-
-    #[test]
-    fn only_conversion_reviews_are_decoded() {
-        // The envelope checks themselves are tested in `review`.
-        let admission = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#;
-        assert!(matches!(
-            convert(admission),
-            Err(ReviewError::Version { expected, .. }) if expected == CONVERSION_REVIEW
-        ));
-        let err = convert(
-            br#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview","request":{"uid":1}}"#,
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("request.uid"), "{err}");
-    }
 }

@@ -340,19 +340,4 @@ mod tests {
             assert_eq!(causes[0].field, "spec.env");
         }
     }
-
-    #[test]
-    fn only_admission_reviews_are_decoded() {
-        // The envelope checks themselves are tested in `review`.
-        let conversion = br#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview"}"#;
-        assert!(matches!(
-            decode_review(conversion),
-            Err(ReviewError::Version { expected, .. }) if expected == ADMISSION_REVIEW
-        ));
-        let err = decode_review(
-            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":1}}"#,
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("request.uid"), "{err}");
-    }
 }
