@@ -75,8 +75,23 @@ pub async fn run(
     config: Config,
     client: Client,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), RunError> {
     run_with(config, client, Hooks::default(), shutdown).await
+}
+
+/// Why [`run`] stopped before it was told to.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("leader election task died")]
+    LeaderElection,
+    #[error("ops server stopped")]
+    OpsStopped,
+    #[error("ops server failed: {0}")]
+    Ops(std::io::Error),
+    #[error("ops server task failed: {0}")]
+    OpsTask(tokio::task::JoinError),
+    #[error("controller stopped unexpectedly: {0}")]
+    Stopped(String),
 }
 
 /// What a caller may inject into [`run_with`]: the clock, the metrics (so an in-process
@@ -103,7 +118,7 @@ pub async fn run_with(
     client: Client,
     hooks: Hooks,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), RunError> {
     let identity = config.identity();
     let (leading_tx, leading_rx) = watch::channel(!config.leader_election);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -291,25 +306,25 @@ pub async fn run_with(
 
     let shutdown = shutdown.fuse();
     tokio::pin!(shutdown);
-    let mut failure: Option<anyhow::Error> = None;
+    let mut failure: Option<RunError> = None;
     tokio::select! {
         _ = &mut shutdown => info!("shutting down"),
         r = async { match elector.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
             error!(result = ?r.err(), "leader election task ended unexpectedly");
-            failure = Some(anyhow::anyhow!("leader election task died"));
+            failure = Some(RunError::LeaderElection);
         }
         r = async { match ops.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
-            let message = match r {
-                Ok(Ok(())) => "ops server stopped".to_owned(),
-                Ok(Err(e)) => format!("ops server failed: {e}"),
-                Err(e) => format!("ops server task failed: {e}"),
+            let e = match r {
+                Ok(Ok(())) => RunError::OpsStopped,
+                Ok(Err(e)) => RunError::Ops(e),
+                Err(e) => RunError::OpsTask(e),
             };
-            error!("{message}");
-            failure = Some(anyhow::anyhow!(message));
+            error!("{e}");
+            failure = Some(e);
             ops = None;
         }
         r = &mut controller_task => {
-            failure = Some(anyhow::anyhow!("controller stopped unexpectedly: {r:?}"));
+            failure = Some(RunError::Stopped(format!("{r:?}")));
         }
     }
 

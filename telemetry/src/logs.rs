@@ -55,11 +55,10 @@ pub struct LogOptions {
 /// Errors of [`init`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("building the OTLP exporter for {endpoint}: {source}")]
+    #[error("building the OTLP exporter for {endpoint}: {error}")]
     Exporter {
         endpoint: String,
-        #[source]
-        source: opentelemetry_otlp::ExporterBuildError,
+        error: opentelemetry_otlp::ExporterBuildError,
     },
     #[error("a global tracing subscriber is already installed")]
     AlreadyInstalled,
@@ -113,9 +112,9 @@ pub fn init(options: &LogOptions) -> Result<Telemetry, Error> {
         .with_tonic()
         .with_endpoint(endpoint)
         .build()
-        .map_err(|source| Error::Exporter {
+        .map_err(|error| Error::Exporter {
             endpoint: endpoint.to_owned(),
-            source,
+            error,
         })?;
     let mut resource = Resource::builder();
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
