@@ -128,15 +128,15 @@ impl Metrics {
             connections.clone(),
         );
         // Every fixed series from the start, at 0.
-        for endpoint in Endpoint::TIMED {
+        for &endpoint in Endpoint::ALL {
             drop(duration.get_or_create(&EndpointLabels { endpoint }));
         }
-        for result in ConversionResult::ALL {
+        for &result in ConversionResult::ALL {
             drop(conversions.get_or_create(&ConversionLabels { result }));
         }
-        for endpoint in Endpoint::ALL {
-            for operation in Operation::ALL {
-                for decision in Decision::ALL {
+        for endpoint in Endpoint::ADMISSION {
+            for &operation in Operation::ALL {
+                for &decision in Decision::ALL {
                     drop(requests.get_or_create(&RequestLabels {
                         endpoint,
                         operation,
@@ -145,26 +145,26 @@ impl Metrics {
                 }
             }
         }
-        for result in [ReloadResult::Success, ReloadResult::Failure] {
+        for &result in ReloadResult::ALL {
             drop(cert_reloads.get_or_create(&ReloadLabels { result }));
             drop(policy_reloads.get_or_create(&ReloadLabels { result }));
         }
-        for path in Path::ALL {
-            for code in Code::ALL {
+        for &path in Path::ALL {
+            for &code in Code::ALL {
                 drop(responses.get_or_create(&ResponseLabels { path, code }));
             }
         }
-        for reason in [HandshakeFailure::Error, HandshakeFailure::Timeout] {
+        for &reason in HandshakeFailure::ALL {
             drop(handshake_failures.get_or_create(&HandshakeLabels { reason }));
         }
         let mut request_series = Vec::new();
         let mut duration_series = Vec::new();
-        for endpoint in Endpoint::TIMED {
+        for &endpoint in Endpoint::ALL {
             duration_series.push(duration.get_or_create(&EndpointLabels { endpoint }).clone());
         }
-        for endpoint in Endpoint::ALL {
-            for operation in Operation::ALL {
-                for decision in Decision::ALL {
+        for endpoint in Endpoint::ADMISSION {
+            for &operation in Operation::ALL {
+                for &decision in Decision::ALL {
                     request_series.push(
                         requests
                             .get_or_create(&RequestLabels {
@@ -178,8 +178,8 @@ impl Metrics {
             }
         }
         let mut response_series = Vec::new();
-        for path in Path::ALL {
-            for code in Code::ALL {
+        for &path in Path::ALL {
+            for &code in Code::ALL {
                 response_series.push(
                     responses
                         .get_or_create(&ResponseLabels { path, code })
