@@ -60,7 +60,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 pub use config::{Config, RateLimit};
 pub use context::{CacheSync, Context};
@@ -82,16 +82,21 @@ pub async fn run(
 /// Why [`run`] stopped before it was told to.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("leader election task died")]
-    LeaderElection,
+    #[error("leader election task died{}", panicked(.0))]
+    LeaderElection(Option<tokio::task::JoinError>),
     #[error("ops server stopped")]
     OpsStopped,
     #[error("ops server failed: {0}")]
     Ops(std::io::Error),
     #[error("ops server task failed: {0}")]
     OpsTask(tokio::task::JoinError),
-    #[error("controller stopped unexpectedly: {0}")]
-    Stopped(String),
+    #[error("controller stopped unexpectedly{}", panicked(.0))]
+    Stopped(Option<tokio::task::JoinError>),
+}
+
+/// `": <why>"` for a task that panicked or was cancelled; nothing for one that returned.
+fn panicked(e: &Option<tokio::task::JoinError>) -> String {
+    e.as_ref().map(|e| format!(": {e}")).unwrap_or_default()
 }
 
 /// What a caller may inject into [`run_with`]: the clock, the metrics (so an in-process
@@ -310,8 +315,8 @@ pub async fn run_with(
     tokio::select! {
         _ = &mut shutdown => info!("shutting down"),
         r = async { match elector.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
-            error!(result = ?r.err(), "leader election task ended unexpectedly");
-            failure = Some(RunError::LeaderElection);
+            // Returned, not logged here: the caller reports it once.
+            failure = Some(RunError::LeaderElection(r.err()));
         }
         r = async { match ops.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
             let e = match r {
@@ -319,12 +324,11 @@ pub async fn run_with(
                 Ok(Err(e)) => RunError::Ops(e),
                 Err(e) => RunError::OpsTask(e),
             };
-            error!("{e}");
             failure = Some(e);
             ops = None;
         }
         r = &mut controller_task => {
-            failure = Some(RunError::Stopped(format!("{r:?}")));
+            failure = Some(RunError::Stopped(r.err()));
         }
     }
 

@@ -70,21 +70,6 @@ fn init_logging(args: &Args) -> Result<telemetry::Telemetry, telemetry::logs::Er
     })
 }
 
-async fn kube_config(path: Option<&PathBuf>) -> Result<kube::Config, kube::Error> {
-    match path {
-        Some(path) => {
-            let kubeconfig =
-                kube::config::Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .map_err(kube::Error::InferKubeconfig)
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(kube::Error::InferConfig),
-    }
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
@@ -116,7 +101,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Error> {
-    let config = kube_config(args.kubeconfig.as_ref())
+    let config = controller::client::kube_config(args.kubeconfig.as_deref())
         .await
         .map_err(Error::Config)?;
     let client =
