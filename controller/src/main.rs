@@ -57,14 +57,8 @@ enum Error {
 }
 
 fn init_logging(args: &Args) -> Result<telemetry::Telemetry, telemetry::logs::Error> {
-    use std::io::IsTerminal;
-    let json = match args.log_format {
-        Some(format) => format == telemetry::LogFormat::Json,
-        None => !std::io::stderr().is_terminal(),
-    };
     telemetry::logs::init(&telemetry::LogOptions {
-        json,
-        flatten_json: false,
+        format: telemetry::LogFormat::or_detect(args.log_format),
         service_name: "appservice-controller",
         otlp_endpoint: args.otlp_endpoint.clone(),
     })

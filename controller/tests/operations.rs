@@ -74,7 +74,7 @@ impl Controller {
             logs,
         };
         controller
-            .wait_log(|l| l["fields"]["message"] == "caches synced")
+            .wait_log(|l| l["message"] == "caches synced")
             .await;
         controller
     }
@@ -137,7 +137,7 @@ async fn a_reconcile_is_a_span_tree_with_its_api_calls() {
 
     // The Deployment is created inside a reconcile: its log line carries the trace id.
     let created = ctl
-        .wait_log(|l| l["fields"]["message"] == "created" && l["fields"]["kind"] == "Deployment")
+        .wait_log(|l| l["message"] == "created" && l["kind"] == "Deployment")
         .await;
     let trace_id = created["trace_id"]
         .as_str()
