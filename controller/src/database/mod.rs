@@ -206,29 +206,21 @@ impl Databases {
             .get(PASSWORD_PENDING_ANNOTATION)
             .is_some_and(|v| v == "true");
 
-        if !self
+        let role_exists = self
             .query_bool(&server, &conn, "checking the role", sql::ROLE_EXISTS, &db)
-            .await?
-        {
-            if !self
+            .await?;
+        let created = !role_exists
+            && self
                 .execute_create(
                     &server,
                     &conn,
                     "CREATE ROLE",
                     &sql::create_role(&db, &password),
                 )
-                .await?
-            {
-                // Someone created it a moment ago: make the Secret's password the role's.
-                self.execute(
-                    &server,
-                    &conn,
-                    "ALTER ROLE",
-                    &sql::set_password(&db, &password),
-                )
                 .await?;
-            }
-        } else if pending {
+        // A role someone created a moment ago, or one that may not have the Secret's
+        // password yet: make the Secret's password the role's.
+        if !created && (pending || !role_exists) {
             self.execute(
                 &server,
                 &conn,
