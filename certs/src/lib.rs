@@ -38,18 +38,16 @@ pub enum Error {
     #[error("invalid validity of {days} days")]
     InvalidValidity { days: u32 },
     /// Key generation, signing or parsing failed in rcgen.
-    #[error("{what}")]
+    #[error("{what}: {error}")]
     Rcgen {
         what: &'static str,
-        #[source]
-        source: rcgen::Error,
+        error: rcgen::Error,
     },
     /// Reading or writing a PEM file failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -57,7 +55,7 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn rcgen_err(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
-    move |source| Error::Rcgen { what, source }
+    move |error| Error::Rcgen { what, error }
 }
 
 /// How long generated certificates are valid, in days, unless told otherwise.
@@ -74,10 +72,7 @@ pub struct CertKey {
 
 impl std::fmt::Debug for CertKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertKey")
-            .field("cert_pem", &self.cert_pem)
-            .field("key_pem", &"[elided]")
-            .finish()
+        debug_public_half(f, "CertKey", ("cert_pem", &self.cert_pem), "key_pem")
     }
 }
 
@@ -85,9 +80,21 @@ impl CertKey {
     /// Writes the certificate and key to `cert_path` and `key_path` (the key with mode
     /// 0600 on Unix).
     pub fn write(&self, cert_path: &Path, key_path: &Path) -> Result<()> {
-        write_file(cert_path, &self.cert_pem, false)?;
-        write_file(key_path, &self.key_pem, true)
+        write_pair(cert_path, &self.cert_pem, key_path, &self.key_pem)
     }
+}
+
+/// Debug output of a key pair that shows the public half and never the private key.
+fn debug_public_half(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    (public_field, public): (&str, &str),
+    private_field: &str,
+) -> std::fmt::Result {
+    f.debug_struct(name)
+        .field(public_field, &public)
+        .field(private_field, &"[elided]")
+        .finish()
 }
 
 /// A signing key pair without a certificate, e.g. for service-account tokens.
@@ -101,10 +108,12 @@ pub struct SigningKeyPair {
 
 impl std::fmt::Debug for SigningKeyPair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SigningKeyPair")
-            .field("public_pem", &self.public_pem)
-            .field("private_pem", &"[elided]")
-            .finish()
+        debug_public_half(
+            f,
+            "SigningKeyPair",
+            ("public_pem", &self.public_pem),
+            "private_pem",
+        )
     }
 }
 
@@ -179,7 +188,7 @@ impl Ca {
         let cert_der =
             CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|_| Error::Rcgen {
                 what: "parsing the CA certificate",
-                source: rcgen::Error::CouldNotParseCertificate,
+                error: rcgen::Error::CouldNotParseCertificate,
             })?;
         let issuer = Issuer::from_ca_cert_der(&cert_der, key)
             .map_err(rcgen_err("parsing the CA certificate"))?;
@@ -216,8 +225,7 @@ impl Ca {
 
     /// Writes the CA certificate and key.
     pub fn write(&self, cert_path: &Path, key_path: &Path) -> Result<()> {
-        write_file(cert_path, &self.cert_pem, false)?;
-        write_file(key_path, &self.key_pem, true)
+        write_pair(cert_path, &self.cert_pem, key_path, &self.key_pem)
     }
 
     /// Issues a TLS serving certificate for `sans`: entries that parse as IP addresses
@@ -347,16 +355,22 @@ fn set_validity(params: &mut CertificateParams, days: u32) -> Result<()> {
 }
 
 fn read_file(path: &Path) -> Result<String> {
-    fs::read_to_string(path).map_err(|source| Error::Io {
+    fs::read_to_string(path).map_err(|error| Error::Io {
         path: path.to_owned(),
-        source,
+        error,
     })
 }
 
+/// Writes a certificate and its private key (the key with mode 0600 on Unix).
+fn write_pair(cert_path: &Path, cert_pem: &str, key_path: &Path, key_pem: &str) -> Result<()> {
+    write_file(cert_path, cert_pem, false)?;
+    write_file(key_path, key_pem, true)
+}
+
 fn write_file(path: &Path, contents: &str, private: bool) -> Result<()> {
-    let io = |source| Error::Io {
+    let io = |error| Error::Io {
         path: path.to_owned(),
-        source,
+        error,
     };
     let mut options = fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
@@ -405,39 +419,48 @@ pub struct DevCerts<'a> {
 /// Writes a CA (unless an existing one is given), a serving certificate and optionally a
 /// client certificate into `dir` under the names in [`files`]; returns the paths written.
 pub fn write_dev_certs(dir: &Path, spec: &DevCerts<'_>) -> Result<Vec<PathBuf>> {
-    fs::create_dir_all(dir).map_err(|source| Error::Io {
+    fs::create_dir_all(dir).map_err(|error| Error::Io {
         path: dir.to_owned(),
-        source,
+        error,
     })?;
     let mut written = Vec::new();
+    // Writes a certificate and its key into `dir` under these names.
+    let write = |(cert_name, key_name): (&str, &str), cert_pem: &str, key_pem: &str| {
+        let (cert, key) = (dir.join(cert_name), dir.join(key_name));
+        write_pair(&cert, cert_pem, &key, key_pem).map(|()| [cert, key])
+    };
     let ca = match spec.existing_ca {
         Some((cert, key)) => {
             let mut ca = Ca::read(cert, key)?;
             ca.validity_days = spec.validity_days;
+            let cert = dir.join(files::CA_CERT);
+            write_file(&cert, ca.cert_pem(), false)?;
+            written.push(cert);
             ca
         }
         None => {
             let ca = Ca::with_validity("appservice-operator development CA", spec.validity_days)?;
-            let (cert, key) = (dir.join(files::CA_CERT), dir.join(files::CA_KEY));
-            ca.write(&cert, &key)?;
-            written.extend([cert, key]);
+            written.extend(write(
+                (files::CA_CERT, files::CA_KEY),
+                ca.cert_pem(),
+                ca.key_pem(),
+            )?);
             ca
         }
     };
-    if spec.existing_ca.is_some() {
-        let cert = dir.join(files::CA_CERT);
-        write_file(&cert, ca.cert_pem(), false)?;
-        written.push(cert);
-    }
     let serving = ca.serving_cert(&spec.sans)?;
-    let (cert, key) = (dir.join(files::TLS_CERT), dir.join(files::TLS_KEY));
-    serving.write(&cert, &key)?;
-    written.extend([cert, key]);
+    written.extend(write(
+        (files::TLS_CERT, files::TLS_KEY),
+        &serving.cert_pem,
+        &serving.key_pem,
+    )?);
     if let Some(cn) = &spec.client_cn {
         let client = ca.client_cert(cn, &spec.client_orgs)?;
-        let (cert, key) = (dir.join(files::CLIENT_CERT), dir.join(files::CLIENT_KEY));
-        client.write(&cert, &key)?;
-        written.extend([cert, key]);
+        written.extend(write(
+            (files::CLIENT_CERT, files::CLIENT_KEY),
+            &client.cert_pem,
+            &client.key_pem,
+        )?);
     }
     Ok(written)
 }
@@ -463,6 +486,22 @@ mod tests {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(der(ca.cert_pem())).unwrap();
         Arc::new(roots)
+    }
+
+    /// Whether `ca` vouches for `leaf` as the server `name`.
+    fn verify_server(ca: &Ca, leaf: &CertificateDer<'_>, name: &str) -> Result<(), rustls::Error> {
+        use rustls::client::danger::ServerCertVerifier;
+        rustls::client::WebPkiServerVerifier::builder_with_provider(roots(ca), provider())
+            .build()
+            .unwrap()
+            .verify_server_cert(
+                leaf,
+                &[],
+                &ServerName::try_from(name).unwrap(),
+                &[],
+                UnixTime::now(),
+            )
+            .map(|_| ())
     }
 
     #[test]
@@ -491,30 +530,13 @@ mod tests {
         );
         assert!(!x509.is_ca());
 
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(roots(&ca), provider())
-                .build()
-                .unwrap();
-        use rustls::client::danger::ServerCertVerifier;
         for name in ["localhost", "127.0.0.1", "webhook.ns.svc"] {
-            verifier
-                .verify_server_cert(
-                    &leaf_der,
-                    &[],
-                    &ServerName::try_from(name).unwrap(),
-                    &[],
-                    UnixTime::now(),
-                )
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            verify_server(&ca, &leaf_der, name).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
-        let wrong = verifier.verify_server_cert(
-            &leaf_der,
-            &[],
-            &ServerName::try_from("example.com").unwrap(),
-            &[],
-            UnixTime::now(),
+        assert!(
+            verify_server(&ca, &leaf_der, "example.com").is_err(),
+            "a name outside the SANs must not verify"
         );
-        assert!(wrong.is_err(), "a name outside the SANs must not verify");
 
         // The key matches the certificate: rustls accepts the pair.
         let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
@@ -531,22 +553,7 @@ mod tests {
         let ca = Ca::new("one").unwrap();
         let other = Ca::new("other").unwrap();
         let leaf = other.serving_cert(&["localhost"]).unwrap();
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(roots(&ca), provider())
-                .build()
-                .unwrap();
-        use rustls::client::danger::ServerCertVerifier;
-        assert!(
-            verifier
-                .verify_server_cert(
-                    &der(&leaf.cert_pem),
-                    &[],
-                    &ServerName::try_from("localhost").unwrap(),
-                    &[],
-                    UnixTime::now(),
-                )
-                .is_err()
-        );
+        assert!(verify_server(&ca, &der(&leaf.cert_pem), "localhost").is_err());
     }
 
     #[test]
@@ -594,20 +601,7 @@ mod tests {
 
         let loaded = Ca::read(&cert, &key).unwrap();
         let leaf = loaded.serving_cert(&["localhost"]).unwrap();
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(roots(&ca), provider())
-                .build()
-                .unwrap();
-        use rustls::client::danger::ServerCertVerifier;
-        verifier
-            .verify_server_cert(
-                &der(&leaf.cert_pem),
-                &[],
-                &ServerName::try_from("localhost").unwrap(),
-                &[],
-                UnixTime::now(),
-            )
-            .unwrap();
+        verify_server(&ca, &der(&leaf.cert_pem), "localhost").unwrap();
     }
 
     #[test]

@@ -23,8 +23,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::defaults::DEFAULT_PORT;
 use crate::names::{ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_PORTS, GROUP};
-use crate::types::DEFAULT_PORT;
 use crate::{v1alpha1, v1beta1};
 
 /// The versions of the AppService API.

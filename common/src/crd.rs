@@ -40,9 +40,21 @@ pub fn crd() -> Result<CustomResourceDefinition, Error> {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("merging the AppService versions into one CRD: {0}")]
-    Merge(#[from] kube::core::crd::MergeError),
+    Merge(kube::core::crd::MergeError),
     #[error("serializing a CRD: {0}")]
-    Yaml(#[from] serde_saphyr::ser::Error),
+    Yaml(serde_saphyr::ser::Error),
+}
+
+impl From<kube::core::crd::MergeError> for Error {
+    fn from(e: kube::core::crd::MergeError) -> Self {
+        Error::Merge(e)
+    }
+}
+
+impl From<serde_saphyr::ser::Error> for Error {
+    fn from(e: serde_saphyr::ser::Error) -> Self {
+        Error::Yaml(e)
+    }
 }
 
 /// The DatabaseClass CRD.

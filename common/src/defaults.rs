@@ -8,22 +8,46 @@
 //! protocols in `v1beta1`, `port` in `v1alpha1`); they mean the same thing, which the
 //! property tests check by converting defaulted objects.
 
+//!
+//! The values themselves are the constants below; the CRD's schema defaults, the
+//! accessors that read a spec with its defaults applied (`AppServiceSpec::replicas`,
+//! `ports`, `port`) and the controller's builders all use them.
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::names::LABEL_NAME;
-use crate::types::{AppPort, AppService, AppServiceSpec, DEFAULT_PORT, DEFAULT_REPLICAS, Protocol};
+use crate::types::{AppPort, AppService, AppServiceSpec, Protocol};
 use crate::v1alpha1;
+
+/// `spec.replicas` when omitted.
+pub const DEFAULT_REPLICAS: i32 = 1;
+/// The number of the default port (`v1beta1`), and `spec.port` when omitted (`v1alpha1`).
+pub const DEFAULT_PORT: i32 = 8080;
+/// The name of the default port, and of the port a `v1alpha1` `port` stands for.
+pub const DEFAULT_PORT_NAME: &str = "http";
+/// A port's protocol when omitted.
+pub const DEFAULT_PROTOCOL: Protocol = Protocol::Tcp;
+
+/// `spec.ports` when omitted: the `http` port 8080 over TCP.
+pub fn default_ports() -> Vec<AppPort> {
+    vec![AppPort::http(DEFAULT_PORT)]
+}
+
+/// `ports` with the defaults applied: the default list for none, and every protocol set.
+pub fn default_port_list(ports: &mut Vec<AppPort>) {
+    if ports.is_empty() {
+        *ports = default_ports();
+    }
+    for port in ports {
+        port.protocol.get_or_insert(DEFAULT_PROTOCOL);
+    }
+}
 
 /// Fills every omitted field of a spec with its default: one replica, the `http` port
 /// 8080 when no port is given, and `TCP` for every port without a protocol.
 pub fn default_spec(spec: &mut AppServiceSpec) {
     spec.replicas.get_or_insert(DEFAULT_REPLICAS);
-    if spec.ports.is_empty() {
-        spec.ports.push(AppPort::http(DEFAULT_PORT));
-    }
-    for port in &mut spec.ports {
-        port.protocol.get_or_insert(Protocol::Tcp);
-    }
+    default_port_list(&mut spec.ports);
 }
 
 /// Defaults an AppService: its spec, plus the recommended `app.kubernetes.io/name` label

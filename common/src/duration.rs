@@ -4,19 +4,30 @@
 
 use std::time::Duration;
 
-/// Parses a non-negative duration; the error names the input and what is accepted.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+/// Why a duration was refused; the message names the input and what is accepted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("invalid duration {input:?} (expected e.g. 500ms, 15s, 10m, 1h30m): {reason}")]
+    Invalid { input: String, reason: String },
+    #[error("duration {0:?} must not be negative")]
+    Negative(String),
+}
+
+/// Parses a non-negative duration.
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
+    let invalid = |reason: &dyn std::fmt::Display| DurationError::Invalid {
+        input: s.to_owned(),
+        reason: reason.to_string(),
+    };
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         return s
             .parse::<u64>()
             .map(Duration::from_secs)
-            .map_err(|e| format!("invalid duration {s:?}: {e}"));
+            .map_err(|e| invalid(&e));
     }
-    let signed: jiff::SignedDuration = s.parse().map_err(|e| {
-        format!("invalid duration {s:?} (expected e.g. 500ms, 15s, 10m, 1h30m): {e}")
-    })?;
-    Duration::try_from(signed).map_err(|_| format!("duration {s:?} must not be negative"))
+    let signed: jiff::SignedDuration = s.parse().map_err(|e| invalid(&e))?;
+    Duration::try_from(signed).map_err(|_| DurationError::Negative(s.to_owned()))
 }
 
 #[cfg(test)]
@@ -39,7 +50,7 @@ mod tests {
     fn rejected_forms() {
         for bad in ["", "x", "soon", "-1s", "1d", "15 parsecs"] {
             let err = parse_duration(bad).expect_err(bad);
-            assert!(err.contains("duration"), "{bad}: {err}");
+            assert!(err.to_string().contains("duration"), "{bad}: {err}");
         }
     }
 }

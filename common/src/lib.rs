@@ -12,6 +12,7 @@ pub mod crd;
 pub mod database_class;
 pub mod defaults;
 pub mod duration;
+pub mod field_errors;
 pub mod image;
 pub mod names;
 pub mod types;

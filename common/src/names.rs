@@ -27,9 +27,6 @@ pub const MANAGED_BY: &str = "appservice-operator";
 /// object instead of re-implementing the API server's merge rules.
 pub const ANNOTATION_DESIRED_HASH: &str = "platform.example.com/desired-hash";
 
-/// Name of the port a `v1alpha1` `port` stands for, and of the default port.
-pub const DEFAULT_PORT_NAME: &str = "http";
-
 /// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `ports` list when
 /// `port` alone cannot express it (more ports, another name or protocol). Written and read
 /// only by conversion ([`crate::conversion`]), so an object created in `v1beta1` survives a

@@ -4,9 +4,10 @@
 //! (`AppService`, `AppServiceSpec`, `DatabaseSpec`) are the hub, `v1beta1`, the version the
 //! API server stores and the controller works on.
 //!
-//! Optional scalar fields are `Option`s so that "absent" and "set to the default" stay
-//! distinguishable on the wire; `crate::defaults` fills them, and the schema carries the
-//! same defaults so the API server applies them even when the webhook is not installed.
+//! Optional fields are `Option`s (or empty lists) so that "absent" and "set to the default"
+//! stay distinguishable on the wire; [`crate::defaults`] defines the defaults and fills
+//! them, and the schema carries the same constants so the API server applies them even
+//! when the webhook is not installed.
 
 use k8s_openapi::api::core::v1::EnvVarSource;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -14,16 +15,14 @@ use kube::KubeSchema;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+use crate::defaults::{DEFAULT_PORT, DEFAULT_REPLICAS};
+
 pub use crate::v1beta1::{AppPort, AppService, AppServiceSpec, DatabaseSpec, Protocol};
 
-/// Default for `spec.replicas`.
-pub const DEFAULT_REPLICAS: i32 = 1;
-/// Default for `spec.port`.
-pub const DEFAULT_PORT: i32 = 8080;
 /// Bounds of `spec.replicas`.
 pub const MIN_REPLICAS: i32 = 0;
 pub const MAX_REPLICAS: i32 = 1000;
-/// Bounds of `spec.port`.
+/// Bounds of a port number (`spec.port`, `spec.ports[].port`).
 pub const MIN_PORT: i32 = 1;
 pub const MAX_PORT: i32 = 65535;
 /// Longest accepted image reference; registries cap names well below this.
@@ -34,6 +33,10 @@ pub const MAX_ENV: usize = 128;
 pub const MAX_ENV_NAME_LEN: usize = 256;
 /// Longest literal environment variable value (32 KiB).
 pub const MAX_ENV_VALUE_LEN: usize = 32 * 1024;
+/// Longest DNS label (RFC 1035, RFC 1123), as Kubernetes checks names.
+pub const MAX_LABEL_LEN: usize = 63;
+/// Longest AppService name: children include a Service, whose name is a DNS-1035 label.
+pub const MAX_NAME_LEN: usize = MAX_LABEL_LEN;
 /// Longest DNS-1123 subdomain: object names such as Secrets, and host names.
 pub const MAX_SUBDOMAIN_LEN: usize = 253;
 /// Longest database class name (a DNS-1123 subdomain).
@@ -110,3 +113,106 @@ pub(crate) fn port_schema(_: &mut SchemaGenerator) -> Schema {
         "default": DEFAULT_PORT,
     })
 }
+
+/// Declares one version's `AppServiceSpec` and, through kube's derive, its `AppService`:
+/// what every version shares (group, names, scale subresource, printer columns, the
+/// name rule; the `image`, `replicas`, `env`, `resources` and `database` fields) is
+/// written here once. A version gives its `version`, the kind's and the spec's docs, its own
+/// object-level rule, the fields between `replicas` and `env`, and the `database` field's
+/// documentation; field order is the version's wire order.
+macro_rules! app_service_spec {
+    (
+        version = $version:literal,
+        doc = $doc:literal,
+        spec_doc = $spec_doc:literal,
+        $(#[$spec_attr:meta])*
+        fields { $($fields:tt)* }
+        $(#[doc = $database_doc:literal])*
+    ) => {
+        #[doc = $spec_doc]
+        // Several printer columns share a type; clippy reads them as one repeated attribute.
+        #[allow(clippy::duplicated_attributes)]
+        #[derive(
+            kube::CustomResource, kube::KubeSchema, serde::Serialize, serde::Deserialize,
+            Clone, Debug, Default, PartialEq,
+        )]
+        #[kube(
+            group = "platform.example.com",
+            version = $version,
+            kind = "AppService",
+            plural = "appservices",
+            shortname = "appsrv",
+            category = "platform",
+            namespaced,
+            status = "crate::types::AppServiceStatus",
+            derive = "PartialEq",
+            derive = "Default",
+            doc = $doc,
+            scale(
+                spec_replicas_path = ".spec.replicas",
+                status_replicas_path = ".status.readyReplicas",
+                label_selector_path = ".status.selector"
+            ),
+            validation = Rule::new(format!("size(self.metadata.name) <= {} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", crate::types::MAX_NAME_LEN))
+                .message(kube::core::Message::Message(format!("metadata.name must be a DNS-1035 label of at most {} characters (it names the Service)", crate::types::MAX_NAME_LEN))),
+            printcolumn(
+                name = "Ready",
+                type_ = "string",
+                description = "Status of the Ready condition",
+                json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+            ),
+            printcolumn(
+                name = "Replicas",
+                type_ = "integer",
+                description = "Desired replicas",
+                json_path = ".spec.replicas"
+            ),
+            printcolumn(
+                name = "Endpoint",
+                type_ = "string",
+                description = "In-cluster URL of the Service",
+                json_path = ".status.endpoint"
+            ),
+            printcolumn(
+                name = "Age",
+                type_ = "date",
+                json_path = ".metadata.creationTimestamp"
+            )
+        )]
+        $(#[$spec_attr])*
+        #[serde(rename_all = "camelCase")]
+        pub struct AppServiceSpec {
+            /// OCI image reference to run, for example `registry.example.com/checkout:v3.4.0` or
+            /// `registry.example.com/checkout@sha256:<digest>`. Pin a tag or a digest: an image
+            /// without a tag, or with `:latest`, is accepted with a warning.
+            #[schemars(length(min = 1, max = crate::types::MAX_IMAGE_LEN))]
+            pub image: String,
+
+            /// Number of Pods to run, from 0 to 1000. Defaults to 1. Also settable through the
+            /// `scale` subresource (`kubectl scale appservice/<name> --replicas=N`).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schemars(schema_with = "crate::types::replicas_schema")]
+            pub replicas: Option<i32>,
+
+            $($fields)*
+
+            /// Environment variables for the container. Names are unique C identifiers
+            /// (`[A-Za-z_][A-Za-z0-9_]*`); each sets either `value` or `valueFrom`.
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            #[schemars(
+                length(max = crate::types::MAX_ENV),
+                extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+            )]
+            pub env: Vec<crate::types::EnvVar>,
+
+            /// Compute resources (CPU, memory) requested by and limited for the container.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+
+            $(#[doc = $database_doc])*
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub database: Option<DatabaseSpec>,
+        }
+    };
+}
+pub(crate) use app_service_spec;

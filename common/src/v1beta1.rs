@@ -15,103 +15,33 @@
 //!
 //! Everything else (image, replicas, env, resources, status) is the same in both versions.
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
-use kube::{CustomResource, KubeSchema};
+use kube::KubeSchema;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
-use crate::names::DEFAULT_PORT_NAME;
-use crate::types::{AppServiceStatus, DEFAULT_PORT, DEFAULT_REPLICAS, EnvVar, replicas_schema};
+use crate::defaults::{
+    DEFAULT_PORT, DEFAULT_PORT_NAME, DEFAULT_PROTOCOL, DEFAULT_REPLICAS, default_port_list,
+    default_ports,
+};
 
-/// The desired state of an AppService: what to run, how many copies, on which ports.
-// Several printer columns share a type; clippy reads them as one repeated attribute.
-#[allow(clippy::duplicated_attributes)]
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "platform.example.com",
+crate::types::app_service_spec! {
     version = "v1beta1",
-    kind = "AppService",
-    plural = "appservices",
-    shortname = "appsrv",
-    category = "platform",
-    namespaced,
-    status = "AppServiceStatus",
-    derive = "PartialEq",
-    derive = "Default",
     doc = "An application: an OCI image run as a Deployment of `replicas` Pods behind a Service on `ports`, optionally with a PostgreSQL database.",
-    scale(
-        spec_replicas_path = ".spec.replicas",
-        status_replicas_path = ".status.readyReplicas",
-        label_selector_path = ".status.selector"
-    ),
-    validation = Rule::new("size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')")
-        .message("metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)"),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        description = "Status of the Ready condition",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(
-        name = "Replicas",
-        type_ = "integer",
-        description = "Desired replicas",
-        json_path = ".spec.replicas"
-    ),
-    printcolumn(
-        name = "Endpoint",
-        type_ = "string",
-        description = "In-cluster URL of the Service",
-        json_path = ".status.endpoint"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[x_kube(validation = Rule::new(
-    "!has(oldSelf.database) || !has(self.database) || self.database.class == oldSelf.database.class"
-).message("database.class is immutable while a database is requested").field_path(".database.class"))]
-#[serde(rename_all = "camelCase")]
-pub struct AppServiceSpec {
-    /// OCI image reference to run, for example `registry.example.com/checkout:v3.4.0` or
-    /// `registry.example.com/checkout@sha256:<digest>`. Pin a tag or a digest: an image
-    /// without a tag, or with `:latest`, is accepted with a warning.
-    #[schemars(length(min = 1, max = crate::types::MAX_IMAGE_LEN))]
-    pub image: String,
-
-    /// Number of Pods to run, from 0 to 1000. Defaults to 1. Also settable through the
-    /// `scale` subresource (`kubectl scale appservice/<name> --replicas=N`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "replicas_schema")]
-    pub replicas: Option<i32>,
-
-    /// Ports the container listens on; the Service exposes each. The first one is the
-    /// application's endpoint and is probed for readiness. At most 16, names unique, each
-    /// port number at most once per protocol. Defaults to
-    /// `[{name: http, port: 8080, protocol: TCP}]`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "ports_schema")]
-    pub ports: Vec<AppPort>,
-
-    /// Environment variables for the container. Names are unique C identifiers
-    /// (`[A-Za-z_][A-Za-z0-9_]*`); each sets either `value` or `valueFrom`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(
-        length(max = crate::types::MAX_ENV),
-        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
-    )]
-    pub env: Vec<EnvVar>,
-
-    /// Compute resources (CPU, memory) requested by and limited for the container.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
-
+    spec_doc = "The desired state of an AppService: what to run, how many copies, on which ports.",
+    #[x_kube(validation = Rule::new(
+        "!has(oldSelf.database) || !has(self.database) || self.database.class == oldSelf.database.class"
+    ).message("database.class is immutable while a database is requested").field_path(".database.class"))]
+    fields {
+        /// Ports the container listens on; the Service exposes each. The first one is the
+        /// application's endpoint and is probed for readiness. At most 16, names unique, each
+        /// port number at most once per protocol. Defaults to
+        /// `[{name: http, port: 8080, protocol: TCP}]`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        #[schemars(schema_with = "ports_schema")]
+        pub ports: Vec<AppPort>,
+    }
     /// A PostgreSQL database provisioned for this application, requested by being
     /// present. The connection URL is passed to the container as `DATABASE_URL`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub database: Option<DatabaseSpec>,
 }
 
 /// One port of the application.
@@ -135,15 +65,20 @@ pub struct AppPort {
 }
 
 /// Transport protocol of a port.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Protocol {
-    #[default]
     #[serde(rename = "TCP")]
     Tcp,
     #[serde(rename = "UDP")]
     Udp,
     #[serde(rename = "SCTP")]
     Sctp,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        DEFAULT_PROTOCOL
+    }
 }
 
 impl Protocol {
@@ -175,7 +110,7 @@ fn ports_schema(generator: &mut SchemaGenerator) -> Schema {
         "maxItems": crate::types::MAX_PORTS,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["name"],
-        "default": [{"name": DEFAULT_PORT_NAME, "port": DEFAULT_PORT, "protocol": "TCP"}],
+        "default": default_ports(),
         "x-kubernetes-validations": [{
             "rule": "self.all(p, self.filter(q, q.port == p.port && (has(q.protocol) ? q.protocol : 'TCP') == (has(p.protocol) ? p.protocol : 'TCP')).size() == 1)",
             "message": "each port number may appear once per protocol"
@@ -186,8 +121,8 @@ fn ports_schema(generator: &mut SchemaGenerator) -> Schema {
 fn protocol_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",
-        "enum": ["TCP", "UDP", "SCTP"],
-        "default": "TCP",
+        "enum": [Protocol::Tcp.as_str(), Protocol::Udp.as_str(), Protocol::Sctp.as_str()],
+        "default": DEFAULT_PROTOCOL.as_str(),
     })
 }
 
@@ -206,7 +141,7 @@ impl AppPort {
         AppPort {
             name: DEFAULT_PORT_NAME.to_owned(),
             port,
-            protocol: Some(Protocol::Tcp),
+            protocol: Some(DEFAULT_PROTOCOL),
         }
     }
 
@@ -224,16 +159,9 @@ impl AppServiceSpec {
 
     /// The ports with the defaults applied: never empty, every protocol set.
     pub fn ports(&self) -> Vec<AppPort> {
-        if self.ports.is_empty() {
-            return vec![AppPort::http(DEFAULT_PORT)];
-        }
-        self.ports
-            .iter()
-            .map(|p| AppPort {
-                protocol: Some(p.protocol()),
-                ..p.clone()
-            })
-            .collect()
+        let mut ports = self.ports.clone();
+        default_port_list(&mut ports);
+        ports
     }
 
     /// The first port's number, the application's endpoint, with the default applied.

@@ -24,6 +24,7 @@ use common::conditions::{DATABASE_READY, TRUE};
 use common::{AppService, AppServiceSpec, DatabaseClass, DatabaseSpec};
 use controller::database::{DatabaseConfig, Databases, sql};
 use controller::metrics::Metrics;
+use controller::metrics::{DatabaseOperation, Outcome};
 use controller::{Config, Hooks};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -184,10 +185,18 @@ async fn main() -> anyhow::Result<()> {
         args.concurrency,
         ready.as_secs_f64() / floor_created.as_secs_f64().max(1e-9),
         deleted.as_secs_f64() / floor_dropped.as_secs_f64().max(1e-9),
-        metrics.database.count("provision", "success"),
-        metrics.database.count("provision", "error"),
-        metrics.database.count("cleanup", "success"),
-        metrics.database.count("cleanup", "error"),
+        metrics
+            .database()
+            .count(DatabaseOperation::Provision, Outcome::Success),
+        metrics
+            .database()
+            .count(DatabaseOperation::Provision, Outcome::Error),
+        metrics
+            .database()
+            .count(DatabaseOperation::Cleanup, Outcome::Success),
+        metrics
+            .database()
+            .count(DatabaseOperation::Cleanup, Outcome::Error),
         n = args.n,
         pool = args.pool,
     );

@@ -13,6 +13,23 @@ use tower::{Layer, Service};
 use crate::config::RateLimit;
 
 /// Builds a client from `config` whose requests pass through a token bucket.
+/// The client configuration from `path`, or in-cluster configuration or `$KUBECONFIG`
+/// when unset.
+pub async fn kube_config(path: Option<&std::path::Path>) -> Result<kube::Config, kube::Error> {
+    match path {
+        Some(path) => {
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(kube::Error::InferKubeconfig)
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(kube::Error::InferConfig),
+    }
+}
+
 pub fn build_client(config: kube::Config, limit: RateLimit) -> Result<kube::Client, kube::Error> {
     let builder = ClientBuilder::try_from(config)?;
     Ok(builder.with_layer(&RateLimitLayer::new(limit)).build())

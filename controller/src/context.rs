@@ -1,8 +1,10 @@
-//! The one shared context of reconcile, error policy and the ops server.
+//! The one shared context of reconcile, error policy and the ops server: what a pass
+//! reads (client, configuration, caches, leadership) and what the controller remembers
+//! between passes (failures, its own status writes, children it created).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use common::{AppService, AppServiceStatus};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -13,6 +15,7 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::watch;
 
+use crate::Hooks;
 use crate::config::Config;
 use crate::error::BackoffPolicy;
 use crate::external::External;
@@ -44,77 +47,108 @@ impl CacheSync {
     }
 }
 
-/// The watch caches reconcile reads from.
+/// The watch caches reconcile reads from, and whether their initial lists are in.
 pub struct Caches {
-    /// Our children (labelled `managed-by=appservice-operator`).
+    /// Our children (labelled `managed-by=appservice-operator`), as views.
     pub deployments: Store<DeploymentView>,
     pub services: Store<ServiceView>,
     /// The names of Deployments and Services without that label.
     pub other_deployments: Store<PartialObjectMeta<Deployment>>,
     pub other_services: Store<PartialObjectMeta<Service>>,
-}
-
-pub struct Context {
-    pub client: Client,
-    pub config: Config,
-    pub metrics: Arc<Metrics>,
-    pub recorder: Recorder,
-    pub clock: Box<dyn Clock>,
-    /// External resources behind the finalizer.
-    pub external: Arc<dyn External>,
-    /// Caches of our children (labelled `managed-by=appservice-operator`), as views.
-    pub deployments: Store<DeploymentView>,
-    pub services: Store<ServiceView>,
-    /// The names of Deployments and Services without that label.
-    pub other_deployments: Store<PartialObjectMeta<Deployment>>,
-    pub other_services: Store<PartialObjectMeta<Service>>,
-    /// True while this replica may reconcile.
-    pub leading: watch::Receiver<bool>,
     /// Which caches have completed their initial list.
     pub synced: Arc<CacheSync>,
-    pub backoff_policy: BackoffPolicy,
+}
+
+/// A child of `kind` (`"Deployment"`, `"Service"`) of an AppService. Children are named
+/// after their AppService, so the AppService's reference names both.
+pub type ChildKey = (&'static str, ObjectRef<AppService>);
+
+pub struct Context {
+    client: Client,
+    config: Config,
+    recorder: Recorder,
+    clock: Box<dyn Clock>,
+    metrics: Arc<Metrics>,
+    /// External resources behind the finalizer.
+    external: Arc<dyn External>,
+    caches: Caches,
+    /// True while this replica may reconcile.
+    leading: watch::Receiver<bool>,
+    backoff_policy: BackoffPolicy,
     /// Consecutive failures per object; cleared by a successful reconcile.
     failures: Mutex<HashMap<ObjectRef<AppService>, u32>>,
     /// Per object, the last status we wrote and the resourceVersion it was written over.
     written: Mutex<HashMap<ObjectRef<AppService>, (String, AppServiceStatus)>>,
-    /// Children we created that our caches have not shown yet (kind, namespace, name).
+    /// Children we created that our caches have not shown yet.
     created: Mutex<HashSet<ChildKey>>,
 }
 
-/// A child of a kind (`"Deployment"`, `"Service"`) in a namespace, by name.
-pub type ChildKey = (&'static str, String, String);
+/// A poisoned lock is recovered: every map here stays consistent between statements, so
+/// a reconcile that panicked cannot have left one half-updated.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 impl Context {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
         config: Config,
         recorder: Recorder,
-        clock: Box<dyn Clock>,
-        metrics: Arc<Metrics>,
-        external: Arc<dyn External>,
+        hooks: Hooks,
         caches: Caches,
         leading: watch::Receiver<bool>,
-        synced: Arc<CacheSync>,
     ) -> Self {
         Context {
             client,
             config,
-            metrics,
             recorder,
-            clock,
-            external,
-            deployments: caches.deployments,
-            services: caches.services,
-            other_deployments: caches.other_deployments,
-            other_services: caches.other_services,
+            clock: hooks.clock,
+            metrics: hooks.metrics,
+            external: hooks.external,
+            caches,
             leading,
-            synced,
             backoff_policy: BackoffPolicy::default(),
-            failures: Mutex::new(HashMap::new()),
-            written: Mutex::new(HashMap::new()),
-            created: Mutex::new(HashSet::new()),
+            failures: Mutex::default(),
+            written: Mutex::default(),
+            created: Mutex::default(),
         }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    pub fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn external(&self) -> &dyn External {
+        self.external.as_ref()
+    }
+
+    pub fn caches(&self) -> &Caches {
+        &self.caches
+    }
+
+    pub fn backoff_policy(&self) -> &BackoffPolicy {
+        &self.backoff_policy
+    }
+
+    /// The leadership flag, to wait on its changes.
+    pub fn leadership(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
     }
 
     pub fn is_leader(&self) -> bool {
@@ -123,18 +157,21 @@ impl Context {
 
     /// Every cache has completed its initial list (what `/readyz` reports).
     pub fn is_ready(&self) -> bool {
-        self.synced.all()
+        self.caches.synced.all()
     }
 
     /// Records a failure of `key`; returns how many failures preceded it.
     pub fn record_failure(&self, key: &ObjectRef<AppService>) -> u32 {
-        let Ok(mut map) = self.failures.lock() else {
-            return 0;
-        };
+        let mut map = lock(&self.failures);
         let n = map.entry(key.clone()).or_insert(0);
         let before = *n;
         *n = n.saturating_add(1);
         before
+    }
+
+    /// Forgets the failures of `key` (after a success, or when it is gone).
+    pub fn reset_failures(&self, key: &ObjectRef<AppService>) {
+        lock(&self.failures).remove(key);
     }
 
     /// The status we last wrote for `key`, if the cached object (at `resource_version`)
@@ -144,29 +181,24 @@ impl Context {
         key: &ObjectRef<AppService>,
         resource_version: Option<&str>,
     ) -> Option<AppServiceStatus> {
-        let mut map = self.written.lock().ok()?;
-        match map.get(key) {
-            Some((base, status)) if Some(base.as_str()) == resource_version => Some(status.clone()),
-            Some(_) => {
-                // The cache moved past our write: the live status is authoritative again.
-                map.remove(key);
-                None
-            }
-            None => None,
-        }
+        self.drop_stale_status_write(key, resource_version);
+        lock(&self.written)
+            .get(key)
+            .map(|(_, status)| status.clone())
     }
 
     /// Forgets the status we wrote for `key` if the cached object (at
-    /// `resource_version`) has moved past the one that write replaced.
+    /// `resource_version`) has moved past the one that write replaced: the live status
+    /// is authoritative again.
     pub fn drop_stale_status_write(
         &self,
         key: &ObjectRef<AppService>,
         resource_version: Option<&str>,
     ) {
-        if let Ok(mut map) = self.written.lock()
-            && map
-                .get(key)
-                .is_some_and(|(base, _)| Some(base.as_str()) != resource_version)
+        let mut map = lock(&self.written);
+        if map
+            .get(key)
+            .is_some_and(|(base, _)| Some(base.as_str()) != resource_version)
         {
             map.remove(key);
         }
@@ -179,49 +211,32 @@ impl Context {
         resource_version: String,
         status: AppServiceStatus,
     ) {
-        if let Ok(mut map) = self.written.lock() {
-            map.insert(key, (resource_version, status));
-        }
+        lock(&self.written).insert(key, (resource_version, status));
     }
 
     /// Forgets everything about `key` (it is gone).
     pub fn forget(&self, key: &ObjectRef<AppService>) {
         self.reset_failures(key);
-        if let Ok(mut map) = self.written.lock() {
-            map.remove(key);
-        }
-        if let Ok(mut set) = self.created.lock() {
-            let namespace = key.namespace.as_deref().unwrap_or_default();
-            set.retain(|(_, ns, name)| !(ns == namespace && *name == key.name));
-        }
+        lock(&self.written).remove(key);
+        lock(&self.created).retain(|(_, owner)| owner != key);
     }
 
     /// Records that we created `child`: until the cache shows it, a miss in the cache
     /// means "not seen yet", not "absent" (creating it again would fail with 409).
     pub fn created(&self, child: ChildKey) {
-        if let Ok(mut set) = self.created.lock() {
-            set.insert(child);
-        }
+        lock(&self.created).insert(child);
     }
 
     /// Whether we created `child` and the cache has not shown it yet.
     pub fn awaiting(&self, child: &ChildKey) -> bool {
-        self.created.lock().is_ok_and(|set| set.contains(child))
+        lock(&self.created).contains(child)
     }
 
     /// The cache shows `child` (or the API server says it is gone): stop awaiting it.
     pub fn seen(&self, child: &ChildKey) {
-        if let Ok(mut set) = self.created.lock()
-            && !set.is_empty()
-        {
+        let mut set = lock(&self.created);
+        if !set.is_empty() {
             set.remove(child);
-        }
-    }
-
-    /// Forgets the failures of `key` (after a success, or when it is gone).
-    pub fn reset_failures(&self, key: &ObjectRef<AppService>) {
-        if let Ok(mut map) = self.failures.lock() {
-            map.remove(key);
         }
     }
 }

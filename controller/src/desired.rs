@@ -4,7 +4,6 @@
 //! everything else (defaults, other managers' fields) alone, and [`crate::drift`]
 //! compares the live children with what they build.
 
-use common::defaults::default_spec;
 use common::names::{
     DATABASE_URL_ENV, child_labels, database_secret_name, deployment_name, selector_labels,
     service_name,
@@ -68,8 +67,7 @@ fn child_metadata(app: &AppService, name: String) -> Result<ObjectMeta> {
 /// each of `ports`, ready once the first TCP port accepts connections.
 pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
     let name = required(&app.metadata.name, "metadata.name")?;
-    let mut spec = app.spec.clone();
-    default_spec(&mut spec);
+    let spec = &app.spec;
     let ports = spec.ports();
 
     let mut env: Vec<EnvVar> = spec

@@ -56,15 +56,16 @@ pub trait Drift {
     fn drift(desired: &Self, live: &Self) -> Vec<Value>;
 }
 
+/// Puts back our labels on a child's metadata (other labels stay).
+fn metadata_labels(desired: &Labels, live: &Labels) -> Vec<Value> {
+    let mut ops = Vec::new();
+    labels_subset("/metadata/labels", Some(desired), Some(live), &mut ops);
+    ops
+}
+
 impl Drift for DeploymentView {
     fn drift(desired: &Self, live: &Self) -> Vec<Value> {
-        let mut ops = Vec::new();
-        labels_subset(
-            "/metadata/labels",
-            Some(&desired.labels),
-            Some(&live.labels),
-            &mut ops,
-        );
+        let mut ops = metadata_labels(&desired.labels, &live.labels);
         if desired.spec.replicas != live.spec.replicas {
             ops.push(add("/spec/replicas", json!(desired.spec.replicas)));
         }
@@ -180,13 +181,7 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
 
 impl Drift for ServiceView {
     fn drift(desired: &Self, live: &Self) -> Vec<Value> {
-        let mut ops = Vec::new();
-        labels_subset(
-            "/metadata/labels",
-            Some(&desired.labels),
-            Some(&live.labels),
-            &mut ops,
-        );
+        let mut ops = metadata_labels(&desired.labels, &live.labels);
         let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
             if let Some(want) = &desired.spec {
                 ops.push(add("/spec", json!(want)));
@@ -261,6 +256,9 @@ fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
+/// The protocol the API server gives a container or Service port without one.
+const SERVER_DEFAULT_PROTOCOL: &str = "TCP";
+
 fn normalized_ports(ports: Option<&[ContainerPort]>) -> Vec<(Option<&str>, i32, &str)> {
     ports
         .unwrap_or_default()
@@ -269,7 +267,7 @@ fn normalized_ports(ports: Option<&[ContainerPort]>) -> Vec<(Option<&str>, i32, 
             (
                 p.name.as_deref(),
                 p.container_port,
-                p.protocol.as_deref().unwrap_or("TCP"),
+                p.protocol.as_deref().unwrap_or(SERVER_DEFAULT_PROTOCOL),
             )
         })
         .collect()
@@ -288,7 +286,7 @@ fn normalized_service_ports(ports: Option<&[ServicePort]>) -> Vec<PortKey<'_>> {
                 p.port,
                 // The API server defaults an absent targetPort to the port.
                 p.target_port.clone().unwrap_or(IntOrString::Int(p.port)),
-                p.protocol.as_deref().unwrap_or("TCP"),
+                p.protocol.as_deref().unwrap_or(SERVER_DEFAULT_PROTOCOL),
                 p.app_protocol.as_deref(),
             )
         })

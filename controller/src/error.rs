@@ -4,6 +4,9 @@
 //! not errors: reconcile reports them in status and waits for a change. What remains
 //! here is classified by [`Error::retry`]: permanent errors are not retried until the
 //! object changes, conflicts are retried promptly, everything else backs off.
+//!
+//! Every error of the workspace says its cause in its own message and does not also
+//! return it from `source()`, so whatever prints an error prints each cause once.
 
 use std::time::Duration;
 
@@ -25,16 +28,15 @@ pub enum Retry {
 #[derive(thiserror::Error, Debug)]
 pub enum Error {
     #[error("Kubernetes API request failed: {0}")]
-    Kube(#[source] kube::Error),
+    Kube(kube::Error),
 
     #[error("object has no {0}")]
     MissingField(&'static str),
 
-    #[error("could not serialize the desired {kind}: {source}")]
+    #[error("could not serialize the desired {kind}: {error}")]
     Serialize {
         kind: &'static str,
-        #[source]
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
 
     #[error("another writer keeps changing the {kind}'s {}; backing off", paths.join(", "))]
@@ -43,11 +45,13 @@ pub enum Error {
         paths: Vec<String>,
     },
 
-    #[error("cleanup of external resources failed: {0}")]
-    Cleanup(String),
+    /// Cleaning up the database failed; the message leaves out what changes at every
+    /// retry, since it becomes the Degraded condition's.
+    #[error("database cleanup: {}", .0.condition_message())]
+    Cleanup(crate::database::DatabaseError),
 
     #[error("database: {0}")]
-    Database(#[source] crate::database::DatabaseError),
+    Database(crate::database::DatabaseError),
 
     #[error("leadership lost while reconciling")]
     NotLeader,
@@ -87,46 +91,49 @@ impl Error {
         }
     }
 
-    /// Short, fixed label for the `errors` metric (low cardinality by construction).
-    pub fn metric_label(&self) -> &'static str {
+    /// The reason this error counts under in the `reconcile_errors` metric.
+    pub fn metric_label(&self) -> ErrorReason {
         match self {
             Error::Kube(kube::Error::Api(status)) => match status.code {
-                409 => "conflict",
-                429 => "throttled",
-                400 | 422 => "invalid",
-                403 => "forbidden",
-                404 => "not_found",
-                500..=599 => "server_error",
-                _ => "api_other",
+                409 => ErrorReason::Conflict,
+                429 => ErrorReason::Throttled,
+                400 | 422 => ErrorReason::Invalid,
+                403 => ErrorReason::Forbidden,
+                404 => ErrorReason::NotFound,
+                500..=599 => ErrorReason::ServerError,
+                _ => ErrorReason::ApiOther,
             },
-            Error::Kube(_) => "transport",
-            Error::MissingField(_) => "missing_field",
-            Error::Serialize { .. } => "serialize",
-            Error::Cleanup(_) => "cleanup",
-            Error::Drift { .. } => "drift",
-            Error::Database(_) => "database",
-            Error::NotLeader => "not_leader",
+            Error::Kube(_) => ErrorReason::Transport,
+            Error::MissingField(_) => ErrorReason::MissingField,
+            Error::Serialize { .. } => ErrorReason::Serialize,
+            Error::Cleanup(_) => ErrorReason::Cleanup,
+            Error::Drift { .. } => ErrorReason::Drift,
+            Error::Database(_) => ErrorReason::Database,
+            Error::NotLeader => ErrorReason::NotLeader,
         }
     }
 }
 
-/// Every value [`Error::metric_label`] returns, so each series exists from the start.
-pub const ERROR_LABELS: [&str; 14] = [
-    "conflict",
-    "throttled",
-    "invalid",
-    "forbidden",
-    "not_found",
-    "server_error",
-    "api_other",
-    "transport",
-    "missing_field",
-    "serialize",
-    "cleanup",
-    "drift",
-    "database",
-    "not_leader",
-];
+telemetry::label_values! {
+    /// Why a reconcile failed, as the `reconcile_errors` metric counts it (a fixed set:
+    /// low cardinality by construction).
+    pub enum ErrorReason {
+        Conflict => "conflict",
+        Throttled => "throttled",
+        Invalid => "invalid",
+        Forbidden => "forbidden",
+        NotFound => "not_found",
+        ServerError => "server_error",
+        ApiOther => "api_other",
+        Transport => "transport",
+        MissingField => "missing_field",
+        Serialize => "serialize",
+        Cleanup => "cleanup",
+        Drift => "drift",
+        Database => "database",
+        NotLeader => "not_leader",
+    }
+}
 
 /// Whether a kube error is an API NotFound.
 pub fn is_not_found(e: &kube::Error) -> bool {
@@ -205,7 +212,10 @@ mod tests {
             Error::MissingField("metadata.uid").retry(),
             Retry::Permanent
         );
-        assert_eq!(Error::Cleanup("db down".into()).retry(), Retry::Transient);
+        assert_eq!(
+            Error::Cleanup(crate::database::DatabaseError::Internal("db down".into())).retry(),
+            Retry::Transient
+        );
         assert_eq!(
             Error::Kube(kube::Error::LinesCodecMaxLineLengthExceeded).retry(),
             Retry::Transient
@@ -214,10 +224,15 @@ mod tests {
 
     #[test]
     fn metric_labels_are_fixed() {
-        assert_eq!(api(409).metric_label(), "conflict");
-        assert_eq!(api(429).metric_label(), "throttled");
-        assert_eq!(api(502).metric_label(), "server_error");
-        assert_eq!(Error::Cleanup("x".into()).metric_label(), "cleanup");
+        assert_eq!(api(409).metric_label().as_str(), "conflict");
+        assert_eq!(api(429).metric_label().as_str(), "throttled");
+        assert_eq!(api(502).metric_label().as_str(), "server_error");
+        assert_eq!(
+            Error::Cleanup(crate::database::DatabaseError::Internal("x".into()))
+                .metric_label()
+                .as_str(),
+            "cleanup"
+        );
         for e in [
             api(409),
             api(429),
@@ -227,7 +242,7 @@ mod tests {
             api(500),
             api(418),
             Error::MissingField("x"),
-            Error::Cleanup("x".into()),
+            Error::Cleanup(crate::database::DatabaseError::Internal("x".into())),
             Error::Drift {
                 kind: "Service",
                 paths: vec![],
@@ -235,7 +250,7 @@ mod tests {
             Error::Database(crate::database::DatabaseError::Internal("x".into())),
             Error::NotLeader,
         ] {
-            assert!(ERROR_LABELS.contains(&e.metric_label()), "{e}");
+            assert!(ErrorReason::ALL.contains(&e.metric_label()), "{e}");
         }
     }
 

@@ -6,14 +6,18 @@
 //!
 //! | module | holds |
 //! | --- | --- |
-//! | [`reconcile`] | the reconcile steps and the error policy |
+//! | [`reconcile`] | one pass over an AppService: its steps, the status it writes once at the end, and the error policy |
+//! | [`children`] | converging one child: look it up, create, apply or repair it |
+//! | [`report`] | writing what a pass observed: status and Events |
+//! | `finalizer` | the finalizer: on before side effects, released after external cleanup |
+//! | `watches` | the caches: a reflector per watch, trimmed, with its backoff and sync flag |
 //! | [`desired`] | pure builders of the children |
 //! | [`drift`] | whether a live child is what we want, and the patch that repairs it |
-//! | [`status`] | pure status and condition computation |
+//! | [`status`] | pure status and condition computation, and the rollout assessment |
 //! | [`view`] | what the caches keep of a child |
 //! | [`external`] | external resources behind the finalizer |
 //! | [`database`] | PostgreSQL databases of AppServices (the [`external::External`] in use) |
-//! | [`error`] | the error type, its retry classification, backoff |
+//! | [`error`](mod@error) | the error type, its retry classification, backoff |
 //! | [`leader`] | Lease leader election |
 //! | [`metrics`], [`ops`] | Prometheus metrics, `/healthz` `/readyz` `/metrics` |
 //! | [`queue`] | the work queue's metrics, observed around kube-runtime's scheduler |
@@ -21,6 +25,7 @@
 //! | [`config`] | flags |
 //! | [`context`] | the one `Arc<Context>` shared by reconcile and the ops server |
 
+pub mod children;
 pub mod client;
 pub mod config;
 pub mod context;
@@ -29,17 +34,19 @@ pub mod desired;
 pub mod drift;
 pub mod error;
 pub mod external;
+mod finalizer;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;
 pub mod queue;
 pub mod reconcile;
+pub mod report;
 pub mod status;
 pub mod view;
+mod watches;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use common::AppService;
 use common::names::{LABEL_MANAGED_BY, MANAGED_BY};
@@ -52,13 +59,13 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
-use serde::de::DeserializeOwned;
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 pub use config::{Config, RateLimit};
 pub use context::{CacheSync, Context};
 pub use status::{Clock, SystemClock};
+use watches::{Watch, YieldBackoff, name_only};
 
 /// Runs the controller until `shutdown` completes, then lets in-flight reconciles finish
 /// (within the grace period) and releases the leader lease.
@@ -68,8 +75,28 @@ pub async fn run(
     config: Config,
     client: Client,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), RunError> {
     run_with(config, client, Hooks::default(), shutdown).await
+}
+
+/// Why [`run`] stopped before it was told to.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("leader election task died{}", panicked(.0))]
+    LeaderElection(Option<tokio::task::JoinError>),
+    #[error("ops server stopped")]
+    OpsStopped,
+    #[error("ops server failed: {0}")]
+    Ops(std::io::Error),
+    #[error("ops server task failed: {0}")]
+    OpsTask(tokio::task::JoinError),
+    #[error("controller stopped unexpectedly{}", panicked(.0))]
+    Stopped(Option<tokio::task::JoinError>),
+}
+
+/// `": <why>"` for a task that panicked or was cancelled; nothing for one that returned.
+fn panicked(e: &Option<tokio::task::JoinError>) -> String {
+    e.as_ref().map(|e| format!(": {e}")).unwrap_or_default()
 }
 
 /// What a caller may inject into [`run_with`]: the clock, the metrics (so an in-process
@@ -96,53 +123,32 @@ pub async fn run_with(
     client: Client,
     hooks: Hooks,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), RunError> {
     let identity = config.identity();
     let (leading_tx, leading_rx) = watch::channel(!config.leader_election);
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    // Caches of our children: only objects with our managed-by label.
+    // Caches of our children (only objects with our managed-by label), as views: only
+    // what reconcile reads. Touched, not applied: a deleted child must wake its owner.
     let child_config = watcher::Config::default()
         .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
         .any_semantic();
     let synced = Arc::new(CacheSync::default());
-    // The children enter the caches as views: only what reconcile reads.
-    let (deployments, deployments_writer) = reflector::store::<view::DeploymentView>();
-    let (services, services_writer) = reflector::store::<view::ServiceView>();
-    let (apps, apps_writer) = reflector::store::<AppService>();
-    let deployment_stream = reflector::reflector(
-        deployments_writer,
-        watcher(
-            scoped_api::<view::DeploymentView>(&client, &config),
-            child_config.clone(),
-        )
-        .backoff(WatchBackoff::default()),
-    )
-    // Marked after the reflector: the store holds the list once the flag says so.
-    .inspect(mark_synced(synced.clone(), |s| &s.deployments))
-    // Touched, not applied: a deleted child must wake its owner at once.
-    .touched_objects();
-    let service_stream = reflector::reflector(
-        services_writer,
-        watcher(
-            scoped_api::<view::ServiceView>(&client, &config),
-            child_config,
-        )
-        .backoff(WatchBackoff::default()),
-    )
-    .inspect(mark_synced(synced.clone(), |s| &s.services))
-    .touched_objects();
-    let app_stream = reflector::reflector(
-        apps_writer,
-        watcher(
-            scoped_api::<AppService>(&client, &config),
-            watcher::Config::default().any_semantic(),
-        )
-        .modify(view::slim_app)
-        .backoff(WatchBackoff::default()),
-    )
-    .inspect(mark_synced(synced.clone(), |s| &s.appservices))
-    .applied_objects();
+    let watch = Watch::new(&client, &config, &synced);
+    let (deployments, deployment_stream) =
+        watch.cached::<view::DeploymentView, _>(child_config.clone(), |_| {}, |s| &s.deployments);
+    let (services, service_stream) =
+        watch.cached::<view::ServiceView, _>(child_config, |_| {}, |s| &s.services);
+    let (apps, app_stream) = watch.cached::<AppService, _>(
+        watcher::Config::default().any_semantic(),
+        view::slim_app,
+        |s| &s.appservices,
+    );
+    let (deployment_stream, service_stream, app_stream) = (
+        deployment_stream.touched_objects(),
+        service_stream.touched_objects(),
+        app_stream.applied_objects(),
+    );
 
     // Deployments and Services without our label, metadata only, and of those only the
     // names: one named like an AppService is either a foreign object blocking it (its
@@ -152,34 +158,21 @@ pub async fn run_with(
     let others_config = watcher::Config::default()
         .labels(&format!("{LABEL_MANAGED_BY}!={MANAGED_BY}"))
         .any_semantic();
-    let (other_deployments, other_deployments_writer) =
-        reflector::store::<PartialObjectMeta<Deployment>>();
-    let (other_services, other_services_writer) = reflector::store::<PartialObjectMeta<Service>>();
-    let other_deployment_stream = reflector::reflector(
-        other_deployments_writer,
-        watcher(
-            scoped_api::<PartialObjectMeta<Deployment>>(&client, &config),
-            others_config.clone(),
-        )
-        .modify(name_only)
-        .backoff(WatchBackoff::default()),
-    )
-    .inspect(mark_synced(synced.clone(), |s| &s.other_deployments))
-    .touched_objects();
-    let other_service_stream = reflector::reflector(
-        other_services_writer,
-        watcher(
-            scoped_api::<PartialObjectMeta<Service>>(&client, &config),
-            others_config,
-        )
-        .modify(name_only)
-        .backoff(WatchBackoff::default()),
-    )
-    .inspect(mark_synced(synced.clone(), |s| &s.other_services))
-    .touched_objects();
+    let (other_deployments, other_deployment_stream) = watch
+        .cached::<PartialObjectMeta<Deployment>, _>(others_config.clone(), name_only, |s| {
+            &s.other_deployments
+        });
+    let (other_services, other_service_stream) =
+        watch.cached::<PartialObjectMeta<Service>, _>(others_config, name_only, |s| {
+            &s.other_services
+        });
+    let (other_deployment_stream, other_service_stream) = (
+        other_deployment_stream.touched_objects(),
+        other_service_stream.touched_objects(),
+    );
 
     // The work queue is observed around the Controller: each trigger stream counts.
-    let queue = hooks.metrics.queue.clone();
+    let queue = hooks.metrics.queue().clone();
     queue.set_max_concurrent(config.concurrency);
     let app_stream = queue::observe_apps(app_stream, queue.clone());
     let deployment_stream = queue::observe_children(deployment_stream, queue.clone());
@@ -193,19 +186,17 @@ pub async fn run_with(
         client.clone(),
         config.clone(),
         Recorder::new(client.clone(), reporter),
-        hooks.clock,
-        hooks.metrics,
-        hooks.external,
+        hooks,
         context::Caches {
             deployments: deployments.clone(),
             services: services.clone(),
             other_deployments,
             other_services,
+            synced,
         },
         leading_rx.clone(),
-        synced,
     ));
-    ctx.metrics.leader.set(i64::from(ctx.is_leader()));
+    ctx.metrics().set_leader(ctx.is_leader());
 
     let apps_for_deployments = apps.clone();
     let apps_for_services = apps.clone();
@@ -247,7 +238,7 @@ pub async fn run_with(
     tokio::spawn(async move {
         while gauge_rx.changed().await.is_ok() {
             let leading = *gauge_rx.borrow_and_update();
-            gauge_ctx.metrics.leader.set(i64::from(leading));
+            gauge_ctx.metrics().set_leader(leading);
         }
     });
 
@@ -320,25 +311,24 @@ pub async fn run_with(
 
     let shutdown = shutdown.fuse();
     tokio::pin!(shutdown);
-    let mut failure: Option<anyhow::Error> = None;
+    let mut failure: Option<RunError> = None;
     tokio::select! {
         _ = &mut shutdown => info!("shutting down"),
         r = async { match elector.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
-            error!(result = ?r.err(), "leader election task ended unexpectedly");
-            failure = Some(anyhow::anyhow!("leader election task died"));
+            // Returned, not logged here: the caller reports it once.
+            failure = Some(RunError::LeaderElection(r.err()));
         }
         r = async { match ops.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
-            let message = match r {
-                Ok(Ok(())) => "ops server stopped".to_owned(),
-                Ok(Err(e)) => format!("ops server failed: {e}"),
-                Err(e) => format!("ops server task failed: {e}"),
+            let e = match r {
+                Ok(Ok(())) => RunError::OpsStopped,
+                Ok(Err(e)) => RunError::Ops(e),
+                Err(e) => RunError::OpsTask(e),
             };
-            error!("{message}");
-            failure = Some(anyhow::anyhow!(message));
+            failure = Some(e);
             ops = None;
         }
         r = &mut controller_task => {
-            failure = Some(anyhow::anyhow!("controller stopped unexpectedly: {r:?}"));
+            failure = Some(RunError::Stopped(r.err()));
         }
     }
 
@@ -368,103 +358,6 @@ pub async fn run_with(
     }
 }
 
-/// A watch-stream observer that records when the initial list is complete. (Awaiting
-/// `Store::wait_until_ready` here instead would steal the wake-up the controller itself
-/// waits for: that future wakes only its latest waiter.)
-fn mark_synced<K>(
-    synced: Arc<CacheSync>,
-    flag: fn(&CacheSync) -> &std::sync::atomic::AtomicBool,
-) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
-    move |event| {
-        if let Ok(watcher::Event::InitDone) = event
-            && !flag(&synced).swap(true, Ordering::Relaxed)
-            && synced.all()
-        {
-            info!("caches synced");
-        }
-    }
-}
-
-/// An Api scoped to the watched namespace, or to all namespaces.
-fn scoped_api<K>(client: &Client, config: &Config) -> Api<K>
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + DeserializeOwned
-        + Clone
-        + std::fmt::Debug,
-{
-    match &config.watch_namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-}
-
-/// Backoff of the watches. kube-runtime's default grows to 30 s and forgets its errors
-/// only after two quiet minutes, so after an API server restart (a few connection
-/// errors, then "too old resource version") the caches stayed stale for half a minute.
-/// This one starts at 100 ms, doubles to at most 5 s (so an outage costs one request
-/// every few seconds per watch) and is reset by the first event that comes through.
-#[derive(Clone, Debug)]
-struct WatchBackoff {
-    next: std::time::Duration,
-}
-
-impl WatchBackoff {
-    const MIN: std::time::Duration = std::time::Duration::from_millis(100);
-    const MAX: std::time::Duration = std::time::Duration::from_secs(5);
-}
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        WatchBackoff { next: Self::MIN }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = std::time::Duration;
-
-    fn next(&mut self) -> Option<std::time::Duration> {
-        let nominal = self.next;
-        self.next = (nominal * 2).min(Self::MAX);
-        // Half to all of the nominal delay, so many watches do not retry in step.
-        Some(nominal.mul_f64(0.5 + rand::random::<f64>() / 2.0))
-    }
-}
-
-impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = Self::MIN;
-    }
-}
-
-/// Keeps only the name and namespace of an object that is not ours (all reconcile needs
-/// to know is that the name is taken), and the resourceVersion the reflector tracks.
-fn name_only<K>(obj: &mut PartialObjectMeta<K>) {
-    let meta = std::mem::take(&mut obj.metadata);
-    obj.metadata = kube::api::ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        resource_version: meta.resource_version,
-        ..kube::api::ObjectMeta::default()
-    };
-}
-
-/// No pause beyond a yield: for a stream whose parts back off on their own.
-#[derive(Clone, Copy, Debug)]
-struct YieldBackoff;
-
-impl Iterator for YieldBackoff {
-    type Item = std::time::Duration;
-
-    fn next(&mut self) -> Option<std::time::Duration> {
-        Some(std::time::Duration::from_millis(1))
-    }
-}
-
-impl kube::runtime::utils::Backoff for YieldBackoff {
-    fn reset(&mut self) {}
-}
-
 /// The AppService named like an object, if there is one in the same namespace.
 fn same_named_app(
     apps: &reflector::Store<AppService>,
@@ -486,21 +379,4 @@ fn leadership_gained(leading: watch::Receiver<bool>) -> impl futures::Stream<Ite
             }
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kube::runtime::utils::Backoff;
-
-    #[test]
-    fn watch_backoff_is_bounded_and_resets() {
-        let mut b = WatchBackoff::default();
-        let delays: Vec<_> = (&mut b).take(12).collect();
-        assert!(delays[0] <= WatchBackoff::MIN && delays[0] >= WatchBackoff::MIN / 2);
-        assert!(delays.iter().all(|d| *d <= WatchBackoff::MAX));
-        assert!(delays[11] >= WatchBackoff::MAX / 2);
-        b.reset();
-        assert!(b.next().is_some_and(|d| d <= WatchBackoff::MIN));
-    }
 }

@@ -45,99 +45,82 @@ struct Args {
     otlp_endpoint: Option<String>,
 }
 
-fn init_logging(args: &Args) -> anyhow::Result<telemetry::Telemetry> {
-    use std::io::IsTerminal;
-    let json = match args.log_format {
-        Some(format) => format == telemetry::LogFormat::Json,
-        None => !std::io::stderr().is_terminal(),
-    };
-    Ok(telemetry::logs::init(&telemetry::LogOptions {
-        json,
-        flatten_json: false,
+/// Why the controller could not start or stopped with an error; printed once, by `main`.
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error("reading the Kubernetes configuration: {0}")]
+    Config(kube::Error),
+    #[error("creating the Kubernetes client: {0}")]
+    Client(kube::Error),
+    #[error("{0}")]
+    Run(controller::RunError),
+}
+
+fn init_logging(args: &Args) -> Result<telemetry::Telemetry, telemetry::logs::Error> {
+    telemetry::logs::init(&telemetry::LogOptions {
+        format: telemetry::LogFormat::or_detect(args.log_format),
         service_name: "appservice-controller",
         otlp_endpoint: args.otlp_endpoint.clone(),
-    })?)
-}
-
-async fn kube_config(path: Option<&PathBuf>) -> anyhow::Result<kube::Config> {
-    Ok(match path {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
-        }
-        None => kube::Config::infer().await?,
     })
-}
-
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => info!("SIGTERM received"),
-                _ = tokio::signal::ctrl_c() => info!("SIGINT received"),
-            }
-        }
-        Err(e) => {
-            error!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the controller");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if let Err(e) = telemetry::profiling::enable_heap_profiling(args.config.profiling()) {
-        eprintln!("cannot restart with heap profiling enabled: {e}");
+    if let Err(error) = telemetry::profiling::enable_heap_profiling(args.config.profiling()) {
+        eprintln!("cannot restart with heap profiling enabled: {error}");
         return ExitCode::FAILURE;
     }
     let telemetry = match init_logging(&args) {
         Ok(telemetry) => telemetry,
-        Err(e) => {
-            eprintln!("appservice-controller: {e:#}");
+        Err(error) => {
+            eprintln!("appservice-controller: {error}");
             return ExitCode::FAILURE;
         }
     };
     // One crypto provider for every TLS connection; installing twice is harmless.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-
-    let result = async {
-        let config = kube_config(args.kubeconfig.as_ref()).await?;
-        let client = controller::client::build_client(config, args.rate_limit)?;
-        info!(
-            namespace = args.config.watch_namespace.as_deref().unwrap_or("<all>"),
-            qps = args.rate_limit.qps,
-            burst = args.rate_limit.burst,
-            "starting controller"
-        );
-        let metrics = Arc::new(Metrics::default());
-        let databases = Databases::new(
-            client.clone(),
-            &args.database,
-            &args.config.lease_namespace,
-            metrics.clone(),
-        );
-        let hooks = Hooks {
-            metrics,
-            external: Arc::new(databases),
-            ..Hooks::default()
-        };
-        controller::run_with(args.config, client, hooks, shutdown_signal()).await
-    }
-    .await;
+    let result = run(args).await;
     telemetry.shutdown().await;
     match result {
         Ok(()) => {
             info!("stopped");
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            error!(error = %format!("{e:#}"), "controller failed");
+        Err(error) => {
+            error!(%error, "controller failed");
             ExitCode::FAILURE
         }
     }
+}
+
+async fn run(args: Args) -> Result<(), Error> {
+    let config = controller::client::kube_config(args.kubeconfig.as_deref())
+        .await
+        .map_err(Error::Config)?;
+    let client =
+        controller::client::build_client(config, args.rate_limit).map_err(Error::Client)?;
+    info!(
+        namespace = args.config.watch_namespace.as_deref().unwrap_or("<all>"),
+        qps = args.rate_limit.qps,
+        burst = args.rate_limit.burst,
+        "starting controller"
+    );
+    let metrics = Arc::new(Metrics::default());
+    let databases = Databases::new(
+        client.clone(),
+        &args.database,
+        &args.config.lease_namespace,
+        metrics.clone(),
+    );
+    let hooks = Hooks {
+        metrics,
+        external: Arc::new(databases),
+        ..Hooks::default()
+    };
+    controller::run_with(args.config, client, hooks, telemetry::shutdown_signal())
+        .await
+        .map_err(Error::Run)
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Prometheus metrics of the controller, with small fixed label sets.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,67 +11,80 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    /// `success`, `error`.
-    pub result: &'static str,
+use common::AppService;
+use kube::runtime::reflector::ObjectRef;
+
+pub use crate::database::DatabaseErrorReason;
+pub use crate::error::ErrorReason;
+
+telemetry::label_values! {
+    /// How a reconcile, or a database operation, ended.
+    pub enum Outcome { Success => "success", Error => "error" }
+
+    /// Status of an AppService's Ready condition.
+    pub enum Ready { True => "True", False => "False", Unknown => "Unknown" }
+
+    /// What reconcile wrote to the API server.
+    pub enum Written {
+        Deployments => "deployments",
+        Services => "services",
+        AppServices => "appservices",
+        AppServiceStatus => "appservices/status",
+        Events => "events",
+        Secrets => "secrets",
+        DatabaseClassStatus => "databaseclasses/status",
+    }
+
+    /// A database operation.
+    pub enum DatabaseOperation { Provision => "provision", Cleanup => "cleanup" }
+}
+
+impl Ready {
+    /// The value of a condition's `status` (`Unknown` for anything else).
+    pub fn of(status: &str) -> Ready {
+        match status {
+            common::conditions::TRUE => Ready::True,
+            common::conditions::FALSE => Ready::False,
+            _ => Ready::Unknown,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
+pub struct ResultLabel {
+    pub result: Outcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabel {
+    pub reason: ErrorReason,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DatabaseErrorLabel {
+    pub reason: DatabaseErrorReason,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReadyLabel {
-    /// Status of the Ready condition: `True`, `False`, `Unknown`.
-    pub ready: String,
+    pub ready: Ready,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabel {
-    /// `deployments`, `services`, `appservices`, `appservices/status`, `events`.
-    pub resource: &'static str,
+    pub resource: Written,
 }
-
-/// Every value of [`WriteLabel::resource`].
-pub const WRITE_RESOURCES: [&str; 7] = [
-    "deployments",
-    "services",
-    "appservices",
-    "appservices/status",
-    "events",
-    "secrets",
-    "databaseclasses/status",
-];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DatabaseOpLabel {
-    /// `provision`, `cleanup`.
-    pub operation: &'static str,
-    /// `success`, `error`.
-    pub result: &'static str,
+    pub operation: DatabaseOperation,
+    pub result: Outcome,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabel {
-    /// `provision`, `cleanup`.
-    pub operation: &'static str,
+    pub operation: DatabaseOperation,
 }
-
-/// Every value of `DatabaseError::metric_label` (the `reason` of `database_errors`).
-pub const DATABASE_ERROR_LABELS: [&str; 10] = [
-    "class_not_found",
-    "admin_secret",
-    "ca",
-    "credentials",
-    "privilege",
-    "unreachable",
-    "sql",
-    "secret_conflict",
-    "kube",
-    "internal",
-];
 
 /// Metrics of the database step (`appservice_controller_database_*`).
 #[derive(Clone)]
@@ -79,7 +92,7 @@ pub struct DatabaseMetrics {
     /// Provision and cleanup attempts by result.
     pub operations: Family<DatabaseOpLabel, Counter>,
     /// Failures by reason (`unreachable`, `credentials`, `class_not_found`, ...).
-    pub errors: Family<ReasonLabel, Counter>,
+    pub errors: Family<DatabaseErrorLabel, Counter>,
     /// Duration of one provision or cleanup attempt.
     pub duration: Family<OperationLabel, Histogram>,
 }
@@ -97,8 +110,8 @@ impl Default for DatabaseMetrics {
 }
 
 impl DatabaseMetrics {
-    fn record(&self, operation: &'static str, ok: bool, took: Duration) {
-        let result = if ok { "success" } else { "error" };
+    fn record(&self, operation: DatabaseOperation, ok: bool, took: Duration) {
+        let result = Outcome::of(ok);
         self.operations
             .get_or_create(&DatabaseOpLabel { operation, result })
             .inc();
@@ -108,19 +121,21 @@ impl DatabaseMetrics {
     }
 
     pub fn provisioned(&self, ok: bool, took: Duration) {
-        self.record("provision", ok, took);
+        self.record(DatabaseOperation::Provision, ok, took);
     }
 
     pub fn cleaned(&self, ok: bool, took: Duration) {
-        self.record("cleanup", ok, took);
+        self.record(DatabaseOperation::Cleanup, ok, took);
     }
 
-    pub fn error(&self, reason: &'static str) {
-        self.errors.get_or_create(&ReasonLabel { reason }).inc();
+    pub fn error(&self, reason: DatabaseErrorReason) {
+        self.errors
+            .get_or_create(&DatabaseErrorLabel { reason })
+            .inc();
     }
 
     /// Attempts of `operation` with `result` so far.
-    pub fn count(&self, operation: &'static str, result: &'static str) -> u64 {
+    pub fn count(&self, operation: DatabaseOperation, result: Outcome) -> u64 {
         self.operations
             .get_or_create(&DatabaseOpLabel { operation, result })
             .get()
@@ -128,22 +143,25 @@ impl DatabaseMetrics {
 }
 
 /// Every metric the controller exports, registered in one registry.
+///
+/// Recorded through its methods; the fields are private so that every series keeps the
+/// meaning its registration gives it.
 pub struct Metrics {
-    pub registry: Registry,
-    pub reconciles: Family<ResultLabel, Counter>,
-    pub errors: Family<ReasonLabel, Counter>,
-    pub duration: Histogram,
-    pub objects: Family<ReadyLabel, Gauge>,
-    pub leader: Gauge,
-    pub cleanup_failures: Counter,
-    pub writes: Family<WriteLabel, Counter>,
-    pub database: DatabaseMetrics,
+    registry: Registry,
+    reconciles: Family<ResultLabel, Counter>,
+    errors: Family<ErrorLabel, Counter>,
+    duration: Histogram,
+    objects: Family<ReadyLabel, Gauge>,
+    leader: Gauge,
+    cleanup_failures: Counter,
+    writes: Family<WriteLabel, Counter>,
+    database: DatabaseMetrics,
     /// The work queue (controller-runtime's names, no prefix).
-    pub queue: Arc<crate::queue::Queue>,
+    queue: Arc<crate::queue::Queue>,
     /// `process_*`: memory, CPU, file descriptors, start time (read at scrape).
-    pub process: telemetry::process::ProcessMetrics,
-    /// Ready status per object key, to keep `objects` exact.
-    ready_by_key: Mutex<HashMap<String, String>>,
+    process: telemetry::process::ProcessMetrics,
+    /// Ready status per AppService, to keep `objects` exact.
+    ready_by_key: Mutex<HashMap<ObjectRef<AppService>, Ready>>,
 }
 
 impl Default for Metrics {
@@ -155,7 +173,7 @@ impl Default for Metrics {
         process.register(&mut root);
         let registry = root.sub_registry_with_prefix("appservice_controller");
         let reconciles = Family::<ResultLabel, Counter>::default();
-        let errors = Family::<ReasonLabel, Counter>::default();
+        let errors = Family::<ErrorLabel, Counter>::default();
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
         let objects = Family::<ReadyLabel, Gauge>::default();
         let leader = Gauge::default();
@@ -194,23 +212,21 @@ impl Default for Metrics {
         );
         // Every fixed series exists from the start, at 0: an alert on a rate of a series
         // that appears only with the first failure sees nothing until then.
-        for result in ["success", "error"] {
+        for &result in Outcome::ALL {
             let _ = reconciles.get_or_create(&ResultLabel { result });
         }
-        for reason in crate::error::ERROR_LABELS {
-            let _ = errors.get_or_create(&ReasonLabel { reason });
+        for &reason in ErrorReason::ALL {
+            let _ = errors.get_or_create(&ErrorLabel { reason });
         }
-        for ready in ["True", "False", "Unknown"] {
-            let _ = objects.get_or_create(&ReadyLabel {
-                ready: ready.to_owned(),
-            });
+        for &ready in Ready::ALL {
+            let _ = objects.get_or_create(&ReadyLabel { ready });
         }
-        for resource in WRITE_RESOURCES {
+        for &resource in Written::ALL {
             let _ = writes.get_or_create(&WriteLabel { resource });
         }
         let database = DatabaseMetrics::default();
-        for operation in ["provision", "cleanup"] {
-            for result in ["success", "error"] {
+        for &operation in DatabaseOperation::ALL {
+            for &result in Outcome::ALL {
                 let _ = database
                     .operations
                     .get_or_create(&DatabaseOpLabel { operation, result });
@@ -219,8 +235,10 @@ impl Default for Metrics {
                 .duration
                 .get_or_create(&OperationLabel { operation });
         }
-        for reason in DATABASE_ERROR_LABELS {
-            let _ = database.errors.get_or_create(&ReasonLabel { reason });
+        for &reason in DatabaseErrorReason::ALL {
+            let _ = database
+                .errors
+                .get_or_create(&DatabaseErrorLabel { reason });
         }
         registry.register(
             "database_operations",
@@ -254,63 +272,100 @@ impl Default for Metrics {
     }
 }
 
+impl Outcome {
+    pub fn of(ok: bool) -> Outcome {
+        if ok { Outcome::Success } else { Outcome::Error }
+    }
+}
+
 impl Metrics {
     pub fn reconciled(&self, ok: bool, took: Duration) {
-        let result = if ok { "success" } else { "error" };
+        let result = Outcome::of(ok);
         self.reconciles.get_or_create(&ResultLabel { result }).inc();
         self.duration.observe(took.as_secs_f64());
     }
 
-    pub fn error(&self, reason: &'static str) {
-        self.errors.get_or_create(&ReasonLabel { reason }).inc();
+    pub fn error(&self, reason: ErrorReason) {
+        self.errors.get_or_create(&ErrorLabel { reason }).inc();
     }
 
-    pub fn write(&self, resource: &'static str) {
+    pub fn write(&self, resource: Written) {
         self.writes.get_or_create(&WriteLabel { resource }).inc();
+    }
+
+    pub fn cleanup_failed(&self) {
+        self.cleanup_failures.inc();
+    }
+
+    /// Whether this replica leads.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// The database step's metrics.
+    pub fn database(&self) -> &DatabaseMetrics {
+        &self.database
+    }
+
+    /// The work queue's metrics.
+    pub fn queue(&self) -> &Arc<crate::queue::Queue> {
+        &self.queue
     }
 
     /// Reconciles run so far (both results).
     pub fn reconcile_count(&self) -> u64 {
-        ["success", "error"]
-            .into_iter()
-            .map(|result| self.reconciles.get_or_create(&ResultLabel { result }).get())
+        Outcome::ALL
+            .iter()
+            .map(|&result| self.reconciles.get_or_create(&ResultLabel { result }).get())
             .sum()
     }
 
-    /// API writes made so far by reconcile to one resource (one of [`WRITE_RESOURCES`]).
-    pub fn writes_to(&self, resource: &'static str) -> u64 {
+    /// Failed reconciles for `reason` so far.
+    pub fn errors_of(&self, reason: ErrorReason) -> u64 {
+        self.errors.get_or_create(&ErrorLabel { reason }).get()
+    }
+
+    /// Failed attempts at cleaning up external resources so far.
+    pub fn cleanup_failure_count(&self) -> u64 {
+        self.cleanup_failures.get()
+    }
+
+    /// API writes made so far by reconcile to one resource.
+    pub fn writes_to(&self, resource: Written) -> u64 {
         self.writes.get_or_create(&WriteLabel { resource }).get()
     }
 
     /// API writes made so far by reconcile, all resources.
     pub fn write_count(&self) -> u64 {
-        WRITE_RESOURCES
-            .into_iter()
-            .map(|resource| self.writes.get_or_create(&WriteLabel { resource }).get())
+        Written::ALL
+            .iter()
+            .map(|&resource| self.writes_to(resource))
             .sum()
     }
 
+    /// AppServices whose Ready condition has this status.
+    pub fn objects(&self, ready: Ready) -> i64 {
+        self.objects.get_or_create(&ReadyLabel { ready }).get()
+    }
+
     /// Records the Ready status of `key` (`None` when the object is gone).
-    pub fn set_ready(&self, key: &str, ready: Option<&str>) {
-        let Ok(mut by_key) = self.ready_by_key.lock() else {
-            return;
-        };
+    pub fn set_ready(&self, key: &ObjectRef<AppService>, ready: Option<Ready>) {
+        let mut by_key = self
+            .ready_by_key
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let old = match ready {
-            Some(r) => by_key.insert(key.to_owned(), r.to_owned()),
+            Some(r) => by_key.insert(key.clone(), r),
             None => by_key.remove(key),
         };
-        if old.as_deref() == ready {
+        if old == ready {
             return;
         }
         if let Some(old) = old {
             self.objects.get_or_create(&ReadyLabel { ready: old }).dec();
         }
         if let Some(new) = ready {
-            self.objects
-                .get_or_create(&ReadyLabel {
-                    ready: new.to_owned(),
-                })
-                .inc();
+            self.objects.get_or_create(&ReadyLabel { ready: new }).inc();
         }
     }
 
@@ -331,21 +386,20 @@ mod tests {
     #[test]
     fn ready_gauge_tracks_transitions() {
         let m = Metrics::default();
-        m.set_ready("ns/a", Some("False"));
-        m.set_ready("ns/b", Some("False"));
-        m.set_ready("ns/a", Some("True"));
-        m.set_ready("ns/a", Some("True"));
-        let get = |r: &str| {
-            m.objects
-                .get_or_create(&ReadyLabel { ready: r.into() })
-                .get()
-        };
-        assert_eq!(get("True"), 1);
-        assert_eq!(get("False"), 1);
-        m.set_ready("ns/b", None);
-        assert_eq!(get("False"), 0);
-        m.write("deployments");
-        m.write("events");
+        let (a, b) = (
+            ObjectRef::new("a").within("ns"),
+            ObjectRef::new("b").within("ns"),
+        );
+        m.set_ready(&a, Some(Ready::False));
+        m.set_ready(&b, Some(Ready::False));
+        m.set_ready(&a, Some(Ready::True));
+        m.set_ready(&a, Some(Ready::True));
+        assert_eq!(m.objects(Ready::True), 1);
+        assert_eq!(m.objects(Ready::False), 1);
+        m.set_ready(&b, None);
+        assert_eq!(m.objects(Ready::False), 0);
+        m.write(Written::Deployments);
+        m.write(Written::Events);
         assert_eq!(m.write_count(), 2);
         m.reconciled(true, Duration::from_millis(3));
         m.reconciled(false, Duration::from_millis(3));

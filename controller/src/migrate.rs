@@ -43,22 +43,21 @@ pub struct Report {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("reading the CRD {CRD_NAME}: {0}")]
-    Crd(#[source] kube::Error),
+    Crd(kube::Error),
     #[error(
         "the CRD {CRD_NAME} stores {found:?}, not {STORAGE_VERSION}: install the new CRD (and the webhook serving /convert) first"
     )]
     WrongStorageVersion { found: Option<String> },
     #[error("listing AppServices: {0}")]
-    List(#[source] kube::Error),
-    #[error("rewriting AppService {namespace}/{name}: {source}")]
+    List(kube::Error),
+    #[error("rewriting AppService {namespace}/{name}: {error}")]
     Rewrite {
         namespace: String,
         name: String,
-        #[source]
-        source: kube::Error,
+        error: kube::Error,
     },
     #[error("updating status.storedVersions of {CRD_NAME}: {0}")]
-    StoredVersions(#[source] kube::Error),
+    StoredVersions(kube::Error),
 }
 
 /// Migrates every AppService to the storage version, then narrows `storedVersions`.
@@ -93,10 +92,10 @@ pub async fn run(client: Client) -> Result<Report, Error> {
                 Api::namespaced_with(client.clone(), &namespace, &resource);
             rewrite(&api, object, &mut report)
                 .await
-                .map_err(|source| Error::Rewrite {
+                .map_err(|error| Error::Rewrite {
                     namespace,
                     name,
-                    source,
+                    error,
                 })?;
         }
         match page.metadata.continue_ {

@@ -44,6 +44,8 @@ pub trait Child:
 {
     /// The kind, for messages.
     const KIND: &'static str;
+    /// Writes of this kind, as the `api_writes` metric counts them.
+    const WRITTEN: crate::metrics::Written;
     type View: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Drift
         + Hashed
@@ -57,11 +59,13 @@ pub trait Child:
 
 impl Child for Deployment {
     const KIND: &'static str = "Deployment";
+    const WRITTEN: crate::metrics::Written = crate::metrics::Written::Deployments;
     type View = DeploymentView;
 }
 
 impl Child for Service {
     const KIND: &'static str = "Service";
+    const WRITTEN: crate::metrics::Written = crate::metrics::Written::Services;
     type View = ServiceView;
 }
 

@@ -15,6 +15,7 @@ use common::names::DATABASE_URL_ENV;
 use common::{AppService, DatabaseClass, DatabaseSpec};
 use controller::database::{DatabaseConfig, Databases, reasons};
 use controller::metrics::Metrics;
+use controller::metrics::{DatabaseOperation, Outcome};
 use harness::Postgres;
 use harness::eventually;
 use k8s_openapi::ByteString;
@@ -300,8 +301,18 @@ async fn create_provisions_a_usable_database_and_delete_drops_it() -> anyhow::Re
     apps.delete("shop", &DeleteParams::default()).await?;
     w.wait_gone("shop", WAIT).await?;
     assert_eq!(w.catalog().await?, (BTreeSet::new(), BTreeSet::new()));
-    assert!(metrics.database.count("provision", "success") >= 1);
-    assert!(metrics.database.count("cleanup", "success") >= 1);
+    assert!(
+        metrics
+            .database()
+            .count(DatabaseOperation::Provision, Outcome::Success)
+            >= 1
+    );
+    assert!(
+        metrics
+            .database()
+            .count(DatabaseOperation::Cleanup, Outcome::Success)
+            >= 1
+    );
     ctl.stop().await?;
     Ok(())
 }
@@ -332,8 +343,13 @@ async fn an_outage_during_delete_keeps_the_app_terminating_until_the_server_is_b
     assert!(message.contains("unreachable"), "{message}");
     assert!(message.contains(&w.class), "{message}");
     assert!(failing.metadata.deletion_timestamp.is_some());
-    assert!(ctl.metrics.cleanup_failures.get() >= 1);
-    assert!(metrics.database.count("cleanup", "error") >= 1);
+    assert!(ctl.metrics.cleanup_failure_count() >= 1);
+    assert!(
+        metrics
+            .database()
+            .count(DatabaseOperation::Cleanup, Outcome::Error)
+            >= 1
+    );
     // A Warning Event says so too.
     let events: Api<Event> = w.api();
     let warned = eventually("a CleanupFailed Event", WAIT, || {
@@ -675,10 +691,18 @@ async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
         live.len(),
         leaked_dbs.len(),
         leaked_roles.len(),
-        metrics.database.count("provision", "success"),
-        metrics.database.count("provision", "error"),
-        metrics.database.count("cleanup", "success"),
-        metrics.database.count("cleanup", "error"),
+        metrics
+            .database()
+            .count(DatabaseOperation::Provision, Outcome::Success),
+        metrics
+            .database()
+            .count(DatabaseOperation::Provision, Outcome::Error),
+        metrics
+            .database()
+            .count(DatabaseOperation::Cleanup, Outcome::Success),
+        metrics
+            .database()
+            .count(DatabaseOperation::Cleanup, Outcome::Error),
     );
     assert!(leaked_dbs.is_empty(), "leaked databases: {leaked_dbs:?}");
     assert!(leaked_roles.is_empty(), "leaked roles: {leaked_roles:?}");

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use common::conditions::{DEGRADED, READY, TRUE, reasons};
-use common::names::DEFAULT_PORT_NAME as PORT_NAME;
+use common::defaults::DEFAULT_PORT_NAME as PORT_NAME;
 use common::names::{FINALIZER, child_labels, endpoint, selector_labels};
 use common::{AppService, AppServiceSpec, EnvVar};
 use controller::desired::CONTAINER_NAME;
@@ -325,12 +325,9 @@ impl World {
         // Event of that transition, from the same reconcile: let it land first.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let by_resource = || {
-            controller::metrics::WRITE_RESOURCES
+            controller::metrics::Written::ALL
                 .iter()
-                .map(|r| {
-                    let label = controller::metrics::WriteLabel { resource: r };
-                    (*r, self.ctl.metrics.writes.get_or_create(&label).get())
-                })
+                .map(|&r| (r.as_str(), self.ctl.metrics.writes_to(r)))
                 .collect::<Vec<_>>()
         };
         let writes = by_resource();
@@ -1005,11 +1002,7 @@ async fn missing_hash_annotation_is_put_back_without_a_ready_flap() -> anyhow::R
     let status_writes = || {
         f.ctl
             .metrics
-            .writes
-            .get_or_create(&controller::metrics::WriteLabel {
-                resource: "appservices/status",
-            })
-            .get()
+            .writes_to(controller::metrics::Written::AppServiceStatus)
     };
     let status_writes_before = status_writes();
     for api in ["deployments", "services"] {

@@ -26,7 +26,7 @@ fn value(scrape: &str, series: &str) -> Option<f64> {
 #[tokio::test]
 async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
     let (f, ctl) = Fixture::start().await?;
-    let queue = ctl.metrics.queue.clone();
+    let queue = ctl.metrics.queue().clone();
 
     for name in ["q1", "q2", "q3"] {
         create(&f.apps, &app(name, "registry.example.com/q:v1", 1)).await?;

@@ -481,7 +481,9 @@ impl controller::external::External for FlakyExternal {
             self.cleanups.fetch_add(1, Ordering::SeqCst);
             if self.fail.load(Ordering::SeqCst) {
                 Err(controller::error::Error::Cleanup(
-                    "database server unreachable".into(),
+                    controller::database::DatabaseError::Internal(
+                        "database server unreachable".into(),
+                    ),
                 ))
             } else {
                 Ok(controller::external::Step::Done)
@@ -528,7 +530,7 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
         (2..=8).contains(&attempts),
         "cleanup attempts in ~3s: {attempts}"
     );
-    assert!(ctl.metrics.cleanup_failures.get() >= 2);
+    assert!(ctl.metrics.cleanup_failure_count() >= 2);
     assert!(
         apps.get_opt("db").await?.is_some(),
         "the finalizer must hold the object"
@@ -592,9 +594,7 @@ async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() ->
     );
     assert!(
         ctl.metrics
-            .errors
-            .get_or_create(&controller::metrics::ReasonLabel { reason: "invalid" })
-            .get()
+            .errors_of(controller::metrics::ErrorReason::Invalid)
             <= 3
     );
 

@@ -330,8 +330,11 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
         before,
         "the upgrade wrote a child"
     );
-    assert_eq!(metrics.writes_to("deployments"), 0);
-    assert_eq!(metrics.writes_to("services"), 0);
+    assert_eq!(
+        metrics.writes_to(controller::metrics::Written::Deployments),
+        0
+    );
+    assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 0);
 
     // 3. Storage migration while the controller runs and a user keeps annotating every
     //    object in v1alpha1 (writes that conflict with the migration's).
@@ -384,8 +387,11 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
         before,
         "the migration caused a child write"
     );
-    assert_eq!(metrics.writes_to("deployments"), 0);
-    assert_eq!(metrics.writes_to("services"), 0);
+    assert_eq!(
+        metrics.writes_to(controller::metrics::Written::Deployments),
+        0
+    );
+    assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 0);
 
     // 4. Both versions, both ways. What v1alpha1 cannot say survives a v1alpha1 edit...
     let mut two_ports: v1beta1::AppService = serde_json::from_value(json!({

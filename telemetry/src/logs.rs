@@ -36,16 +36,26 @@ pub enum LogFormat {
     Text,
 }
 
+impl LogFormat {
+    /// `format`, or when unset JSON unless stderr is a terminal (a Pod's never is).
+    pub fn or_detect(format: Option<LogFormat>) -> LogFormat {
+        use std::io::IsTerminal;
+        format.unwrap_or(if std::io::stderr().is_terminal() {
+            LogFormat::Text
+        } else {
+            LogFormat::Json
+        })
+    }
+}
+
 /// The environment variable OpenTelemetry SDKs read the OTLP endpoint from.
 pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 
 /// How to log and trace.
 #[derive(Clone, Debug)]
 pub struct LogOptions {
-    /// JSON lines (else readable text).
-    pub json: bool,
-    /// JSON: the event's fields at the top level of the line (else under `fields`).
-    pub flatten_json: bool,
+    /// JSON lines, each event's fields at the top level, or readable text.
+    pub format: LogFormat,
     /// `service.name` of exported spans (`OTEL_SERVICE_NAME` wins when set).
     pub service_name: &'static str,
     /// OTLP/gRPC endpoint (`http://collector:4317`); `None` or empty: no tracing export.
@@ -55,11 +65,10 @@ pub struct LogOptions {
 /// Errors of [`init`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("building the OTLP exporter for {endpoint}: {source}")]
+    #[error("building the OTLP exporter for {endpoint}: {error}")]
     Exporter {
         endpoint: String,
-        #[source]
-        source: opentelemetry_otlp::ExporterBuildError,
+        error: opentelemetry_otlp::ExporterBuildError,
     },
     #[error("a global tracing subscriber is already installed")]
     AlreadyInstalled,
@@ -113,9 +122,9 @@ pub fn init(options: &LogOptions) -> Result<Telemetry, Error> {
         .with_tonic()
         .with_endpoint(endpoint)
         .build()
-        .map_err(|source| Error::Exporter {
+        .map_err(|error| Error::Exporter {
             endpoint: endpoint.to_owned(),
-            source,
+            error,
         })?;
     let mut resource = Resource::builder();
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
@@ -154,12 +163,12 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    if !options.json {
+    if options.format == LogFormat::Text {
         return Box::new(layer);
     }
     let json = tracing_subscriber::fmt::format()
         .json()
-        .flatten_event(options.flatten_json)
+        .flatten_event(true)
         .with_current_span(true)
         .with_span_list(false);
     let layer = layer.fmt_fields(JsonFields::new());
@@ -226,8 +235,7 @@ mod tests {
     fn an_empty_endpoint_means_no_export() {
         // A blank OTEL_EXPORTER_OTLP_ENDPOINT (a chart value left empty) exports nothing.
         let options = LogOptions {
-            json: true,
-            flatten_json: true,
+            format: LogFormat::Json,
             service_name: "test",
             otlp_endpoint: Some("  ".into()),
         };

@@ -244,22 +244,10 @@ mod tests {
         peer: &str,
         uri: &str,
     ) -> (axum::http::StatusCode, Vec<u8>) {
-        use tower::ServiceExt;
         let peer: SocketAddr = peer.parse().unwrap();
         let app = router::<()>(profiling).layer(MockConnectInfo(peer));
-        let response = app
-            .oneshot(
-                axum::http::Request::get(uri)
-                    .body(axum::body::Body::empty())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-        let status = response.status();
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        (status, body.to_vec())
+        let (status, _, body) = crate::test_support::get(app, uri).await;
+        (status, body)
     }
 
     #[tokio::test]

@@ -124,9 +124,10 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_duration)]
     pub shutdown_delay: Duration,
 
-    /// Log format. The level comes from `RUST_LOG` (default `info`).
-    #[arg(long, env = "WEBHOOK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
-    pub log_format: LogFormat,
+    /// Log format; default json unless stderr is a terminal. The level comes from
+    /// `RUST_LOG` (default `info`).
+    #[arg(long, env = "WEBHOOK_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
 
     /// Serve CPU and heap profiles on the operations port (`/debug/pprof/profile`,
     /// `/debug/pprof/heap`), to loopback connections only (`kubectl port-forward`).
@@ -168,7 +169,7 @@ impl Config {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             shutdown_delay: Duration::ZERO,
-            log_format: LogFormat::Text,
+            log_format: Some(LogFormat::Text),
             profiling: false,
             profiling_allow_remote: false,
             otlp_endpoint: None,
@@ -205,7 +206,7 @@ mod tests {
         assert_eq!(config.listen, SocketAddr::from(([127, 0, 0, 1], 9443)));
         assert_eq!(config.policies, Some(PathBuf::from("/p.yaml")));
         assert_eq!(config.request_timeout, Duration::from_secs(3));
-        assert_eq!(config.log_format, LogFormat::Text);
+        assert_eq!(config.log_format, Some(LogFormat::Text));
         assert_eq!(config.max_body_bytes, 3 * 1024 * 1024);
         assert_eq!(config.shutdown_delay, Duration::from_secs(5));
         assert_eq!(config.max_connections, 1024);

@@ -2,7 +2,7 @@
 //! carries objects in one version of AppService and the version the API server wants;
 //! each object is converted by `common::conversion` (pure, lossless both ways).
 //!
-//! A body that is not a ConversionReview is a [`ConversionReviewError`] (HTTP 400); a
+//! A body that is not a ConversionReview is a [`ReviewError`] (HTTP 400); a
 //! review that asks for an unknown version, or holds an object that cannot be converted,
 //! is answered with `result.status: Failure` and a message naming the object, which the
 //! API server passes on to its client. Nothing here panics on input.
@@ -11,31 +11,32 @@ use common::conversion::{self, Version};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::review::{ReviewError, ReviewKind, decode_review};
+
 /// The only ConversionReview version the API server sends for `conversionReviewVersions: [v1]`.
 pub const REVIEW_API_VERSION: &str = "apiextensions.k8s.io/v1";
 
-/// A body that is not a usable ConversionReview: answered with HTTP 400.
-#[derive(Debug, thiserror::Error)]
-pub enum ConversionReviewError {
-    #[error("request body is not a valid ConversionReview: {0}")]
-    Decode(String),
-    #[error(
-        "unsupported ConversionReview {api_version:?} kind {kind:?}: expected {REVIEW_API_VERSION} ConversionReview"
-    )]
-    Version { api_version: String, kind: String },
-    #[error("ConversionReview has no request")]
-    MissingRequest,
-}
+/// What `/convert` accepts.
+pub const CONVERSION_REVIEW: ReviewKind = ReviewKind {
+    kind: "ConversionReview",
+    api_version: REVIEW_API_VERSION,
+};
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Review {
-    #[serde(default)]
-    api_version: String,
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    request: Option<Request>,
+/// Why a well-formed review is answered with `result.status: Failure`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConversionFailure {
+    #[error(
+        "cannot convert to {desired:?}: this webhook converts AppServices between platform.example.com/v1alpha1 and v1beta1"
+    )]
+    UnknownVersion { desired: String },
+    #[error("converting object {index} ({namespace}/{name}) to {api_version}: {error}")]
+    Object {
+        index: usize,
+        namespace: String,
+        name: String,
+        api_version: &'static str,
+        error: conversion::ConversionError,
+    },
 }
 
 #[derive(Deserialize)]
@@ -79,7 +80,7 @@ impl ReviewResponse {
         self.response.result.status == "Success"
     }
 
-    fn new(uid: String, result: Result<Vec<Value>, String>) -> Self {
+    fn new(uid: String, result: Result<Vec<Value>, ConversionFailure>) -> Self {
         let (converted_objects, result) = match result {
             Ok(objects) => (
                 objects,
@@ -88,11 +89,11 @@ impl ReviewResponse {
                     message: String::new(),
                 },
             ),
-            Err(message) => (
+            Err(failure) => (
                 Vec::new(),
                 ResultStatus {
                     status: "Failure",
-                    message,
+                    message: failure.to_string(),
                 },
             ),
         };
@@ -110,40 +111,13 @@ impl ReviewResponse {
 
 /// Answers a ConversionReview body: every object converted, or a failure saying which
 /// object could not be and why.
-pub fn convert(body: &[u8]) -> Result<ReviewResponse, ConversionReviewError> {
-    let review: Review = serde_json::from_slice(body).map_err(|plain| {
-        let de = &mut serde_json::Deserializer::from_slice(body);
-        ConversionReviewError::Decode(
-            serde_path_to_error::deserialize::<_, Review>(de)
-                .err()
-                .map_or_else(
-                    || plain.to_string(),
-                    |e| {
-                        let path = e.path().to_string();
-                        if path == "." {
-                            e.inner().to_string()
-                        } else {
-                            format!("{path}: {}", e.inner())
-                        }
-                    },
-                ),
-        )
-    })?;
-    if review.api_version != REVIEW_API_VERSION || review.kind != "ConversionReview" {
-        return Err(ConversionReviewError::Version {
-            api_version: review.api_version,
-            kind: review.kind,
-        });
-    }
-    let request = review
-        .request
-        .ok_or(ConversionReviewError::MissingRequest)?;
+pub fn convert(body: &[u8]) -> Result<ReviewResponse, ReviewError> {
+    let request: Request = decode_review(body, CONVERSION_REVIEW)?;
     let Some(desired) = Version::from_api_version(&request.desired_api_version) else {
-        let message = format!(
-            "cannot convert to {:?}: this webhook converts AppServices between platform.example.com/v1alpha1 and v1beta1",
-            request.desired_api_version
-        );
-        return Ok(ReviewResponse::new(request.uid, Err(message)));
+        let failure = ConversionFailure::UnknownVersion {
+            desired: request.desired_api_version,
+        };
+        return Ok(ReviewResponse::new(request.uid, Err(failure)));
     };
     let converted = request
         .objects
@@ -151,18 +125,19 @@ pub fn convert(body: &[u8]) -> Result<ReviewResponse, ConversionReviewError> {
         .enumerate()
         .map(|(i, object)| {
             conversion::convert_object(object, desired).map_err(|error| {
-                let name = object
-                    .pointer("/metadata/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("<unnamed>");
-                let namespace = object
-                    .pointer("/metadata/namespace")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                format!(
-                    "converting object {i} ({namespace}/{name}) to {}: {error}",
-                    desired.api_version()
-                )
+                let metadata = |field: &str| {
+                    object
+                        .pointer(&format!("/metadata/{field}"))
+                        .and_then(Value::as_str)
+                        .map(ToOwned::to_owned)
+                };
+                ConversionFailure::Object {
+                    index: i,
+                    namespace: metadata("namespace").unwrap_or_default(),
+                    name: metadata("name").unwrap_or_else(|| "<unnamed>".to_owned()),
+                    api_version: desired.api_version(),
+                    error,
+                }
             })
         })
         .collect::<Result<Vec<_>, _>>();
@@ -244,26 +219,5 @@ mod tests {
         ))
         .unwrap();
         assert!(!answer.succeeded());
-    }
-
-    #[test]
-    fn malformed_reviews_are_errors() {
-        assert!(matches!(
-            convert(b"{"),
-            Err(ConversionReviewError::Decode(_))
-        ));
-        assert!(matches!(
-            convert(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#),
-            Err(ConversionReviewError::Version { .. })
-        ));
-        assert!(matches!(
-            convert(br#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview"}"#),
-            Err(ConversionReviewError::MissingRequest)
-        ));
-        let err = convert(
-            br#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview","request":{"uid":1}}"#,
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("request.uid"), "{err}");
     }
 }

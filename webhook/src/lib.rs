@@ -8,6 +8,7 @@ pub mod admission;
 pub mod config;
 pub mod conversion;
 pub mod expression;
+mod listener;
 pub mod logging;
 pub mod metrics;
 pub mod namespaces;
@@ -33,25 +34,37 @@ use namespaces::NamespaceCache;
 use policy::PolicyStore;
 use tls::CertStore;
 
-/// Errors that stop the server from starting or running.
+/// Errors that stop the server from starting or running. Each message carries its
+/// cause; none is a `source`, so the cause is printed once.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(transparent)]
-    Tls(#[from] tls::TlsError),
-    #[error(transparent)]
-    Policy(#[from] policy::PolicyError),
-    #[error("binding {addr}: {source}")]
+    #[error("{0}")]
+    Tls(tls::TlsError),
+    #[error("{0}")]
+    Policy(policy::PolicyError),
+    #[error("binding {addr}: {error}")]
     Bind {
         addr: std::net::SocketAddr,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("the {0} server task failed: {1}")]
-    Task(&'static str, #[source] tokio::task::JoinError),
+    Task(&'static str, tokio::task::JoinError),
     #[error("the operations server failed: {0}")]
-    Ops(#[source] std::io::Error),
+    Ops(std::io::Error),
     #[error("creating a Kubernetes client for --namespace-labels: {0}")]
-    Client(#[source] kube::Error),
+    Client(kube::Error),
+}
+
+impl From<tls::TlsError> for Error {
+    fn from(error: tls::TlsError) -> Self {
+        Error::Tls(error)
+    }
+}
+
+impl From<policy::PolicyError> for Error {
+    fn from(error: policy::PolicyError) -> Self {
+        Error::Policy(error)
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,6 +1,6 @@
 //! HTTP routes: the admission endpoints served over TLS, and the operations endpoints
-//! (`/healthz`, `/readyz`, `/metrics`) served on a separate plain-HTTP port. Handlers only
-//! read the body, call [`crate::admission`], record metrics and log the decision.
+//! (`/healthz`, `/readyz`, `/metrics`, from [`telemetry::ops`]) served on a separate
+//! plain-HTTP port. Handlers only read the body, call [`crate::admission`], record metrics and log the decision.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,7 +11,7 @@ use axum::extract::{Request, State as AxumState};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use bytes::BytesMut;
 use http_body_util::BodyExt;
 use tokio::sync::OwnedSemaphorePermit;
@@ -48,15 +48,22 @@ pub fn router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-/// The operations router, with the profiles of [`telemetry::profiling`] when enabled.
+/// The operations router (shared with the controller: [`telemetry::ops::router`]).
 pub fn ops_router(state: Arc<State>) -> Router {
-    let profiles = telemetry::profiling::router(state.profiling);
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(state)
-        .merge(profiles)
+    let profiling = state.profiling;
+    telemetry::ops::router(state, profiling)
+}
+
+/// Ready only when a valid certificate is loaded and the TLS listener is accepting, and
+/// not while draining ([`State::readiness`]).
+impl telemetry::ops::Probes for State {
+    fn readiness(&self) -> Result<(), &'static str> {
+        State::readiness(self)
+    }
+
+    fn encode_metrics(&self) -> Result<String, std::fmt::Error> {
+        self.metrics.encode()
+    }
 }
 
 /// Runs from the moment the headers are read, before the body, so a slow upload counts
@@ -281,54 +288,23 @@ fn review(state: &State, kind: Review, body: &[u8]) -> Response {
     // One line per review with everything needed to find it again; these fields sit on
     // the event, not the span, so JSON keys never collide with the span's own `name`.
     let namespace = request.namespace.as_deref().unwrap_or_default();
-    if response.allowed {
-        tracing::info!(
-            uid = %request.uid,
-            namespace,
-            name = %request.name,
-            operation = operation.as_str(),
-            decision = decision.as_str(),
-            patched = response.patch.is_some(),
-            warnings = response.warnings.as_ref().map_or(0, Vec::len),
-            dry_run = request.dry_run,
-            "admission allowed"
-        );
-    } else {
-        tracing::info!(
-            uid = %request.uid,
-            namespace,
-            name = %request.name,
-            operation = operation.as_str(),
-            decision = decision.as_str(),
-            code = response.result.code,
-            reason = %response.result.message,
-            dry_run = request.dry_run,
-            "admission denied"
-        );
-    }
+    // Allowed: whether it was patched and how many warnings; denied: the code and why.
+    let allowed = response.allowed;
+    let denial = (!allowed).then_some(&response.result);
+    tracing::info!(
+        uid = %request.uid,
+        namespace,
+        name = %request.name,
+        operation = operation.as_str(),
+        decision = decision.as_str(),
+        patched = allowed.then_some(response.patch.is_some()),
+        warnings = allowed.then(|| response.warnings.as_ref().map_or(0, Vec::len)),
+        code = denial.map(|status| status.code),
+        reason = denial.map(|status| tracing::field::display(&status.message)),
+        dry_run = request.dry_run,
+        "admission {}",
+        if allowed { "allowed" } else { "denied" }
+    );
     state.metrics.observe_request(endpoint, operation, decision);
     review_body(response)
-}
-
-/// Ready only when a valid certificate is loaded and the TLS listener is accepting, and
-/// not while draining.
-async fn readyz(AxumState(state): AxumState<Arc<State>>) -> Response {
-    match state.readiness() {
-        Ok(()) => (StatusCode::OK, "ready").into_response(),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason).into_response(),
-    }
-}
-
-async fn metrics(AxumState(state): AxumState<Arc<State>>) -> Response {
-    match state.metrics.encode() {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
 }

@@ -1,12 +1,8 @@
 //! The server: binds the TLS and operations listeners, starts the file watchers, serves
 //! until told to stop, then drains.
 //!
-//! Every resource of the TLS listener is bounded: a connection cap (a semaphore taken
-//! before `accept`, so excess clients wait in the kernel's backlog and use no descriptor
-//! here), the TLS handshake timeout, the HTTP/1.1 header-read timeout, an idle timeout
-//! for connections without a request in progress, HTTP/2 stream limits (concurrent
-//! streams and reset streams, against rapid-reset floods), and per request the body
-//! size, the in-flight body budget and the request timeout.
+//! Every resource of the TLS listener is bounded ([`crate::listener`]), and per request
+//! the body size, the in-flight body budget and the request timeout ([`crate::routes`]).
 //!
 //! The operations port runs on its own thread and single-threaded runtime, so `/healthz`,
 //! `/readyz` and `/metrics` answer even when every admission worker is busy.
@@ -21,51 +17,21 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
-use tower::ServiceExt;
 
-use crate::metrics::{HandshakeFailure, Metrics, ReloadResult};
+use crate::listener::{ListenerLimits, http_builder, serve_tls};
+use crate::metrics::{Metrics, ReloadResult};
 use crate::namespaces::NamespaceCache;
 use crate::policy::{PolicyStore, Reload};
 use crate::tls::{self, CertStore};
 use crate::{Config, Error, Limits, Result, State, process, reload, routes};
-
-/// HTTP/2 streams a client may reset before the server has answered them, per
-/// connection, before the connection is closed (rapid-reset protection).
-const MAX_PENDING_RESET_STREAMS: usize = 20;
-/// HTTP/2 streams the server may reset because of client errors, per connection.
-const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 256;
-
-/// How long an idle connection asked to close may take to do so.
-const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
-
-/// Sleeps until `deadline`; never completes without one.
-async fn sleep_until_some(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Timeouts and limits of the TLS listener.
-#[derive(Clone, Copy, Debug)]
-struct ListenerLimits {
-    max_connections: usize,
-    handshake_timeout: Duration,
-    idle_timeout: Duration,
-    drain_timeout: Duration,
-}
 
 /// A running webhook.
 #[derive(Debug)]
@@ -151,17 +117,17 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
     let tls_listener = bind(config.listen).await?;
     let ops_listener = std::net::TcpListener::bind(config.ops_listen)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|source| Error::Bind {
+        .map_err(|error| Error::Bind {
             addr: config.ops_listen,
-            source,
+            error,
         })?;
-    let tls_addr = tls_listener.local_addr().map_err(|source| Error::Bind {
+    let tls_addr = tls_listener.local_addr().map_err(|error| Error::Bind {
         addr: config.listen,
-        source,
+        error,
     })?;
-    let ops_addr = ops_listener.local_addr().map_err(|source| Error::Bind {
+    let ops_addr = ops_listener.local_addr().map_err(|error| Error::Bind {
         addr: config.ops_listen,
-        source,
+        error,
     })?;
 
     {
@@ -231,13 +197,10 @@ fn spawn_ops(
                 .and_then(|runtime| {
                     runtime.block_on(async move {
                         let listener = TcpListener::from_std(listener)?;
-                        // The peer address decides who may fetch profiles.
-                        let app = app.into_make_service_with_connect_info::<SocketAddr>();
-                        axum::serve(listener, app)
-                            .with_graceful_shutdown(async move {
-                                let _ = stop.wait_for(|stop| *stop).await;
-                            })
-                            .await
+                        telemetry::ops::serve(listener, app, async move {
+                            let _ = stop.wait_for(|stop| *stop).await;
+                        })
+                        .await
                     })
                 });
             let _ = done.send(result);
@@ -298,7 +261,7 @@ impl Server {
 async fn bind(addr: SocketAddr) -> Result<TcpListener> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| Error::Bind { addr, source })
+        .map_err(|error| Error::Bind { addr, error })
 }
 
 fn reload_policies(state: &State) {
@@ -317,218 +280,6 @@ fn reload_policies(state: &State) {
             let active = state.policies.current().len();
             state.metrics.policy_reload(ReloadResult::Failure, active);
             tracing::error!(%error, %path, active, "policy file refused; the previous policies stay active");
-        }
-    }
-}
-
-/// Completes once `shutdown` turns true (or its sender is gone).
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|stop| *stop).await;
-}
-
-/// The connection builder: HTTP/1.1 header timeout, HTTP/2 stream limits.
-fn http_builder(config: &Config) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.header_read_timeout)
-        .max_headers(64);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(config.max_concurrent_streams)
-        .max_pending_accept_reset_streams(MAX_PENDING_RESET_STREAMS)
-        .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESET_STREAMS)
-        .max_header_list_size(64 * 1024);
-    builder
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn serve_tls(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    app: Router,
-    state: Arc<State>,
-    mut shutdown: watch::Receiver<bool>,
-    limits: ListenerLimits,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    ops_stop: watch::Sender<bool>,
-) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    // Closes the connections still open when the drain times out.
-    let (abort, abort_rx) = watch::channel(false);
-    loop {
-        // A free slot first: at the cap, clients wait in the backlog, not in our fds.
-        let slot = tokio::select! {
-            biased;
-            () = stopped(&mut shutdown) => break,
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => break,
-            },
-        };
-        let accepted = tokio::select! {
-            biased;
-            () = stopped(&mut shutdown) => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        tokio::spawn(connection(
-            tcp,
-            peer,
-            acceptor.clone(),
-            app.clone(),
-            builder.clone(),
-            state.metrics.clone(),
-            limits,
-            shutdown.clone(),
-            abort_rx.clone(),
-            slot,
-        ));
-    }
-    state.tls_accepting.store(false, Ordering::SeqCst);
-    drop(listener);
-    // Every connection holds a slot until it is closed: all slots back means drained.
-    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    tokio::select! {
-        _ = slots.acquire_many(all) => tracing::info!("all connections drained"),
-        () = tokio::time::sleep(limits.drain_timeout) => {
-            tracing::warn!(drain_timeout = ?limits.drain_timeout, "drain timed out; closing remaining connections");
-            let _ = abort.send(true);
-        }
-    }
-    let _ = ops_stop.send(true);
-}
-
-/// When the last request of a connection ended, and how many are in progress.
-#[derive(Debug)]
-struct Activity {
-    origin: Instant,
-    active: AtomicUsize,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Activity {
-            origin: Instant::now(),
-            active: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(0),
-        }
-    }
-
-    fn begin(self: &Arc<Self>) -> ActiveRequest {
-        self.active.fetch_add(1, Ordering::SeqCst);
-        ActiveRequest(self.clone())
-    }
-
-    /// Completes once no request has been in progress for `timeout`.
-    async fn idle_for(&self, timeout: Duration) {
-        loop {
-            let deadline = if self.active.load(Ordering::SeqCst) == 0 {
-                let last = self.origin + Duration::from_millis(self.last_ms.load(Ordering::SeqCst));
-                let deadline = last + timeout;
-                if Instant::now() >= deadline {
-                    return;
-                }
-                deadline
-            } else {
-                Instant::now() + timeout
-            };
-            tokio::time::sleep_until(deadline).await;
-        }
-    }
-}
-
-/// A request in progress on a connection; ends with the response (or its cancellation).
-struct ActiveRequest(Arc<Activity>);
-
-impl Drop for ActiveRequest {
-    fn drop(&mut self) {
-        let elapsed = u64::try_from(self.0.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.0.last_ms.store(elapsed, Ordering::SeqCst);
-        self.0.active.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// One TLS connection: handshake within its timeout, then HTTP until the client closes,
-/// the connection has been idle too long, or shutdown.
-#[allow(clippy::too_many_arguments)]
-async fn connection(
-    tcp: TcpStream,
-    peer: SocketAddr,
-    acceptor: TlsAcceptor,
-    app: Router,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    metrics: Arc<Metrics>,
-    limits: ListenerLimits,
-    mut shutdown: watch::Receiver<bool>,
-    mut abort: watch::Receiver<bool>,
-    _slot: tokio::sync::OwnedSemaphorePermit,
-) {
-    let _open = metrics.connection();
-    let _ = tcp.set_nodelay(true);
-    let stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(error)) => {
-            metrics.handshake_failed(HandshakeFailure::Error);
-            tracing::debug!(%error, %peer, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            metrics.handshake_failed(HandshakeFailure::Timeout);
-            tracing::debug!(%peer, "TLS handshake timed out");
-            return;
-        }
-    };
-    let activity = Arc::new(Activity::new());
-    let service = {
-        let activity = activity.clone();
-        hyper::service::service_fn(move |request: http::Request<Incoming>| {
-            let active = activity.begin();
-            let response = app.clone().oneshot(request);
-            async move {
-                let response = response.await;
-                drop(active);
-                response
-            }
-        })
-    };
-    let connection = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(connection);
-    let mut closing = false;
-    // An idle connection asked to close gets this long to do so; an HTTP/2 client that
-    // never acknowledges the GOAWAY must not keep it open.
-    let mut close_by: Option<Instant> = None;
-    loop {
-        tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(error) = result {
-                    tracing::debug!(%error, %peer, "connection closed with an error");
-                }
-                return;
-            }
-            () = stopped(&mut shutdown), if !closing => {
-                connection.as_mut().graceful_shutdown();
-                closing = true;
-            }
-            () = activity.idle_for(limits.idle_timeout), if !closing => {
-                tracing::debug!(%peer, "closing an idle connection");
-                connection.as_mut().graceful_shutdown();
-                closing = true;
-                close_by = Some(Instant::now() + IDLE_CLOSE_GRACE);
-            }
-            () = sleep_until_some(close_by) => return,
-            () = stopped(&mut abort) => return,
         }
     }
 }

@@ -22,28 +22,26 @@ use crate::metrics::{Metrics, ReloadResult};
 /// Why a certificate/key pair was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {error}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: no PEM certificate found")]
     NoCertificate { path: PathBuf },
-    #[error("{path}: invalid PEM: {source}")]
+    #[error("{path}: invalid PEM: {error}")]
     Pem {
         path: PathBuf,
-        #[source]
-        source: rustls::pki_types::pem::Error,
+        error: rustls::pki_types::pem::Error,
     },
     #[error("{path}: the leaf certificate cannot be parsed: {reason}")]
     Parse { path: PathBuf, reason: String },
     #[error("{path}: the certificate expired at {not_after}")]
     Expired { path: PathBuf, not_after: String },
     #[error("the private key does not fit the certificate or cannot be used: {0}")]
-    KeyPair(#[source] rustls::Error),
+    KeyPair(rustls::Error),
     #[error("building the TLS configuration: {0}")]
-    Config(#[source] rustls::Error),
+    Config(rustls::Error),
 }
 
 /// How long a reload waits before re-reading a pair that looked torn.
@@ -72,13 +70,13 @@ pub struct LoadedCert {
 
 /// Reads and checks a certificate chain and key.
 pub fn load_pair(cert_path: &Path, key_path: &Path) -> Result<LoadedCert, TlsError> {
-    let cert_pem = std::fs::read(cert_path).map_err(|source| TlsError::Read {
+    let cert_pem = std::fs::read(cert_path).map_err(|error| TlsError::Read {
         path: cert_path.to_owned(),
-        source,
+        error,
     })?;
-    let key_pem = std::fs::read(key_path).map_err(|source| TlsError::Read {
+    let key_pem = std::fs::read(key_path).map_err(|error| TlsError::Read {
         path: key_path.to_owned(),
-        source,
+        error,
     })?;
     parse_pair(cert_path, &cert_pem, key_path, &key_pem)
 }
@@ -91,9 +89,9 @@ fn parse_pair(
 ) -> Result<LoadedCert, TlsError> {
     let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| TlsError::Pem {
+        .map_err(|error| TlsError::Pem {
             path: cert_path.to_owned(),
-            source,
+            error,
         })?;
     let Some(leaf) = chain.first() else {
         return Err(TlsError::NoCertificate {
@@ -112,9 +110,9 @@ fn parse_pair(
         });
     }
     let not_after = not_after.timestamp();
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|source| TlsError::Pem {
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|error| TlsError::Pem {
         path: key_path.to_owned(),
-        source,
+        error,
     })?;
     let key = CertifiedKey::from_der(chain, key, &provider()).map_err(TlsError::KeyPair)?;
     Ok(LoadedCert {
@@ -235,9 +233,9 @@ impl CertStore {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
+    std::fs::read(path).map_err(|error| TlsError::Read {
         path: path.to_owned(),
-        source,
+        error,
     })
 }
 

@@ -48,8 +48,7 @@ impl Env {
         let cp = harness::shared().await.expect("control plane");
         let ns = cp.namespace().await.expect("namespace");
         let certs = TestCerts::new();
-        let policies_path = certs.dir.path().join("policies.yaml");
-        std::fs::write(&policies_path, policies).unwrap();
+        let policies_path = certs.write_policies(policies);
         let mut config = certs.config(Some(policies_path.clone()));
         config.namespace_labels = namespace_labels;
         let server = webhook::start_with_client(&config, Some(cp.client()))
@@ -108,6 +107,18 @@ impl Env {
             drop(child.stdin.take());
         }
         child.wait_with_output().await.unwrap()
+    }
+
+    /// `kubectl` that must succeed.
+    async fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let out = self.kubectl(args, stdin).await;
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
     }
 
     async fn finish(self) {
@@ -287,13 +298,9 @@ async fn changing_an_immutable_field_is_rejected() {
     env.finish().await;
 }
 
-const REGISTRY_POLICY: &str = r#"
-policies:
-  - name: allowed-registry
-    expression: "object.spec.image.startsWith('registry.example.com/')"
-    message: "images must come from registry.example.com"
-    messageExpression: "'image ' + object.spec.image + ' is not from registry.example.com'"
-"#;
+/// Images from one registry (and two replicas in a namespace named production, which
+/// the test namespaces are not).
+const REGISTRY_POLICY: &str = include_str!("fixtures/registry-policies.yaml");
 
 #[tokio::test]
 async fn a_policy_denial_reaches_the_client_and_policies_reload() {
@@ -358,7 +365,7 @@ async fn kubectl_server_side_apply_dry_run_and_warnings() {
 
     // --dry-run=server: admitted (and defaulted) but not stored.
     let out = env
-        .kubectl(
+        .kubectl_ok(
             &[
                 "apply",
                 "--server-side",
@@ -371,11 +378,6 @@ async fn kubectl_server_side_apply_dry_run_and_warnings() {
             Some(MANIFEST),
         )
         .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let dry: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(dry["metadata"]["labels"]["app.kubernetes.io/name"], "shop");
     assert_eq!(dry["spec"]["port"], 8080);
@@ -385,28 +387,16 @@ async fn kubectl_server_side_apply_dry_run_and_warnings() {
     );
 
     // Server-side apply, twice: the second apply changes nothing.
-    let out = env
-        .kubectl(&["apply", "--server-side", "-f", "-"], Some(MANIFEST))
+    env.kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(MANIFEST))
         .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let first = env.api().get("shop").await.unwrap();
     assert_eq!(first.spec.replicas, Some(1));
     assert_eq!(
         first.metadata.labels.clone().unwrap_or_default()["app.kubernetes.io/name"],
         "shop"
     );
-    let out = env
-        .kubectl(&["apply", "--server-side", "-f", "-"], Some(MANIFEST))
+    env.kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(MANIFEST))
         .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let second = env.api().get("shop").await.unwrap();
     assert_eq!(second.metadata.generation, first.metadata.generation);
     assert_eq!(
@@ -420,16 +410,11 @@ async fn kubectl_server_side_apply_dry_run_and_warnings() {
         "registry.example.com/shop:latest",
     );
     let out = env
-        .kubectl(
+        .kubectl_ok(
             &["apply", "--server-side", "--dry-run=server", "-f", "-"],
             Some(&latest),
         )
         .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("Warning:") && stderr.contains(":latest tag"),
@@ -472,7 +457,17 @@ async fn policies_see_namespace_labels() {
         "ready once namespaces are cached"
     );
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.cp.client());
-    let label = |value: serde_json::Value| json!({"metadata": {"labels": {"environment": value}}});
+    // Labels the test namespace `environment=<value>`.
+    let label = |value: &str| {
+        let (namespaces, ns) = (namespaces.clone(), env.ns.name().to_owned());
+        let patch = json!({"metadata": {"labels": {"environment": value}}});
+        async move {
+            namespaces
+                .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -485,26 +480,10 @@ async fn policies_see_namespace_labels() {
     // Unlabelled: allowed.
     env.api().create(&dry_run, &single).await.unwrap();
 
-    namespaces
-        .patch(
-            &env.ns,
-            &PatchParams::default(),
-            &Patch::Merge(&label(json!("production"))),
-        )
+    label("production").await;
+    let denied = single_replica_until(&env, &single, false)
         .await
-        .unwrap();
-    let mut denied = None;
-    for _ in 0..500 {
-        match env.api().create(&dry_run, &single).await {
-            Err(kube::Error::Api(status)) => {
-                denied = Some(status.message);
-                break;
-            }
-            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(e) => panic!("{e}"),
-        }
-    }
-    let denied = denied.expect("the label change never reached the policy");
+        .expect("the label change never reached the policy");
     assert!(denied.contains("need at least 2 replicas"), "{denied}");
     let two = app(
         "double",
@@ -516,34 +495,39 @@ async fn policies_see_namespace_labels() {
         .unwrap();
 
     // Relabelled to staging: allowed again.
-    namespaces
-        .patch(
-            &env.ns,
-            &PatchParams::default(),
-            &Patch::Merge(&label(json!("staging"))),
-        )
-        .await
-        .unwrap();
-    let mut allowed = false;
-    for _ in 0..500 {
-        match env.api().create(&dry_run, &single).await {
-            Ok(_) => {
-                allowed = true;
-                break;
-            }
-            Err(kube::Error::Api(status))
-                if status.message.contains("need at least 2 replicas") =>
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    assert!(
-        allowed,
+    label("staging").await;
+    assert_eq!(
+        single_replica_until(&env, &single, true).await,
+        None,
         "the relabelled namespace never allowed a single replica"
     );
     env.finish().await;
+}
+
+/// Dry-runs the creation of `app` until it is allowed (`want_allowed`) or denied for its
+/// replicas, as a namespace label change reaches the webhook's cache; the denial's
+/// message, if denied.
+async fn single_replica_until(env: &Env, app: &AppService, want_allowed: bool) -> Option<String> {
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for _ in 0..500 {
+        let denial = match env.api().create(&dry_run, app).await {
+            Ok(_) => None,
+            Err(kube::Error::Api(status))
+                if status.message.contains("need at least 2 replicas") =>
+            {
+                Some(status.message)
+            }
+            Err(e) => panic!("{e}"),
+        };
+        if denial.is_none() == want_allowed {
+            return denial;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the webhook never answered allowed={want_allowed}");
 }
 
 fn beta_api(env: &Env) -> Api<common::AppService> {
@@ -645,13 +629,8 @@ async fn objects_survive_read_edit_write_across_versions() {
         "appservices.v1alpha1.platform.example.com",
         "appservices.v1beta1.platform.example.com",
     ] {
-        let out = env.kubectl(&["get", resource], None).await;
+        let out = env.kubectl_ok(&["get", resource], None).await;
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         assert!(
             text.starts_with("NAME") && text.contains("READY") && text.contains("ENDPOINT"),
             "{text}"
@@ -660,7 +639,7 @@ async fn objects_survive_read_edit_write_across_versions() {
     }
     for (version, field) in [("v1alpha1", "port"), ("v1beta1", "ports")] {
         let out = env
-            .kubectl(
+            .kubectl_ok(
                 &[
                     "explain",
                     "appservices.spec",
@@ -670,11 +649,6 @@ async fn objects_survive_read_edit_write_across_versions() {
             )
             .await;
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         assert!(
             text.contains(&format!("VERSION:    {version}")) || text.contains(version),
             "{text}"

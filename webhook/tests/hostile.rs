@@ -214,12 +214,7 @@ fn hostile_bodies() -> Vec<(&'static str, Vec<u8>, StatusCode, Option<bool>)> {
 #[tokio::test]
 async fn memory_per_review_stays_within_four_times_its_body() {
     let certs = TestCerts::new();
-    let policies = certs.dir.path().join("policies.yaml");
-    std::fs::write(
-        &policies,
-        "policies:\n  - {name: has-image, expression: \"object.spec.image != ''\", message: needs an image}\n",
-    )
-    .unwrap();
+    let policies = certs.write_policies("policies:\n  - {name: has-image, expression: \"object.spec.image != ''\", message: needs an image}\n");
     let bodies = hostile_bodies();
     for (shape, body, _, _) in &bodies {
         assert!(
@@ -525,16 +520,7 @@ async fn the_ops_port_answers_when_the_connection_cap_is_reached() {
     // A review waits for a slot; freeing the flood lets it through.
     let client = certs.client();
     let addr = webhook.tls;
-    let review = tokio::spawn(async move {
-        client
-            .post(
-                addr,
-                "/validate",
-                bytes(&fixture("create-minimal.json")),
-                false,
-            )
-            .await
-    });
+    let review = tokio::spawn(async move { client.review(addr, "/validate", false).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !review.is_finished(),
@@ -591,12 +577,7 @@ async fn rapid_h2_resets_leave_no_work_behind() {
     // The server still serves new connections.
     let reply = certs
         .client()
-        .post(
-            webhook.tls,
-            "/validate",
-            bytes(&fixture("create-minimal.json")),
-            true,
-        )
+        .review(webhook.tls, "/validate", true)
         .await
         .unwrap();
     assert_eq!(reply.status, StatusCode::OK);
@@ -746,51 +727,36 @@ async fn error_answers_are_counted() {
             .status,
         StatusCode::NOT_FOUND
     );
-    // A declared size over the limit: 413 before the body is read.
-    let mut stream = client.raw(webhook.tls).await.unwrap();
-    stream
-        .write_all(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n")
-        .await
-        .unwrap();
-    let mut reply = vec![0u8; 1024];
-    let n = tokio::time::timeout(GIVE_UP, stream.read(&mut reply))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&reply[..n]).starts_with("HTTP/1.1 413"),
-        "{}",
-        String::from_utf8_lossy(&reply[..n])
-    );
-    // GET /validate: 405.
-    let mut stream = client.raw(webhook.tls).await.unwrap();
-    stream
-        .write_all(b"GET /validate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut reply = Vec::new();
-    let _ = stream.read_to_end(&mut reply).await;
-    assert!(
-        String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 405"),
-        "{}",
-        String::from_utf8_lossy(&reply)
-    );
-    // A body promised but never sent: 408 at the request timeout.
-    let mut stream = client.raw(webhook.tls).await.unwrap();
-    stream
-        .write_all(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
-        .await
-        .unwrap();
-    let mut reply = vec![0u8; 1024];
-    let n = tokio::time::timeout(GIVE_UP, stream.read(&mut reply))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&reply[..n]).starts_with("HTTP/1.1 408"),
-        "{}",
-        String::from_utf8_lossy(&reply[..n])
-    );
+    for (request, status, why) in [
+        (
+            &b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n"[..],
+            "413",
+            "a declared size over the limit, before the body is read",
+        ),
+        (
+            b"GET /validate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "405",
+            "GET of an admission path",
+        ),
+        (
+            b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{",
+            "408",
+            "a body promised but never sent, at the request timeout",
+        ),
+    ] {
+        let mut stream = client.raw(webhook.tls).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let mut reply = vec![0u8; 1024];
+        let n = tokio::time::timeout(GIVE_UP, stream.read(&mut reply))
+            .await
+            .unwrap()
+            .unwrap();
+        let reply = String::from_utf8_lossy(&reply[..n]);
+        assert!(
+            reply.starts_with(&format!("HTTP/1.1 {status}")),
+            "{why}: {reply}"
+        );
+    }
     for (series, at_least) in [
         (
             r#"appservice_webhook_http_responses_total{path="other",code="404"}"#,
@@ -830,12 +796,7 @@ async fn error_answers_are_counted() {
 #[tokio::test]
 async fn expensive_policies_are_refused_at_load_or_cut_off() {
     let certs = TestCerts::new();
-    let policies = certs.dir.path().join("policies.yaml");
-    std::fs::write(
-        &policies,
-        "policies:\n  - name: nested\n    expression: \"object.metadata.managedFields.all(a, object.metadata.managedFields.all(b, object.metadata.managedFields.all(c, a != c)))\"\n    message: m\n",
-    )
-    .unwrap();
+    let policies = certs.write_policies("policies:\n  - name: nested\n    expression: \"object.metadata.managedFields.all(a, object.metadata.managedFields.all(b, object.metadata.managedFields.all(c, a != c)))\"\n    message: m\n");
     let output = Command::new(env!("CARGO_BIN_EXE_appservice-webhook"))
         .env_clear()
         .env("WEBHOOK_LISTEN", "127.0.0.1:0")
@@ -871,17 +832,7 @@ async fn expensive_policies_are_refused_at_load_or_cut_off() {
     let slow: Vec<_> = (0..4)
         .map(|_| {
             let (client, addr) = (certs.client(), webhook.tls);
-            tokio::spawn(async move {
-                client
-                    .post(
-                        addr,
-                        "/validate",
-                        bytes(&fixture("create-minimal.json")),
-                        false,
-                    )
-                    .await
-                    .unwrap()
-            })
+            tokio::spawn(async move { client.review(addr, "/validate", false).await.unwrap() })
         })
         .collect();
     // Meanwhile: probes and a /mutate review.

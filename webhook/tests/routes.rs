@@ -9,16 +9,8 @@ use serde_json::{Value, json};
 use support::{bytes, fixture, oneshot, patch_of, response_of, state};
 use webhook::{ops_router, router};
 
-const POLICIES: &str = r#"
-policies:
-  - name: allowed-registry
-    expression: "object.spec.image.startsWith('registry.example.com/')"
-    message: "images must come from registry.example.com"
-    messageExpression: "'image ' + object.spec.image + ' is not from registry.example.com'"
-  - name: production-replicas
-    expression: "request.namespace != 'production' || (has(object.spec.replicas) && object.spec.replicas >= 2)"
-    message: "AppServices in production need at least 2 replicas"
-"#;
+/// Two policies: images from one registry, two replicas in production.
+const POLICIES: &str = include_str!("fixtures/registry-policies.yaml");
 
 fn apply(object: &Value, patch: &Value) -> Value {
     let mut patched = object.clone();

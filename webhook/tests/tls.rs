@@ -10,8 +10,8 @@
 mod support;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use harness::eventually;
@@ -46,12 +46,7 @@ async fn serves_http1_and_h2_and_is_ready() {
     let client = certs.client();
     for h2 in [false, true] {
         let reply = client
-            .post(
-                server.tls_addr(),
-                "/mutate",
-                bytes(&fixture("create-minimal.json")),
-                h2,
-            )
+            .review(server.tls_addr(), "/mutate", h2)
             .await
             .unwrap();
         assert_eq!(reply.status, StatusCode::OK);
@@ -132,15 +127,20 @@ fn start_load(
                             && response_of(&reply.body)["allowed"] == true =>
                     {
                         ok.fetch_add(1, Ordering::SeqCst);
-                        if reply.peer_cert == *new_cert.lock().unwrap() {
+                        if reply.peer_cert
+                            == *new_cert.lock().unwrap_or_else(PoisonError::into_inner)
+                        {
                             seen_new.fetch_add(1, Ordering::SeqCst);
                         }
                     }
                     Ok(reply) => failures
                         .lock()
-                        .unwrap()
+                        .unwrap_or_else(PoisonError::into_inner)
                         .push(format!("status {} {:?}", reply.status, reply.body)),
-                    Err(e) => failures.lock().unwrap().push(e),
+                    Err(e) => failures
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(e),
                 }
             }
         }));
@@ -154,7 +154,11 @@ impl Load {
         for task in self.tasks {
             task.await.unwrap();
         }
-        let failures = self.failures.lock().unwrap().clone();
+        let failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         (self.ok.load(Ordering::SeqCst), failures)
     }
 }
@@ -192,7 +196,7 @@ async fn certificate_rotation_under_load_drops_nothing() {
 
     // Rotation 1: the symlink swap.
     let second = certs.ca.serving_cert(&["127.0.0.1"]).unwrap();
-    *expected.lock().unwrap() = pem_leaf(&second.cert_pem);
+    *expected.lock().unwrap_or_else(PoisonError::into_inner) = pem_leaf(&second.cert_pem);
     write_generation(&volume, "..2026_11_29_18_00_00.000000002", &second);
     eventually("the swapped certificate to be served", GIVE_UP, || {
         let seen = seen_new.clone();
@@ -204,7 +208,7 @@ async fn certificate_rotation_under_load_drops_nothing() {
     // Rotation 2: another swap while the load goes on, then keep going.
     let third = certs.ca.serving_cert(&["127.0.0.1"]).unwrap();
     seen_new.store(0, Ordering::SeqCst);
-    *expected.lock().unwrap() = pem_leaf(&third.cert_pem);
+    *expected.lock().unwrap_or_else(PoisonError::into_inner) = pem_leaf(&third.cert_pem);
     write_generation(&volume, "..2026_11_29_19_00_00.000000003", &third);
     eventually("the third certificate to be served", GIVE_UP, || {
         let seen = seen_new.clone();
@@ -225,12 +229,7 @@ async fn certificate_rotation_under_load_drops_nothing() {
     // Every request from now on sees the third certificate.
     let reply = certs
         .client()
-        .post(
-            addr,
-            "/validate",
-            bytes(&fixture("create-minimal.json")),
-            false,
-        )
+        .review(addr, "/validate", false)
         .await
         .unwrap();
     assert_eq!(reply.peer_cert, pem_leaf(&third.cert_pem));
@@ -275,15 +274,7 @@ async fn replaced_files_and_a_bad_pair() {
     })
     .await
     .unwrap();
-    let reply = client
-        .post(
-            addr,
-            "/validate",
-            bytes(&fixture("create-minimal.json")),
-            false,
-        )
-        .await
-        .unwrap();
+    let reply = client.review(addr, "/validate", false).await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.peer_cert, original);
     assert_eq!(get(server.ops_addr(), "/readyz").await.0, StatusCode::OK);
@@ -300,15 +291,7 @@ async fn replaced_files_and_a_bad_pair() {
     eventually("the replaced certificate to be served", GIVE_UP, || {
         let (client, expected) = (client.clone(), expected.clone());
         async move {
-            let reply = client
-                .post(
-                    addr,
-                    "/validate",
-                    bytes(&fixture("create-minimal.json")),
-                    true,
-                )
-                .await
-                .unwrap();
+            let reply = client.review(addr, "/validate", true).await.unwrap();
             assert_eq!(reply.status, StatusCode::OK);
             reply.peer_cert == expected
         }
@@ -321,8 +304,7 @@ async fn replaced_files_and_a_bad_pair() {
 #[tokio::test]
 async fn policies_reload_and_a_broken_file_keeps_the_old_set() {
     let certs = TestCerts::new();
-    let policies = certs.dir.path().join("policies.yaml");
-    std::fs::write(&policies, "policies: []\n").unwrap();
+    let policies = certs.write_policies("policies: []\n");
     let server = webhook::start(&certs.config(Some(policies.clone())))
         .await
         .unwrap();

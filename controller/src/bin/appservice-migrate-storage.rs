@@ -43,17 +43,6 @@ async fn main() -> ExitCode {
 }
 
 async fn client(kubeconfig: Option<std::path::PathBuf>) -> Result<kube::Client, kube::Error> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file =
-                kube::config::Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
-            kube::Config::from_custom_kubeconfig(file, &Default::default())
-                .await
-                .map_err(kube::Error::InferKubeconfig)?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(kube::Error::InferConfig)?,
-    };
+    let config = controller::client::kube_config(kubeconfig.as_deref()).await?;
     kube::Client::try_from(config)
 }

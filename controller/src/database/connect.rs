@@ -2,7 +2,7 @@
 //! and a small pool per class, rebuilt when the class or its Secrets change.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use common::DatabaseClass;
@@ -60,10 +60,7 @@ impl Pools {
         limits: Limits,
     ) -> Result<Pool, DatabaseError> {
         let name = class.metadata.name.clone().unwrap_or_default();
-        let mut pools = self
-            .pools
-            .lock()
-            .map_err(|_| DatabaseError::Internal("pool registry lock poisoned".into()))?;
+        let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((fp, pool)) = pools.get(&name)
             && *fp == fingerprint
         {
@@ -107,12 +104,11 @@ fn build_pool(
         }
         mode => {
             config.ssl_mode(SslMode::Require);
-            let tls = tls_config(mode, credentials.ca_pem.as_deref()).map_err(|reason| {
-                DatabaseError::Ca {
+            let tls =
+                tls_config(mode, credentials.ca_pem.as_deref()).map_err(|e| DatabaseError::Ca {
                     class: class_name.clone(),
-                    reason,
-                }
-            })?;
+                    reason: e.to_string(),
+                })?;
             Manager::from_config(
                 config,
                 tokio_postgres_rustls::MakeRustlsConnect::new(tls),
@@ -130,25 +126,38 @@ fn build_pool(
         .map_err(|e| DatabaseError::Internal(format!("building the pool: {e}")))
 }
 
+/// Why the TLS settings for a DatabaseClass cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("TLS versions: {0}")]
+    Versions(rustls::Error),
+    #[error("verify-full needs a CA certificate (spec.tls.ca)")]
+    NoCa,
+    #[error("CA certificate is not valid PEM: {0}")]
+    Pem(std::io::Error),
+    #[error("CA certificate rejected: {0}")]
+    Rejected(rustls::Error),
+    #[error("the CA holds no PEM certificate")]
+    Empty,
+}
+
 /// rustls settings for `mode`: `verify-full` checks the chain against `ca_pem` and the
 /// host name; `require` encrypts without authenticating the server, as libpq does.
-pub fn tls_config(mode: TlsMode, ca_pem: Option<&str>) -> Result<rustls::ClientConfig, String> {
+pub fn tls_config(mode: TlsMode, ca_pem: Option<&str>) -> Result<rustls::ClientConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS versions: {e}"))?;
+        .map_err(TlsError::Versions)?;
     match mode {
         TlsMode::VerifyFull => {
-            let pem = ca_pem.ok_or("verify-full needs a CA certificate (spec.tls.ca)")?;
+            let pem = ca_pem.ok_or(TlsError::NoCa)?;
             let mut roots = rustls::RootCertStore::empty();
             for cert in rustls_pemfile::certs(&mut pem.as_bytes()) {
-                let cert = cert.map_err(|e| format!("CA certificate is not valid PEM: {e}"))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("CA certificate rejected: {e}"))?;
+                let cert = cert.map_err(TlsError::Pem)?;
+                roots.add(cert).map_err(TlsError::Rejected)?;
             }
             if roots.is_empty() {
-                return Err("the CA holds no PEM certificate".into());
+                return Err(TlsError::Empty);
             }
             Ok(builder.with_root_certificates(roots).with_no_client_auth())
         }

@@ -16,7 +16,9 @@
 //! class's `deletionPolicy`; `cleanup` does the same for a deleted AppService.
 
 mod connect;
+mod error;
 pub mod secret;
+mod server;
 pub mod sql;
 
 use std::sync::Arc;
@@ -26,37 +28,25 @@ use common::conditions::{DATABASE_READY, FALSE, TRUE};
 use common::database_class::REACHABLE;
 use common::names::{FIELD_MANAGER, database_secret_name};
 use common::{AppService, DatabaseClass, DatabaseClassStatus, DeletionPolicy};
-use deadpool_postgres::{Object, Pool, PoolError};
+use deadpool_postgres::Object;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{Instrument, info, info_span, instrument, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 pub use connect::Limits;
-use connect::{Credentials, Fingerprint, Pools};
+use connect::Pools;
+use error::DbResult;
+pub use error::{DatabaseError, DatabaseErrorReason, reasons};
+use server::Server;
 
 use crate::desired::is_controlled_by;
 use crate::error::{Error, Result};
 use crate::external::{ConditionReport, External, Outcome, Report, Step};
-use crate::metrics::Metrics;
-
-/// Condition reasons of `DatabaseReady` (and of `Ready` while it is not true).
-pub mod reasons {
-    pub const PROVISIONED: &str = "Provisioned";
-    pub const CLASS_NOT_FOUND: &str = "DatabaseClassNotFound";
-    pub const ADMIN_SECRET_INVALID: &str = "AdminSecretInvalid";
-    pub const CA_INVALID: &str = "DatabaseCAInvalid";
-    pub const ADMIN_CREDENTIALS_REJECTED: &str = "AdminCredentialsRejected";
-    pub const ADMIN_PRIVILEGE_MISSING: &str = "AdminPrivilegeMissing";
-    pub const SERVER_UNREACHABLE: &str = "DatabaseServerUnreachable";
-    pub const PROVISIONING_FAILED: &str = "DatabaseProvisioningFailed";
-    pub const SECRET_CONFLICT: &str = "DatabaseSecretConflict";
-    pub const RETAINED: &str = "DatabaseRetained";
-    pub const DELETED: &str = "DatabaseDeleted";
-}
+use crate::metrics::{Metrics, Written};
 
 /// Annotation on the credentials Secret: the class the database lives on, so that
 /// disabling the database later finds the server even when the spec no longer says.
@@ -90,111 +80,6 @@ pub struct DatabaseConfig {
     pub statement_timeout: Duration,
 }
 
-/// Why a database step did not complete. Messages name objects and servers, never a
-/// password or any other Secret value.
-#[derive(thiserror::Error, Debug)]
-pub enum DatabaseError {
-    #[error("DatabaseClass {0:?} does not exist")]
-    ClassNotFound(String),
-    #[error("admin credentials of DatabaseClass {class:?}: {reason}")]
-    AdminSecret { class: String, reason: String },
-    #[error("CA of DatabaseClass {class:?}: {reason}")]
-    Ca { class: String, reason: String },
-    #[error(
-        "the server of DatabaseClass {class:?} rejected the admin login; fix the admin credentials Secret ({detail})"
-    )]
-    Credentials { class: String, detail: String },
-    #[error("the admin login of DatabaseClass {class:?} lacks a privilege: {detail}")]
-    Privilege { class: String, detail: String },
-    #[error("the server of DatabaseClass {class:?} ({address}) is unreachable: {detail}")]
-    Unreachable {
-        class: String,
-        address: String,
-        detail: String,
-    },
-    #[error("{what} on the server of DatabaseClass {class:?} failed: {detail}")]
-    Sql {
-        class: String,
-        what: &'static str,
-        detail: String,
-    },
-    #[error("Secret {0} exists and is not controlled by this AppService; it is left untouched")]
-    SecretConflict(String),
-    #[error("Kubernetes API request failed: {0}")]
-    Kube(#[source] kube::Error),
-    #[error("{0}")]
-    Internal(String),
-}
-
-impl DatabaseError {
-    /// The condition reason.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            DatabaseError::ClassNotFound(_) => reasons::CLASS_NOT_FOUND,
-            DatabaseError::AdminSecret { .. } => reasons::ADMIN_SECRET_INVALID,
-            DatabaseError::Ca { .. } => reasons::CA_INVALID,
-            DatabaseError::Credentials { .. } => reasons::ADMIN_CREDENTIALS_REJECTED,
-            DatabaseError::Privilege { .. } => reasons::ADMIN_PRIVILEGE_MISSING,
-            DatabaseError::Unreachable { .. } => reasons::SERVER_UNREACHABLE,
-            DatabaseError::SecretConflict(_) => reasons::SECRET_CONFLICT,
-            DatabaseError::Sql { .. } | DatabaseError::Kube(_) | DatabaseError::Internal(_) => {
-                reasons::PROVISIONING_FAILED
-            }
-        }
-    }
-
-    /// Waits for an admin or a user to change something (checked again at a fixed,
-    /// slow pace) rather than a failure to back off from.
-    pub fn is_waiting(&self) -> bool {
-        matches!(
-            self,
-            DatabaseError::ClassNotFound(_)
-                | DatabaseError::AdminSecret { .. }
-                | DatabaseError::Ca { .. }
-                | DatabaseError::Credentials { .. }
-                | DatabaseError::Privilege { .. }
-                | DatabaseError::SecretConflict(_)
-        )
-    }
-
-    /// The message for conditions: like the error's, but without the volatile detail of
-    /// an unreachable server (connection refused, reset, shutting down, ...), so that a
-    /// continuing outage does not rewrite status (and wake the object) at every retry.
-    /// Logs and the transition's Event carry the detail.
-    pub fn condition_message(&self) -> String {
-        match self {
-            DatabaseError::Unreachable { class, address, .. } => format!(
-                "the server of DatabaseClass {class:?} ({address}) is unreachable; retrying with backoff"
-            ),
-            other => other.to_string(),
-        }
-    }
-
-    /// Short, fixed label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            DatabaseError::ClassNotFound(_) => "class_not_found",
-            DatabaseError::AdminSecret { .. } => "admin_secret",
-            DatabaseError::Ca { .. } => "ca",
-            DatabaseError::Credentials { .. } => "credentials",
-            DatabaseError::Privilege { .. } => "privilege",
-            DatabaseError::Unreachable { .. } => "unreachable",
-            DatabaseError::Sql { .. } => "sql",
-            DatabaseError::SecretConflict(_) => "secret_conflict",
-            DatabaseError::Kube(_) => "kube",
-            DatabaseError::Internal(_) => "internal",
-        }
-    }
-}
-
-impl From<kube::Error> for DatabaseError {
-    fn from(e: kube::Error) -> Self {
-        DatabaseError::Kube(e)
-    }
-}
-
-type DbResult<T> = std::result::Result<T, DatabaseError>;
-
 /// The database step: an [`External`] over real PostgreSQL servers.
 pub struct Databases {
     client: Client,
@@ -203,57 +88,6 @@ pub struct Databases {
     pools: Pools,
     metrics: Arc<Metrics>,
     recorder: Recorder,
-}
-
-/// A class's server, as the messages name it.
-struct Server<'a> {
-    class: &'a DatabaseClass,
-    name: String,
-}
-
-impl Server<'_> {
-    fn address(&self) -> String {
-        format!("{}:{}", self.class.spec.host, self.class.spec.port)
-    }
-
-    /// Maps a PostgreSQL error of `what` to a [`DatabaseError`].
-    fn pg_error(&self, what: &'static str, e: &tokio_postgres::Error) -> DatabaseError {
-        let detail = match e.as_db_error() {
-            Some(db) => format!("{}: {}", db.code().code(), db.message()),
-            None => e.to_string(),
-        };
-        let class = self.name.clone();
-        match sql::classify(e.code()) {
-            sql::Failure::Credentials => DatabaseError::Credentials { class, detail },
-            sql::Failure::Privilege => DatabaseError::Privilege { class, detail },
-            sql::Failure::Unavailable => DatabaseError::Unreachable {
-                class,
-                address: self.address(),
-                detail,
-            },
-            sql::Failure::AlreadyExists | sql::Failure::Other => DatabaseError::Sql {
-                class,
-                what,
-                detail,
-            },
-        }
-    }
-
-    fn pool_error(&self, e: PoolError) -> DatabaseError {
-        match e {
-            PoolError::Backend(e) => self.pg_error("login", &e),
-            PoolError::Timeout(_) => DatabaseError::Unreachable {
-                class: self.name.clone(),
-                address: self.address(),
-                detail: "timed out connecting".into(),
-            },
-            other => DatabaseError::Unreachable {
-                class: self.name.clone(),
-                address: self.address(),
-                detail: other.to_string(),
-            },
-        }
-    }
 }
 
 impl Databases {
@@ -289,188 +123,6 @@ impl Databases {
 
     /// Upper bound of one database operation on the client side: the server enforces
     /// `statement_timeout`, this catches a server that stopped answering altogether.
-    fn op_timeout(&self) -> Duration {
-        self.limits.connect_timeout + self.limits.statement_timeout + Duration::from_secs(2)
-    }
-
-    async fn class(&self, name: &str) -> DbResult<DatabaseClass> {
-        let api: Api<DatabaseClass> = Api::all(self.client.clone());
-        api.get_opt(name)
-            .await?
-            .ok_or_else(|| DatabaseError::ClassNotFound(name.to_owned()))
-    }
-
-    /// A connection to the class's server as its admin, and the class's CA (PEM).
-    #[instrument(name = "db.connect", skip_all, fields(otel.kind = "client", db.system = "postgresql", server.address = %server.address()))]
-    async fn connect(&self, server: &Server<'_>) -> DbResult<(Object, Option<String>)> {
-        let (pool, ca_pem) = self.pool(server).await?;
-        match tokio::time::timeout(self.op_timeout(), pool.get()).await {
-            Ok(Ok(conn)) => Ok((conn, ca_pem)),
-            Ok(Err(e)) => Err(server.pool_error(e)),
-            Err(_) => Err(DatabaseError::Unreachable {
-                class: server.name.clone(),
-                address: server.address(),
-                detail: "timed out connecting".into(),
-            }),
-        }
-    }
-
-    async fn pool(&self, server: &Server<'_>) -> DbResult<(Pool, Option<String>)> {
-        let class = server.class;
-        let admin = &class.spec.admin_credentials;
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.admin_namespace);
-        let admin_secret = secrets.get_opt(&admin.secret_name).await?.ok_or_else(|| {
-            DatabaseError::AdminSecret {
-                class: server.name.clone(),
-                reason: format!(
-                    "Secret {}/{} not found",
-                    self.admin_namespace, admin.secret_name
-                ),
-            }
-        })?;
-        let (ca_pem, ca_version) = self.ca(server).await?;
-        let fingerprint = Fingerprint {
-            class_uid: class.metadata.uid.clone().unwrap_or_default(),
-            class_generation: class.metadata.generation.unwrap_or_default(),
-            secret_version: admin_secret
-                .metadata
-                .resource_version
-                .clone()
-                .unwrap_or_default(),
-            ca_version,
-        };
-        let read = |key: &str| -> DbResult<String> {
-            secret::value(&admin_secret, key).ok_or_else(|| DatabaseError::AdminSecret {
-                class: server.name.clone(),
-                reason: format!(
-                    "Secret {}/{} has no key {key:?}",
-                    self.admin_namespace, admin.secret_name
-                ),
-            })
-        };
-        let pool = self.pools.get_or_build(
-            class,
-            fingerprint,
-            || {
-                Ok(Credentials {
-                    username: read(admin.username_key())?,
-                    password: read(admin.password_key())?,
-                    ca_pem: ca_pem.clone(),
-                })
-            },
-            self.limits,
-        )?;
-        Ok((pool, ca_pem))
-    }
-
-    /// The CA PEM of the class (if it names one) and the version of the object holding it.
-    async fn ca(&self, server: &Server<'_>) -> DbResult<(Option<String>, String)> {
-        let Some(ca) = &server.class.spec.tls.ca else {
-            return Ok((None, String::new()));
-        };
-        let missing = |what: String| DatabaseError::Ca {
-            class: server.name.clone(),
-            reason: what,
-        };
-        let ns = &self.admin_namespace;
-        if let Some(r) = &ca.secret_ref {
-            let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
-            let s = api
-                .get_opt(&r.name)
-                .await?
-                .ok_or_else(|| missing(format!("Secret {ns}/{} not found", r.name)))?;
-            let pem = secret::value(&s, r.key()).ok_or_else(|| {
-                missing(format!("Secret {ns}/{} has no key {:?}", r.name, r.key()))
-            })?;
-            return Ok((Some(pem), s.metadata.resource_version.unwrap_or_default()));
-        }
-        if let Some(r) = &ca.config_map_ref {
-            let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
-            let cm = api
-                .get_opt(&r.name)
-                .await?
-                .ok_or_else(|| missing(format!("ConfigMap {ns}/{} not found", r.name)))?;
-            let pem = cm
-                .data
-                .as_ref()
-                .and_then(|d| d.get(r.key()))
-                .cloned()
-                .ok_or_else(|| {
-                    missing(format!(
-                        "ConfigMap {ns}/{} has no key {:?}",
-                        r.name,
-                        r.key()
-                    ))
-                })?;
-            return Ok((Some(pem), cm.metadata.resource_version.unwrap_or_default()));
-        }
-        Ok((None, String::new()))
-    }
-
-    /// Runs `statement`, bounded by the operation timeout. Its span names the operation,
-    /// never the statement text, which may hold a password.
-    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
-    async fn execute(
-        &self,
-        server: &Server<'_>,
-        conn: &Object,
-        what: &'static str,
-        statement: &str,
-    ) -> DbResult<()> {
-        match tokio::time::timeout(self.op_timeout(), conn.batch_execute(statement)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(server.pg_error(what, &e)),
-            Err(_) => Err(DatabaseError::Unreachable {
-                class: server.name.clone(),
-                address: server.address(),
-                detail: format!("{what} did not finish in time"),
-            }),
-        }
-    }
-
-    /// Like [`Self::execute`], with "already exists" counting as success.
-    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
-    async fn execute_create(
-        &self,
-        server: &Server<'_>,
-        conn: &Object,
-        what: &'static str,
-        statement: &str,
-    ) -> DbResult<bool> {
-        match tokio::time::timeout(self.op_timeout(), conn.batch_execute(statement)).await {
-            Ok(Ok(())) => Ok(true),
-            Ok(Err(e)) if sql::classify(e.code()) == sql::Failure::AlreadyExists => Ok(false),
-            Ok(Err(e)) => Err(server.pg_error(what, &e)),
-            Err(_) => Err(DatabaseError::Unreachable {
-                class: server.name.clone(),
-                address: server.address(),
-                detail: format!("{what} did not finish in time"),
-            }),
-        }
-    }
-
-    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
-    async fn query_bool(
-        &self,
-        server: &Server<'_>,
-        conn: &Object,
-        what: &'static str,
-        query: &str,
-        arg: &str,
-    ) -> DbResult<bool> {
-        match tokio::time::timeout(self.op_timeout(), conn.query_one(query, &[&arg])).await {
-            Ok(Ok(row)) => row
-                .try_get::<_, bool>(0)
-                .map_err(|e| server.pg_error(what, &e)),
-            Ok(Err(e)) => Err(server.pg_error(what, &e)),
-            Err(_) => Err(DatabaseError::Unreachable {
-                class: server.name.clone(),
-                address: server.address(),
-                detail: format!("{what} did not finish in time"),
-            }),
-        }
-    }
-
     /// Provisions the database of `app` on `class_name`; returns what `DatabaseReady`
     /// should say.
     async fn provision(&self, app: &AppService, class_name: &str) -> DbResult<String> {
@@ -529,7 +181,7 @@ impl Databases {
                 // Create, not apply: a second controller racing us gets 409 and then
                 // reads our password instead of writing its own.
                 let created = secrets.create(&PostParams::default(), &desired).await?;
-                self.metrics.write("secrets");
+                self.metrics.write(Written::Secrets);
                 info!(secret = %secret_name, "database credentials Secret created");
                 created
             }
@@ -545,7 +197,7 @@ impl Databases {
                 let replaced = secrets
                     .replace(&secret_name, &PostParams::default(), &desired)
                     .await?;
-                self.metrics.write("secrets");
+                self.metrics.write(Written::Secrets);
                 (replaced, pw)
             }
         };
@@ -554,29 +206,21 @@ impl Databases {
             .get(PASSWORD_PENDING_ANNOTATION)
             .is_some_and(|v| v == "true");
 
-        if !self
+        let role_exists = self
             .query_bool(&server, &conn, "checking the role", sql::ROLE_EXISTS, &db)
-            .await?
-        {
-            if !self
+            .await?;
+        let created = !role_exists
+            && self
                 .execute_create(
                     &server,
                     &conn,
                     "CREATE ROLE",
                     &sql::create_role(&db, &password),
                 )
-                .await?
-            {
-                // Someone created it a moment ago: make the Secret's password the role's.
-                self.execute(
-                    &server,
-                    &conn,
-                    "ALTER ROLE",
-                    &sql::set_password(&db, &password),
-                )
                 .await?;
-            }
-        } else if pending {
+        // A role someone created a moment ago, or one that may not have the Secret's
+        // password yet: make the Secret's password the role's.
+        if !created && (pending || !role_exists) {
             self.execute(
                 &server,
                 &conn,
@@ -643,7 +287,7 @@ impl Databases {
             secrets
                 .replace(&secret_name, &PostParams::default(), &desired)
                 .await?;
-            self.metrics.write("secrets");
+            self.metrics.write(Written::Secrets);
         }
         Ok(format!(
             "database {db} on {} (DatabaseClass {class_name}); credentials in Secret {secret_name}",
@@ -759,7 +403,7 @@ impl Databases {
             )
             .await
         {
-            Ok(_) => self.metrics.write("databaseclasses/status"),
+            Ok(_) => self.metrics.write(Written::DatabaseClassStatus),
             Err(e) => {
                 warn!(error = %e, class = %class.name_any(), "could not write DatabaseClass status")
             }
@@ -805,7 +449,7 @@ impl Databases {
             secondary: None,
         };
         match self.recorder.publish(&event, &app.object_ref(&())).await {
-            Ok(()) => self.metrics.write("events"),
+            Ok(()) => self.metrics.write(Written::Events),
             Err(e) => warn!(error = %e, "could not publish event"),
         }
     }
@@ -843,15 +487,15 @@ impl Databases {
             let started = Instant::now();
             match self.remove(app, &class_name).await {
                 Ok((reason, message)) => {
-                    self.metrics.database.cleaned(true, started.elapsed());
+                    self.metrics.database().cleaned(true, started.elapsed());
                     info!(%message, "database disabled");
                     self.publish(app, EventType::Normal, reason, message, "DisableDatabase")
                         .await;
                 }
                 Err(DatabaseError::Kube(e)) => return Err(Error::Kube(e)),
                 Err(e) => {
-                    self.metrics.database.cleaned(false, started.elapsed());
-                    self.metrics.database.error(e.metric_label());
+                    self.metrics.database().cleaned(false, started.elapsed());
+                    self.metrics.database().error(e.metric_label());
                     let report = ConditionReport {
                         type_: DATABASE_READY,
                         status: FALSE,
@@ -873,7 +517,7 @@ impl Databases {
             ..DeleteParams::default()
         };
         match secrets.delete(&secret_name, &params).await {
-            Ok(_) => self.metrics.write("secrets"),
+            Ok(_) => self.metrics.write(Written::Secrets),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(Error::Kube(e)),
         }
@@ -897,7 +541,7 @@ impl Databases {
         let started = Instant::now();
         let result = self.provision(app, class_name).await;
         self.metrics
-            .database
+            .database()
             .provisioned(result.is_ok(), started.elapsed());
         let report = match result {
             Ok(message) => Report {
@@ -913,7 +557,7 @@ impl Databases {
             // API errors go to the error policy like any other (409 retried soon, ...).
             Err(DatabaseError::Kube(e)) => return Err(Error::Kube(e)),
             Err(e) => {
-                self.metrics.database.error(e.metric_label());
+                self.metrics.database().error(e.metric_label());
                 let condition = ConditionReport {
                     type_: DATABASE_READY,
                     status: FALSE,
@@ -974,7 +618,7 @@ impl Databases {
         let started = Instant::now();
         match self.remove(app, &class_name).await {
             Ok((reason, message)) => {
-                self.metrics.database.cleaned(true, started.elapsed());
+                self.metrics.database().cleaned(true, started.elapsed());
                 info!(%message, "database cleanup done");
                 self.publish(app, EventType::Normal, reason, message, "Cleanup")
                     .await;
@@ -985,13 +629,10 @@ impl Databases {
             Err(DatabaseError::ClassNotFound(_)) if secret.is_none() => Ok(Step::Done),
             Err(DatabaseError::Kube(e)) => Err(Error::Kube(e)),
             Err(e) => {
-                self.metrics.database.cleaned(false, started.elapsed());
-                self.metrics.database.error(e.metric_label());
+                self.metrics.database().cleaned(false, started.elapsed());
+                self.metrics.database().error(e.metric_label());
                 warn!(error = %e, "database cleanup failed");
-                Err(Error::Cleanup(format!(
-                    "database cleanup: {}",
-                    e.condition_message()
-                )))
+                Err(Error::Cleanup(e))
             }
         }
     }

@@ -150,7 +150,7 @@ impl Fixture {
 /// A controller running in this test's runtime, watching one namespace.
 pub struct Running {
     shutdown: Option<oneshot::Sender<()>>,
-    handle: JoinHandle<anyhow::Result<()>>,
+    handle: JoinHandle<Result<(), controller::RunError>>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -203,7 +203,8 @@ impl Running {
         }
         tokio::time::timeout(Duration::from_secs(30), &mut self.handle)
             .await
-            .context("controller did not stop within 30s")??
+            .context("controller did not stop within 30s")???;
+        Ok(())
     }
 }
 

@@ -150,6 +150,13 @@ impl TestCerts {
     pub fn client(&self) -> TlsClient {
         TlsClient::new(self.ca.cert_pem())
     }
+
+    /// Writes `yaml` as the policy file next to the certificates; returns its path.
+    pub fn write_policies(&self, yaml: &str) -> PathBuf {
+        let path = self.dir.path().join("policies.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        path
+    }
 }
 
 /// A TLS client trusting one CA; one connection per request so every request does a
@@ -200,6 +207,13 @@ impl TlsClient {
         let name = ServerName::IpAddress(addr.ip().into());
         let connector = if h2 { &self.h2 } else { &self.connector };
         connector.connect(name, tcp).await
+    }
+
+    /// POSTs the review of a minimal AppService (`create-minimal.json`) to `path` over a
+    /// new TLS connection (HTTP/2 when `h2`).
+    pub async fn review(&self, addr: SocketAddr, path: &str, h2: bool) -> Result<Reply, String> {
+        self.post(addr, path, bytes(&fixture("create-minimal.json")), h2)
+            .await
     }
 
     /// POSTs `body` to `path` over a new TLS connection (HTTP/2 when `h2`).

@@ -2,7 +2,7 @@
 //!
 //! The body is parsed a single time into [`Request`], which borrows `object` and
 //! `oldObject` as raw JSON slices of the body: nothing of the object is copied until it
-//! is known to be worth it. An object is then checked for size ([`ObjectLimits`]: list
+//! is known to be worth it. An object is then checked for size ([`shape`]: list
 //! lengths and string lengths, counted without allocating) before it is decoded into
 //! the typed [`AppService`] the rules need. Metadata is read only for what the rules
 //! use (name, generateName, namespace, and whether the name label is set); managed
@@ -14,15 +14,16 @@ use std::fmt;
 
 use common::conversion::Version;
 use common::names::{ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_PORTS, LABEL_NAME};
-use common::types::{MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_IMAGE_LEN, MAX_PORTS};
-use common::validation::{FieldError, FieldErrors};
+use common::validation::FieldErrors;
 use common::{AppService, v1alpha1};
 use kube::core::admission::Operation;
 use kube::core::{GroupVersionKind, GroupVersionResource, ObjectMeta};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
+
+mod shape;
 
 /// The most entries the webhook accepts in `spec.resources.limits` or `.requests`
 /// (Kubernetes knows a handful of resource names; extended resources add a few more).
@@ -31,10 +32,6 @@ pub const MAX_RESOURCE_ENTRIES: usize = 32;
 /// CEL policies see. An AppService with 128 env entries and its managed fields has a
 /// few thousand; the bound keeps the generic JSON copy the policies need small.
 pub const MAX_POLICY_VALUES: usize = 20_000;
-
-/// Specs up to this size are decoded without sizing their lists first: even made only of
-/// the smallest env entries, the decoded form stays below 64 KiB.
-const SHAPE_CHECK_FROM: usize = 2048;
 
 /// The request of an AdmissionReview, borrowing the objects from the body.
 #[derive(Debug, Deserialize)]
@@ -71,16 +68,72 @@ pub struct UserInfo {
     pub groups: Option<Vec<String>>,
 }
 
-/// The envelope: `apiVersion`, `kind` and the request.
-#[derive(Debug, Deserialize)]
+/// Which review a body must be: its `kind`, and the only `apiVersion` the API server
+/// sends for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReviewKind {
+    pub kind: &'static str,
+    pub api_version: &'static str,
+}
+
+/// A request body that is not a usable review of its kind (AdmissionReview,
+/// ConversionReview): answered with HTTP 400.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("request body is not a valid {}: {error}", expected.kind)]
+    Decode {
+        expected: ReviewKind,
+        error: JsonError,
+    },
+    #[error(
+        "unsupported {} {api_version:?} kind {kind:?}: expected {} {}",
+        expected.kind, expected.api_version, expected.kind
+    )]
+    Version {
+        expected: ReviewKind,
+        api_version: String,
+        kind: String,
+    },
+    #[error("{} has no request", expected.kind)]
+    MissingRequest { expected: ReviewKind },
+}
+
+/// The envelope of a review: `apiVersion`, `kind` and the request.
+#[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Envelope<'a> {
+struct Envelope<R> {
     #[serde(default)]
-    pub api_version: String,
+    api_version: String,
     #[serde(default)]
-    pub kind: String,
-    #[serde(default, borrow)]
-    pub request: Option<Request<'a>>,
+    kind: String,
+    request: Option<R>,
+}
+
+/// The request of a review body, decoded once (a type error names its JSON path) and
+/// known to be of the `expected` kind and version. The request may borrow from `body`.
+pub fn decode_review<'de, R: Deserialize<'de>>(
+    body: &'de [u8],
+    expected: ReviewKind,
+) -> Result<R, ReviewError> {
+    // serde's derived structs also accept a JSON array; a review is an object.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ReviewError::Decode {
+            expected,
+            error: JsonError(format!("expected a JSON object ({})", expected.kind)),
+        });
+    }
+    let review: Envelope<R> =
+        decode_tracked(body).map_err(|error| ReviewError::Decode { expected, error })?;
+    if review.api_version != expected.api_version || review.kind != expected.kind {
+        return Err(ReviewError::Version {
+            expected,
+            api_version: review.api_version,
+            kind: review.kind,
+        });
+    }
+    review
+        .request
+        .ok_or(ReviewError::MissingRequest { expected })
 }
 
 impl Request<'_> {
@@ -164,6 +217,12 @@ pub enum ObjectError {
     Invalid(String),
 }
 
+impl ObjectError {
+    fn invalid(error: JsonError) -> Self {
+        ObjectError::Invalid(error.0)
+    }
+}
+
 impl fmt::Display for ObjectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -175,11 +234,7 @@ impl fmt::Display for ObjectError {
 
 /// Decodes an AppService of `version` from its raw JSON, checking the bounds first.
 pub fn decode_object(raw: &RawValue, version: Version) -> Result<Object, ObjectError> {
-    let shell: Shell<'_> = serde_json::from_str(raw.get()).map_err(|plain| {
-        ObjectError::Invalid(
-            tracked::<Shell<'_>>(raw.get(), "").unwrap_or_else(|| plain.to_string()),
-        )
-    })?;
+    let shell: Shell<'_> = decode_at(raw.get().as_bytes(), "").map_err(ObjectError::invalid)?;
     decode_shell(shell, version)
 }
 
@@ -199,11 +254,7 @@ pub fn decode_spec_only(raw: &RawValue, version: Version) -> Result<Object, Obje
         #[serde(default)]
         annotations: ConversionAnnotations,
     }
-    let shell: SpecShell<'_> = serde_json::from_str(raw.get()).map_err(|plain| {
-        ObjectError::Invalid(
-            tracked::<SpecShell<'_>>(raw.get(), "").unwrap_or_else(|| plain.to_string()),
-        )
-    })?;
+    let shell: SpecShell<'_> = decode_at(raw.get().as_bytes(), "").map_err(ObjectError::invalid)?;
     decode_shell(
         Shell {
             metadata: Meta {
@@ -220,16 +271,8 @@ fn decode_shell(shell: Shell<'_>, version: Version) -> Result<Object, ObjectErro
     let Some(spec) = shell.spec else {
         return Err(ObjectError::Invalid("missing field `spec`".to_owned()));
     };
-    // A spec this small cannot hold a list over its bound worth refusing before it is
-    // decoded (its worst case is a few tens of KiB); larger ones are sized first.
-    if spec.get().len() > SHAPE_CHECK_FROM {
-        let mut errors = Vec::new();
-        if let Ok(shape) = serde_json::from_str::<SpecShape>(spec.get()) {
-            shape.check(&mut errors);
-        }
-        if !errors.is_empty() {
-            return Err(ObjectError::TooLarge(FieldErrors(errors)));
-        }
+    if let Some(errors) = shape::oversized(spec) {
+        return Err(ObjectError::TooLarge(errors));
     }
     let meta = shell.metadata;
     let mut labels_map = None;
@@ -267,14 +310,31 @@ fn decode_shell(shell: Shell<'_>, version: Version) -> Result<Object, ObjectErro
 }
 
 fn typed_spec<S: DeserializeOwned>(spec: &RawValue) -> Result<S, ObjectError> {
-    serde_json::from_str(spec.get()).map_err(|plain| {
-        ObjectError::Invalid(tracked::<S>(spec.get(), "spec").unwrap_or_else(|| plain.to_string()))
-    })
+    decode_at(spec.get().as_bytes(), "spec").map_err(ObjectError::invalid)
 }
 
-/// Re-runs a failed decode with path tracking: `path: error`. Only failures pay for it.
-fn tracked<'de, T: Deserialize<'de>>(json: &'de str, prefix: &str) -> Option<String> {
-    let de = &mut serde_json::Deserializer::from_str(json);
+/// A JSON document that is not the shape it should be: the error, after its JSON path
+/// (`spec.replicas: invalid type: ...`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct JsonError(String);
+
+/// Decodes `json`, a whole document (a review); an error names its JSON path.
+fn decode_tracked<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, JsonError> {
+    decode_at(json, "")
+}
+
+/// Decodes `json`, found at `prefix` in its document. Path tracking costs on every
+/// decode, so only a failed one is run again with it; the tracked pass does not check
+/// for trailing characters, so the plain error is kept for that case.
+fn decode_at<'de, T: Deserialize<'de>>(json: &'de [u8], prefix: &str) -> Result<T, JsonError> {
+    serde_json::from_slice(json)
+        .map_err(|plain| JsonError(tracked::<T>(json, prefix).unwrap_or_else(|| plain.to_string())))
+}
+
+/// Re-runs a failed decode with path tracking: `path: error`.
+fn tracked<'de, T: Deserialize<'de>>(json: &'de [u8], prefix: &str) -> Option<String> {
+    let de = &mut serde_json::Deserializer::from_slice(json);
     let err = serde_path_to_error::deserialize::<_, T>(de).err()?;
     let path = err.path().to_string();
     let path = match (prefix.is_empty(), path == ".") {
@@ -405,238 +465,10 @@ impl<'de> Visitor<'de> for IsKey {
     }
 }
 
-/// Sizes of the spec's lists and strings, read without storing them. Type errors are
-/// not reported here (everything unexpected counts as zero); the typed decode does that.
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SpecShape {
-    #[serde(default)]
-    image: Len,
-    #[serde(default)]
-    env: EnvShape,
-    #[serde(default)]
-    ports: Len,
-    #[serde(default)]
-    resources: Option<ResourcesShape>,
-}
-
-#[derive(Default, Deserialize)]
-struct ResourcesShape {
-    #[serde(default)]
-    limits: Len,
-    #[serde(default)]
-    requests: Len,
-    #[serde(default)]
-    claims: Len,
-}
-
-impl SpecShape {
-    fn check(&self, errors: &mut Vec<FieldError>) {
-        if self.image.0 > MAX_IMAGE_LEN {
-            errors.push(FieldError::too_long("spec.image", MAX_IMAGE_LEN));
-        }
-        if self.env.count > MAX_ENV {
-            errors.push(FieldError::too_many("spec.env", self.env.count, MAX_ENV));
-        } else {
-            errors.extend(self.env.errors.iter().cloned());
-        }
-        if self.ports.0 > MAX_PORTS {
-            errors.push(FieldError::too_many("spec.ports", self.ports.0, MAX_PORTS));
-        }
-        if let Some(resources) = &self.resources {
-            for (field, len) in [
-                ("spec.resources.limits", resources.limits.0),
-                ("spec.resources.requests", resources.requests.0),
-                ("spec.resources.claims", resources.claims.0),
-            ] {
-                if len > MAX_RESOURCE_ENTRIES {
-                    errors.push(FieldError::too_many(field, len, MAX_RESOURCE_ENTRIES));
-                }
-            }
-        }
-    }
-}
-
-/// The length of a string (bytes), list or map; zero for anything else.
-#[derive(Default)]
-struct Len(usize);
-
-impl<'de> Deserialize<'de> for Len {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Len;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any value")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Len, E> {
-                Ok(Len(s.len()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Len, A::Error> {
-                let mut n = 0;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    n += 1;
-                }
-                Ok(Len(n))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Len, A::Error> {
-                let mut n = 0;
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
-                    n += 1;
-                }
-                Ok(Len(n))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Len, E> {
-                Ok(Len(0))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Len, E> {
-                Ok(Len(0))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Len, E> {
-                Ok(Len(0))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Len, E> {
-                Ok(Len(0))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Len, E> {
-                Ok(Len(0))
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// `spec.env`: how many entries, and the first entries whose name or value is too long
-/// (only recorded while the count is within bounds).
-#[derive(Default)]
-struct EnvShape {
-    count: usize,
-    errors: Vec<FieldError>,
-}
-
-#[derive(Default, Deserialize)]
-struct EnvEntryShape {
-    #[serde(default)]
-    name: Len,
-    #[serde(default)]
-    value: Len,
-}
-
-impl<'de> Deserialize<'de> for EnvShape {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = EnvShape;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a list of environment variables")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<EnvShape, A::Error> {
-                let mut shape = EnvShape::default();
-                loop {
-                    if shape.count >= MAX_ENV {
-                        // Past the bound only the count matters.
-                        if seq.next_element::<IgnoredAny>()?.is_none() {
-                            break;
-                        }
-                    } else {
-                        let Some(entry) = seq.next_element::<Option<EnvEntryShapeOrAny>>()? else {
-                            break;
-                        };
-                        if let Some(EnvEntryShapeOrAny(Some(entry))) = entry {
-                            let i = shape.count;
-                            if entry.name.0 > MAX_ENV_NAME_LEN {
-                                shape.errors.push(FieldError::too_long(
-                                    format!("spec.env[{i}].name"),
-                                    MAX_ENV_NAME_LEN,
-                                ));
-                            }
-                            if entry.value.0 > MAX_ENV_VALUE_LEN {
-                                shape.errors.push(FieldError::too_long(
-                                    format!("spec.env[{i}].value"),
-                                    MAX_ENV_VALUE_LEN,
-                                ));
-                            }
-                        }
-                    }
-                    shape.count += 1;
-                }
-                Ok(shape)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EnvShape, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(EnvShape::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<EnvShape, E> {
-                Ok(EnvShape::default())
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// One env entry's sizes when it is a map; `None` for anything else.
-struct EnvEntryShapeOrAny(Option<EnvEntryShape>);
-
-impl<'de> Deserialize<'de> for EnvEntryShapeOrAny {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = EnvEntryShapeOrAny;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an environment variable")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<EnvEntryShapeOrAny, A::Error> {
-                let entry = EnvEntryShape::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(EnvEntryShapeOrAny(Some(entry)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<EnvEntryShapeOrAny, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<EnvEntryShapeOrAny, E> {
-                Ok(EnvEntryShapeOrAny(None))
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::types::MAX_ENV_VALUE_LEN;
 
     fn raw(json: &str) -> Box<RawValue> {
         RawValue::from_string(json.to_owned()).unwrap()
@@ -702,6 +534,47 @@ mod tests {
         let text = errors.to_string();
         assert!(text.contains("spec.image: Too long"), "{text}");
         assert!(text.contains("spec.env[0].value: Too long"), "{text}");
+    }
+
+    #[test]
+    fn malformed_reviews_are_refused_for_what_they_are() {
+        #[derive(Debug, Deserialize)]
+        struct Uid {
+            uid: String,
+        }
+        let kind = ReviewKind {
+            kind: "SomeReview",
+            api_version: "example.com/v1",
+        };
+        let decode = |body: &str| decode_review::<Uid>(body.as_bytes(), kind);
+        for body in ["{", "[]", " [{}]"] {
+            assert!(
+                matches!(decode(body), Err(ReviewError::Decode { .. })),
+                "{body}"
+            );
+        }
+        let err = decode(r#"{"apiVersion":"example.com/v1","kind":"SomeReview"} x"#).unwrap_err();
+        assert!(err.to_string().contains("trailing characters"), "{err}");
+        let err =
+            decode(r#"{"apiVersion":"example.com/v1","kind":"SomeReview","request":{"uid":1}}"#)
+                .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "request body is not a valid SomeReview: request.uid: invalid type: integer `1`, expected a string at line 1 column 69"
+        );
+        let err = decode(r#"{"apiVersion":"example.com/v2","kind":"SomeReview"}"#).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"unsupported SomeReview "example.com/v2" kind "SomeReview": expected example.com/v1 SomeReview"#
+        );
+        let err = decode(r#"{"apiVersion":"example.com/v1","kind":"SomeReview"}"#).unwrap_err();
+        assert_eq!(err.to_string(), "SomeReview has no request");
+        assert_eq!(
+            decode(r#"{"apiVersion":"example.com/v1","kind":"SomeReview","request":{"uid":"u"}}"#)
+                .unwrap()
+                .uid,
+            "u"
+        );
     }
 
     #[test]

@@ -1,287 +1,20 @@
 //! Prometheus metrics of the webhook, with small fixed label sets (endpoint, operation,
 //! decision, result, code), served as text on the operations port. Every series of a
 //! fixed label set exists from the start at 0, so a rate or an alert on it works before
-//! the first event; `process_*` metrics are read from `/proc` at each scrape.
+//! the first event; `process_*` metrics are read from `/proc` at each scrape. The label
+//! values are typed ([`labels`]).
 
 use std::time::Duration;
 
-use std::fmt::Write as _;
-
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Which admission endpoint answered.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Endpoint {
-    Mutate,
-    Validate,
-    /// `/convert`: CRD version conversion (counted in `conversions`, not `requests`).
-    Convert,
-}
+mod labels;
 
-impl Endpoint {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Endpoint::Mutate => "mutate",
-            Endpoint::Validate => "validate",
-            Endpoint::Convert => "convert",
-        }
-    }
-}
-
-/// The admission operation of a review; `Unknown` when the body could not be read.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Operation {
-    Create,
-    Update,
-    Delete,
-    Connect,
-    Unknown,
-}
-
-/// How a request ended.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Decision {
-    /// Allowed unchanged (possibly with warnings).
-    Allowed,
-    /// Allowed with a JSON patch (`/mutate` filled in defaults).
-    Patched,
-    /// Denied: field errors, a policy, or an object that is not an AppService.
-    Denied,
-    /// The body was not an AdmissionReview: HTTP 400.
-    BadRequest,
-}
-
-impl Operation {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Operation::Create => "CREATE",
-            Operation::Update => "UPDATE",
-            Operation::Delete => "DELETE",
-            Operation::Connect => "CONNECT",
-            Operation::Unknown => "unknown",
-        }
-    }
-}
-
-impl Decision {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Decision::Allowed => "allowed",
-            Decision::Patched => "patched",
-            Decision::Denied => "denied",
-            Decision::BadRequest => "bad_request",
-        }
-    }
-}
-
-impl ReloadResult {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReloadResult::Success => "success",
-            ReloadResult::Failure => "failure",
-        }
-    }
-}
-
-/// Label values are the lower-case wire names, not the Rust variant names.
-macro_rules! label_value_from_as_str {
-    ($($t:ty),*) => {$(
-        impl EncodeLabelValue for $t {
-            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-                encoder.write_str(self.as_str())
-            }
-        }
-    )*};
-}
-label_value_from_as_str!(
-    Endpoint,
-    ConversionResult,
-    Operation,
-    Decision,
-    ReloadResult,
-    Path,
-    Code,
-    HandshakeFailure
-);
-
-impl Endpoint {
-    /// The admission endpoints, counted by operation and decision.
-    const ALL: [Endpoint; 2] = [Endpoint::Mutate, Endpoint::Validate];
-    /// Every endpoint with a latency histogram, in `as usize` order.
-    const TIMED: [Endpoint; 3] = [Endpoint::Mutate, Endpoint::Validate, Endpoint::Convert];
-}
-
-/// How a ConversionReview ended.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum ConversionResult {
-    /// Every object converted.
-    Success,
-    /// Answered with `result.status: Failure` (an object could not be converted, or an
-    /// unsupported version was asked for).
-    Failure,
-    /// The body was not a ConversionReview: HTTP 400.
-    BadRequest,
-}
-
-impl ConversionResult {
-    const ALL: [ConversionResult; 3] = [
-        ConversionResult::Success,
-        ConversionResult::Failure,
-        ConversionResult::BadRequest,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConversionResult::Success => "success",
-            ConversionResult::Failure => "failure",
-            ConversionResult::BadRequest => "bad_request",
-        }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ConversionLabels {
-    pub result: ConversionResult,
-}
-
-impl Operation {
-    const ALL: [Operation; 5] = [
-        Operation::Create,
-        Operation::Update,
-        Operation::Delete,
-        Operation::Connect,
-        Operation::Unknown,
-    ];
-}
-
-impl Decision {
-    const ALL: [Decision; 4] = [
-        Decision::Allowed,
-        Decision::Patched,
-        Decision::Denied,
-        Decision::BadRequest,
-    ];
-}
-
-/// The path an HTTP answer on the admission port was for.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Path {
-    Mutate,
-    Validate,
-    Convert,
-    /// Anything else (answered 404 or 405).
-    Other,
-}
-
-impl Path {
-    const ALL: [Path; 4] = [Path::Mutate, Path::Validate, Path::Convert, Path::Other];
-
-    pub fn of(path: &str) -> Path {
-        match path {
-            "/mutate" => Path::Mutate,
-            "/validate" => Path::Validate,
-            "/convert" => Path::Convert,
-            _ => Path::Other,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Path::Mutate => "/mutate",
-            Path::Validate => "/validate",
-            Path::Convert => "/convert",
-            Path::Other => "other",
-        }
-    }
-}
-
-/// HTTP status classes the admission port answers with, one series each.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Code {
-    Ok,
-    BadRequest,
-    NotFound,
-    MethodNotAllowed,
-    RequestTimeout,
-    PayloadTooLarge,
-    InternalError,
-    Unavailable,
-    Other,
-}
-
-impl Code {
-    const ALL: [Code; 9] = [
-        Code::Ok,
-        Code::BadRequest,
-        Code::NotFound,
-        Code::MethodNotAllowed,
-        Code::RequestTimeout,
-        Code::PayloadTooLarge,
-        Code::InternalError,
-        Code::Unavailable,
-        Code::Other,
-    ];
-
-    pub fn of(status: u16) -> Code {
-        match status {
-            200 => Code::Ok,
-            400 => Code::BadRequest,
-            404 => Code::NotFound,
-            405 => Code::MethodNotAllowed,
-            408 => Code::RequestTimeout,
-            413 => Code::PayloadTooLarge,
-            500 => Code::InternalError,
-            503 => Code::Unavailable,
-            _ => Code::Other,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Code::Ok => "200",
-            Code::BadRequest => "400",
-            Code::NotFound => "404",
-            Code::MethodNotAllowed => "405",
-            Code::RequestTimeout => "408",
-            Code::PayloadTooLarge => "413",
-            Code::InternalError => "500",
-            Code::Unavailable => "503",
-            Code::Other => "other",
-        }
-    }
-}
-
-/// Why a TLS connection ended before HTTP.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum HandshakeFailure {
-    Error,
-    Timeout,
-}
-
-impl HandshakeFailure {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HandshakeFailure::Error => "error",
-            HandshakeFailure::Timeout => "timeout",
-        }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResponseLabels {
-    pub path: Path,
-    pub code: Code,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HandshakeLabels {
-    pub reason: HandshakeFailure,
-}
+pub use labels::*;
 
 /// Latency buckets from 100 µs to 30 s: answers are usually well below a millisecond,
 /// but the API server waits up to its webhook timeout (at most 30 s), and a slow body
@@ -290,30 +23,6 @@ const DURATION_BUCKETS: [f64; 18] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0, 15.0, 30.0,
 ];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub endpoint: Endpoint,
-    pub operation: Operation,
-    pub decision: Decision,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EndpointLabels {
-    pub endpoint: Endpoint,
-}
-
-/// Outcome of reloading a file.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum ReloadResult {
-    Success,
-    Failure,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReloadLabels {
-    pub result: ReloadResult,
-}
 
 /// Every metric the webhook exports, registered in one registry.
 #[derive(Debug)]
@@ -419,15 +128,15 @@ impl Metrics {
             connections.clone(),
         );
         // Every fixed series from the start, at 0.
-        for endpoint in Endpoint::TIMED {
+        for &endpoint in Endpoint::ALL {
             drop(duration.get_or_create(&EndpointLabels { endpoint }));
         }
-        for result in ConversionResult::ALL {
+        for &result in ConversionResult::ALL {
             drop(conversions.get_or_create(&ConversionLabels { result }));
         }
-        for endpoint in Endpoint::ALL {
-            for operation in Operation::ALL {
-                for decision in Decision::ALL {
+        for endpoint in Endpoint::ADMISSION {
+            for &operation in Operation::ALL {
+                for &decision in Decision::ALL {
                     drop(requests.get_or_create(&RequestLabels {
                         endpoint,
                         operation,
@@ -436,26 +145,26 @@ impl Metrics {
                 }
             }
         }
-        for result in [ReloadResult::Success, ReloadResult::Failure] {
+        for &result in ReloadResult::ALL {
             drop(cert_reloads.get_or_create(&ReloadLabels { result }));
             drop(policy_reloads.get_or_create(&ReloadLabels { result }));
         }
-        for path in Path::ALL {
-            for code in Code::ALL {
+        for &path in Path::ALL {
+            for &code in Code::ALL {
                 drop(responses.get_or_create(&ResponseLabels { path, code }));
             }
         }
-        for reason in [HandshakeFailure::Error, HandshakeFailure::Timeout] {
+        for &reason in HandshakeFailure::ALL {
             drop(handshake_failures.get_or_create(&HandshakeLabels { reason }));
         }
         let mut request_series = Vec::new();
         let mut duration_series = Vec::new();
-        for endpoint in Endpoint::TIMED {
+        for &endpoint in Endpoint::ALL {
             duration_series.push(duration.get_or_create(&EndpointLabels { endpoint }).clone());
         }
-        for endpoint in Endpoint::ALL {
-            for operation in Operation::ALL {
-                for decision in Decision::ALL {
+        for endpoint in Endpoint::ADMISSION {
+            for &operation in Operation::ALL {
+                for &decision in Decision::ALL {
                     request_series.push(
                         requests
                             .get_or_create(&RequestLabels {
@@ -469,8 +178,8 @@ impl Metrics {
             }
         }
         let mut response_series = Vec::new();
-        for path in Path::ALL {
-            for code in Code::ALL {
+        for &path in Path::ALL {
+            for &code in Code::ALL {
                 response_series.push(
                     responses
                         .get_or_create(&ResponseLabels { path, code })

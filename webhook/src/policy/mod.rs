@@ -10,10 +10,14 @@
 //!
 //! A file is compiled completely before it replaces the active set; a file that does
 //! not parse or compile is rejected with the failing policy's name and position, and
-//! the previously loaded set stays active.
+//! the previously loaded set stays active ([`store`]).
+
+mod store;
+
+pub use store::{PolicyStore, Reload};
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 
 use std::collections::HashMap;
 
@@ -24,7 +28,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::expression::{
-    self, Expression, PER_EXPRESSION_COST_LIMIT, PER_REVIEW_COST_LIMIT, Projection,
+    self, Expression, ExpressionError, PER_EXPRESSION_COST_LIMIT, PER_REVIEW_COST_LIMIT, Projection,
 };
 use crate::review::MAX_POLICY_VALUES;
 
@@ -41,29 +45,56 @@ pub const NAMESPACE_OBJECT: &str = "namespaceObject";
 /// Why a policy file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
-    #[error("reading policy file {path}: {source}")]
+    #[error("reading policy file {path}: {error}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("policy file {path}: {source}")]
+    #[error("policy file {path}: {error}")]
     Parse {
         path: PathBuf,
-        #[source]
-        source: Box<serde_saphyr::Error>,
+        error: Box<serde_saphyr::Error>,
     },
     #[error(
         "policy file {path} is empty while policies are active; refusing it (write `policies: []` to remove every policy)"
     )]
     Empty { path: PathBuf },
+    #[error("policy file {path} is not UTF-8: {error}")]
+    NotUtf8 {
+        path: PathBuf,
+        error: std::string::FromUtf8Error,
+    },
     #[error("policy file {path}: policies[{index}] ({name:?}): {reason}")]
     Invalid {
         path: PathBuf,
         index: usize,
         name: String,
-        reason: String,
+        reason: InvalidPolicy,
     },
+}
+
+/// What is wrong with one policy of a file.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidPolicy {
+    #[error("name must not be empty")]
+    EmptyName,
+    #[error("duplicate policy name")]
+    DuplicateName,
+    #[error("{field}: {error}")]
+    Expression {
+        field: &'static str,
+        error: ExpressionError,
+    },
+    #[error(
+        "{field}: estimated worst-case cost {cost} exceeds the limit of {PER_EXPRESSION_COST_LIMIT} (a comprehension over a list of unknown size inside another?)"
+    )]
+    ExpressionCost { field: &'static str, cost: u64 },
+    #[error(
+        "the policies up to this one have an estimated worst-case cost of {cost} per review, over the limit of {PER_REVIEW_COST_LIMIT}"
+    )]
+    ReviewCost { cost: u64 },
+    #[error("{NAMESPACE_OBJECT} is only available with --namespace-labels")]
+    NamespaceObject,
 }
 
 /// The YAML document: `policies: [...]`. The key is required: a file cut short before
@@ -127,9 +158,9 @@ impl PolicySet {
             return Ok(PolicySet::default());
         }
         let file: PolicyFile =
-            serde_saphyr::from_str(yaml).map_err(|source| PolicyError::Parse {
+            serde_saphyr::from_str(yaml).map_err(|error| PolicyError::Parse {
                 path: path.to_owned(),
-                source: Box::new(source),
+                error: Box::new(error),
             })?;
         Self::compile(path, &file.policies)
     }
@@ -138,17 +169,17 @@ impl PolicySet {
     pub fn compile(path: &Path, specs: &[PolicySpec]) -> Result<Self, PolicyError> {
         let mut set = PolicySet::default();
         for (index, spec) in specs.iter().enumerate() {
-            let invalid = |reason: String| PolicyError::Invalid {
+            let invalid = |reason: InvalidPolicy| PolicyError::Invalid {
                 path: path.to_owned(),
                 index,
                 name: spec.name.clone(),
                 reason,
             };
             if spec.name.trim().is_empty() {
-                return Err(invalid("name must not be empty".into()));
+                return Err(invalid(InvalidPolicy::EmptyName));
             }
             if specs[..index].iter().any(|other| other.name == spec.name) {
-                return Err(invalid("duplicate policy name".into()));
+                return Err(invalid(InvalidPolicy::DuplicateName));
             }
             let expression = compile_checked("expression", &spec.expression).map_err(invalid)?;
             let message_expression = match &spec.message_expression {
@@ -167,10 +198,7 @@ impl PolicySet {
                 set.cost = set.cost.saturating_add(e.cost);
             }
             if set.cost > PER_REVIEW_COST_LIMIT {
-                return Err(invalid(format!(
-                    "the policies up to this one have an estimated worst-case cost of {} per review, over the limit of {PER_REVIEW_COST_LIMIT}",
-                    set.cost
-                )));
+                return Err(invalid(InvalidPolicy::ReviewCost { cost: set.cost }));
             }
             set.policies.push(Policy {
                 name: spec.name.clone(),
@@ -305,14 +333,14 @@ impl PolicySet {
 }
 
 /// Compiles one expression of a policy and checks its estimated cost.
-fn compile_checked(field: &str, source: &str) -> Result<Expression, String> {
-    let expression =
-        Expression::compile(source, &VARIABLES).map_err(|e| format!("{field}: {e}"))?;
+fn compile_checked(field: &'static str, source: &str) -> Result<Expression, InvalidPolicy> {
+    let expression = Expression::compile(source, &VARIABLES)
+        .map_err(|error| InvalidPolicy::Expression { field, error })?;
     if expression.cost > PER_EXPRESSION_COST_LIMIT {
-        return Err(format!(
-            "{field}: estimated worst-case cost {} exceeds the limit of {PER_EXPRESSION_COST_LIMIT} (a comprehension over a list of unknown size inside another?)",
-            expression.cost
-        ));
+        return Err(InvalidPolicy::ExpressionCost {
+            field,
+            cost: expression.cost,
+        });
     }
     Ok(expression)
 }
@@ -362,122 +390,6 @@ fn request_value(request: &CelRequest) -> Value {
     ])
 }
 
-/// The active policy set plus where it comes from; swapped whole on reload.
-#[derive(Debug)]
-pub struct PolicyStore {
-    path: Option<PathBuf>,
-    // Whether `namespaceObject` is bound; a file using it is refused otherwise.
-    namespace_labels: bool,
-    active: RwLock<Arc<PolicySet>>,
-    // Last file content seen, loaded or refused: an unchanged file is not recompiled
-    // and a refused file is reported once, not on every periodic check.
-    last_seen: Mutex<Option<Vec<u8>>>,
-}
-
-/// What a reload did.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Reload {
-    /// The file did not change.
-    Unchanged,
-    /// A new set with this many policies is active.
-    Loaded(usize),
-}
-
-impl PolicyStore {
-    /// A store without a file: no policies, ever.
-    pub fn empty() -> Self {
-        PolicyStore {
-            path: None,
-            namespace_labels: false,
-            active: RwLock::new(Arc::new(PolicySet::default())),
-            last_seen: Mutex::new(None),
-        }
-    }
-
-    /// A store holding a fixed set, never reloaded.
-    pub fn fixed(set: PolicySet) -> Self {
-        PolicyStore {
-            path: None,
-            namespace_labels: true,
-            active: RwLock::new(Arc::new(set)),
-            last_seen: Mutex::new(None),
-        }
-    }
-
-    /// Loads `path`; fails when the first load fails (a webhook must not start without
-    /// the policies it was told to enforce).
-    /// `namespace_labels`: whether `namespaceObject` is available to policies.
-    pub fn load(path: PathBuf, namespace_labels: bool) -> Result<Self, PolicyError> {
-        let store = PolicyStore {
-            path: Some(path),
-            namespace_labels,
-            active: RwLock::new(Arc::new(PolicySet::default())),
-            last_seen: Mutex::new(None),
-        };
-        store.reload()?;
-        Ok(store)
-    }
-
-    pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
-    }
-
-    /// The active set; cheap (an `Arc` clone).
-    pub fn current(&self) -> Arc<PolicySet> {
-        self.active
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Re-reads the file; on success the new set replaces the active one, on failure the
-    /// active set stays and the error is returned.
-    pub fn reload(&self) -> Result<Reload, PolicyError> {
-        let Some(path) = &self.path else {
-            return Ok(Reload::Unchanged);
-        };
-        let bytes = std::fs::read(path).map_err(|source| PolicyError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        {
-            let mut last = self
-                .last_seen
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if last.as_deref() == Some(bytes.as_slice()) {
-                return Ok(Reload::Unchanged);
-            }
-            *last = Some(bytes.clone());
-        }
-        let text = String::from_utf8(bytes).map_err(|e| PolicyError::Invalid {
-            path: path.clone(),
-            index: 0,
-            name: String::new(),
-            reason: format!("file is not UTF-8: {e}"),
-        })?;
-        // An empty file is what a torn or truncated write looks like: it must not switch
-        // enforcement off. Clearing the policies is written `policies: []`.
-        if text.trim().is_empty() && !self.current().is_empty() {
-            return Err(PolicyError::Empty { path: path.clone() });
-        }
-        let set = PolicySet::from_yaml(path, &text)?;
-        if !self.namespace_labels
-            && let Some((index, name)) = set.first_using_namespace()
-        {
-            return Err(PolicyError::Invalid {
-                path: path.clone(),
-                index,
-                name: name.to_owned(),
-                reason: format!("{NAMESPACE_OBJECT} is only available with --namespace-labels"),
-            });
-        }
-        let count = set.len();
-        *self.active.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(set);
-        Ok(Reload::Loaded(count))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,16 +405,8 @@ mod tests {
         }
     }
 
-    const REGISTRY: &str = r#"
-policies:
-  - name: allowed-registry
-    expression: "object.spec.image.startsWith('registry.example.com/')"
-    message: "images must come from registry.example.com"
-    messageExpression: "'image ' + object.spec.image + ' is not from registry.example.com'"
-  - name: production-replicas
-    expression: "request.namespace != 'production' || object.spec.replicas >= 2"
-    message: "production needs at least 2 replicas"
-"#;
+    /// Two policies: images from one registry, two replicas in production.
+    pub(super) const REGISTRY: &str = include_str!("../../tests/fixtures/registry-policies.yaml");
 
     #[test]
     fn allows_and_denies_with_messages() {
@@ -525,7 +429,7 @@ policies:
                 },
                 Violation {
                     policy: "production-replicas".into(),
-                    message: "production needs at least 2 replicas".into()
+                    message: "AppServices in production need at least 2 replicas".into()
                 },
             ]
         );
@@ -712,34 +616,6 @@ policies:
     }
 
     #[test]
-    fn reload_keeps_the_previous_set_on_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("policies.yaml");
-        std::fs::write(&path, REGISTRY).unwrap();
-        let store = PolicyStore::load(path.clone(), false).unwrap();
-        assert_eq!(store.current().len(), 2);
-        assert_eq!(store.reload().unwrap(), Reload::Unchanged);
-
-        std::fs::write(
-            &path,
-            "policies:\n  - {name: x, expression: '(', message: m}\n",
-        )
-        .unwrap();
-        assert!(store.reload().is_err());
-        assert_eq!(store.current().len(), 2, "previous set stays active");
-        // The same broken content is not reported again.
-        assert_eq!(store.reload().unwrap(), Reload::Unchanged);
-
-        std::fs::write(
-            &path,
-            "policies:\n  - {name: x, expression: 'true', message: m}\n",
-        )
-        .unwrap();
-        assert_eq!(store.reload().unwrap(), Reload::Loaded(1));
-        assert_eq!(store.current().names().collect::<Vec<_>>(), ["x"]);
-    }
-
-    #[test]
     fn costly_policies_are_refused_at_load() {
         let nested = "policies:\n  - {name: nested, expression: \"object.metadata.managedFields.all(a, object.metadata.managedFields.all(b, a == b))\", message: m}\n";
         let err = PolicySet::from_yaml(Path::new("p.yaml"), nested)
@@ -798,39 +674,5 @@ policies:
         .unwrap_err()
         .to_string();
         assert!(err.contains("unary operators"), "{err}");
-    }
-
-    #[test]
-    fn empty_or_torn_files_do_not_remove_policies() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("policies.yaml");
-        std::fs::write(&path, REGISTRY).unwrap();
-        let store = PolicyStore::load(path.clone(), false).unwrap();
-        // Empty, whitespace only, cut before the key, cut inside a policy, no key at all.
-        for torn in [
-            "",
-            " \n\t\n",
-            "poli",
-            "policies:\n  - name: allowed-registry\n    expression: \"object.spec.image.sta",
-            "policies:\n  - name: allowed-registry\n",
-            "{}\n",
-        ] {
-            std::fs::write(&path, torn).unwrap();
-            let err = store.reload().unwrap_err().to_string();
-            assert_eq!(
-                store.current().len(),
-                2,
-                "{torn:?} replaced the policies ({err})"
-            );
-        }
-        std::fs::write(&path, "").unwrap();
-        let err = store.reload();
-        // The same content again is not re-reported; the previous one differed.
-        assert!(matches!(err, Err(PolicyError::Empty { .. })), "{err:?}");
-        // An explicit empty list clears them; then an empty file is harmless.
-        std::fs::write(&path, "policies: []\n").unwrap();
-        assert_eq!(store.reload().unwrap(), Reload::Loaded(0));
-        std::fs::write(&path, "\n").unwrap();
-        assert_eq!(store.reload().unwrap(), Reload::Loaded(0));
     }
 }

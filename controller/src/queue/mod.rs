@@ -16,15 +16,12 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use common::AppService;
-use futures::future::BoxFuture;
-use futures::{FutureExt, Stream, StreamExt};
-use kube::Resource;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -32,16 +29,29 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::context::Context;
 use crate::error::Error;
+
+mod observe;
+
+pub use observe::{
+    observe_apps, observe_children, observe_error_policy, observe_mapper, observe_reconcile,
+    observe_reconcile_all,
+};
 
 /// The `name` (workqueue) and `controller` (controller-runtime) label of every series.
 pub const CONTROLLER_NAME: &str = "appservice";
 
-/// Every value of the `result` label of `controller_runtime_reconcile_total`: `success`
-/// (converged, or waiting for a change), `requeue` (asked to look again before the
-/// resync interval: a rollout in progress, a database not ready, a name taken), `error`.
-pub const RESULTS: [&str; 3] = ["success", "requeue", "error"];
+telemetry::label_values! {
+    /// The `result` label of `controller_runtime_reconcile_total`.
+    pub enum ReconcileResult {
+        /// Converged, or waiting for a change.
+        Success => "success",
+        /// Asked to look again before the resync interval: a rollout in progress, a
+        /// database not ready, a name taken.
+        Requeue => "requeue",
+        Error => "error",
+    }
+}
 
 /// Seconds from 1 ms to 10 minutes: a reconcile at steady state takes well under a
 /// millisecond, a wait in a saturated queue can take minutes.
@@ -53,7 +63,7 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
-    result: &'static str,
+    result: ReconcileResult,
 }
 
 /// Where one object stands in the queue.
@@ -85,7 +95,7 @@ pub struct Queue {
 impl Default for Queue {
     fn default() -> Self {
         let reconciles = Family::<ResultLabel, Counter>::default();
-        for result in RESULTS {
+        for &result in ReconcileResult::ALL {
             let _ = reconciles.get_or_create(&ResultLabel { result });
         }
         Queue {
@@ -179,10 +189,7 @@ impl Queue {
         f: impl FnOnce(&mut HashMap<ObjectRef<AppService>, Entry>) -> T,
     ) -> T {
         // A poisoned lock only means a panic elsewhere while counting: keep counting.
-        let mut entries = match self.entries.lock() {
-            Ok(entries) => entries,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         f(&mut entries)
     }
 
@@ -308,7 +315,7 @@ impl Queue {
     }
 
     /// Reconciles by result so far.
-    pub fn reconciles(&self, result: &'static str) -> u64 {
+    pub fn reconciles(&self, result: ReconcileResult) -> u64 {
         self.reconciles.get_or_create(&ResultLabel { result }).get()
     }
 
@@ -353,11 +360,11 @@ impl Running {
         let label = match result {
             Err(_) => {
                 queue.reconcile_errors.inc();
-                "error"
+                ReconcileResult::Error
             }
             Ok(action) => match requeue_delay(action) {
-                Some(delay) if delay < resync => "requeue",
-                _ => "success",
+                Some(delay) if delay < resync => ReconcileResult::Requeue,
+                _ => ReconcileResult::Success,
             },
         };
         queue
@@ -429,295 +436,5 @@ fn parse_debug_duration(text: &str) -> Option<Duration> {
     Some(Duration::new(secs, sub))
 }
 
-/// Counts the AppServices of a watch stream as triggers.
-pub fn observe_apps<S, E>(stream: S, queue: Arc<Queue>) -> impl Stream<Item = Result<AppService, E>>
-where
-    S: Stream<Item = Result<AppService, E>>,
-{
-    stream.inspect(move |item| {
-        if let Ok(app) = item {
-            queue.triggered(&ObjectRef::from_obj(app), Instant::now());
-        }
-    })
-}
-
-/// Counts the owners of a child stream's objects as triggers (as kube-runtime's
-/// `owns_stream` maps them: every owner reference to an AppService).
-pub fn observe_children<S, K, E>(stream: S, queue: Arc<Queue>) -> impl Stream<Item = Result<K, E>>
-where
-    S: Stream<Item = Result<K, E>>,
-    K: Resource,
-{
-    stream.inspect(move |item| {
-        if let Ok(child) = item {
-            let meta = child.meta();
-            let now = Instant::now();
-            for owner in meta.owner_references.iter().flatten() {
-                if let Some(key) =
-                    ObjectRef::<AppService>::from_owner_ref(meta.namespace.as_deref(), owner, ())
-                {
-                    queue.triggered(&key, now);
-                }
-            }
-        }
-    })
-}
-
-/// Counts every AppService in `store` as triggered each time `stream` yields (what
-/// `reconcile_all_on` does with the same store).
-pub fn observe_reconcile_all<S>(
-    stream: S,
-    store: Store<AppService>,
-    queue: Arc<Queue>,
-) -> impl Stream<Item = ()>
-where
-    S: Stream<Item = ()>,
-{
-    stream.inspect(move |()| {
-        let now = Instant::now();
-        for app in store.state() {
-            queue.triggered(&ObjectRef::from_obj(&*app), now);
-        }
-    })
-}
-
-/// Wraps a mapper of `watches_stream`: the AppService it names is triggered.
-pub fn observe_mapper<T>(
-    queue: Arc<Queue>,
-    mapper: impl Fn(T) -> Option<ObjectRef<AppService>>,
-) -> impl Fn(T) -> Option<ObjectRef<AppService>> {
-    move |obj| {
-        let key = mapper(obj);
-        if let Some(key) = &key {
-            queue.triggered(key, Instant::now());
-        }
-        key
-    }
-}
-
-/// Wraps the reconcile function: the object leaves the queue when it starts, and its
-/// duration and result are recorded when it ends.
-pub fn observe_reconcile<F, Fut>(
-    reconcile: F,
-) -> impl FnMut(Arc<AppService>, Arc<Context>) -> BoxFuture<'static, Result<Action, Error>>
-where
-    F: Fn(Arc<AppService>, Arc<Context>) -> Fut,
-    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
-{
-    move |app, ctx| {
-        let queue = ctx.metrics.queue.clone();
-        let resync = ctx.config.resync_interval;
-        let running = queue.start(ObjectRef::from_obj(&*app), Instant::now(), ctx.is_leader());
-        let reconciling = reconcile(app, ctx);
-        async move {
-            let result = reconciling.await;
-            running.finish(&result, Instant::now(), resync);
-            result
-        }
-        .boxed()
-    }
-}
-
-/// Wraps the error policy: a requeue after an error is a retry.
-pub fn observe_error_policy<P>(
-    policy: P,
-) -> impl Fn(Arc<AppService>, &Error, Arc<Context>) -> Action
-where
-    P: Fn(Arc<AppService>, &Error, Arc<Context>) -> Action,
-{
-    move |app, error, ctx| {
-        let key = ObjectRef::from_obj(&*app);
-        let action = policy(app, error, ctx.clone());
-        if ctx.is_leader() {
-            ctx.metrics.queue.retried(&key, &action, Instant::now());
-        }
-        action
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(name: &str) -> ObjectRef<AppService> {
-        ObjectRef::new(name).within("ns")
-    }
-
-    fn encode(queue: &Queue) -> String {
-        let mut registry = Registry::default();
-        queue.register(&mut registry);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-        out
-    }
-
-    #[test]
-    fn requeue_delays_are_read_exactly() {
-        for delay in [
-            Duration::ZERO,
-            Duration::from_nanos(1),
-            Duration::from_nanos(999),
-            Duration::from_micros(17),
-            Duration::from_millis(1),
-            Duration::from_millis(1500),
-            Duration::from_secs(10),
-            Duration::from_secs(600),
-            Duration::new(1, 1),
-            Duration::new(3600, 123_456_789),
-            Duration::from_secs(86_400 * 365),
-        ] {
-            assert_eq!(
-                requeue_delay(&Action::requeue(delay)),
-                Some(delay),
-                "{delay:?}"
-            );
-        }
-        assert_eq!(requeue_delay(&Action::await_change()), None);
-        assert_eq!(parse_debug_duration("1.5"), None);
-        assert_eq!(parse_debug_duration("x5s"), None);
-        assert_eq!(parse_debug_duration(".5s"), None);
-    }
-
-    #[test]
-    fn a_trigger_waits_once_until_its_reconcile_starts() {
-        let queue = Arc::new(Queue::default());
-        let t0 = Instant::now();
-        queue.triggered(&key("a"), t0);
-        queue.triggered(&key("a"), t0 + Duration::from_millis(10));
-        queue.triggered(&key("b"), t0 + Duration::from_millis(20));
-        assert_eq!(
-            queue.adds(),
-            2,
-            "a second trigger of a waiting object adds nothing"
-        );
-        queue.refresh(t0 + Duration::from_millis(30));
-        assert_eq!(queue.depth.get(), 2);
-
-        let running = queue.start(key("a"), t0 + Duration::from_millis(500), true);
-        queue.refresh(t0 + Duration::from_millis(1500));
-        assert_eq!(queue.depth.get(), 1);
-        assert_eq!(queue.active_workers.get(), 1);
-        assert!((queue.longest_running.get() - 1.0).abs() < 1e-9);
-        assert!((queue.unfinished_work.get() - 1.0).abs() < 1e-9);
-
-        // Triggered while running: waits, but is not in the queue until the end.
-        queue.triggered(&key("a"), t0 + Duration::from_millis(1600));
-        queue.refresh(t0 + Duration::from_millis(1700));
-        assert_eq!(queue.depth.get(), 1);
-        running.finish(
-            &Ok(Action::await_change()),
-            t0 + Duration::from_secs(2),
-            Duration::from_secs(600),
-        );
-        queue.refresh(t0 + Duration::from_secs(2));
-        assert_eq!(queue.depth.get(), 2);
-        assert_eq!(queue.active_workers.get(), 0);
-        assert_eq!(queue.longest_running.get(), 0.0);
-        assert_eq!(queue.reconciles("success"), 1);
-
-        let text = encode(&queue);
-        // The first wait of "a" was 500 ms.
-        assert!(
-            text.contains(
-                "workqueue_queue_duration_seconds_bucket{le=\"0.5\",name=\"appservice\"} 1"
-            ) || text.contains(
-                "workqueue_queue_duration_seconds_bucket{name=\"appservice\",le=\"0.5\"} 1"
-            ),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn requeues_wait_from_when_they_are_due() {
-        let queue = Arc::new(Queue::default());
-        let resync = Duration::from_secs(600);
-        let t0 = Instant::now();
-        queue.triggered(&key("a"), t0);
-        let running = queue.start(key("a"), t0, true);
-        running.finish(&Ok(Action::requeue(Duration::from_secs(10))), t0, resync);
-        assert_eq!(queue.reconciles("requeue"), 1);
-        assert_eq!(queue.adds(), 2);
-        queue.refresh(t0 + Duration::from_secs(5));
-        assert_eq!(queue.depth.get(), 0, "not due yet");
-        queue.refresh(t0 + Duration::from_secs(11));
-        assert_eq!(queue.depth.get(), 1);
-        // A watch event before the requeue is due takes its place, once.
-        queue.triggered(&key("a"), t0 + Duration::from_secs(1));
-        assert_eq!(queue.adds(), 3);
-        queue.triggered(&key("a"), t0 + Duration::from_secs(2));
-        assert_eq!(queue.adds(), 3);
-
-        // A converged object's resync is a success, and is scheduled.
-        let running = queue.start(key("a"), t0 + Duration::from_secs(3), true);
-        running.finish(
-            &Ok(Action::requeue(resync)),
-            t0 + Duration::from_secs(3),
-            resync,
-        );
-        assert_eq!(queue.reconciles("success"), 1);
-        assert_eq!(queue.tracked(), 1);
-        queue.forget(&key("a"));
-        assert_eq!(queue.tracked(), 0);
-    }
-
-    #[test]
-    fn errors_and_retries_are_counted() {
-        let queue = Arc::new(Queue::default());
-        let t0 = Instant::now();
-        queue.triggered(&key("a"), t0);
-        let running = queue.start(key("a"), t0, true);
-        running.finish(
-            &Err(Error::NotLeader),
-            t0 + Duration::from_millis(3),
-            Duration::from_secs(600),
-        );
-        queue.retried(&key("a"), &Action::requeue(Duration::from_secs(2)), t0);
-        queue.retried(&key("b"), &Action::await_change(), t0);
-        assert_eq!(queue.reconciles("error"), 1);
-        assert_eq!(queue.retries(), 1);
-        assert_eq!(queue.reconcile_errors.get(), 1);
-        assert_eq!(queue.tracked(), 1, "only the retried object is scheduled");
-    }
-
-    #[test]
-    fn a_cancelled_reconcile_leaves_the_running_set() {
-        let queue = Arc::new(Queue::default());
-        let t0 = Instant::now();
-        let running = queue.start(key("a"), t0, true);
-        drop(running);
-        queue.refresh(t0 + Duration::from_secs(1));
-        assert_eq!(queue.active_workers.get(), 0);
-        assert_eq!(queue.longest_running.get(), 0.0);
-        assert_eq!(queue.tracked(), 0);
-        // A standby's pass is not work, and leaves nothing behind.
-        queue.triggered(&key("b"), t0);
-        drop(queue.start(key("b"), t0, false));
-        assert_eq!(queue.tracked(), 0);
-        assert_eq!(queue.active_workers.get(), 0);
-    }
-
-    #[test]
-    fn every_series_exists_from_the_start() {
-        let queue = Queue::default();
-        queue.set_max_concurrent(16);
-        queue.refresh(Instant::now());
-        let text = encode(&queue);
-        for line in [
-            "workqueue_depth{name=\"appservice\"} 0",
-            "workqueue_adds_total{name=\"appservice\"} 0",
-            "workqueue_retries_total{name=\"appservice\"} 0",
-            "workqueue_queue_duration_seconds_count{name=\"appservice\"} 0",
-            "workqueue_work_duration_seconds_count{name=\"appservice\"} 0",
-            "workqueue_unfinished_work_seconds{name=\"appservice\"} 0",
-            "workqueue_longest_running_processor_seconds{name=\"appservice\"} 0",
-            "controller_runtime_reconcile_total{controller=\"appservice\",result=\"success\"} 0",
-            "controller_runtime_reconcile_total{controller=\"appservice\",result=\"requeue\"} 0",
-            "controller_runtime_reconcile_total{controller=\"appservice\",result=\"error\"} 0",
-            "controller_runtime_reconcile_errors_total{controller=\"appservice\"} 0",
-            "controller_runtime_active_workers{controller=\"appservice\"} 0",
-            "controller_runtime_max_concurrent_reconciles{controller=\"appservice\"} 16",
-        ] {
-            assert!(text.contains(line), "{line} missing from\n{text}");
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,250 @@
+//! Talking to a DatabaseClass's server: the class and its credentials, pooled
+//! connections, and SQL calls bounded by the operation timeout, each a span.
+
+use std::time::Duration;
+
+use common::DatabaseClass;
+use deadpool_postgres::{Object, Pool, PoolError};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+use tracing::instrument;
+
+use super::connect::{Credentials, Fingerprint};
+use super::error::DbResult;
+use super::{DatabaseError, Databases, secret, sql};
+
+/// A class's server, as the messages name it.
+pub(super) struct Server<'a> {
+    pub(super) class: &'a DatabaseClass,
+    pub(super) name: String,
+}
+
+impl Server<'_> {
+    pub(super) fn address(&self) -> String {
+        format!("{}:{}", self.class.spec.host, self.class.spec.port)
+    }
+
+    /// Maps a PostgreSQL error of `what` to a [`DatabaseError`].
+    pub(super) fn pg_error(&self, what: &'static str, e: &tokio_postgres::Error) -> DatabaseError {
+        let detail = match e.as_db_error() {
+            Some(db) => format!("{}: {}", db.code().code(), db.message()),
+            None => e.to_string(),
+        };
+        let class = self.name.clone();
+        match sql::classify(e.code()) {
+            sql::Failure::Credentials => DatabaseError::Credentials { class, detail },
+            sql::Failure::Privilege => DatabaseError::Privilege { class, detail },
+            sql::Failure::Unavailable => DatabaseError::Unreachable {
+                class,
+                address: self.address(),
+                detail,
+            },
+            sql::Failure::AlreadyExists | sql::Failure::Other => DatabaseError::Sql {
+                class,
+                what,
+                detail,
+            },
+        }
+    }
+
+    fn pool_error(&self, e: PoolError) -> DatabaseError {
+        match e {
+            PoolError::Backend(e) => self.pg_error("login", &e),
+            PoolError::Timeout(_) => DatabaseError::Unreachable {
+                class: self.name.clone(),
+                address: self.address(),
+                detail: "timed out connecting".into(),
+            },
+            other => DatabaseError::Unreachable {
+                class: self.name.clone(),
+                address: self.address(),
+                detail: other.to_string(),
+            },
+        }
+    }
+}
+
+impl Databases {
+    pub(super) fn op_timeout(&self) -> Duration {
+        self.limits.connect_timeout + self.limits.statement_timeout + Duration::from_secs(2)
+    }
+
+    pub(super) async fn class(&self, name: &str) -> DbResult<DatabaseClass> {
+        let api: Api<DatabaseClass> = Api::all(self.client.clone());
+        api.get_opt(name)
+            .await?
+            .ok_or_else(|| DatabaseError::ClassNotFound(name.to_owned()))
+    }
+
+    /// A connection to the class's server as its admin, and the class's CA (PEM).
+    #[instrument(name = "db.connect", skip_all, fields(otel.kind = "client", db.system = "postgresql", server.address = %server.address()))]
+    pub(super) async fn connect(&self, server: &Server<'_>) -> DbResult<(Object, Option<String>)> {
+        let (pool, ca_pem) = self.pool(server).await?;
+        match tokio::time::timeout(self.op_timeout(), pool.get()).await {
+            Ok(Ok(conn)) => Ok((conn, ca_pem)),
+            Ok(Err(e)) => Err(server.pool_error(e)),
+            Err(_) => Err(DatabaseError::Unreachable {
+                class: server.name.clone(),
+                address: server.address(),
+                detail: "timed out connecting".into(),
+            }),
+        }
+    }
+
+    pub(super) async fn pool(&self, server: &Server<'_>) -> DbResult<(Pool, Option<String>)> {
+        let class = server.class;
+        let admin = &class.spec.admin_credentials;
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.admin_namespace);
+        let admin_secret = secrets.get_opt(&admin.secret_name).await?.ok_or_else(|| {
+            DatabaseError::AdminSecret {
+                class: server.name.clone(),
+                reason: format!(
+                    "Secret {}/{} not found",
+                    self.admin_namespace, admin.secret_name
+                ),
+            }
+        })?;
+        let (ca_pem, ca_version) = self.ca(server).await?;
+        let fingerprint = Fingerprint {
+            class_uid: class.metadata.uid.clone().unwrap_or_default(),
+            class_generation: class.metadata.generation.unwrap_or_default(),
+            secret_version: admin_secret
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default(),
+            ca_version,
+        };
+        let read = |key: &str| -> DbResult<String> {
+            secret::value(&admin_secret, key).ok_or_else(|| DatabaseError::AdminSecret {
+                class: server.name.clone(),
+                reason: format!(
+                    "Secret {}/{} has no key {key:?}",
+                    self.admin_namespace, admin.secret_name
+                ),
+            })
+        };
+        let pool = self.pools.get_or_build(
+            class,
+            fingerprint,
+            || {
+                Ok(Credentials {
+                    username: read(admin.username_key())?,
+                    password: read(admin.password_key())?,
+                    ca_pem: ca_pem.clone(),
+                })
+            },
+            self.limits,
+        )?;
+        Ok((pool, ca_pem))
+    }
+
+    /// The CA PEM of the class (if it names one) and the version of the object holding it.
+    pub(super) async fn ca(&self, server: &Server<'_>) -> DbResult<(Option<String>, String)> {
+        let Some(ca) = &server.class.spec.tls.ca else {
+            return Ok((None, String::new()));
+        };
+        let missing = |what: String| DatabaseError::Ca {
+            class: server.name.clone(),
+            reason: what,
+        };
+        let ns = &self.admin_namespace;
+        if let Some(r) = &ca.secret_ref {
+            let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+            let s = api
+                .get_opt(&r.name)
+                .await?
+                .ok_or_else(|| missing(format!("Secret {ns}/{} not found", r.name)))?;
+            let pem = secret::value(&s, r.key()).ok_or_else(|| {
+                missing(format!("Secret {ns}/{} has no key {:?}", r.name, r.key()))
+            })?;
+            return Ok((Some(pem), s.metadata.resource_version.unwrap_or_default()));
+        }
+        if let Some(r) = &ca.config_map_ref {
+            let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+            let cm = api
+                .get_opt(&r.name)
+                .await?
+                .ok_or_else(|| missing(format!("ConfigMap {ns}/{} not found", r.name)))?;
+            let pem = cm
+                .data
+                .as_ref()
+                .and_then(|d| d.get(r.key()))
+                .cloned()
+                .ok_or_else(|| {
+                    missing(format!(
+                        "ConfigMap {ns}/{} has no key {:?}",
+                        r.name,
+                        r.key()
+                    ))
+                })?;
+            return Ok((Some(pem), cm.metadata.resource_version.unwrap_or_default()));
+        }
+        Ok((None, String::new()))
+    }
+
+    /// Runs one call to the server, bounded by the operation timeout. Its span names the
+    /// operation, never the statement text, which may hold a password.
+    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
+    pub(super) async fn bounded<T>(
+        &self,
+        server: &Server<'_>,
+        what: &'static str,
+        call: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> DbResult<Result<T, tokio_postgres::Error>> {
+        tokio::time::timeout(self.op_timeout(), call)
+            .await
+            .map_err(|_| DatabaseError::Unreachable {
+                class: server.name.clone(),
+                address: server.address(),
+                detail: format!("{what} did not finish in time"),
+            })
+    }
+
+    /// Runs `statement`.
+    pub(super) async fn execute(
+        &self,
+        server: &Server<'_>,
+        conn: &Object,
+        what: &'static str,
+        statement: &str,
+    ) -> DbResult<()> {
+        self.bounded(server, what, conn.batch_execute(statement))
+            .await?
+            .map_err(|e| server.pg_error(what, &e))
+    }
+
+    /// Like [`Self::execute`], with "already exists" counting as success; returns whether
+    /// the statement created something.
+    pub(super) async fn execute_create(
+        &self,
+        server: &Server<'_>,
+        conn: &Object,
+        what: &'static str,
+        statement: &str,
+    ) -> DbResult<bool> {
+        match self
+            .bounded(server, what, conn.batch_execute(statement))
+            .await?
+        {
+            Ok(()) => Ok(true),
+            Err(e) if sql::classify(e.code()) == sql::Failure::AlreadyExists => Ok(false),
+            Err(e) => Err(server.pg_error(what, &e)),
+        }
+    }
+
+    /// The boolean `query` answers for `arg`.
+    pub(super) async fn query_bool(
+        &self,
+        server: &Server<'_>,
+        conn: &Object,
+        what: &'static str,
+        query: &str,
+        arg: &str,
+    ) -> DbResult<bool> {
+        self.bounded(server, what, conn.query_one(query, &[&arg]))
+            .await?
+            .and_then(|row| row.try_get::<_, bool>(0))
+            .map_err(|e| server.pg_error(what, &e))
+    }
+}

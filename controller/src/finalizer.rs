@@ -1,0 +1,107 @@
+//! The finalizer: on before anything we may have to clean up exists, released once the
+//! external resources of a deleted AppService are gone.
+
+use std::borrow::Cow;
+
+use common::AppService;
+use common::conditions::reasons;
+use common::names::FINALIZER;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tracing::{debug, info};
+
+use crate::context::Context;
+use crate::error::Result;
+use crate::external::Step;
+use crate::metrics::Written;
+use crate::reconcile::Outcome;
+use crate::status::cleanup_failed_status;
+
+/// The finalizer goes on before anything we may have to clean up exists. Returns the
+/// object as it is now.
+pub(crate) async fn ensure_finalizer<'a>(
+    app: &'a AppService,
+    ctx: &Context,
+    api: &Api<AppService>,
+) -> Result<Cow<'a, AppService>> {
+    if app.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Cow::Borrowed(app));
+    }
+    let mut finalizers = app.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_owned());
+    let patched = patch_finalizers(api, app, finalizers).await?;
+    debug!("added finalizer");
+    ctx.metrics().write(Written::AppServices);
+    Ok(Cow::Owned(patched))
+}
+
+/// Sets the finalizers of `app`, guarded by its resourceVersion.
+async fn patch_finalizers(
+    api: &Api<AppService>,
+    app: &AppService,
+    finalizers: Vec<String>,
+) -> kube::Result<AppService> {
+    let patch = json!({"metadata": {
+        "resourceVersion": app.metadata.resource_version,
+        "finalizers": finalizers,
+    }});
+    api.patch(
+        &app.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+}
+
+/// Deletion: clean up external resources, then let the object go.
+pub(crate) async fn finalize(
+    app: &AppService,
+    ctx: &Context,
+    api: &Api<AppService>,
+) -> Result<Outcome> {
+    if !app.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Outcome::gone());
+    }
+    match ctx.external().cleanup(app).await {
+        Ok(Step::Done) => {}
+        Ok(Step::NotReady(after)) => return Ok(Outcome::next(Ok(Action::requeue(after)))),
+        Err(e) => {
+            ctx.metrics().cleanup_failed();
+            let message = e.to_string();
+            // The first failure is announced; its retries are not.
+            let first = !app.status.as_ref().is_some_and(|s| {
+                common::conditions::find(&s.conditions, common::conditions::DEGRADED)
+                    .is_some_and(|c| c.reason == reasons::CLEANUP_FAILED)
+            });
+            let status = cleanup_failed_status(app, &message, &ctx.clock().now());
+            return Ok(Outcome {
+                event: first.then(|| Event {
+                    type_: EventType::Warning,
+                    reason: reasons::CLEANUP_FAILED.to_owned(),
+                    note: Some(message),
+                    action: "Cleanup".to_owned(),
+                    secondary: None,
+                }),
+                ..Outcome::status(status, Err(e))
+            });
+        }
+    }
+    let finalizers: Vec<String> = app
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    match patch_finalizers(api, app, finalizers).await {
+        Ok(_) => {}
+        // Already gone: nothing left to do.
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.metrics().write(Written::AppServices);
+    info!("cleanup done, finalizer removed");
+    Ok(Outcome::gone())
+}

@@ -1,0 +1,148 @@
+//! Reporting what a pass observed, once, at its end: the status (written only when it
+//! changed), an Event when the Ready condition moved, and the ready gauge.
+
+use common::conditions::{TRUE, reasons};
+use common::names::FIELD_MANAGER;
+use common::{AppService, AppServiceStatus};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tracing::{debug, warn};
+
+use crate::context::Context;
+use crate::error::Result;
+use crate::metrics::{Ready, Written};
+use crate::status::{needs_write, ready_state};
+
+/// Writes `status` through the status subresource if it differs from the live status,
+/// and publishes an Event when the Ready condition moved.
+pub async fn write_status(
+    ctx: &Context,
+    api: &Api<AppService>,
+    app: &AppService,
+    status: &AppServiceStatus,
+) -> Result<()> {
+    let key = ObjectRef::from_obj(app);
+    let after = ready_state(Some(status));
+    ctx.metrics()
+        .set_ready(&key, after.as_ref().map(|(s, _)| Ready::of(s)));
+    // Right after our own write the cache may still hold the object we wrote over:
+    // compare with what we wrote then, or a stale cache would make us write it again.
+    let known = ctx.status_written_over(&key, app.metadata.resource_version.as_deref());
+    let live = known.as_ref().or(app.status.as_ref());
+    if !needs_write(live, status) {
+        return Ok(());
+    }
+    let before = ready_state(live);
+    let patch = json!({
+        "apiVersion": AppService::api_version(&()),
+        "kind": AppService::kind(&()),
+        "metadata": {"name": app.name_any()},
+        "status": status,
+    });
+    api.patch_status(
+        &app.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    ctx.metrics().write(Written::AppServiceStatus);
+    if let Some(rv) = app.metadata.resource_version.clone() {
+        ctx.remember_status_write(key, rv, status.clone());
+    }
+    debug!("status written");
+    if let Some((st, reason)) = after
+        && worth_an_event(before.as_ref(), (&st, &reason))
+    {
+        publish(ctx, app, &transition_event(&st, &reason, status)).await;
+    }
+    Ok(())
+}
+
+/// Publishes `event` about `app`. Failures are logged, never fatal.
+pub async fn publish(ctx: &Context, app: &AppService, event: &Event) {
+    match ctx.recorder().publish(event, &app.object_ref(&())).await {
+        Ok(()) => ctx.metrics().write(Written::Events),
+        Err(e) => warn!(error = %e, "could not publish event"),
+    }
+}
+
+/// Whether a move of the Ready condition from `before` to `after` deserves an Event:
+/// becoming ready, any failure, and losing readiness. The first rollout of a new object
+/// is expected and not announced (an Event is an API write, too).
+fn worth_an_event(before: Option<&(String, String)>, after: (&str, &str)) -> bool {
+    let (status, reason) = after;
+    if before.is_some_and(|(s, r)| s == status && r == reason) {
+        return false;
+    }
+    let was_ready = before.is_some_and(|(s, _)| s == TRUE);
+    reason != reasons::ROLLING_OUT || was_ready
+}
+
+/// The Event of a Ready transition to `status` for `reason`.
+fn transition_event(status: &str, reason: &str, new: &AppServiceStatus) -> Event {
+    let message = common::conditions::find(&new.conditions, common::conditions::READY)
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    let warning = matches!(
+        reason,
+        reasons::INVALID_SPEC
+            | reasons::APPLY_FAILED
+            | reasons::RESOURCE_CONFLICT
+            | reasons::DEPLOYMENT_FAILED
+            | reasons::CLEANUP_FAILED
+    );
+    Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_owned(),
+        note: Some(if status == TRUE {
+            format!("Ready: {message}")
+        } else {
+            message
+        }),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(s: &str, r: &str) -> (String, String) {
+        (s.to_owned(), r.to_owned())
+    }
+
+    #[test]
+    fn events_only_for_meaningful_transitions() {
+        // First rollout of a new object: expected, no Event.
+        assert!(!worth_an_event(None, ("False", reasons::ROLLING_OUT)));
+        // Became ready.
+        assert!(worth_an_event(
+            Some(&st("False", reasons::ROLLING_OUT)),
+            ("True", reasons::AVAILABLE)
+        ));
+        // Lost readiness (new rollout or Pods failing).
+        assert!(worth_an_event(
+            Some(&st("True", reasons::AVAILABLE)),
+            ("False", reasons::ROLLING_OUT)
+        ));
+        // Failures, even on a new object.
+        assert!(worth_an_event(None, ("False", reasons::INVALID_SPEC)));
+        assert!(worth_an_event(
+            Some(&st("False", reasons::ROLLING_OUT)),
+            ("False", reasons::RESOURCE_CONFLICT)
+        ));
+        // No change, no Event.
+        assert!(!worth_an_event(
+            Some(&st("True", reasons::AVAILABLE)),
+            ("True", reasons::AVAILABLE)
+        ));
+    }
+}

@@ -1,0 +1,386 @@
+//! Unit tests of the status computation.
+
+use super::*;
+use common::AppServiceSpec;
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentCondition, DeploymentSpec, DeploymentStatus,
+};
+use pretty_assertions::assert_eq;
+
+fn at(secs: i64) -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+}
+
+fn app(replicas: i32, generation: i64) -> AppService {
+    let mut app = AppService::new(
+        "checkout",
+        AppServiceSpec {
+            image: "nginx:1.27".into(),
+            replicas: Some(replicas),
+            ports: vec![common::AppPort::http(8080)],
+            ..Default::default()
+        },
+    );
+    app.metadata.namespace = Some("shop".into());
+    app.metadata.generation = Some(generation);
+    app
+}
+
+fn deployment(replicas: i32, generation: i64, st: DeploymentStatus) -> DeploymentView {
+    let mut d = Deployment {
+        spec: DeploymentSpec {
+            replicas: Some(replicas),
+            ..Default::default()
+        },
+        status: Some(st),
+        ..Default::default()
+    };
+    d.metadata.generation = Some(generation);
+    crate::view::of(&d).unwrap()
+}
+
+/// A one-replica AppService of generation 1 whose status says it is ready.
+fn ready_app() -> AppService {
+    let mut a = app(1, 1);
+    a.status = Some(desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&deployment(1, 1, healthy(1))),
+        &at(1),
+    ));
+    a
+}
+
+fn healthy(replicas: i32) -> DeploymentStatus {
+    DeploymentStatus {
+        observed_generation: Some(1),
+        replicas: Some(replicas),
+        updated_replicas: Some(replicas),
+        ready_replicas: Some(replicas),
+        available_replicas: Some(replicas),
+        ..Default::default()
+    }
+}
+
+fn cond<'a>(
+    s: &'a AppServiceStatus,
+    t: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    conditions::find(&s.conditions, t).unwrap()
+}
+
+#[test]
+fn ready_status_fields() {
+    let a = app(3, 7);
+    let d = deployment(3, 1, healthy(3));
+    let s = desired_status(&a, &Observation::Applied, Some(&d), &at(10));
+    assert_eq!(s.observed_generation, Some(7));
+    assert_eq!(s.ready_replicas, Some(3));
+    assert_eq!(
+        s.selector.as_deref(),
+        Some(
+            "app.kubernetes.io/instance=checkout,app.kubernetes.io/managed-by=appservice-operator"
+        )
+    );
+    assert_eq!(s.endpoint.as_deref(), Some("http://checkout.shop.svc:8080"));
+    let ready = cond(&s, READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        (TRUE, reasons::AVAILABLE)
+    );
+    assert_eq!(ready.message, "3/3 replicas ready");
+    assert_eq!(ready.observed_generation, Some(7));
+    assert_eq!(cond(&s, PROGRESSING).status, FALSE);
+    assert_eq!(cond(&s, DEGRADED).status, FALSE);
+    assert_eq!(s.conditions.len(), 3);
+}
+
+#[test]
+fn rolling_out_then_ready_moves_transition_time_once() {
+    let mut a = app(2, 1);
+    let mut progressing = healthy(2);
+    progressing.ready_replicas = Some(0);
+    progressing.available_replicas = Some(0);
+    let s1 = desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&deployment(2, 1, progressing.clone())),
+        &at(10),
+    );
+    assert_eq!(cond(&s1, READY).reason, reasons::ROLLING_OUT);
+    assert_eq!(cond(&s1, PROGRESSING).status, TRUE);
+    assert_eq!(s1.ready_replicas, Some(0));
+
+    // One replica became ready: a change (readyReplicas, message) but Ready stays False.
+    a.status = Some(s1.clone());
+    progressing.ready_replicas = Some(1);
+    let s2 = desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&deployment(2, 1, progressing)),
+        &at(20),
+    );
+    assert!(needs_write(Some(&s1), &s2));
+    assert_eq!(cond(&s2, READY).last_transition_time, at(10));
+
+    // Ready.
+    a.status = Some(s2.clone());
+    let s3 = desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&deployment(2, 1, healthy(2))),
+        &at(30),
+    );
+    assert_eq!(cond(&s3, READY).last_transition_time, at(30));
+    assert_eq!(cond(&s3, DEGRADED).last_transition_time, at(10));
+
+    // Steady state: same status again, no write, times kept.
+    a.status = Some(s3.clone());
+    let s4 = desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&deployment(2, 1, healthy(2))),
+        &at(40),
+    );
+    assert!(!needs_write(Some(&s3), &s4));
+    assert_eq!(s4, s3);
+}
+
+#[test]
+fn invalid_spec_keeps_last_applied_generation() {
+    let mut a = ready_app();
+    a.metadata.generation = Some(2);
+    let s = desired_status(
+        &a,
+        &Observation::InvalidSpec("spec.port: Invalid value".into()),
+        Some(&deployment(1, 1, healthy(1))),
+        &at(5),
+    );
+    assert_eq!(s.observed_generation, Some(1));
+    let ready = cond(&s, READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        (FALSE, reasons::INVALID_SPEC)
+    );
+    assert_eq!(ready.observed_generation, Some(2));
+    assert_eq!(ready.message, "spec.port: Invalid value");
+    // What runs is still reported.
+    assert_eq!(s.ready_replicas, Some(1));
+    assert_eq!(cond(&s, DEGRADED).status, TRUE);
+    assert_eq!(cond(&s, PROGRESSING).status, FALSE);
+}
+
+#[test]
+fn conflict_condition() {
+    let a = app(1, 1);
+    let s = desired_status(
+        &a,
+        &Observation::Conflict {
+            message: "Service shop/checkout exists and is not owned by this AppService".into(),
+            service_taken: true,
+        },
+        None,
+        &at(1),
+    );
+    assert_eq!(cond(&s, READY).reason, reasons::RESOURCE_CONFLICT);
+    assert_eq!(cond(&s, DEGRADED).reason, reasons::RESOURCE_CONFLICT);
+    assert_eq!(s.observed_generation, None);
+    assert_eq!(s.endpoint, None);
+    assert_eq!(s.ready_replicas, Some(0));
+}
+
+#[test]
+fn rejected_child_is_degraded_and_keeps_generation() {
+    let mut a = ready_app();
+    a.metadata.generation = Some(2);
+    let s = desired_status(
+        &a,
+        &Observation::Rejected(
+            "Deployment rejected: spec.template...fieldPath: Unsupported value".into(),
+        ),
+        Some(&deployment(1, 1, DeploymentStatus::default())),
+        &at(2),
+    );
+    assert_eq!(s.observed_generation, Some(1));
+    assert_eq!(cond(&s, READY).reason, reasons::APPLY_FAILED);
+    assert_eq!(cond(&s, READY).observed_generation, Some(2));
+    assert_eq!(cond(&s, DEGRADED).status, TRUE);
+    assert_eq!(cond(&s, PROGRESSING).status, FALSE);
+    // Not the stale count of the last applied generation: nothing is ready now.
+    assert_eq!(s.ready_replicas, Some(0));
+}
+
+#[test]
+fn scaled_to_zero_is_ready() {
+    let a = app(0, 1);
+    let d = deployment(
+        0,
+        1,
+        DeploymentStatus {
+            observed_generation: Some(1),
+            ..Default::default()
+        },
+    );
+    let s = desired_status(&a, &Observation::Applied, Some(&d), &at(1));
+    let ready = cond(&s, READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        (TRUE, reasons::SCALED_TO_ZERO)
+    );
+    assert_eq!(s.ready_replicas, Some(0));
+}
+
+#[test]
+fn needs_write_diffing() {
+    let a = app(1, 1);
+    let s = desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&deployment(1, 1, healthy(1))),
+        &at(1),
+    );
+    assert!(needs_write(None, &s));
+    assert!(!needs_write(Some(&s), &s.clone()));
+    // Only timestamps differ: no write.
+    let mut later = s.clone();
+    for c in &mut later.conditions {
+        c.last_transition_time = at(99);
+    }
+    assert!(!needs_write(Some(&s), &later));
+    // Order of conditions does not matter.
+    let mut reordered = s.clone();
+    reordered.conditions.reverse();
+    assert!(!needs_write(Some(&s), &reordered));
+    let mut other = s.clone();
+    other.ready_replicas = Some(0);
+    assert!(needs_write(Some(&s), &other));
+    let mut other = s.clone();
+    other.observed_generation = Some(2);
+    assert!(needs_write(Some(&s), &other));
+    let mut other = s;
+    other.conditions[0].message = "changed".into();
+    assert!(needs_write(Some(&other.clone()), &{
+        let mut o = other.clone();
+        o.conditions[0].message = "again".into();
+        o
+    }));
+}
+
+#[test]
+fn cleanup_failure_sets_degraded_only() {
+    let a = ready_app();
+    let s = cleanup_failed_status(&a, "database server unreachable", &at(2));
+    let deg = cond(&s, DEGRADED);
+    assert_eq!(
+        (deg.status.as_str(), deg.reason.as_str()),
+        (TRUE, reasons::CLEANUP_FAILED)
+    );
+    assert_eq!(cond(&s, READY).status, TRUE);
+    assert_eq!(
+        ready_state(Some(&s)),
+        Some((TRUE.into(), reasons::AVAILABLE.into()))
+    );
+}
+
+fn db_report(status: &'static str, reason: &'static str) -> Report {
+    Report {
+        outcome: crate::external::Outcome::Done,
+        conditions: vec![crate::external::ConditionReport {
+            type_: conditions::DATABASE_READY,
+            status,
+            reason,
+            message: format!("db {reason}"),
+        }],
+        absent: vec![],
+    }
+}
+
+#[test]
+fn external_conditions_block_ready_and_clear_again() {
+    let mut a = app(1, 1);
+    let blocked =
+        external_blocked_status(&a, &db_report(FALSE, "DatabaseServerUnreachable"), &at(10));
+    let ready = cond(&blocked, READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        (FALSE, "DatabaseServerUnreachable")
+    );
+    assert_eq!(cond(&blocked, DEGRADED).status, TRUE);
+    assert_eq!(cond(&blocked, conditions::DATABASE_READY).status, FALSE);
+    a.status = Some(blocked);
+    // The server is back: DatabaseReady moves, so the status must be written.
+    assert!(external_changes(&a, &db_report(TRUE, "Provisioned")));
+    assert!(!external_changes(
+        &a,
+        &db_report(FALSE, "DatabaseServerUnreachable")
+    ));
+    // The database is disabled: the condition goes away.
+    let gone = Report {
+        outcome: crate::external::Outcome::Done,
+        conditions: vec![],
+        absent: vec![conditions::DATABASE_READY],
+    };
+    assert!(external_changes(&a, &gone));
+    let mut st = a.status.clone().unwrap();
+    apply_external(&mut st, &gone, Some(1), &at(20));
+    assert!(conditions::find(&st.conditions, conditions::DATABASE_READY).is_none());
+}
+#[test]
+fn rollout_states() {
+    assert_eq!(
+        rollout(&deployment(3, 1, healthy(3))),
+        Rollout::Complete { ready: 3 }
+    );
+    // Deployment controller has not seen the new generation yet.
+    assert!(matches!(
+        rollout(&deployment(3, 2, healthy(3))),
+        Rollout::InProgress { .. }
+    ));
+    // No status at all (no kube-controller-manager).
+    assert!(matches!(
+        rollout(&deployment(1, 1, DeploymentStatus::default())),
+        Rollout::InProgress {
+            ready: 0,
+            desired: 1,
+            ..
+        }
+    ));
+    let mut partial = healthy(3);
+    partial.ready_replicas = Some(2);
+    partial.available_replicas = Some(2);
+    assert_eq!(
+        rollout(&deployment(3, 1, partial)),
+        Rollout::InProgress {
+            ready: 2,
+            desired: 3,
+            message: "2/3 replicas ready".into()
+        }
+    );
+    let mut old = healthy(3);
+    old.replicas = Some(4);
+    assert!(matches!(
+        rollout(&deployment(3, 1, old)),
+        Rollout::InProgress { .. }
+    ));
+    let mut failed = healthy(3);
+    failed.ready_replicas = Some(1);
+    failed.conditions = Some(vec![DeploymentCondition {
+        type_: Some("Progressing".into()),
+        status: Some("False".into()),
+        reason: Some("ProgressDeadlineExceeded".into()),
+        message: Some("ReplicaSet \"x\" has timed out progressing.".into()),
+        ..Default::default()
+    }]);
+    assert!(matches!(
+        rollout(&deployment(3, 1, failed)),
+        Rollout::Failed { ready: 1, .. }
+    ));
+    let zero = DeploymentStatus {
+        observed_generation: Some(1),
+        ..Default::default()
+    };
+    assert_eq!(
+        rollout(&deployment(0, 1, zero)),
+        Rollout::Complete { ready: 0 }
+    );
+}

@@ -1,0 +1,182 @@
+//! What the controller watches: each cache is a reflector over a watch with our backoff,
+//! trimmed to what reconcile reads, and flagged once its initial list is in.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::{Stream, StreamExt};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use serde::de::DeserializeOwned;
+use tracing::info;
+
+use crate::config::Config;
+use crate::context::CacheSync;
+
+/// Starts the caches of one controller: the client, the watched namespace (or all) and
+/// the flags their initial lists set.
+pub(crate) struct Watch<'a> {
+    client: &'a Client,
+    config: &'a Config,
+    synced: &'a Arc<CacheSync>,
+}
+
+impl<'a> Watch<'a> {
+    pub(crate) fn new(client: &'a Client, config: &'a Config, synced: &'a Arc<CacheSync>) -> Self {
+        Watch {
+            client,
+            config,
+            synced,
+        }
+    }
+
+    /// A cache of `K` selected by `watch`, each object trimmed by `trim` before it is
+    /// stored; `flag` is set once the initial list is in the store. Returns the store and
+    /// the stream that feeds it (and the controller).
+    pub(crate) fn cached<K, T>(
+        &self,
+        watch: watcher::Config,
+        trim: T,
+        flag: fn(&CacheSync) -> &AtomicBool,
+    ) -> (
+        Store<K>,
+        impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + use<K, T>,
+    )
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + DeserializeOwned
+            + Clone
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        T: FnMut(&mut K) + Send + 'static,
+    {
+        let (store, writer) = reflector::store::<K>();
+        let stream = reflector::reflector(
+            writer,
+            watcher(scoped_api::<K>(self.client, self.config), watch)
+                .modify(trim)
+                .backoff(WatchBackoff::default()),
+        )
+        // Marked after the reflector: the store holds the list once the flag says so.
+        .inspect(mark_synced(self.synced.clone(), flag));
+        (store, stream)
+    }
+}
+
+/// A watch-stream observer that records when the initial list is complete. (Awaiting
+/// `Store::wait_until_ready` here instead would steal the wake-up the controller itself
+/// waits for: that future wakes only its latest waiter.)
+fn mark_synced<K>(
+    synced: Arc<CacheSync>,
+    flag: fn(&CacheSync) -> &std::sync::atomic::AtomicBool,
+) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
+    move |event| {
+        if let Ok(watcher::Event::InitDone) = event
+            && !flag(&synced).swap(true, Ordering::Relaxed)
+            && synced.all()
+        {
+            info!("caches synced");
+        }
+    }
+}
+
+/// An Api scoped to the watched namespace, or to all namespaces.
+fn scoped_api<K>(client: &Client, config: &Config) -> Api<K>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    match &config.watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Backoff of the watches. kube-runtime's default grows to 30 s and forgets its errors
+/// only after two quiet minutes, so after an API server restart (a few connection
+/// errors, then "too old resource version") the caches stayed stale for half a minute.
+/// This one starts at 100 ms, doubles to at most 5 s (so an outage costs one request
+/// every few seconds per watch) and is reset by the first event that comes through.
+#[derive(Clone, Debug)]
+struct WatchBackoff {
+    next: std::time::Duration,
+}
+
+impl WatchBackoff {
+    const MIN: std::time::Duration = std::time::Duration::from_millis(100);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(5);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff { next: Self::MIN }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        let nominal = self.next;
+        self.next = (nominal * 2).min(Self::MAX);
+        // Half to all of the nominal delay, so many watches do not retry in step.
+        Some(nominal.mul_f64(0.5 + rand::random::<f64>() / 2.0))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::MIN;
+    }
+}
+
+/// Keeps only the name and namespace of an object that is not ours (all reconcile needs
+/// to know is that the name is taken), and the resourceVersion the reflector tracks.
+pub(crate) fn name_only<K>(obj: &mut PartialObjectMeta<K>) {
+    let meta = std::mem::take(&mut obj.metadata);
+    obj.metadata = kube::api::ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        resource_version: meta.resource_version,
+        ..kube::api::ObjectMeta::default()
+    };
+}
+
+/// No pause beyond a yield: for a stream whose parts back off on their own.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct YieldBackoff;
+
+impl Iterator for YieldBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        Some(std::time::Duration::from_millis(1))
+    }
+}
+
+impl kube::runtime::utils::Backoff for YieldBackoff {
+    fn reset(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::utils::Backoff;
+
+    #[test]
+    fn watch_backoff_is_bounded_and_resets() {
+        let mut b = WatchBackoff::default();
+        let delays: Vec<_> = (&mut b).take(12).collect();
+        assert!(delays[0] <= WatchBackoff::MIN && delays[0] >= WatchBackoff::MIN / 2);
+        assert!(delays.iter().all(|d| *d <= WatchBackoff::MAX));
+        assert!(delays[11] >= WatchBackoff::MAX / 2);
+        b.reset();
+        assert!(b.next().is_some_and(|d| d <= WatchBackoff::MIN));
+    }
+}

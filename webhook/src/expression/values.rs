@@ -1,0 +1,271 @@
+//! JSON to CEL values: the object of a review (only the fields its policies read,
+//! property names escaped as the API server does, a bounded number of values) and the
+//! namespace object.
+
+use std::fmt;
+use std::sync::Arc;
+
+use kube::core::cel::cel::Value;
+use kube::core::cel::cel::objects::{Key, Map};
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+
+use super::{ExpressionError, Projection};
+
+/// Where a JSON value sits in an AppService, for key escaping: property names of
+/// structured fields are escaped like the API server does (`__namespace__`,
+/// `__dot__`...), keys of metadata and of maps (labels, annotations, resource lists,
+/// managed fields' field sets) are not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Position {
+    Root,
+    Metadata,
+    ManagedFields,
+    Spec,
+    Resources,
+    Other,
+    /// A map's keys: not escaped; its values are `Other`.
+    Map,
+    /// A free-form subtree (`fieldsV1`): nothing escaped.
+    FreeForm,
+}
+
+impl Position {
+    fn child(self, key: &str) -> Position {
+        match (self, key) {
+            (Position::Root, "metadata") => Position::Metadata,
+            (Position::Root, "spec") => Position::Spec,
+            (Position::Metadata, "labels" | "annotations") => Position::Map,
+            (Position::Metadata, "managedFields") => Position::ManagedFields,
+            (Position::ManagedFields, "fieldsV1") => Position::FreeForm,
+            (Position::Spec, "resources") => Position::Resources,
+            (Position::Resources, "limits" | "requests") => Position::Map,
+            (Position::FreeForm, _) => Position::FreeForm,
+            (Position::Map, _) => Position::Other,
+            _ => Position::Other,
+        }
+    }
+
+    /// Whether keys of a map at this position are escaped. Metadata's are not: the API
+    /// server exposes `object.metadata.namespace` as is (checked in cel_conformance.rs).
+    fn escapes(self) -> bool {
+        !matches!(
+            self,
+            Position::Map | Position::FreeForm | Position::Metadata
+        )
+    }
+}
+
+/// Escapes a property name as Kubernetes' CEL does.
+fn escape(name: &str) -> String {
+    const RESERVED: [&str; 21] = [
+        "true",
+        "false",
+        "null",
+        "in",
+        "as",
+        "break",
+        "const",
+        "continue",
+        "else",
+        "for",
+        "function",
+        "if",
+        "import",
+        "let",
+        "loop",
+        "package",
+        "namespace",
+        "return",
+        "var",
+        "void",
+        "while",
+    ];
+    if RESERVED.contains(&name) {
+        return format!("__{name}__");
+    }
+    if !name.contains(['_', '.', '-', '/']) {
+        return name.to_owned();
+    }
+    let mut escaped = String::with_capacity(name.len() + 8);
+    for ch in name.chars() {
+        match ch {
+            '_' => escaped.push_str("__"),
+            '.' => escaped.push_str("__dot__"),
+            '-' => escaped.push_str("__dash__"),
+            '/' => escaped.push_str("__slash__"),
+            _ => escaped.push(ch),
+        }
+    }
+    escaped
+}
+
+/// Converts an AppService's raw JSON into a CEL value, only the projected parts, in one
+/// pass and without an intermediate generic JSON value. More than `max_values` values
+/// converted is an error, which bounds the memory of the CEL copy.
+pub fn object_to_cel(
+    raw: &RawValue,
+    projection: &Projection,
+    max_values: usize,
+) -> Result<Value, ExpressionError> {
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    let remaining = std::cell::Cell::new(max_values);
+    let value = CelSeed {
+        projection: Some(projection),
+        position: Position::Root,
+        remaining: &remaining,
+    }
+    .deserialize(&mut de)
+    .map_err(|e| {
+        if remaining.get() == 0 {
+            ExpressionError::TooManyValues { max: max_values }
+        } else {
+            ExpressionError::Json(e)
+        }
+    })?;
+    Ok(value)
+}
+
+/// Converts any JSON (the namespace object) into a CEL value, keys unescaped.
+pub fn json_to_cel(value: &serde_json::Value) -> Value {
+    match value {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Bool(*b),
+        serde_json::Value::Number(n) => number(n.as_i64(), n.as_u64(), n.as_f64()),
+        serde_json::Value::String(s) => Value::String(Arc::new(s.clone())),
+        serde_json::Value::Array(items) => {
+            Value::List(Arc::new(items.iter().map(json_to_cel).collect()))
+        }
+        serde_json::Value::Object(map) => Value::Map(Map {
+            map: Arc::new(
+                map.iter()
+                    .map(|(k, v)| (Key::String(Arc::new(k.clone())), json_to_cel(v)))
+                    .collect(),
+            ),
+        }),
+    }
+}
+
+fn number(i: Option<i64>, u: Option<u64>, f: Option<f64>) -> Value {
+    match (i, u, f) {
+        (Some(i), _, _) => Value::Int(i),
+        (None, Some(u), _) => Value::UInt(u),
+        (None, None, f) => Value::Float(f.unwrap_or(f64::NAN)),
+    }
+}
+
+struct CelSeed<'p> {
+    /// `None`: take everything below.
+    projection: Option<&'p Projection>,
+    position: Position,
+    /// Values that may still be converted.
+    remaining: &'p std::cell::Cell<usize>,
+}
+
+impl<'de> DeserializeSeed<'de> for CelSeed<'_> {
+    type Value = Value;
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        match self.remaining.get().checked_sub(1) {
+            Some(left) => self.remaining.set(left),
+            None => return Err(de::Error::custom("too many values")),
+        }
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CelSeed<'_> {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Int(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(i64::try_from(v).map_or(Value::UInt(v), Value::Int))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::Float(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(Arc::new(v.to_owned())))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(Arc::new(v)))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        // A list is read whole (its elements are read through an index or a macro); its
+        // elements sit where the list does (managed-field entries under managedFields).
+        let element = self.position;
+        while let Some(item) = seq.next_element_seed(CelSeed {
+            projection: None,
+            position: element,
+            remaining: self.remaining,
+        })? {
+            items.push(item);
+        }
+        Ok(Value::List(Arc::new(items)))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        let mut map = std::collections::HashMap::new();
+        while let Some(key) = access.next_key::<std::borrow::Cow<'de, str>>()? {
+            let position = self.position.child(&key);
+            let name = if self.position.escapes() {
+                escape(&key)
+            } else {
+                key.into_owned()
+            };
+            let child = match self.projection {
+                None => Some(None),
+                Some(projection) => projection.child(&name).map(|p| (!p.whole).then_some(p)),
+            };
+            let Some(projection) = child else {
+                access.next_value::<de::IgnoredAny>()?;
+                continue;
+            };
+            let value = access.next_value_seed(CelSeed {
+                projection,
+                position,
+                remaining: self.remaining,
+            })?;
+            map.insert(Key::String(Arc::new(name)), value);
+        }
+        Ok(Value::Map(Map { map: Arc::new(map) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Expression;
+    use super::*;
+
+    const VARS: [&str; 3] = ["object", "oldObject", "request"];
+
+    #[test]
+    fn only_the_read_fields_are_converted() {
+        let expression = Expression::compile("object.spec.replicas > 1", &VARS).unwrap();
+        let raw = RawValue::from_string(
+            r#"{"metadata":{"name":"a"},"spec":{"replicas":2,"env":[]}}"#.to_owned(),
+        )
+        .unwrap();
+        let Value::Map(root) = object_to_cel(&raw, &expression.object, 1000).unwrap() else {
+            panic!("not a map");
+        };
+        assert_eq!(root.map.len(), 1);
+        let Some(Value::Map(spec)) = root.map.get(&Key::String(Arc::new("spec".into()))) else {
+            panic!("no spec");
+        };
+        assert_eq!(spec.map.len(), 1);
+        // Only converted values count against the bound: root, spec, replicas.
+        assert!(object_to_cel(&raw, &expression.object, 3).is_ok());
+        let err = object_to_cel(&raw, &expression.object, 2).unwrap_err();
+        assert!(err.to_string().contains("more than 2 JSON values"), "{err}");
+    }
+}
