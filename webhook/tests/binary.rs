@@ -102,8 +102,8 @@ async fn refuses_to_start_without_a_usable_certificate() {
         .output()
         .await
         .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (ok, _, stderr) = harness::process::outcome(&output);
+    assert!(!ok);
     assert!(
         stderr.contains("webhook failed") && stderr.contains("tls.key"),
         "{stderr}"
