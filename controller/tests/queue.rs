@@ -40,7 +40,7 @@ async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
     // Without kube-controller-manager no Pod becomes ready: every pass asks to look
     // again after the rollout requeue (1 s in these tests).
     eventually("requeued reconciles", WAIT, || async {
-        Ok((queue.reconciles("requeue") >= 6).then_some(()))
+        Ok((queue.reconciles(controller::queue::ReconcileResult::Requeue) >= 6).then_some(()))
     })
     .await?;
     let scrape = ctl.metrics.encode()?;
