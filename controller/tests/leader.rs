@@ -83,11 +83,7 @@ impl Proc {
 
     fn signal(&self, sig: &str) -> anyhow::Result<()> {
         let pid = self.child.id().context("process already reaped")?;
-        let status = std::process::Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()?;
-        anyhow::ensure!(status.success(), "kill {sig} {pid} failed");
-        Ok(())
+        Ok(harness::process::signal(pid, sig)?)
     }
 
     fn log_tail(&self) -> String {
@@ -169,7 +165,7 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
     assert_eq!(b.metric("appservice_controller_leader ").await?, 0.0);
 
     // SIGKILL: no release; the standby waits out the lease, then takes over.
-    a.signal("-KILL")?;
+    a.signal("KILL")?;
     drop(a);
     create(&apps, &app("two", "nginx:1.27", 1)).await?;
     let takeover = Duration::from_secs(LEASE_SECS + 8);
@@ -192,7 +188,7 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
     .await
     .with_context(|| c.log_tail())?;
     assert_eq!(holder(&leases).await?.as_deref(), Some("ctl-b"));
-    b.signal("-TERM")?;
+    b.signal("TERM")?;
     let status = tokio::time::timeout(Duration::from_secs(30), b.child.wait())
         .await
         .context("ctl-b did not exit after SIGTERM")??;

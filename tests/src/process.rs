@@ -197,6 +197,23 @@ pub(crate) fn prune_old_dirs(prefix: &str) {
     }
 }
 
+/// Sends `signal` (`"TERM"`, `"KILL"`) to the process `pid`, through kill(1): no unsafe
+/// code. A graceful stop of a binary under test is a SIGTERM.
+pub fn signal(pid: u32, signal: &str) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(io(format!("running kill -{signal} {pid}")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::Binary(format!(
+            "kill -{signal} {pid} failed ({status})"
+        )))
+    }
+}
+
 /// A finished command's `(success, stdout, stderr)`, its output read as UTF-8 (lossily).
 pub fn outcome(output: &std::process::Output) -> (bool, String, String) {
     (

@@ -68,12 +68,7 @@ async fn runs_from_environment_logs_json_and_stops_on_sigterm() {
     assert_eq!(logged["decision"], "denied");
     assert_eq!(logged["level"], "INFO");
 
-    let killed = Command::new("kill")
-        .args(["-TERM", &webhook.pid.to_string()])
-        .status()
-        .await
-        .unwrap();
-    assert!(killed.success());
+    harness::process::signal(webhook.pid, "TERM").unwrap();
     for message in ["shutdown requested; draining", "webhook stopped"] {
         webhook.wait_message(message, GIVE_UP).await.unwrap();
     }

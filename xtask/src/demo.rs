@@ -326,9 +326,7 @@ fn spawn(exe: &Path, log: &Path, args: &[String]) -> Result<Child> {
 /// SIGTERM (so the controller releases its lease and the webhook drains), then SIGKILL.
 async fn stop(child: &mut Child) {
     if let Some(pid) = child.id() {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
+        let _ = harness::process::signal(pid, "TERM");
         if tokio::time::timeout(Duration::from_secs(10), child.wait())
             .await
             .is_ok()

@@ -133,9 +133,7 @@ pub async fn stop(ctl: &mut tokio::process::Child, pid: u32) {
     if matches!(ctl.try_wait(), Ok(Some(_))) {
         return;
     }
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
+    let _ = harness::process::signal(pid, "TERM");
     let _ = tokio::time::timeout(Duration::from_secs(30), ctl.wait()).await;
 }
 
