@@ -24,7 +24,6 @@ use common::conditions::{DATABASE_READY, TRUE};
 use common::{AppService, AppServiceSpec, DatabaseClass, DatabaseSpec};
 use controller::database::{DatabaseConfig, Databases, sql};
 use controller::metrics::Metrics;
-use controller::metrics::{DatabaseOperation, Outcome};
 use controller::{Config, Hooks};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -179,24 +178,13 @@ async fn main() -> anyhow::Result<()> {
          floor (direct SQL, {pool} connections): create {floor_created:.1?}, drop {floor_dropped:.1?}\n\
          ratio: provisioning {:.1}x, cleanup {:.1}x the floor\n\
          leaked databases+roles after deleting: {leaks}\n\
-         provision attempts ok/err: {}/{}, cleanup ok/err: {}/{}",
+         attempts: {}",
         args.n,
         args.pool,
         args.concurrency,
         ready.as_secs_f64() / floor_created.as_secs_f64().max(1e-9),
         deleted.as_secs_f64() / floor_dropped.as_secs_f64().max(1e-9),
-        metrics
-            .database()
-            .count(DatabaseOperation::Provision, Outcome::Success),
-        metrics
-            .database()
-            .count(DatabaseOperation::Provision, Outcome::Error),
-        metrics
-            .database()
-            .count(DatabaseOperation::Cleanup, Outcome::Success),
-        metrics
-            .database()
-            .count(DatabaseOperation::Cleanup, Outcome::Error),
+        metrics.database().summary(),
         n = args.n,
         pool = args.pool,
     );

@@ -140,6 +140,21 @@ impl DatabaseMetrics {
             .get_or_create(&DatabaseOpLabel { operation, result })
             .get()
     }
+
+    /// Every attempt so far, as `provisions ok/err: 3/0, cleanups ok/err: 2/1`.
+    pub fn summary(&self) -> String {
+        let count = |operation| {
+            (
+                self.count(operation, Outcome::Success),
+                self.count(operation, Outcome::Error),
+            )
+        };
+        let (provisioned, provision_failed) = count(DatabaseOperation::Provision);
+        let (cleaned, cleanup_failed) = count(DatabaseOperation::Cleanup);
+        format!(
+            "provisions ok/err: {provisioned}/{provision_failed}, cleanups ok/err: {cleaned}/{cleanup_failed}"
+        )
+    }
 }
 
 /// Every metric the controller exports, registered in one registry.

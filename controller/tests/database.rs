@@ -687,22 +687,11 @@ async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
     let leaked_dbs: Vec<_> = dbs.difference(&live).collect();
     let leaked_roles: Vec<_> = roles.difference(&live).collect();
     eprintln!(
-        "cycles: {cycles}, server restarts: {restarts}, live: {}, leaked databases: {}, leaked roles: {}, provisions ok/err: {}/{}, cleanups ok/err: {}/{}",
+        "cycles: {cycles}, server restarts: {restarts}, live: {}, leaked databases: {}, leaked roles: {}, {}",
         live.len(),
         leaked_dbs.len(),
         leaked_roles.len(),
-        metrics
-            .database()
-            .count(DatabaseOperation::Provision, Outcome::Success),
-        metrics
-            .database()
-            .count(DatabaseOperation::Provision, Outcome::Error),
-        metrics
-            .database()
-            .count(DatabaseOperation::Cleanup, Outcome::Success),
-        metrics
-            .database()
-            .count(DatabaseOperation::Cleanup, Outcome::Error),
+        metrics.database().summary(),
     );
     assert!(leaked_dbs.is_empty(), "leaked databases: {leaked_dbs:?}");
     assert!(leaked_roles.is_empty(), "leaked roles: {leaked_roles:?}");
