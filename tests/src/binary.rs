@@ -97,11 +97,11 @@ impl Binary {
         )))
     }
 
-    /// [`Binary::wait_log`] for the line whose message is `message` (at the top level,
-    /// or under `fields` as tracing-subscriber's JSON format puts it).
+    /// [`Binary::wait_log`] for the line whose message is `message` (both binaries put
+    /// an event's fields at the top level of their JSON lines).
     pub async fn wait_message(&mut self, message: &str, timeout: Duration) -> Result<Value> {
         self.wait_log(&format!("{message:?}"), timeout, |line| {
-            line["message"] == message || line["fields"]["message"] == message
+            line["message"] == message
         })
         .await
     }

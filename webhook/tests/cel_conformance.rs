@@ -226,21 +226,19 @@ async fn webhook_policies_decide_like_validating_admission_policies() {
         if server[i].is_some() {
             continue;
         }
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let mut sentinel = object("sentinel", &i.to_string());
-            sentinel["metadata"]["labels"]["sentinel"] = json!("1");
-            if let Err(message) = try_create(&apps, sentinel).await
-                && message.contains("sentinel")
-            {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "policy {i} never took effect"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        harness::eventually(
+            &format!("policy {i} in effect"),
+            Duration::from_secs(60),
+            || async {
+                let mut sentinel = object("sentinel", &i.to_string());
+                sentinel["metadata"]["labels"]["sentinel"] = json!("1");
+                try_create(&apps, sentinel)
+                    .await
+                    .is_err_and(|message| message.contains("sentinel"))
+            },
+        )
+        .await
+        .unwrap();
         let outcome = match try_create(&apps, object("conf", &i.to_string())).await {
             Ok(()) => Outcome::Allowed,
             Err(message) if message.contains("resulted in error") => Outcome::Error,

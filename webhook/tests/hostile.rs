@@ -118,12 +118,7 @@ impl Webhook {
     }
 
     async fn terminate(mut self) {
-        let killed = Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .status()
-            .await
-            .unwrap();
-        assert!(killed.success());
+        harness::process::signal(self.pid, "TERM").unwrap();
         let status = tokio::time::timeout(GIVE_UP, self.child.wait())
             .await
             .expect("the webhook did not stop")
@@ -335,19 +330,17 @@ async fn a_burst_is_bounded_and_its_memory_returned() {
     println!("burst of 16 x {size} B: settled {settled} B, peak {peak} B, bound {bound} B");
     assert!(peak <= bound, "peak {peak} B over {bound} B");
     // Returned afterwards: back within a few bodies of where it was.
-    let deadline = tokio::time::Instant::now() + GIVE_UP;
-    loop {
-        let rss = webhook.rss();
-        if rss <= settled + 3 * size {
-            println!("after the burst: {rss} B");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "memory not returned after the burst: {rss} B resident, {settled} B before"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let rss = harness::eventually(
+        &format!("memory returned after the burst ({settled} B before)"),
+        GIVE_UP,
+        || async {
+            let rss = webhook.rss();
+            (rss <= settled + 3 * size).then_some(rss)
+        },
+    )
+    .await
+    .unwrap();
+    println!("after the burst: {rss} B");
     webhook.terminate().await;
 }
 
@@ -628,12 +621,7 @@ async fn sigterm_keeps_serving_while_not_ready_then_stops_without_waiting_for_sl
         .await
         .unwrap();
     half.flush().await.unwrap();
-    let killed = Command::new("kill")
-        .args(["-TERM", &webhook.pid.to_string()])
-        .status()
-        .await
-        .unwrap();
-    assert!(killed.success());
+    harness::process::signal(webhook.pid, "TERM").unwrap();
     webhook.logged("shutdown requested; draining").await;
     let (status, reason) = get(webhook.ops, "/readyz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
