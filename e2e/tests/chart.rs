@@ -130,21 +130,23 @@ fn the_crd_converts_through_the_release_webhook() {
             "CustomResourceDefinition",
             "appservices.platform.example.com",
         );
-        let versions: Vec<(&str, bool, bool)> = crd["spec"]["versions"]
-            .as_array()
-            .expect("versions")
-            .iter()
-            .map(|v| {
-                (
-                    v["name"].as_str().unwrap_or_default(),
-                    v["served"] == true,
-                    v["storage"] == true,
-                )
-            })
-            .collect();
+        // Which versions are served and which one is stored, in the CRD's order.
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Version {
+            name: String,
+            served: bool,
+            storage: bool,
+        }
+        let versions: Vec<Version> =
+            serde_json::from_value(crd["spec"]["versions"].clone()).expect("versions");
+        let version = |name: &str, storage| Version {
+            name: name.to_owned(),
+            served: true,
+            storage,
+        };
         assert_eq!(
             versions,
-            vec![("v1beta1", true, true), ("v1alpha1", true, false)]
+            [version("v1beta1", true), version("v1alpha1", false)]
         );
         let conversion = &crd["spec"]["conversion"];
         assert_eq!(conversion["strategy"], "Webhook", "{mode}");

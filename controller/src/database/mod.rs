@@ -143,6 +143,7 @@ impl Databases {
             }
         };
         self.observe_class_version(&server, &conn).await;
+        let session = self.session(&server, &conn);
 
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
         let secret_name = database_secret_name(&name);
@@ -206,73 +207,39 @@ impl Databases {
             .get(PASSWORD_PENDING_ANNOTATION)
             .is_some_and(|v| v == "true");
 
-        let role_exists = self
-            .query_bool(&server, &conn, "checking the role", sql::ROLE_EXISTS, &db)
+        let role_exists = session
+            .query_bool("checking the role", sql::ROLE_EXISTS, &db)
             .await?;
         let created = !role_exists
-            && self
-                .execute_create(
-                    &server,
-                    &conn,
-                    "CREATE ROLE",
-                    &sql::create_role(&db, &password),
-                )
+            && session
+                .execute_create("CREATE ROLE", &sql::create_role(&db, &password))
                 .await?;
         // A role someone created a moment ago, or one that may not have the Secret's
         // password yet: make the Secret's password the role's.
         if !created && (pending || !role_exists) {
-            self.execute(
-                &server,
-                &conn,
-                "ALTER ROLE",
-                &sql::set_password(&db, &password),
-            )
-            .await?;
+            session
+                .execute("ALTER ROLE", &sql::set_password(&db, &password))
+                .await?;
         }
-        if !self
-            .query_bool(
-                &server,
-                &conn,
-                "checking the database",
-                sql::DATABASE_EXISTS,
-                &db,
-            )
+        if !session
+            .query_bool("checking the database", sql::DATABASE_EXISTS, &db)
             .await?
-            && self
-                .execute_create(
-                    &server,
-                    &conn,
-                    "CREATE DATABASE",
-                    &sql::create_database(&db, &db),
-                )
+            && session
+                .execute_create("CREATE DATABASE", &sql::create_database(&db, &db))
                 .await?
         {
             let comment = format!("AppService {namespace}/{name} (uid {uid})");
-            self.execute(
-                &server,
-                &conn,
-                "COMMENT ON DATABASE",
-                &sql::comment_database(&db, &comment),
-            )
-            .await?;
+            session
+                .execute("COMMENT ON DATABASE", &sql::comment_database(&db, &comment))
+                .await?;
         }
-        if self
-            .query_bool(
-                &server,
-                &conn,
-                "checking CONNECT",
-                sql::PUBLIC_MAY_CONNECT,
-                &db,
-            )
+        if session
+            .query_bool("checking CONNECT", sql::PUBLIC_MAY_CONNECT, &db)
             .await?
         {
-            self.execute(
-                &server,
-                &conn,
-                "REVOKE CONNECT",
-                &sql::revoke_public_connect(&db),
-            )
-            .await?;
+            session
+                .execute("REVOKE CONNECT", &sql::revoke_public_connect(&db))
+                .await?;
         }
         drop(conn);
 
@@ -321,6 +288,7 @@ impl Databases {
                 return Err(e);
             }
         };
+        let session = self.session(&server, &conn);
         match tokio::time::timeout(
             self.op_timeout(),
             conn.query_one(sql::TERMINATE_SESSIONS, &[&db]),
@@ -338,10 +306,10 @@ impl Databases {
                 });
             }
         }
-        self.execute(&server, &conn, "DROP DATABASE", &sql::drop_database(&db))
+        session
+            .execute("DROP DATABASE", &sql::drop_database(&db))
             .await?;
-        self.execute(&server, &conn, "DROP ROLE", &sql::drop_role(&db))
-            .await?;
+        session.execute("DROP ROLE", &sql::drop_role(&db)).await?;
         Ok((
             reasons::DELETED,
             format!("database and role {db} dropped on {}", server.address()),

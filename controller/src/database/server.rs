@@ -183,68 +183,75 @@ impl Databases {
         Ok((None, String::new()))
     }
 
+    /// A session on `server` over `conn`: its calls are bounded by the operation timeout.
+    pub(super) fn session<'a>(&self, server: &'a Server<'a>, conn: &'a Object) -> Session<'a> {
+        Session {
+            server,
+            conn,
+            timeout: self.op_timeout(),
+        }
+    }
+}
+
+/// Statements on one connection to a class's server.
+pub(super) struct Session<'a> {
+    server: &'a Server<'a>,
+    conn: &'a Object,
+    timeout: Duration,
+}
+
+impl Session<'_> {
     /// Runs one call to the server, bounded by the operation timeout. Its span names the
     /// operation, never the statement text, which may hold a password.
-    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %server.address()))]
-    pub(super) async fn bounded<T>(
+    #[instrument(name = "db.statement", skip_all, fields(otel.kind = "client", db.system = "postgresql", db.operation = what, server.address = %self.server.address()))]
+    async fn bounded<T>(
         &self,
-        server: &Server<'_>,
         what: &'static str,
         call: impl Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> DbResult<Result<T, tokio_postgres::Error>> {
-        tokio::time::timeout(self.op_timeout(), call)
+        tokio::time::timeout(self.timeout, call)
             .await
             .map_err(|_| DatabaseError::Unreachable {
-                class: server.name.clone(),
-                address: server.address(),
+                class: self.server.name.clone(),
+                address: self.server.address(),
                 detail: format!("{what} did not finish in time"),
             })
     }
 
     /// Runs `statement`.
-    pub(super) async fn execute(
-        &self,
-        server: &Server<'_>,
-        conn: &Object,
-        what: &'static str,
-        statement: &str,
-    ) -> DbResult<()> {
-        self.bounded(server, what, conn.batch_execute(statement))
+    pub(super) async fn execute(&self, what: &'static str, statement: &str) -> DbResult<()> {
+        self.bounded(what, self.conn.batch_execute(statement))
             .await?
-            .map_err(|e| server.pg_error(what, &e))
+            .map_err(|e| self.server.pg_error(what, &e))
     }
 
     /// Like [`Self::execute`], with "already exists" counting as success; returns whether
     /// the statement created something.
     pub(super) async fn execute_create(
         &self,
-        server: &Server<'_>,
-        conn: &Object,
         what: &'static str,
         statement: &str,
     ) -> DbResult<bool> {
         match self
-            .bounded(server, what, conn.batch_execute(statement))
+            .bounded(what, self.conn.batch_execute(statement))
             .await?
         {
             Ok(()) => Ok(true),
             Err(e) if sql::classify(e.code()) == sql::Failure::AlreadyExists => Ok(false),
-            Err(e) => Err(server.pg_error(what, &e)),
+            Err(e) => Err(self.server.pg_error(what, &e)),
         }
     }
 
     /// The boolean `query` answers for `arg`.
     pub(super) async fn query_bool(
         &self,
-        server: &Server<'_>,
-        conn: &Object,
         what: &'static str,
         query: &str,
         arg: &str,
     ) -> DbResult<bool> {
-        self.bounded(server, what, conn.query_one(query, &[&arg]))
+        self.bounded(what, self.conn.query_one(query, &[&arg]))
             .await?
             .and_then(|row| row.try_get::<_, bool>(0))
-            .map_err(|e| server.pg_error(what, &e))
+            .map_err(|e| self.server.pg_error(what, &e))
     }
 }
