@@ -121,8 +121,6 @@ impl Databases {
         }
     }
 
-    /// Upper bound of one database operation on the client side: the server enforces
-    /// `statement_timeout`, this catches a server that stopped answering altogether.
     /// Provisions the database of `app` on `class_name`; returns what `DatabaseReady`
     /// should say.
     async fn provision(&self, app: &AppService, class_name: &str) -> DbResult<String> {
@@ -130,15 +128,12 @@ impl Databases {
         let namespace = app.namespace().unwrap_or_default();
         let uid = app.metadata.uid.clone().unwrap_or_default();
         let db = sql::db_name(&uid);
-        let class = self.class(class_name).await?;
-        let server = Server {
-            class: &class,
-            name: class_name.to_owned(),
-        };
+        let server = self.server(class_name).await?;
+        let class = &server.class;
         let (conn, ca_pem) = match self.connect(&server).await {
             Ok(c) => c,
             Err(e) => {
-                self.observe_class(&class, Err(&e)).await;
+                self.observe_class(class, Err(&e)).await;
                 return Err(e);
             }
         };
@@ -172,7 +167,7 @@ impl Databases {
                 }
                 let desired = secret::desired(
                     app,
-                    &class,
+                    class,
                     &db,
                     &sql::new_password(),
                     true,
@@ -192,7 +187,7 @@ impl Databases {
             Some(pw) if !pw.is_empty() => (live, pw),
             _ => {
                 let pw = sql::new_password();
-                let mut desired = secret::desired(app, &class, &db, &pw, true, ca_pem.as_deref())
+                let mut desired = secret::desired(app, class, &db, &pw, true, ca_pem.as_deref())
                     .map_err(|e| DatabaseError::Internal(e.to_string()))?;
                 desired.metadata.resource_version = live.metadata.resource_version.clone();
                 let replaced = secrets
@@ -244,7 +239,7 @@ impl Databases {
         drop(conn);
 
         // The Secret's content follows the class (host, port, TLS) and its password.
-        let desired = secret::desired(app, &class, &db, &password, false, ca_pem.as_deref())
+        let desired = secret::desired(app, class, &db, &password, false, ca_pem.as_deref())
             .map_err(|e| DatabaseError::Internal(e.to_string()))?;
         if pending || !secret::same_data(&live, &desired) {
             let mut desired = desired;
@@ -267,11 +262,8 @@ impl Databases {
     async fn remove(&self, app: &AppService, class_name: &str) -> DbResult<(&'static str, String)> {
         let uid = app.metadata.uid.clone().unwrap_or_default();
         let db = sql::db_name(&uid);
-        let class = self.class(class_name).await?;
-        let server = Server {
-            class: &class,
-            name: class_name.to_owned(),
-        };
+        let server = self.server(class_name).await?;
+        let class = &server.class;
         if class.spec.deletion_policy == DeletionPolicy::Retain {
             return Ok((
                 reasons::RETAINED,
@@ -284,7 +276,7 @@ impl Databases {
         let conn = match self.connect(&server).await {
             Ok((conn, _)) => conn,
             Err(e) => {
-                self.observe_class(&class, Err(&e)).await;
+                self.observe_class(class, Err(&e)).await;
                 return Err(e);
             }
         };
@@ -379,8 +371,8 @@ impl Databases {
     }
 
     /// Asks the server its version when the class's status does not show it yet.
-    async fn observe_class_version(&self, server: &Server<'_>, conn: &Object) {
-        let class = server.class;
+    async fn observe_class_version(&self, server: &Server, conn: &Object) {
+        let class = &server.class;
         let current = class.status.as_ref().is_some_and(|s| {
             s.server_version.is_some()
                 && s.observed_generation == class.metadata.generation
@@ -455,15 +447,12 @@ impl Databases {
             let started = Instant::now();
             match self.remove(app, &class_name).await {
                 Ok((reason, message)) => {
-                    self.metrics.database().cleaned(true, started.elapsed());
-                    info!(%message, "database disabled");
-                    self.publish(app, EventType::Normal, reason, message, "DisableDatabase")
+                    self.removed(app, started, reason, message, "DisableDatabase")
                         .await;
                 }
                 Err(DatabaseError::Kube(e)) => return Err(Error::Kube(e)),
                 Err(e) => {
-                    self.metrics.database().cleaned(false, started.elapsed());
-                    self.metrics.database().error(e.metric_label());
+                    self.removal_failed(&e, started);
                     let report = ConditionReport {
                         type_: DATABASE_READY,
                         status: FALSE,
@@ -490,6 +479,28 @@ impl Databases {
             Err(e) => return Err(Error::Kube(e)),
         }
         Ok(absent)
+    }
+
+    /// A removal that began at `started` succeeded: counted, logged and announced by an
+    /// Event of `action`.
+    async fn removed(
+        &self,
+        app: &AppService,
+        started: Instant,
+        reason: &'static str,
+        message: String,
+        action: &'static str,
+    ) {
+        self.metrics.database().cleaned(true, started.elapsed());
+        info!(%message, action, "database removed");
+        self.publish(app, EventType::Normal, reason, message, action)
+            .await;
+    }
+
+    /// A removal that began at `started` failed with `e`: counted by reason.
+    fn removal_failed(&self, e: &DatabaseError, started: Instant) {
+        self.metrics.database().cleaned(false, started.elapsed());
+        self.metrics.database().error(e.metric_label());
     }
 
     fn failed(&self, condition: ConditionReport, e: DatabaseError) -> Report {
@@ -586,10 +597,7 @@ impl Databases {
         let started = Instant::now();
         match self.remove(app, &class_name).await {
             Ok((reason, message)) => {
-                self.metrics.database().cleaned(true, started.elapsed());
-                info!(%message, "database cleanup done");
-                self.publish(app, EventType::Normal, reason, message, "Cleanup")
-                    .await;
+                self.removed(app, started, reason, message, "Cleanup").await;
                 Ok(Step::Done)
             }
             // Nothing was ever created without the Secret existing first (see
@@ -597,8 +605,7 @@ impl Databases {
             Err(DatabaseError::ClassNotFound(_)) if secret.is_none() => Ok(Step::Done),
             Err(DatabaseError::Kube(e)) => Err(Error::Kube(e)),
             Err(e) => {
-                self.metrics.database().cleaned(false, started.elapsed());
-                self.metrics.database().error(e.metric_label());
+                self.removal_failed(&e, started);
                 warn!(error = %e, "database cleanup failed");
                 Err(Error::Cleanup(e))
             }

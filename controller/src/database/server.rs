@@ -14,12 +14,12 @@ use super::error::DbResult;
 use super::{DatabaseError, Databases, secret, sql};
 
 /// A class's server, as the messages name it.
-pub(super) struct Server<'a> {
-    pub(super) class: &'a DatabaseClass,
+pub(super) struct Server {
+    pub(super) class: DatabaseClass,
     pub(super) name: String,
 }
 
-impl Server<'_> {
+impl Server {
     pub(super) fn address(&self) -> String {
         format!("{}:{}", self.class.spec.host, self.class.spec.port)
     }
@@ -65,20 +65,28 @@ impl Server<'_> {
 }
 
 impl Databases {
+    /// Upper bound of one database operation on the client side: the server enforces
+    /// `statement_timeout`, this catches a server that stopped answering altogether.
     pub(super) fn op_timeout(&self) -> Duration {
         self.limits.connect_timeout + self.limits.statement_timeout + Duration::from_secs(2)
     }
 
-    pub(super) async fn class(&self, name: &str) -> DbResult<DatabaseClass> {
+    /// The server of the DatabaseClass `name`.
+    pub(super) async fn server(&self, name: &str) -> DbResult<Server> {
         let api: Api<DatabaseClass> = Api::all(self.client.clone());
-        api.get_opt(name)
+        let class = api
+            .get_opt(name)
             .await?
-            .ok_or_else(|| DatabaseError::ClassNotFound(name.to_owned()))
+            .ok_or_else(|| DatabaseError::ClassNotFound(name.to_owned()))?;
+        Ok(Server {
+            class,
+            name: name.to_owned(),
+        })
     }
 
     /// A connection to the class's server as its admin, and the class's CA (PEM).
     #[instrument(name = "db.connect", skip_all, fields(otel.kind = "client", db.system = "postgresql", server.address = %server.address()))]
-    pub(super) async fn connect(&self, server: &Server<'_>) -> DbResult<(Object, Option<String>)> {
+    pub(super) async fn connect(&self, server: &Server) -> DbResult<(Object, Option<String>)> {
         let (pool, ca_pem) = self.pool(server).await?;
         match tokio::time::timeout(self.op_timeout(), pool.get()).await {
             Ok(Ok(conn)) => Ok((conn, ca_pem)),
@@ -91,8 +99,8 @@ impl Databases {
         }
     }
 
-    pub(super) async fn pool(&self, server: &Server<'_>) -> DbResult<(Pool, Option<String>)> {
-        let class = server.class;
+    pub(super) async fn pool(&self, server: &Server) -> DbResult<(Pool, Option<String>)> {
+        let class = &server.class;
         let admin = &class.spec.admin_credentials;
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.admin_namespace);
         let admin_secret = secrets.get_opt(&admin.secret_name).await?.ok_or_else(|| {
@@ -140,7 +148,7 @@ impl Databases {
     }
 
     /// The CA PEM of the class (if it names one) and the version of the object holding it.
-    pub(super) async fn ca(&self, server: &Server<'_>) -> DbResult<(Option<String>, String)> {
+    pub(super) async fn ca(&self, server: &Server) -> DbResult<(Option<String>, String)> {
         let Some(ca) = &server.class.spec.tls.ca else {
             return Ok((None, String::new()));
         };
@@ -184,7 +192,7 @@ impl Databases {
     }
 
     /// A session on `server` over `conn`: its calls are bounded by the operation timeout.
-    pub(super) fn session<'a>(&self, server: &'a Server<'a>, conn: &'a Object) -> Session<'a> {
+    pub(super) fn session<'a>(&self, server: &'a Server, conn: &'a Object) -> Session<'a> {
         Session {
             server,
             conn,
@@ -195,7 +203,7 @@ impl Databases {
 
 /// Statements on one connection to a class's server.
 pub(super) struct Session<'a> {
-    server: &'a Server<'a>,
+    server: &'a Server,
     conn: &'a Object,
     timeout: Duration,
 }
