@@ -19,12 +19,18 @@ use crate::error::{Error, Result, io};
 /// How many of the last log lines an error shows.
 const SHOWN_LINES: usize = 20;
 
+/// Whether a stderr line is a notice of the C allocator linked into the binaries, not a
+/// line of their log.
+fn is_allocator_notice(line: &str) -> bool {
+    line.starts_with("<jemalloc>:")
+}
+
 /// A running binary, killed when dropped.
 pub struct Binary {
     pub child: Child,
     pub pid: u32,
     /// Every line it logs, in order: JSON values, or a JSON string for a line that is not
-    /// JSON (which [`Binary::wait_log`] reports as an error).
+    /// JSON (which [`Binary::wait_log`] reports as an error, unless the allocator wrote it).
     pub logs: mpsc::UnboundedReceiver<Value>,
 }
 
@@ -72,7 +78,14 @@ impl Binary {
         let read = async {
             while let Some(line) = self.logs.recv().await {
                 if let Value::String(text) = &line {
-                    return Err(format!("a log line is not JSON: {text}"));
+                    // jemalloc reports on stderr what it could not do (a background
+                    // thread it could not start, say) and carries on; every other line
+                    // must be one of the binary's JSON log lines.
+                    if !is_allocator_notice(text) {
+                        return Err(format!("a log line is not JSON: {text}"));
+                    }
+                    seen.push(line);
+                    continue;
                 }
                 if matches(&line) {
                     return Ok(line);
@@ -159,4 +172,18 @@ pub async fn start_webhook(command: Command, timeout: Duration) -> Result<Servin
         ops: logged_addr(&serving, "ops_addr")?,
         binary,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_allocators_notices_may_interrupt_the_json_log() {
+        assert!(is_allocator_notice(
+            "<jemalloc>: background thread creation failed (11)"
+        ));
+        assert!(!is_allocator_notice("2026-12-01T00:00:00Z  INFO serving"));
+        assert!(!is_allocator_notice(""));
+    }
 }
