@@ -172,7 +172,7 @@ async fn finish(
             };
         }
         if let Some(event) = &outcome.event {
-            publish(ctx, app, event).await;
+            publish(ctx.recorder(), ctx.metrics(), app, event).await;
         }
     }
     outcome.next

@@ -5,7 +5,7 @@ use common::conditions::{TRUE, reasons};
 use common::names::FIELD_MANAGER;
 use common::{AppService, AppServiceStatus};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 
 use crate::context::Context;
 use crate::error::Result;
-use crate::metrics::{Ready, Written};
+use crate::metrics::{Metrics, Ready, Written};
 use crate::status::{needs_write, ready_state};
 
 /// Writes `status` through the status subresource if it differs from the live status,
@@ -56,15 +56,16 @@ pub async fn write_status(
     if let Some((st, reason)) = after
         && worth_an_event(before.as_ref(), (&st, &reason))
     {
-        publish(ctx, app, &transition_event(&st, &reason, status)).await;
+        let event = transition_event(&st, &reason, status);
+        publish(ctx.recorder(), ctx.metrics(), app, &event).await;
     }
     Ok(())
 }
 
-/// Publishes `event` about `app`. Failures are logged, never fatal.
-pub async fn publish(ctx: &Context, app: &AppService, event: &Event) {
-    match ctx.recorder().publish(event, &app.object_ref(&())).await {
-        Ok(()) => ctx.metrics().write(Written::Events),
+/// Publishes `event` about `app` and counts the write. Failures are logged, never fatal.
+pub async fn publish(recorder: &Recorder, metrics: &Metrics, app: &AppService, event: &Event) {
+    match recorder.publish(event, &app.object_ref(&())).await {
+        Ok(()) => metrics.write(Written::Events),
         Err(e) => warn!(error = %e, "could not publish event"),
     }
 }

@@ -408,10 +408,7 @@ impl Databases {
             action: action.to_owned(),
             secondary: None,
         };
-        match self.recorder.publish(&event, &app.object_ref(&())).await {
-            Ok(()) => self.metrics.write(Written::Events),
-            Err(e) => warn!(error = %e, "could not publish event"),
-        }
+        crate::report::publish(&self.recorder, &self.metrics, app, &event).await;
     }
 
     /// `ensure` for an AppService whose database is disabled: remove what an earlier
