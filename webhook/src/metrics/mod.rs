@@ -127,32 +127,14 @@ impl Metrics {
             "Open connections of the admission port",
             connections.clone(),
         );
-        // Every fixed series from the start, at 0.
-        for &endpoint in Endpoint::ALL {
-            drop(duration.get_or_create(&EndpointLabels { endpoint }));
-        }
+        // Every fixed series from the start, at 0 (the requests, responses and durations
+        // below, as their series are kept for the hot path).
         for &result in ConversionResult::ALL {
             drop(conversions.get_or_create(&ConversionLabels { result }));
-        }
-        for endpoint in Endpoint::ADMISSION {
-            for &operation in Operation::ALL {
-                for &decision in Decision::ALL {
-                    drop(requests.get_or_create(&RequestLabels {
-                        endpoint,
-                        operation,
-                        decision,
-                    }));
-                }
-            }
         }
         for &result in ReloadResult::ALL {
             drop(cert_reloads.get_or_create(&ReloadLabels { result }));
             drop(policy_reloads.get_or_create(&ReloadLabels { result }));
-        }
-        for &path in Path::ALL {
-            for &code in Code::ALL {
-                drop(responses.get_or_create(&ResponseLabels { path, code }));
-            }
         }
         for &reason in HandshakeFailure::ALL {
             drop(handshake_failures.get_or_create(&HandshakeLabels { reason }));
