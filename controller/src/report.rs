@@ -92,7 +92,8 @@ fn transition_event(status: &str, reason: &str, new: &AppServiceStatus) -> Event
         reasons::INVALID_SPEC
             | reasons::APPLY_FAILED
             | reasons::RESOURCE_CONFLICT
-            | reasons::DEPLOYMENT_FAILED
+            | reasons::REPLICA_FAILURE
+            | reasons::PROGRESS_DEADLINE_EXCEEDED
             | reasons::CLEANUP_FAILED
     );
     Event {
