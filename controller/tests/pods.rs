@@ -365,3 +365,52 @@ async fn an_autoscaler_with_min_replicas_4_scales_the_appservice_to_4() -> anyho
     ctl.stop().await?;
     Ok(())
 }
+
+/// A rollout that cannot progress ends in `ProgressDeadlineExceeded`, and status says so.
+/// Here its Pods fit on no node (on a real node the same comes of an image that cannot
+/// be pulled, or a Pod that never becomes ready, which kwok cannot show); the deadline is
+/// shortened on the live Deployment, a field the controller leaves to others, as an admin
+/// may. A fixed spec rolls out and clears it.
+#[tokio::test]
+async fn a_rollout_past_its_progress_deadline_says_so_until_a_fix_rolls_out()
+-> anyhow::Result<()> {
+    let (f, ctl) = Fixture::setup().full().config(shipped).start().await?;
+    let mut huge = app("huge", "registry.example.com/huge:v1", 1);
+    // More CPUs than the simulated node has (1000): the Pod stays Pending.
+    huge.spec.resources = Some(serde_json::from_value(json!({"requests": {"cpu": "2000"}}))?);
+    create(&f.apps, &huge).await?;
+    eventually("the Deployment", WAIT, || async {
+        Ok(f.deployments.get_opt("huge").await?)
+    })
+    .await?;
+    f.deployments
+        .patch(
+            "huge",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"progressDeadlineSeconds": 5}})),
+        )
+        .await?;
+    let message = not_ready_for(&f, "huge", reasons::PROGRESS_DEADLINE_EXCEEDED).await?;
+    assert!(
+        message.starts_with("0/1 replicas ready; the rollout exceeded its progress deadline: ")
+            && message.contains("has timed out progressing"),
+        "{message}"
+    );
+
+    f.apps
+        .patch(
+            "huge",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"resources": {"requests": {"cpu": "100m"}}}})),
+        )
+        .await?;
+    let a = ready(&f, "huge", 1).await?;
+    assert_eq!(condition(&a, DEGRADED).unwrap().0, FALSE);
+    // The controller kept the deadline someone else set.
+    assert_eq!(
+        f.deployments.get("huge").await?.spec.progress_deadline_seconds,
+        Some(5)
+    );
+    ctl.stop().await?;
+    Ok(())
+}
