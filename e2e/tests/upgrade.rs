@@ -10,13 +10,17 @@
 //! 2. **Upgrade**: the new CRD (both versions, `v1beta1` stored) with the conversion
 //!    webhook (`/convert` of the real TLS webhook server), then the new controller.
 //! 3. **Storage migration** while the controller runs and a user keeps writing, twice.
-//! 4. Throughout: no child is written (resourceVersions unchanged, the controller counts
-//!    no write to deployments or services), every object reads in both versions, and
-//!    what one version cannot express survives a read-edit-write in the other.
+//! 4. Throughout: no Service is written, and each Deployment exactly once, by the new
+//!    controller's first reconcile: its Pod template gains the security contexts of Pod
+//!    Security `restricted` (one rollout per Deployment, which the README's upgrade notes
+//!    announce). After that nothing is written (resourceVersions unchanged, the
+//!    controller's write counts), every object reads in both versions, and what one
+//!    version cannot express survives a read-edit-write in the other.
 //! 5. **Rollback**: the previous controller's view, read in `v1alpha1` through
-//!    `/convert`, of objects written in `v1beta1`: it builds the same children (nothing
-//!    to write) where the object is expressible in `v1alpha1`, its writes (children,
-//!    status) are accepted, and they do not lose what only `v1beta1` holds.
+//!    `/convert`, of objects written in `v1beta1`: it builds the same Services where the
+//!    object is expressible in `v1alpha1` and Deployments without the security contexts
+//!    (it would roll each back once), its writes (children, status) are accepted, and
+//!    they do not lose what only `v1beta1` holds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -202,13 +206,36 @@ fn previous_children_match_the_golden_fixture() {
             "{}",
             app.name_any()
         );
-        // And the current controller builds the very same children from the object
-        // converted to v1beta1: the upgrade writes none of them.
+        // And the current controller builds the very same Service from the object
+        // converted to v1beta1, and the same Deployment but for the security contexts of
+        // its Pod template, which the previous release did not set: the upgrade writes
+        // each Deployment once (a rollout) and no Service.
         let hub = common::conversion::to_v1beta1(&app);
-        let mut d = controller::desired::desired_deployment(&hub).unwrap();
-        let hash = controller::drift::desired_hash(&d).unwrap();
-        controller::drift::set_hash(&mut d.metadata, hash);
-        assert_eq!(serde_json::to_value(&d).unwrap(), case["deployment"]);
+        let d = controller::desired::desired_deployment(&hub).unwrap();
+        let mut current = serde_json::to_value(&d).unwrap();
+        let mut previous = case["deployment"].clone();
+        let pod = &mut current["spec"]["template"]["spec"];
+        assert_eq!(
+            pod.as_object_mut().unwrap().remove("securityContext"),
+            Some(json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}))
+        );
+        assert_eq!(
+            pod["containers"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("securityContext"),
+            Some(json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}))
+        );
+        let previous_hash = previous["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("annotations");
+        assert_eq!(current, previous, "{}", app.name_any());
+        assert_ne!(
+            previous_hash,
+            Some(json!({previous::HASH: controller::drift::desired_hash(&d).unwrap()})),
+            "the new template must be applied"
+        );
         let mut s = controller::desired::desired_service(&hub).unwrap();
         let hash = controller::drift::desired_hash(&s).unwrap();
         controller::drift::set_hash(&mut s.metadata, hash);
@@ -218,7 +245,7 @@ fn previous_children_match_the_golden_fixture() {
 
 // The webhook server, the controller and the test share this runtime: several threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrade_migrate_and_roll_back_without_touching_children() {
+async fn upgrade_migrate_and_roll_back_with_one_write_per_deployment() {
     init();
     let started = Instant::now();
     let cp = ControlPlane::start(Options::plain()).await.unwrap();
@@ -325,14 +352,33 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
     )
     .await
     .unwrap();
-    assert_eq!(
-        children(&client, &ns).await,
-        before,
-        "the upgrade wrote a child"
-    );
+    // Each Deployment written once, with the restricted Pod template; no Service.
+    let upgraded = children(&client, &ns).await;
+    for (child, (version, generation)) in &before {
+        let (now, now_generation) = &upgraded[child];
+        if child.starts_with("service/") {
+            assert_eq!((now, now_generation), (version, generation), "{child} was written");
+        } else {
+            assert_ne!(now, version, "{child} kept the previous template");
+            assert_eq!(*now_generation, generation.map(|g| g + 1), "{child}");
+        }
+    }
+    for d in Api::<Deployment>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        let name = d.name_any();
+        let pod = d.spec.template.spec.unwrap();
+        assert_eq!(
+            pod.security_context.and_then(|c| c.run_as_non_root),
+            Some(true),
+            "{name}"
+        );
+    }
     assert_eq!(
         metrics.writes_to(controller::metrics::Written::Deployments),
-        0
+        3
     );
     assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 0);
 
@@ -384,12 +430,12 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         children(&client, &ns).await,
-        before,
+        upgraded,
         "the migration caused a child write"
     );
     assert_eq!(
         metrics.writes_to(controller::metrics::Written::Deployments),
-        0
+        3
     );
     assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 0);
 
@@ -457,7 +503,7 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
     .await
     .unwrap();
     let after = children(&client, &ns).await;
-    for (child, version) in &before {
+    for (child, version) in &upgraded {
         if child != "deployment/legacy" {
             assert_eq!(after.get(child), Some(version), "{child} was written");
         }
@@ -530,7 +576,8 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
 
     // 5. Rollback: the new controller stops; the previous one reads v1alpha1 through
     //    /convert. For every object v1alpha1 can express, it builds exactly the live
-    //    children (same hash): nothing to write.
+    //    Service (same hash), and a Deployment without the security contexts: it would
+    //    write each Deployment once, back to the previous Pod template.
     stop.send(()).unwrap();
     running.await.unwrap().unwrap();
     let mut writes = Vec::new();
@@ -553,8 +600,18 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
             writes.push(format!("service/{name}"));
         }
     }
-    // Only the object with two ports, which v1alpha1 cannot express, would be written.
-    assert_eq!(writes, ["deployment/dns", "service/dns"]);
+    // Every Deployment, and the Service of the one object with two ports, which v1alpha1
+    // cannot express.
+    assert_eq!(
+        writes,
+        [
+            "deployment/checkout",
+            "deployment/dns",
+            "service/dns",
+            "deployment/legacy",
+            "deployment/minimal"
+        ]
+    );
     // The previous controller's writes for it: a server-side apply of each child (one
     // port), then, as its drift check finds the port it does not know kept by the merge,
     // its repair: a JSON patch replacing the whole port list it owns. Then a status in
