@@ -10,7 +10,7 @@
 //! | seccomp | Pod | `seccompProfile: {type: RuntimeDefault}` |
 //! | privilege escalation | container | `allowPrivilegeEscalation: false` |
 //! | capabilities | container | `capabilities: {drop: [ALL]}`, none added |
-//! | volume types | Pod | only what the builders mount (Secret, ConfigMap, projected) |
+//! | volume types | Pod | only Secret volumes and the projected service-account token |
 //!
 //! and every baseline control holds because nothing here asks for it: no host
 //! namespaces, ports or paths, no privileged container, no added capability, no
