@@ -414,3 +414,52 @@ async fn a_rollout_past_its_progress_deadline_says_so_until_a_fix_rolls_out()
     ctl.stop().await?;
     Ok(())
 }
+
+/// Another writer changes who the Pods run as (root, and privileged): the controller
+/// puts both security contexts back, and the Pods that run are admitted under
+/// `restricted` again. Woken by the Deployment's event: the resync is 10 minutes away.
+#[tokio::test]
+async fn security_contexts_changed_by_another_writer_are_put_back() -> anyhow::Result<()> {
+    let (f, ctl) = Fixture::setup().full().config(shipped).start().await?;
+    create(&f.apps, &app("guarded", "registry.example.com/guarded:v1", 2)).await?;
+    ready(&f, "guarded", 2).await?;
+    let desired = f.deployments.get("guarded").await?.spec.template.spec.unwrap();
+
+    let edit = json!({"spec": {"template": {"spec": {
+        "securityContext": {"runAsNonRoot": null, "runAsUser": 0},
+        "containers": [{"name": "app", "securityContext": {
+            "allowPrivilegeEscalation": null, "privileged": true,
+            "capabilities": {"add": ["NET_ADMIN"]}}}]
+    }}}});
+    let edited = f
+        .deployments
+        .patch(
+            "guarded",
+            &PatchParams {
+                field_manager: Some("someone-else".to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::Strategic(edit),
+        )
+        .await?;
+    let pod = edited.spec.template.spec.unwrap();
+    assert_eq!(pod.security_context.unwrap().run_as_user, Some(0));
+    let context = pod.containers[0].security_context.clone().unwrap();
+    assert_eq!(
+        (context.privileged, context.allow_privilege_escalation),
+        (Some(true), None)
+    );
+    eventually("the security contexts put back", WAIT, || async {
+        let pod = f.deployments.get("guarded").await?.spec.template.spec.unwrap();
+        let back = pod.security_context == desired.security_context
+            && pod.containers[0].security_context == desired.containers[0].security_context;
+        Ok(back.then_some(()))
+    })
+    .await?;
+    ready(&f, "guarded", 2).await?;
+    let pods = pods_of(&f, "guarded").await?;
+    assert_eq!(pods.len(), 2);
+    assert_restricted(&pods);
+    ctl.stop().await?;
+    Ok(())
+}
