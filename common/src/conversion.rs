@@ -424,7 +424,10 @@ mod tests {
             .metadata
             .annotations
             .get_or_insert_with(BTreeMap::new)
-            .insert(ANNOTATION_V1BETA1_POD_SECURITY.into(), "{\"runAsUser\":".into());
+            .insert(
+                ANNOTATION_V1BETA1_POD_SECURITY.into(),
+                "{\"runAsUser\":".into(),
+            );
         assert_eq!(to_v1beta1(&alpha).spec.pod_security, None);
     }
 

@@ -117,7 +117,10 @@ mod tests {
         };
         default_spec(&mut spec);
         assert_eq!(spec.pod_security, None);
-        assert_eq!(spec.pod_security().profile, Some(SecurityProfile::Restricted));
+        assert_eq!(
+            spec.pod_security().profile,
+            Some(SecurityProfile::Restricted)
+        );
 
         spec.pod_security = Some(crate::types::PodSecurity {
             run_as_user: Some(10001),

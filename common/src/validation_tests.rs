@@ -760,7 +760,12 @@ mod v1beta1_pod_security {
         assert_eq!(errors(PodSecurity::default()), Vec::<String>::new());
         assert_eq!(errors(ids(None, 1, 0, 0)), Vec::<String>::new());
         assert_eq!(
-            errors(ids(Some(SecurityProfile::Restricted), MAX_ID, MAX_ID, MAX_ID)),
+            errors(ids(
+                Some(SecurityProfile::Restricted),
+                MAX_ID,
+                MAX_ID,
+                MAX_ID
+            )),
             Vec::<String>::new()
         );
         assert_eq!(

@@ -193,7 +193,11 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
         arb_status(),
     )
         .prop_map(
-            |(metadata, (image, replicas, ports, pod_security, env, resources, database), status)| {
+            |(
+                metadata,
+                (image, replicas, ports, pod_security, env, resources, database),
+                status,
+            )| {
                 v1beta1::AppService {
                     metadata,
                     spec: v1beta1::AppServiceSpec {

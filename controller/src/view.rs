@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use common::names::ANNOTATION_DESIRED_HASH;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
-    ContainerPort, EnvVarSource, PodSecurityContext, Probe, ResourceRequirements,
-    SecurityContext, Service, ServicePort,
+    ContainerPort, EnvVarSource, PodSecurityContext, Probe, ResourceRequirements, SecurityContext,
+    Service, ServicePort,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -543,8 +543,7 @@ mod tests {
             serde_json::to_value(&v.spec.template.spec.as_ref().unwrap().containers).unwrap();
         assert_eq!(containers, want["spec"]["template"]["spec"]["containers"]);
         assert_eq!(
-            serde_json::to_value(&v.spec.template.spec.as_ref().unwrap().security_context)
-                .unwrap(),
+            serde_json::to_value(&v.spec.template.spec.as_ref().unwrap().security_context).unwrap(),
             want["spec"]["template"]["spec"]["securityContext"]
         );
         assert_eq!(

@@ -74,7 +74,10 @@ async fn not_ready_for(f: &Fixture, name: &str, reason: &str) -> anyhow::Result<
     .await?;
     let (_, _, message) = condition(&a, READY).unwrap();
     let (degraded, degraded_reason, degraded_message) = condition(&a, DEGRADED).unwrap();
-    assert_eq!((degraded.as_str(), degraded_reason.as_str()), (TRUE, reason));
+    assert_eq!(
+        (degraded.as_str(), degraded_reason.as_str()),
+        (TRUE, reason)
+    );
     assert_eq!(degraded_message, message);
     assert_eq!(condition(&a, PROGRESSING).unwrap().0, FALSE);
     Ok(message)
@@ -157,18 +160,26 @@ async fn lifecycle(level: PodSecurityLevel) -> anyhow::Result<()> {
 
     // Delete: the children go, and with them the ReplicaSets and Pods.
     f.apps.delete("web", &DeleteParams::default()).await?;
-    eventually("the AppService and everything under it gone", WAIT, || async {
-        let gone = f.apps.get_opt("web").await?.is_none()
-            && f.deployments.get_opt("web").await?.is_none()
-            && f.services.get_opt("web").await?.is_none()
-            && f.api::<ReplicaSet>()
-                .list(&ListParams::default())
-                .await?
-                .items
-                .is_empty()
-            && f.api::<Pod>().list(&ListParams::default()).await?.items.is_empty();
-        Ok(gone.then_some(()))
-    })
+    eventually(
+        "the AppService and everything under it gone",
+        WAIT,
+        || async {
+            let gone = f.apps.get_opt("web").await?.is_none()
+                && f.deployments.get_opt("web").await?.is_none()
+                && f.services.get_opt("web").await?.is_none()
+                && f.api::<ReplicaSet>()
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .is_empty()
+                && f.api::<Pod>()
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .is_empty();
+            Ok(gone.then_some(()))
+        },
+    )
     .await?;
     ctl.stop().await?;
     Ok(())
@@ -214,7 +225,10 @@ async fn a_baseline_app_is_refused_by_a_restricted_namespace_until_it_is_relabel
     assert_eq!(pods.len(), 2);
     for pod in &pods {
         let context = pod.spec.as_ref().unwrap().security_context.clone().unwrap();
-        assert_eq!((context.run_as_user, context.run_as_non_root), (Some(0), None));
+        assert_eq!(
+            (context.run_as_user, context.run_as_non_root),
+            (Some(0), None)
+        );
     }
     ctl.stop().await?;
     Ok(())
@@ -223,8 +237,7 @@ async fn a_baseline_app_is_refused_by_a_restricted_namespace_until_it_is_relabel
 /// A ResourceQuota of one Pod and an AppService of three: one Pod runs, status says the
 /// quota is why the others do not, and raising the quota makes it Ready.
 #[tokio::test]
-async fn a_quota_of_one_pod_runs_one_of_three_and_status_names_the_quota() -> anyhow::Result<()>
-{
+async fn a_quota_of_one_pod_runs_one_of_three_and_status_names_the_quota() -> anyhow::Result<()> {
     let (f, ctl) = Fixture::setup().full().config(shipped).start().await?;
     let quotas = f.api::<ResourceQuota>();
     let quota: ResourceQuota = serde_json::from_value(json!({
@@ -235,18 +248,25 @@ async fn a_quota_of_one_pod_runs_one_of_three_and_status_names_the_quota() -> an
     // Quota admission refuses every Pod until the quota controller has counted usage.
     eventually("the quota controller to count usage", WAIT, || async {
         let q = quotas.get("one-pod").await?;
-        let counted = q.status.and_then(|s| s.hard).is_some_and(|h| h.contains_key("pods"));
+        let counted = q
+            .status
+            .and_then(|s| s.hard)
+            .is_some_and(|h| h.contains_key("pods"));
         Ok(counted.then_some(()))
     })
     .await?;
 
     create(&f.apps, &app("shop", "registry.example.com/shop:v1", 3)).await?;
-    let message = eventually("one ready replica and the quota in status", WAIT, || async {
-        let a = f.apps.get("shop").await?;
-        let one = a.status.as_ref().and_then(|s| s.ready_replicas) == Some(1);
-        let ready = condition(&a, READY);
-        Ok(ready.filter(|(s, r, _)| one && s == FALSE && r == reasons::REPLICA_FAILURE))
-    })
+    let message = eventually(
+        "one ready replica and the quota in status",
+        WAIT,
+        || async {
+            let a = f.apps.get("shop").await?;
+            let one = a.status.as_ref().and_then(|s| s.ready_replicas) == Some(1);
+            let ready = condition(&a, READY);
+            Ok(ready.filter(|(s, r, _)| one && s == FALSE && r == reasons::REPLICA_FAILURE))
+        },
+    )
     .await?
     .2;
     assert!(
@@ -372,12 +392,14 @@ async fn an_autoscaler_with_min_replicas_4_scales_the_appservice_to_4() -> anyho
 /// shortened on the live Deployment, a field the controller leaves to others, as an admin
 /// may. A fixed spec rolls out and clears it.
 #[tokio::test]
-async fn a_rollout_past_its_progress_deadline_says_so_until_a_fix_rolls_out()
--> anyhow::Result<()> {
+async fn a_rollout_past_its_progress_deadline_says_so_until_a_fix_rolls_out() -> anyhow::Result<()>
+{
     let (f, ctl) = Fixture::setup().full().config(shipped).start().await?;
     let mut huge = app("huge", "registry.example.com/huge:v1", 1);
     // More CPUs than the simulated node has (1000): the Pod stays Pending.
-    huge.spec.resources = Some(serde_json::from_value(json!({"requests": {"cpu": "2000"}}))?);
+    huge.spec.resources = Some(serde_json::from_value(
+        json!({"requests": {"cpu": "2000"}}),
+    )?);
     create(&f.apps, &huge).await?;
     eventually("the Deployment", WAIT, || async {
         Ok(f.deployments.get_opt("huge").await?)
@@ -408,7 +430,11 @@ async fn a_rollout_past_its_progress_deadline_says_so_until_a_fix_rolls_out()
     assert_eq!(condition(&a, DEGRADED).unwrap().0, FALSE);
     // The controller kept the deadline someone else set.
     assert_eq!(
-        f.deployments.get("huge").await?.spec.progress_deadline_seconds,
+        f.deployments
+            .get("huge")
+            .await?
+            .spec
+            .progress_deadline_seconds,
         Some(5)
     );
     ctl.stop().await?;
@@ -421,9 +447,20 @@ async fn a_rollout_past_its_progress_deadline_says_so_until_a_fix_rolls_out()
 #[tokio::test]
 async fn security_contexts_changed_by_another_writer_are_put_back() -> anyhow::Result<()> {
     let (f, ctl) = Fixture::setup().full().config(shipped).start().await?;
-    create(&f.apps, &app("guarded", "registry.example.com/guarded:v1", 2)).await?;
+    create(
+        &f.apps,
+        &app("guarded", "registry.example.com/guarded:v1", 2),
+    )
+    .await?;
     ready(&f, "guarded", 2).await?;
-    let desired = f.deployments.get("guarded").await?.spec.template.spec.unwrap();
+    let desired = f
+        .deployments
+        .get("guarded")
+        .await?
+        .spec
+        .template
+        .spec
+        .unwrap();
 
     let edit = json!({"spec": {"template": {"spec": {
         "securityContext": {"runAsNonRoot": null, "runAsUser": 0},
@@ -450,7 +487,14 @@ async fn security_contexts_changed_by_another_writer_are_put_back() -> anyhow::R
         (Some(true), None)
     );
     eventually("the security contexts put back", WAIT, || async {
-        let pod = f.deployments.get("guarded").await?.spec.template.spec.unwrap();
+        let pod = f
+            .deployments
+            .get("guarded")
+            .await?
+            .spec
+            .template
+            .spec
+            .unwrap();
         let back = pod.security_context == desired.security_context
             && pod.containers[0].security_context == desired.containers[0].security_context;
         Ok(back.then_some(()))

@@ -169,9 +169,11 @@ async fn test_namespaces_enforce_restricted_unless_a_test_opts_out() -> TestResu
     for ns in [&default, &baseline, &open] {
         // The ServiceAccount admission plugin refuses Pods until the default one exists.
         let sas: Api<ServiceAccount> = Api::namespaced(cp.client(), ns);
-        eventually("the default ServiceAccount", Duration::from_secs(60), || async {
-            sas.get_opt("default").await.ok().flatten()
-        })
+        eventually(
+            "the default ServiceAccount",
+            Duration::from_secs(60),
+            || async { sas.get_opt("default").await.ok().flatten() },
+        )
         .await
         .unwrap();
         let labels = Api::<Namespace>::all(cp.client())
@@ -181,7 +183,9 @@ async fn test_namespaces_enforce_restricted_unless_a_test_opts_out() -> TestResu
             .labels
             .unwrap_or_default();
         assert_eq!(
-            labels.get(harness::POD_SECURITY_ENFORCE_LABEL).map(String::as_str),
+            labels
+                .get(harness::POD_SECURITY_ENFORCE_LABEL)
+                .map(String::as_str),
             Some(ns.pod_security().as_str())
         );
     }
@@ -190,7 +194,8 @@ async fn test_namespaces_enforce_restricted_unless_a_test_opts_out() -> TestResu
     assert_eq!(refusal(&pods, &restricted()).await, None);
     let refused = refusal(&pods, &plain()).await.expect("a plain Pod refused");
     assert!(
-        refused.starts_with("403 ") && refused.contains("violates PodSecurity \"restricted:latest\""),
+        refused.starts_with("403 ")
+            && refused.contains("violates PodSecurity \"restricted:latest\""),
         "{refused}"
     );
 

@@ -357,7 +357,11 @@ async fn upgrade_migrate_and_roll_back_with_one_write_per_deployment() {
     for (child, (version, generation)) in &before {
         let (now, now_generation) = &upgraded[child];
         if child.starts_with("service/") {
-            assert_eq!((now, now_generation), (version, generation), "{child} was written");
+            assert_eq!(
+                (now, now_generation),
+                (version, generation),
+                "{child} was written"
+            );
         } else {
             assert_ne!(now, version, "{child} kept the previous template");
             assert_eq!(*now_generation, generation.map(|g| g + 1), "{child}");

@@ -300,11 +300,20 @@ impl ControlPlane {
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
                 "--use-service-account-credentials=false".into(),
-                format!("--service-account-private-key-file={}", pki.join("sa.key").display()),
+                format!(
+                    "--service-account-private-key-file={}",
+                    pki.join("sa.key").display()
+                ),
                 format!("--root-ca-file={}", pki.join("ca.crt").display()),
                 // CertificateSigningRequests are signed by the cluster CA, as kubeadm does.
-                format!("--cluster-signing-cert-file={}", pki.join("ca.crt").display()),
-                format!("--cluster-signing-key-file={}", pki.join("ca.key").display()),
+                format!(
+                    "--cluster-signing-cert-file={}",
+                    pki.join("ca.crt").display()
+                ),
+                format!(
+                    "--cluster-signing-key-file={}",
+                    pki.join("ca.key").display()
+                ),
                 format!("--controllers={KCM_CONTROLLERS}"),
             ],
             None,

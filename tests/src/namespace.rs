@@ -209,7 +209,10 @@ impl ControlPlane {
                 name: Some(name.clone()),
                 labels: Some(BTreeMap::from([
                     (TEST_NAMESPACE_LABEL.to_owned(), "true".to_owned()),
-                    (POD_SECURITY_ENFORCE_LABEL.to_owned(), level.as_str().to_owned()),
+                    (
+                        POD_SECURITY_ENFORCE_LABEL.to_owned(),
+                        level.as_str().to_owned(),
+                    ),
                 ])),
                 ..ObjectMeta::default()
             },

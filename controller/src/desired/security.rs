@@ -79,7 +79,10 @@ mod tests {
 
     #[test]
     fn restricted_by_default() {
-        for security in [PodSecurity::default(), with(Some(SecurityProfile::Restricted))] {
+        for security in [
+            PodSecurity::default(),
+            with(Some(SecurityProfile::Restricted)),
+        ] {
             assert_eq!(
                 serde_json::to_value(pod_security_context(&security)).unwrap(),
                 json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}})
