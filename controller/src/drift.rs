@@ -25,7 +25,6 @@ use k8s_openapi::api::core::v1::{ContainerPort, ResourceRequirements, ServicePor
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube_quantity::ParsedQuantity;
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -344,15 +343,9 @@ fn same_quantities(
     let want = want.unwrap_or(&empty);
     let have = have.unwrap_or(&empty);
     want.len() == have.len()
-        && want.iter().all(|(k, w)| {
-            have.get(k).is_some_and(|h| {
-                w.0 == h.0
-                    || matches!(
-                        (ParsedQuantity::try_from(w), ParsedQuantity::try_from(h)),
-                        (Ok(a), Ok(b)) if a == b
-                    )
-            })
-        })
+        && want
+            .iter()
+            .all(|(k, w)| have.get(k).is_some_and(|h| common::quantity::same(w, h)))
 }
 
 #[cfg(test)]
