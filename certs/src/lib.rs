@@ -214,12 +214,11 @@ impl Ca {
                 error: rcgen::Error::CouldNotParseCertificate,
             })?;
         // A key of another CA would sign certificates nobody trusts.
-        let (_, parsed) = x509_parser::parse_x509_certificate(&cert_der).map_err(|_| {
-            Error::Rcgen {
+        let (_, parsed) =
+            x509_parser::parse_x509_certificate(&cert_der).map_err(|_| Error::Rcgen {
                 what: "parsing the CA certificate",
                 error: rcgen::Error::CouldNotParseCertificate,
-            }
-        })?;
+            })?;
         if parsed.public_key().subject_public_key.data.as_ref() != key.der_bytes() {
             return Err(Error::KeyMismatch);
         }
@@ -279,7 +278,6 @@ impl Ca {
         validity.apply(&mut params)?;
         self.sign(params)
     }
-
 
     /// Issues a TLS client certificate. Kubernetes reads the common name as the user name
     /// and each organisation as a group (e.g. `system:masters`); at most
@@ -766,7 +764,13 @@ mod tests {
         assert_eq!(parsed.validity().not_after.timestamp(), now + 600);
         verify_server(&ca, &leaf_der, "webhook.ns.svc").unwrap();
         assert!(matches!(
-            Ca::with_period("x", crate::Validity { not_before: 10, not_after: 10 }),
+            Ca::with_period(
+                "x",
+                crate::Validity {
+                    not_before: 10,
+                    not_after: 10
+                }
+            ),
             Err(Error::InvalidPeriod { .. })
         ));
     }

@@ -254,7 +254,13 @@ fn helm_template_renders_the_same_bytes_twice_in_every_mode() {
     for mode in ["selfSigned", "certManager", "secret"] {
         let render = || {
             let args = with_sets(
-                &["template", RELEASE, chart.to_str().unwrap(), "--namespace", "ops"],
+                &[
+                    "template",
+                    RELEASE,
+                    chart.to_str().unwrap(),
+                    "--namespace",
+                    "ops",
+                ],
                 &mode_values(mode),
             );
             let (ok, stdout, stderr) =
@@ -263,9 +269,16 @@ fn helm_template_renders_the_same_bytes_twice_in_every_mode() {
             stdout
         };
         let (first, second) = (render(), render());
-        assert!(first.len() > 10_000, "{mode}: rendered {} bytes", first.len());
+        assert!(
+            first.len() > 10_000,
+            "{mode}: rendered {} bytes",
+            first.len()
+        );
         assert!(first == second, "{mode}: two renders differ");
-        assert!(!first.contains("PRIVATE KEY"), "{mode}: a key in the rendered chart");
+        assert!(
+            !first.contains("PRIVATE KEY"),
+            "{mode}: a key in the rendered chart"
+        );
     }
 }
 
@@ -278,7 +291,9 @@ fn certificate_modes_wire_the_ca_bundle() {
     assert_eq!(secret["type"], "Opaque");
     assert!(secret.get("data").is_none(), "{secret}");
     assert!(
-        !docs.iter().any(|d| d["kind"] == "Secret" && d["metadata"]["name"] == format!("{WEBHOOK}-tls")),
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "Secret" && d["metadata"]["name"] == format!("{WEBHOOK}-tls")),
         "no Helm-made serving certificate"
     );
     for kind in [
@@ -299,10 +314,18 @@ fn certificate_modes_wire_the_ca_bundle() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| (e["name"].as_str().unwrap().to_owned(), e.get("value").cloned().unwrap_or(e["valueFrom"].clone())))
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_owned(),
+                e.get("value").cloned().unwrap_or(e["valueFrom"].clone()),
+            )
+        })
         .collect();
     assert_eq!(env["WEBHOOK_CA_SECRET"], format!("{WEBHOOK}-ca"));
-    assert_eq!(env["WEBHOOK_CA_SECRET_NAMESPACE"]["fieldRef"]["fieldPath"], "metadata.namespace");
+    assert_eq!(
+        env["WEBHOOK_CA_SECRET_NAMESPACE"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
     assert_eq!(
         env["WEBHOOK_TLS_SANS"],
         format!("{WEBHOOK},{WEBHOOK}.ops,{WEBHOOK}.ops.svc,{WEBHOOK}.ops.svc.cluster.local")
@@ -324,15 +347,16 @@ fn certificate_modes_wire_the_ca_bundle() {
         ])
     );
     let bundle_role = find(&docs, "ClusterRole", &format!("{WEBHOOK}-ca-bundle"));
-    assert_eq!(
-        bundle_role["rules"][0]["resourceNames"],
-        json!([WEBHOOK])
-    );
+    assert_eq!(bundle_role["rules"][0]["resourceNames"], json!([WEBHOOK]));
     assert_eq!(
         bundle_role["rules"][1]["resourceNames"],
         json!(["appservices.platform.example.com"])
     );
-    let policy = find(&docs, "ValidatingAdmissionPolicy", &format!("{WEBHOOK}-ca-secret"));
+    let policy = find(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        &format!("{WEBHOOK}-ca-secret"),
+    );
     assert_eq!(
         policy["spec"]["validations"][0]["expression"],
         format!("request.namespace == 'ops' && request.name == '{WEBHOOK}-ca'")
@@ -370,8 +394,14 @@ fn certificate_modes_wire_the_ca_bundle() {
         "cert-manager owns the Secret"
     );
     let pod = &find(&docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
-    assert_eq!(pod["automountServiceAccountToken"], false, "no API access needed");
-    assert_eq!(pod["volumes"][0]["secret"]["secretName"], format!("{WEBHOOK}-tls"));
+    assert_eq!(
+        pod["automountServiceAccountToken"], false,
+        "no API access needed"
+    );
+    assert_eq!(
+        pod["volumes"][0]["secret"]["secretName"],
+        format!("{WEBHOOK}-tls")
+    );
     let own_issuer = template("ops", &{
         let mut v = mode_values("certManager");
         v.push("certificates.certManager.issuerRef.name=corp-ca".into());
@@ -769,7 +799,10 @@ fn rbac_is_exactly_what_the_controller_uses() {
 
 #[test]
 fn the_controllers_admission_policy_and_flag_share_one_list() {
-    let docs = template("ops", &["controller.excludeNamespaces={team-x,team-y}".to_owned()]);
+    let docs = template(
+        "ops",
+        &["controller.excludeNamespaces={team-x,team-y}".to_owned()],
+    );
     let policy = find(&docs, "ValidatingAdmissionPolicy", OWNED_POLICY);
     let binding = find(&docs, "ValidatingAdmissionPolicyBinding", OWNED_POLICY);
     assert_eq!(binding["spec"]["policyName"], OWNED_POLICY);
@@ -787,11 +820,11 @@ fn the_controllers_admission_policy_and_flag_share_one_list() {
         assert_eq!(rule["operations"], json!(["CREATE", "UPDATE", "DELETE"]));
     }
     // The namespaces the policy refuses are those the controller is told to skip.
-    let env = find(&docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]
-        ["env"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let env =
+        find(&docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .clone();
     let flag = env
         .iter()
         .find(|e| e["name"] == "EXCLUDE_NAMESPACES")
@@ -807,10 +840,8 @@ fn the_controllers_admission_policy_and_flag_share_one_list() {
     );
     // Off on request (e.g. a cluster whose admins manage policies elsewhere).
     let off = template("ops", &["admissionPolicies.enabled=false".to_owned()]);
-    assert!(
-        !off.iter()
-            .any(|d| d["kind"] == "ValidatingAdmissionPolicy" || d["kind"] == "ValidatingAdmissionPolicyBinding")
-    );
+    assert!(!off.iter().any(|d| d["kind"] == "ValidatingAdmissionPolicy"
+        || d["kind"] == "ValidatingAdmissionPolicyBinding"));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1075,11 +1106,13 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     // The excluded namespaces exactly as the chart passes them to the binary.
     let docs = template(
         release_ns,
-        &[format!("controller.excludeNamespaces[0]={EXCLUDED_BY_VALUE}")],
+        &[format!(
+            "controller.excludeNamespaces[0]={EXCLUDED_BY_VALUE}"
+        )],
     );
-    let env = find(&docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]
-        ["env"]
-        .clone();
+    let env =
+        find(&docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .clone();
     let excluded = env
         .as_array()
         .and_then(|e| e.iter().find(|v| v["name"] == "EXCLUDE_NAMESPACES"))
@@ -1234,7 +1267,9 @@ fn refused_by_policy<T: std::fmt::Debug>(result: Result<T, kube::Error>, expecte
         Err(kube::Error::Api(status)) => {
             assert_eq!(status.code, 403, "{status:?}");
             assert!(
-                status.message.contains(&format!("ValidatingAdmissionPolicy '{OWNED_POLICY}'")),
+                status
+                    .message
+                    .contains(&format!("ValidatingAdmissionPolicy '{OWNED_POLICY}'")),
                 "not refused by the policy: {}",
                 status.message
             );
@@ -1434,10 +1469,18 @@ async fn the_controllers_identity_writes_only_what_it_owns() {
     // admin Secrets), kube-system and one excluded by value; even an object that looks
     // owned.
     let excluded_ns: Api<Namespace> = Api::all(admin.clone());
-    if excluded_ns.get_opt(EXCLUDED_BY_VALUE).await.unwrap().is_none() {
+    if excluded_ns
+        .get_opt(EXCLUDED_BY_VALUE)
+        .await
+        .unwrap()
+        .is_none()
+    {
         let created: Namespace =
             serde_json::from_value(json!({"metadata": {"name": EXCLUDED_BY_VALUE}})).unwrap();
-        excluded_ns.create(&post, &created).await.expect("excluded namespace");
+        excluded_ns
+            .create(&post, &created)
+            .await
+            .expect("excluded namespace");
     }
     for excluded in [release_ns, "kube-system", EXCLUDED_BY_VALUE] {
         let secrets: Api<Secret> = Api::namespaced(sa.clone(), excluded);
@@ -1476,7 +1519,13 @@ async fn the_controllers_identity_writes_only_what_it_owns() {
     // Nothing foreign changed.
     let foreign = admin_deployments.get("foreign").await.unwrap();
     assert!(foreign.metadata.owner_references.is_none());
-    assert!(!foreign.metadata.labels.unwrap_or_default().contains_key("touched"));
+    assert!(
+        !foreign
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("touched")
+    );
     let secret = admin_secrets.get("foreign-database").await.unwrap();
     assert_eq!(secret.data.unwrap()["k"].0, b"v");
 

@@ -90,7 +90,12 @@ fn rendered_env() -> BTreeMap<String, String> {
         .as_array()
         .unwrap()
         .iter()
-        .filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned())))
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
+        })
         .collect()
 }
 
@@ -182,7 +187,11 @@ fn webhook_identity(cp: &ControlPlane) -> Client {
     let namespace_group = format!("system:serviceaccounts:{NAMESPACE}");
     cp.impersonating_client(
         &format!("system:serviceaccount:{NAMESPACE}:{WEBHOOK}"),
-        &["system:serviceaccounts", &namespace_group, "system:authenticated"],
+        &[
+            "system:serviceaccounts",
+            &namespace_group,
+            "system:authenticated",
+        ],
     )
     .expect("impersonating client")
 }
@@ -190,19 +199,30 @@ fn webhook_identity(cp: &ControlPlane) -> Client {
 /// A webhook replica as the chart runs it: its env, its identity, on `port` (0: any).
 async fn replica(cp: &ControlPlane, port: u16) -> webhook::Server {
     let env = rendered_env();
-    let mut config = webhook::config::Config::local(PathBuf::from("/nonexistent/tls.crt"), PathBuf::from("/nonexistent/tls.key"), None);
+    let mut config = webhook::config::Config::local(
+        PathBuf::from("/nonexistent/tls.crt"),
+        PathBuf::from("/nonexistent/tls.key"),
+        None,
+    );
     config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     config.ca_secret = Some(env["WEBHOOK_CA_SECRET"].clone());
     config.ca_secret_namespace = NAMESPACE.to_owned();
     // The chart's names, and the address the API server calls here.
-    config.tls_sans = env["WEBHOOK_TLS_SANS"].split(',').map(str::to_owned).collect();
+    config.tls_sans = env["WEBHOOK_TLS_SANS"]
+        .split(',')
+        .map(str::to_owned)
+        .collect();
     config.tls_sans.push("127.0.0.1".to_owned());
     config.ca_bundle_targets = env["WEBHOOK_CA_BUNDLE_TARGETS"]
         .split(',')
         .map(|t| t.parse().expect("target"))
         .collect();
     config.ca_validity_days = env["WEBHOOK_CA_VALIDITY_DAYS"].parse().unwrap();
-    assert_eq!(config.ca_bundle_targets.len(), 3, "both configurations and the CRD");
+    assert_eq!(
+        config.ca_bundle_targets.len(),
+        3,
+        "both configurations and the CRD"
+    );
     webhook::server::start_with_client(&config, Some(webhook_identity(cp)))
         .await
         .expect("webhook starts")
@@ -225,19 +245,41 @@ async fn ready(server: &webhook::Server) {
 
 /// The caBundles of the three configurations, as PEM text.
 async fn bundles(admin: &Client) -> [String; 3] {
-    let text = |b: Option<ByteString>| String::from_utf8(b.map(|b| b.0).unwrap_or_default()).unwrap();
-    let m = Api::<MutatingWebhookConfiguration>::all(admin.clone()).get(WEBHOOK).await.unwrap();
-    let v = Api::<ValidatingWebhookConfiguration>::all(admin.clone()).get(WEBHOOK).await.unwrap();
-    let c = Api::<CustomResourceDefinition>::all(admin.clone()).get(CRD_NAME).await.unwrap();
+    let text =
+        |b: Option<ByteString>| String::from_utf8(b.map(|b| b.0).unwrap_or_default()).unwrap();
+    let m = Api::<MutatingWebhookConfiguration>::all(admin.clone())
+        .get(WEBHOOK)
+        .await
+        .unwrap();
+    let v = Api::<ValidatingWebhookConfiguration>::all(admin.clone())
+        .get(WEBHOOK)
+        .await
+        .unwrap();
+    let c = Api::<CustomResourceDefinition>::all(admin.clone())
+        .get(CRD_NAME)
+        .await
+        .unwrap();
     [
         text(m.webhooks.unwrap()[0].client_config.ca_bundle.clone()),
         text(v.webhooks.unwrap()[0].client_config.ca_bundle.clone()),
-        text(c.spec.conversion.unwrap().webhook.unwrap().client_config.unwrap().ca_bundle),
+        text(
+            c.spec
+                .conversion
+                .unwrap()
+                .webhook
+                .unwrap()
+                .client_config
+                .unwrap()
+                .ca_bundle,
+        ),
     ]
 }
 
 async fn ca_secret(admin: &Client) -> Secret {
-    Api::<Secret>::namespaced(admin.clone(), NAMESPACE).get(CA_SECRET).await.unwrap()
+    Api::<Secret>::namespaced(admin.clone(), NAMESPACE)
+        .get(CA_SECRET)
+        .await
+        .unwrap()
 }
 
 fn data(secret: &Secret, key: &str) -> Option<String> {
@@ -264,8 +306,8 @@ async fn served_from(addr: std::net::SocketAddr, ca_pem: &str) -> bool {
 
 /// [`served_from`] for the Service name `name`.
 async fn served_as(addr: std::net::SocketAddr, ca_pem: &str, name: &str) -> bool {
-    use rustls::pki_types::{CertificateDer, ServerName};
     use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
@@ -305,7 +347,9 @@ async fn fresh_install(admin: &Client) {
         .patch(
             CRD_NAME,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": null}}}}})),
+            &Patch::Merge(
+                json!({"spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": null}}}}}),
+            ),
         )
         .await
         .unwrap();
@@ -316,7 +360,10 @@ async fn set_secret_data(admin: &Client, data: BTreeMap<String, ByteString>) {
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
     let mut secret = secrets.get(CA_SECRET).await.unwrap();
     secret.data = Some(data);
-    secrets.replace(CA_SECRET, &PostParams::default(), &secret).await.unwrap();
+    secrets
+        .replace(CA_SECRET, &PostParams::default(), &secret)
+        .await
+        .unwrap();
 }
 
 async fn test_namespace(cp: &ControlPlane) -> harness::TestNamespace {
@@ -336,14 +383,24 @@ fn app(name: &str) -> AppService {
 /// admitted by /validate; a v1alpha1 read is converted by /convert.
 async fn admission_works(admin: &Client, ns: &str, name: &str) {
     let apps: Api<AppService> = Api::namespaced(admin.clone(), ns);
-    let mut created = apps.create(&PostParams::default(), &app(name)).await.expect("create through the webhook");
+    let mut created = apps
+        .create(&PostParams::default(), &app(name))
+        .await
+        .expect("create through the webhook");
     // /mutate adds the app.kubernetes.io/name label (the schema does not).
     let labels = created.metadata.labels.take().unwrap_or_default();
-    assert_eq!(labels.get("app.kubernetes.io/name").map(String::as_str), Some(name), "mutated by the webhook");
+    assert_eq!(
+        labels.get("app.kubernetes.io/name").map(String::as_str),
+        Some(name),
+        "mutated by the webhook"
+    );
     let gvk = GroupVersionKind::gvk("platform.example.com", "v1alpha1", "AppService");
     let resource = ApiResource::from_gvk_with_plural(&gvk, "appservices");
     let old: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, &resource);
-    let read = old.get(name).await.expect("read in v1alpha1 through /convert");
+    let read = old
+        .get(name)
+        .await
+        .expect("read in v1alpha1 through /convert");
     assert_eq!(read.data["spec"]["port"], 8080, "{:?}", read.data);
 }
 
@@ -382,9 +439,18 @@ async fn replicas_agree_on_one_ca_and_a_restart_keeps_it() {
     a.shutdown().await.unwrap();
     let a = replica(cp, inst.port).await;
     ready(&a).await;
-    assert!(served_from(a.tls_addr(), &ca).await, "the restarted replica serves from the same CA");
-    assert_eq!(ca_secret(&admin).await.metadata.resource_version, secret_version);
-    assert_eq!(mwc.get(WEBHOOK).await.unwrap().metadata.resource_version, mwc_version);
+    assert!(
+        served_from(a.tls_addr(), &ca).await,
+        "the restarted replica serves from the same CA"
+    );
+    assert_eq!(
+        ca_secret(&admin).await.metadata.resource_version,
+        secret_version
+    );
+    assert_eq!(
+        mwc.get(WEBHOOK).await.unwrap().metadata.resource_version,
+        mwc_version
+    );
     admission_works(&admin, &ns, "after-restart").await;
 
     // The Secret emptied (a GitOps tool replacing it with the chart's empty one): a
@@ -431,8 +497,10 @@ impl Traffic {
                 let mut n = 0u64;
                 while !stop.load(Ordering::SeqCst) {
                     n += 1;
-                    let result = if n % 2 == 0 {
-                        apps.create(&dry, &app(&format!("t{worker}-{n}"))).await.map(|_| ())
+                    let result = if n.is_multiple_of(2) {
+                        apps.create(&dry, &app(&format!("t{worker}-{n}")))
+                            .await
+                            .map(|_| ())
                     } else {
                         old.list(&ListParams::default()).await.map(|_| ())
                     };
@@ -486,8 +554,14 @@ async fn rotation_during_admission_traffic_fails_no_review() {
     set_secret_data(
         &admin,
         BTreeMap::from([
-            ("ca.crt".to_owned(), ByteString(old.cert_pem().as_bytes().to_vec())),
-            ("ca.key".to_owned(), ByteString(old.key_pem().as_bytes().to_vec())),
+            (
+                "ca.crt".to_owned(),
+                ByteString(old.cert_pem().as_bytes().to_vec()),
+            ),
+            (
+                "ca.key".to_owned(),
+                ByteString(old.key_pem().as_bytes().to_vec()),
+            ),
         ]),
     )
     .await;
@@ -521,7 +595,9 @@ async fn rotation_during_admission_traffic_fails_no_review() {
     ready(&server).await;
     // Something for the v1alpha1 lists to convert.
     for name in ["one", "two"] {
-        apps.create(&PostParams::default(), &app(name)).await.unwrap();
+        apps.create(&PostParams::default(), &app(name))
+            .await
+            .unwrap();
     }
     let traffic = Traffic::start(&admin, &ns);
 
@@ -539,22 +615,36 @@ async fn rotation_during_admission_traffic_fails_no_review() {
     .await
     .unwrap();
     let addr = server.tls_addr();
-    eventually("the replica serving from the new CA", Duration::from_secs(30), || {
-        let new_ca = new_ca.clone();
-        async move { served_from(addr, &new_ca).await.then_some(()) }
-    })
+    eventually(
+        "the replica serving from the new CA",
+        Duration::from_secs(30),
+        || {
+            let new_ca = new_ca.clone();
+            async move { served_from(addr, &new_ca).await.then_some(()) }
+        },
+    )
     .await
     .unwrap();
     // A few more reviews under the new certificate.
     let ok_before = traffic.ok.load(Ordering::SeqCst);
-    eventually("more reviews after the switch", Duration::from_secs(60), || {
-        let ok = traffic.ok.clone();
-        async move { (ok.load(Ordering::SeqCst) >= ok_before + 20).then_some(()) }
-    })
+    eventually(
+        "more reviews after the switch",
+        Duration::from_secs(60),
+        || {
+            let ok = traffic.ok.clone();
+            async move { (ok.load(Ordering::SeqCst) >= ok_before + 20).then_some(()) }
+        },
+    )
     .await
     .unwrap();
     let (ok, failures) = traffic.stop().await;
-    assert!(failures.is_empty(), "{} of {} requests failed: {:?}", failures.len(), ok as usize + failures.len(), &failures[..failures.len().min(5)]);
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failures.len(),
+        ok as usize + failures.len(),
+        &failures[..failures.len().min(5)]
+    );
     assert!(ok >= 50, "only {ok} requests");
     eprintln!("rotation: {ok} requests through the webhook, none failed");
 
@@ -563,9 +653,15 @@ async fn rotation_during_admission_traffic_fails_no_review() {
     assert_eq!(der(&data(&secret, "retired.crt").unwrap()), der(&old_pem));
     for bundle in bundles(&admin).await {
         let certs = der(&bundle);
-        assert!(certs.contains(&der(&new_ca)[0]) && certs.contains(&der(&old_pem)[0]), "{bundle}");
+        assert!(
+            certs.contains(&der(&new_ca)[0]) && certs.contains(&der(&old_pem)[0]),
+            "{bundle}"
+        );
     }
-    assert!(!served_from(addr, &old_pem).await, "no longer serving from the old CA");
+    assert!(
+        !served_from(addr, &old_pem).await,
+        "no longer serving from the old CA"
+    );
     server.shutdown().await.unwrap();
     ns.cleanup().await.unwrap();
 }
@@ -604,7 +700,13 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
         "webhook.namespaceSelectorExpressions[0].operator=Exists",
     ];
     let mut install = vec![
-        "install", LEGACY, fixture.to_str().unwrap(), "--namespace", LEGACY_NS, "--kubeconfig", &kubeconfig,
+        "install",
+        LEGACY,
+        fixture.to_str().unwrap(),
+        "--namespace",
+        LEGACY_NS,
+        "--kubeconfig",
+        &kubeconfig,
     ];
     install.extend(only_marked);
     let (ok, out, err) = helm(&install);
@@ -620,8 +722,18 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
     let bundle_of = |b: Option<ByteString>| String::from_utf8(b.unwrap().0).unwrap();
     let live = || async {
         (
-            bundle_of(mwc.get(legacy_webhook).await.unwrap().webhooks.unwrap()[0].client_config.ca_bundle.clone()),
-            bundle_of(vwc.get(legacy_webhook).await.unwrap().webhooks.unwrap()[0].client_config.ca_bundle.clone()),
+            bundle_of(
+                mwc.get(legacy_webhook).await.unwrap().webhooks.unwrap()[0]
+                    .client_config
+                    .ca_bundle
+                    .clone(),
+            ),
+            bundle_of(
+                vwc.get(legacy_webhook).await.unwrap().webhooks.unwrap()[0]
+                    .client_config
+                    .ca_bundle
+                    .clone(),
+            ),
         )
     };
     assert_eq!(live().await, (old_ca.clone(), old_ca.clone()));
@@ -630,15 +742,26 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
     let chart = chart_dir();
     let upgrade = || {
         let mut args = vec![
-            "upgrade", LEGACY, chart.to_str().unwrap(), "--namespace", LEGACY_NS, "--kubeconfig", &kubeconfig,
-            "--set", "crd.install=false",
+            "upgrade",
+            LEGACY,
+            chart.to_str().unwrap(),
+            "--namespace",
+            LEGACY_NS,
+            "--kubeconfig",
+            &kubeconfig,
+            "--set",
+            "crd.install=false",
         ];
         args.extend(only_marked);
         helm(&args)
     };
     let (ok, out, err) = upgrade();
     assert!(ok, "helm upgrade:\n{out}\n{err}");
-    assert_eq!(live().await, (old_ca.clone(), old_ca.clone()), "the upgrade kept the caBundle");
+    assert_eq!(
+        live().await,
+        (old_ca.clone(), old_ca.clone()),
+        "the upgrade kept the caBundle"
+    );
     assert!(
         Api::<Secret>::namespaced(admin.clone(), LEGACY_NS)
             .get_opt(&format!("{legacy_webhook}-tls"))
@@ -656,18 +779,30 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
             &["system:serviceaccounts", "system:authenticated"],
         )
         .unwrap();
-    let mut config = webhook::config::Config::local(PathBuf::from("/nonexistent"), PathBuf::from("/nonexistent"), None);
+    let mut config = webhook::config::Config::local(
+        PathBuf::from("/nonexistent"),
+        PathBuf::from("/nonexistent"),
+        None,
+    );
     config.ca_secret = Some(format!("{legacy_webhook}-ca"));
     config.ca_secret_namespace = LEGACY_NS.to_owned();
-    config.tls_sans = vec![format!("{legacy_webhook}.{LEGACY_NS}.svc"), "127.0.0.1".to_owned()];
+    config.tls_sans = vec![
+        format!("{legacy_webhook}.{LEGACY_NS}.svc"),
+        "127.0.0.1".to_owned(),
+    ];
     config.ca_bundle_targets = vec![
         format!("mutating/{legacy_webhook}").parse().unwrap(),
         format!("validating/{legacy_webhook}").parse().unwrap(),
     ];
-    let server = webhook::server::start_with_client(&config, Some(identity)).await.unwrap();
+    let server = webhook::server::start_with_client(&config, Some(identity))
+        .await
+        .unwrap();
     ready(&server).await;
     let new_ca = data(
-        &Api::<Secret>::namespaced(admin.clone(), LEGACY_NS).get(&format!("{legacy_webhook}-ca")).await.unwrap(),
+        &Api::<Secret>::namespaced(admin.clone(), LEGACY_NS)
+            .get(&format!("{legacy_webhook}-ca"))
+            .await
+            .unwrap(),
         "ca.crt",
     )
     .unwrap();
@@ -678,13 +813,22 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
     for cert in CertificateDer::pem_slice_iter(m.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
     }
-    let verifier = rustls::client::WebPkiServerVerifier::builder(Arc::new(roots)).build().unwrap();
+    let verifier = rustls::client::WebPkiServerVerifier::builder(Arc::new(roots))
+        .build()
+        .unwrap();
     let name = ServerName::try_from(format!("{legacy_webhook}.{LEGACY_NS}.svc")).unwrap();
     let leaf = CertificateDer::from_pem_slice(old_leaf.as_bytes()).unwrap();
     verifier
         .verify_server_cert(&leaf, &[], &name, &[], UnixTime::now())
         .expect("the old Pods' certificate is still trusted");
-    assert!(served_as(server.tls_addr(), &new_ca, &format!("{legacy_webhook}.{LEGACY_NS}.svc")).await);
+    assert!(
+        served_as(
+            server.tls_addr(),
+            &new_ca,
+            &format!("{legacy_webhook}.{LEGACY_NS}.svc")
+        )
+        .await
+    );
     let bundle = der(&m);
     assert!(bundle.contains(&der(&new_ca)[0]) && bundle.contains(&der(&old_ca)[0]));
 
@@ -694,6 +838,13 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
     assert!(ok, "second helm upgrade:\n{out}\n{err}");
     assert_eq!(live().await, before, "helm upgrade changed no caBundle");
     server.shutdown().await.unwrap();
-    let (ok, out, err) = helm(&["uninstall", LEGACY, "--namespace", LEGACY_NS, "--kubeconfig", &kubeconfig]);
+    let (ok, out, err) = helm(&[
+        "uninstall",
+        LEGACY,
+        "--namespace",
+        LEGACY_NS,
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
     assert!(ok, "helm uninstall:\n{out}\n{err}");
 }

@@ -278,7 +278,10 @@ mod tests {
         ])
         .unwrap();
         let ca = config.ca().unwrap();
-        assert_eq!((ca.secret.as_str(), ca.namespace.as_str()), ("aso-webhook-ca", "ops"));
+        assert_eq!(
+            (ca.secret.as_str(), ca.namespace.as_str()),
+            ("aso-webhook-ca", "ops")
+        );
         assert_eq!(ca.sans, ["aso-webhook", "aso-webhook.ops.svc"]);
         assert_eq!(ca.targets.len(), 3);
         assert_eq!(ca.ca_validity, Duration::from_secs(3650 * 24 * 3600));

@@ -124,9 +124,8 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
         reloaders.push(task);
     }
     if let Some(ca) = ca {
-        let client = client.ok_or_else(|| {
-            Error::Config("--ca-secret needs a Kubernetes client".to_owned())
-        })?;
+        let client = client
+            .ok_or_else(|| Error::Config("--ca-secret needs a Kubernetes client".to_owned()))?;
         tracing::info!(secret = %ca.secret, namespace = %ca.namespace, targets = ca.targets.len(), "keeping the webhook CA and caBundles current");
         let (status, task) = crate::ca::spawn(
             client,

@@ -65,10 +65,7 @@ pub fn cargo_deny() -> Result<PathBuf> {
     if !status.success() {
         bail!("cargo install cargo-deny {CARGO_DENY_VERSION} failed ({status}); see above");
     }
-    eprintln!(
-        "xtask: cargo-deny installed in {:.0?}",
-        started.elapsed()
-    );
+    eprintln!("xtask: cargo-deny installed in {:.0?}", started.elapsed());
     Ok(bin)
 }
 
@@ -120,7 +117,14 @@ pub fn run(root: &Path) -> Result<()> {
             .arg("check")
             // An allowance or skip that matches nothing is stale: fail, so deny.toml
             // says only what is true.
-            .args(["-D", "unmatched-skip", "-D", "unnecessary-skip", "-D", "license-not-encountered"])
+            .args([
+                "-D",
+                "unmatched-skip",
+                "-D",
+                "unnecessary-skip",
+                "-D",
+                "license-not-encountered",
+            ])
             .args(extra)
             .args(checks)
             .status()

@@ -33,7 +33,8 @@ pub fn read_lock(text: &str) -> Result<Vec<LockedPackage>> {
     let Some(packages) = doc.get("package").and_then(|p| p.as_array_of_tables()) else {
         bail!("Cargo.lock has no [[package]]");
     };
-    let string = |t: &toml_edit::Table, key: &str| t.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+    let string =
+        |t: &toml_edit::Table, key: &str| t.get(key).and_then(|v| v.as_str()).map(str::to_owned);
     packages
         .iter()
         .map(|t| {
@@ -43,7 +44,11 @@ pub fn read_lock(text: &str) -> Result<Vec<LockedPackage>> {
             let dependencies = t
                 .get("dependencies")
                 .and_then(|d| d.as_array())
-                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
                 .unwrap_or_default();
             Ok(LockedPackage {
                 source: string(t, "source"),
@@ -144,13 +149,12 @@ pub fn generate(root: &Path) -> Result<Value> {
 
     // A dependency entry is `name`, `name version` or `name version (source)`; a bare
     // name means the only locked package of that name.
-    let versions: BTreeMap<&str, Vec<&str>> =
-        lock.iter().fold(BTreeMap::new(), |mut m, p| {
-            m.entry(p.name.as_str())
-                .or_insert_with(Vec::new)
-                .push(p.version.as_str());
-            m
-        });
+    let versions: BTreeMap<&str, Vec<&str>> = lock.iter().fold(BTreeMap::new(), |mut m, p| {
+        m.entry(p.name.as_str())
+            .or_insert_with(Vec::new)
+            .push(p.version.as_str());
+        m
+    });
     let resolve = |entry: &str| -> Result<String> {
         let mut parts = entry.split_whitespace();
         let name = parts.next().unwrap_or_default();
@@ -272,10 +276,7 @@ pub fn run(root: &Path, output: Option<&Path>) -> Result<()> {
     let text = serde_json::to_string_pretty(&bom).doing("serializing the SBOM")? + "\n";
     std::fs::write(&path, text).doing(format!("writing {}", path.display()))?;
     let count = bom["components"].as_array().map_or(0, Vec::len);
-    println!(
-        "wrote {} (CycloneDX 1.5, {count} packages)",
-        path.display()
-    );
+    println!("wrote {} (CycloneDX 1.5, {count} packages)", path.display());
     Ok(())
 }
 

@@ -45,7 +45,11 @@ fn the_sbom_lists_every_locked_package_with_version_license_and_purl() {
         .arg(&out)
         .output()
         .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let bom: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(bom["bomFormat"], "CycloneDX");
     assert_eq!(bom["specVersion"], "1.5");
@@ -63,7 +67,10 @@ fn the_sbom_lists_every_locked_package_with_version_license_and_purl() {
         let name = c["name"].as_str().unwrap().to_owned();
         let version = c["version"].as_str().unwrap().to_owned();
         let key = (name.clone(), version.clone());
-        assert!(lock.contains_key(&key), "{name} {version} is not in Cargo.lock");
+        assert!(
+            lock.contains_key(&key),
+            "{name} {version} is not in Cargo.lock"
+        );
         assert!(seen.insert(key.clone()), "{name} {version} listed twice");
         assert_eq!(c["purl"], format!("pkg:cargo/{name}@{version}"));
         let license = &c["licenses"][0];
@@ -72,7 +79,10 @@ fn the_sbom_lists_every_locked_package_with_version_license_and_purl() {
             .or(license["license"]["name"].as_str())
             .unwrap_or_default();
         assert!(!text.is_empty(), "{name} {version}: no license");
-        assert!(!text.contains('/'), "{name}: {text:?} is not an SPDX expression");
+        assert!(
+            !text.contains('/'),
+            "{name}: {text:?} is not an SPDX expression"
+        );
         match &lock[&key] {
             Some(_) => {
                 assert_eq!(c["type"], "library", "{name}");
@@ -82,7 +92,11 @@ fn the_sbom_lists_every_locked_package_with_version_license_and_purl() {
             None => assert_eq!(c["type"], "application", "{name} is a workspace member"),
         }
     }
-    assert_eq!(seen.len(), lock.len(), "every locked package is in the SBOM");
+    assert_eq!(
+        seen.len(),
+        lock.len(),
+        "every locked package is in the SBOM"
+    );
     assert!(lock.len() > 400, "{} packages: the real lock", lock.len());
 
     // The dependency graph names only components (and the root).
@@ -143,7 +157,8 @@ impl DockerIgnore {
                     || !p.contains('*')
                     || p.strip_prefix("**/").is_some_and(|rest| {
                         !rest.contains('/')
-                            && (!rest.contains('*') || rest.strip_prefix("*.").is_some_and(|e| !e.contains('*')))
+                            && (!rest.contains('*')
+                                || rest.strip_prefix("*.").is_some_and(|e| !e.contains('*')))
                     });
                 assert!(supported, "pattern {l:?}: this test does not model it");
                 (negated, p)
@@ -186,7 +201,11 @@ impl DockerIgnore {
 #[test]
 fn the_docker_build_context_is_an_allow_list() {
     let ignore = DockerIgnore::read(&root().join(".dockerignore"));
-    assert_eq!(ignore.0.first(), Some(&(false, "*".to_owned())), "starts by leaving everything out");
+    assert_eq!(
+        ignore.0.first(),
+        Some(&(false, "*".to_owned())),
+        "starts by leaving everything out"
+    );
 
     // What a build needs: the workspace manifests, the lock, and every member's files.
     let out = Command::new("git")
@@ -241,7 +260,10 @@ fn the_docker_build_context_is_an_allow_list() {
         "some-secret.env",
         ".env",
     ] {
-        assert!(!ignore.admits(path), "{path} must stay out of the build context");
+        assert!(
+            !ignore.admits(path),
+            "{path} must stay out of the build context"
+        );
     }
 }
 
@@ -259,7 +281,10 @@ fn base_images_are_pinned_by_digest() {
             .split_once("@sha256:")
             .unwrap_or_else(|| panic!("{line}: not pinned by digest"));
         assert!(
-            digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            digest.len() == 64
+                && digest
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
             "{line}: a digest is 64 lowercase hex digits"
         );
     }

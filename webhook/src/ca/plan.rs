@@ -172,7 +172,11 @@ pub fn plan<E>(
     state
         .retired
         .retain(|c| c.not_after > now && !retention_over);
-    if state.next.as_ref().is_some_and(|n| n.pair.cert.not_after <= now) {
+    if state
+        .next
+        .as_ref()
+        .is_some_and(|n| n.pair.cert.not_after <= now)
+    {
         state.next = None;
     }
     let dropped = before - state.retired.len();
@@ -185,7 +189,11 @@ pub fn plan<E>(
 
     // Nothing to sign with: the next CA if there is one, else a new CA at once (there is
     // no valid CA to overlap with), keeping what the bundles already trust.
-    if state.active.as_ref().is_none_or(|a| a.cert.not_after <= now) {
+    if state
+        .active
+        .as_ref()
+        .is_none_or(|a| a.cert.not_after <= now)
+    {
         let first = state.active.is_none();
         if let Some(next) = state.next.take() {
             state.active = Some(next.pair);
@@ -351,7 +359,7 @@ mod tests {
         let active = plan.state.active.clone().unwrap();
         assert_eq!(active.cert.not_before, now - secs(CLOCK_SKEW));
         assert_eq!(active.cert.not_after, now + secs(VALIDITY));
-        assert_eq!(plan.state.retired, [helm_ca.clone()]);
+        assert_eq!(plan.state.retired, std::slice::from_ref(&helm_ca));
         // The bundle: the new CA first, then the adopted one until the retention ends.
         let ders: Vec<_> = plan.state.bundle().iter().map(|c| c.der.clone()).collect();
         assert_eq!(ders, [vec![1], vec![200]]);
@@ -394,14 +402,23 @@ mod tests {
         let rotating = run(&start, &injected(&start, 2), due, &mut mint);
         assert_eq!(rotating.steps, [Step::NextCreated]);
         let next = rotating.state.next.clone().unwrap();
-        assert_eq!(rotating.state.active, Some(old.clone()), "still signing with the old CA");
+        assert_eq!(
+            rotating.state.active,
+            Some(old.clone()),
+            "still signing with the old CA"
+        );
         assert_eq!(rotating.wake_at, Some(due + secs(PROPAGATION)));
 
         // One bundle lags behind (a stale writer, or not written yet): no promotion, even
         // long after the delay.
         let mut lagging = injected(&rotating.state, 2);
         lagging[1] = vec![old.cert.clone()];
-        let waiting = run(&rotating.state, &lagging, due + 10 * secs(PROPAGATION), &mut mint);
+        let waiting = run(
+            &rotating.state,
+            &lagging,
+            due + 10 * secs(PROPAGATION),
+            &mut mint,
+        );
         assert!(waiting.steps.is_empty(), "{:?}", waiting.steps);
         assert_eq!(waiting.state.active, Some(old.clone()));
 
@@ -422,9 +439,12 @@ mod tests {
         );
         assert_eq!(promoted.steps, [Step::Promoted]);
         assert_eq!(promoted.state.active, Some(next.pair.clone()));
-        assert_eq!(promoted.state.retired, [old.cert.clone()]);
+        assert_eq!(promoted.state.retired, std::slice::from_ref(&old.cert));
         let bundle = promoted.state.bundle();
-        assert!(bundle.iter().any(|c| c.der == old.cert.der), "the old CA is still trusted");
+        assert!(
+            bundle.iter().any(|c| c.der == old.cert.der),
+            "the old CA is still trusted"
+        );
         assert!(bundle.iter().any(|c| c.der == next.pair.cert.der));
 
         let dropped = run(
@@ -500,6 +520,9 @@ mod tests {
             (now - secs(CLOCK_SKEW), 1000 + 30 * DAY)
         );
         let long = cert(2, 0, 3650 * DAY);
-        assert_eq!(leaf_validity(&long, 10 * DAY).1, 10 * DAY + secs(LEAF_VALIDITY));
+        assert_eq!(
+            leaf_validity(&long, 10 * DAY).1,
+            10 * DAY + secs(LEAF_VALIDITY)
+        );
     }
 }

@@ -83,7 +83,11 @@ fn timestamp(value: &[u8]) -> Result<i64, String> {
 /// The state a Secret's `data` holds, and what was wrong with it (a part that does not
 /// parse is left out, so the rules replace it).
 pub fn decode(data: &BTreeMap<String, ByteString>) -> (CaState, Vec<String>) {
-    let get = |key: &str| data.get(key).map(|v| v.0.as_slice()).filter(|v| !v.is_empty());
+    let get = |key: &str| {
+        data.get(key)
+            .map(|v| v.0.as_slice())
+            .filter(|v| !v.is_empty())
+    };
     let mut problems = Vec::new();
     let mut state = CaState::default();
     if let (Some(cert), Some(key)) = (get(CA_CRT), get(CA_KEY)) {
@@ -188,7 +192,10 @@ mod tests {
         assert_eq!(back, state);
         assert!(decode(&BTreeMap::new()).0 == CaState::default());
         // Our PEM of a parsed certificate is the certificate.
-        assert_eq!(parse_certs(retired.pem.as_bytes()).unwrap()[0].der, retired.der);
+        assert_eq!(
+            parse_certs(retired.pem.as_bytes()).unwrap()[0].der,
+            retired.der
+        );
     }
 
     #[test]
@@ -201,7 +208,10 @@ mod tests {
         });
         // A key of another CA.
         data.insert(CA_KEY.into(), ByteString(b.key_pem.into_bytes()));
-        data.insert(RETIRED_CRT.into(), ByteString(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec()));
+        data.insert(
+            RETIRED_CRT.into(),
+            ByteString(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec()),
+        );
         let (state, problems) = decode(&data);
         assert_eq!(state, CaState::default());
         assert_eq!(problems.len(), 2, "{problems:?}");
@@ -209,8 +219,10 @@ mod tests {
 
     #[test]
     fn rotation_requests_are_rfc3339() {
-        let annotations =
-            BTreeMap::from([(ROTATE_ANNOTATION.to_owned(), "2030-01-02T03:04:05Z".to_owned())]);
+        let annotations = BTreeMap::from([(
+            ROTATE_ANNOTATION.to_owned(),
+            "2030-01-02T03:04:05Z".to_owned(),
+        )]);
         assert_eq!(rotate_before(Some(&annotations)), Some(1_893_553_445));
         let bad = BTreeMap::from([(ROTATE_ANNOTATION.to_owned(), "tomorrow".to_owned())]);
         assert_eq!(rotate_before(Some(&bad)), None);

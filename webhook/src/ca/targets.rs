@@ -89,7 +89,10 @@ fn bundle(config: &WebhookClientConfig) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-fn kube_error<'a>(target: &'a Target, what: &'static str) -> impl FnOnce(kube::Error) -> CaError + 'a {
+fn kube_error<'a>(
+    target: &'a Target,
+    what: &'static str,
+) -> impl FnOnce(kube::Error) -> CaError + 'a {
     move |error| CaError::Kube {
         what: format!("{what} {target}"),
         error,
