@@ -463,6 +463,42 @@ async fn replicas_agree_on_one_ca_and_a_restart_keeps_it() {
     .await
     .unwrap();
     admission_works(&admin, &ns, "after-restore").await;
+
+    // The Secret deleted: a replica creates it again (the one name its admission policy
+    // lets it create), with the same CA.
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
+    secrets
+        .delete(CA_SECRET, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the CA Secret created again",
+        Duration::from_secs(30),
+        || {
+            let (secrets, ca) = (secrets.clone(), ca.clone());
+            async move {
+                let secret = secrets.get_opt(CA_SECRET).await.ok()??;
+                (data(&secret, "ca.crt")? == ca).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // Any other Secret write of the webhook's identity is refused by that policy.
+    let other: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "not-the-ca"}, "stringData": {"k": "v"}}),
+    )
+    .unwrap();
+    let refused = Api::<Secret>::namespaced(webhook_identity(cp), NAMESPACE)
+        .create(&PostParams::default(), &other)
+        .await
+        .expect_err("the webhook creates another Secret");
+    assert!(
+        matches!(&refused, kube::Error::Api(s) if s.code == 403
+            && s.message.contains("ValidatingAdmissionPolicy 'aso-appservice-operator-webhook-ca-secret'")
+            && s.message.contains("may only write its CA Secret")),
+        "{refused}"
+    );
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
     ns.cleanup().await.unwrap();
