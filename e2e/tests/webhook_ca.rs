@@ -735,6 +735,7 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
         "--set",
         "webhook.namespaceSelectorExpressions[0].operator=Exists",
     ];
+    // The fixture holds only the certificate templates: no CRD (the harness has one).
     let mut install = vec![
         "install",
         LEGACY,
@@ -743,6 +744,8 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
         LEGACY_NS,
         "--kubeconfig",
         &kubeconfig,
+        "--set",
+        "crd.install=false",
     ];
     install.extend(only_marked);
     let (ok, out, err) = helm(&install);
@@ -777,6 +780,7 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
     // The upgrade itself: the old CA stays in both bundles (no moment without it).
     let chart = chart_dir();
     let upgrade = || {
+        // As the README says to upgrade: the previous release's values, reused.
         let mut args = vec![
             "upgrade",
             LEGACY,
@@ -785,6 +789,7 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
             LEGACY_NS,
             "--kubeconfig",
             &kubeconfig,
+            "--reuse-values",
             "--set",
             "crd.install=false",
         ];

@@ -77,7 +77,15 @@ seccompProfile:
 namespace and controller.excludeNamespaces. The controller's flag and its admission
 policy both read this one list. */}}
 {{- define "aso.controller.excludedNamespaces" -}}
-{{- toJson (concat (list "kube-system" .Release.Namespace) .Values.controller.excludeNamespaces | uniq) }}
+{{- /* dig, not .Values.controller.excludeNamespaces: a value added after the first
+release is missing under `helm upgrade --reuse-values` (the README's upgrade command),
+which keeps the old release's values and not this chart's defaults. */ -}}
+{{- toJson (concat (list "kube-system" .Release.Namespace) (dig "controller" "excludeNamespaces" (list) .Values.AsMap) | uniq) }}
+{{- end }}
+
+{{/* admissionPolicies.enabled, true when the release's values predate it. */}}
+{{- define "aso.admissionPolicies" -}}
+{{- if dig "admissionPolicies" "enabled" true .Values.AsMap }}true{{ end }}
 {{- end }}
 
 {{/* The user name the API server gives the controller's ServiceAccount. */}}
