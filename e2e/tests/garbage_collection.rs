@@ -41,11 +41,14 @@ struct World {
     client: Client,
     pg: Postgres,
     class: String,
-    controller: Option<(
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<Result<(), controller::RunError>>,
-    )>,
+    controller: Option<Running>,
 }
+
+/// A running controller: what stops it, and its task.
+type Running = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), controller::RunError>>,
+);
 
 impl World {
     async fn new() -> World {

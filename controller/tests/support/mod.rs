@@ -252,10 +252,14 @@ pub async fn poke(f: &Fixture, metrics: &Metrics, names: &[String], n: u64) -> a
         field_manager: Some("poke".to_owned()),
         ..PatchParams::default()
     };
+    // A value no earlier poke used: the same value again would be no change, no event.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
     for i in 0..n {
         let name = &names[usize::try_from(i)? % names.len()];
         let patch = Patch::Merge(serde_json::json!({
-            "metadata": {"labels": {"example.com/poked": i.to_string()}}
+            "metadata": {"labels": {"example.com/poked": format!("{nonce}-{i}")}}
         }));
         let before = metrics.reconcile_count();
         let child = match i % 3 {
