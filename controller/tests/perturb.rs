@@ -850,16 +850,10 @@ fn written<K: kube::Resource>(obj: &K) -> String {
 async fn child_versions(f: &World) -> anyhow::Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for d in f.deployments.list(&ListParams::default()).await? {
-        out.insert(
-            format!("deployment/{}", d.name_any()),
-            written(&d),
-        );
+        out.insert(format!("deployment/{}", d.name_any()), written(&d));
     }
     for s in f.services.list(&ListParams::default()).await? {
-        out.insert(
-            format!("service/{}", s.name_any()),
-            written(&s),
-        );
+        out.insert(format!("service/{}", s.name_any()), written(&s));
     }
     Ok(out)
 }

@@ -271,7 +271,7 @@ fn previous_children_match_the_golden_fixture() {
 
 // The webhook server, the controller and the test share this runtime: several threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrade_migrate_and_roll_back_without_touching_children() {
+async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
     init();
     let started = Instant::now();
     // Full: the garbage collector takes the children at the end.
@@ -776,6 +776,7 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
     })
     .await
     .unwrap();
+    collector_rediscovered(&cp, &client, &ns).await;
     for (app, policy) in [
         ("minimal", kube::api::PropagationPolicy::Background),
         ("checkout", kube::api::PropagationPolicy::Background),
@@ -810,4 +811,53 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
     webhook.shutdown().await.unwrap();
     ns_guard.cleanup().await.unwrap();
     eprintln!("upgrade test took {:?}", started.elapsed());
+}
+
+/// Returns once kube-controller-manager's garbage collector has rediscovered the API
+/// after the CRD changed (its discovery and monitors resync every 30 s; until then it
+/// may still watch a version that is gone): a ConfigMap owned by an object of a CRD
+/// created now is collected only once the collector knows that CRD's kind.
+async fn collector_rediscovered(cp: &ControlPlane, client: &Client, ns: &str) {
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "probes.gc-probe.example.com"},
+        "spec": {
+            "group": "gc-probe.example.com",
+            "names": {"plural": "probes", "singular": "probe", "kind": "Probe", "listKind": "ProbeList"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": {"type": "object"}}}]
+        }
+    }))
+    .unwrap();
+    cp.apply_crd(&crd).await.unwrap();
+    let dependent: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "gc-probe", "ownerReferences": [{
+            "apiVersion": "gc-probe.example.com/v1", "kind": "Probe", "name": "gone",
+            "uid": "00000000-0000-0000-0000-000000000000"
+        }]}
+    }))
+    .unwrap();
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), ns);
+    configmaps
+        .create(&PostParams::default(), &dependent)
+        .await
+        .unwrap();
+    eventually(
+        "the garbage collector to know a new kind",
+        Duration::from_secs(120),
+        || {
+            let configmaps = configmaps.clone();
+            async move {
+                configmaps
+                    .get_opt("gc-probe")
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
