@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
@@ -704,8 +704,8 @@ fn rbac_is_exactly_what_the_controller_uses() {
         ("apps", "deployments", "get,list,watch,create,patch"),
         ("", "services", "get,list,watch,create,patch"),
         ("events.k8s.io", "events", "create,patch"),
-        // The `<name>-database` Secrets: by verb, never list or watch.
-        ("", "secrets", "get,create,update,delete"),
+        // The `<name>-database` Secrets, watched (metadata, by label) to heal them.
+        ("", "secrets", "get,list,watch,create,update,delete"),
     ];
     let expected: Vec<(String, String, String)> = expected
         .into_iter()
@@ -1053,21 +1053,25 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     let test_ns = cp.namespace().await.expect("namespace");
     let sa_client = service_account_client(cp, release_ns, CONTROLLER).await;
 
-    // What it must not do.
-    let secrets_all: Api<Secret> = Api::all(sa_client.clone());
+    // What it must not do. (It may list and watch Secrets, for the metadata-only watch
+    // of its `<name>-database` Secrets, but neither patch them nor delete them in bulk.)
     let forbidden = |e: kube::Error| matches!(e, kube::Error::Api(ref s) if s.code == 403);
-    assert!(forbidden(
-        secrets_all
-            .list(&ListParams::default())
-            .await
-            .expect_err("secrets cluster-wide")
-    ));
     let secrets_release: Api<Secret> = Api::namespaced(sa_client.clone(), release_ns);
     assert!(forbidden(
         secrets_release
-            .list(&ListParams::default())
+            .patch(
+                "anything",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}))
+            )
             .await
-            .expect_err("secrets in release ns")
+            .expect_err("patch secrets")
+    ));
+    assert!(forbidden(
+        secrets_release
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .expect_err("deletecollection secrets")
     ));
     let pods: Api<Pod> = Api::namespaced(sa_client.clone(), &test_ns);
     assert!(forbidden(
@@ -1703,7 +1707,6 @@ async fn databases_work_with_the_charts_rbac() {
 
     let mut config = controller::Config::for_namespace(&test_ns);
     config.watch_namespace = None; // cluster-wide, as the chart deploys it
-    config.rollout_requeue = Duration::from_secs(1);
     let metrics = std::sync::Arc::new(controller::metrics::Metrics::default());
     let databases = Databases::new(
         sa_client.clone(),
@@ -1754,6 +1757,30 @@ async fn databases_work_with_the_charts_rbac() {
     pg.connect(&db, &password, &db)
         .await
         .expect("login with the Secret's credentials");
+    // The chart's RBAC lets the controller watch the Secret: deleted, it is back within
+    // seconds (the resync is 10 minutes), and its credentials work.
+    let gone = creds.metadata.uid.clone();
+    app_secrets
+        .delete("rbac-db-database", &DeleteParams::default())
+        .await
+        .expect("deleting the Secret");
+    let back = eventually("the Secret recreated", Duration::from_secs(20), || {
+        let app_secrets = app_secrets.clone();
+        let gone = gone.clone();
+        async move {
+            let s = app_secrets.get_opt("rbac-db-database").await.ok()??;
+            let settled = !s
+                .annotations()
+                .contains_key(controller::database::PASSWORD_PENDING_ANNOTATION);
+            (s.metadata.uid != gone && settled).then_some(s)
+        }
+    })
+    .await
+    .unwrap();
+    let password = String::from_utf8(back.data.unwrap()["PGPASSWORD"].0.clone()).unwrap();
+    pg.connect(&db, &password, &db)
+        .await
+        .expect("login with the recreated Secret's credentials");
     let reachable = eventually(
         "the class's Reachable=True",
         Duration::from_secs(30),
