@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use common::conditions::{DEGRADED, FALSE, PROGRESSING, READY, TRUE, reasons};
 use common::{AppService, PodSecurity, SecurityProfile};
-use controller::Config;
 use harness::{PodSecurityLevel, eventually};
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -26,11 +25,6 @@ use serde_json::json;
 use support::{Fixture, app, condition, create};
 
 const WAIT: Duration = Duration::from_secs(90);
-
-/// The controller's shipped rollout requeue, instead of the tests' default of 1 s.
-fn shipped(config: &mut Config) {
-    config.rollout_requeue = Config::for_namespace("").rollout_requeue;
-}
 
 /// The Pods of AppService `name` that are not being deleted.
 async fn pods_of(f: &Fixture, name: &str) -> anyhow::Result<Vec<Pod>> {
@@ -105,12 +99,7 @@ fn assert_restricted(pods: &[Pod]) {
 /// Create, scale, edit the image, Ready, delete: with real Pods in a namespace enforcing
 /// `level`.
 async fn lifecycle(level: PodSecurityLevel) -> anyhow::Result<()> {
-    let (f, ctl) = Fixture::setup()
-        .full()
-        .pod_security(level)
-        .config(shipped)
-        .start()
-        .await?;
+    let (f, ctl) = Fixture::setup().full().pod_security(level).start().await?;
     assert_eq!(f.ns.pod_security(), level);
 
     create(&f.apps, &app("web", "registry.example.com/web:v1", 2)).await?;
@@ -201,7 +190,7 @@ async fn lifecycle_under_baseline() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_baseline_app_is_refused_by_a_restricted_namespace_until_it_is_relabelled()
 -> anyhow::Result<()> {
-    let (mut f, ctl) = Fixture::setup().full().config(shipped).start().await?;
+    let (mut f, ctl) = Fixture::setup().full().start().await?;
     let mut root = app("root", "registry.example.com/needs-root:v1", 2);
     root.spec.pod_security = Some(PodSecurity {
         profile: Some(SecurityProfile::Baseline),
@@ -238,7 +227,7 @@ async fn a_baseline_app_is_refused_by_a_restricted_namespace_until_it_is_relabel
 /// quota is why the others do not, and raising the quota makes it Ready.
 #[tokio::test]
 async fn a_quota_of_one_pod_runs_one_of_three_and_status_names_the_quota() -> anyhow::Result<()> {
-    let (f, ctl) = Fixture::setup().full().config(shipped).start().await?;
+    let (f, ctl) = Fixture::setup().full().start().await?;
     let quotas = f.api::<ResourceQuota>();
     let quota: ResourceQuota = serde_json::from_value(json!({
         "metadata": {"name": "one-pod"},
@@ -296,7 +285,7 @@ async fn a_quota_of_one_pod_runs_one_of_three_and_status_names_the_quota() -> an
 #[tokio::test]
 async fn a_limit_range_defaults_the_pods_resources_and_its_maximum_is_reported()
 -> anyhow::Result<()> {
-    let (f, ctl) = Fixture::setup().full().config(shipped).start().await?;
+    let (f, ctl) = Fixture::setup().full().start().await?;
     let limits: LimitRange = serde_json::from_value(json!({
         "metadata": {"name": "container-defaults"},
         "spec": {"limits": [{
@@ -351,7 +340,7 @@ async fn a_limit_range_defaults_the_pods_resources_and_its_maximum_is_reported()
 /// would need the metrics API), through `/scale`, as it does in a cluster.
 #[tokio::test]
 async fn an_autoscaler_with_min_replicas_4_scales_the_appservice_to_4() -> anyhow::Result<()> {
-    let (f, ctl) = Fixture::setup().full().config(shipped).start().await?;
+    let (f, ctl) = Fixture::setup().full().start().await?;
     create(&f.apps, &app("scaled", "registry.example.com/scaled:v1", 3)).await?;
     ready(&f, "scaled", 3).await?;
     let hpa: HorizontalPodAutoscaler = serde_json::from_value(json!({
@@ -394,7 +383,7 @@ async fn an_autoscaler_with_min_replicas_4_scales_the_appservice_to_4() -> anyho
 #[tokio::test]
 async fn a_rollout_past_its_progress_deadline_says_so_until_a_fix_rolls_out() -> anyhow::Result<()>
 {
-    let (f, ctl) = Fixture::setup().full().config(shipped).start().await?;
+    let (f, ctl) = Fixture::setup().full().start().await?;
     let mut huge = app("huge", "registry.example.com/huge:v1", 1);
     // More CPUs than the simulated node has (1000): the Pod stays Pending.
     huge.spec.resources = Some(serde_json::from_value(
@@ -446,7 +435,7 @@ async fn a_rollout_past_its_progress_deadline_says_so_until_a_fix_rolls_out() ->
 /// `restricted` again. Woken by the Deployment's event: the resync is 10 minutes away.
 #[tokio::test]
 async fn security_contexts_changed_by_another_writer_are_put_back() -> anyhow::Result<()> {
-    let (f, ctl) = Fixture::setup().full().config(shipped).start().await?;
+    let (f, ctl) = Fixture::setup().full().start().await?;
     create(
         &f.apps,
         &app("guarded", "registry.example.com/guarded:v1", 2),
