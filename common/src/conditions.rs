@@ -28,7 +28,11 @@ pub mod reasons {
     pub const RECONCILED: &str = "Reconciled";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const RESOURCE_CONFLICT: &str = "ResourceConflict";
-    pub const DEPLOYMENT_FAILED: &str = "DeploymentFailed";
+    /// The Deployment's `ReplicaFailure`: Pods could not be created (Pod Security
+    /// admission, a ResourceQuota, a LimitRange refused them); the message says which.
+    pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+    /// The Deployment's rollout exceeded its progress deadline.
+    pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
     pub const AS_EXPECTED: &str = "AsExpected";
     pub const CLEANUP_FAILED: &str = "CleanupFailed";
     /// The API server rejected a child the controller built (e.g. a field `validate`

@@ -9,6 +9,9 @@
 //!   [`ANNOTATION_V1BETA1_PORTS`]. Back in `v1beta1`, that list is restored with the first
 //!   port's number taken from `port`: a `v1alpha1` client that edits `port` changes the
 //!   first port, and the other ports, names and protocols survive.
+//! * `v1beta1 → v1alpha1`: `podSecurity`, which `v1alpha1` has no field for, is kept in
+//!   [`ANNOTATION_V1BETA1_POD_SECURITY`] whenever it is present, and restored as it was.
+//!   A `v1alpha1` object without it has the defaults (the `Restricted` profile).
 //! * `v1alpha1 → v1beta1`: `{enabled: true, class}` is `{class}`; a database that is not
 //!   enabled is no `database`, and the `v1alpha1` value is kept in
 //!   [`ANNOTATION_V1ALPHA1_DATABASE`]. It is restored only while `v1beta1`'s `database` is
@@ -24,7 +27,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::defaults::DEFAULT_PORT;
-use crate::names::{ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_PORTS, GROUP};
+use crate::names::{
+    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_POD_SECURITY, ANNOTATION_V1BETA1_PORTS, GROUP,
+};
 use crate::{v1alpha1, v1beta1};
 
 /// The versions of the AppService API.
@@ -93,6 +98,9 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
         take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_PORTS)
             .and_then(|json| serde_json::from_str(&json).ok())
             .filter(|ports: &Vec<v1beta1::AppPort>| !ports.is_empty());
+    let pod_security: Option<v1beta1::PodSecurity> =
+        take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_POD_SECURITY)
+            .and_then(|json| serde_json::from_str(&json).ok());
     // Never seen in v1alpha1; a copy written there by hand is not carried over.
     take_annotation(&mut metadata.annotations, ANNOTATION_V1ALPHA1_DATABASE);
 
@@ -126,6 +134,7 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
             image: spec.image.clone(),
             replicas: spec.replicas,
             ports,
+            pod_security,
             env: spec.env.clone(),
             resources: spec.resources.clone(),
             database,
@@ -141,8 +150,16 @@ pub fn to_v1alpha1(app: &v1beta1::AppService) -> v1alpha1::AppService {
         take_annotation(&mut metadata.annotations, ANNOTATION_V1ALPHA1_DATABASE)
             .and_then(|json| serde_json::from_str(&json).ok());
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_PORTS);
+    take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_POD_SECURITY);
 
     let spec = &app.spec;
+    if let Some(security) = &spec.pod_security {
+        set_annotation(
+            &mut metadata.annotations,
+            ANNOTATION_V1BETA1_POD_SECURITY,
+            to_json(security),
+        );
+    }
     let port = spec.ports.first().map(|p| p.port);
     if let Some(first) = spec.ports.first()
         && spec.ports != [v1beta1::AppPort::http(first.port)]
@@ -377,6 +394,41 @@ mod tests {
                 class: Some("large".into())
             })
         );
+    }
+
+    #[test]
+    fn pod_security_survives_v1alpha1_and_a_plain_object_needs_no_annotation() {
+        let mut original = beta(vec![AppPort::http(8080)], None);
+        assert_eq!(to_v1alpha1(&original).metadata.annotations, None);
+        original.spec.pod_security = Some(v1beta1::PodSecurity {
+            profile: Some(v1beta1::SecurityProfile::Restricted),
+            run_as_user: Some(10001),
+            fs_group: Some(2000),
+            ..Default::default()
+        });
+        let mut alpha = to_v1alpha1(&original);
+        let saved = alpha.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            saved[ANNOTATION_V1BETA1_POD_SECURITY],
+            r#"{"profile":"Restricted","runAsUser":10001,"fsGroup":2000}"#
+        );
+        // A v1alpha1 client edits what it sees; the ids survive.
+        alpha.spec.replicas = Some(5);
+        let back = to_v1beta1(&alpha);
+        let mut expected = original.clone();
+        expected.spec.replicas = Some(5);
+        assert_eq!(back, expected);
+        assert_eq!(back.metadata.annotations, None);
+        // Edited by hand into something else: ignored, the defaults apply.
+        alpha
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                ANNOTATION_V1BETA1_POD_SECURITY.into(),
+                "{\"runAsUser\":".into(),
+            );
+        assert_eq!(to_v1beta1(&alpha).spec.pod_security, None);
     }
 
     #[test]

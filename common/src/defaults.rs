@@ -16,7 +16,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::names::LABEL_NAME;
-use crate::types::{AppPort, AppService, AppServiceSpec, Protocol};
+use crate::types::{AppPort, AppService, AppServiceSpec, Protocol, SecurityProfile};
 use crate::v1alpha1;
 
 /// `spec.replicas` when omitted.
@@ -27,6 +27,9 @@ pub const DEFAULT_PORT: i32 = 8080;
 pub const DEFAULT_PORT_NAME: &str = "http";
 /// A port's protocol when omitted.
 pub const DEFAULT_PROTOCOL: Protocol = Protocol::Tcp;
+/// `spec.podSecurity.profile` when omitted, and the profile of an AppService without
+/// `podSecurity` (every `v1alpha1` object): Pods that Pod Security admits everywhere.
+pub const DEFAULT_SECURITY_PROFILE: SecurityProfile = SecurityProfile::Restricted;
 
 /// `spec.ports` when omitted: the `http` port 8080 over TCP.
 pub fn default_ports() -> Vec<AppPort> {
@@ -44,10 +47,16 @@ pub fn default_port_list(ports: &mut Vec<AppPort>) {
 }
 
 /// Fills every omitted field of a spec with its default: one replica, the `http` port
-/// 8080 when no port is given, and `TCP` for every port without a protocol.
+/// 8080 when no port is given, `TCP` for every port without a protocol, and the
+/// `Restricted` profile in a `podSecurity` without one. An absent `podSecurity` stays
+/// absent: it means the defaults already, and a `v1alpha1` reader would otherwise see
+/// every object carry it in an annotation.
 pub fn default_spec(spec: &mut AppServiceSpec) {
     spec.replicas.get_or_insert(DEFAULT_REPLICAS);
     default_port_list(&mut spec.ports);
+    if let Some(security) = &mut spec.pod_security {
+        security.profile.get_or_insert(DEFAULT_SECURITY_PROFILE);
+    }
 }
 
 /// Defaults an AppService: its spec, plus the recommended `app.kubernetes.io/name` label
@@ -98,6 +107,37 @@ mod tests {
         let mut old = v1alpha1::AppServiceSpec::default();
         default_v1alpha1_spec(&mut old);
         assert_eq!((old.replicas, old.port), (Some(1), Some(DEFAULT_PORT)));
+    }
+
+    #[test]
+    fn fills_the_profile_of_a_given_pod_security_only() {
+        let mut spec = AppServiceSpec {
+            image: "nginx:1.27".into(),
+            ..Default::default()
+        };
+        default_spec(&mut spec);
+        assert_eq!(spec.pod_security, None);
+        assert_eq!(
+            spec.pod_security().profile,
+            Some(SecurityProfile::Restricted)
+        );
+
+        spec.pod_security = Some(crate::types::PodSecurity {
+            run_as_user: Some(10001),
+            ..Default::default()
+        });
+        default_spec(&mut spec);
+        let security = spec.pod_security.clone().unwrap_or_default();
+        assert_eq!(security.profile, Some(SecurityProfile::Restricted));
+        assert_eq!(security.run_as_user, Some(10001));
+
+        spec.pod_security = Some(crate::types::PodSecurity {
+            profile: Some(SecurityProfile::Baseline),
+            ..Default::default()
+        });
+        let before = spec.clone();
+        default_spec(&mut spec);
+        assert_eq!(spec, before);
     }
 
     #[test]

@@ -25,5 +25,6 @@ pub use database_class::{
     DatabaseClass, DatabaseClassSpec, DatabaseClassStatus, DeletionPolicy, TlsMode,
 };
 pub use types::{
-    AppPort, AppService, AppServiceSpec, AppServiceStatus, DatabaseSpec, EnvVar, Protocol,
+    AppPort, AppService, AppServiceSpec, AppServiceStatus, DatabaseSpec, EnvVar, PodSecurity,
+    Protocol, SecurityProfile,
 };

@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::defaults::{DEFAULT_PORT, DEFAULT_REPLICAS};
 
-pub use crate::v1beta1::{AppPort, AppService, AppServiceSpec, DatabaseSpec, Protocol};
+pub use crate::v1beta1::{
+    AppPort, AppService, AppServiceSpec, DatabaseSpec, PodSecurity, Protocol, SecurityProfile,
+};
 
 /// Bounds of `spec.replicas`.
 pub const MIN_REPLICAS: i32 = 0;
@@ -45,6 +47,12 @@ pub const MAX_CLASS_LEN: usize = MAX_SUBDOMAIN_LEN;
 pub const MAX_PORTS: usize = 16;
 /// Longest port name: Kubernetes port names are IANA service names of at most 15 characters.
 pub const MAX_PORT_NAME_LEN: usize = 15;
+/// Bounds of a user or group id (`spec.podSecurity.runAsUser`, `runAsGroup`, `fsGroup`):
+/// what Kubernetes accepts in a Pod's security context.
+pub const MIN_ID: i64 = 0;
+pub const MAX_ID: i64 = 2_147_483_647;
+/// The lowest `runAsUser` the `Restricted` profile allows: 0 is root.
+pub const MIN_NON_ROOT_UID: i64 = 1;
 
 /// One environment variable of the application container.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

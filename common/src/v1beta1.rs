@@ -13,6 +13,14 @@
 //!   `enabled` flag of `v1alpha1` allowed `{enabled: true}` without a class (an error) and
 //!   `{enabled: false, class: x}` (a class that means nothing); neither can be written now.
 //!
+//! * `podSecurity: {profile, runAsUser, runAsGroup, fsGroup, readOnlyRootFilesystem}`:
+//!   the Pods meet the Pod Security `Restricted` profile by default (non-root, no
+//!   privilege escalation, no capabilities, the runtime's seccomp profile), so they are
+//!   admitted in namespaces that enforce it; these are the few settings real images need
+//!   under it, and `profile: Baseline` for an image that must run as root. `v1alpha1`
+//!   objects get the defaults; a `v1beta1` value survives a `v1alpha1` read-edit-write in
+//!   an annotation ([`crate::conversion`]).
+//!
 //! Everything else (image, replicas, env, resources, status) is the same in both versions.
 
 use kube::KubeSchema;
@@ -20,8 +28,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use crate::defaults::{
-    DEFAULT_PORT, DEFAULT_PORT_NAME, DEFAULT_PROTOCOL, DEFAULT_REPLICAS, default_port_list,
-    default_ports,
+    DEFAULT_PORT, DEFAULT_PORT_NAME, DEFAULT_PROTOCOL, DEFAULT_REPLICAS, DEFAULT_SECURITY_PROFILE,
+    default_port_list, default_ports,
 };
 
 crate::types::app_service_spec! {
@@ -39,6 +47,16 @@ crate::types::app_service_spec! {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         #[schemars(schema_with = "ports_schema")]
         pub ports: Vec<AppPort>,
+
+        /// How the Pods run. Without it they meet the Pod Security `Restricted` profile:
+        /// a non-root user, no privilege escalation, every capability dropped, the
+        /// container runtime's default seccomp profile. Set `runAsUser` for an image
+        /// whose `USER` is root or a name rather than a number (the kubelet refuses to
+        /// start those as non-root), `fsGroup` for volumes it must write, or
+        /// `profile: Baseline` for an image that must run as root (then the namespace's
+        /// Pod Security level decides whether its Pods are admitted).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pod_security: Option<PodSecurity>,
     }
     /// A PostgreSQL database provisioned for this application, requested by being
     /// present. The connection URL is passed to the container as `DATABASE_URL`.
@@ -100,6 +118,94 @@ pub struct DatabaseSpec {
     /// change while the database is requested.
     #[schemars(length(min = 1, max = crate::types::MAX_CLASS_LEN))]
     pub class: String,
+}
+
+/// How the Pods of an AppService run: the Pod Security profile their template meets,
+/// and the ids and filesystem settings an image may need under it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.runAsUser) || self.runAsUser != 0 || (has(self.profile) && self.profile == 'Baseline')").message("runAsUser 0 is root, which the Restricted profile forbids; use profile Baseline for an image that must run as root").field_path(".runAsUser"))]
+#[serde(rename_all = "camelCase")]
+pub struct PodSecurity {
+    /// The Pod Security Standard the Pod template meets. `Restricted` (the default):
+    /// `runAsNonRoot`, `allowPrivilegeEscalation: false`, all capabilities dropped,
+    /// seccomp `RuntimeDefault`; admitted everywhere. `Baseline`: the image's user, root
+    /// included, with the container runtime's default capabilities (still no privilege
+    /// escalation, seccomp `RuntimeDefault`); admitted only where the namespace enforces
+    /// `baseline` or `privileged`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "profile_schema")]
+    pub profile: Option<SecurityProfile>,
+
+    /// Numeric user id the container runs as, from 0 to 2147483647 (0, root, only with
+    /// `profile: Baseline`). Defaults to the image's `USER`, which must then be a
+    /// non-root number under `Restricted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = crate::types::MIN_ID, max = crate::types::MAX_ID))]
+    pub run_as_user: Option<i64>,
+
+    /// Numeric primary group id of the container's process, from 0 to 2147483647.
+    /// Defaults to the image's group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = crate::types::MIN_ID, max = crate::types::MAX_ID))]
+    pub run_as_group: Option<i64>,
+
+    /// Group id that owns the Pod's volumes and is added to the process's groups, from 0
+    /// to 2147483647, so a non-root process can use files mounted for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = crate::types::MIN_ID, max = crate::types::MAX_ID))]
+    pub fs_group: Option<i64>,
+
+    /// Mounts the container's root filesystem read-only (writable paths then come from
+    /// volumes). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_root_filesystem: Option<bool>,
+}
+
+/// A Pod Security Standard an AppService's Pod template meets.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SecurityProfile {
+    Restricted,
+    Baseline,
+}
+
+impl Default for SecurityProfile {
+    fn default() -> Self {
+        DEFAULT_SECURITY_PROFILE
+    }
+}
+
+impl SecurityProfile {
+    /// The profile as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SecurityProfile::Restricted => "Restricted",
+            SecurityProfile::Baseline => "Baseline",
+        }
+    }
+}
+
+fn profile_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "enum": [SecurityProfile::Restricted.as_str(), SecurityProfile::Baseline.as_str()],
+        "default": DEFAULT_SECURITY_PROFILE.as_str(),
+    })
+}
+
+impl JsonSchema for SecurityProfile {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "SecurityProfile".into()
+    }
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        profile_schema(generator)
+    }
+}
+
+impl PodSecurity {
+    /// The profile with the default applied.
+    pub fn profile(&self) -> SecurityProfile {
+        self.profile.unwrap_or_default()
+    }
 }
 
 fn ports_schema(generator: &mut SchemaGenerator) -> Schema {
@@ -172,5 +278,12 @@ impl AppServiceSpec {
     /// The database class when a database is requested.
     pub fn database_class(&self) -> Option<&str> {
         self.database.as_ref().map(|db| db.class.as_str())
+    }
+
+    /// How the Pods run, with the defaults applied (`Restricted`, the image's ids).
+    pub fn pod_security(&self) -> PodSecurity {
+        let mut security = self.pod_security.clone().unwrap_or_default();
+        security.profile.get_or_insert(DEFAULT_SECURITY_PROFILE);
+        security
     }
 }

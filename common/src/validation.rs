@@ -20,8 +20,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::names::DATABASE_URL_ENV;
 use crate::types::{
     AppService, AppServiceSpec, MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN,
-    MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_NAME_LEN, MAX_PORT, MAX_PORT_NAME_LEN, MAX_PORTS,
-    MAX_REPLICAS, MIN_PORT, MIN_REPLICAS,
+    MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_NAME_LEN, MAX_PORT, MAX_PORT_NAME_LEN, MAX_PORTS,
+    MAX_REPLICAS, MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS, PodSecurity, SecurityProfile,
 };
 use crate::{conversion, v1alpha1};
 
@@ -132,6 +132,9 @@ fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
         ));
     }
     validate_ports(spec, errors);
+    if let Some(security) = &spec.pod_security {
+        validate_pod_security(security, errors);
+    }
     validate_env(spec, errors);
     if let Some(resources) = &spec.resources {
         validate_resources(resources, errors);
@@ -203,6 +206,37 @@ fn validate_ports(spec: &AppServiceSpec, errors: &mut Vec<FieldError>) {
                 .with_value(port.port.to_string()),
             );
         }
+    }
+}
+
+/// The ids are what Kubernetes accepts in a Pod; root is refused where the profile the
+/// template must meet forbids it, here rather than as Pods the namespace rejects later.
+fn validate_pod_security(security: &PodSecurity, errors: &mut Vec<FieldError>) {
+    const FIELD: &str = "spec.podSecurity";
+    for (name, id) in [
+        ("runAsUser", security.run_as_user),
+        ("runAsGroup", security.run_as_group),
+        ("fsGroup", security.fs_group),
+    ] {
+        if let Some(id) = id
+            && !(MIN_ID..=MAX_ID).contains(&id)
+        {
+            errors.push(FieldError::invalid_int(
+                format!("{FIELD}.{name}"),
+                id,
+                format!("must be between {MIN_ID} and {MAX_ID}, inclusive"),
+            ));
+        }
+    }
+    if security.profile() == SecurityProfile::Restricted
+        && let Some(uid) = security.run_as_user
+        && (MIN_ID..MIN_NON_ROOT_UID).contains(&uid)
+    {
+        errors.push(FieldError::invalid_int(
+            format!("{FIELD}.runAsUser"),
+            uid,
+            "runAsUser 0 is root, which the Restricted profile forbids; use profile Baseline for an image that must run as root",
+        ));
     }
 }
 

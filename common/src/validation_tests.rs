@@ -743,3 +743,75 @@ mod v1beta1_ports {
         );
     }
 }
+
+/// `podSecurity` exists only in v1beta1: tested on the hub.
+mod v1beta1_pod_security {
+    use crate::types::{AppService, AppServiceSpec, MAX_ID, PodSecurity, SecurityProfile};
+    use crate::validation::validate;
+    use pretty_assertions::assert_eq;
+
+    fn errors(security: PodSecurity) -> Vec<String> {
+        let app = AppService::new(
+            "checkout",
+            AppServiceSpec {
+                image: "nginx:1.27".into(),
+                pod_security: Some(security),
+                ..Default::default()
+            },
+        );
+        match validate(&app, None) {
+            Ok(_) => vec![],
+            Err(errs) => errs.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    fn ids(profile: Option<SecurityProfile>, uid: i64, gid: i64, fs: i64) -> PodSecurity {
+        PodSecurity {
+            profile,
+            run_as_user: Some(uid),
+            run_as_group: Some(gid),
+            fs_group: Some(fs),
+            read_only_root_filesystem: Some(true),
+        }
+    }
+
+    #[test]
+    fn ids_at_their_bounds_pass() {
+        assert_eq!(errors(PodSecurity::default()), Vec::<String>::new());
+        assert_eq!(errors(ids(None, 1, 0, 0)), Vec::<String>::new());
+        assert_eq!(
+            errors(ids(
+                Some(SecurityProfile::Restricted),
+                MAX_ID,
+                MAX_ID,
+                MAX_ID
+            )),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            errors(ids(Some(SecurityProfile::Baseline), 0, 0, 0)),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn ids_out_of_range_and_root_under_restricted_are_refused() {
+        assert_eq!(
+            errors(ids(Some(SecurityProfile::Baseline), -1, MAX_ID + 1, -5)),
+            vec![
+                "spec.podSecurity.runAsUser: Invalid value: -1: must be between 0 and 2147483647, inclusive",
+                "spec.podSecurity.runAsGroup: Invalid value: 2147483648: must be between 0 and 2147483647, inclusive",
+                "spec.podSecurity.fsGroup: Invalid value: -5: must be between 0 and 2147483647, inclusive",
+            ]
+        );
+        // Root needs the Baseline profile, whether Restricted is written or defaulted.
+        for profile in [None, Some(SecurityProfile::Restricted)] {
+            assert_eq!(
+                errors(ids(profile, 0, 1000, 1000)),
+                vec![
+                    "spec.podSecurity.runAsUser: Invalid value: 0: runAsUser 0 is root, which the Restricted profile forbids; use profile Baseline for an image that must run as root"
+                ]
+            );
+        }
+    }
+}

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 
 use common::conversion::{Version, convert_object, to_v1alpha1, to_v1beta1};
 use common::defaults::{default_spec, default_v1alpha1_spec};
-use common::names::{ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_PORTS};
+use common::names::{
+    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_POD_SECURITY, ANNOTATION_V1BETA1_PORTS,
+};
 use common::validation::{validate, validate_v1alpha1};
 use common::{AppServiceStatus, EnvVar, v1alpha1, v1beta1};
 use k8s_openapi::api::core::v1::ResourceRequirements;
@@ -115,6 +117,33 @@ fn arb_ports() -> impl Strategy<Value = Vec<v1beta1::AppPort>> {
     ]
 }
 
+fn arb_pod_security() -> impl Strategy<Value = Option<v1beta1::PodSecurity>> {
+    let id = || proptest::option::of(prop_oneof![0..70000i64, any::<i64>()]);
+    proptest::option::of(
+        (
+            proptest::option::of(prop_oneof![
+                Just(v1beta1::SecurityProfile::Restricted),
+                Just(v1beta1::SecurityProfile::Baseline),
+            ]),
+            id(),
+            id(),
+            id(),
+            proptest::option::of(any::<bool>()),
+        )
+            .prop_map(
+                |(profile, run_as_user, run_as_group, fs_group, read_only_root_filesystem)| {
+                    v1beta1::PodSecurity {
+                        profile,
+                        run_as_user,
+                        run_as_group,
+                        fs_group,
+                        read_only_root_filesystem,
+                    }
+                },
+            ),
+    )
+}
+
 /// Any v1alpha1 object that carries no conversion annotation (valid or not).
 fn arb_alpha_plain() -> impl Strategy<Value = v1alpha1::AppService> {
     (
@@ -156,6 +185,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
             "[a-z./:0-9-]{1,24}",
             proptest::option::of(-2..1002i32),
             arb_ports(),
+            arb_pod_security(),
             arb_env(),
             arb_resources(),
             proptest::option::of("[a-z][a-z0-9.-]{0,12}"),
@@ -163,13 +193,18 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
         arb_status(),
     )
         .prop_map(
-            |(metadata, (image, replicas, ports, env, resources, database), status)| {
+            |(
+                metadata,
+                (image, replicas, ports, pod_security, env, resources, database),
+                status,
+            )| {
                 v1beta1::AppService {
                     metadata,
                     spec: v1beta1::AppServiceSpec {
                         image,
                         replicas,
                         ports,
+                        pod_security,
                         env,
                         resources,
                         database: database.map(|class| v1beta1::DatabaseSpec { class }),
@@ -209,6 +244,7 @@ proptest! {
     fn v1alpha1_to_v1beta1_and_back_is_the_identity(alpha in arb_alpha()) {
         let beta = to_v1beta1(&alpha);
         prop_assert_eq!(annotation(&beta.metadata, ANNOTATION_V1BETA1_PORTS), None);
+        prop_assert_eq!(annotation(&beta.metadata, ANNOTATION_V1BETA1_POD_SECURITY), None);
         prop_assert_eq!(to_v1alpha1(&beta), alpha);
     }
 

@@ -20,6 +20,8 @@ use kube::Resource;
 
 use crate::error::{Error, Result};
 
+mod security;
+
 /// Name of the application container in the Pod template.
 pub const CONTAINER_NAME: &str = "app";
 /// `apiVersion` of the owner reference on children: the storage version (the hub).
@@ -77,11 +79,13 @@ fn child_metadata(app: &AppService, name: String) -> Result<ObjectMeta> {
 }
 
 /// The Deployment that runs an AppService: `replicas` Pods of one container listening on
-/// each of `ports`, ready once the first TCP port accepts connections.
+/// each of `ports`, ready once the first TCP port accepts connections, running as
+/// `podSecurity` says (Pod Security `restricted` by default: `desired/security.rs`).
 pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
     let name = required(&app.metadata.name, "metadata.name")?;
     let spec = &app.spec;
     let ports = spec.ports();
+    let pod_security = spec.pod_security();
 
     let mut env: Vec<EnvVar> = spec
         .env
@@ -142,6 +146,7 @@ pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
                 }),
                 ..Probe::default()
             }),
+        security_context: Some(security::container_security_context(&pod_security)),
         ..Container::default()
     };
 
@@ -160,6 +165,7 @@ pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
                 }),
                 spec: Some(PodSpec {
                     containers: vec![container],
+                    security_context: Some(security::pod_security_context(&pod_security)),
                     ..PodSpec::default()
                 }),
             },

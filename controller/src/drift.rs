@@ -8,8 +8,8 @@
 //!    different (or missing) hash means the AppService changed (or the object was never
 //!    applied by this controller): apply.
 //! 2. **What the controller is responsible for**, read from the live object: the values
-//!    the AppService defines (image, replicas, ports, env, resources, probe, selector,
-//!    Service type, our labels). These are compared by meaning (an empty env value equals
+//!    the AppService defines (image, replicas, ports, env, resources, probe, security
+//!    contexts, selector, Service type, our labels). These are compared by meaning (an empty env value equals
 //!    an absent one, `1000m` equals `1`), never by field-manager bookkeeping. What differs
 //!    is listed as JSON-patch operations that put our value back, replacing whole lists
 //!    and maps we own, so an entry another writer re-keyed or added cannot survive a
@@ -134,6 +134,25 @@ impl Drift for DeploymentView {
                 &mut ops,
             );
         }
+        // The Pod's security context is ours whole: a field another writer adds to it
+        // (`runAsUser: 0`, say) would change who the process runs as, or get every Pod
+        // refused by Pod Security admission.
+        let desired_security = desired_template
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref());
+        let live_security = live_template
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref());
+        if desired_security != live_security {
+            set_or_remove(
+                "/spec/template/spec/securityContext",
+                desired_security,
+                live_security.is_some(),
+                &mut ops,
+            );
+        }
         let desired_containers = desired_template
             .spec
             .as_ref()
@@ -211,6 +230,15 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
             &format!("{base}/readinessProbe"),
             want.readiness_probe.as_ref(),
             have.readiness_probe.is_some(),
+            ops,
+        );
+    }
+    // Compared whole, like the Pod's (views keep both in canonical form).
+    if want.security_context != have.security_context {
+        set_or_remove(
+            &format!("{base}/securityContext"),
+            want.security_context.as_ref(),
+            have.security_context.is_some(),
             ops,
         );
     }
@@ -516,6 +544,53 @@ mod tests {
         json_patch::patch(&mut v, &patch).unwrap();
         let repaired: Deployment = serde_json::from_value(v).unwrap();
         assert!(deployment_drift(&d, &repaired).is_empty());
+    }
+
+    #[test]
+    fn security_contexts_changed_by_others_are_put_back_whole() {
+        let d = desired_deployment(&app(spec())).unwrap();
+        // The API server stores what we wrote; an empty Pod context is none.
+        assert!(deployment_drift(&d, &as_stored(d.clone())).is_empty());
+
+        let mut live = as_stored(d.clone());
+        let pod = live.spec.template.spec.as_mut().unwrap();
+        let pod_context = pod.security_context.as_mut().unwrap();
+        pod_context.run_as_non_root = None;
+        pod_context.run_as_user = Some(0);
+        let c = &mut pod.containers[0];
+        c.security_context.as_mut().unwrap().privileged = Some(true);
+        let ops = deployment_drift(&d, &live);
+        let paths: Vec<&str> = ops.iter().map(|o| o["path"].as_str().unwrap()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/spec/template/spec/securityContext",
+                "/spec/template/spec/containers/0/name",
+                "/spec/template/spec/containers/0/securityContext",
+            ]
+        );
+        let mut v = serde_json::to_value(&live).unwrap();
+        let patch: json_patch::Patch = serde_json::from_value(json!(ops)).unwrap();
+        json_patch::patch(&mut v, &patch).unwrap();
+        assert_eq!(
+            v["spec"]["template"]["spec"]["securityContext"],
+            json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}})
+        );
+        assert_eq!(
+            v["spec"]["template"]["spec"]["containers"][0]["securityContext"],
+            json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}})
+        );
+        let repaired: Deployment = serde_json::from_value(v).unwrap();
+        assert!(deployment_drift(&d, &repaired).is_empty());
+
+        // Removed altogether (an older controller's template): put back too.
+        let mut live = as_stored(d.clone());
+        let pod = live.spec.template.spec.as_mut().unwrap();
+        pod.security_context = Some(Default::default());
+        pod.containers[0].security_context = None;
+        let ops = deployment_drift(&d, &live);
+        assert_eq!(ops.len(), 3, "{ops:#?}");
+        assert!(ops.iter().all(|o| o["op"] != "remove"), "{ops:#?}");
     }
 
     #[test]

@@ -326,7 +326,9 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
             debug!(%message, "rollout in progress");
             ctx.config().rollout_requeue
         }
-        Rollout::Complete { .. } | Rollout::Failed { .. } => ctx.config().resync_interval,
+        // A stuck rollout moves when the Deployment does (its status wakes us): the
+        // ReplicaSet controller creates the Pods once the cause is gone.
+        Rollout::Complete { .. } | Rollout::Stuck { .. } => ctx.config().resync_interval,
     };
     Ok(Outcome::status(status, Ok(Action::requeue(next))))
 }

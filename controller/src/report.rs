@@ -92,7 +92,8 @@ fn transition_event(status: &str, reason: &str, new: &AppServiceStatus) -> Event
         reasons::INVALID_SPEC
             | reasons::APPLY_FAILED
             | reasons::RESOURCE_CONFLICT
-            | reasons::DEPLOYMENT_FAILED
+            | reasons::REPLICA_FAILURE
+            | reasons::PROGRESS_DEADLINE_EXCEEDED
             | reasons::CLEANUP_FAILED
     );
     Event {
@@ -145,5 +146,38 @@ mod tests {
             Some(&st("True", reasons::AVAILABLE)),
             ("True", reasons::AVAILABLE)
         ));
+    }
+
+    #[test]
+    fn pods_that_cannot_be_created_are_a_warning_with_the_cause() {
+        for reason in [
+            reasons::REPLICA_FAILURE,
+            reasons::PROGRESS_DEADLINE_EXCEEDED,
+        ] {
+            assert!(worth_an_event(
+                Some(&st("False", reasons::ROLLING_OUT)),
+                ("False", reason)
+            ));
+            let status = AppServiceStatus {
+                conditions: vec![common::conditions::new_condition(
+                    common::conditions::READY,
+                    "False",
+                    reason,
+                    "0/2 replicas ready; FailedCreate: pods \"x\" is forbidden",
+                    Some(1),
+                    &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ),
+                )],
+                ..AppServiceStatus::default()
+            };
+            let event = transition_event("False", reason, &status);
+            assert_eq!(event.type_, EventType::Warning, "{reason}");
+            assert_eq!(event.reason, reason);
+            assert_eq!(
+                event.note.as_deref(),
+                Some("0/2 replicas ready; FailedCreate: pods \"x\" is forbidden")
+            );
+        }
     }
 }

@@ -2,11 +2,13 @@
 //!
 //! A child in the cache is read for a handful of values: the ones [`crate::drift`]
 //! compares, the desired-hash annotation, the owner reference, and the rollout counts
-//! status reports. A k8s-openapi `Deployment` holds every field of the API (its Pod
+//! and failure conditions status reports. A k8s-openapi `Deployment` holds every field of the API (its Pod
 //! template alone is kilobytes, most of it empty `Option`s), and every label map is a
 //! B-tree node of a few hundred bytes however few labels it has. So the watches decode
 //! children straight into the views below, which keep only what is read, labels as
-//! sorted pairs, and no other annotation than the hash. At 10,000 AppServices that is
+//! sorted pairs, security contexts as their JSON text ([`Compact`]), no other annotation
+//! than the hash, and of the Deployment's conditions only those that say why Pods are
+//! missing, with a bounded message. At 10,000 AppServices that is
 //! the difference between kilobytes and a few hundred bytes per child (see
 //! `benches/cache_cost.rs`).
 //!
@@ -20,7 +22,8 @@ use std::collections::BTreeMap;
 use common::names::ANNOTATION_DESIRED_HASH;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
-    ContainerPort, EnvVarSource, Probe, ResourceRequirements, Service, ServicePort,
+    ContainerPort, EnvVarSource, PodSecurityContext, Probe, ResourceRequirements, SecurityContext,
+    Service, ServicePort,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -209,9 +212,13 @@ pub struct TemplateMetaView {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PodSpecView {
     #[serde(default)]
     pub containers: Vec<ContainerView>,
+    /// The Pod's security context; `None` when absent or empty.
+    #[serde(default, deserialize_with = "pod_security_context")]
+    pub security_context: Option<Compact>,
 }
 
 /// The fields of a container the controller sets (and nothing else).
@@ -229,6 +236,63 @@ pub struct ContainerView {
     pub resources: Option<ResourceRequirements>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness_probe: Option<Box<Probe>>,
+    /// The container's security context; `None` when absent or empty.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "container_security_context"
+    )]
+    pub security_context: Option<Compact>,
+}
+
+/// An API value kept as its JSON text: one allocation of a few dozen bytes where the
+/// k8s-openapi struct (a security context: a dozen nested `Option`s, mostly empty) takes
+/// several hundred. The text is what the typed struct serializes to, so two values that
+/// mean the same (fields in another order, explicit `null`s) have the same text, and an
+/// empty object is no value at all (the API server stores `securityContext: {}` for an
+/// absent Pod security context). Compared whole by [`crate::drift`], which owns these
+/// values entirely.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compact(Box<str>);
+
+impl Compact {
+    /// The value, decoded (a valid JSON text by construction).
+    pub fn value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0).unwrap_or_default()
+    }
+
+    /// The canonical form of `value`, `None` for an empty one.
+    fn of<T: Serialize>(value: &T) -> Result<Option<Compact>, serde_json::Error> {
+        let text = serde_json::to_string(value)?;
+        Ok((text != "{}").then(|| Compact(text.into_boxed_str())))
+    }
+}
+
+impl Serialize for Compact {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.value().serialize(serializer)
+    }
+}
+
+fn compact<'de, T, D>(deserializer: D) -> Result<Option<Compact>, D::Error>
+where
+    T: Deserialize<'de> + Serialize,
+    D: Deserializer<'de>,
+{
+    match Option::<T>::deserialize(deserializer)? {
+        Some(value) => Compact::of(&value).map_err(serde::de::Error::custom),
+        None => Ok(None),
+    }
+}
+
+fn pod_security_context<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Compact>, D::Error> {
+    compact::<PodSecurityContext, D>(d)
+}
+
+fn container_security_context<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Compact>, D::Error> {
+    compact::<SecurityContext, D>(d)
 }
 
 /// An environment variable: k8s-openapi's `EnvVar` holds its `valueFrom` inline, a few
@@ -243,8 +307,8 @@ pub struct EnvVarView {
     pub value_from: Option<Box<EnvVarSource>>,
 }
 
-/// The rollout counts of a Deployment's status, and the message of a
-/// `ProgressDeadlineExceeded` condition if there is one.
+/// The rollout counts of a Deployment's status, and the conditions that say why its Pods
+/// are missing.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeploymentStatusView {
     pub observed_generation: Option<i64>,
@@ -252,24 +316,78 @@ pub struct DeploymentStatusView {
     pub updated_replicas: Option<i32>,
     pub ready_replicas: Option<i32>,
     pub available_replicas: Option<i32>,
-    pub deadline_exceeded: Option<String>,
+    /// `ReplicaFailure=True` (Pods could not be created: Pod Security, a quota, a limit
+    /// range) and `Progressing=False` (the progress deadline passed). Empty, and
+    /// allocating nothing, for a healthy Deployment.
+    pub failures: Box<[DeploymentConditionView]>,
+}
+
+/// The longest condition message a view keeps. A denial names each violated control once;
+/// this holds several, and bounds what a foreign writer of the status can make us cache.
+pub const MAX_CONDITION_MESSAGE_LEN: usize = 1024;
+
+/// A Deployment condition as status reads it: type, status, reason, and its message cut at
+/// [`MAX_CONDITION_MESSAGE_LEN`] bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeploymentConditionView {
+    pub type_: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Condition type of a Deployment whose Pods could not be created or deleted.
+pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+/// Condition type of a Deployment's rollout progress.
+pub const PROGRESSING: &str = "Progressing";
+
+impl DeploymentStatusView {
+    /// The failure condition of `type_`, if the Deployment has one.
+    pub fn failure(&self, type_: &str) -> Option<&DeploymentConditionView> {
+        self.failures.iter().find(|c| c.type_ == type_)
+    }
+}
+
+/// `message` cut at [`MAX_CONDITION_MESSAGE_LEN`] bytes on a character boundary, with `…`
+/// where it was cut.
+fn bounded(mut message: String) -> String {
+    if message.len() > MAX_CONDITION_MESSAGE_LEN {
+        let mut end = MAX_CONDITION_MESSAGE_LEN - '…'.len_utf8();
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
+    message
 }
 
 impl From<DeploymentStatus> for DeploymentStatusView {
     fn from(s: DeploymentStatus) -> Self {
-        let deadline_exceeded = s.conditions.unwrap_or_default().into_iter().find_map(|c| {
-            (c.type_.as_deref() == Some("Progressing")
-                && c.status.as_deref() == Some("False")
-                && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
-            .then(|| c.message.unwrap_or_default())
-        });
+        let failures = s
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| {
+                matches!(
+                    (c.type_.as_deref(), c.status.as_deref()),
+                    (Some(REPLICA_FAILURE), Some("True")) | (Some(PROGRESSING), Some("False"))
+                )
+            })
+            .map(|c| DeploymentConditionView {
+                type_: c.type_.unwrap_or_default(),
+                status: c.status.unwrap_or_default(),
+                reason: c.reason.unwrap_or_default(),
+                message: bounded(c.message.unwrap_or_default()),
+            })
+            .collect();
         DeploymentStatusView {
             observed_generation: s.observed_generation,
             replicas: s.replicas,
             updated_replicas: s.updated_replicas,
             ready_replicas: s.ready_replicas,
             available_replicas: s.available_replicas,
-            deadline_exceeded,
+            failures,
         }
     }
 }
@@ -402,6 +520,7 @@ mod tests {
                 {"name": "http", "port": 8053},
                 {"name": "metrics", "port": 9090, "protocol": "TCP"}
             ],
+            "podSecurity": {"runAsUser": 10001, "fsGroup": 2000, "readOnlyRootFilesystem": true},
             "env": [{"name": "LOG_LEVEL", "value": "debug"}],
             "resources": {"requests": {"cpu": "100m"}}
         }))
@@ -423,6 +542,10 @@ mod tests {
         let containers =
             serde_json::to_value(&v.spec.template.spec.as_ref().unwrap().containers).unwrap();
         assert_eq!(containers, want["spec"]["template"]["spec"]["containers"]);
+        assert_eq!(
+            serde_json::to_value(&v.spec.template.spec.as_ref().unwrap().security_context).unwrap(),
+            want["spec"]["template"]["spec"]["securityContext"]
+        );
         assert_eq!(
             serde_json::to_value(&v.labels).unwrap(),
             want["metadata"]["labels"]
@@ -471,23 +594,80 @@ mod tests {
     }
 
     #[test]
-    fn deployment_status_keeps_counts_and_a_missed_deadline() {
+    fn deployment_status_keeps_counts_and_the_failures_only() {
+        let denial = format!(
+            "pods \"web-1-x\" is forbidden: violates PodSecurity \"restricted:latest\": {}",
+            "é".repeat(MAX_CONDITION_MESSAGE_LEN)
+        );
         let v: DeploymentView = serde_json::from_value(json!({
             "metadata": {"name": "web"},
             "spec": {"template": {"spec": {"containers": [{"name": "app"}]}}},
             "status": {"observedGeneration": 3, "readyReplicas": 1, "conditions": [
-                {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"},
+                {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable",
+                 "message": "Deployment does not have minimum availability."},
                 {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-                 "message": "ReplicaSet \"web-1\" has timed out progressing."}
+                 "message": "ReplicaSet \"web-1\" has timed out progressing."},
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                 "message": denial}
             ]}
         }))
         .unwrap();
         let status = v.status.unwrap();
         assert_eq!(status.observed_generation, Some(3));
         assert_eq!(status.ready_replicas, Some(1));
+        assert_eq!(status.failures.len(), 2, "{:?}", status.failures);
+        let deadline = status.failure(PROGRESSING).unwrap();
         assert_eq!(
-            status.deadline_exceeded.as_deref(),
-            Some("ReplicaSet \"web-1\" has timed out progressing.")
+            (deadline.status.as_str(), deadline.reason.as_str()),
+            ("False", "ProgressDeadlineExceeded")
+        );
+        assert_eq!(
+            deadline.message,
+            "ReplicaSet \"web-1\" has timed out progressing."
+        );
+        let failure = status.failure(REPLICA_FAILURE).unwrap();
+        assert_eq!(failure.reason, "FailedCreate");
+        // Cut to the bound on a character boundary, and marked.
+        assert!(failure.message.len() <= MAX_CONDITION_MESSAGE_LEN);
+        assert!(failure.message.len() > MAX_CONDITION_MESSAGE_LEN - 4);
+        assert!(failure.message.starts_with("pods \"web-1-x\" is forbidden"));
+        assert!(failure.message.ends_with('…'));
+
+        // A healthy Deployment keeps no condition.
+        let v: DeploymentView = serde_json::from_value(json!({
+            "metadata": {"name": "web"},
+            "status": {"conditions": [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
+            ]}
+        }))
+        .unwrap();
+        assert!(v.status.unwrap().failures.is_empty());
+    }
+
+    #[test]
+    fn security_contexts_are_kept_as_canonical_text() {
+        let v: DeploymentView = serde_json::from_value(json!({
+            "metadata": {"name": "web"},
+            "spec": {"template": {"spec": {
+                "securityContext": {},
+                "containers": [{"name": "app", "securityContext": {
+                    "capabilities": {"drop": ["ALL"]}, "runAsUser": null,
+                    "allowPrivilegeEscalation": false}}]
+            }}}
+        }))
+        .unwrap();
+        let spec = v.spec.template.spec.unwrap();
+        // An empty security context is none.
+        assert_eq!(spec.security_context, None);
+        let container = spec.containers[0].security_context.clone().unwrap();
+        assert_eq!(
+            container.0.as_ref(),
+            r#"{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}"#
+        );
+        assert_eq!(
+            serde_json::to_value(&container).unwrap(),
+            json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}})
         );
     }
 }

@@ -16,8 +16,8 @@
 
 use common::AppService;
 use common::types::{
-    MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_IMAGE_LEN, MAX_PORT,
-    MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MIN_PORT, MIN_REPLICAS,
+    MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_ID, MAX_IMAGE_LEN, MAX_PORT,
+    MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS,
 };
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{Value, json};
@@ -256,6 +256,73 @@ fn cases() -> Vec<(&'static str, Value, Verdict)> {
         (
             "an empty database class",
             with("database", json!({"class": ""})),
+            Neither,
+        ),
+        ("an empty podSecurity", with("podSecurity", json!({})), Both),
+        (
+            "every id at its upper bound",
+            with(
+                "podSecurity",
+                json!({"runAsUser": MAX_ID, "runAsGroup": MAX_ID, "fsGroup": MAX_ID,
+                       "readOnlyRootFilesystem": true}),
+            ),
+            Both,
+        ),
+        (
+            "group ids at their lower bound",
+            with(
+                "podSecurity",
+                json!({"runAsGroup": MIN_ID, "fsGroup": MIN_ID}),
+            ),
+            Both,
+        ),
+        (
+            "the lowest non-root user",
+            with("podSecurity", json!({"runAsUser": MIN_NON_ROOT_UID})),
+            Both,
+        ),
+        (
+            "root under the default profile",
+            with("podSecurity", json!({"runAsUser": MIN_ID})),
+            Neither,
+        ),
+        (
+            "root under Restricted",
+            with(
+                "podSecurity",
+                json!({"profile": "Restricted", "runAsUser": MIN_ID}),
+            ),
+            Neither,
+        ),
+        (
+            "root under Baseline",
+            with(
+                "podSecurity",
+                json!({"profile": "Baseline", "runAsUser": MIN_ID}),
+            ),
+            Both,
+        ),
+        (
+            "a user id past the upper bound",
+            with("podSecurity", json!({"runAsUser": MAX_ID + 1})),
+            Neither,
+        ),
+        (
+            "a group id below the lower bound",
+            with("podSecurity", json!({"runAsGroup": MIN_ID - 1})),
+            Neither,
+        ),
+        (
+            "an fsGroup past the upper bound",
+            with(
+                "podSecurity",
+                json!({"profile": "Baseline", "fsGroup": MAX_ID + 1}),
+            ),
+            Neither,
+        ),
+        (
+            "an unknown profile",
+            with("podSecurity", json!({"profile": "Privileged"})),
             Neither,
         ),
     ]

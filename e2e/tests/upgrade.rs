@@ -10,14 +10,17 @@
 //! 2. **Upgrade**: the new CRD (both versions, `v1beta1` stored) with the conversion
 //!    webhook (`/convert` of the real TLS webhook server), then the new controller.
 //! 3. **Storage migration** while the controller runs and a user keeps writing, twice.
-//! 4. Throughout: each child is written once, to re-point its owner reference at the
-//!    storage version (same generation, same hash: no rollout), and never again; every
-//!    object reads in both versions, and what one version cannot express survives a
-//!    read-edit-write in the other.
+//! 4. Throughout: each child is written once, and never again. A Service, to re-point its
+//!    owner reference at the storage version (same generation, same hash). A Deployment,
+//!    because its Pod template gains the security contexts of Pod Security `restricted`:
+//!    one apply that also re-points it, a new generation and hash, one rollout (which
+//!    the README's upgrade notes announce). Every object reads in both versions, and what
+//!    one version cannot express survives a read-edit-write in the other.
 //! 5. **Rollback**: the previous controller's view, read in `v1alpha1` through
-//!    `/convert`, of objects written in `v1beta1`: it builds the same children (nothing
-//!    to write) where the object is expressible in `v1alpha1`, its writes (children,
-//!    status) are accepted, and they do not lose what only `v1beta1` holds.
+//!    `/convert`, of objects written in `v1beta1`: it builds the same Services where the
+//!    object is expressible in `v1alpha1` and Deployments without the security contexts
+//!    (it would write each back once), its writes (children, status) are accepted, and
+//!    they do not lose what only `v1beta1` holds.
 //! 6. **Forward again and unserve `v1alpha1`**: the new controller re-points what the
 //!    previous one wrote; with `v1alpha1` no longer served, AppServices deleted in
 //!    background and in foreground take their children with them (the garbage
@@ -239,9 +242,10 @@ fn previous_children_match_the_golden_fixture() {
             app.name_any()
         );
         // And the current controller builds the very same children from the object
-        // converted to v1beta1, with the same hash, but for the owner reference, which
-        // names the storage version: the upgrade re-points each child with one patch
-        // and changes nothing else.
+        // converted to v1beta1, but for the owner reference, which names the storage
+        // version, and the Pod template's security contexts, which the previous release
+        // did not set: the upgrade re-points each Service with one patch (same hash) and
+        // applies each Deployment once (another hash: a rollout).
         let hub = common::conversion::to_v1beta1(&app);
         let as_previous = |mut v: Value| {
             assert_eq!(
@@ -252,12 +256,30 @@ fn previous_children_match_the_golden_fixture() {
                 json!("platform.example.com/v1alpha1");
             v
         };
-        let mut d = controller::desired::desired_deployment(&hub).unwrap();
-        let hash = controller::drift::desired_hash(&d).unwrap();
-        controller::drift::set_hash(&mut d.metadata, hash);
+        let d = controller::desired::desired_deployment(&hub).unwrap();
+        let mut current = as_previous(serde_json::to_value(&d).unwrap());
+        let pod = &mut current["spec"]["template"]["spec"];
         assert_eq!(
-            as_previous(serde_json::to_value(&d).unwrap()),
-            case["deployment"]
+            pod.as_object_mut().unwrap().remove("securityContext"),
+            Some(json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}))
+        );
+        assert_eq!(
+            pod["containers"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("securityContext"),
+            Some(json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}))
+        );
+        let mut previous = case["deployment"].clone();
+        let previous_hash = previous["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("annotations");
+        assert_eq!(current, previous, "{}", app.name_any());
+        assert_ne!(
+            previous_hash,
+            Some(json!({previous::HASH: controller::drift::desired_hash(&d).unwrap()})),
+            "the new template must be applied"
         );
         let mut s = controller::desired::desired_service(&hub).unwrap();
         let hash = controller::drift::desired_hash(&s).unwrap();
@@ -378,8 +400,9 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
     )
     .await
     .unwrap();
-    // Each child re-pointed at the storage version, which stays served, with one patch
-    // and nothing else: the same generation (no rollout) and hash.
+    // Each child re-pointed at the storage version, which stays served: a Service with
+    // one patch and nothing else (the same generation and hash), a Deployment with the
+    // one apply that gives it the restricted Pod template (a new generation and hash).
     let repointed = eventually(
         "every child re-pointed at v1beta1",
         Duration::from_secs(30),
@@ -398,11 +421,33 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
     .unwrap();
     for (child, was) in &before {
         let now = &repointed[child];
-        assert_eq!(now.generation, was.generation, "{child}: a new generation");
-        assert_eq!(now.hash, was.hash, "{child}: another hash");
+        if child.starts_with("service/") {
+            assert_eq!(now.generation, was.generation, "{child}: a new generation");
+            assert_eq!(now.hash, was.hash, "{child}: another hash");
+        } else {
+            assert_eq!(
+                now.generation,
+                was.generation.map(|g| g + 1),
+                "{child}: not one new generation"
+            );
+            assert_ne!(now.hash, was.hash, "{child}: the previous template");
+        }
         assert_eq!(
             was.owner_api_version.as_deref(),
             Some("platform.example.com/v1alpha1")
+        );
+    }
+    for d in Api::<Deployment>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        let name = d.name_any();
+        let pod = d.spec.template.spec.unwrap();
+        assert_eq!(
+            pod.security_context.and_then(|c| c.run_as_non_root),
+            Some(true),
+            "{name}"
         );
     }
     assert_eq!(
@@ -606,7 +651,8 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
 
     // 5. Rollback: the new controller stops; the previous one reads v1alpha1 through
     //    /convert. For every object v1alpha1 can express, it builds exactly the live
-    //    children (same hash): nothing to write.
+    //    Service (same hash), and a Deployment without the security contexts: it would
+    //    write each Deployment once, back to the previous Pod template.
     stop.send(()).unwrap();
     running.await.unwrap().unwrap();
     let mut writes = Vec::new();
@@ -629,8 +675,18 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
             writes.push(format!("service/{name}"));
         }
     }
-    // Only the object with two ports, which v1alpha1 cannot express, would be written.
-    assert_eq!(writes, ["deployment/dns", "service/dns"]);
+    // Every Deployment, and the Service of the one object with two ports, which v1alpha1
+    // cannot express.
+    assert_eq!(
+        writes,
+        [
+            "deployment/checkout",
+            "deployment/dns",
+            "service/dns",
+            "deployment/legacy",
+            "deployment/minimal"
+        ]
+    );
     // The previous controller's writes for it: a server-side apply of each child (one
     // port), then, as its drift check finds the port it does not know kept by the merge,
     // its repair: a JSON patch replacing the whole port list it owns. Then a status in
@@ -717,7 +773,7 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
 
     // 6. Forward again, then the last step of the migration: v1alpha1 no longer served.
     //    The new controller re-points what the previous one wrote (the dns children) and
-    //    puts its second port back; once v1alpha1 is unserved, deleting AppServices (in
+    //    puts its second port and its security contexts back; once v1alpha1 is unserved, deleting AppServices (in
     //    background and in foreground) lets the garbage collector take every child.
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(controller::run_with(
@@ -729,25 +785,24 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
         },
     ));
     eventually(
-        "every child on v1beta1 and dns with both ports again",
+        "every child on v1beta1, dns with both ports and restricted again",
         Duration::from_secs(30),
         || {
             let client = client.clone();
             let ns = ns.clone();
             async move {
                 let all = children(&client, &ns).await;
-                let ports = Api::<Deployment>::namespaced(client.clone(), &ns)
+                let pod = Api::<Deployment>::namespaced(client.clone(), &ns)
                     .get("dns")
                     .await
                     .ok()?
                     .spec
                     .template
-                    .spec?
-                    .containers[0]
-                    .ports
-                    .clone()?
-                    .len();
+                    .spec?;
+                let ports = pod.containers[0].ports.clone()?.len();
+                let restricted = pod.security_context.and_then(|c| c.run_as_non_root);
                 (ports == 2
+                    && restricted == Some(true)
                     && all.values().all(|c| {
                         c.owner_api_version.as_deref() == Some("platform.example.com/v1beta1")
                     }))

@@ -19,6 +19,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often a wait polls.
 pub(crate) const POLL: Duration = Duration::from_millis(100);
 
+/// kube-controller-manager's `--controllers`: all that are on by default.
+const KCM_CONTROLLERS: &str = "*";
+/// The simulated node's Lease duration (a kubelet's default `nodeLeaseDurationSeconds`).
+const NODE_LEASE_SECONDS: u32 = 40;
+
 /// Name of the simulated node in full mode.
 pub const NODE_NAME: &str = "kwok-node-0";
 /// Annotation that makes kwok manage a node.
@@ -280,6 +285,13 @@ impl ControlPlane {
     async fn start_full(&mut self, bin: &Path) -> Result<()> {
         let kubeconfig = format!("--kubeconfig={}", self.paths.kubeconfig.display());
         let pki = self.paths.pki.clone();
+        // Every controller a real cluster runs by default (`*`): among them those that
+        // act on what the operator writes besides the Deployment and ReplicaSet
+        // controllers: resource quotas (their usage, without which quota admission
+        // refuses every Pod), HorizontalPodAutoscalers on the AppService's scale
+        // subresource, the garbage collector, the node lifecycle (it reads kwok's node
+        // leases) and taint eviction. Controllers whose prerequisites a cluster lacks
+        // here (node CIDR allocation, cloud routes) stand by as they do there.
         let kcm = self.spawn(
             "kube-controller-manager",
             bin,
@@ -288,16 +300,21 @@ impl ControlPlane {
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
                 "--use-service-account-credentials=false".into(),
-                format!("--service-account-private-key-file={}", pki.join("sa.key").display()),
+                format!(
+                    "--service-account-private-key-file={}",
+                    pki.join("sa.key").display()
+                ),
                 format!("--root-ca-file={}", pki.join("ca.crt").display()),
-                "--controllers=deployment-controller,replicaset-controller,namespace-controller,\
-                 garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller,\
-                 endpointslice-controller,root-ca-certificate-publisher-controller,\
-                 pod-garbage-collector-controller"
-                    .into(),
-                // Tests want fast reactions, not batching.
-                "--concurrent-deployment-syncs=5".into(),
-                "--concurrent-replicaset-syncs=5".into(),
+                // CertificateSigningRequests are signed by the cluster CA, as kubeadm does.
+                format!(
+                    "--cluster-signing-cert-file={}",
+                    pki.join("ca.crt").display()
+                ),
+                format!(
+                    "--cluster-signing-key-file={}",
+                    pki.join("ca.key").display()
+                ),
+                format!("--controllers={KCM_CONTROLLERS}"),
             ],
             None,
         )?;
@@ -326,6 +343,10 @@ impl ControlPlane {
                 ),
                 "--node-ip=10.244.0.1".into(),
                 "--cidr=10.244.0.0/16".into(),
+                // A node Lease renewed as a kubelet renews it (every 10 s of 40): the
+                // node lifecycle controller reads it as the heartbeat, so the node
+                // stays Ready however late a status heartbeat comes on a busy machine.
+                format!("--node-lease-duration-seconds={NODE_LEASE_SECONDS}"),
             ],
             None,
         )?;
@@ -372,8 +393,8 @@ impl ControlPlane {
         .await?;
         // The TaintNodesByCondition admission plugin gives every new node the
         // `node.kubernetes.io/not-ready:NoSchedule` taint; the node lifecycle controller
-        // would lift it, but it also evicts pods on missed heartbeats, so it does not
-        // run here and the harness lifts the taint itself once kwok reports Ready.
+        // lifts it on its next pass over a Ready node, and the harness lifts it at once
+        // so that the first test need not wait for that pass.
         let untaint = serde_json::json!({ "spec": { "taints": null } });
         nodes
             .patch(NODE_NAME, &PatchParams::default(), &Patch::Merge(&untaint))

@@ -7,7 +7,7 @@
 //! # async fn example() -> Result<(), harness::Error> {
 //! // One control plane per test binary; each test gets its own namespace and client.
 //! let cp = harness::shared().await?;          // or harness::shared_full()
-//! let ns = cp.namespace().await?;             // random, deleted when dropped
+//! let ns = cp.namespace().await?;             // random, Pod Security restricted, deleted when dropped
 //! let client = cp.client();                   // a NEW client, for this test's runtime
 //! let apps: kube::Api<common::AppService> = kube::Api::namespaced(client, &ns);
 //! # let _ = apps; Ok(()) }
@@ -52,7 +52,9 @@ pub use binary::{Binary, logged_addr};
 pub use control_plane::{ControlPlane, KWOK_NODE_ANNOTATION, LogGuard, NODE_NAME, Options};
 pub use crds::{FIELD_MANAGER, appservice_crd_path, crd_dir, load_crd, load_crds};
 pub use error::{Error, Result};
-pub use namespace::{TEST_NAMESPACE_LABEL, TestNamespace};
+pub use namespace::{
+    POD_SECURITY_ENFORCE_LABEL, PodSecurityLevel, TEST_NAMESPACE_LABEL, TestNamespace,
+};
 pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use poll::eventually;
 pub use postgres::Postgres;

@@ -1,17 +1,45 @@
-//! One random namespace per test on a shared control plane.
+//! One random namespace per test on a shared control plane, enforcing Pod Security
+//! `restricted` unless the test asks for another level: the default of many platforms,
+//! and what every Pod the operator's Deployments make must be admitted under.
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 
 use crate::ControlPlane;
 use crate::error::{Result, kube as kube_err};
 
 /// Label on every test namespace (value `"true"`), to select them all.
 pub const TEST_NAMESPACE_LABEL: &str = "appservice-tests.example.com/test-namespace";
+/// The label by which a namespace has Pod Security admission enforce a level.
+pub const POD_SECURITY_ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
+
+/// A Pod Security Standard level a namespace enforces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PodSecurityLevel {
+    /// Non-root, no privilege escalation, all capabilities dropped, a seccomp profile:
+    /// every test namespace's level unless the test says otherwise.
+    #[default]
+    Restricted,
+    /// Known privilege escalations refused; root and the runtime's capabilities allowed.
+    Baseline,
+    /// Nothing refused.
+    Privileged,
+}
+
+impl PodSecurityLevel {
+    /// The level as the namespace label spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodSecurityLevel::Restricted => "restricted",
+            PodSecurityLevel::Baseline => "baseline",
+            PodSecurityLevel::Privileged => "privileged",
+        }
+    }
+}
 
 /// A namespace created for one test. Dereferences to its name.
 ///
@@ -23,6 +51,7 @@ pub const TEST_NAMESPACE_LABEL: &str = "appservice-tests.example.com/test-namesp
 #[derive(Debug)]
 pub struct TestNamespace {
     name: String,
+    level: PodSecurityLevel,
     config: kube::Config,
     log_dir: std::path::PathBuf,
     cleaned: bool,
@@ -32,6 +61,31 @@ impl TestNamespace {
     /// The namespace's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The Pod Security level the namespace enforces.
+    pub fn pod_security(&self) -> PodSecurityLevel {
+        self.level
+    }
+
+    /// Has the namespace enforce `level` from now on, as an admin relabelling it would
+    /// (Pods that exist stay; Pods created later are admitted at the new level).
+    pub async fn enforce(&mut self, level: PodSecurityLevel) -> Result<()> {
+        let client = kube::Client::try_from(self.config.clone())
+            .map_err(|e| crate::Error::Config(e.to_string()))?;
+        let api: Api<Namespace> = Api::all(client);
+        let patch = serde_json::json!({
+            "metadata": {"labels": {POD_SECURITY_ENFORCE_LABEL: level.as_str()}}
+        });
+        api.patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err(format!(
+                "labelling namespace {} {POD_SECURITY_ENFORCE_LABEL}={}",
+                self.name,
+                level.as_str()
+            )))?;
+        self.level = level;
+        Ok(())
     }
 
     /// Deletes the namespace now and waits for the API server to accept the deletion.
@@ -128,21 +182,38 @@ pub(crate) fn random_suffix(len: usize) -> String {
 }
 
 impl ControlPlane {
-    /// Creates a namespace `test-<random>` labelled [`TEST_NAMESPACE_LABEL`]`=true`.
+    /// Creates a namespace `test-<random>` labelled [`TEST_NAMESPACE_LABEL`]`=true`,
+    /// enforcing Pod Security `restricted`.
     pub async fn namespace(&self) -> Result<TestNamespace> {
-        self.namespace_with_prefix("test").await
+        self.namespace_with("test", PodSecurityLevel::Restricted)
+            .await
     }
 
-    /// Creates a namespace `<prefix>-<random>` (prefix: a DNS label, ≤ 50 characters).
+    /// Creates a namespace `<prefix>-<random>` (prefix: a DNS label, ≤ 50 characters),
+    /// enforcing Pod Security `restricted`.
     pub async fn namespace_with_prefix(&self, prefix: &str) -> Result<TestNamespace> {
+        self.namespace_with(prefix, PodSecurityLevel::Restricted)
+            .await
+    }
+
+    /// Creates a namespace `<prefix>-<random>` enforcing the Pod Security `level`: the
+    /// opt-out for a test about another level (`restricted` is the default for all).
+    pub async fn namespace_with(
+        &self,
+        prefix: &str,
+        level: PodSecurityLevel,
+    ) -> Result<TestNamespace> {
         let name = format!("{prefix}-{}", random_suffix(10));
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
-                labels: Some(BTreeMap::from([(
-                    TEST_NAMESPACE_LABEL.to_owned(),
-                    "true".to_owned(),
-                )])),
+                labels: Some(BTreeMap::from([
+                    (TEST_NAMESPACE_LABEL.to_owned(), "true".to_owned()),
+                    (
+                        POD_SECURITY_ENFORCE_LABEL.to_owned(),
+                        level.as_str().to_owned(),
+                    ),
+                ])),
                 ..ObjectMeta::default()
             },
             ..Namespace::default()
@@ -153,11 +224,13 @@ impl ControlPlane {
             .map_err(kube_err(format!("creating namespace {name}")))?;
         // Captured by the test runner and shown only if the test fails, however it fails.
         eprintln!(
-            "harness: test namespace {name}; component logs: {}",
+            "harness: test namespace {name} (Pod Security {}); component logs: {}",
+            level.as_str(),
             self.log_dir().display()
         );
         Ok(TestNamespace {
             name,
+            level,
             config: self.admin_config(),
             log_dir: self.log_dir().to_owned(),
             cleaned: false,

@@ -4,7 +4,8 @@
 //! a kwok node, so Pods become ready), the webhook over TLS registered with a caBundle,
 //! and the controller with leader election, each as its real binary, and a PostgreSQL
 //! server offered as the DatabaseClass `production-postgresql` (examples/appservice.yaml
-//! asks for a database on it). Then the examples are applied with kubectl, an invalid one is shown being rejected, and the AppServices
+//! asks for a database on it). The `demo` namespace enforces Pod Security `restricted`,
+//! as many platforms' namespaces do: the AppServices' Pods are admitted under it. Then the examples are applied with kubectl, an invalid one is shown being rejected, and the AppServices
 //! are watched until Ready.
 
 use std::path::{Path, PathBuf};
@@ -101,6 +102,13 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
     let ns = Namespace {
         metadata: ObjectMeta {
             name: Some(NAMESPACE.into()),
+            labels: Some(
+                [(
+                    harness::POD_SECURITY_ENFORCE_LABEL.to_owned(),
+                    harness::PodSecurityLevel::Restricted.as_str().to_owned(),
+                )]
+                .into(),
+            ),
             ..Default::default()
         },
         ..Default::default()
@@ -109,6 +117,10 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         .create(&PostParams::default(), &ns)
         .await
         .doing("creating the demo namespace")?;
+    println!(
+        "namespace {NAMESPACE} enforces Pod Security {}",
+        harness::PodSecurityLevel::Restricted.as_str()
+    );
 
     // PostgreSQL for examples/appservice.yaml's database, offered as the DatabaseClass
     // `production-postgresql`; its admin Secret and CA live in the controller's namespace.

@@ -98,10 +98,13 @@ pub fn objects(i: usize, env: usize) -> (Value, Value, Value) {
         ("restartPolicy", json!("Always")),
         ("terminationGracePeriodSeconds", json!(30)),
         ("dnsPolicy", json!("ClusterFirst")),
-        ("securityContext", json!({})),
         ("schedulerName", json!("default-scheduler")),
     ] {
         pod[k] = v;
+    }
+    // The API server's default when the template has none; ours has one.
+    if pod.get("securityContext").is_none() {
+        pod["securityContext"] = json!({});
     }
     let c = &mut pod["containers"][0];
     c["terminationMessagePath"] = json!("/dev/termination-log");

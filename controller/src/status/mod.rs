@@ -8,14 +8,14 @@
 use common::conditions::{self, DEGRADED, FALSE, PROGRESSING, READY, TRUE, reasons};
 use common::names::{endpoint, selector_string};
 use common::{AppService, AppServiceStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::external::Report;
 use crate::view::DeploymentView;
 
 mod rollout;
 
-pub use rollout::{Rollout, rollout};
+pub use rollout::{Rollout, Stuck, rollout};
 
 /// Source of "now" for condition timestamps.
 pub trait Clock: Send + Sync {
@@ -164,18 +164,13 @@ pub fn desired_status(
                         cond(DEGRADED, FALSE, reasons::AS_EXPECTED, String::new()),
                     ]
                 }
-                Rollout::Failed { ready, message } => {
+                Rollout::Stuck {
+                    ready,
+                    desired,
+                    cause,
+                } => {
                     status.ready_replicas = Some(ready);
-                    [
-                        cond(READY, FALSE, reasons::DEPLOYMENT_FAILED, message.clone()),
-                        cond(
-                            PROGRESSING,
-                            FALSE,
-                            reasons::DEPLOYMENT_FAILED,
-                            message.clone(),
-                        ),
-                        cond(DEGRADED, TRUE, reasons::DEPLOYMENT_FAILED, message),
-                    ]
+                    stuck(&cond, ready, desired, &cause)
                 }
             }
         }
@@ -184,6 +179,39 @@ pub fn desired_status(
         conditions::set(&mut status.conditions, c);
     }
     status
+}
+
+/// The conditions of a rollout that is stuck until someone acts: not ready, not
+/// progressing, degraded, each with the cause's reason and the message of the cause, so
+/// `kubectl get` shows why Pods are missing rather than a rollout to wait for.
+fn stuck(
+    cond: &impl Fn(&str, &str, &str, String) -> Condition,
+    ready: i32,
+    desired: i32,
+    cause: &Stuck,
+) -> [Condition; 3] {
+    let (reason, cause_message, progressing) = match cause {
+        Stuck::ReplicaFailure { reason, message } => (
+            reasons::REPLICA_FAILURE,
+            if reason.is_empty() {
+                message.clone()
+            } else {
+                format!("{reason}: {message}")
+            },
+            "Pods cannot be created; the ReplicaSet controller retries with backoff once the cause (Pod Security level, quota, limit range) is fixed",
+        ),
+        Stuck::DeadlineExceeded { message } => (
+            reasons::PROGRESS_DEADLINE_EXCEEDED,
+            format!("the rollout exceeded its progress deadline: {message}"),
+            "the rollout made no progress within the Deployment's progressDeadlineSeconds",
+        ),
+    };
+    let message = format!("{ready}/{desired} replicas ready; {cause_message}");
+    [
+        cond(READY, FALSE, reason, message.clone()),
+        cond(PROGRESSING, FALSE, reason, progressing.to_owned()),
+        cond(DEGRADED, TRUE, reason, message),
+    ]
 }
 
 /// Marks a failing external cleanup on a terminating AppService, leaving the rest of

@@ -1,6 +1,7 @@
-//! How far a Deployment's rollout has come, as `kubectl rollout status` sees it.
+//! How far a Deployment's rollout has come, as `kubectl rollout status` sees it, and why
+//! it is stuck when the Deployment says so.
 
-use crate::view::{DeploymentStatusView, DeploymentView};
+use crate::view::{DeploymentStatusView, DeploymentView, PROGRESSING, REPLICA_FAILURE};
 
 /// Progress of the Deployment's rollout.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,11 +14,32 @@ pub enum Rollout {
         desired: i32,
         message: String,
     },
-    /// The Deployment controller gave up (progress deadline exceeded).
-    Failed { ready: i32, message: String },
+    /// Converging no further until someone acts: `ready` of `desired` Pods are ready.
+    Stuck {
+        ready: i32,
+        desired: i32,
+        cause: Stuck,
+    },
+}
+
+/// Why a rollout is stuck, as the Deployment's conditions say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stuck {
+    /// `ReplicaFailure`: the ReplicaSet controller could not create (or delete) Pods,
+    /// because admission refused them: Pod Security, a ResourceQuota, a LimitRange. The
+    /// reason is the ReplicaSet's (`FailedCreate`), the message the API server's answer.
+    ReplicaFailure { reason: String, message: String },
+    /// `Progressing=False`: the rollout made no progress within the Deployment's
+    /// `progressDeadlineSeconds` (Pods that never become ready, or no room to schedule).
+    DeadlineExceeded { message: String },
 }
 
 /// Assesses a Deployment's rollout, as `kubectl rollout status` does.
+///
+/// A rollout that is complete is complete, whatever a condition the Deployment
+/// controller has not cleared yet says. Otherwise a `ReplicaFailure` is the cause and
+/// comes first: a rollout blocked by it also exceeds its deadline, later, which is only
+/// the symptom.
 pub fn rollout(deployment: &DeploymentView) -> Rollout {
     let desired = deployment.spec.replicas.unwrap_or(1);
     let default = DeploymentStatusView::default();
@@ -37,12 +59,6 @@ pub fn rollout(deployment: &DeploymentView) -> Rollout {
             ),
         };
     }
-    if let Some(message) = &status.deadline_exceeded {
-        return Rollout::Failed {
-            ready,
-            message: format!("rollout exceeded its progress deadline: {message}"),
-        };
-    }
     let message = if updated < desired {
         format!("{updated} of {desired} replicas updated")
     } else if total > updated {
@@ -52,9 +68,29 @@ pub fn rollout(deployment: &DeploymentView) -> Rollout {
     } else {
         return Rollout::Complete { ready };
     };
-    Rollout::InProgress {
-        ready,
-        desired,
-        message,
+    let cause = if let Some(failure) = status.failure(REPLICA_FAILURE) {
+        Some(Stuck::ReplicaFailure {
+            reason: failure.reason.clone(),
+            message: failure.message.clone(),
+        })
+    } else {
+        status
+            .failure(PROGRESSING)
+            .filter(|c| c.reason == "ProgressDeadlineExceeded")
+            .map(|c| Stuck::DeadlineExceeded {
+                message: c.message.clone(),
+            })
+    };
+    match cause {
+        Some(cause) => Rollout::Stuck {
+            ready,
+            desired,
+            cause,
+        },
+        None => Rollout::InProgress {
+            ready,
+            desired,
+            message,
+        },
     }
 }

@@ -5,6 +5,47 @@ use common::AppServiceSpec;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentCondition, DeploymentSpec, DeploymentStatus,
 };
+
+const DENIAL: &str = "pods \"checkout-6d4f-x2k9q\" is forbidden: violates PodSecurity \"restricted:latest\": runAsNonRoot != true (pod or container \"app\" must set securityContext.runAsNonRoot=true)";
+const QUOTA: &str = "pods \"checkout-6d4f-abcde\" is forbidden: exceeded quota: one-pod, requested: pods=1, used: pods=1, limited: pods=1";
+
+fn replica_failure(message: &str) -> DeploymentCondition {
+    DeploymentCondition {
+        type_: Some("ReplicaFailure".into()),
+        status: Some("True".into()),
+        reason: Some("FailedCreate".into()),
+        message: Some(message.into()),
+        ..Default::default()
+    }
+}
+
+fn deadline_exceeded() -> DeploymentCondition {
+    DeploymentCondition {
+        type_: Some("Progressing".into()),
+        status: Some("False".into()),
+        reason: Some("ProgressDeadlineExceeded".into()),
+        message: Some("ReplicaSet \"x\" has timed out progressing.".into()),
+        ..Default::default()
+    }
+}
+
+/// A Deployment of `desired` replicas of which `ready` run, created by the current
+/// template, with these conditions.
+fn blocked(desired: i32, ready: i32, conditions: Vec<DeploymentCondition>) -> DeploymentView {
+    deployment(
+        desired,
+        1,
+        DeploymentStatus {
+            observed_generation: Some(1),
+            replicas: Some(ready),
+            updated_replicas: Some(ready),
+            ready_replicas: Some(ready),
+            available_replicas: Some(ready),
+            conditions: Some(conditions),
+            ..Default::default()
+        },
+    )
+}
 use pretty_assertions::assert_eq;
 
 fn at(secs: i64) -> Time {
@@ -364,17 +405,17 @@ fn rollout_states() {
     ));
     let mut failed = healthy(3);
     failed.ready_replicas = Some(1);
-    failed.conditions = Some(vec![DeploymentCondition {
-        type_: Some("Progressing".into()),
-        status: Some("False".into()),
-        reason: Some("ProgressDeadlineExceeded".into()),
-        message: Some("ReplicaSet \"x\" has timed out progressing.".into()),
-        ..Default::default()
-    }]);
-    assert!(matches!(
+    failed.conditions = Some(vec![deadline_exceeded()]);
+    assert_eq!(
         rollout(&deployment(3, 1, failed)),
-        Rollout::Failed { ready: 1, .. }
-    ));
+        Rollout::Stuck {
+            ready: 1,
+            desired: 3,
+            cause: Stuck::DeadlineExceeded {
+                message: "ReplicaSet \"x\" has timed out progressing.".into()
+            }
+        }
+    );
     let zero = DeploymentStatus {
         observed_generation: Some(1),
         ..Default::default()
@@ -383,4 +424,159 @@ fn rollout_states() {
         rollout(&deployment(0, 1, zero)),
         Rollout::Complete { ready: 0 }
     );
+}
+
+#[test]
+fn pods_refused_by_pod_security_are_ready_false_and_degraded_with_the_cause() {
+    let a = app(2, 1);
+    let s = desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&blocked(2, 0, vec![replica_failure(DENIAL)])),
+        &at(10),
+    );
+    let expected = format!("0/2 replicas ready; FailedCreate: {DENIAL}");
+    for (type_, status) in [(READY, FALSE), (DEGRADED, TRUE)] {
+        let c = cond(&s, type_);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (status, reasons::REPLICA_FAILURE, expected.as_str()),
+            "{type_}"
+        );
+        assert_eq!(c.observed_generation, Some(1));
+    }
+    let progressing = cond(&s, PROGRESSING);
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        (FALSE, reasons::REPLICA_FAILURE)
+    );
+    assert_eq!(s.ready_replicas, Some(0));
+    assert_eq!(s.observed_generation, Some(1));
+}
+
+#[test]
+fn a_quota_that_admits_one_pod_of_three_is_reported_with_the_quota() {
+    let a = app(3, 1);
+    let s = desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&blocked(3, 1, vec![replica_failure(QUOTA)])),
+        &at(10),
+    );
+    let ready = cond(&s, READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        (FALSE, reasons::REPLICA_FAILURE)
+    );
+    assert_eq!(
+        ready.message,
+        format!("1/3 replicas ready; FailedCreate: {QUOTA}")
+    );
+    assert_eq!(s.ready_replicas, Some(1));
+    assert_eq!(cond(&s, DEGRADED).status, TRUE);
+}
+
+#[test]
+fn a_replica_failure_clears_when_the_pods_come() {
+    // Rolling out, then refused, then the namespace's level or the quota is fixed.
+    let mut a = app(2, 1);
+    let mut starting = healthy(2);
+    starting.ready_replicas = Some(0);
+    starting.available_replicas = Some(0);
+    let s1 = desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&deployment(2, 1, starting)),
+        &at(10),
+    );
+    assert_eq!(cond(&s1, READY).reason, reasons::ROLLING_OUT);
+    assert_eq!(cond(&s1, DEGRADED).status, FALSE);
+
+    a.status = Some(s1.clone());
+    let refused = blocked(2, 0, vec![replica_failure(DENIAL)]);
+    let s2 = desired_status(&a, &Observation::Applied, Some(&refused), &at(20));
+    assert!(needs_write(Some(&s1), &s2));
+    assert_eq!(cond(&s2, READY).reason, reasons::REPLICA_FAILURE);
+    // Ready stayed False: its time is kept; Degraded moved.
+    assert_eq!(cond(&s2, READY).last_transition_time, at(10));
+    assert_eq!(cond(&s2, DEGRADED).last_transition_time, at(20));
+
+    // Seen again (a resync, another event): nothing to write.
+    a.status = Some(s2.clone());
+    let again = desired_status(&a, &Observation::Applied, Some(&refused), &at(30));
+    assert!(!needs_write(Some(&s2), &again));
+
+    // The cause is gone: one Pod is created (the condition is cleared), then both.
+    a.status = Some(again.clone());
+    let one = blocked(2, 1, vec![]);
+    let s3 = desired_status(&a, &Observation::Applied, Some(&one), &at(40));
+    assert_eq!(cond(&s3, READY).reason, reasons::ROLLING_OUT);
+    assert_eq!(cond(&s3, DEGRADED).status, FALSE);
+    assert_eq!(cond(&s3, DEGRADED).last_transition_time, at(40));
+    a.status = Some(s3);
+    let s4 = desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&deployment(2, 1, healthy(2))),
+        &at(50),
+    );
+    let ready = cond(&s4, READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        (TRUE, reasons::AVAILABLE)
+    );
+    assert_eq!(ready.last_transition_time, at(50));
+    assert_eq!(cond(&s4, PROGRESSING).status, FALSE);
+    assert_eq!(s4.ready_replicas, Some(2));
+}
+
+#[test]
+fn a_missed_progress_deadline_is_its_own_reason() {
+    let a = app(3, 1);
+    let s = desired_status(
+        &a,
+        &Observation::Applied,
+        Some(&blocked(3, 1, vec![deadline_exceeded()])),
+        &at(1),
+    );
+    let ready = cond(&s, READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        (FALSE, reasons::PROGRESS_DEADLINE_EXCEEDED)
+    );
+    assert_eq!(
+        ready.message,
+        "1/3 replicas ready; the rollout exceeded its progress deadline: ReplicaSet \"x\" has timed out progressing."
+    );
+    assert_eq!(cond(&s, DEGRADED).status, TRUE);
+    assert_eq!(cond(&s, PROGRESSING).status, FALSE);
+}
+
+#[test]
+fn the_cause_beats_the_symptom_and_a_complete_rollout_beats_both() {
+    // Pods refused for long enough that the deadline passed too: the refusal is reported.
+    let both = blocked(2, 0, vec![deadline_exceeded(), replica_failure(QUOTA)]);
+    assert!(matches!(
+        rollout(&both),
+        Rollout::Stuck {
+            cause: Stuck::ReplicaFailure { .. },
+            ..
+        }
+    ));
+    // Every replica ready: a condition the Deployment controller has yet to clear does
+    // not make the AppService unready.
+    let mut done = healthy(2);
+    done.conditions = Some(vec![replica_failure(QUOTA)]);
+    assert_eq!(
+        rollout(&deployment(2, 1, done)),
+        Rollout::Complete { ready: 2 }
+    );
+    // A new template not yet observed: waiting for it comes first.
+    let mut unobserved = healthy(2);
+    unobserved.ready_replicas = Some(0);
+    unobserved.conditions = Some(vec![replica_failure(DENIAL)]);
+    assert!(matches!(
+        rollout(&deployment(2, 2, unobserved)),
+        Rollout::InProgress { .. }
+    ));
 }

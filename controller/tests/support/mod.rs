@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use common::{AppService, AppServiceSpec};
 use controller::metrics::Metrics;
 use controller::{Config, Hooks};
-use harness::{ControlPlane, TestNamespace};
+use harness::{ControlPlane, PodSecurityLevel, TestNamespace};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
@@ -57,6 +57,7 @@ impl Fixture {
     pub fn setup<'a>() -> Setup<'a> {
         Setup {
             control_plane: Plane::Shared,
+            pod_security: PodSecurityLevel::Restricted,
             tweak: Box::new(|_| {}),
             external: Arc::new(controller::external::NoExternal),
         }
@@ -80,6 +81,7 @@ enum Plane<'a> {
 /// The options of a [`Fixture`]; [`Setup::start`] makes it.
 pub struct Setup<'a> {
     control_plane: Plane<'a>,
+    pod_security: PodSecurityLevel,
     tweak: Box<dyn FnOnce(&mut Config)>,
     external: Arc<dyn controller::external::External>,
 }
@@ -97,6 +99,12 @@ impl<'a> Setup<'a> {
         self
     }
 
+    /// The Pod Security level the test's namespace enforces (`restricted` by default).
+    pub fn pod_security(mut self, level: PodSecurityLevel) -> Self {
+        self.pod_security = level;
+        self
+    }
+
     /// Changes the controller's configuration after [`start_controller`]'s defaults.
     pub fn config(mut self, tweak: impl FnOnce(&mut Config) + 'static) -> Self {
         self.tweak = Box::new(tweak);
@@ -111,12 +119,12 @@ impl<'a> Setup<'a> {
 
     /// The namespace and client only; the test starts controllers itself.
     pub async fn without_controller(self) -> anyhow::Result<Fixture> {
-        Fixture::on(self.control_plane).await
+        Fixture::on(self.control_plane, self.pod_security).await
     }
 
     /// The fixture and a controller watching its namespace.
     pub async fn start(self) -> anyhow::Result<(Fixture, Running)> {
-        let fixture = Fixture::on(self.control_plane).await?;
+        let fixture = Fixture::on(self.control_plane, self.pod_security).await?;
         let ctl = start_controller_with(
             fixture.client.clone(),
             &fixture.ns,
@@ -128,14 +136,14 @@ impl<'a> Setup<'a> {
 }
 
 impl Fixture {
-    async fn on(control_plane: Plane<'_>) -> anyhow::Result<Fixture> {
+    async fn on(control_plane: Plane<'_>, level: PodSecurityLevel) -> anyhow::Result<Fixture> {
         init();
         let cp = match control_plane {
             Plane::Shared => harness::shared().await?,
             Plane::SharedFull => harness::shared_full().await?,
             Plane::Given(cp) => cp,
         };
-        let ns = cp.namespace().await?;
+        let ns = cp.namespace_with("test", level).await?;
         let client = cp.client();
         Ok(Fixture {
             apps: Api::namespaced(client.clone(), &ns),
