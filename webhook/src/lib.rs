@@ -5,6 +5,7 @@
 //! [`server::serve`]; tests and the benchmark use the same entry points.
 
 pub mod admission;
+pub mod appservices;
 pub mod config;
 pub mod conversion;
 pub mod expression;
@@ -29,6 +30,7 @@ pub use config::Config;
 pub use routes::{ops_router, router};
 pub use server::{Server, serve, start, start_with_client};
 
+use appservices::AppServiceCache;
 use metrics::Metrics;
 use namespaces::NamespaceCache;
 use policy::PolicyStore;
@@ -51,7 +53,7 @@ pub enum Error {
     Task(&'static str, tokio::task::JoinError),
     #[error("the operations server failed: {0}")]
     Ops(std::io::Error),
-    #[error("creating a Kubernetes client for --namespace-labels: {0}")]
+    #[error("creating a Kubernetes client for --namespace-labels or --watch-appservices: {0}")]
     Client(kube::Error),
 }
 
@@ -111,6 +113,7 @@ pub struct State {
     pub profiling: telemetry::Profiling,
     certs: Option<Arc<CertStore>>,
     namespaces: Option<NamespaceCache>,
+    appservices: Option<AppServiceCache>,
     tls_accepting: AtomicBool,
     draining: AtomicBool,
 }
@@ -136,6 +139,7 @@ impl State {
             profiling: telemetry::Profiling::default(),
             certs: None,
             namespaces: None,
+            appservices: None,
             tls_accepting: AtomicBool::new(false),
             draining: AtomicBool::new(false),
         }
@@ -158,6 +162,17 @@ impl State {
         self
     }
 
+    /// Judges scale writes on the AppServices of this cache.
+    pub fn with_appservices(mut self, appservices: AppServiceCache) -> Self {
+        self.appservices = Some(appservices);
+        self
+    }
+
+    /// The AppServices scale writes are judged on, when they are watched.
+    pub fn appservices(&self) -> Option<&AppServiceCache> {
+        self.appservices.as_ref()
+    }
+
     /// `namespaceObject` for a namespace, when namespace labels are watched.
     pub fn namespace_object(&self, namespace: Option<&str>) -> Option<serde_json::Value> {
         let cache = self.namespaces.as_ref()?;
@@ -178,6 +193,9 @@ impl State {
         }
         if self.namespaces.as_ref().is_some_and(|n| !n.is_synced()) {
             return Err("namespace labels are not cached yet");
+        }
+        if self.appservices.as_ref().is_some_and(|a| !a.is_synced()) {
+            return Err("AppServices are not cached yet");
         }
         if !self.tls_accepting.load(Ordering::SeqCst) {
             return Err("the TLS listener is not accepting yet");
