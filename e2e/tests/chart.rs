@@ -674,13 +674,20 @@ fn rbac_is_exactly_what_the_controller_uses() {
     );
 
     let scoped = template("ops", &["controller.watchNamespace=team-a".to_owned()]);
-    // Scoped to one namespace: the only cluster-wide rights are on DatabaseClasses,
-    // which are cluster-scoped objects.
+    // Scoped to one namespace: the controller's only cluster-wide rights are on
+    // DatabaseClasses, which are cluster-scoped objects. (The webhook judges writes in
+    // every namespace its configurations cover, so its list/watch of AppServices, checked
+    // above, stays cluster-wide.)
     let classes = format!("{CONTROLLER}-databaseclasses");
     assert!(!scoped.iter().any(|d| {
         (d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding")
             && d["metadata"]["name"] != classes.as_str()
+            && d["metadata"]["name"] != WEBHOOK
     }));
+    assert_eq!(
+        find(&scoped, "ClusterRole", WEBHOOK)["rules"],
+        find(&docs, "ClusterRole", WEBHOOK)["rules"]
+    );
     assert_eq!(
         find(&scoped, "Role", &format!("{CONTROLLER}-database-admin"))["rules"],
         json!([{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get"]}])

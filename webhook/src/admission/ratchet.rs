@@ -9,13 +9,15 @@
 //!
 //! * An UPDATE whose spec, labels and annotations are those of the stored object is
 //!   not judged: finalizers, owner references and the API server's own fields
-//!   (resourceVersion, generation, managedFields, timestamps) are bookkeeping.
+//!   (resourceVersion, generation, managedFields, timestamps) are bookkeeping; so is
+//!   the name label `/mutate` adds to an object stored without one.
 //! * An UPDATE of an object being deleted (`deletionTimestamp` set on the stored
 //!   object) is not judged: nothing runs from its spec any more, and what is left to
 //!   do is releasing finalizers.
 
 use std::collections::BTreeMap;
 
+use common::names::LABEL_NAME;
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -44,6 +46,8 @@ struct Judged<'a> {
 #[serde(rename_all = "camelCase")]
 struct Meta {
     #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
     labels: Option<BTreeMap<String, String>>,
     #[serde(default)]
     annotations: Option<BTreeMap<String, String>>,
@@ -52,12 +56,25 @@ struct Meta {
 }
 
 impl Judged<'_> {
-    fn same_as(&self, other: &Judged<'_>) -> bool {
+    /// Whether this object (the new one) asks for nothing `old` did not have.
+    fn same_as(&self, old: &Judged<'_>) -> bool {
         // Absent, null and empty maps are the same set of labels.
         let map = |m: &Option<BTreeMap<String, String>>| m.clone().unwrap_or_default();
-        self.spec.map(RawValue::get) == other.spec.map(RawValue::get)
-            && map(&self.metadata.labels) == map(&other.metadata.labels)
-            && map(&self.metadata.annotations) == map(&other.metadata.annotations)
+        let mut labels = map(&self.metadata.labels);
+        let old_labels = map(&old.metadata.labels);
+        // `/mutate` adds the name label to an object stored without it (one written
+        // before the webhook ran) on any UPDATE, the controller's finalizer write too:
+        // that default is not the writer's change.
+        if !old_labels.contains_key(LABEL_NAME)
+            && labels
+                .get(LABEL_NAME)
+                .is_some_and(|v| Some(v) == self.metadata.name.as_ref())
+        {
+            labels.remove(LABEL_NAME);
+        }
+        self.spec.map(RawValue::get) == old.spec.map(RawValue::get)
+            && labels == old_labels
+            && map(&self.metadata.annotations) == map(&old.metadata.annotations)
     }
 }
 
@@ -125,6 +142,20 @@ mod tests {
         ] {
             assert_eq!(unjudged(&raw(&old), &raw(&changed)), None, "{changed}");
         }
+        // The name label `/mutate` adds to an object stored without one is no change.
+        let defaulted = object(
+            spec.clone(),
+            json!({"name": "a", "labels": {"team": "x", "app.kubernetes.io/name": "a"}}),
+        );
+        assert_eq!(
+            unjudged(&raw(&old), &raw(&defaulted)),
+            Some(Unjudged::NothingJudgedChanged)
+        );
+        let renamed = object(
+            spec.clone(),
+            json!({"name": "a", "labels": {"team": "x", "app.kubernetes.io/name": "b"}}),
+        );
+        assert_eq!(unjudged(&raw(&old), &raw(&renamed)), None);
         // Absent and empty labels are the same.
         let bare = object(spec.clone(), json!({"name": "a"}));
         let empty = object(

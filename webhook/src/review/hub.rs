@@ -6,7 +6,9 @@
 //! `apiVersion`, `spec` and the two conversion annotations differ between the versions,
 //! so those are replaced (from the typed conversion of `common::conversion`) and every
 //! other member of the object and of its metadata is carried over as raw JSON, unparsed.
-//! The cost is one copy of the object, never a generic JSON tree of it.
+//! The cost is one copy of the object, never a generic JSON tree of it; the annotations
+//! are parsed only when a conversion annotation is involved (the API server bounds them
+//! at 256 KiB before validating admission).
 
 use std::collections::BTreeMap;
 
@@ -39,11 +41,19 @@ pub fn v1alpha1_to_hub(
     let api_version =
         serde_json::value::to_raw_value(Version::V1beta1.api_version()).map_err(HubError::of)?;
     let spec = serde_json::value::to_raw_value(&hub.spec).map_err(HubError::of)?;
-    // Every other annotation as it came; the conversion decides the two it owns.
+    // Every other annotation as it came; the conversion decides the two it owns. The
+    // typed decode kept only those two: when neither is there before or after, the
+    // metadata is carried over untouched (and its annotations never parsed, however
+    // many there are).
     let carried = hub.metadata.annotations.unwrap_or_default();
+    let had = typed
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| !a.is_empty());
     let metadata = match top.get("metadata") {
-        Some(metadata) => Some(hub_metadata(metadata, &carried)?),
-        None => None,
+        Some(metadata) if had || !carried.is_empty() => Some(hub_metadata(metadata, &carried)?),
+        _ => None,
     };
     let mut out: BTreeMap<&str, &RawValue> = top.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     out.insert("apiVersion", &api_version);
@@ -127,7 +137,7 @@ mod tests {
                    "metadata": {"name": "a", "annotations": {"team": "shop"}},
                    "spec": {"image": "nginx:1", "database": {"enabled": false, "class": "big"}}}),
             json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
-                   "metadata": {"name": "a", "annotations": null},
+                   "metadata": {"name": "a"},
                    "spec": {"image": "nginx:1", "database": {"enabled": true, "class": "big"}}}),
         ] {
             assert_same_as_convert(object);
