@@ -692,8 +692,8 @@ enum WritePath {
     Apply(&'static str),
     /// `kubectl edit` of the resource in this version.
     KubectlEdit(&'static str),
-    /// A patch of the scale subresource, as an HPA writes it.
-    ScalePatch,
+    /// A patch of the scale subresource in this version, as an HPA writes it.
+    ScalePatch(&'static str),
     /// `kubectl scale`.
     KubectlScale,
 }
@@ -711,7 +711,11 @@ fn paths_for(change: &Change) -> Vec<WritePath> {
         ]);
     }
     if change.replicas.is_some() {
-        paths.extend([WritePath::ScalePatch, WritePath::KubectlScale]);
+        paths.extend([
+            WritePath::ScalePatch("v1alpha1"),
+            WritePath::ScalePatch("v1beta1"),
+            WritePath::KubectlScale,
+        ]);
     }
     paths
 }
@@ -989,9 +993,9 @@ impl Env {
                     )
                 })
             }
-            WritePath::ScalePatch => {
+            WritePath::ScalePatch(v) => {
                 let replicas = change.replicas.expect("a replicas change");
-                let api: Api<DynamicObject> = self.dynamic(client, "v1beta1");
+                let api: Api<DynamicObject> = self.dynamic(client, v);
                 api.patch_scale(
                     name,
                     &PatchParams::default(),
@@ -1133,7 +1137,12 @@ async fn no_latest_in_production_holds_on_every_write_path() {
     }
     // An HPA that may only write /scale is judged the same.
     let hpa = env
-        .write(WritePath::ScalePatch, HPA, "web", &Change::replicas(1))
+        .write(
+            WritePath::ScalePatch("v1beta1"),
+            HPA,
+            "web",
+            &Change::replicas(1),
+        )
         .await
         .expect_err("the HPA scaled below the production minimum");
     assert!(hpa.contains("production-replicas-by-name"), "{hpa}");
@@ -1178,7 +1187,12 @@ async fn no_latest_in_production_holds_on_every_write_path() {
     )
     .await;
     let hpa = env
-        .write(WritePath::ScalePatch, HPA, "web", &Change::replicas(4))
+        .write(
+            WritePath::ScalePatch("v1beta1"),
+            HPA,
+            "web",
+            &Change::replicas(4),
+        )
         .await;
     assert_eq!(hpa, Ok(()));
     assert_eq!(env.stored("web").await.data["spec"]["replicas"], 4);
@@ -1215,7 +1229,12 @@ async fn only_sre_scales_to_zero_on_any_write_path() {
     )
     .await;
     let hpa = env
-        .write(WritePath::ScalePatch, HPA, "web", &Change::replicas(0))
+        .write(
+            WritePath::ScalePatch("v1beta1"),
+            HPA,
+            "web",
+            &Change::replicas(0),
+        )
         .await
         .expect_err("the HPA scaled to zero");
     assert!(hpa.contains("no-scale-to-zero-by-others"), "{hpa}");
@@ -1225,9 +1244,14 @@ async fn only_sre_scales_to_zero_on_any_write_path() {
     env.write(WritePath::KubectlScale, DEV, "zero-0", &Change::replicas(2))
         .await
         .unwrap();
-    env.write(WritePath::ScalePatch, HPA, "zero-1", &Change::replicas(2))
-        .await
-        .unwrap();
+    env.write(
+        WritePath::ScalePatch("v1beta1"),
+        HPA,
+        "zero-1",
+        &Change::replicas(2),
+    )
+    .await
+    .unwrap();
     env.finish().await;
 }
 
