@@ -3,8 +3,10 @@
 //! Kubernetes user and its groups, and bare signing key pairs (service-account tokens).
 //!
 //! Everything is generated in memory with `rcgen` (ECDSA P-256) and handed out as PEM.
-//! Nothing here is meant for production: keys are never encrypted and the CA key lives
-//! as long as the [`Ca`] value.
+//! Keys are never encrypted and the CA key lives as long as the [`Ca`] value. Besides
+//! development and tests, the webhook uses [`Ca::with_period`] and
+//! [`Ca::serving_cert_for`] for its runtime CA (its key stays in memory and in the CA
+//! Secret the webhook owns).
 
 #![forbid(unsafe_code)]
 
@@ -14,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
 };
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -37,6 +39,12 @@ pub enum Error {
     /// The validity period does not fit the calendar.
     #[error("invalid validity of {days} days")]
     InvalidValidity { days: u32 },
+    /// An exact validity period that ends before it starts or does not fit the calendar.
+    #[error("invalid validity period from {not_before} to {not_after} (Unix seconds)")]
+    InvalidPeriod { not_before: i64, not_after: i64 },
+    /// A CA's private key does not belong to its certificate.
+    #[error("the CA key does not belong to the CA certificate")]
+    KeyMismatch,
     /// Key generation, signing or parsing failed in rcgen.
     #[error("{what}: {error}")]
     Rcgen {
@@ -158,14 +166,7 @@ impl Ca {
         if common_name.is_empty() {
             return Err(Error::EmptyCommonName);
         }
-        let mut params = CertificateParams::default();
-        params.distinguished_name = dn::<&str>(common_name, &[])?;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let mut params = ca_params(common_name)?;
         set_validity(&mut params, days)?;
         let key = KeyPair::generate().map_err(rcgen_err("generating the CA key"))?;
         let cert = params
@@ -181,6 +182,28 @@ impl Ca {
         })
     }
 
+    /// Creates a self-signed CA valid exactly for `validity`; certificates it issues
+    /// without a period of their own get [`DEFAULT_VALIDITY_DAYS`].
+    pub fn with_period(common_name: &str, validity: Validity) -> Result<Self> {
+        if common_name.is_empty() {
+            return Err(Error::EmptyCommonName);
+        }
+        let mut params = ca_params(common_name)?;
+        validity.apply(&mut params)?;
+        let key = KeyPair::generate().map_err(rcgen_err("generating the CA key"))?;
+        let cert = params
+            .self_signed(&key)
+            .map_err(rcgen_err("self-signing the CA certificate"))?;
+        let key_pem = key.serialize_pem();
+        Ok(Self {
+            issuer: Issuer::new(params, key),
+            cert_pem: cert.pem(),
+            cert_der: cert.der().to_vec(),
+            key_pem,
+            validity_days: DEFAULT_VALIDITY_DAYS,
+        })
+    }
+
     /// Loads a CA from its PEM certificate and PEM private key, e.g. written earlier by
     /// [`Ca::write`], so that new certificates chain to an already trusted CA.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self> {
@@ -190,6 +213,15 @@ impl Ca {
                 what: "parsing the CA certificate",
                 error: rcgen::Error::CouldNotParseCertificate,
             })?;
+        // A key of another CA would sign certificates nobody trusts.
+        let (_, parsed) =
+            x509_parser::parse_x509_certificate(&cert_der).map_err(|_| Error::Rcgen {
+                what: "parsing the CA certificate",
+                error: rcgen::Error::CouldNotParseCertificate,
+            })?;
+        if parsed.public_key().subject_public_key.data.as_ref() != key.der_bytes() {
+            return Err(Error::KeyMismatch);
+        }
         let issuer = Issuer::from_ca_cert_der(&cert_der, key)
             .map_err(rcgen_err("parsing the CA certificate"))?;
         Ok(Self {
@@ -231,19 +263,20 @@ impl Ca {
     /// Issues a TLS serving certificate for `sans`: entries that parse as IP addresses
     /// become IP SANs, all others DNS SANs. The first entry is also the common name.
     pub fn serving_cert<S: AsRef<str>>(&self, sans: &[S]) -> Result<CertKey> {
-        let first = sans.first().ok_or(Error::NoSans)?;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = dn::<&str>(first.as_ref(), &[])?;
-        params.subject_alt_names = sans
-            .iter()
-            .map(|s| san(s.as_ref()))
-            .collect::<Result<_>>()?;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        self.issue(params)
+        let mut params = serving_params(sans)?;
+        set_validity(&mut params, self.validity_days)?;
+        self.sign(params)
+    }
+
+    /// [`Ca::serving_cert`] valid exactly for `validity`.
+    pub fn serving_cert_for<S: AsRef<str>>(
+        &self,
+        sans: &[S],
+        validity: Validity,
+    ) -> Result<CertKey> {
+        let mut params = serving_params(sans)?;
+        validity.apply(&mut params)?;
+        self.sign(params)
     }
 
     /// Issues a TLS client certificate. Kubernetes reads the common name as the user name
@@ -269,6 +302,10 @@ impl Ca {
 
     fn issue(&self, mut params: CertificateParams) -> Result<CertKey> {
         set_validity(&mut params, self.validity_days)?;
+        self.sign(params)
+    }
+
+    fn sign(&self, mut params: CertificateParams) -> Result<CertKey> {
         params.use_authority_key_identifier_extension = true;
         let key = KeyPair::generate().map_err(rcgen_err("generating a key"))?;
         let cert = params
@@ -279,6 +316,60 @@ impl Ca {
             key_pem: key.serialize_pem(),
         })
     }
+}
+
+/// An exact validity period, in Unix seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validity {
+    /// First second the certificate is valid.
+    pub not_before: i64,
+    /// Last second the certificate is valid.
+    pub not_after: i64,
+}
+
+impl Validity {
+    fn apply(self, params: &mut CertificateParams) -> Result<()> {
+        let invalid = || Error::InvalidPeriod {
+            not_before: self.not_before,
+            not_after: self.not_after,
+        };
+        if self.not_after <= self.not_before {
+            return Err(invalid());
+        }
+        params.not_before =
+            time::OffsetDateTime::from_unix_timestamp(self.not_before).map_err(|_| invalid())?;
+        params.not_after =
+            time::OffsetDateTime::from_unix_timestamp(self.not_after).map_err(|_| invalid())?;
+        Ok(())
+    }
+}
+
+fn ca_params(common_name: &str) -> Result<CertificateParams> {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn::<&str>(common_name, &[])?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(params)
+}
+
+fn serving_params<S: AsRef<str>>(sans: &[S]) -> Result<CertificateParams> {
+    let first = sans.first().ok_or(Error::NoSans)?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn::<&str>(first.as_ref(), &[])?;
+    params.subject_alt_names = sans
+        .iter()
+        .map(|s| san(s.as_ref()))
+        .collect::<Result<_>>()?;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    Ok(params)
 }
 
 /// The most organisations a certificate can carry: rcgen keeps one value per attribute
@@ -627,6 +718,60 @@ mod tests {
         assert!(matches!(
             Ca::from_pem("not pem", "not a key"),
             Err(Error::Rcgen { .. })
+        ));
+        let other = Ca::new("other").unwrap();
+        assert!(matches!(
+            Ca::from_pem(ca.cert_pem(), other.key_pem()),
+            Err(Error::KeyMismatch)
+        ));
+    }
+
+    #[test]
+    fn exact_periods_are_kept_to_the_second() {
+        let ca = Ca::with_period(
+            "period CA",
+            crate::Validity {
+                not_before: 1_700_000_000,
+                not_after: 1_700_003_600,
+            },
+        )
+        .unwrap();
+        let ca_der = der(ca.cert_pem());
+        let (_, x509) = parse_x509_certificate(&ca_der).unwrap();
+        assert!(x509.is_ca());
+        assert_eq!(x509.validity().not_before.timestamp(), 1_700_000_000);
+        assert_eq!(x509.validity().not_after.timestamp(), 1_700_003_600);
+        let now = jiff::Timestamp::now().as_second();
+        let ca = Ca::with_period(
+            "now",
+            crate::Validity {
+                not_before: now - 60,
+                not_after: now + 3600,
+            },
+        )
+        .unwrap();
+        let leaf = ca
+            .serving_cert_for(
+                &["webhook.ns.svc"],
+                crate::Validity {
+                    not_before: now - 60,
+                    not_after: now + 600,
+                },
+            )
+            .unwrap();
+        let leaf_der = der(&leaf.cert_pem);
+        let (_, parsed) = parse_x509_certificate(&leaf_der).unwrap();
+        assert_eq!(parsed.validity().not_after.timestamp(), now + 600);
+        verify_server(&ca, &leaf_der, "webhook.ns.svc").unwrap();
+        assert!(matches!(
+            Ca::with_period(
+                "x",
+                crate::Validity {
+                    not_before: 10,
+                    not_after: 10
+                }
+            ),
+            Err(Error::InvalidPeriod { .. })
         ));
     }
 

@@ -15,6 +15,7 @@ pub mod duration;
 pub mod field_errors;
 pub mod image;
 pub mod names;
+pub mod quantity;
 pub mod types;
 pub mod v1alpha1;
 pub mod v1beta1;

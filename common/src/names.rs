@@ -76,9 +76,12 @@ pub fn service_name(app: &str) -> String {
     app.to_owned()
 }
 
+/// What follows the AppService's name in the name of its credentials Secret.
+pub const DATABASE_SECRET_SUFFIX: &str = "-database";
+
 /// Name of the Secret holding an AppService's database credentials.
 pub fn database_secret_name(app: &str) -> String {
-    format!("{app}-database")
+    format!("{app}{DATABASE_SECRET_SUFFIX}")
 }
 
 /// In-cluster URL of an AppService's Service.

@@ -13,9 +13,9 @@
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
 
+use crate::quantity::Amount;
 use k8s_openapi::api::core::v1::{EnvVarSource, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube_quantity::ParsedQuantity;
 
 use crate::names::DATABASE_URL_ENV;
 use crate::types::{
@@ -387,16 +387,16 @@ fn validate_resources(resources: &ResourceRequirements, errors: &mut Vec<FieldEr
         let mut parsed = Vec::new();
         for (name, quantity) in list.into_iter().flatten() {
             let field = format!("spec.resources.{kind}[{name}]");
-            match ParsedQuantity::try_from(quantity) {
-                Ok(q) if q < ParsedQuantity::default() => {
-                    errors.push(FieldError::invalid_str(field, &quantity.0, "must be greater than or equal to 0"));
+            match Amount::parse(quantity) {
+                Ok(q) if q.is_negative() => {
+                    errors.push(FieldError::invalid_str(
+                        field,
+                        &quantity.0,
+                        "must be greater than or equal to 0",
+                    ));
                 }
                 Ok(q) => parsed.push((name.clone(), q)),
-                Err(_) => errors.push(FieldError::invalid_str(
-                    field,
-                    &quantity.0,
-                    "must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
-                )),
+                Err(e) => errors.push(FieldError::invalid_str(field, &quantity.0, e.to_string())),
             }
         }
         parsed

@@ -392,6 +392,26 @@ fn resources_quantities_must_parse_and_requests_fit_limits() {
     assert_eq!(errors_of(&ok), Vec::<String>::new());
 }
 
+/// A request far beyond Kubernetes' cap, compared with a limit in a small unit, made the
+/// comparison overflow and panic (found by `validation_never_panics`); it is refused.
+#[test]
+fn quantities_beyond_the_kubernetes_cap_are_refused() {
+    let obj = app(AppServiceSpec {
+        resources: Some(ResourceRequirements {
+            requests: quantities(&[("cpu", "99999999999999999999999999k")]),
+            limits: quantities(&[("cpu", "1m")]),
+            ..Default::default()
+        }),
+        ..spec("nginx:1.27")
+    });
+    assert_eq!(
+        errors_of(&obj),
+        vec![
+            r#"spec.resources.requests[cpu]: Invalid value: "99999999999999999999999999k": must be at most 2^63-1 (9223372036854775807) in magnitude"#.to_owned(),
+        ]
+    );
+}
+
 #[test]
 fn resource_claims_forbidden() {
     let obj = app(AppServiceSpec {

@@ -7,6 +7,9 @@ pub use common::duration::parse_duration;
 
 use clap::Args;
 
+/// Excluded when `--exclude-namespaces` is not given: the cluster's own namespace.
+pub const DEFAULT_EXCLUDED_NAMESPACE: &str = "kube-system";
+
 /// Everything [`crate::run`] needs besides a client. Flags double as environment
 /// variables so the chart can set them either way.
 #[derive(Args, Clone, Debug)]
@@ -14,6 +17,14 @@ pub struct Config {
     /// Watch only this namespace (all namespaces when unset).
     #[arg(long, env = "WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
+
+    /// Namespaces never reconciled in (comma-separated). An AppService there gets
+    /// nothing written: no finalizer, status, Event or child; it is logged and counted
+    /// (`appservice_controller_excluded`). The chart passes kube-system, the release
+    /// namespace and `controller.excludeNamespaces`, the list its admission policy
+    /// enforces too.
+    #[arg(long, env = "EXCLUDE_NAMESPACES", value_delimiter = ',', default_value = DEFAULT_EXCLUDED_NAMESPACE)]
+    pub exclude_namespaces: Vec<String>,
 
     /// Reconciles running at once.
     #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
@@ -83,6 +94,7 @@ impl Config {
     pub fn for_namespace(namespace: &str) -> Self {
         Config {
             watch_namespace: Some(namespace.to_owned()),
+            exclude_namespaces: vec![DEFAULT_EXCLUDED_NAMESPACE.to_owned()],
             concurrency: 4,
             ops_addr: None,
             leader_election: false,
@@ -98,6 +110,14 @@ impl Config {
             profiling: false,
             profiling_allow_remote: false,
         }
+    }
+
+    /// Whether the controller stays out of `namespace` (`--exclude-namespaces`).
+    pub fn is_excluded(&self, namespace: &str) -> bool {
+        self.exclude_namespaces
+            .iter()
+            .map(|excluded| excluded.trim())
+            .any(|excluded| !excluded.is_empty() && excluded == namespace)
     }
 
     /// Whether and to whom the ops port serves profiles.
@@ -145,5 +165,31 @@ mod tests {
             ..c
         };
         assert_eq!(named.identity(), "pod-0");
+    }
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        config: Config,
+    }
+
+    #[test]
+    fn excluded_namespaces_come_from_a_comma_separated_list() {
+        use clap::Parser;
+        let default = Flags::try_parse_from(["controller"]).unwrap().config;
+        assert!(default.is_excluded("kube-system"));
+        assert!(!default.is_excluded("team-a"));
+        let listed = Flags::try_parse_from([
+            "controller",
+            "--exclude-namespaces",
+            "kube-system,appservice-system, team-b",
+        ])
+        .unwrap()
+        .config;
+        for ns in ["kube-system", "appservice-system", "team-b"] {
+            assert!(listed.is_excluded(ns), "{ns}");
+        }
+        assert!(!listed.is_excluded("team-a"));
+        assert!(!listed.is_excluded(""), "an empty entry excludes nothing");
     }
 }

@@ -22,12 +22,25 @@ use crate::error::{Error, Result};
 
 /// Name of the application container in the Pod template.
 pub const CONTAINER_NAME: &str = "app";
-/// `apiVersion` of the owner reference on children. Children keep the one they were
-/// created with: changing it would rewrite every Deployment and Service on upgrade. The
-/// garbage collector finds an owner by its uid through any served version, so this can
-/// move to `v1beta1` only in a release that stops serving `v1alpha1`, with the rewrite
-/// that implies. The rollback to a `v1alpha1`-only controller relies on it too.
-pub const OWNER_API_VERSION: &str = "platform.example.com/v1alpha1";
+/// `apiVersion` of the owner reference on children: the storage version (the hub).
+///
+/// The garbage collector resolves an owner reference through its `apiVersion`: one that
+/// names a version the CRD no longer serves is never resolved, so the child is never
+/// collected (and a foreground deletion of its owner never ends). Children therefore
+/// name the version that stays served longest, the one every object is stored in.
+/// Children made by earlier releases name `v1alpha1`; the controller re-points them with
+/// one JSON patch the next time it looks at them ([`crate::drift`]), without touching
+/// their hash or their Pod template. Which AppService a child belongs to is decided by
+/// group, kind and uid, never by this string (`crate::owners`).
+pub fn owner_api_version() -> String {
+    format!("{}/{}", common::names::GROUP, common::crd::STORAGE_VERSION)
+}
+
+/// The owner `apiVersion` every release hashed its children with before owner
+/// references moved to the storage version: [`crate::drift::desired_hash`] hashes with
+/// it whatever the owner reference names, so the version is not part of "what the
+/// AppService asks for" and the hashes of existing children stay valid.
+pub const HASHED_OWNER_API_VERSION: &str = "platform.example.com/v1alpha1";
 
 /// A metadata field the API server always sets on stored objects; its absence is a
 /// permanent error rather than a panic.
@@ -41,7 +54,7 @@ pub fn owner_reference(app: &AppService) -> Result<OwnerReference> {
     let name = required(&app.metadata.name, "metadata.name")?.to_owned();
     let uid = required(&app.metadata.uid, "metadata.uid")?.to_owned();
     Ok(OwnerReference {
-        api_version: OWNER_API_VERSION.to_owned(),
+        api_version: owner_api_version(),
         kind: AppService::kind(&()).into_owned(),
         name,
         uid,
@@ -274,8 +287,10 @@ mod tests {
         }
         let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(owner.kind, "AppService");
-        // Unchanged by the move of the hub to v1beta1: no child is rewritten on upgrade.
-        assert_eq!(owner.api_version, "platform.example.com/v1alpha1");
+        // The storage version, which stays served after v1alpha1 is unserved: the
+        // garbage collector can always resolve it.
+        assert_eq!(owner.api_version, "platform.example.com/v1beta1");
+        assert_eq!(owner.api_version, AppService::api_version(&()));
         assert_eq!(owner.uid, "uid-1");
         assert_eq!(owner.controller, Some(true));
         assert!(is_controlled_by(

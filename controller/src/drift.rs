@@ -25,18 +25,30 @@ use k8s_openapi::api::core::v1::{ContainerPort, ResourceRequirements, ServicePor
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube_quantity::ParsedQuantity;
+use kube::Resource;
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::desired::CONTAINER_NAME;
+use crate::desired::{CONTAINER_NAME, HASHED_OWNER_API_VERSION};
+use crate::owners::names_an_app;
 use crate::view::{ContainerView, DeploymentView, EnvVarView, Labels, ServiceView};
 
 /// A hash of `desired` (serialized with sorted map keys, so it is stable across runs
-/// and releases as long as the desired object is the same).
-pub fn desired_hash<K: Serialize>(desired: &K) -> Result<String, serde_json::Error> {
-    let bytes = serde_json::to_vec(desired)?;
+/// and releases as long as the desired object is the same). The version an owner
+/// reference names is not part of it: it is how the AppService is named, not what it
+/// asks for, and [`Drift`] repairs it on its own (so moving owner references to another
+/// version costs a child one patch, not an apply and a new generation).
+pub fn desired_hash<K: Serialize + Resource + Clone>(
+    desired: &K,
+) -> Result<String, serde_json::Error> {
+    let mut hashed = desired.clone();
+    for owner in hashed.meta_mut().owner_references.iter_mut().flatten() {
+        if names_an_app(owner) {
+            HASHED_OWNER_API_VERSION.clone_into(&mut owner.api_version);
+        }
+    }
+    let bytes = serde_json::to_vec(&hashed)?;
     let digest = Sha256::digest(&bytes);
     // 128 bits are plenty to tell two desired objects apart.
     Ok(digest[..16].iter().map(|b| format!("{b:02x}")).collect())
@@ -56,16 +68,48 @@ pub trait Drift {
     fn drift(desired: &Self, live: &Self) -> Vec<Value>;
 }
 
-/// Puts back our labels on a child's metadata (other labels stay).
-fn metadata_labels(desired: &Labels, live: &Labels) -> Vec<Value> {
+/// Puts back our labels on a child's metadata (other labels stay), and our owner
+/// reference.
+fn metadata_drift(
+    desired: &ObjectMeta,
+    want: &Labels,
+    live: &ObjectMeta,
+    have: &Labels,
+) -> Vec<Value> {
     let mut ops = Vec::new();
-    labels_subset("/metadata/labels", Some(desired), Some(live), &mut ops);
+    labels_subset("/metadata/labels", Some(want), Some(have), &mut ops);
+    owner_drift(desired, live, &mut ops);
     ops
+}
+
+/// Our owner reference exactly as we build it. The live one with our uid may name
+/// another version of the AppService (an earlier release wrote `v1alpha1`, which the
+/// garbage collector cannot resolve once it is no longer served) or have lost its
+/// `controller`/`blockOwnerDeletion` flags: it is replaced whole, guarded by a test of
+/// its uid in case the list moved. Other owner references are someone else's.
+fn owner_drift(desired: &ObjectMeta, live: &ObjectMeta, ops: &mut Vec<Value>) {
+    let have = live.owner_references.as_deref().unwrap_or_default();
+    for want in desired.owner_references.iter().flatten() {
+        // Without our uid the child is not ours: reconcile never converges it.
+        if let Some(i) = have.iter().position(|r| r.uid == want.uid)
+            && have[i] != *want
+        {
+            let path = format!("/metadata/ownerReferences/{i}");
+            ops.push(json!({"op": "test", "path": format!("{path}/uid"), "value": want.uid}));
+            // `replace`: an `add` at an array index would insert a second entry.
+            ops.push(json!({"op": "replace", "path": path, "value": want}));
+        }
+    }
 }
 
 impl Drift for DeploymentView {
     fn drift(desired: &Self, live: &Self) -> Vec<Value> {
-        let mut ops = metadata_labels(&desired.labels, &live.labels);
+        let mut ops = metadata_drift(
+            &desired.metadata,
+            &desired.labels,
+            &live.metadata,
+            &live.labels,
+        );
         if desired.spec.replicas != live.spec.replicas {
             ops.push(add("/spec/replicas", json!(desired.spec.replicas)));
         }
@@ -181,7 +225,12 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
 
 impl Drift for ServiceView {
     fn drift(desired: &Self, live: &Self) -> Vec<Value> {
-        let mut ops = metadata_labels(&desired.labels, &live.labels);
+        let mut ops = metadata_drift(
+            &desired.metadata,
+            &desired.labels,
+            &live.metadata,
+            &live.labels,
+        );
         let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
             if let Some(want) = &desired.spec {
                 ops.push(add("/spec", json!(want)));
@@ -344,15 +393,9 @@ fn same_quantities(
     let want = want.unwrap_or(&empty);
     let have = have.unwrap_or(&empty);
     want.len() == have.len()
-        && want.iter().all(|(k, w)| {
-            have.get(k).is_some_and(|h| {
-                w.0 == h.0
-                    || matches!(
-                        (ParsedQuantity::try_from(w), ParsedQuantity::try_from(h)),
-                        (Ok(a), Ok(b)) if a == b
-                    )
-            })
-        })
+        && want
+            .iter()
+            .all(|(k, w)| have.get(k).is_some_and(|h| common::quantity::same(w, h)))
 }
 
 #[cfg(test)]
@@ -584,5 +627,59 @@ mod tests {
         s.image = "nginx:1.28".into();
         let b = desired_deployment(&app(s)).unwrap();
         assert_ne!(h1, desired_hash(&b).unwrap());
+    }
+
+    /// A child an earlier release made names its owner through `v1alpha1`: the same hash
+    /// (nothing the AppService asks for changed), and one patch re-points it at the
+    /// storage version, whole, guarded by its uid. Other owners' references stay.
+    #[test]
+    fn an_owner_reference_through_another_version_is_re_pointed() {
+        let d = desired_deployment(&app(spec())).unwrap();
+        let mut old = d.clone();
+        let mut foreign = old.metadata.owner_references.as_ref().unwrap()[0].clone();
+        foreign.uid = "someone-else".into();
+        foreign.controller = None;
+        foreign.kind = "Team".into();
+        let refs = old.metadata.owner_references.as_mut().unwrap();
+        refs[0].api_version = "platform.example.com/v1alpha1".into();
+        refs.insert(0, foreign.clone());
+        // The foreign reference is part of the object; without it the hashes are equal.
+        let mut same_owner = old.clone();
+        same_owner
+            .metadata
+            .owner_references
+            .as_mut()
+            .unwrap()
+            .remove(0);
+        assert_eq!(
+            desired_hash(&same_owner).unwrap(),
+            desired_hash(&d).unwrap()
+        );
+        let ops = deployment_drift(&d, &old);
+        assert_eq!(
+            ops,
+            vec![
+                json!({"op": "test", "path": "/metadata/ownerReferences/1/uid", "value": "uid-1"}),
+                json!({"op": "replace", "path": "/metadata/ownerReferences/1",
+                       "value": d.metadata.owner_references.as_ref().unwrap()[0]}),
+            ]
+        );
+        let mut v = serde_json::to_value(&old).unwrap();
+        let patch: json_patch::Patch = serde_json::from_value(json!(ops)).unwrap();
+        json_patch::patch(&mut v, &patch).unwrap();
+        let repointed: Deployment = serde_json::from_value(v).unwrap();
+        assert!(deployment_drift(&d, &repointed).is_empty());
+        let refs = repointed.metadata.owner_references.unwrap();
+        assert_eq!(refs.len(), 2);
+        assert_eq!(refs[0], foreign);
+        assert_eq!(refs[1].api_version, "platform.example.com/v1beta1");
+
+        // Lost flags are drift too, on the Service as on the Deployment.
+        let s = desired_service(&app(spec())).unwrap();
+        let mut live = s.clone();
+        live.metadata.owner_references.as_mut().unwrap()[0].block_owner_deletion = None;
+        let ops = service_drift(&s, &live);
+        assert_eq!(ops.len(), 2, "{ops:#?}");
+        assert_eq!(ops[1]["value"]["blockOwnerDeletion"], true);
     }
 }

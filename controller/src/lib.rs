@@ -11,6 +11,7 @@
 //! | [`report`] | writing what a pass observed: status and Events |
 //! | `finalizer` | the finalizer: on before side effects, released after external cleanup |
 //! | `watches` | the caches: a reflector per watch, trimmed, with its backoff and sync flag |
+//! | `owners` | which AppService a watched object wakes |
 //! | [`desired`] | pure builders of the children |
 //! | [`drift`] | whether a live child is what we want, and the patch that repairs it |
 //! | [`status`] | pure status and condition computation, and the rollout assessment |
@@ -39,6 +40,7 @@ pub mod leader;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;
+mod owners;
 pub mod queue;
 pub mod reconcile;
 pub mod report;
@@ -53,7 +55,7 @@ use common::names::{LABEL_MANAGED_BY, MANAGED_BY};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -138,7 +140,7 @@ pub async fn run_with(
     let (deployments, deployment_stream) =
         watch.cached::<view::DeploymentView, _>(child_config.clone(), |_| {}, |s| &s.deployments);
     let (services, service_stream) =
-        watch.cached::<view::ServiceView, _>(child_config, |_| {}, |s| &s.services);
+        watch.cached::<view::ServiceView, _>(child_config.clone(), |_| {}, |s| &s.services);
     let (apps, app_stream) = watch.cached::<AppService, _>(
         watcher::Config::default().any_semantic(),
         view::slim_app,
@@ -163,7 +165,7 @@ pub async fn run_with(
             &s.other_deployments
         });
     let (other_services, other_service_stream) =
-        watch.cached::<PartialObjectMeta<Service>, _>(others_config, name_only, |s| {
+        watch.cached::<PartialObjectMeta<Service>, _>(others_config.clone(), name_only, |s| {
             &s.other_services
         });
     let (other_deployment_stream, other_service_stream) = (
@@ -171,12 +173,18 @@ pub async fn run_with(
         other_service_stream.touched_objects(),
     );
 
+    // The `<name>-database` Secrets: ours (labelled) and others named like them. Nothing
+    // reads them from a cache (the database step reads the one Secret it needs), so
+    // these are triggers only: metadata, no store, and never a Secret's data in memory.
+    // Any change of ours (deleted, a key edited, its owner reference or a label changed)
+    // or of a foreign one blocking the name wakes the AppService.
+    let secret_stream = watch.triggers::<Secret>(child_config);
+    let other_secret_stream = watch.triggers::<Secret>(others_config);
+
     // The work queue is observed around the Controller: each trigger stream counts.
     let queue = hooks.metrics.queue().clone();
     queue.set_max_concurrent(config.concurrency);
     let app_stream = queue::observe_apps(app_stream, queue.clone());
-    let deployment_stream = queue::observe_children(deployment_stream, queue.clone());
-    let service_stream = queue::observe_children(service_stream, queue.clone());
 
     let reporter = Reporter {
         controller: common::names::FIELD_MANAGER.to_owned(),
@@ -198,8 +206,19 @@ pub async fn run_with(
     ));
     ctx.metrics().set_leader(ctx.is_leader());
 
-    let apps_for_deployments = apps.clone();
-    let apps_for_services = apps.clone();
+    // Each event of a child, or of an object named like one, wakes the AppService it
+    // belongs to (`owners::owner_of`: by group, kind and uid, whatever version the owner
+    // reference names).
+    let wakes = |apps: &reflector::Store<AppService>| {
+        let apps = apps.clone();
+        queue::observe_mapper(queue.clone(), move |meta: kube::api::ObjectMeta| {
+            owners::owner_of(&apps, &meta)
+        })
+    };
+    let (deployment_owner, service_owner, secret_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps));
+    let (other_deployment_owner, other_service_owner, other_secret_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps));
     let apps_for_queue = apps.clone();
 
     let controller = Controller::for_stream(app_stream, apps)
@@ -210,20 +229,26 @@ pub async fn run_with(
         // all of them: caches stayed stale for many seconds. Each watch above backs off on
         // its own, so the merged stream only yields.
         .trigger_backoff(YieldBackoff)
-        .owns_stream(deployment_stream)
-        .owns_stream(service_stream)
+        .watches_stream(deployment_stream, move |d: view::DeploymentView| {
+            deployment_owner(d.metadata)
+        })
+        .watches_stream(service_stream, move |s: view::ServiceView| {
+            service_owner(s.metadata)
+        })
+        .watches_stream(secret_stream, move |s: PartialObjectMeta<Secret>| {
+            secret_owner(s.metadata)
+        })
         .watches_stream(
             other_deployment_stream,
-            queue::observe_mapper(queue.clone(), move |meta: PartialObjectMeta<Deployment>| {
-                same_named_app(&apps_for_deployments, &meta.metadata)
-            }),
+            move |d: PartialObjectMeta<Deployment>| other_deployment_owner(d.metadata),
         )
         .watches_stream(
             other_service_stream,
-            queue::observe_mapper(queue.clone(), move |meta: PartialObjectMeta<Service>| {
-                same_named_app(&apps_for_services, &meta.metadata)
-            }),
+            move |s: PartialObjectMeta<Service>| other_service_owner(s.metadata),
         )
+        .watches_stream(other_secret_stream, move |s: PartialObjectMeta<Secret>| {
+            other_secret_owner(s.metadata)
+        })
         // On gaining the lease, look at everything again: the previous leader may have died
         // half-way, and as a standby we skipped every event.
         .reconcile_all_on(queue::observe_reconcile_all(
@@ -356,15 +381,6 @@ pub async fn run_with(
         Some(e) => Err(e),
         None => Ok(()),
     }
-}
-
-/// The AppService named like an object, if there is one in the same namespace.
-fn same_named_app(
-    apps: &reflector::Store<AppService>,
-    meta: &kube::api::ObjectMeta,
-) -> Option<reflector::ObjectRef<AppService>> {
-    let key = reflector::ObjectRef::new(meta.name.as_deref()?).within(meta.namespace.as_deref()?);
-    apps.get(&key).is_some().then_some(key)
 }
 
 /// A stream that yields each time `leading` turns true.

@@ -169,6 +169,7 @@ pub struct Metrics {
     objects: Family<ReadyLabel, Gauge>,
     leader: Gauge,
     cleanup_failures: Counter,
+    excluded: Counter,
     writes: Family<WriteLabel, Counter>,
     database: DatabaseMetrics,
     /// The work queue (controller-runtime's names, no prefix).
@@ -193,8 +194,14 @@ impl Default for Metrics {
         let objects = Family::<ReadyLabel, Gauge>::default();
         let leader = Gauge::default();
         let cleanup_failures = Counter::default();
+        let excluded = Counter::default();
         let writes = Family::<WriteLabel, Counter>::default();
         registry.register("reconciles", "Reconciles by result", reconciles.clone());
+        registry.register(
+            "excluded",
+            "AppService events left alone because their namespace is excluded (--exclude-namespaces)",
+            excluded.clone(),
+        );
         registry.register(
             "reconcile_errors",
             "Reconcile errors by reason",
@@ -281,6 +288,7 @@ impl Default for Metrics {
             objects,
             leader,
             cleanup_failures,
+            excluded,
             writes,
             ready_by_key: Mutex::new(HashMap::new()),
         }
@@ -306,6 +314,16 @@ impl Metrics {
 
     pub fn write(&self, resource: Written) {
         self.writes.get_or_create(&WriteLabel { resource }).inc();
+    }
+
+    /// An AppService in an excluded namespace was left alone.
+    pub fn excluded(&self) {
+        self.excluded.inc();
+    }
+
+    /// How often an AppService in an excluded namespace was left alone.
+    pub fn excluded_count(&self) -> u64 {
+        self.excluded.get()
     }
 
     pub fn cleanup_failed(&self) {

@@ -93,6 +93,15 @@ pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::await_change());
     }
     let key = ObjectRef::from_obj(&*app);
+    // An excluded namespace (kube-system, the release namespace, ...) gets nothing written,
+    // not even a status: the chart's admission policy refuses our writes there anyway.
+    if let Some(namespace) = key.namespace.as_deref()
+        && ctx.config().is_excluded(namespace)
+    {
+        ctx.metrics().excluded();
+        warn!(object = %key, "AppService in an excluded namespace (--exclude-namespaces): not reconciled, nothing is written there");
+        return Ok(Action::await_change());
+    }
     // A status we wrote that the cache has caught up with is no longer needed: drop it
     // here, not only when writing status, which a pass may never reach.
     ctx.drop_stale_status_write(&key, app.metadata.resource_version.as_deref());

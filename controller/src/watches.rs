@@ -1,5 +1,6 @@
 //! What the controller watches: each cache is a reflector over a watch with our backoff,
-//! trimmed to what reconcile reads, and flagged once its initial list is in.
+//! trimmed to what reconcile reads, and flagged once its initial list is in; a trigger
+//! is a metadata-only watch with the same backoff and no cache.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,6 +65,33 @@ impl<'a> Watch<'a> {
         // Marked after the reflector: the store holds the list once the flag says so.
         .inspect(mark_synced(self.synced.clone(), flag));
         (store, stream)
+    }
+}
+
+impl Watch<'_> {
+    /// The objects of `K` selected by `watch`, as their metadata only, each time one is
+    /// added, changed or deleted: a trigger, with no store behind it. The API server
+    /// sends metadata only, so nothing else of the object (a Secret's data) ever reaches
+    /// the controller through it.
+    pub(crate) fn triggers<K>(
+        &self,
+        watch: watcher::Config,
+    ) -> impl Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + Send + use<K>
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + DeserializeOwned
+            + Clone
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        watcher(
+            scoped_api::<PartialObjectMeta<K>>(self.client, self.config),
+            watch,
+        )
+        .backoff(WatchBackoff::default())
+        .touched_objects()
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::conditions::{DATABASE_READY, DEGRADED, READY, TRUE};
 use common::names::DATABASE_URL_ENV;
 use common::{AppService, DatabaseClass, DatabaseSpec};
-use controller::database::{DatabaseConfig, Databases, reasons};
+use controller::database::reasons;
 use controller::metrics::Metrics;
 use controller::metrics::{DatabaseOperation, Outcome};
 use harness::Postgres;
@@ -49,48 +49,7 @@ impl World {
     async fn new(policy: &str, admin_password: Option<&str>) -> anyhow::Result<World> {
         let fixture = Fixture::setup().without_controller().await?;
         let pg = Postgres::start().await?;
-        let secrets: Api<Secret> = fixture.api();
-        let secret = |name: &str, data: serde_json::Value| -> Secret {
-            serde_json::from_value(json!({
-                "metadata": {"name": name},
-                "stringData": data,
-            }))
-            .unwrap()
-        };
-        secrets
-            .create(
-                &PostParams::default(),
-                &secret(
-                    "pg-admin",
-                    json!({
-                        "username": harness::postgres::SUPERUSER,
-                        "password": admin_password.unwrap_or(pg.password()),
-                    }),
-                ),
-            )
-            .await?;
-        secrets
-            .create(
-                &PostParams::default(),
-                &secret("pg-ca", json!({"ca.crt": pg.ca_pem()})),
-            )
-            .await?;
-        let class = format!("{}-pg", fixture.ns.name());
-        let classes: Api<DatabaseClass> = Api::all(fixture.client.clone());
-        let object: DatabaseClass = serde_json::from_value(json!({
-            "apiVersion": "platform.example.com/v1alpha1",
-            "kind": "DatabaseClass",
-            "metadata": {"name": class},
-            "spec": {
-                // A name, not the address: verify-full checks it against the certificate.
-                "host": "localhost",
-                "port": pg.port(),
-                "tls": {"mode": "verify-full", "ca": {"secretRef": {"name": "pg-ca"}}},
-                "adminCredentials": {"secretName": "pg-admin"},
-                "deletionPolicy": policy,
-            }
-        }))?;
-        classes.create(&PostParams::default(), &object).await?;
+        let class = support::database_class(&fixture, &pg, policy, admin_password).await?;
         Ok(World { fixture, pg, class })
     }
 
@@ -98,18 +57,7 @@ impl World {
     /// read from the test namespace.
     fn controller(&self) -> (Running, Arc<Metrics>) {
         let metrics = Arc::new(Metrics::default());
-        let config = DatabaseConfig {
-            admin_namespace: Some(self.ns.name().to_owned()),
-            pool_size: 4,
-            connect_timeout: Duration::from_secs(3),
-            statement_timeout: Duration::from_secs(10),
-        };
-        let databases = Databases::new(
-            self.client.clone(),
-            &config,
-            self.ns.name(),
-            metrics.clone(),
-        );
+        let databases = support::databases(self, metrics.clone());
         let running =
             start_controller_with(self.client.clone(), &self.ns, |_| {}, Arc::new(databases));
         (running, metrics)
@@ -727,7 +675,7 @@ fn spawn_controller(
                 "--retry-period",
                 "1s",
             ])
-            .args(["--rollout-requeue", "1s", "--log-format", "json"])
+            .args(["--log-format", "json"])
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .kill_on_drop(true)

@@ -38,7 +38,7 @@ impl Controller {
             .arg(cp.kubeconfig_path())
             .args(["--watch-namespace", ns, "--leader-election", "false"])
             .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
-            .args(["--log-format", "json", "--rollout-requeue", "1s"])
+            .args(["--log-format", "json"])
             .args(args)
             .env("RUST_LOG", "info")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");

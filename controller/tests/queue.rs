@@ -38,7 +38,7 @@ async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
         .await?;
     }
     // Without kube-controller-manager no Pod becomes ready: every pass asks to look
-    // again after the rollout requeue (1 s in these tests).
+    // again after the rollout requeue (10 s, as shipped).
     eventually("requeued reconciles", WAIT, || async {
         Ok((queue.reconciles(controller::queue::ReconcileResult::Requeue) >= 6).then_some(()))
     })
@@ -82,7 +82,7 @@ async fn queue_metrics_follow_the_work() -> anyhow::Result<()> {
         ),
         Some(4.0)
     );
-    // Three objects requeued every second by four workers: the queue stays short.
+    // Three objects requeued every ten seconds by four workers: the queue stays short.
     let depth = value(&scrape, "workqueue_depth{name=\"appservice\"}").unwrap();
     assert!(depth <= 3.0, "{scrape}");
 

@@ -23,12 +23,16 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
 const RELEASE: &str = "aso";
+/// The namespace `installed()` excludes through `controller.excludeNamespaces`.
+const EXCLUDED_BY_VALUE: &str = "aso-excluded";
+/// The controller's admission policy (and its binding) as the chart names it.
+const OWNED_POLICY: &str = "aso-appservice-operator-controller-owned-objects";
 const WEBHOOK: &str = "aso-appservice-operator-webhook";
 const CONTROLLER: &str = "aso-appservice-operator-controller";
 
@@ -168,14 +172,28 @@ fn the_crd_converts_through_the_release_webhook() {
             "MutatingWebhookConfiguration",
             &format!("{RELEASE}-appservice-operator-webhook"),
         );
-        if mode == "certManager" {
-            assert!(crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].is_string());
-        } else {
-            assert_eq!(
-                client["caBundle"], mutating["webhooks"][0]["clientConfig"]["caBundle"],
-                "{mode}"
-            );
-            assert!(client["caBundle"].as_str().is_some_and(|b| !b.is_empty()));
+        match mode {
+            "certManager" => {
+                assert!(
+                    crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].is_string()
+                );
+            }
+            // The webhook injects it at run time; `helm template` renders none.
+            "selfSigned" => {
+                assert!(client.get("caBundle").is_none(), "{client}");
+                assert!(
+                    mutating["webhooks"][0]["clientConfig"]
+                        .get("caBundle")
+                        .is_none()
+                );
+            }
+            _ => {
+                assert_eq!(
+                    client["caBundle"], mutating["webhooks"][0]["clientConfig"]["caBundle"],
+                    "{mode}"
+                );
+                assert!(client["caBundle"].as_str().is_some_and(|b| !b.is_empty()));
+            }
         }
         // Generated numbers survive the template's YAML round trip as integers.
         let ports = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
@@ -257,29 +275,125 @@ fn webhook_configurations_are_safe_by_default() {
     );
 }
 
+/// `helm template` (Argo CD, Flux post-renderers) gives the same bytes every time, in
+/// every certificate mode: nothing random is rendered.
 #[test]
-fn certificate_modes_wire_the_ca_bundle() {
-    // selfSigned: the Secret's CA is the caBundle of both configurations.
-    let docs = template("ops", &mode_values("selfSigned"));
-    let secret = find(&docs, "Secret", &format!("{WEBHOOK}-tls"));
-    assert_eq!(secret["type"], "kubernetes.io/tls");
-    let ca = secret["data"]["ca.crt"].as_str().expect("ca.crt");
-    for key in ["tls.crt", "tls.key"] {
+fn helm_template_renders_the_same_bytes_twice_in_every_mode() {
+    let chart = chart_dir();
+    for mode in ["selfSigned", "certManager", "secret"] {
+        let render = || {
+            let args = with_sets(
+                &[
+                    "template",
+                    RELEASE,
+                    chart.to_str().unwrap(),
+                    "--namespace",
+                    "ops",
+                ],
+                &mode_values(mode),
+            );
+            let (ok, stdout, stderr) =
+                run_helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            assert!(ok, "helm template ({mode}): {stderr}");
+            stdout
+        };
+        let (first, second) = (render(), render());
         assert!(
-            secret["data"][key].as_str().is_some_and(|v| !v.is_empty()),
-            "{key}"
+            first.len() > 10_000,
+            "{mode}: rendered {} bytes",
+            first.len()
+        );
+        assert!(first == second, "{mode}: two renders differ");
+        assert!(
+            !first.contains("PRIVATE KEY"),
+            "{mode}: a key in the rendered chart"
         );
     }
+}
+
+#[test]
+fn certificate_modes_wire_the_ca_bundle() {
+    // selfSigned: the webhook keeps its CA in a Secret the chart creates empty, issues
+    // its serving certificate in memory (nothing mounted) and injects the caBundle.
+    let docs = template("ops", &mode_values("selfSigned"));
+    let secret = find(&docs, "Secret", &format!("{WEBHOOK}-ca"));
+    assert_eq!(secret["type"], "Opaque");
+    assert!(secret.get("data").is_none(), "{secret}");
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "Secret" && d["metadata"]["name"] == format!("{WEBHOOK}-tls")),
+        "no Helm-made serving certificate"
+    );
     for kind in [
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
     ] {
-        assert_eq!(
-            find(&docs, kind, WEBHOOK)["webhooks"][0]["clientConfig"]["caBundle"],
-            ca,
+        assert!(
+            find(&docs, kind, WEBHOOK)["webhooks"][0]["clientConfig"]
+                .get("caBundle")
+                .is_none(),
             "{kind}"
         );
     }
+    let pod = &find(&docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], true);
+    assert!(pod.get("volumes").is_none(), "{}", pod["volumes"]);
+    let env: BTreeMap<String, Value> = pod["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_owned(),
+                e.get("value").cloned().unwrap_or(e["valueFrom"].clone()),
+            )
+        })
+        .collect();
+    assert_eq!(env["WEBHOOK_CA_SECRET"], format!("{WEBHOOK}-ca"));
+    assert_eq!(
+        env["WEBHOOK_CA_SECRET_NAMESPACE"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    assert_eq!(
+        env["WEBHOOK_TLS_SANS"],
+        format!("{WEBHOOK},{WEBHOOK}.ops,{WEBHOOK}.ops.svc,{WEBHOOK}.ops.svc.cluster.local")
+    );
+    assert_eq!(
+        env["WEBHOOK_CA_BUNDLE_TARGETS"],
+        format!("mutating/{WEBHOOK},validating/{WEBHOOK},crd/appservices.platform.example.com")
+    );
+    assert_eq!(env["WEBHOOK_CA_VALIDITY_DAYS"], "3650");
+    assert!(!env.contains_key("WEBHOOK_TLS_CERT"));
+    // Its RBAC: its CA Secret by name (create is confined by the admission policy),
+    // and patch on exactly the release's configurations and CRD.
+    let role = find(&docs, "Role", &format!("{WEBHOOK}-ca"));
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [format!("{WEBHOOK}-ca")], "verbs": ["get", "list", "watch", "update"]},
+        ])
+    );
+    let bundle_role = find(&docs, "ClusterRole", &format!("{WEBHOOK}-ca-bundle"));
+    assert_eq!(bundle_role["rules"][0]["resourceNames"], json!([WEBHOOK]));
+    assert_eq!(
+        bundle_role["rules"][1]["resourceNames"],
+        json!(["appservices.platform.example.com"])
+    );
+    let policy = find(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        &format!("{WEBHOOK}-ca-secret"),
+    );
+    assert_eq!(
+        policy["spec"]["validations"][0]["expression"],
+        format!("request.namespace == 'ops' && request.name == '{WEBHOOK}-ca'")
+    );
+    // A CRD managed elsewhere is not the webhook's to patch.
+    let no_crd = template("ops", &["crd.install=false".to_owned()]);
+    let bundle_role = find(&no_crd, "ClusterRole", &format!("{WEBHOOK}-ca-bundle"));
+    assert_eq!(bundle_role["rules"].as_array().unwrap().len(), 1);
 
     // certManager: a Certificate for the Service names, CA injected by cert-manager.
     let docs = template("ops", &mode_values("certManager"));
@@ -307,6 +421,15 @@ fn certificate_modes_wire_the_ca_bundle() {
     assert!(
         !docs.iter().any(|d| d["kind"] == "Secret"),
         "cert-manager owns the Secret"
+    );
+    let pod = &find(&docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["automountServiceAccountToken"], true,
+        "the AppService watch (scale writes) needs a token in every mode"
+    );
+    assert_eq!(
+        pod["volumes"][0]["secret"]["secretName"],
+        format!("{WEBHOOK}-tls")
     );
     let own_issuer = template("ops", &{
         let mut v = mode_values("certManager");
@@ -409,7 +532,8 @@ fn pods_are_restricted_and_probed() {
         );
     }
     let webhook = &find(&docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
-    // It watches AppServices (scale writes are judged on them): it needs its token.
+    // A token to watch AppServices (scale writes are judged on them) and to keep its CA
+    // (selfSigned, the default); see certificate_modes_wire_the_ca_bundle.
     assert_eq!(webhook["automountServiceAccountToken"], true);
     assert!(webhook["topologySpreadConstraints"].is_array());
     let env =
@@ -610,8 +734,8 @@ fn rbac_is_exactly_what_the_controller_uses() {
         ("apps", "deployments", "get,list,watch,create,patch"),
         ("", "services", "get,list,watch,create,patch"),
         ("events.k8s.io", "events", "create,patch"),
-        // The `<name>-database` Secrets: by verb, never list or watch.
-        ("", "secrets", "get,create,update,delete"),
+        // The `<name>-database` Secrets, watched (metadata, by label) to heal them.
+        ("", "secrets", "get,list,watch,create,update,delete"),
     ];
     let expected: Vec<(String, String, String)> = expected
         .into_iter()
@@ -675,15 +799,30 @@ fn rbac_is_exactly_what_the_controller_uses() {
 
     let scoped = template("ops", &["controller.watchNamespace=team-a".to_owned()]);
     // Scoped to one namespace: the controller's only cluster-wide rights are on
-    // DatabaseClasses, which are cluster-scoped objects. (The webhook judges writes in
-    // every namespace its configurations cover, so its list/watch of AppServices, checked
-    // above, stays cluster-wide.)
+    // DatabaseClasses, which are cluster-scoped objects (the webhook's are on its own
+    // cluster-scoped configurations, see certificate_modes_wire_the_ca_bundle, and its
+    // list/watch of AppServices, checked above, which stays cluster-wide: it judges
+    // writes in every namespace its configurations cover).
     let classes = format!("{CONTROLLER}-databaseclasses");
     assert!(!scoped.iter().any(|d| {
         (d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding")
+            && d["metadata"]["labels"]["app.kubernetes.io/component"] == "controller"
             && d["metadata"]["name"] != classes.as_str()
-            && d["metadata"]["name"] != WEBHOOK
     }));
+    let cluster_wide: Vec<&Value> = scoped
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole")
+        .map(|d| &d["metadata"]["name"])
+        .collect();
+    assert_eq!(
+        cluster_wide,
+        [
+            &json!(classes),
+            &json!(WEBHOOK),
+            &json!(format!("{WEBHOOK}-ca-bundle"))
+        ],
+        "no other ClusterRole"
+    );
     assert_eq!(
         find(&scoped, "ClusterRole", WEBHOOK)["rules"],
         find(&docs, "ClusterRole", WEBHOOK)["rules"]
@@ -696,6 +835,53 @@ fn rbac_is_exactly_what_the_controller_uses() {
         find(&scoped, "Role", CONTROLLER)["metadata"]["namespace"],
         "team-a"
     );
+}
+
+#[test]
+fn the_controllers_admission_policy_and_flag_share_one_list() {
+    let docs = template(
+        "ops",
+        &["controller.excludeNamespaces={team-x,team-y}".to_owned()],
+    );
+    let policy = find(&docs, "ValidatingAdmissionPolicy", OWNED_POLICY);
+    let binding = find(&docs, "ValidatingAdmissionPolicyBinding", OWNED_POLICY);
+    assert_eq!(binding["spec"]["policyName"], OWNED_POLICY);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    // Only the controller's ServiceAccount is confined.
+    assert_eq!(
+        policy["spec"]["matchConditions"][0]["expression"],
+        format!("request.userInfo.username == 'system:serviceaccount:ops:{CONTROLLER}'")
+    );
+    let rules = &policy["spec"]["matchConstraints"]["resourceRules"];
+    assert_eq!(rules[0]["resources"], json!(["deployments"]));
+    assert_eq!(rules[1]["resources"], json!(["services", "secrets"]));
+    for rule in rules.as_array().unwrap() {
+        assert_eq!(rule["operations"], json!(["CREATE", "UPDATE", "DELETE"]));
+    }
+    // The namespaces the policy refuses are those the controller is told to skip.
+    let env =
+        find(&docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .clone();
+    let flag = env
+        .iter()
+        .find(|e| e["name"] == "EXCLUDE_NAMESPACES")
+        .expect("EXCLUDE_NAMESPACES")["value"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(flag, "kube-system,ops,team-x,team-y");
+    let listed: Vec<String> = flag.split(',').map(|n| format!("\"{n}\"")).collect();
+    assert_eq!(
+        policy["spec"]["validations"][0]["expression"],
+        format!("!(request.namespace in [{}])", listed.join(","))
+    );
+    // Off on request (e.g. a cluster whose admins manage policies elsewhere).
+    let off = template("ops", &["admissionPolicies.enabled=false".to_owned()]);
+    assert!(!off.iter().any(|d| d["kind"] == "ValidatingAdmissionPolicy"
+        || d["kind"] == "ValidatingAdmissionPolicyBinding"));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -746,6 +932,9 @@ async fn installed() -> (&'static harness::ControlPlane, &'static str) {
                 "webhook.namespaceSelectorExpressions[0].key=appservice-tests.example.com/test-namespace",
                 "--set",
                 "webhook.namespaceSelectorExpressions[0].operator=DoesNotExist",
+                // One namespace excluded by value, besides kube-system and the release's.
+                "--set",
+                &format!("controller.excludeNamespaces[0]={EXCLUDED_BY_VALUE}"),
             ]);
             assert!(ok, "helm install failed:\n{stdout}\n{stderr}");
             assert!(!stderr.contains("would violate PodSecurity"), "PodSecurity warnings: {stderr}");
@@ -904,21 +1093,25 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     let test_ns = cp.namespace().await.expect("namespace");
     let sa_client = service_account_client(cp, release_ns, CONTROLLER).await;
 
-    // What it must not do.
-    let secrets_all: Api<Secret> = Api::all(sa_client.clone());
+    // What it must not do. (It may list and watch Secrets, for the metadata-only watch
+    // of its `<name>-database` Secrets, but neither patch them nor delete them in bulk.)
     let forbidden = |e: kube::Error| matches!(e, kube::Error::Api(ref s) if s.code == 403);
-    assert!(forbidden(
-        secrets_all
-            .list(&ListParams::default())
-            .await
-            .expect_err("secrets cluster-wide")
-    ));
     let secrets_release: Api<Secret> = Api::namespaced(sa_client.clone(), release_ns);
     assert!(forbidden(
         secrets_release
-            .list(&ListParams::default())
+            .patch(
+                "anything",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}))
+            )
             .await
-            .expect_err("secrets in release ns")
+            .expect_err("patch secrets")
+    ));
+    assert!(forbidden(
+        secrets_release
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .expect_err("deletecollection secrets")
     ));
     let pods: Api<Pod> = Api::namespaced(sa_client.clone(), &test_ns);
     assert!(forbidden(
@@ -954,7 +1147,43 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     config.leader_election = true;
     config.lease_namespace = release_ns.to_owned();
     config.identity = Some("rbac-proof".into());
-    let ctl = ChartController::start(config, sa_client.clone(), controller::Hooks::default());
+    // The excluded namespaces exactly as the chart passes them to the binary.
+    let docs = template(
+        release_ns,
+        &[format!(
+            "controller.excludeNamespaces[0]={EXCLUDED_BY_VALUE}"
+        )],
+    );
+    let env =
+        find(&docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .clone();
+    let excluded = env
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == "EXCLUDE_NAMESPACES"))
+        .and_then(|v| v["value"].as_str())
+        .expect("EXCLUDE_NAMESPACES");
+    config.exclude_namespaces = excluded.split(',').map(str::to_owned).collect();
+    assert!(config.is_excluded(release_ns));
+    let metrics = std::sync::Arc::new(controller::metrics::Metrics::default());
+    let hooks = controller::Hooks {
+        metrics: metrics.clone(),
+        ..controller::Hooks::default()
+    };
+    let ctl = ChartController::start(config, sa_client.clone(), hooks);
+
+    // An AppService in the release namespace (excluded) is left alone: nothing written.
+    let excluded_apps: Api<AppService> = Api::namespaced(admin.clone(), release_ns);
+    let name = format!("excluded-{}", test_ns.name());
+    let excluded_app: AppService = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+        "metadata": {"name": name},
+        "spec": {"image": "registry.example.com/hello:v1.0.0"}
+    }))
+    .unwrap();
+    excluded_apps
+        .create(&PostParams::default(), &excluded_app)
+        .await
+        .expect("an AppService in the release namespace");
 
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &test_ns);
     let app: AppService = serde_json::from_value(json!({
@@ -1039,9 +1268,354 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     .await
     .unwrap();
 
+    // The excluded one was seen (counted, in the reconcile that would have written) and
+    // got nothing: no finalizer, no status, no children, no Event.
+    eventually(
+        "the excluded AppService counted",
+        Duration::from_secs(60),
+        || async { (metrics.excluded_count() >= 1).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let untouched = excluded_apps.get(&name).await.unwrap();
+    assert!(untouched.metadata.finalizers.is_none(), "{untouched:?}");
+    assert!(untouched.status.is_none(), "{untouched:?}");
+    let release_deployments: Api<Deployment> = Api::namespaced(admin.clone(), release_ns);
+    let release_services: Api<Service> = Api::namespaced(admin.clone(), release_ns);
+    assert!(release_deployments.get_opt(&name).await.unwrap().is_none());
+    assert!(release_services.get_opt(&name).await.unwrap().is_none());
+    let release_events: Api<Event> = Api::namespaced(admin.clone(), release_ns);
+    assert!(
+        !release_events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+    );
+    excluded_apps
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("deleting it needs no controller: it has no finalizer");
+
     // Deletion: the finalizer runs and is removed with the same credentials.
     ctl.deletes(&apps, "rbac-proof").await;
     ctl.stop().await;
+}
+
+/// A write the controller's identity made, refused by the chart's admission policy (not
+/// by RBAC, which allows the verb): 403 naming the policy, and `expected` in its message.
+fn refused_by_policy<T: std::fmt::Debug>(result: Result<T, kube::Error>, expected: &str) {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(
+                status
+                    .message
+                    .contains(&format!("ValidatingAdmissionPolicy '{OWNED_POLICY}'")),
+                "not refused by the policy: {}",
+                status.message
+            );
+            assert!(
+                status.message.contains(expected),
+                "expected {expected:?} in: {}",
+                status.message
+            );
+        }
+        other => panic!("expected the policy to refuse this write ({expected}), got {other:?}"),
+    }
+}
+
+/// Objects for the policy tests, as the given owner (an AppService) and labels say.
+fn object<T: serde::de::DeserializeOwned>(
+    kind: &str,
+    name: &str,
+    owner: Option<&AppService>,
+    labelled: bool,
+) -> T {
+    let mut meta = json!({"name": name});
+    if labelled {
+        meta["labels"] = json!({common::names::LABEL_MANAGED_BY: common::names::MANAGED_BY});
+    }
+    if let Some(app) = owner {
+        meta["ownerReferences"] = json!([{
+            "apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+            "name": app.metadata.name, "uid": app.metadata.uid, "controller": true,
+        }]);
+    }
+    let body = match kind {
+        "Deployment" => json!({
+            "metadata": meta,
+            "spec": {
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.example.com/x:v1"}]}
+                }
+            }
+        }),
+        "Service" => json!({"metadata": meta, "spec": {"ports": [{"port": 80}]}}),
+        "Secret" => json!({"metadata": meta, "stringData": {"k": "v"}}),
+        other => panic!("no template for {other}"),
+    };
+    serde_json::from_value(body).expect("object")
+}
+
+/// The controller's identity is refused every write to what it does not own, by the
+/// chart's ValidatingAdmissionPolicy on the real API server: foreign Deployments,
+/// Services and Secrets, adoption of a foreign object, Secrets not named `*-database`,
+/// objects missing the label or the owner, and anything in an excluded namespace (the
+/// webhook's CA Secret in the release namespace included). Its own objects pass (and the
+/// full lifecycle tests in this file run under the same policy).
+#[tokio::test]
+async fn the_controllers_identity_writes_only_what_it_owns() {
+    use kube::api::{Patch, PatchParams};
+
+    let _one_controller = CLUSTER_WIDE_CONTROLLER.lock().await;
+    let (cp, release_ns) = installed().await;
+    let _logs = cp.log_guard();
+    let admin = cp.client();
+    let test_ns = cp.namespace().await.expect("namespace");
+    let ns = test_ns.name();
+    let sa = service_account_client(cp, release_ns, CONTROLLER).await;
+    let post = PostParams::default();
+
+    // An AppService to own things, and foreign objects made by the admin.
+    let apps: Api<AppService> = Api::namespaced(admin.clone(), ns);
+    let app: AppService = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+        "metadata": {"name": "owner"},
+        "spec": {"image": "registry.example.com/hello:v1.0.0"}
+    }))
+    .unwrap();
+    let app = apps.create(&post, &app).await.expect("AppService");
+    let admin_deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
+    let admin_services: Api<Service> = Api::namespaced(admin.clone(), ns);
+    let admin_secrets: Api<Secret> = Api::namespaced(admin.clone(), ns);
+    admin_deployments
+        .create(&post, &object("Deployment", "foreign", None, false))
+        .await
+        .expect("foreign Deployment");
+    admin_services
+        .create(&post, &object("Service", "foreign", None, false))
+        .await
+        .expect("foreign Service");
+    admin_secrets
+        .create(&post, &object("Secret", "foreign-database", None, false))
+        .await
+        .expect("foreign Secret");
+
+    let deployments: Api<Deployment> = Api::namespaced(sa.clone(), ns);
+    let services: Api<Service> = Api::namespaced(sa.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(sa.clone(), ns);
+    let merge = |v: Value| Patch::Merge(v);
+    let touch = json!({"metadata": {"labels": {"touched": "yes"}}});
+    let not_owned = "it owns (label app.kubernetes.io/managed-by=appservice-operator";
+
+    // The policy takes effect through an informer: the first refusal may take a moment.
+    eventually("the policy in effect", Duration::from_secs(30), || {
+        let deployments = deployments.clone();
+        let touch = touch.clone();
+        async move {
+            match deployments
+                .patch("foreign", &PatchParams::default(), &Patch::Merge(&touch))
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.message.contains(OWNED_POLICY) => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await
+    .unwrap();
+
+    // Foreign objects: patched, replaced, deleted.
+    refused_by_policy(
+        deployments
+            .patch("foreign", &PatchParams::default(), &merge(touch.clone()))
+            .await,
+        &format!("deployments {not_owned}"),
+    );
+    refused_by_policy(
+        services
+            .patch("foreign", &PatchParams::default(), &merge(touch.clone()))
+            .await,
+        &format!("services {not_owned}"),
+    );
+    let mut foreign_secret = admin_secrets.get("foreign-database").await.unwrap();
+    foreign_secret.string_data = Some(BTreeMap::from([("k".into(), "stolen".into())]));
+    refused_by_policy(
+        secrets
+            .replace("foreign-database", &post, &foreign_secret)
+            .await,
+        &format!("secrets {not_owned}"),
+    );
+    refused_by_policy(
+        secrets
+            .delete("foreign-database", &DeleteParams::default())
+            .await,
+        &format!("secrets {not_owned}"),
+    );
+    // Server-side apply onto a foreign object is an update like any other.
+    refused_by_policy(
+        services
+            .patch(
+                "foreign",
+                &PatchParams::apply(common::names::FIELD_MANAGER).force(),
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "Service",
+                    "metadata": {"name": "foreign", "labels": {"touched": "yes"}}})),
+            )
+            .await,
+        &format!("services {not_owned}"),
+    );
+
+    // Adoption: our label and owner added to a foreign object in one write.
+    let adopt = json!({"metadata": {
+        "labels": {common::names::LABEL_MANAGED_BY: common::names::MANAGED_BY},
+        "ownerReferences": [{"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+            "name": "owner", "uid": app.metadata.uid, "controller": true}],
+    }});
+    refused_by_policy(
+        deployments
+            .patch("foreign", &PatchParams::default(), &merge(adopt.clone()))
+            .await,
+        "may not adopt deployments",
+    );
+    refused_by_policy(
+        services
+            .patch("foreign", &PatchParams::default(), &merge(adopt))
+            .await,
+        "may not adopt services",
+    );
+
+    // New objects need both the label and the owner; Secrets also the name.
+    refused_by_policy(
+        deployments
+            .create(&post, &object("Deployment", "no-owner", None, true))
+            .await,
+        not_owned,
+    );
+    refused_by_policy(
+        services
+            .create(&post, &object("Service", "no-label", Some(&app), false))
+            .await,
+        not_owned,
+    );
+    refused_by_policy(
+        secrets
+            .create(&post, &object("Secret", "owner-token", Some(&app), true))
+            .await,
+        "only write the <name>-database Secrets",
+    );
+
+    // Excluded namespaces: the release namespace (the webhook's keys, the classes'
+    // admin Secrets), kube-system and one excluded by value; even an object that looks
+    // owned.
+    let excluded_ns: Api<Namespace> = Api::all(admin.clone());
+    if excluded_ns
+        .get_opt(EXCLUDED_BY_VALUE)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        let created: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": EXCLUDED_BY_VALUE}})).unwrap();
+        excluded_ns
+            .create(&post, &created)
+            .await
+            .expect("excluded namespace");
+    }
+    for excluded in [release_ns, "kube-system", EXCLUDED_BY_VALUE] {
+        let secrets: Api<Secret> = Api::namespaced(sa.clone(), excluded);
+        refused_by_policy(
+            secrets
+                .create(&post, &object("Secret", "owner-database", Some(&app), true))
+                .await,
+            &format!("does not write in namespace {excluded}"),
+        );
+        let deployments: Api<Deployment> = Api::namespaced(sa.clone(), excluded);
+        refused_by_policy(
+            deployments
+                .create(&post, &object("Deployment", "owner", Some(&app), true))
+                .await,
+            &format!("does not write in namespace {excluded}"),
+        );
+    }
+    let release_secrets: Api<Secret> = Api::namespaced(admin.clone(), release_ns);
+    let target = format!("policy-target-{ns}");
+    release_secrets
+        .create(&post, &object("Secret", &target, None, false))
+        .await
+        .expect("a Secret in the release namespace");
+    refused_by_policy(
+        Api::<Secret>::namespaced(sa.clone(), release_ns)
+            .delete(&target, &DeleteParams::default())
+            .await,
+        &format!("does not write in namespace {release_ns}"),
+    );
+    assert!(release_secrets.get_opt(&target).await.unwrap().is_some());
+    release_secrets
+        .delete(&target, &DeleteParams::default())
+        .await
+        .expect("admin deletes it");
+
+    // Nothing foreign changed.
+    let foreign = admin_deployments.get("foreign").await.unwrap();
+    assert!(foreign.metadata.owner_references.is_none());
+    assert!(
+        !foreign
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("touched")
+    );
+    let secret = admin_secrets.get("foreign-database").await.unwrap();
+    assert_eq!(secret.data.unwrap()["k"].0, b"v");
+
+    // Its own objects pass: create, update and (Secrets) delete.
+    deployments
+        .create(&post, &object("Deployment", "owner", Some(&app), true))
+        .await
+        .expect("its own Deployment");
+    deployments
+        .patch("owner", &PatchParams::default(), &merge(touch.clone()))
+        .await
+        .expect("patching its own Deployment");
+    services
+        .create(&post, &object("Service", "owner", Some(&app), true))
+        .await
+        .expect("its own Service");
+    let own_secret = secrets
+        .create(&post, &object("Secret", "owner-database", Some(&app), true))
+        .await
+        .expect("its own database Secret");
+    secrets
+        .replace("owner-database", &post, &own_secret)
+        .await
+        .expect("replacing its own database Secret");
+    // Our label put back on our own child (someone removed it) is not an adoption.
+    admin_deployments
+        .patch(
+            "owner",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {common::names::LABEL_MANAGED_BY: null}}})),
+        )
+        .await
+        .unwrap();
+    deployments
+        .patch(
+            "owner",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {common::names::LABEL_MANAGED_BY: common::names::MANAGED_BY}}})),
+        )
+        .await
+        .expect("healing its own Deployment's label");
+    secrets
+        .delete("owner-database", &DeleteParams::default())
+        .await
+        .expect("deleting its own database Secret");
+    test_ns.cleanup().await.expect("namespace cleanup");
 }
 
 #[tokio::test]
@@ -1183,7 +1757,6 @@ async fn databases_work_with_the_charts_rbac() {
 
     let mut config = controller::Config::for_namespace(&test_ns);
     config.watch_namespace = None; // cluster-wide, as the chart deploys it
-    config.rollout_requeue = Duration::from_secs(1);
     let metrics = std::sync::Arc::new(controller::metrics::Metrics::default());
     let databases = Databases::new(
         sa_client.clone(),
@@ -1234,6 +1807,30 @@ async fn databases_work_with_the_charts_rbac() {
     pg.connect(&db, &password, &db)
         .await
         .expect("login with the Secret's credentials");
+    // The chart's RBAC lets the controller watch the Secret: deleted, it is back within
+    // seconds (the resync is 10 minutes), and its credentials work.
+    let gone = creds.metadata.uid.clone();
+    app_secrets
+        .delete("rbac-db-database", &DeleteParams::default())
+        .await
+        .expect("deleting the Secret");
+    let back = eventually("the Secret recreated", Duration::from_secs(20), || {
+        let app_secrets = app_secrets.clone();
+        let gone = gone.clone();
+        async move {
+            let s = app_secrets.get_opt("rbac-db-database").await.ok()??;
+            let settled = !s
+                .annotations()
+                .contains_key(controller::database::PASSWORD_PENDING_ANNOTATION);
+            (s.metadata.uid != gone && settled).then_some(s)
+        }
+    })
+    .await
+    .unwrap();
+    let password = String::from_utf8(back.data.unwrap()["PGPASSWORD"].0.clone()).unwrap();
+    pg.connect(&db, &password, &db)
+        .await
+        .expect("login with the recreated Secret's credentials");
     let reachable = eventually(
         "the class's Reachable=True",
         Duration::from_secs(30),

@@ -10,13 +10,18 @@
 //! 2. **Upgrade**: the new CRD (both versions, `v1beta1` stored) with the conversion
 //!    webhook (`/convert` of the real TLS webhook server), then the new controller.
 //! 3. **Storage migration** while the controller runs and a user keeps writing, twice.
-//! 4. Throughout: no child is written (resourceVersions unchanged, the controller counts
-//!    no write to deployments or services), every object reads in both versions, and
-//!    what one version cannot express survives a read-edit-write in the other.
+//! 4. Throughout: each child is written once, to re-point its owner reference at the
+//!    storage version (same generation, same hash: no rollout), and never again; every
+//!    object reads in both versions, and what one version cannot express survives a
+//!    read-edit-write in the other.
 //! 5. **Rollback**: the previous controller's view, read in `v1alpha1` through
 //!    `/convert`, of objects written in `v1beta1`: it builds the same children (nothing
 //!    to write) where the object is expressible in `v1alpha1`, its writes (children,
 //!    status) are accepted, and they do not lose what only `v1beta1` holds.
+//! 6. **Forward again and unserve `v1alpha1`**: the new controller re-points what the
+//!    previous one wrote; with `v1alpha1` no longer served, AppServices deleted in
+//!    background and in foreground take their children with them (the garbage
+//!    collector of kube-controller-manager).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -45,30 +50,61 @@ fn init() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
-/// The `(resourceVersion, generation)` of every child, by `kind/name`.
-async fn children(client: &Client, ns: &str) -> BTreeMap<String, (String, Option<i64>)> {
+/// What the controllers wrote of every child, by `kind/name`: its generation, its
+/// desired hash, the version its owner reference names and when each field manager of
+/// ours last wrote it. (Not the resourceVersion: the Deployment controller writes the
+/// status of every Deployment as its Pods come and go.)
+async fn children(client: &Client, ns: &str) -> BTreeMap<String, Child> {
     let mut all = BTreeMap::new();
     for d in Api::<Deployment>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
         .unwrap()
     {
-        all.insert(
-            format!("deployment/{}", d.name_any()),
-            (d.resource_version().unwrap(), d.metadata.generation),
-        );
+        all.insert(format!("deployment/{}", d.name_any()), Child::of(&d));
     }
     for s in Api::<Service>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
         .unwrap()
     {
-        all.insert(
-            format!("service/{}", s.name_any()),
-            (s.resource_version().unwrap(), s.metadata.generation),
-        );
+        all.insert(format!("service/{}", s.name_any()), Child::of(&s));
     }
     all
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Child {
+    generation: Option<i64>,
+    hash: Option<String>,
+    owner_api_version: Option<String>,
+    written: Vec<String>,
+}
+
+impl Child {
+    fn of<K: kube::Resource>(obj: &K) -> Child {
+        let meta = obj.meta();
+        Child {
+            generation: meta.generation,
+            hash: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(previous::HASH).cloned()),
+            owner_api_version: meta
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|r| r.controller == Some(true))
+                .map(|r| r.api_version.clone()),
+            written: meta
+                .managed_fields
+                .iter()
+                .flatten()
+                .filter(|m| m.manager.as_deref() == Some(previous::FIELD_MANAGER))
+                .map(|m| format!("{:?} {:?}", m.operation, m.time))
+                .collect(),
+        }
+    }
 }
 
 /// The `apiVersion` an AppService is stored in, read from etcd.
@@ -203,25 +239,43 @@ fn previous_children_match_the_golden_fixture() {
             app.name_any()
         );
         // And the current controller builds the very same children from the object
-        // converted to v1beta1: the upgrade writes none of them.
+        // converted to v1beta1, with the same hash, but for the owner reference, which
+        // names the storage version: the upgrade re-points each child with one patch
+        // and changes nothing else.
         let hub = common::conversion::to_v1beta1(&app);
+        let as_previous = |mut v: Value| {
+            assert_eq!(
+                v["metadata"]["ownerReferences"][0]["apiVersion"],
+                "platform.example.com/v1beta1"
+            );
+            v["metadata"]["ownerReferences"][0]["apiVersion"] =
+                json!("platform.example.com/v1alpha1");
+            v
+        };
         let mut d = controller::desired::desired_deployment(&hub).unwrap();
         let hash = controller::drift::desired_hash(&d).unwrap();
         controller::drift::set_hash(&mut d.metadata, hash);
-        assert_eq!(serde_json::to_value(&d).unwrap(), case["deployment"]);
+        assert_eq!(
+            as_previous(serde_json::to_value(&d).unwrap()),
+            case["deployment"]
+        );
         let mut s = controller::desired::desired_service(&hub).unwrap();
         let hash = controller::drift::desired_hash(&s).unwrap();
         controller::drift::set_hash(&mut s.metadata, hash);
-        assert_eq!(serde_json::to_value(&s).unwrap(), case["service"]);
+        assert_eq!(
+            as_previous(serde_json::to_value(&s).unwrap()),
+            case["service"]
+        );
     }
 }
 
 // The webhook server, the controller and the test share this runtime: several threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrade_migrate_and_roll_back_without_touching_children() {
+async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
     init();
     let started = Instant::now();
-    let cp = ControlPlane::start(Options::plain()).await.unwrap();
+    // Full: the garbage collector takes the children at the end.
+    let cp = ControlPlane::start(Options::full()).await.unwrap();
     let _logs = cp.log_guard();
     let client = cp.client();
     let ns_guard = cp.namespace().await.unwrap();
@@ -293,8 +347,7 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
         .unwrap();
 
     let metrics = Arc::new(controller::metrics::Metrics::default());
-    let mut config = controller::Config::for_namespace(&ns);
-    config.rollout_requeue = Duration::from_secs(1);
+    let config = controller::Config::for_namespace(&ns);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(controller::run_with(
         config,
@@ -328,16 +381,39 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
     )
     .await
     .unwrap();
-    assert_eq!(
-        children(&client, &ns).await,
-        before,
-        "the upgrade wrote a child"
-    );
+    // Each child re-pointed at the storage version, which stays served, with one patch
+    // and nothing else: the same generation (no rollout) and hash.
+    let repointed = eventually(
+        "every child re-pointed at v1beta1",
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            let ns = ns.clone();
+            async move {
+                let now = children(&client, &ns).await;
+                now.values()
+                    .all(|c| c.owner_api_version.as_deref() == Some("platform.example.com/v1beta1"))
+                    .then_some(now)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    for (child, was) in &before {
+        let now = &repointed[child];
+        assert_eq!(now.generation, was.generation, "{child}: a new generation");
+        assert_eq!(now.hash, was.hash, "{child}: another hash");
+        assert_eq!(
+            was.owner_api_version.as_deref(),
+            Some("platform.example.com/v1alpha1")
+        );
+    }
     assert_eq!(
         metrics.writes_to(controller::metrics::Written::Deployments),
-        0
+        3
     );
-    assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 0);
+    assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 3);
+    let before = repointed;
 
     // 3. Storage migration while the controller runs and a user keeps annotating every
     //    object in v1alpha1 (writes that conflict with the migration's).
@@ -392,9 +468,9 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
     );
     assert_eq!(
         metrics.writes_to(controller::metrics::Written::Deployments),
-        0
+        3
     );
-    assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 0);
+    assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 3);
 
     // 4. Both versions, both ways. What v1alpha1 cannot say survives a v1alpha1 edit...
     let mut two_ports: v1beta1::AppService = serde_json::from_value(json!({
@@ -642,8 +718,149 @@ async fn upgrade_migrate_and_roll_back_without_touching_children() {
         .unwrap();
     assert_eq!(ports.len(), 1, "{ports:?}");
 
+    // 6. Forward again, then the last step of the migration: v1alpha1 no longer served.
+    //    The new controller re-points what the previous one wrote (the dns children) and
+    //    puts its second port back; once v1alpha1 is unserved, deleting AppServices (in
+    //    background and in foreground) lets the garbage collector take every child.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(controller::run_with(
+        controller::Config::for_namespace(&ns),
+        client.clone(),
+        controller::Hooks::default(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    eventually(
+        "every child on v1beta1 and dns with both ports again",
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            let ns = ns.clone();
+            async move {
+                let all = children(&client, &ns).await;
+                let ports = Api::<Deployment>::namespaced(client.clone(), &ns)
+                    .get("dns")
+                    .await
+                    .ok()?
+                    .spec
+                    .template
+                    .spec?
+                    .containers[0]
+                    .ports
+                    .clone()?
+                    .len();
+                (ports == 2
+                    && all.values().all(|c| {
+                        c.owner_api_version.as_deref() == Some("platform.example.com/v1beta1")
+                    }))
+                .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut crd = crds.get(CRD_NAME).await.unwrap();
+    for version in &mut crd.spec.versions {
+        if version.name == "v1alpha1" {
+            version.served = false;
+        }
+    }
+    crds.replace(CRD_NAME, &PostParams::default(), &crd)
+        .await
+        .unwrap();
+    eventually("v1alpha1 no longer served", Duration::from_secs(30), || {
+        let alpha = alpha.clone();
+        async move {
+            matches!(alpha.list(&ListParams::default()).await, Err(kube::Error::Api(s)) if s.code == 404)
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    collector_rediscovered(&cp, &client, &ns).await;
+    for (app, policy) in [
+        ("minimal", kube::api::PropagationPolicy::Background),
+        ("checkout", kube::api::PropagationPolicy::Background),
+        ("legacy", kube::api::PropagationPolicy::Foreground),
+        ("dns", kube::api::PropagationPolicy::Foreground),
+    ] {
+        let params = kube::api::DeleteParams {
+            propagation_policy: Some(policy),
+            ..Default::default()
+        };
+        beta.delete(app, &params).await.unwrap();
+    }
+    eventually(
+        "the AppServices gone and their children collected",
+        Duration::from_secs(90),
+        || {
+            let client = client.clone();
+            let ns = ns.clone();
+            let beta = beta.clone();
+            async move {
+                let apps = beta.list(&ListParams::default()).await.ok()?;
+                (apps.items.is_empty() && children(&client, &ns).await.is_empty()).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+
     admission.remove(cp.client()).await.unwrap();
     webhook.shutdown().await.unwrap();
     ns_guard.cleanup().await.unwrap();
     eprintln!("upgrade test took {:?}", started.elapsed());
+}
+
+/// Returns once kube-controller-manager's garbage collector has rediscovered the API
+/// after the CRD changed (its discovery and monitors resync every 30 s; until then it
+/// may still watch a version that is gone): a ConfigMap owned by an object of a CRD
+/// created now is collected only once the collector knows that CRD's kind.
+async fn collector_rediscovered(cp: &ControlPlane, client: &Client, ns: &str) {
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "probes.gc-probe.example.com"},
+        "spec": {
+            "group": "gc-probe.example.com",
+            "names": {"plural": "probes", "singular": "probe", "kind": "Probe", "listKind": "ProbeList"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": {"type": "object"}}}]
+        }
+    }))
+    .unwrap();
+    cp.apply_crd(&crd).await.unwrap();
+    let dependent: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "gc-probe", "ownerReferences": [{
+            "apiVersion": "gc-probe.example.com/v1", "kind": "Probe", "name": "gone",
+            "uid": "00000000-0000-0000-0000-000000000000"
+        }]}
+    }))
+    .unwrap();
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), ns);
+    configmaps
+        .create(&PostParams::default(), &dependent)
+        .await
+        .unwrap();
+    eventually(
+        "the garbage collector to know a new kind",
+        Duration::from_secs(120),
+        || {
+            let configmaps = configmaps.clone();
+            async move {
+                configmaps
+                    .get_opt("gc-probe")
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
 }

@@ -54,6 +54,33 @@ pub struct Config {
     )]
     pub tls_key: PathBuf,
 
+    /// Keep a CA of the webhook's own in this Secret (created when absent), the caBundle
+    /// of every `--ca-bundle-target` current, and the serving certificate in memory,
+    /// issued by that CA; `--tls-cert`/`--tls-key` are then not read. Needs a Kubernetes
+    /// client (in-cluster or kubeconfig) with access to exactly these objects.
+    #[arg(long, env = "WEBHOOK_CA_SECRET")]
+    pub ca_secret: Option<String>,
+
+    /// Namespace of `--ca-secret` (the chart passes the release namespace).
+    #[arg(long, env = "WEBHOOK_CA_SECRET_NAMESPACE", default_value = "default")]
+    pub ca_secret_namespace: String,
+
+    /// With `--ca-secret`: the DNS names (or IP addresses) of the serving certificate,
+    /// comma-separated (the chart passes the webhook Service's names).
+    #[arg(long, env = "WEBHOOK_TLS_SANS", value_delimiter = ',')]
+    pub tls_sans: Vec<String>,
+
+    /// With `--ca-secret`: the configurations whose caBundle is kept current,
+    /// comma-separated `mutating/NAME`, `validating/NAME`, `crd/NAME` (a CRD only while its
+    /// conversion is a webhook).
+    #[arg(long, env = "WEBHOOK_CA_BUNDLE_TARGETS", value_delimiter = ',')]
+    pub ca_bundle_targets: Vec<crate::ca::Target>,
+
+    /// With `--ca-secret`: lifetime in days of a CA the webhook mints; it is replaced,
+    /// with overlap, at two thirds of it.
+    #[arg(long, env = "WEBHOOK_CA_VALIDITY_DAYS", default_value_t = 3650, value_parser = clap::value_parser!(u32).range(1..=36500))]
+    pub ca_validity_days: u32,
+
     /// YAML file of CEL admission policies; reloaded when it changes. None: no policies.
     #[arg(long, env = "WEBHOOK_POLICIES")]
     pub policies: Option<PathBuf>,
@@ -166,6 +193,11 @@ impl Config {
             ops_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             tls_cert,
             tls_key,
+            ca_secret: None,
+            ca_secret_namespace: "default".to_owned(),
+            tls_sans: Vec::new(),
+            ca_bundle_targets: Vec::new(),
+            ca_validity_days: 3650,
             policies,
             namespace_labels: false,
             watch_appservices: false,
@@ -188,6 +220,23 @@ impl Config {
             profiling_allow_remote: false,
             otlp_endpoint: None,
         }
+    }
+
+    /// The runtime CA's settings, when `--ca-secret` is given.
+    pub fn ca(&self) -> Option<crate::ca::CaConfig> {
+        let secret = self.ca_secret.clone().filter(|s| !s.is_empty())?;
+        Some(crate::ca::CaConfig {
+            secret,
+            namespace: self.ca_secret_namespace.clone(),
+            sans: self
+                .tls_sans
+                .iter()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            targets: self.ca_bundle_targets.clone(),
+            ca_validity: Duration::from_secs(u64::from(self.ca_validity_days) * 24 * 3600),
+        })
     }
 
     /// Whether and to whom the operations port serves profiles.
@@ -225,5 +274,34 @@ mod tests {
         assert_eq!(config.shutdown_delay, Duration::from_secs(5));
         assert_eq!(config.max_connections, 1024);
         assert_eq!(config.tls_cert, PathBuf::from("/etc/webhook/tls/tls.crt"));
+        assert!(config.ca().is_none());
+    }
+
+    #[test]
+    fn runtime_ca_flags() {
+        let config = Config::try_parse_from([
+            "appservice-webhook",
+            "--ca-secret",
+            "aso-webhook-ca",
+            "--ca-secret-namespace",
+            "ops",
+            "--tls-sans",
+            "aso-webhook,aso-webhook.ops.svc",
+            "--ca-bundle-targets",
+            "mutating/aso-webhook,validating/aso-webhook,crd/appservices.platform.example.com",
+        ])
+        .unwrap();
+        let ca = config.ca().unwrap();
+        assert_eq!(
+            (ca.secret.as_str(), ca.namespace.as_str()),
+            ("aso-webhook-ca", "ops")
+        );
+        assert_eq!(ca.sans, ["aso-webhook", "aso-webhook.ops.svc"]);
+        assert_eq!(ca.targets.len(), 3);
+        assert_eq!(ca.ca_validity, Duration::from_secs(3650 * 24 * 3600));
+        assert!(
+            Config::try_parse_from(["appservice-webhook", "--ca-bundle-targets", "pods/x"])
+                .is_err()
+        );
     }
 }

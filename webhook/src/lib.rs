@@ -1,11 +1,13 @@
 //! The AppService admission and conversion webhook as a library: the admission decisions
 //! ([`admission`]), CRD version conversion ([`conversion`]), the CEL policies ([`policy`]), TLS with certificate reload ([`tls`]),
+//! the runtime CA that keeps its own certificate and the caBundles current ([`ca`]),
 //! the routes ([`routes`]) and the server that ties them together ([`server`]). The
 //! binary only parses flags, sets up logging and the crypto provider, and runs
 //! [`server::serve`]; tests and the benchmark use the same entry points.
 
 pub mod admission;
 pub mod appservices;
+pub mod ca;
 pub mod config;
 pub mod conversion;
 pub mod expression;
@@ -53,8 +55,12 @@ pub enum Error {
     Task(&'static str, tokio::task::JoinError),
     #[error("the operations server failed: {0}")]
     Ops(std::io::Error),
-    #[error("creating a Kubernetes client for --namespace-labels or --watch-appservices: {0}")]
+    #[error(
+        "creating a Kubernetes client (for --namespace-labels, --watch-appservices or --ca-secret): {0}"
+    )]
     Client(kube::Error),
+    #[error("invalid configuration: {0}")]
+    Config(String),
 }
 
 impl From<tls::TlsError> for Error {
@@ -112,6 +118,7 @@ pub struct State {
     /// Whether the operations port serves profiles.
     pub profiling: telemetry::Profiling,
     certs: Option<Arc<CertStore>>,
+    ca: Option<Arc<ca::CaStatus>>,
     namespaces: Option<NamespaceCache>,
     appservices: Option<AppServiceCache>,
     tls_accepting: AtomicBool,
@@ -138,6 +145,7 @@ impl State {
             )),
             profiling: telemetry::Profiling::default(),
             certs: None,
+            ca: None,
             namespaces: None,
             appservices: None,
             tls_accepting: AtomicBool::new(false),
@@ -147,6 +155,11 @@ impl State {
 
     fn with_certs(mut self, certs: Arc<CertStore>) -> Self {
         self.certs = Some(certs);
+        self
+    }
+
+    fn with_ca(mut self, status: Arc<ca::CaStatus>) -> Self {
+        self.ca = Some(status);
         self
     }
 
@@ -185,11 +198,19 @@ impl State {
         let Some(certs) = &self.certs else {
             return Err("no serving certificate loaded");
         };
+        if certs.current().is_none() {
+            return Err("no serving certificate issued yet");
+        }
         if certs.not_after() <= jiff::Timestamp::now().as_second() {
             return Err("the serving certificate has expired");
         }
         if self.draining.load(Ordering::SeqCst) {
             return Err("shutting down");
+        }
+        // The API server would refuse this certificate: not ready until every caBundle
+        // holds its CA.
+        if self.ca.as_ref().is_some_and(|ca| !ca.is_trusted()) {
+            return Err("the serving certificate's CA is not in every caBundle yet");
         }
         if self.namespaces.as_ref().is_some_and(|n| !n.is_synced()) {
             return Err("namespace labels are not cached yet");

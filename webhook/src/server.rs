@@ -49,10 +49,10 @@ pub struct Server {
 
 /// Loads certificate and policies, binds both listeners and starts serving. Fails when
 /// the certificate or the policy file cannot be loaded or a port cannot be bound. With
-/// `--namespace-labels` or `--watch-appservices` the Kubernetes client comes from the
-/// environment (in-cluster or kubeconfig).
+/// `--namespace-labels`, `--watch-appservices` or `--ca-secret` the Kubernetes client
+/// comes from the environment (in-cluster or kubeconfig).
 pub async fn start(config: &Config) -> Result<Server> {
-    let client = if config.namespace_labels || config.watch_appservices {
+    let client = if config.namespace_labels || config.watch_appservices || config.ca().is_some() {
         Some(kube::Client::try_default().await.map_err(Error::Client)?)
     } else {
         None
@@ -60,15 +60,28 @@ pub async fn start(config: &Config) -> Result<Server> {
     start_with_client(config, client).await
 }
 
-/// [`start`] with an explicit client for the namespace-label and AppService watches
-/// (used when `config.namespace_labels` or `config.watch_appservices` is set).
+/// [`start`] with an explicit client for the namespace-label and AppService watches and
+/// the runtime CA (used when `config.namespace_labels`, `config.watch_appservices` or
+/// `config.ca_secret` is set; ignored otherwise).
 pub async fn start_with_client(config: &Config, client: Option<kube::Client>) -> Result<Server> {
     let metrics = Arc::new(Metrics::new());
-    let certs = Arc::new(CertStore::load(
-        config.tls_cert.clone(),
-        config.tls_key.clone(),
-        metrics.clone(),
-    )?);
+    let ca = config.ca();
+    if let Some(ca) = &ca
+        && ca.sans.is_empty()
+    {
+        return Err(Error::Config(
+            "--ca-secret needs --tls-sans, the names the API server calls the webhook by".into(),
+        ));
+    }
+    // With a runtime CA the certificate is issued in memory; else it comes from files.
+    let certs = Arc::new(match &ca {
+        Some(_) => CertStore::empty(metrics.clone()),
+        None => CertStore::load(
+            config.tls_cert.clone(),
+            config.tls_key.clone(),
+            metrics.clone(),
+        )?,
+    });
     let policies = match &config.policies {
         Some(path) => {
             let store = PolicyStore::load(path.clone(), config.namespace_labels)?;
@@ -107,15 +120,32 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
     let mut state = State::new(policies, metrics, limits)
         .with_certs(certs.clone())
         .with_profiling(config.profiling());
-    if let (true, Some(client)) = (config.namespace_labels, client.clone()) {
-        let (cache, task) = NamespaceCache::spawn(client, shutdown_rx.clone());
+    if let (true, Some(client)) = (config.namespace_labels, &client) {
+        let (cache, task) = NamespaceCache::spawn(client.clone(), shutdown_rx.clone());
         state = state.with_namespaces(cache);
         reloaders.push(task);
     }
-    if let (true, Some(client)) = (config.watch_appservices, client) {
-        let (cache, task) =
-            AppServiceCache::spawn(client, config.appservice_cache_bytes, shutdown_rx.clone());
+    if let (true, Some(client)) = (config.watch_appservices, &client) {
+        let (cache, task) = AppServiceCache::spawn(
+            client.clone(),
+            config.appservice_cache_bytes,
+            shutdown_rx.clone(),
+        );
         state = state.with_appservices(cache);
+        reloaders.push(task);
+    }
+    if let Some(ca) = ca {
+        let client = client
+            .ok_or_else(|| Error::Config("--ca-secret needs a Kubernetes client".to_owned()))?;
+        tracing::info!(secret = %ca.secret, namespace = %ca.namespace, targets = ca.targets.len(), "keeping the webhook CA and caBundles current");
+        let (status, task) = crate::ca::spawn(
+            client,
+            ca,
+            certs.clone(),
+            state.metrics.clone(),
+            shutdown_rx.clone(),
+        );
+        state = state.with_ca(status);
         reloaders.push(task);
     }
     let state = Arc::new(state);
@@ -137,8 +167,7 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
         error,
     })?;
 
-    {
-        let paths = certs.paths().map(ToOwned::to_owned);
+    if let Some(paths) = certs.paths().map(|p| p.map(ToOwned::to_owned)) {
         let certs = certs.clone();
         reloaders.push(reload::spawn(
             "certificate",

@@ -1,4 +1,5 @@
-//! TLS: the serving certificate, read from PEM files and swapped in place when they change.
+//! TLS: the serving certificate, read from PEM files and swapped in place when they change,
+//! or installed in memory by the runtime CA ([`crate::ca`]).
 //!
 //! Every handshake asks [`CertStore`] for the current key pair, so a reload affects new
 //! connections only and never interrupts one in flight. A changed pair is loaded only if
@@ -121,12 +122,14 @@ fn parse_pair(
     })
 }
 
-/// The current serving certificate, reloadable from its files.
+/// The current serving certificate, reloadable from its files (or, without files,
+/// installed by the runtime CA; empty until then).
 #[derive(Debug)]
 pub struct CertStore {
     cert_path: PathBuf,
     key_path: PathBuf,
-    current: RwLock<Arc<CertifiedKey>>,
+    from_files: bool,
+    current: RwLock<Option<Arc<CertifiedKey>>>,
     not_after: AtomicI64,
     // The bytes of the last pair seen (loaded or refused), so an unchanged pair is not
     // re-parsed and a refused one is reported once.
@@ -148,18 +151,49 @@ impl CertStore {
         Ok(CertStore {
             cert_path,
             key_path,
-            current: RwLock::new(loaded.key),
+            from_files: true,
+            current: RwLock::new(Some(loaded.key)),
             not_after: AtomicI64::new(loaded.not_after),
             last_seen: Mutex::new((cert_pem, key_pem)),
             metrics,
         })
     }
 
-    pub fn paths(&self) -> [&Path; 2] {
-        [&self.cert_path, &self.key_path]
+    /// A store without files and without a certificate: handshakes fail until
+    /// [`CertStore::install`] puts one in.
+    pub fn empty(metrics: Arc<Metrics>) -> Self {
+        CertStore {
+            cert_path: PathBuf::from("<memory>"),
+            key_path: PathBuf::from("<memory>"),
+            from_files: false,
+            current: RwLock::new(None),
+            not_after: AtomicI64::new(0),
+            last_seen: Mutex::new((Vec::new(), Vec::new())),
+            metrics,
+        }
     }
 
-    pub fn current(&self) -> Arc<CertifiedKey> {
+    /// Serves this pair from now on (new connections), if it is a good pair.
+    pub fn install(&self, cert_pem: &str, key_pem: &str) -> Result<(), TlsError> {
+        let loaded = parse_pair(
+            &self.cert_path,
+            cert_pem.as_bytes(),
+            &self.key_path,
+            key_pem.as_bytes(),
+        )?;
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(loaded.key);
+        self.not_after.store(loaded.not_after, Ordering::Relaxed);
+        self.metrics.certificate_loaded(loaded.not_after);
+        Ok(())
+    }
+
+    /// The files, when the certificate comes from files.
+    pub fn paths(&self) -> Option<[&Path; 2]> {
+        self.from_files.then_some([&self.cert_path, &self.key_path])
+    }
+
+    /// The pair handshakes get; `None` before a runtime CA installed one.
+    pub fn current(&self) -> Option<Arc<CertifiedKey>> {
         self.current
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -174,6 +208,9 @@ impl CertStore {
     /// Re-reads the files. `Ok(true)`: a new pair is being served; `Ok(false)`: nothing
     /// changed; `Err`: the new files were refused and the previous pair stays.
     pub fn reload(&self) -> Result<bool, TlsError> {
+        if !self.from_files {
+            return Ok(false);
+        }
         let result = match self.load_changed(false) {
             // Tools replace the two files one after the other, so a reload can read a new
             // certificate with the old key (or a file already deleted). Such a torn read
@@ -208,7 +245,7 @@ impl CertStore {
             *last = (cert_pem.clone(), key_pem.clone());
         }
         let loaded = parse_pair(&self.cert_path, &cert_pem, &self.key_path, &key_pem)?;
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = loaded.key;
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(loaded.key);
         self.not_after.store(loaded.not_after, Ordering::Relaxed);
         self.metrics.certificate_loaded(loaded.not_after);
         Ok(true)
@@ -245,7 +282,7 @@ struct Resolver(Arc<CertStore>);
 
 impl ResolvesServerCert for Resolver {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.0.current())
+        self.0.current()
     }
 }
 
@@ -284,24 +321,24 @@ mod tests {
         std::fs::write(&key_path, &key).unwrap();
         let metrics = Arc::new(Metrics::new());
         let store = CertStore::load(cert_path.clone(), key_path.clone(), metrics.clone()).unwrap();
-        let first = store.current();
+        let first = store.current().unwrap();
         assert!(!store.reload().unwrap(), "unchanged files are not reloaded");
 
         // A new certificate with the old key: refused, old pair kept.
         let (cert2, key2) = pair("b.example");
         std::fs::write(&cert_path, &cert2).unwrap();
         assert!(matches!(store.reload(), Err(TlsError::KeyPair(_))));
-        assert!(Arc::ptr_eq(&first, &store.current()));
+        assert!(Arc::ptr_eq(&first, &store.current().unwrap()));
 
         std::fs::write(&key_path, &key2).unwrap();
         assert!(store.reload().unwrap());
-        assert!(!Arc::ptr_eq(&first, &store.current()));
+        assert!(!Arc::ptr_eq(&first, &store.current().unwrap()));
 
         // Garbage: refused, still serving b.
         std::fs::write(&cert_path, "not pem").unwrap();
         assert!(store.reload().is_err());
         assert_eq!(
-            store.current().cert[0].as_ref(),
+            store.current().unwrap().cert[0].as_ref(),
             CertificateDer::from_pem_slice(cert2.as_bytes())
                 .unwrap()
                 .as_ref()

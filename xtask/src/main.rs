@@ -7,6 +7,8 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod deny;
+mod sbom;
 
 /// What was being done when an error happened, with the error's own message in the same
 /// line: the one line printed has the cause once, and no error chain is walked.
@@ -58,7 +60,17 @@ enum Cmd {
     /// Build the controller-runtime baseline controller (bench/controller-runtime, Go) for
     /// the scale benchmark's `--controller-bin`, and print the binary's path.
     BuildCrBaseline,
-    /// Build the test assets and install PostgreSQL if needed, then run every test of the workspace.
+    /// Supply-chain checks with cargo-deny (installed when missing): licenses, bans,
+    /// sources, and advisories when the advisory database is reachable.
+    Deny,
+    /// Write a CycloneDX 1.5 JSON SBOM of every package in Cargo.lock.
+    Sbom {
+        /// Where to write it (default: target/sbom/appservice-operator.cdx.json).
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// The supply-chain checks (`deny`), then build the test assets and install
+    /// PostgreSQL if needed, then run every test of the workspace.
     Test {
         /// Extra arguments for `cargo test`, e.g. `-- --nocapture`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -81,6 +93,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Crd { check } => crd(check),
         Cmd::Assets { force } => assets(force).map(|bin| println!("{}", bin.display())),
         Cmd::Test { args } => test(&args),
+        Cmd::Deny => deny::run(&repo_root()?),
+        Cmd::Sbom { output } => sbom::run(&repo_root()?, output.as_deref()),
         Cmd::Up { full } => up(full),
         Cmd::Demo { exit_when_ready } => demo::run(&repo_root()?, exit_when_ready),
         Cmd::BuildCrBaseline => build_cr_baseline().map(|bin| println!("{}", bin.display())),
@@ -248,6 +262,7 @@ fn postgres_installed() -> bool {
 }
 
 fn test(args: &[String]) -> Result<()> {
+    deny::run(&repo_root()?)?;
     let bin = assets(false)?;
     ensure_postgres()?;
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))

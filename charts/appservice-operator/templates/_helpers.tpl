@@ -73,6 +73,26 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
+{{/* Namespaces the controller never reconciles in (a list): kube-system, the release
+namespace and controller.excludeNamespaces. The controller's flag and its admission
+policy both read this one list. */}}
+{{- define "aso.controller.excludedNamespaces" -}}
+{{- /* dig, not .Values.controller.excludeNamespaces: a value added after the first
+release is missing under `helm upgrade --reuse-values` (the README's upgrade command),
+which keeps the old release's values and not this chart's defaults. */ -}}
+{{- toJson (concat (list "kube-system" .Release.Namespace) (dig "controller" "excludeNamespaces" (list) .Values.AsMap) | uniq) }}
+{{- end }}
+
+{{/* admissionPolicies.enabled, true when the release's values predate it. */}}
+{{- define "aso.admissionPolicies" -}}
+{{- if dig "admissionPolicies" "enabled" true .Values.AsMap }}true{{ end }}
+{{- end }}
+
+{{/* The user name the API server gives the controller's ServiceAccount. */}}
+{{- define "aso.controller.username" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "aso.controller.fullname" . }}
+{{- end }}
+
 {{/* Namespaces the webhooks never see. */}}
 {{- define "aso.webhook.namespaceSelector" -}}
 matchExpressions:
@@ -85,27 +105,47 @@ matchExpressions:
 {{- end }}
 {{- end }}
 
-{{/*
-The serving certificate in selfSigned mode: reuse the Secret from the cluster when it is
-there (so `helm upgrade` does not rotate the CA under running API servers), else generate.
-Returns a dict with ca, cert, key (PEM), computed once per render.
-*/}}
-{{- define "aso.selfSignedCert" -}}
-{{- $secretName := include "aso.webhook.tlsSecret" . -}}
-{{- $existing := lookup "v1" "Secret" .Release.Namespace $secretName -}}
-{{- if and $existing $existing.data (index $existing.data "ca.crt") (index $existing.data "tls.crt") (index $existing.data "tls.key") -}}
-ca: {{ index $existing.data "ca.crt" | b64dec | quote }}
-cert: {{ index $existing.data "tls.crt" | b64dec | quote }}
-key: {{ index $existing.data "tls.key" | b64dec | quote }}
-{{- else -}}
+{{/* The Secret the webhook keeps its CA in (selfSigned mode). */}}
+{{- define "aso.webhook.caSecret" -}}{{ include "aso.webhook.fullname" . }}-ca{{- end }}
+
+{{/* Whether webhook Pods get a token. */}}
+{{- define "aso.webhook.needsToken" -}}
+{{- /* Always: the webhook watches AppServices, which writes of /scale are judged on (and,
+when enabled, namespace labels and its selfSigned CA). */ -}}
+true
+{{- end }}
+
+{{/* The configurations whose caBundle the webhook keeps (selfSigned mode): both webhook
+configurations, and the CRD when the chart renders it (a CRD managed elsewhere keeps
+the bundle its owner gives it). */}}
+{{- define "aso.webhook.caBundleTargets" -}}
 {{- $svc := include "aso.webhook.fullname" . -}}
-{{- $days := int .Values.certificates.selfSignedValidityDays -}}
-{{- $ca := genCA (printf "%s-ca" $svc) $days -}}
-{{- $dns := list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) -}}
-{{- $cert := genSignedCert (printf "%s.%s.svc" $svc .Release.Namespace) nil $dns $days $ca -}}
-ca: {{ $ca.Cert | quote }}
-cert: {{ $cert.Cert | quote }}
-key: {{ $cert.Key | quote }}
+{{- $targets := list (printf "mutating/%s" $svc) (printf "validating/%s" $svc) -}}
+{{- if .Values.crd.install }}{{ $targets = append $targets "crd/appservices.platform.example.com" }}{{ end -}}
+{{- toJson $targets }}
+{{- end }}
+
+{{/* The names the API server calls the webhook by: its serving certificate's SANs. */}}
+{{- define "aso.webhook.dnsNames" -}}
+{{- $svc := include "aso.webhook.fullname" . -}}
+{{- toJson (list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace)) }}
+{{- end }}
+
+{{/*
+selfSigned mode: the caBundle a configuration has in the cluster now, written there by
+the webhook, rendered back unchanged so `helm upgrade` never takes it away (and the
+upgrade from a chart that minted its CA with Helm keeps the old CA until the webhook has
+added its own). Under `helm template` lookup finds nothing: no caBundle is rendered, the
+output is the same every time, and the running webhook keeps the live one. Arguments:
+kind, name, entry (a webhook entry's name; empty for the CRD's conversion webhook).
+*/}}
+{{- define "aso.webhook.liveCaBundle" -}}
+{{- $apiVersion := ternary "apiextensions.k8s.io/v1" "admissionregistration.k8s.io/v1" (eq .kind "CustomResourceDefinition") -}}
+{{- $obj := lookup $apiVersion .kind "" .name -}}
+{{- if eq .kind "CustomResourceDefinition" -}}
+{{- dig "spec" "conversion" "webhook" "clientConfig" "caBundle" "" $obj -}}
+{{- else -}}
+{{- range (dig "webhooks" (list) $obj) }}{{ if eq .name $.entry }}{{ dig "clientConfig" "caBundle" "" . }}{{ end }}{{ end -}}
 {{- end -}}
 {{- end }}
 

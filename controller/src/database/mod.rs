@@ -43,7 +43,6 @@ use error::DbResult;
 pub use error::{DatabaseError, DatabaseErrorReason, reasons};
 use server::Server;
 
-use crate::desired::is_controlled_by;
 use crate::error::{Error, Result};
 use crate::external::{ConditionReport, External, Outcome, Report, Step};
 use crate::metrics::{Metrics, Written};
@@ -144,7 +143,7 @@ impl Databases {
         let secret_name = database_secret_name(&name);
         let live = match secrets.get_opt(&secret_name).await? {
             Some(s) => {
-                if !is_controlled_by(s.metadata.owner_references.as_deref(), &uid) {
+                if !secret::is_ours(&s, &uid, &db) {
                     return Err(DatabaseError::SecretConflict(format!(
                         "{namespace}/{secret_name}"
                     )));
@@ -182,13 +181,15 @@ impl Databases {
                 created
             }
         };
-        // The password the Secret holds; a Secret without one (tampered) gets a new one.
-        let (live, password) = match secret::value(&live, secret::PGPASSWORD) {
-            Some(pw) if !pw.is_empty() => (live, pw),
-            _ => {
+        // The role's password as the Secret tells it (an edited copy is told from the
+        // real one by its hash); a Secret where neither copy is known good gets a new one.
+        let (live, password) = match secret::trusted_password(&live) {
+            Some(pw) => (live, pw),
+            None => {
                 let pw = sql::new_password();
                 let mut desired = secret::desired(app, class, &db, &pw, true, ca_pem.as_deref())
                     .map_err(|e| DatabaseError::Internal(e.to_string()))?;
+                secret::keep_others(&live, &mut desired);
                 desired.metadata.resource_version = live.metadata.resource_version.clone();
                 let replaced = secrets
                     .replace(&secret_name, &PostParams::default(), &desired)
@@ -241,8 +242,12 @@ impl Databases {
         // The Secret's content follows the class (host, port, TLS) and its password.
         let desired = secret::desired(app, class, &db, &password, false, ca_pem.as_deref())
             .map_err(|e| DatabaseError::Internal(e.to_string()))?;
-        if pending || !secret::same_data(&live, &desired) {
+        // ... and its metadata: our labels, our owner reference through the storage
+        // version (re-pointing a Secret an earlier release made), others' entries kept.
+        if pending || !secret::same_data(&live, &desired) || !secret::same_metadata(&live, &desired)
+        {
             let mut desired = desired;
+            secret::keep_others(&live, &mut desired);
             desired.metadata.resource_version = live.metadata.resource_version.clone();
             // resourceVersion as precondition: if someone replaced the Secret meanwhile,
             // this fails (409) and the next reconcile starts from their version.
@@ -436,7 +441,7 @@ impl Databases {
         let Some(live) = secrets.get_opt(&secret_name).await? else {
             return Ok(absent);
         };
-        if !is_controlled_by(live.metadata.owner_references.as_deref(), &uid) {
+        if !secret::is_ours(&live, &uid, &sql::db_name(&uid)) {
             return Ok(absent);
         }
         let class_name = live.annotations().get(CLASS_ANNOTATION).cloned();
@@ -579,7 +584,7 @@ impl Databases {
         let secret = secrets
             .get_opt(&secret_name)
             .await?
-            .filter(|s| is_controlled_by(s.metadata.owner_references.as_deref(), &uid));
+            .filter(|s| secret::is_ours(s, &uid, &sql::db_name(&uid)));
         let class_name = match app.spec.database_class() {
             Some(c) => c.to_owned(),
             None => match secret

@@ -9,9 +9,11 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use sha2::{Digest, Sha256};
+
 use super::sql::database_url;
 use super::{CLASS_ANNOTATION, PASSWORD_PENDING_ANNOTATION};
-use crate::desired::{owner_reference, required};
+use crate::desired::{is_controlled_by, owner_reference, required};
 use crate::error::Result;
 
 pub const DATABASE_URL: &str = "DATABASE_URL";
@@ -23,6 +25,13 @@ pub const PGPASSWORD: &str = "PGPASSWORD";
 pub const PGSSLMODE: &str = "PGSSLMODE";
 /// The CA of the server, for clients that verify it (`verify-full`).
 pub const CA_CRT: &str = "ca.crt";
+
+/// Annotation on the credentials Secret: the SHA-256 of the password the controller set
+/// on the role. An edit of `PGPASSWORD` (or of the password in `DATABASE_URL`) is told
+/// from the real one by it, so the Secret is put back with the role's password instead
+/// of handing out one that does not work. (The password is random and long: its hash
+/// tells nothing, and whoever may read the annotation may read the data anyway.)
+pub const PASSWORD_HASH_ANNOTATION: &str = "platform.example.com/password-sha256";
 
 /// The Secret holding the credentials of `db` (role and database have the same name).
 /// `pending` marks a password that may not be the role's yet.
@@ -55,7 +64,10 @@ pub fn desired(
     if let Some(ca) = ca_pem {
         data.insert(CA_CRT.to_owned(), ca.to_owned());
     }
-    let mut annotations = BTreeMap::from([(CLASS_ANNOTATION.to_owned(), class_name)]);
+    let mut annotations = BTreeMap::from([
+        (CLASS_ANNOTATION.to_owned(), class_name),
+        (PASSWORD_HASH_ANNOTATION.to_owned(), password_hash(password)),
+    ]);
     if pending {
         annotations.insert(PASSWORD_PENDING_ANNOTATION.to_owned(), "true".to_owned());
     }
@@ -88,6 +100,120 @@ pub fn value(secret: &Secret, key: &str) -> Option<String> {
         .as_ref()
         .and_then(|d| d.get(key))
         .cloned()
+}
+
+/// The hex SHA-256 of a password, as [`PASSWORD_HASH_ANNOTATION`] holds it.
+pub fn password_hash(password: &str) -> String {
+    Sha256::digest(password.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The password in a `postgres://user:password@host...` URL as we write it (user and
+/// password are alphanumeric or `_`, so nothing in them is escaped).
+fn url_password(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let (userinfo, _) = rest.split_once('@')?;
+    let (_, password) = userinfo.split_once(':')?;
+    Some(password.to_owned())
+}
+
+/// The password the role has, as far as `live` can tell: of `PGPASSWORD` and the
+/// password in `DATABASE_URL`, the one whose hash is [`PASSWORD_HASH_ANNOTATION`] (the
+/// other may have been edited). A Secret of an earlier release, without that annotation,
+/// is taken at its `PGPASSWORD`. `None` when neither is known good: both edited, or the
+/// key removed; the caller then sets a new password on the role.
+pub fn trusted_password(live: &Secret) -> Option<String> {
+    let pgpassword = value(live, PGPASSWORD).filter(|pw| !pw.is_empty());
+    let Some(hash) = live
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PASSWORD_HASH_ANNOTATION))
+    else {
+        return pgpassword;
+    };
+    let in_url = value(live, DATABASE_URL).and_then(|url| url_password(&url));
+    [pgpassword, in_url]
+        .into_iter()
+        .flatten()
+        .find(|pw| !pw.is_empty() && password_hash(pw) == *hash)
+}
+
+/// Whether `live` is this AppService's Secret: controlled by it (whatever version of
+/// the AppService its owner reference names), or, with no controller at all (its owner
+/// reference removed, or the `controller` flag cleared), holding the credentials of
+/// the AppService's own database `db`, which is named from its uid. Anything else is
+/// someone else's and is never written.
+pub fn is_ours(live: &Secret, uid: &str, db: &str) -> bool {
+    let refs = live.metadata.owner_references.as_deref();
+    if is_controlled_by(refs, uid) {
+        return true;
+    }
+    let controlled = refs
+        .unwrap_or_default()
+        .iter()
+        .any(|r| r.controller == Some(true));
+    !controlled
+        && value(live, PGUSER).as_deref() == Some(db)
+        && value(live, PGDATABASE).as_deref() == Some(db)
+}
+
+/// Whether `live` carries `desired`'s labels and its owner reference exactly (the one
+/// controller reference: re-pointed at the storage version, flags as we set them).
+pub fn same_metadata(live: &Secret, desired: &Secret) -> bool {
+    let labels_ok = desired
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| live.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v));
+    let want = desired
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
+    let have = live
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
+    let controllers: Vec<_> = have.iter().filter(|r| r.controller == Some(true)).collect();
+    let owner_ok = want
+        .iter()
+        .all(|w| controllers.len() == 1 && controllers[0] == w);
+    labels_ok && owner_ok
+}
+
+/// Carries over into `desired` what others put on `live` that is not ours to remove:
+/// their labels, annotations (but the pending mark, which only `desired` decides) and
+/// non-controller owner references.
+pub fn keep_others(live: &Secret, desired: &mut Secret) {
+    let meta = &mut desired.metadata;
+    for (k, v) in live.metadata.labels.iter().flatten() {
+        meta.labels
+            .get_or_insert_with(BTreeMap::new)
+            .entry(k.clone())
+            .or_insert_with(|| v.clone());
+    }
+    for (k, v) in live.metadata.annotations.iter().flatten() {
+        if k != PASSWORD_PENDING_ANNOTATION {
+            meta.annotations
+                .get_or_insert_with(BTreeMap::new)
+                .entry(k.clone())
+                .or_insert_with(|| v.clone());
+        }
+    }
+    let others = live
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.controller != Some(true));
+    meta.owner_references
+        .get_or_insert_with(Vec::new)
+        .extend(others.cloned());
 }
 
 /// Whether `live` already has `desired`'s data and annotations (ignoring other
@@ -165,5 +291,111 @@ mod tests {
         assert!(same_data(&live, &settled));
         let other_pw = desired(&app(), &class(), "d", "pw2", false, None).unwrap();
         assert!(!same_data(&other_pw, &settled));
+    }
+
+    #[test]
+    fn the_role_password_is_told_from_an_edited_one() {
+        let settled = desired(&app(), &class(), "appsvc_x", "pw-real", false, None).unwrap();
+        assert_eq!(trusted_password(&settled).as_deref(), Some("pw-real"));
+        let edit = |key: &str, value: &str| {
+            let mut s = settled.clone();
+            s.data
+                .as_mut()
+                .unwrap()
+                .insert(key.into(), ByteString(value.as_bytes().to_vec()));
+            s
+        };
+        // PGPASSWORD edited: the URL still has the real one.
+        assert_eq!(
+            trusted_password(&edit(PGPASSWORD, "guess")).as_deref(),
+            Some("pw-real")
+        );
+        // The URL edited: PGPASSWORD is the real one.
+        let url = "postgres://appsvc_x:guess@db.example:6432/appsvc_x?sslmode=require";
+        assert_eq!(
+            trusted_password(&edit(DATABASE_URL, url)).as_deref(),
+            Some("pw-real")
+        );
+        // Both edited: nothing is known good.
+        let both = {
+            let mut s = edit(PGPASSWORD, "guess");
+            s.data
+                .as_mut()
+                .unwrap()
+                .insert(DATABASE_URL.into(), ByteString(url.as_bytes().to_vec()));
+            s
+        };
+        assert_eq!(trusted_password(&both), None);
+        // An earlier release's Secret (no hash): its PGPASSWORD, as before.
+        let mut legacy = settled.clone();
+        legacy
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(PASSWORD_HASH_ANNOTATION);
+        assert_eq!(trusted_password(&legacy).as_deref(), Some("pw-real"));
+    }
+
+    #[test]
+    fn ours_without_an_owner_reference_but_never_anothers() {
+        let ours = desired(&app(), &class(), "appsvc_x", "pw", false, None).unwrap();
+        assert!(is_ours(&ours, "u-1", "appsvc_x"));
+        assert!(!is_ours(&ours, "u-2", "appsvc_y"));
+        let mut orphan = ours.clone();
+        orphan.metadata.owner_references = None;
+        assert!(is_ours(&orphan, "u-1", "appsvc_x"));
+        assert!(!is_ours(&orphan, "u-1", "appsvc_other"));
+        let mut anothers = ours.clone();
+        anothers.metadata.owner_references.as_mut().unwrap()[0].uid = "u-9".into();
+        assert!(!is_ours(&anothers, "u-1", "appsvc_x"));
+        let mut foreign = Secret::default();
+        foreign.metadata.name = Some("checkout-database".into());
+        assert!(!is_ours(&foreign, "u-1", "appsvc_x"));
+    }
+
+    #[test]
+    fn metadata_drift_is_seen_and_others_metadata_kept() {
+        let want = desired(&app(), &class(), "d", "pw", false, None).unwrap();
+        assert!(same_metadata(&want, &want));
+        let mut old_version = want.clone();
+        old_version.metadata.owner_references.as_mut().unwrap()[0].api_version =
+            "platform.example.com/v1alpha1".into();
+        assert!(!same_metadata(&old_version, &want));
+        let mut unlabelled = want.clone();
+        unlabelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(common::names::LABEL_MANAGED_BY);
+        assert!(!same_metadata(&unlabelled, &want));
+
+        let mut live = old_version.clone();
+        live.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "payments".into());
+        live.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(PASSWORD_PENDING_ANNOTATION.into(), "true".into());
+        let mut repaired = want.clone();
+        keep_others(&live, &mut repaired);
+        assert!(same_metadata(&repaired, &want));
+        assert_eq!(
+            repaired.metadata.labels.as_ref().unwrap()["team"],
+            "payments"
+        );
+        assert!(
+            !repaired
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key(PASSWORD_PENDING_ANNOTATION)
+        );
     }
 }

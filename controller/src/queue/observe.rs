@@ -8,7 +8,6 @@ use std::time::Instant;
 use common::AppService;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
-use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -24,28 +23,6 @@ where
     stream.inspect(move |item| {
         if let Ok(app) = item {
             queue.triggered(&ObjectRef::from_obj(app), Instant::now());
-        }
-    })
-}
-
-/// Counts the owners of a child stream's objects as triggers (as kube-runtime's
-/// `owns_stream` maps them: every owner reference to an AppService).
-pub fn observe_children<S, K, E>(stream: S, queue: Arc<Queue>) -> impl Stream<Item = Result<K, E>>
-where
-    S: Stream<Item = Result<K, E>>,
-    K: Resource,
-{
-    stream.inspect(move |item| {
-        if let Ok(child) = item {
-            let meta = child.meta();
-            let now = Instant::now();
-            for owner in meta.owner_references.iter().flatten() {
-                if let Some(key) =
-                    ObjectRef::<AppService>::from_owner_ref(meta.namespace.as_deref(), owner, ())
-                {
-                    queue.triggered(&key, now);
-                }
-            }
         }
     })
 }

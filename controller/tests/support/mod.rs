@@ -15,7 +15,7 @@ use harness::{ControlPlane, TestNamespace};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -175,10 +175,21 @@ pub fn start_controller_with(
     tweak: impl FnOnce(&mut Config),
     external: Arc<dyn controller::external::External>,
 ) -> Running {
+    // The shipped defaults (resync 10 min, rollout requeue 10 s): a test that needs the
+    // controller to look again makes the event that should wake it (see [`poke`]).
     let mut config = Config::for_namespace(namespace);
-    config.rollout_requeue = Duration::from_secs(1);
     tweak(&mut config);
-    let metrics = Arc::new(Metrics::default());
+    start_controller_counted(client, config, external, Arc::new(Metrics::default()))
+}
+
+/// A controller with `config`, `external` and `metrics` (shared with the external step,
+/// so one set of counters sees every write).
+pub fn start_controller_counted(
+    client: Client,
+    config: Config,
+    external: Arc<dyn controller::external::External>,
+    metrics: Arc<Metrics>,
+) -> Running {
     let hooks = Hooks {
         metrics: metrics.clone(),
         external,
@@ -229,4 +240,130 @@ pub fn condition(app: &AppService, type_: &str) -> Option<(String, String, Strin
     let status = app.status.as_ref()?;
     common::conditions::find(&status.conditions, type_)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Makes the controller reconcile at least `n` more times without changing anything it
+/// owns: an unrelated label on one of `names`' AppService, Deployment and Service in
+/// turn, each awaited by the reconcile count. These are events the controller must see,
+/// whatever its resync interval; a test counts writes over them.
+pub async fn poke(f: &Fixture, metrics: &Metrics, names: &[String], n: u64) -> anyhow::Result<()> {
+    anyhow::ensure!(!names.is_empty(), "nothing to poke");
+    let params = PatchParams {
+        field_manager: Some("poke".to_owned()),
+        ..PatchParams::default()
+    };
+    // A value no earlier poke used: the same value again would be no change, no event.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
+    for i in 0..n {
+        let name = &names[usize::try_from(i)? % names.len()];
+        let patch = Patch::Merge(serde_json::json!({
+            "metadata": {"labels": {"example.com/poked": format!("{nonce}-{i}")}}
+        }));
+        let before = metrics.reconcile_count();
+        let child = match i % 3 {
+            0 => None,
+            1 => Some(f.deployments.patch(name, &params, &patch).await.map(drop)),
+            _ => Some(f.services.patch(name, &params, &patch).await.map(drop)),
+        };
+        match child {
+            Some(Ok(())) => {}
+            // No such child (an AppService blocked before its children): poke the
+            // AppService instead.
+            None => drop(f.apps.patch(name, &params, &patch).await?),
+            Some(Err(kube::Error::Api(s))) if s.code == 404 => {
+                drop(f.apps.patch(name, &params, &patch).await?)
+            }
+            Some(Err(e)) => return Err(e.into()),
+        }
+        let what = format!("a reconcile after poke {i} of {name}");
+        let waited = harness::eventually(&what, Duration::from_secs(60), || async {
+            (metrics.reconcile_count() > before).then_some(())
+        })
+        .await;
+        if let Err(e) = waited {
+            // What the work queue was doing, to tell a stuck reconcile from a lost event.
+            let queue: Vec<String> = metrics
+                .encode()?
+                .lines()
+                .filter(|l| l.starts_with("workqueue_") || l.starts_with("controller_runtime_"))
+                .map(str::to_owned)
+                .collect();
+            anyhow::bail!("{e}\n{}", queue.join("\n"));
+        }
+    }
+    Ok(())
+}
+
+/// A DatabaseClass named after the test's namespace for the server `pg` (verify-full,
+/// its CA and admin Secrets in the test's namespace), with `policy`, and the admin
+/// password `admin_password` (the real one when `None`). Returns the class's name.
+pub async fn database_class(
+    fixture: &Fixture,
+    pg: &harness::Postgres,
+    policy: &str,
+    admin_password: Option<&str>,
+) -> anyhow::Result<String> {
+    use k8s_openapi::api::core::v1::Secret;
+    use serde_json::json;
+    let secrets: Api<Secret> = fixture.api();
+    let secret = |name: &str, data: serde_json::Value| -> anyhow::Result<Secret> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "stringData": data,
+        }))?)
+    };
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret(
+                "pg-admin",
+                json!({
+                    "username": harness::postgres::SUPERUSER,
+                    "password": admin_password.unwrap_or(pg.password()),
+                }),
+            )?,
+        )
+        .await?;
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("pg-ca", json!({"ca.crt": pg.ca_pem()}))?,
+        )
+        .await?;
+    let class = format!("{}-pg", fixture.ns.name());
+    let classes: Api<common::DatabaseClass> = Api::all(fixture.client.clone());
+    let object: common::DatabaseClass = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1alpha1",
+        "kind": "DatabaseClass",
+        "metadata": {"name": class},
+        "spec": {
+            // A name, not the address: verify-full checks it against the certificate.
+            "host": "localhost",
+            "port": pg.port(),
+            "tls": {"mode": "verify-full", "ca": {"secretRef": {"name": "pg-ca"}}},
+            "adminCredentials": {"secretName": "pg-admin"},
+            "deletionPolicy": policy,
+        }
+    }))?;
+    classes.create(&PostParams::default(), &object).await?;
+    Ok(class)
+}
+
+/// The real database step for the fixture's namespace (admin Secrets read there),
+/// counting into `metrics`.
+pub fn databases(fixture: &Fixture, metrics: Arc<Metrics>) -> controller::database::Databases {
+    let config = controller::database::DatabaseConfig {
+        admin_namespace: Some(fixture.ns.name().to_owned()),
+        pool_size: 4,
+        connect_timeout: Duration::from_secs(3),
+        statement_timeout: Duration::from_secs(10),
+    };
+    controller::database::Databases::new(
+        fixture.client.clone(),
+        &config,
+        fixture.ns.name(),
+        metrics,
+    )
 }

@@ -33,6 +33,9 @@ pub struct Metrics {
     duration: Family<EndpointLabels, Histogram>,
     cert_expiry: Gauge<i64>,
     cert_reloads: Family<ReloadLabels, Counter>,
+    ca_expiry: Gauge<i64>,
+    ca_rotations: Counter,
+    ca_sync_failures: Counter,
     policy_reloads: Family<ReloadLabels, Counter>,
     policies: Gauge<i64>,
     in_flight: Gauge<i64>,
@@ -84,6 +87,24 @@ impl Metrics {
             "certificate_expiry_timestamp_seconds",
             "notAfter of the serving certificate, as a Unix timestamp",
             cert_expiry.clone(),
+        );
+        let ca_expiry = Gauge::<i64>::default();
+        registry.register(
+            "ca_expiry_timestamp_seconds",
+            "notAfter of the webhook CA that signs the serving certificate (--ca-secret), as a Unix timestamp",
+            ca_expiry.clone(),
+        );
+        let ca_rotations = Counter::default();
+        registry.register(
+            "ca_rotations",
+            "Times this replica promoted a next webhook CA to sign (--ca-secret)",
+            ca_rotations.clone(),
+        );
+        let ca_sync_failures = Counter::default();
+        registry.register(
+            "ca_sync_failures",
+            "Failed passes keeping the webhook CA Secret and the caBundles current (--ca-secret); retried with backoff",
+            ca_sync_failures.clone(),
         );
         let cert_reloads = Family::<ReloadLabels, Counter>::default();
         registry.register(
@@ -184,6 +205,9 @@ impl Metrics {
             duration,
             cert_expiry,
             cert_reloads,
+            ca_expiry,
+            ca_rotations,
+            ca_sync_failures,
             policy_reloads,
             policies,
         }
@@ -255,6 +279,21 @@ impl Metrics {
     pub fn connection(&self) -> InFlight {
         self.connections.inc();
         InFlight(self.connections.clone())
+    }
+
+    /// The runtime CA signing now expires at `not_after_unix`.
+    pub fn ca_loaded(&self, not_after_unix: i64) {
+        self.ca_expiry.set(not_after_unix);
+    }
+
+    /// This replica promoted the next CA.
+    pub fn ca_rotated(&self) {
+        self.ca_rotations.inc();
+    }
+
+    /// A pass of the runtime CA failed.
+    pub fn ca_sync_failed(&self) {
+        self.ca_sync_failures.inc();
     }
 
     pub fn certificate_loaded(&self, not_after_unix: i64) {
