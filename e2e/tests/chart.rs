@@ -230,8 +230,37 @@ fn webhook_configurations_are_safe_by_default() {
         assert_eq!(excluded["key"], "kubernetes.io/metadata.name");
         assert_eq!(excluded["operator"], "NotIn");
         assert_eq!(excluded["values"], json!(["kube-system", "ops"]), "{kind}");
-        assert_eq!(hook["rules"][0]["resources"], json!(["appservices"]));
         assert_eq!(hook["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
+    }
+    // The harness registers the chart's rules (one file, rendered here): a test sees the
+    // write paths a cluster sends. /scale is validated; /status never is.
+    let (mutating_rules, validating_rules) = harness::admission_rules().expect("rules");
+    let rules = |kind: &str| find(&docs, kind, WEBHOOK)["webhooks"][0]["rules"].clone();
+    assert_eq!(
+        rules("MutatingWebhookConfiguration"),
+        serde_json::to_value(&mutating_rules).unwrap()
+    );
+    assert_eq!(
+        rules("ValidatingWebhookConfiguration"),
+        serde_json::to_value(&validating_rules).unwrap()
+    );
+    assert_eq!(
+        rules("ValidatingWebhookConfiguration")[0]["resources"],
+        json!(["appservices", "appservices/scale"])
+    );
+    assert_eq!(
+        rules("MutatingWebhookConfiguration")[0]["resources"],
+        json!(["appservices"])
+    );
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        assert_eq!(
+            rules(kind)[0]["apiVersions"],
+            json!(["v1alpha1", "v1beta1"]),
+            "{kind}"
+        );
     }
     let mutating = &find(&docs, "MutatingWebhookConfiguration", WEBHOOK)["webhooks"][0];
     assert_eq!(mutating["reinvocationPolicy"], "IfNeeded");
@@ -395,8 +424,8 @@ fn certificate_modes_wire_the_ca_bundle() {
     );
     let pod = &find(&docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
     assert_eq!(
-        pod["automountServiceAccountToken"], false,
-        "no API access needed"
+        pod["automountServiceAccountToken"], true,
+        "the AppService watch (scale writes) needs a token in every mode"
     );
     assert_eq!(
         pod["volumes"][0]["secret"]["secretName"],
@@ -503,7 +532,8 @@ fn pods_are_restricted_and_probed() {
         );
     }
     let webhook = &find(&docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
-    // A token to keep its CA (selfSigned, the default); see certificate_modes_wire_the_ca_bundle.
+    // A token to watch AppServices (scale writes are judged on them) and to keep its CA
+    // (selfSigned, the default); see certificate_modes_wire_the_ca_bundle.
     assert_eq!(webhook["automountServiceAccountToken"], true);
     assert!(webhook["topologySpreadConstraints"].is_array());
     let env =
@@ -745,17 +775,17 @@ fn rbac_is_exactly_what_the_controller_uses() {
         json!(["appservice-controller"])
     );
 
-    // The webhook has no role unless policies may read namespace labels; then exactly
-    // list/watch on namespaces, and a token.
-    assert!(
-        !docs
-            .iter()
-            .any(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == WEBHOOK)
+    // The webhook may only list/watch AppServices (the cache scale writes are judged
+    // on); when policies may read namespace labels, list/watch on namespaces too.
+    let watch_apps = json!({"apiGroups": ["platform.example.com"], "resources": ["appservices"], "verbs": ["list", "watch"]});
+    assert_eq!(
+        find(&docs, "ClusterRole", WEBHOOK)["rules"],
+        json!([watch_apps])
     );
     let labels = template("ops", &["webhook.namespaceLabels=true".to_owned()]);
     assert_eq!(
         find(&labels, "ClusterRole", WEBHOOK)["rules"],
-        json!([{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}])
+        json!([watch_apps, {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}])
     );
     let pod = &find(&labels, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
     assert_eq!(pod["automountServiceAccountToken"], true);
@@ -770,7 +800,9 @@ fn rbac_is_exactly_what_the_controller_uses() {
     let scoped = template("ops", &["controller.watchNamespace=team-a".to_owned()]);
     // Scoped to one namespace: the controller's only cluster-wide rights are on
     // DatabaseClasses, which are cluster-scoped objects (the webhook's are on its own
-    // cluster-scoped configurations, see certificate_modes_wire_the_ca_bundle).
+    // cluster-scoped configurations, see certificate_modes_wire_the_ca_bundle, and its
+    // list/watch of AppServices, checked above, which stays cluster-wide: it judges
+    // writes in every namespace its configurations cover).
     let classes = format!("{CONTROLLER}-databaseclasses");
     assert!(!scoped.iter().any(|d| {
         (d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding")
@@ -784,8 +816,16 @@ fn rbac_is_exactly_what_the_controller_uses() {
         .collect();
     assert_eq!(
         cluster_wide,
-        [&json!(classes), &json!(format!("{WEBHOOK}-ca-bundle"))],
+        [
+            &json!(classes),
+            &json!(WEBHOOK),
+            &json!(format!("{WEBHOOK}-ca-bundle"))
+        ],
         "no other ClusterRole"
+    );
+    assert_eq!(
+        find(&scoped, "ClusterRole", WEBHOOK)["rules"],
+        find(&docs, "ClusterRole", WEBHOOK)["rules"]
     );
     assert_eq!(
         find(&scoped, "Role", &format!("{CONTROLLER}-database-admin"))["rules"],
@@ -1579,19 +1619,28 @@ async fn the_controllers_identity_writes_only_what_it_owns() {
 }
 
 #[tokio::test]
-async fn webhook_watches_namespaces_with_the_charts_rbac_and_nothing_more() {
+async fn webhook_watches_appservices_and_namespaces_with_the_charts_rbac_and_nothing_more() {
     let (cp, release_ns) = installed().await;
     let _logs = cp.log_guard();
     let test_ns = cp.namespace().await.expect("namespace");
     let sa_client = service_account_client(cp, release_ns, WEBHOOK).await;
     let forbidden = |e: kube::Error| matches!(e, kube::Error::Api(ref s) if s.code == 403);
 
-    // Nothing but namespaces: not AppServices, not Secrets.
+    // Nothing but watching AppServices and namespaces: no reads of one object, no
+    // writes, no Secrets.
     let apps: Api<AppService> = Api::namespaced(sa_client.clone(), &test_ns);
+    apps.list(&ListParams::default())
+        .await
+        .expect("the webhook lists appservices");
     assert!(forbidden(
-        apps.list(&ListParams::default())
+        apps.get("any")
             .await
-            .expect_err("webhook lists appservices")
+            .expect_err("webhook gets an appservice")
+    ));
+    assert!(forbidden(
+        apps.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .expect_err("webhook deletes appservices")
     ));
     let secrets: Api<Secret> = Api::all(sa_client.clone());
     assert!(forbidden(
@@ -1616,12 +1665,13 @@ async fn webhook_watches_namespaces_with_the_charts_rbac_and_nothing_more() {
     serving.write(&cert, &key).expect("writing certificates");
     let mut config = webhook::config::Config::local(cert, key, None);
     config.namespace_labels = true;
+    config.watch_appservices = true;
     let server = webhook::server::start_with_client(&config, Some(sa_client))
         .await
         .expect("webhook starts");
     let state = server.state().clone();
     eventually(
-        "webhook readiness with the namespace cache",
+        "webhook readiness with the namespace and AppService caches",
         Duration::from_secs(60),
         || {
             let state = state.clone();

@@ -340,7 +340,10 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
     let (ca, serving) = harness::webhook_tls().unwrap();
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     serving.write(&cert, &key).unwrap();
-    let webhook = webhook::server::start(&webhook::config::Config::local(cert, key, None))
+    // As the chart runs it: /scale writes are judged on its AppService watch.
+    let mut webhook_config = webhook::config::Config::local(cert, key, None);
+    webhook_config.watch_appservices = true;
+    let webhook = webhook::server::start_with_client(&webhook_config, Some(cp.client()))
         .await
         .unwrap();
     let base = format!("https://{}", webhook.tls_addr());

@@ -61,6 +61,10 @@ pub enum Error {
     #[error("CRD {}: {reason}", path.display())]
     Crd { path: PathBuf, reason: String },
 
+    /// The chart's webhook rules could not be parsed.
+    #[error("webhook rules {}: {reason}", path.display())]
+    WebhookRules { path: PathBuf, reason: String },
+
     /// The shared control plane of this test binary failed to start earlier; the first
     /// failure is repeated so that every test reports it without retrying for minutes.
     #[error("the shared control plane failed to start (first failure, not retried): {0}")]

@@ -59,7 +59,7 @@ pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use poll::eventually;
 pub use postgres::Postgres;
 pub use shared::{shared, shared_full, shared_with};
-pub use webhooks::{PROBE_LABEL, Webhooks};
+pub use webhooks::{PROBE_LABEL, Webhooks, admission_rules};
 
 /// A CA and a serving certificate for a webhook server listening on 127.0.0.1: serve
 /// with `cert_pem`/`key_pem` and pass `ca.cert_pem()` as the `caBundle` to

@@ -9,6 +9,11 @@
 //! the API server answers "failed calling webhook `<probe>`": from then on the
 //! configuration, real webhooks included, is in effect. This neither needs the webhook
 //! server to be running yet nor depends on what it answers, and dry-run persists nothing.
+//!
+//! # The same rules as the chart
+//! The rules of both configurations come from the chart's `files/webhook-rules.yaml`,
+//! the one definition the chart's template renders too ([`admission_rules`]), so a test
+//! exercises exactly the write paths a cluster sends to the webhook (`/scale` included).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -31,8 +36,12 @@ use crate::error::{Result, kube as kube_err};
 pub const PROBE_LABEL: &str = "appservice-tests.example.com/webhook-probe";
 
 const GROUP: &str = "platform.example.com";
-const VERSIONS: [&str; 2] = ["v1alpha1", "v1beta1"];
+/// The version the probe objects are written in.
+const PROBE_VERSION: &str = "v1alpha1";
 const RESOURCE: &str = "appservices";
+/// The chart's rules of both webhook configurations (see the module docs).
+const RULES_FILE: &str = "charts/appservice-operator/files/webhook-rules.yaml";
+const RULES_YAML: &str = include_str!("../../charts/appservice-operator/files/webhook-rules.yaml");
 /// Nothing listens on port 1 of the loopback address (binding it needs root and no
 /// service uses it), so calls to the probe fail at once with "connection refused".
 const PROBE_URL: &str = "https://127.0.0.1:1/probe";
@@ -69,14 +78,21 @@ impl Webhooks {
     }
 }
 
-fn rules() -> Vec<RuleWithOperations> {
-    vec![RuleWithOperations {
-        api_groups: Some(vec![GROUP.to_owned()]),
-        api_versions: Some(VERSIONS.iter().map(|v| (*v).to_owned()).collect()),
-        operations: Some(vec!["CREATE".to_owned(), "UPDATE".to_owned()]),
-        resources: Some(vec![RESOURCE.to_owned()]),
-        scope: Some("Namespaced".to_owned()),
-    }]
+/// The rules of the chart's webhook configurations: (mutating, validating).
+pub fn admission_rules() -> Result<(Vec<RuleWithOperations>, Vec<RuleWithOperations>)> {
+    let invalid = |reason: String| crate::Error::WebhookRules {
+        path: crate::assets::workspace_root().join(RULES_FILE),
+        reason,
+    };
+    let mut rules: BTreeMap<String, Vec<RuleWithOperations>> =
+        serde_saphyr::from_str(RULES_YAML).map_err(|e| invalid(e.to_string()))?;
+    let mut take = |kind: &str| {
+        rules
+            .remove(kind)
+            .filter(|r| !r.is_empty())
+            .ok_or_else(|| invalid(format!("no {kind} rules")))
+    };
+    Ok((take("mutating")?, take("validating")?))
 }
 
 fn namespace_selector(namespace: &str) -> LabelSelector {
@@ -111,8 +127,9 @@ fn client_config(url: String, ca_bundle_pem: &str) -> WebhookClientConfig {
 impl ControlPlane {
     /// Registers a MutatingWebhookConfiguration (`<base_url>/mutate`,
     /// `reinvocationPolicy: IfNeeded`) and a ValidatingWebhookConfiguration
-    /// (`<base_url>/validate`) for CREATE and UPDATE of `appservices.platform.example.com`
-    /// v1alpha1, only in `namespace`, with `failurePolicy: Fail`, `sideEffects: None`,
+    /// (`<base_url>/validate`) with the chart's rules ([`admission_rules`]: CREATE and
+    /// UPDATE of `appservices.platform.example.com` in both versions, and `/scale` for
+    /// validation), only in `namespace`, with `failurePolicy: Fail`, `sideEffects: None`,
     /// `admissionReviewVersions: [v1]` and `caBundle` = `ca_bundle_pem`; names are
     /// `appservice-tests-<namespace>`. Returns once both are in effect (see the module
     /// docs). `base_url` is like `https://127.0.0.1:8443`.
@@ -123,6 +140,7 @@ impl ControlPlane {
         ca_bundle_pem: &str,
     ) -> Result<Webhooks> {
         let base = base_url.trim_end_matches('/');
+        let (mutating_rules, validating_rules) = admission_rules()?;
         let name = format!("appservice-tests-{namespace}");
         let not_probe = label_requirement("DoesNotExist", None);
         let common_meta = ObjectMeta {
@@ -139,7 +157,7 @@ impl ControlPlane {
                 MutatingWebhook {
                     name: "probe.mutating.appservice-tests.example.com".to_owned(),
                     client_config: client_config(PROBE_URL.to_owned(), ca_bundle_pem),
-                    rules: Some(rules()),
+                    rules: Some(mutating_rules.clone()),
                     namespace_selector: Some(namespace_selector(namespace)),
                     object_selector: Some(label_requirement("In", Some("mutating"))),
                     failure_policy: Some("Fail".to_owned()),
@@ -151,7 +169,7 @@ impl ControlPlane {
                 MutatingWebhook {
                     name: "mutate.appservices.platform.example.com".to_owned(),
                     client_config: client_config(format!("{base}/mutate"), ca_bundle_pem),
-                    rules: Some(rules()),
+                    rules: Some(mutating_rules),
                     namespace_selector: Some(namespace_selector(namespace)),
                     object_selector: Some(not_probe.clone()),
                     failure_policy: Some("Fail".to_owned()),
@@ -169,7 +187,7 @@ impl ControlPlane {
                 ValidatingWebhook {
                     name: "probe.validating.appservice-tests.example.com".to_owned(),
                     client_config: client_config(PROBE_URL.to_owned(), ca_bundle_pem),
-                    rules: Some(rules()),
+                    rules: Some(validating_rules.clone()),
                     namespace_selector: Some(namespace_selector(namespace)),
                     object_selector: Some(label_requirement("In", Some("validating"))),
                     failure_policy: Some("Fail".to_owned()),
@@ -181,7 +199,7 @@ impl ControlPlane {
                 ValidatingWebhook {
                     name: "validate.appservices.platform.example.com".to_owned(),
                     client_config: client_config(format!("{base}/validate"), ca_bundle_pem),
-                    rules: Some(rules()),
+                    rules: Some(validating_rules),
                     namespace_selector: Some(namespace_selector(namespace)),
                     object_selector: Some(not_probe),
                     failure_policy: Some("Fail".to_owned()),
@@ -219,7 +237,7 @@ impl ControlPlane {
     }
 
     async fn wait_probe(&self, client: &kube::Client, namespace: &str, kind: &str) -> Result<()> {
-        let gvk = GroupVersionKind::gvk(GROUP, VERSIONS[0], "AppService");
+        let gvk = GroupVersionKind::gvk(GROUP, PROBE_VERSION, "AppService");
         let resource = ApiResource::from_gvk_with_plural(&gvk, RESOURCE);
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
         let mut probe = DynamicObject::new("webhook-probe", &resource);

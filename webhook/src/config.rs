@@ -90,6 +90,18 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_NAMESPACE_LABELS")]
     pub namespace_labels: bool,
 
+    /// Watch AppServices (the hub version, without managedFields) so a write of the
+    /// scale subresource (`kubectl scale`, an HPA) is judged by the same rules as the
+    /// AppService itself. Needs RBAC to list and watch appservices. Without it, every
+    /// scale review is refused.
+    #[arg(long, env = "WEBHOOK_WATCH_APPSERVICES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub watch_appservices: bool,
+
+    /// Bytes of AppService JSON the `--watch-appservices` cache holds at most; an
+    /// AppService past it is kept by name only and its scale writes are refused.
+    #[arg(long, env = "WEBHOOK_APPSERVICE_CACHE_BYTES", default_value_t = crate::appservices::DEFAULT_CACHE_BYTES)]
+    pub appservice_cache_bytes: usize,
+
     /// How often certificate and policy files are re-read even without a change event
     /// (a fallback for file systems that do not report changes).
     #[arg(long, env = "WEBHOOK_RELOAD_INTERVAL", default_value = "30s", value_parser = parse_duration)]
@@ -188,6 +200,8 @@ impl Config {
             ca_validity_days: 3650,
             policies,
             namespace_labels: false,
+            watch_appservices: false,
+            appservice_cache_bytes: crate::appservices::DEFAULT_CACHE_BYTES,
             reload_interval: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
             policy_timeout: Duration::from_secs(2),

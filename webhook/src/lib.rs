@@ -6,6 +6,7 @@
 //! [`server::serve`]; tests and the benchmark use the same entry points.
 
 pub mod admission;
+pub mod appservices;
 pub mod ca;
 pub mod config;
 pub mod conversion;
@@ -31,6 +32,7 @@ pub use config::Config;
 pub use routes::{ops_router, router};
 pub use server::{Server, serve, start, start_with_client};
 
+use appservices::AppServiceCache;
 use metrics::Metrics;
 use namespaces::NamespaceCache;
 use policy::PolicyStore;
@@ -53,7 +55,9 @@ pub enum Error {
     Task(&'static str, tokio::task::JoinError),
     #[error("the operations server failed: {0}")]
     Ops(std::io::Error),
-    #[error("creating a Kubernetes client (for --namespace-labels or --ca-secret): {0}")]
+    #[error(
+        "creating a Kubernetes client (for --namespace-labels, --watch-appservices or --ca-secret): {0}"
+    )]
     Client(kube::Error),
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -116,6 +120,7 @@ pub struct State {
     certs: Option<Arc<CertStore>>,
     ca: Option<Arc<ca::CaStatus>>,
     namespaces: Option<NamespaceCache>,
+    appservices: Option<AppServiceCache>,
     tls_accepting: AtomicBool,
     draining: AtomicBool,
 }
@@ -142,6 +147,7 @@ impl State {
             certs: None,
             ca: None,
             namespaces: None,
+            appservices: None,
             tls_accepting: AtomicBool::new(false),
             draining: AtomicBool::new(false),
         }
@@ -167,6 +173,17 @@ impl State {
     pub fn with_namespaces(mut self, namespaces: NamespaceCache) -> Self {
         self.namespaces = Some(namespaces);
         self
+    }
+
+    /// Judges scale writes on the AppServices of this cache.
+    pub fn with_appservices(mut self, appservices: AppServiceCache) -> Self {
+        self.appservices = Some(appservices);
+        self
+    }
+
+    /// The AppServices scale writes are judged on, when they are watched.
+    pub fn appservices(&self) -> Option<&AppServiceCache> {
+        self.appservices.as_ref()
     }
 
     /// `namespaceObject` for a namespace, when namespace labels are watched.
@@ -197,6 +214,9 @@ impl State {
         }
         if self.namespaces.as_ref().is_some_and(|n| !n.is_synced()) {
             return Err("namespace labels are not cached yet");
+        }
+        if self.appservices.as_ref().is_some_and(|a| !a.is_synced()) {
+            return Err("AppServices are not cached yet");
         }
         if !self.tls_accepting.load(Ordering::SeqCst) {
             return Err("the TLS listener is not accepting yet");

@@ -140,6 +140,11 @@ async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> 
         Ok(read) => read,
         Err(response) => return response,
     };
+    // A scale review is judged on the cached AppService: let the cache catch up with the
+    // write it is about first (bounded; answered from memory either way).
+    if let Some(appservices) = state.appservices() {
+        appservices.settle(&body).await;
+    }
     let cost = state.policies.current().cost();
     if cost <= INLINE_COST_LIMIT {
         return review(&state, Review::Validate, &body);
@@ -278,10 +283,11 @@ fn review(state: &State, kind: Review, body: &[u8]) -> Response {
 
     let response = match kind {
         Review::Mutate => admission::mutate(&request),
-        Review::Validate => admission::validate(
+        Review::Validate => admission::validate_with(
             &request,
             &state.policies.current(),
             state.namespace_object(request.namespace.as_deref()),
+            state.appservices(),
         ),
     };
     let decision = admission::decision(&response);

@@ -26,6 +26,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
+use crate::appservices::AppServiceCache;
 use crate::listener::{ListenerLimits, http_builder, serve_tls};
 use crate::metrics::{Metrics, ReloadResult};
 use crate::namespaces::NamespaceCache;
@@ -48,10 +49,10 @@ pub struct Server {
 
 /// Loads certificate and policies, binds both listeners and starts serving. Fails when
 /// the certificate or the policy file cannot be loaded or a port cannot be bound. With
-/// `--namespace-labels` or `--ca-secret` the Kubernetes client comes from the environment
-/// (in-cluster or kubeconfig).
+/// `--namespace-labels`, `--watch-appservices` or `--ca-secret` the Kubernetes client
+/// comes from the environment (in-cluster or kubeconfig).
 pub async fn start(config: &Config) -> Result<Server> {
-    let client = if config.namespace_labels || config.ca().is_some() {
+    let client = if config.namespace_labels || config.watch_appservices || config.ca().is_some() {
         Some(kube::Client::try_default().await.map_err(Error::Client)?)
     } else {
         None
@@ -59,8 +60,9 @@ pub async fn start(config: &Config) -> Result<Server> {
     start_with_client(config, client).await
 }
 
-/// [`start`] with an explicit client for the namespace-label watch and the runtime CA
-/// (used when `config.namespace_labels` or `config.ca_secret` is set; ignored otherwise).
+/// [`start`] with an explicit client for the namespace-label and AppService watches and
+/// the runtime CA (used when `config.namespace_labels`, `config.watch_appservices` or
+/// `config.ca_secret` is set; ignored otherwise).
 pub async fn start_with_client(config: &Config, client: Option<kube::Client>) -> Result<Server> {
     let metrics = Arc::new(Metrics::new());
     let ca = config.ca();
@@ -121,6 +123,15 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
     if let (true, Some(client)) = (config.namespace_labels, &client) {
         let (cache, task) = NamespaceCache::spawn(client.clone(), shutdown_rx.clone());
         state = state.with_namespaces(cache);
+        reloaders.push(task);
+    }
+    if let (true, Some(client)) = (config.watch_appservices, &client) {
+        let (cache, task) = AppServiceCache::spawn(
+            client.clone(),
+            config.appservice_cache_bytes,
+            shutdown_rx.clone(),
+        );
+        state = state.with_appservices(cache);
         reloaders.push(task);
     }
     if let Some(ca) = ca {

@@ -44,13 +44,20 @@ impl Env {
     }
 
     async fn with_options(policies: &str, namespace_labels: bool) -> Env {
+        Env::in_namespace(policies, namespace_labels, "test").await
+    }
+
+    /// A webhook at the chart's settings (the AppService watch on, so `/scale` is
+    /// judged) for a new namespace `<prefix>-<random>`.
+    async fn in_namespace(policies: &str, namespace_labels: bool, prefix: &str) -> Env {
         support::install_provider();
         let cp = harness::shared().await.expect("control plane");
-        let ns = cp.namespace().await.expect("namespace");
+        let ns = cp.namespace_with_prefix(prefix).await.expect("namespace");
         let certs = TestCerts::new();
         let policies_path = certs.write_policies(policies);
         let mut config = certs.config(Some(policies_path.clone()));
         config.namespace_labels = namespace_labels;
+        config.watch_appservices = true;
         let server = webhook::start_with_client(&config, Some(cp.client()))
             .await
             .unwrap();
@@ -660,5 +667,706 @@ async fn objects_survive_read_edit_write_across_versions() {
             "{version}: {text}"
         );
     }
+    env.finish().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// One set of rules on every write path: each shipped policy through every way a client
+// writes an AppService, in both versions, as the users the policies name.
+
+use kube::api::DynamicObject;
+use kube::core::{ApiResource, GroupVersionKind};
+
+const VERSIONS: [&str; 2] = ["v1alpha1", "v1beta1"];
+
+/// The ways a client changes a stored AppService.
+#[derive(Clone, Copy, Debug)]
+enum WritePath {
+    /// GET, change, PUT (`kubectl replace`), in this version.
+    Replace(&'static str),
+    /// JSON merge patch (`kubectl patch --type merge`).
+    MergePatch(&'static str),
+    /// JSON patch (`kubectl patch --type json`).
+    JsonPatch(&'static str),
+    /// Server-side apply with its own field manager (`kubectl apply --server-side`).
+    Apply(&'static str),
+    /// `kubectl edit` of the resource in this version.
+    KubectlEdit(&'static str),
+    /// A patch of the scale subresource in this version, as an HPA writes it.
+    ScalePatch(&'static str),
+    /// `kubectl scale`.
+    KubectlScale,
+}
+
+/// Every path that can make `change`: the scale paths only change replicas.
+fn paths_for(change: &Change) -> Vec<WritePath> {
+    let mut paths = Vec::new();
+    for v in VERSIONS {
+        paths.extend([
+            WritePath::Replace(v),
+            WritePath::MergePatch(v),
+            WritePath::JsonPatch(v),
+            WritePath::Apply(v),
+            WritePath::KubectlEdit(v),
+        ]);
+    }
+    if change.replicas.is_some() {
+        paths.extend([
+            WritePath::ScalePatch("v1alpha1"),
+            WritePath::ScalePatch("v1beta1"),
+            WritePath::KubectlScale,
+        ]);
+    }
+    paths
+}
+
+/// A change of top-level spec fields, written as each version spells them.
+#[derive(Clone, Debug)]
+struct Change {
+    alpha: serde_json::Value,
+    beta: serde_json::Value,
+    replicas: Option<i32>,
+}
+
+impl Change {
+    /// The same fields in both versions.
+    fn spec(fields: serde_json::Value) -> Change {
+        let replicas = fields["replicas"].as_i64().map(|r| r as i32);
+        Change {
+            alpha: fields.clone(),
+            beta: fields,
+            replicas,
+        }
+    }
+
+    fn replicas(n: i32) -> Change {
+        Change::spec(json!({"replicas": n}))
+    }
+
+    fn fields(&self, version: &str) -> &serde_json::Value {
+        if version == "v1alpha1" {
+            &self.alpha
+        } else {
+            &self.beta
+        }
+    }
+}
+
+/// Who writes: a user name and groups, impersonated by the admin's client.
+#[derive(Clone, Copy, Debug)]
+struct Writer {
+    user: &'static str,
+    groups: &'static [&'static str],
+}
+
+const DEV: Writer = Writer {
+    user: "dev",
+    groups: &["developers"],
+};
+const SRE: Writer = Writer {
+    user: "oncall",
+    groups: &["sre"],
+};
+const DB_USER: Writer = Writer {
+    user: "db-owner",
+    groups: &["platform-db-users"],
+};
+/// The identity of kube-controller-manager's HPA controller: it may only touch `/scale`.
+const HPA: Writer = Writer {
+    user: "system:serviceaccount:kube-system:horizontal-pod-autoscaler",
+    groups: &[
+        "system:serviceaccounts",
+        "system:serviceaccounts:kube-system",
+    ],
+};
+
+fn resource(version: &str) -> ApiResource {
+    let gvk = GroupVersionKind::gvk("platform.example.com", version, "AppService");
+    ApiResource::from_gvk_with_plural(&gvk, "appservices")
+}
+
+impl Env {
+    fn dynamic(&self, client: kube::Client, version: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(client, &self.ns, &resource(version))
+    }
+
+    fn client_as(&self, writer: Writer) -> kube::Client {
+        self.cp
+            .impersonating_client(writer.user, writer.groups)
+            .unwrap()
+    }
+
+    /// Lets the test users edit AppServices in this namespace (the HPA only their
+    /// scale), as the `edit` role and the HPA's role do.
+    async fn grant_writers(&self) {
+        use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+        let roles: Api<Role> = Api::namespaced(self.cp.client(), &self.ns);
+        let bindings: Api<RoleBinding> = Api::namespaced(self.cp.client(), &self.ns);
+        let all = [
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ];
+        for (name, resources, subjects) in [
+            (
+                "appservice-editors",
+                json!(["appservices", "appservices/scale"]),
+                json!([
+                    {"kind": "User", "name": DEV.user},
+                    {"kind": "Group", "name": "sre"},
+                    {"kind": "Group", "name": "platform-db-users"}
+                ]),
+            ),
+            (
+                "appservice-scalers",
+                json!(["appservices/scale"]),
+                json!([{"kind": "User", "name": HPA.user}]),
+            ),
+        ] {
+            let role: Role = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "rules": [{"apiGroups": ["platform.example.com"], "resources": resources, "verbs": all}]
+            }))
+            .unwrap();
+            roles.create(&PostParams::default(), &role).await.unwrap();
+            let binding: RoleBinding = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": subjects
+            }))
+            .unwrap();
+            bindings
+                .create(&PostParams::default(), &binding)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// Creates `name` as the admin (v1beta1) with `spec`; returns its resourceVersion.
+    async fn seed(&self, name: &str, spec: serde_json::Value) -> String {
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .unwrap();
+        let created = self
+            .dynamic(self.cp.client(), "v1beta1")
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+        created.metadata.resource_version.unwrap()
+    }
+
+    async fn stored(&self, name: &str) -> DynamicObject {
+        self.dynamic(self.cp.client(), "v1beta1")
+            .get(name)
+            .await
+            .unwrap()
+    }
+
+    /// `kubectl` as `writer`, with extra environment; the output, success or not.
+    async fn kubectl_as(&self, writer: Writer, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let bin = self.cp.bin_dir().unwrap().join("kubectl");
+        let mut command = tokio::process::Command::new(bin);
+        command
+            .arg("--kubeconfig")
+            .arg(self.cp.kubeconfig_path())
+            .arg("--namespace")
+            .arg(&*self.ns)
+            .arg(format!("--as={}", writer.user));
+        for group in writer.groups {
+            command.arg(format!("--as-group={group}"));
+        }
+        command.args(args).stdin(std::process::Stdio::null());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        command.output().await.unwrap()
+    }
+
+    /// Writes `change` to `name` by `path` as `writer`: Ok, or the refusal's message.
+    async fn write(
+        &self,
+        path: WritePath,
+        writer: Writer,
+        name: &str,
+        change: &Change,
+    ) -> Result<(), String> {
+        let client = self.client_as(writer);
+        let api_error = |e: kube::Error| match e {
+            kube::Error::Api(status) => status.message,
+            other => other.to_string(),
+        };
+        let kubectl = |out: Output| {
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+        };
+        let fields = |v: &str| change.fields(v).as_object().cloned().unwrap_or_default();
+        match path {
+            WritePath::Replace(v) => {
+                let api = self.dynamic(client, v);
+                let mut object = api.get(name).await.map_err(api_error)?;
+                for (key, value) in fields(v) {
+                    object.data["spec"][key] = value;
+                }
+                api.replace(name, &PostParams::default(), &object)
+                    .await
+                    .map(drop)
+                    .map_err(api_error)
+            }
+            WritePath::MergePatch(v) => self
+                .dynamic(client, v)
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": change.fields(v)})),
+                )
+                .await
+                .map(drop)
+                .map_err(api_error),
+            WritePath::JsonPatch(v) => {
+                let ops: Vec<serde_json::Value> = fields(v)
+                    .into_iter()
+                    .map(|(key, value)| json!({"op": "add", "path": format!("/spec/{key}"), "value": value}))
+                    .collect();
+                let patch: json_patch::Patch = serde_json::from_value(json!(ops)).unwrap();
+                self.dynamic(client, v)
+                    .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                    .await
+                    .map(drop)
+                    .map_err(api_error)
+            }
+            WritePath::Apply(v) => {
+                let object = json!({
+                    "apiVersion": format!("platform.example.com/{v}"), "kind": "AppService",
+                    "metadata": {"name": name}, "spec": change.fields(v)
+                });
+                self.dynamic(client, v)
+                    .patch(
+                        name,
+                        &PatchParams::apply("write-path-test").force(),
+                        &Patch::Apply(&object),
+                    )
+                    .await
+                    .map(drop)
+                    .map_err(api_error)
+            }
+            WritePath::KubectlEdit(v) => {
+                // The editor replaces the file with the object as read and changed: kubectl
+                // then computes its patch and sends it, as after a hand edit.
+                let mut object = self.dynamic(client, v).get(name).await.map_err(api_error)?;
+                for (key, value) in fields(v) {
+                    object.data["spec"][key] = value;
+                }
+                // kubectl edit does not show managedFields.
+                object.metadata.managed_fields = None;
+                // A refused edit is reopened with the API server's answer in the file's
+                // header; the editor keeps what it was shown, so the answer can be read.
+                let dir = tempfile::tempdir().unwrap();
+                let (edited, shown) = (dir.path().join("edited.json"), dir.path().join("shown"));
+                std::fs::write(&edited, serde_json::to_vec(&object).unwrap()).unwrap();
+                let editor = dir.path().join("editor.sh");
+                std::fs::write(
+                    &editor,
+                    format!(
+                        "#!/bin/sh\ncat \"$1\" >> '{}'\ncp '{}' \"$1\"\n",
+                        shown.display(),
+                        edited.display()
+                    ),
+                )
+                .unwrap();
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&editor, std::fs::Permissions::from_mode(0o755)).unwrap();
+                let resource = format!("appservices.{v}.platform.example.com/{name}");
+                let out = self
+                    .kubectl_as(
+                        writer,
+                        &["edit", &resource],
+                        &[("KUBE_EDITOR", &editor.display().to_string())],
+                    )
+                    .await;
+                kubectl(out).map_err(|stderr| {
+                    format!(
+                        "{stderr}\n{}",
+                        std::fs::read_to_string(&shown).unwrap_or_default()
+                    )
+                })
+            }
+            WritePath::ScalePatch(v) => {
+                let replicas = change.replicas.expect("a replicas change");
+                let api: Api<DynamicObject> = self.dynamic(client, v);
+                api.patch_scale(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+                )
+                .await
+                .map(drop)
+                .map_err(api_error)
+            }
+            WritePath::KubectlScale => {
+                let replicas =
+                    format!("--replicas={}", change.replicas.expect("a replicas change"));
+                kubectl(
+                    self.kubectl_as(
+                        writer,
+                        &["scale", &format!("appservices/{name}"), &replicas],
+                        &[],
+                    )
+                    .await,
+                )
+            }
+        }
+    }
+
+    /// `change` is refused on every path by `policy`, and `name` stays as it was.
+    async fn refused_everywhere(&self, writer: Writer, name: &str, change: &Change, policy: &str) {
+        let before = self.stored(name).await.metadata.resource_version;
+        for path in paths_for(change) {
+            let result = self.write(path, writer, name, change).await;
+            let message = result.expect_err(&format!("{path:?} as {writer:?} admitted {change:?}"));
+            assert!(
+                message.contains(&format!("policy \"{policy}\"")),
+                "{path:?} as {writer:?}: {message}"
+            );
+            assert_eq!(
+                self.stored(name).await.metadata.resource_version,
+                before,
+                "{path:?} changed {name}"
+            );
+        }
+    }
+
+    /// `change` is admitted on every path, each on its own copy of `spec`.
+    async fn admitted_everywhere(
+        &self,
+        writer: Writer,
+        prefix: &str,
+        spec: &serde_json::Value,
+        change: &Change,
+    ) {
+        for (i, path) in paths_for(change).into_iter().enumerate() {
+            let name = format!("{prefix}-{i}");
+            self.seed(&name, spec.clone()).await;
+            self.write(path, writer, &name, change)
+                .await
+                .unwrap_or_else(|e| panic!("{path:?} as {writer:?} refused {change:?}: {e}"));
+            let stored = self.stored(&name).await;
+            for (key, value) in change.beta.as_object().unwrap() {
+                // Stored with its defaults (a port's protocol): what was written is in it.
+                assert!(
+                    contains(&stored.data["spec"][key], value),
+                    "{path:?}: spec.{key} is {}, wrote {value}",
+                    stored.data["spec"][key]
+                );
+            }
+        }
+    }
+
+    /// Creating `spec` is refused by `policy` in both versions, by create and by
+    /// server-side apply, as `writer`.
+    async fn create_refused(&self, writer: Writer, name: &str, spec: &Change, policy: &str) {
+        for v in VERSIONS {
+            let object = json!({
+                "apiVersion": format!("platform.example.com/{v}"), "kind": "AppService",
+                "metadata": {"name": name}, "spec": spec.fields(v)
+            });
+            let api = self.dynamic(self.client_as(writer), v);
+            let created = api
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(object.clone()).unwrap(),
+                )
+                .await;
+            let applied = api
+                .patch(
+                    name,
+                    &PatchParams::apply("write-path-test"),
+                    &Patch::Apply(&object),
+                )
+                .await;
+            for (how, result) in [("create", created), ("apply", applied)] {
+                match result {
+                    Err(kube::Error::Api(status)) => assert!(
+                        status.message.contains(&format!("policy \"{policy}\"")),
+                        "{how} {v}: {}",
+                        status.message
+                    ),
+                    other => panic!("{how} {v} of {spec:?} was not refused: {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// Whether `actual` holds everything of `expected` (maps: a subset; lists: the same
+/// length, each element contained).
+fn contains(actual: &serde_json::Value, expected: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (actual, expected) {
+        (Value::Object(a), Value::Object(e)) => e
+            .iter()
+            .all(|(k, v)| a.get(k).is_some_and(|av| contains(av, v))),
+        (Value::Array(a), Value::Array(e)) => {
+            a.len() == e.len() && a.iter().zip(e).all(|(av, ev)| contains(av, ev))
+        }
+        _ => actual == expected,
+    }
+}
+
+const NO_LATEST: &str = include_str!("../../examples/policies/no-latest-in-production.yaml");
+const POLICIES: &str = include_str!("../../examples/policies/policies.yaml");
+
+#[tokio::test]
+async fn no_latest_in_production_holds_on_every_write_path() {
+    let env = Env::in_namespace(NO_LATEST, false, "prod").await;
+    env.grant_writers().await;
+    let good = json!({"image": "registry.example.com/web:v1.2.3", "replicas": 2});
+    env.seed("web", good.clone()).await;
+
+    // production-replicas-by-name: below 2, by anyone, on every path (/scale included).
+    for writer in [DEV, SRE] {
+        env.refused_everywhere(
+            writer,
+            "web",
+            &Change::replicas(1),
+            "production-replicas-by-name",
+        )
+        .await;
+    }
+    // An HPA that may only write /scale is judged the same.
+    let hpa = env
+        .write(
+            WritePath::ScalePatch("v1beta1"),
+            HPA,
+            "web",
+            &Change::replicas(1),
+        )
+        .await
+        .expect_err("the HPA scaled below the production minimum");
+    assert!(hpa.contains("production-replicas-by-name"), "{hpa}");
+    // pinned-images-in-production: latest, or no tag, on every path that writes images.
+    for image in [
+        "registry.example.com/web:latest",
+        "registry.example.com/web",
+    ] {
+        env.refused_everywhere(
+            DEV,
+            "web",
+            &Change::spec(json!({"image": image})),
+            "pinned-images-in-production",
+        )
+        .await;
+    }
+    env.create_refused(
+        DEV,
+        "fresh",
+        &Change::spec(json!({"image": "nginx:latest", "replicas": 2})),
+        "pinned-images-in-production",
+    )
+    .await;
+    env.create_refused(
+        DEV,
+        "fresh",
+        &Change::spec(json!({"image": "nginx:1.27", "replicas": 1})),
+        "production-replicas-by-name",
+    )
+    .await;
+
+    // What the policies allow goes through on every path.
+    env.admitted_everywhere(DEV, "up", &good, &Change::replicas(3))
+        .await;
+    env.admitted_everywhere(
+        DEV,
+        "pin",
+        &good,
+        &Change::spec(
+            json!({"image": format!("registry.example.com/web@sha256:{}", "a".repeat(64))}),
+        ),
+    )
+    .await;
+    let hpa = env
+        .write(
+            WritePath::ScalePatch("v1beta1"),
+            HPA,
+            "web",
+            &Change::replicas(4),
+        )
+        .await;
+    assert_eq!(hpa, Ok(()));
+    assert_eq!(env.stored("web").await.data["spec"]["replicas"], 4);
+
+    // Strategic merge patch is not a write path of a custom resource: the API server
+    // refuses it before admission.
+    let strategic = env
+        .dynamic(env.client_as(DEV), "v1beta1")
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"replicas": 0}})),
+        )
+        .await;
+    match strategic {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 415, "{status:?}"),
+        other => panic!("a strategic merge patch of a custom resource: {other:?}"),
+    }
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn only_sre_scales_to_zero_on_any_write_path() {
+    let env = Env::in_namespace(NO_LATEST, false, "test").await;
+    env.grant_writers().await;
+    let one = json!({"image": "registry.example.com/web:latest", "replicas": 1});
+    env.seed("web", one.clone()).await;
+    // Outside production latest is fine; to zero is not, except for the sre group.
+    env.refused_everywhere(
+        DEV,
+        "web",
+        &Change::replicas(0),
+        "no-scale-to-zero-by-others",
+    )
+    .await;
+    let hpa = env
+        .write(
+            WritePath::ScalePatch("v1beta1"),
+            HPA,
+            "web",
+            &Change::replicas(0),
+        )
+        .await
+        .expect_err("the HPA scaled to zero");
+    assert!(hpa.contains("no-scale-to-zero-by-others"), "{hpa}");
+    env.admitted_everywhere(SRE, "zero", &one, &Change::replicas(0))
+        .await;
+    // From zero, anyone scales up, by /scale too.
+    env.write(WritePath::KubectlScale, DEV, "zero-0", &Change::replicas(2))
+        .await
+        .unwrap();
+    env.write(
+        WritePath::ScalePatch("v1beta1"),
+        HPA,
+        "zero-1",
+        &Change::replicas(2),
+    )
+    .await
+    .unwrap();
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn policies_yaml_holds_on_every_write_path() {
+    let env = Env::in_namespace(POLICIES, true, "test").await;
+    env.grant_writers().await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.cp.client());
+    namespaces
+        .patch(
+            &env.ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"environment": "production"}}})),
+        )
+        .await
+        .unwrap();
+    let good = json!({"image": "registry.example.com/shop:v1", "replicas": 2});
+    env.seed("shop", good.clone()).await;
+    // The label reaches the webhook's namespace cache (a watch): wait until it judges.
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    harness::eventually(
+        "the production label in the webhook",
+        Duration::from_secs(30),
+        || async {
+            env.dynamic(env.cp.client(), "v1beta1")
+                .patch(
+                    "shop",
+                    &dry_run,
+                    &Patch::Merge(json!({"spec": {"replicas": 1}})),
+                )
+                .await
+                .is_err()
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+
+    env.refused_everywhere(DEV, "shop", &Change::replicas(1), "production-replicas")
+        .await;
+    env.refused_everywhere(
+        DEV,
+        "shop",
+        &Change::spec(json!({"image": "docker.io/library/shop:v1"})),
+        "allowed-registry",
+    )
+    .await;
+    env.refused_everywhere(
+        DEV,
+        "shop",
+        &Change::spec(json!({"resources": {"limits": {"memory": "16Gi"}}})),
+        "memory-limit-cap",
+    )
+    .await;
+    // A database is spelled differently in each version; only the platform team may
+    // enable one.
+    let database = Change {
+        alpha: json!({"database": {"enabled": true, "class": "small"}}),
+        beta: json!({"database": {"class": "small"}}),
+        replicas: None,
+    };
+    env.refused_everywhere(DEV, "shop", &database, "database-only-for-platform-team")
+        .await;
+    env.admitted_everywhere(DB_USER, "db", &good, &database)
+        .await;
+    env.admitted_everywhere(
+        DEV,
+        "mem",
+        &good,
+        &Change::spec(json!({"resources": {"limits": {"memory": "4Gi"}}})),
+    )
+    .await;
+    env.finish().await;
+}
+
+const PORTS_POLICY: &str = "policies:\n  - name: no-port-9999\n    expression: \"object.spec.ports.all(p, p.port != 9999)\"\n    message: port 9999 is reserved\n";
+
+#[tokio::test]
+async fn a_policy_over_ports_judges_both_versions_alike() {
+    let env = Env::new(PORTS_POLICY).await;
+    env.grant_writers().await;
+    // `port` in v1alpha1 is the first of `ports` in the hub the policy is written for.
+    let port = Change {
+        alpha: json!({"port": 9999}),
+        beta: json!({"ports": [{"name": "http", "port": 9999}]}),
+        replicas: None,
+    };
+    env.create_refused(DEV, "fresh", &Change {
+        alpha: json!({"image": "registry.example.com/a:v1", "port": 9999}),
+        beta: json!({"image": "registry.example.com/a:v1", "ports": [{"name": "http", "port": 9999}]}),
+        replicas: None,
+    }, "no-port-9999")
+    .await;
+    let good =
+        json!({"image": "registry.example.com/a:v1", "ports": [{"name": "http", "port": 8080}]});
+    env.seed("api", good.clone()).await;
+    env.refused_everywhere(DEV, "api", &port, "no-port-9999")
+        .await;
+    // A second port of 9999 that v1alpha1 cannot even show is judged too.
+    let extra = Change::spec(
+        json!({"ports": [{"name": "http", "port": 8080}, {"name": "debug", "port": 9999}]}),
+    );
+    let refused = env
+        .write(WritePath::MergePatch("v1beta1"), DEV, "api", &extra)
+        .await
+        .expect_err("a second port 9999");
+    assert!(refused.contains("no-port-9999"), "{refused}");
+    let other = Change {
+        alpha: json!({"port": 9090}),
+        beta: json!({"ports": [{"name": "http", "port": 9090}]}),
+        replicas: None,
+    };
+    env.admitted_everywhere(DEV, "ok", &good, &other).await;
     env.finish().await;
 }

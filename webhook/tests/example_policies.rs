@@ -25,8 +25,9 @@ fn request(operation: &str, namespace: &str, groups: &[&str]) -> AdmissionReques
     }
 }
 
+/// An AppService as policies see it: in the hub version, whatever the client wrote.
 fn object(spec: Value) -> Value {
-    json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+    json!({"apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
            "metadata": {"name": "a", "namespace": "n"}, "spec": spec})
 }
 
@@ -59,8 +60,9 @@ fn policies_yaml() {
     let store = PolicyStore::load(example("policies.yaml"), true).unwrap();
     assert_eq!(store.current().len(), 4);
 
-    let good =
-        object(json!({"image": "registry.example.com/shop:v1", "replicas": 3, "port": 8080}));
+    let good = object(
+        json!({"image": "registry.example.com/shop:v1", "replicas": 3, "ports": [{"name": "http", "port": 8080}]}),
+    );
     assert!(
         denied_by(
             &store,
@@ -73,8 +75,8 @@ fn policies_yaml() {
     );
 
     let single = object(
-        json!({"image": "docker.io/shop:v1", "replicas": 1, "port": 8080,
-        "resources": {"limits": {"memory": "16Gi"}}, "database": {"enabled": true, "class": "pg"}}),
+        json!({"image": "docker.io/shop:v1", "replicas": 1, "ports": [{"name": "http", "port": 8080}],
+        "resources": {"limits": {"memory": "16Gi"}}, "database": {"class": "pg"}}),
     );
     assert_eq!(
         denied_by(

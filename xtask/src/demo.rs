@@ -146,7 +146,10 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
     let mut webhook = spawn(
         &binaries.webhook,
         &logs.join("webhook.log"),
+        &kubeconfig,
         &[
+            // As the chart runs it: /scale writes are judged on the watched AppServices.
+            "--watch-appservices".into(),
             "--listen".into(),
             format!("127.0.0.1:{webhook_port}"),
             "--ops-listen".into(),
@@ -187,6 +190,7 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
     let mut controller = spawn(
         &binaries.controller,
         &logs.join("controller.log"),
+        &kubeconfig,
         &[
             "--kubeconfig".into(),
             kubeconfig.display().to_string(),
@@ -318,11 +322,14 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
 }
 
 /// Starts a binary with its output in `log`; killed when dropped.
-fn spawn(exe: &Path, log: &Path, args: &[String]) -> Result<Child> {
+/// Starts `exe` with `args`, its output in `log`, `KUBECONFIG` set to `kubeconfig` (the
+/// webhook's watches read it from the environment).
+fn spawn(exe: &Path, log: &Path, kubeconfig: &Path, args: &[String]) -> Result<Child> {
     let out = std::fs::File::create(log).doing(format!("creating {}", log.display()))?;
     let err = out.try_clone().doing("duplicating the log file handle")?;
     Command::new(exe)
         .args(args)
+        .env("KUBECONFIG", kubeconfig)
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),

@@ -108,9 +108,11 @@ matchExpressions:
 {{/* The Secret the webhook keeps its CA in (selfSigned mode). */}}
 {{- define "aso.webhook.caSecret" -}}{{ include "aso.webhook.fullname" . }}-ca{{- end }}
 
-{{/* Whether webhook Pods get a token: to watch namespace labels, or to keep their CA. */}}
+{{/* Whether webhook Pods get a token. */}}
 {{- define "aso.webhook.needsToken" -}}
-{{- or .Values.webhook.namespaceLabels (eq .Values.certificates.mode "selfSigned") }}
+{{- /* Always: the webhook watches AppServices, which writes of /scale are judged on (and,
+when enabled, namespace labels and its selfSigned CA). */ -}}
+true
 {{- end }}
 
 {{/* The configurations whose caBundle the webhook keeps (selfSigned mode): both webhook

@@ -10,16 +10,24 @@
 //! The review is decoded once ([`crate::review`]); the generic JSON copy of the object
 //! that CEL needs is made only when policies are active.
 //!
-//! This module decodes the review and decides what it is about; [`mutate`] and
-//! [`validate`] (one submodule each) answer it.
+//! Every rule is judged on one form of the object, the hub version (`v1beta1`), for
+//! `object` and `oldObject` alike, whatever version the client wrote
+//! ([`crate::review::hub`]); a write of the scale subresource is judged on the cached
+//! AppService with the new replicas ([`scale`], [`crate::appservices`]); an UPDATE
+//! that asks for nothing new is not judged again ([`ratchet`]).
+//!
+//! This module decodes the review and decides what it is about; [`mutate`],
+//! [`validate`] and [`scale`] (one submodule each) answer it.
 
 #[cfg(test)]
 mod fixtures;
 mod mutate;
+pub mod ratchet;
+mod scale;
 mod validate;
 
 pub use mutate::{DefaultsError, defaults_patch, defaults_patch_v1alpha1, mutate};
-pub use validate::validate;
+pub use validate::{validate, validate_with};
 
 use common::conversion::Version;
 use common::names::GROUP;
@@ -114,19 +122,36 @@ pub fn denied(body: &[u8], message: &str) -> Option<AdmissionResponse> {
 enum Subject {
     /// CREATE or UPDATE of the AppService itself, in this version.
     Write(Version),
-    /// Anything we let through untouched (DELETE, CONNECT, a subresource).
+    /// UPDATE of an AppService's scale subresource (the object is a Scale).
+    Scale,
+    /// Anything we let through untouched (DELETE, CONNECT, `/status`, other subresources).
     PassThrough,
 }
+
+/// The group and resource of a scale review: `autoscaling/v1` Scale of `appservices`.
+const SCALE_GROUP: &str = "autoscaling";
+const SCALE_KIND: &str = "Scale";
+const RESOURCE: &str = "appservices";
 
 /// Checks the kind and operation; `Err` is the response to send as is.
 fn subject(req: &Request<'_>) -> Result<Subject, Box<AdmissionResponse>> {
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return Ok(Subject::PassThrough);
     }
-    // `/status` and `/scale` writes are checked by the CRD schema; their kind is not
-    // AppService (scale is autoscaling/v1 Scale), so they must not be refused here.
-    if req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Ok(Subject::PassThrough);
+    match req.sub_resource.as_deref() {
+        None | Some("") => {}
+        // A Scale of an AppService: its replicas are judged with the AppService's rules.
+        Some("scale")
+            if req.resource.group == GROUP
+                && req.resource.resource == RESOURCE
+                && req.kind.group == SCALE_GROUP
+                && req.kind.kind == SCALE_KIND =>
+        {
+            return Ok(Subject::Scale);
+        }
+        // `/status` is the controller's report (the configurations do not send it);
+        // nothing else of an AppService is a write of what it asks for.
+        Some(_) => return Ok(Subject::PassThrough),
     }
     let kind = &req.kind;
     let version = Version::from_version(&kind.version);
@@ -160,7 +185,8 @@ fn bad_request(req: &Request<'_>, message: String) -> Box<AdmissionResponse> {
 /// response to send as is (anything else passes untouched).
 fn written_object(req: &Request<'_>) -> Result<(Version, Object), Box<AdmissionResponse>> {
     match subject(req)? {
-        Subject::PassThrough => Err(Box::new(allow(req))),
+        // `/mutate` has nothing to default on a Scale: its replicas are always set.
+        Subject::PassThrough | Subject::Scale => Err(Box::new(allow(req))),
         Subject::Write(version) => {
             decode(req, req.object, "object", version).map(|object| (version, object))
         }

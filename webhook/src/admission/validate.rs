@@ -1,26 +1,64 @@
 //! `/validate`: `common`'s validation, then the CEL policies; every problem in one answer.
+//! Both judge the hub form of the object; an UPDATE that asks for nothing new is not
+//! judged again ([`super::ratchet`]); a scale write goes to [`super::scale`].
 
+use std::borrow::Cow;
+
+use common::conversion::Version;
 use kube::core::admission::{AdmissionResponse, Operation};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
-use super::{KIND, Request, allow, bad_request, denial, written_object};
+use super::{
+    KIND, Request, Subject, allow, bad_request, decode, denial, internal_error, ratchet, scale,
+    subject,
+};
+use crate::appservices::AppServiceCache;
 use crate::policy::PolicySet;
 use crate::review::{self, App};
 
-/// `/validate`: every field error of `common::validation` and every policy violation in
-/// one denial, with warnings in both outcomes. `namespace_object` is the namespace's
-/// metadata for policies that use `namespaceObject` (None without `--namespace-labels`).
+/// `/validate` of a write of the AppService itself: [`validate_with`] without an
+/// AppService cache (a scale review is then refused: it cannot be judged).
 pub fn validate(
     req: &Request<'_>,
     policies: &PolicySet,
     namespace_object: Option<Value>,
 ) -> AdmissionResponse {
-    let (version, object) = match written_object(req) {
-        Ok(written) => written,
+    validate_with(req, policies, namespace_object, None)
+}
+
+/// `/validate`: every field error of `common::validation` and every policy violation in
+/// one denial, with warnings in both outcomes. `namespace_object` is the namespace's
+/// metadata for policies that use `namespaceObject` (None without `--namespace-labels`);
+/// `appservices` is what a scale review is judged on (None without `--watch-appservices`).
+pub fn validate_with(
+    req: &Request<'_>,
+    policies: &PolicySet,
+    namespace_object: Option<Value>,
+    appservices: Option<&AppServiceCache>,
+) -> AdmissionResponse {
+    let version = match subject(req) {
+        Ok(Subject::Write(version)) => version,
+        Ok(Subject::Scale) => return scale::validate(req, policies, namespace_object, appservices),
+        Ok(Subject::PassThrough) => return allow(req),
+        Err(response) => return *response,
+    };
+    let update = matches!(req.operation, Operation::Update);
+    // Before anything is decoded: the controller's finalizer writes must pass even for
+    // an object the current types or bounds would refuse.
+    if update
+        && let (Some(old), Some(new)) = (req.old_object, req.object)
+        && let Some(why) = ratchet::unjudged(old, new)
+    {
+        tracing::debug!(?why, "update not judged again");
+        return allow(req);
+    }
+    let object = match decode(req, req.object, "object", version) {
+        Ok(object) => object,
         Err(response) => return *response,
     };
     let mut warnings = Vec::new();
-    let old = if matches!(req.operation, Operation::Update) {
+    let old = if update {
         let Some(raw_old) = req.old_object else {
             // Without it the update rules (immutable fields) cannot be checked.
             return *bad_request(
@@ -43,14 +81,14 @@ pub fn validate(
     } else {
         None
     };
-    let old = old.map(|old| old.app);
-    let report = match (&object.app, old) {
+    let old_app = old.as_ref().map(|old| &old.app);
+    let report = match (&object.app, old_app) {
         (App::V1alpha1(new), Some(App::V1alpha1(old))) => {
-            common::validation::validate_v1alpha1_report(new, Some(&old))
+            common::validation::validate_v1alpha1_report(new, Some(old))
         }
         (App::V1alpha1(new), _) => common::validation::validate_v1alpha1_report(new, None),
         (App::V1beta1(new), Some(App::V1beta1(old))) => {
-            common::validation::validate_report(new, Some(&old))
+            common::validation::validate_report(new, Some(old))
         }
         (App::V1beta1(new), _) => common::validation::validate_report(new, None),
     };
@@ -61,12 +99,23 @@ pub fn validate(
         let Some(raw) = req.object else {
             return allow(req);
         };
-        let old_raw = req
-            .old_object
-            .filter(|_| matches!(req.operation, Operation::Update));
+        let old_raw = req.old_object.filter(|_| update);
+        // Policies read the hub version, whatever version the client wrote.
+        let (hub, old_hub) = match (
+            hub_form(raw, Some(&object.app), version),
+            old_raw
+                .map(|old| hub_form(old, old_app, version))
+                .transpose(),
+        ) {
+            (Ok(hub), Ok(old_hub)) => (hub, old_hub),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::error!(%error, "cannot rewrite the object as the hub version");
+                return internal_error(req, &error.to_string());
+            }
+        };
         policies.evaluate_raw(
-            raw,
-            old_raw,
+            &hub,
+            old_hub.as_deref(),
             &req.to_cel_request(),
             namespace_object.as_ref(),
         )
@@ -83,6 +132,22 @@ pub fn validate(
     let name = object.app.name().unwrap_or_default();
     response.result = denial(name, &report.errors, &violations);
     response
+}
+
+/// `raw` in the hub version: as it is for `v1beta1`; rewritten from its typed decode
+/// (`app`) for `v1alpha1`. A `v1alpha1` object that could not be decoded (a stored
+/// object of an older schema) is passed as it is: the policies see what there is.
+fn hub_form<'a>(
+    raw: &'a RawValue,
+    app: Option<&App>,
+    version: Version,
+) -> Result<Cow<'a, RawValue>, review::hub::HubError> {
+    match (version, app) {
+        (Version::V1alpha1, Some(App::V1alpha1(typed))) => {
+            review::hub::v1alpha1_to_hub(raw, typed).map(Cow::Owned)
+        }
+        _ => Ok(Cow::Borrowed(raw)),
+    }
 }
 
 #[cfg(test)]
@@ -227,5 +292,73 @@ mod tests {
             response.result.message,
             "oldObject is missing from the UPDATE request"
         );
+    }
+
+    const PORTS: &str = "policies:\n  - {name: no-9999, expression: \"object.spec.ports.all(p, p.port != 9999)\", message: port 9999 is reserved}\n";
+
+    #[test]
+    fn policies_judge_the_hub_version_whatever_the_client_wrote() {
+        let set = PolicySet::from_yaml(std::path::Path::new("p.yaml"), PORTS).unwrap();
+        // v1alpha1 `port: 9999` is `ports[0].port: 9999` in the hub.
+        let alpha = app(json!({"image": "nginx:1.27", "port": 9999}));
+        let response = validate(&decoded(review("CREATE", alpha.clone(), None)), &set, None);
+        assert!(!response.allowed);
+        assert!(
+            response.result.message.contains("port 9999 is reserved"),
+            "{}",
+            response.result.message
+        );
+        // oldObject too: an update away from 9999 reads the old hub ports.
+        let moved = app(json!({"image": "nginx:1.27", "port": 8080}));
+        let old_reading = PolicySet::from_yaml(
+            std::path::Path::new("p.yaml"),
+            "policies:\n  - {name: old, expression: \"oldObject.spec.ports[0].port == 9999\", message: m}\n",
+        )
+        .unwrap();
+        assert!(
+            validate(
+                &decoded(review("UPDATE", moved, Some(alpha))),
+                &old_reading,
+                None
+            )
+            .allowed
+        );
+        // v1beta1 as written.
+        let mut body: Value = serde_json::from_slice(&review(
+            "CREATE",
+            json!({"apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+                   "metadata": {"name": "checkout"},
+                   "spec": {"image": "nginx:1.27", "ports": [{"name": "http", "port": 9999}]}}),
+            None,
+        ))
+        .unwrap();
+        body["request"]["kind"]["version"] = json!("v1beta1");
+        let response = validate(&decoded(serde_json::to_vec(&body).unwrap()), &set, None);
+        assert!(!response.allowed);
+    }
+
+    #[test]
+    fn finalizer_writes_and_deletions_are_not_judged_again() {
+        let never = PolicySet::from_yaml(
+            std::path::Path::new("p.yaml"),
+            "policies:\n  - {name: never, expression: 'false', message: added later}\n",
+        )
+        .unwrap();
+        let stored = app(json!({"image": "nginx:1.27", "replicas": 1, "port": 80}));
+        let mut finalized = stored.clone();
+        finalized["metadata"]["finalizers"] = json!(["platform.example.com/cleanup"]);
+        let req = decoded(review("UPDATE", finalized.clone(), Some(stored.clone())));
+        assert!(validate(&req, &never, None).allowed, "finalizer added");
+        let mut deleting = finalized.clone();
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        let mut released = deleting.clone();
+        released["metadata"]["finalizers"] = json!([]);
+        let req = decoded(review("UPDATE", released, Some(deleting)));
+        assert!(validate(&req, &never, None).allowed, "finalizer released");
+        // A change of the spec is judged.
+        let mut scaled = stored.clone();
+        scaled["spec"]["replicas"] = json!(3);
+        let req = decoded(review("UPDATE", scaled, Some(stored)));
+        assert!(!validate(&req, &never, None).allowed);
     }
 }

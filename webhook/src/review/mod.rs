@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+pub mod hub;
 mod shape;
 
 /// The most entries the webhook accepts in `spec.resources.limits` or `.requests`
