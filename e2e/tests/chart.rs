@@ -809,6 +809,8 @@ fn rbac_is_exactly_what_the_controller_uses() {
             && d["metadata"]["labels"]["app.kubernetes.io/component"] == "controller"
             && d["metadata"]["name"] != classes.as_str()
     }));
+    // The tenant roles are ClusterRoles too, but bound to no one by the chart: they only
+    // add to Kubernetes' view/edit/admin (tenant_roles_aggregate_to_the_default_roles...).
     let cluster_wide: Vec<&Value> = scoped
         .iter()
         .filter(|d| d["kind"] == "ClusterRole")
@@ -818,6 +820,8 @@ fn rbac_is_exactly_what_the_controller_uses() {
         cluster_wide,
         [
             &json!(classes),
+            &json!(format!("{RELEASE}-appservice-operator-view")),
+            &json!(format!("{RELEASE}-appservice-operator-edit")),
             &json!(WEBHOOK),
             &json!(format!("{WEBHOOK}-ca-bundle"))
         ],
@@ -1873,4 +1877,267 @@ async fn databases_work_with_the_charts_rbac() {
     ctl.deletes(&apps, "rbac-db").await;
     ctl.stop().await;
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+}
+
+// ---- Tenants: the aggregated view, edit and admin roles ---------------------------------
+
+/// A client that acts as `user` (the admin impersonating them), as a tenant's kubectl would.
+fn impersonating(cp: &harness::ControlPlane, user: &str) -> Client {
+    let mut config = cp.admin_config();
+    config.auth_info.impersonate = Some(user.to_owned());
+    Client::try_from(config).expect("impersonating client")
+}
+
+/// Whether `result` is the API server's 403.
+fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
+    matches!(result, Err(kube::Error::Api(ref s)) if s.code == 403)
+}
+
+fn tenant_app(name: &str) -> AppService {
+    serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+        "metadata": {"name": name},
+        "spec": {"image": "registry.example.com/hello:v1.0.0", "replicas": 1}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn tenant_roles_aggregate_to_the_default_roles_and_grant_no_status_or_classes() {
+    let docs = template("ops", &[]);
+    let view = find(&docs, "ClusterRole", "aso-appservice-operator-view");
+    let edit = find(&docs, "ClusterRole", "aso-appservice-operator-edit");
+    let label = |role: &Value, to: &str| {
+        role["metadata"]["labels"][format!("rbac.authorization.k8s.io/aggregate-to-{to}")]
+            == json!("true")
+    };
+    assert!(label(view, "view") && label(view, "edit") && label(view, "admin"));
+    assert!(!label(edit, "view") && label(edit, "edit") && label(edit, "admin"));
+    for role in [view, edit] {
+        let text = serde_json::to_string(&role["rules"]).unwrap();
+        assert!(!text.contains("databaseclasses"), "{text}");
+        assert!(!text.contains("secrets"), "{text}");
+    }
+    // The chart binds them to no one: who gets them is the platform's RoleBindings.
+    assert!(!docs.iter().any(|d| {
+        d["roleRef"]["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("-view") || n.ends_with("-edit"))
+    }));
+    // Status is read with the object, never written by a tenant.
+    let edit_rules = serde_json::to_string(&edit["rules"]).unwrap();
+    assert!(!edit_rules.contains("appservices/status"), "{edit_rules}");
+
+    // Platforms that write their own roles turn them off.
+    let off = template(
+        "ops",
+        &["tenantRbac.aggregateToDefaultRoles=false".to_owned()],
+    );
+    assert!(
+        !off.iter().any(|d| d["kind"] == "ClusterRole"
+            && d["metadata"]["labels"]
+                .as_object()
+                .is_some_and(|l| l.keys().any(|k| k.contains("aggregate-to-")))),
+        "no aggregated role when turned off"
+    );
+}
+
+/// The chart as installed: users bound by a RoleBinding to Kubernetes' own `edit`,
+/// `admin` and `view` in their namespace (as a platform hands a namespace to a team) do
+/// their job with AppServices there, through the real RBAC aggregation controller, and
+/// reach nothing elsewhere: not another namespace's AppServices or Secrets, not the
+/// DatabaseClasses, not the status the controller owns.
+#[tokio::test]
+async fn tenants_with_the_default_roles_work_in_their_namespace_and_nowhere_else() {
+    use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+
+    // No controller adds finalizers meanwhile: what is deleted here goes at once.
+    let _no_controller = CLUSTER_WIDE_CONTROLLER.lock().await;
+    let (cp, _release_ns) = installed().await;
+    let _logs = cp.log_guard();
+    let admin = cp.client();
+    let own = cp.namespace().await.expect("namespace");
+    let other = cp.namespace().await.expect("namespace");
+    let (own, other) = (own.name(), other.name());
+    let post = PostParams::default();
+
+    for role in ["edit", "admin", "view"] {
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(format!("tenant-{role}")),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: role.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "User".into(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                name: format!("tenant-{role}"),
+                ..Default::default()
+            }]),
+        };
+        Api::<RoleBinding>::namespaced(admin.clone(), own)
+            .create(&post, &binding)
+            .await
+            .expect("RoleBinding");
+    }
+    // Another team's AppService and Secret.
+    Api::<AppService>::namespaced(admin.clone(), other)
+        .create(&post, &tenant_app("theirs"))
+        .await
+        .expect("their AppService");
+    Api::<Secret>::namespaced(admin.clone(), other)
+        .create(&post, &object("Secret", "theirs-database", None, false))
+        .await
+        .expect("their Secret");
+
+    for role in ["edit", "admin"] {
+        let user = format!("tenant-{role}");
+        let client = impersonating(cp, &user);
+        let apps: Api<AppService> = Api::namespaced(client.clone(), own);
+        // The aggregation controller folds our roles into `edit` and `admin` a moment
+        // after the install: the first create may be refused until then.
+        eventually(
+            &format!("{user} creates an AppService"),
+            Duration::from_secs(60),
+            || {
+                let apps = apps.clone();
+                let name = user.clone();
+                async move {
+                    apps.create(&PostParams::default(), &tenant_app(&name))
+                        .await
+                        .ok()
+                }
+            },
+        )
+        .await
+        .unwrap();
+        apps.get(&user).await.expect("get own AppService");
+        assert!(
+            !apps
+                .list(&ListParams::default())
+                .await
+                .expect("list")
+                .items
+                .is_empty()
+        );
+        let merge = |v: Value| Patch::Merge(v);
+        apps.patch(
+            &user,
+            &PatchParams::default(),
+            &merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .expect("edit the spec");
+        // kubectl scale, as the scale subresource.
+        apps.patch_scale(
+            &user,
+            &PatchParams::default(),
+            &merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect("scale");
+        let scaled = Api::<AppService>::namespaced(admin.clone(), own)
+            .get(&user)
+            .await
+            .expect("read back");
+        assert_eq!(
+            scaled.spec.replicas,
+            Some(3),
+            "{user} scaled through /scale"
+        );
+        assert!(
+            forbidden(
+                apps.patch_status(
+                    &user,
+                    &PatchParams::default(),
+                    &merge(json!({"status": {"readyReplicas": 3}}))
+                )
+                .await
+            ),
+            "{user} must not write status"
+        );
+
+        // Nothing of another namespace, nothing cluster-scoped of ours.
+        let theirs: Api<AppService> = Api::namespaced(client.clone(), other);
+        assert!(
+            forbidden(theirs.get("theirs").await),
+            "{user} reads another namespace"
+        );
+        assert!(forbidden(theirs.list(&ListParams::default()).await));
+        assert!(forbidden(
+            theirs
+                .patch(
+                    "theirs",
+                    &PatchParams::default(),
+                    &merge(json!({"spec": {"replicas": 0}}))
+                )
+                .await
+        ));
+        assert!(forbidden(
+            Api::<Secret>::namespaced(client.clone(), other)
+                .get("theirs-database")
+                .await
+        ));
+        assert!(forbidden(
+            Api::<AppService>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+        ));
+        assert!(forbidden(
+            Api::<common::DatabaseClass>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+        ));
+
+        apps.delete(&user, &DeleteParams::default())
+            .await
+            .expect("delete own AppService");
+    }
+
+    // `view`: reads AppServices and their scale, writes nothing, reads no Secret.
+    let viewer = impersonating(cp, "tenant-view");
+    let apps: Api<AppService> = Api::namespaced(viewer.clone(), own);
+    Api::<AppService>::namespaced(admin.clone(), own)
+        .create(&post, &tenant_app("shown"))
+        .await
+        .expect("an AppService to view");
+    eventually(
+        "the viewer reads AppServices",
+        Duration::from_secs(60),
+        || {
+            let apps = apps.clone();
+            async move { apps.get("shown").await.ok() }
+        },
+    )
+    .await
+    .unwrap();
+    apps.get_scale("shown").await.expect("read the scale");
+    assert!(forbidden(
+        apps.create(&post, &tenant_app("viewer-made")).await
+    ));
+    assert!(forbidden(
+        apps.patch_scale(
+            "shown",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}}))
+        )
+        .await
+    ));
+    assert!(forbidden(
+        apps.delete("shown", &DeleteParams::default()).await
+    ));
+    assert!(forbidden(
+        Api::<Secret>::namespaced(viewer.clone(), own)
+            .list(&ListParams::default())
+            .await
+    ));
+    assert!(forbidden(
+        Api::<AppService>::namespaced(viewer, other)
+            .get("theirs")
+            .await
+    ));
 }
