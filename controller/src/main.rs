@@ -98,15 +98,16 @@ async fn run(args: Args) -> Result<(), Error> {
     let config = controller::client::kube_config(args.kubeconfig.as_deref())
         .await
         .map_err(Error::Config)?;
+    let metrics = Arc::new(Metrics::default());
     let client =
-        controller::client::build_client(config, args.rate_limit).map_err(Error::Client)?;
+        controller::client::build_client_with_metrics(config, args.rate_limit, metrics.api())
+            .map_err(Error::Client)?;
     info!(
         namespace = args.config.watch_namespace.as_deref().unwrap_or("<all>"),
         qps = args.rate_limit.qps,
         burst = args.rate_limit.burst,
         "starting controller"
     );
-    let metrics = Arc::new(Metrics::default());
     let databases = Databases::new(
         client.clone(),
         &args.database,

@@ -37,6 +37,74 @@ telemetry::label_values! {
 
     /// A database operation.
     pub enum DatabaseOperation { Provision => "provision", Cleanup => "cleanup" }
+
+    /// The verb of an API request: its HTTP method, and `watch` for a GET that watches.
+    pub enum ApiVerb {
+        Get => "get",
+        Watch => "watch",
+        Post => "post",
+        Put => "put",
+        Patch => "patch",
+        Delete => "delete",
+        Other => "other",
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiRequestLabel {
+    pub verb: ApiVerb,
+    /// The HTTP status code, or `error` when no response came (transport, timeout).
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiVerbLabel {
+    pub verb: ApiVerb,
+}
+
+/// Every request the controller's client sends (`appservice_controller_api_requests` and
+/// `..._api_request_duration_seconds`), recorded by the client's own layer
+/// ([`crate::client::build_client_with_metrics`]). Cheap to clone: clones count into the
+/// same series.
+#[derive(Clone)]
+pub struct ApiMetrics {
+    requests: Family<ApiRequestLabel, Counter>,
+    /// Until the response's headers: a watch counts the time to its first byte only.
+    latency: Family<ApiVerbLabel, Histogram>,
+}
+
+impl Default for ApiMetrics {
+    fn default() -> Self {
+        ApiMetrics {
+            requests: Family::default(),
+            latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 15))
+            }),
+        }
+    }
+}
+
+impl ApiMetrics {
+    /// One request of `verb`, answered with `code` (`None`: no answer) after `took`.
+    pub fn observe(&self, verb: ApiVerb, code: Option<u16>, took: Duration) {
+        let code = code.map_or_else(|| "error".to_owned(), |c| c.to_string());
+        self.requests
+            .get_or_create(&ApiRequestLabel { verb, code })
+            .inc();
+        self.latency
+            .get_or_create(&ApiVerbLabel { verb })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Requests of `verb` answered with `code` so far.
+    pub fn count(&self, verb: ApiVerb, code: &str) -> u64 {
+        self.requests
+            .get_or_create(&ApiRequestLabel {
+                verb,
+                code: code.to_owned(),
+            })
+            .get()
+    }
 }
 
 impl Ready {
@@ -168,6 +236,8 @@ pub struct Metrics {
     duration: Histogram,
     objects: Family<ReadyLabel, Gauge>,
     leader: Gauge,
+    leader_transitions: Counter,
+    api: ApiMetrics,
     cleanup_failures: Counter,
     excluded: Counter,
     writes: Family<WriteLabel, Counter>,
@@ -193,6 +263,8 @@ impl Default for Metrics {
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
         let objects = Family::<ReadyLabel, Gauge>::default();
         let leader = Gauge::default();
+        let leader_transitions = Counter::default();
+        let api = ApiMetrics::default();
         let cleanup_failures = Counter::default();
         let excluded = Counter::default();
         let writes = Family::<WriteLabel, Counter>::default();
@@ -221,6 +293,21 @@ impl Default for Metrics {
             "leader",
             "1 while this replica holds the leader lease",
             leader.clone(),
+        );
+        registry.register(
+            "leader_transitions",
+            "Times this replica became or stopped being the leader",
+            leader_transitions.clone(),
+        );
+        registry.register(
+            "api_requests",
+            "Requests to the API server by verb and HTTP code (error: no answer)",
+            api.requests.clone(),
+        );
+        registry.register(
+            "api_request_duration_seconds",
+            "Latency of API requests until the response's headers, by verb",
+            api.latency.clone(),
         );
         registry.register(
             "cleanup_failures",
@@ -287,6 +374,8 @@ impl Default for Metrics {
             duration,
             objects,
             leader,
+            leader_transitions,
+            api,
             cleanup_failures,
             excluded,
             writes,
@@ -331,8 +420,22 @@ impl Metrics {
     }
 
     /// Whether this replica leads.
+    /// Whether this replica leads; a change counts as a leader transition.
     pub fn set_leader(&self, leading: bool) {
-        self.leader.set(i64::from(leading));
+        if self.leader.set(i64::from(leading)) != i64::from(leading) {
+            self.leader_transitions.inc();
+        }
+    }
+
+    /// Times this replica became or stopped being the leader.
+    pub fn leader_transitions(&self) -> u64 {
+        self.leader_transitions.get()
+    }
+
+    /// The metrics of the client's API requests, to build the client with
+    /// ([`crate::client::build_client_with_metrics`]).
+    pub fn api(&self) -> ApiMetrics {
+        self.api.clone()
     }
 
     /// The database step's metrics.

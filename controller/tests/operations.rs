@@ -397,3 +397,75 @@ async fn alerts_and_dashboard_query_only_exported_metrics() {
         }
     }
 }
+
+/// The value of the series `name{labels}` (labels as printed, in order) in a scrape.
+fn series(scrape: &str, name_and_labels: &str) -> Option<f64> {
+    scrape.lines().find_map(|l| {
+        l.strip_prefix(name_and_labels)
+            .and_then(|rest| rest.trim().parse().ok())
+    })
+}
+
+/// The API server sees the binary by name (its User-Agent: the field manager it derives
+/// for a write that names none, here the finalizer's patch), and the binary's scrape
+/// counts its requests by verb and code, with their latency.
+#[tokio::test]
+async fn requests_carry_the_binarys_name_and_are_counted_by_verb_and_code() {
+    support::init();
+    let cp = harness::shared().await.unwrap();
+    let ns = cp.namespace().await.unwrap();
+    let mut ctl = Controller::start(cp, &ns, &[], &[]).await;
+    let apps: Api<AppService> = Api::namespaced(cp.client(), &ns);
+    create(&apps, &app("agent", "registry.example.com/agent:v1", 1))
+        .await
+        .unwrap();
+    ctl.wait_log(|l| l["message"] == "created" && l["kind"] == "Deployment")
+        .await;
+
+    let app = apps.get("agent").await.unwrap();
+    let managers: Vec<(String, String)> = app
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| {
+            (
+                m.manager.unwrap_or_default(),
+                m.operation.unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert!(
+        managers.contains(&("appservice-controller".to_owned(), "Update".to_owned())),
+        "the finalizer's patch names no field manager: the API server derives it from the \
+         User-Agent; managers: {managers:?}"
+    );
+
+    let (status, body) = get(ctl.ops, "/metrics").await;
+    assert_eq!(status, 200);
+    let scrape = String::from_utf8(body).unwrap();
+    let count = |labels: &str| {
+        series(
+            &scrape,
+            &format!("appservice_controller_api_requests_total{{{labels}}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(count(r#"verb="watch",code="200""#) >= 1.0, "{scrape}");
+    assert!(count(r#"verb="get",code="200""#) >= 1.0, "lists: {scrape}");
+    assert!(count(r#"verb="patch",code="200""#) >= 1.0, "{scrape}");
+    assert!(
+        series(
+            &scrape,
+            r#"appservice_controller_api_request_duration_seconds_count{verb="patch"}"#
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{scrape}"
+    );
+    // Without leader election this replica leads from its start: one transition, no more.
+    assert_eq!(
+        series(&scrape, "appservice_controller_leader_transitions_total"),
+        Some(1.0),
+        "{scrape}"
+    );
+}

@@ -53,7 +53,20 @@ pub struct Server {
 /// comes from the environment (in-cluster or kubeconfig).
 pub async fn start(config: &Config) -> Result<Server> {
     let client = if config.namespace_labels || config.watch_appservices || config.ca().is_some() {
-        Some(kube::Client::try_default().await.map_err(Error::Client)?)
+        let mut kube_config = kube::Config::infer()
+            .await
+            .map_err(|e| Error::Client(kube::Error::InferConfig(e)))?;
+        // The API server's audit log and metrics tell our requests by it.
+        let agent = format!(
+            "appservice-webhook/{} ({}/{})",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        );
+        if let Ok(agent) = http::HeaderValue::from_str(&agent) {
+            kube_config.headers.push((http::header::USER_AGENT, agent));
+        }
+        Some(kube::Client::try_from(kube_config).map_err(Error::Client)?)
     } else {
         None
     };

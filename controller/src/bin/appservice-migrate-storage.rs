@@ -44,5 +44,8 @@ async fn main() -> ExitCode {
 
 async fn client(kubeconfig: Option<std::path::PathBuf>) -> Result<kube::Client, kube::Error> {
     let config = controller::client::kube_config(kubeconfig.as_deref()).await?;
-    kube::Client::try_from(config)
+    kube::Client::try_from(controller::client::with_user_agent(
+        config,
+        "appservice-migrate-storage",
+    ))
 }
