@@ -1450,7 +1450,11 @@ async fn the_database_mount_and_revision_heal_by_events() -> anyhow::Result<()> 
     assert_eq!(want.2["readOnly"], true);
     let revision = common::names::ANNOTATION_DATABASE_REVISION.replace('/', "~1");
     let perturbations = [
-        json!([{"op": "remove", "path": "/spec/template/spec/volumes"}]),
+        // (A mount without its volume is refused by the API server: both go.)
+        json!([
+            {"op": "remove", "path": "/spec/template/spec/volumes"},
+            {"op": "remove", "path": "/spec/template/spec/containers/0/volumeMounts"},
+        ]),
         json!([{"op": "remove", "path": "/spec/template/spec/containers/0/volumeMounts"}]),
         json!([{"op": "replace", "path": format!("/spec/template/metadata/annotations/{revision}"), "value": "forged"}]),
         json!([{"op": "replace", "path": "/spec/template/spec/volumes/0/secret/secretName", "value": "someone-elses"}]),

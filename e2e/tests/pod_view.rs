@@ -19,7 +19,7 @@ use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::conditions::{READY, TRUE};
+use common::conditions::READY;
 use common::names::{ANNOTATION_DATABASE_REVISION, DATABASE_CA_PATH, DATABASE_CA_VOLUME};
 use common::{AppService, AppServiceSpec, DatabaseClass, DatabaseSpec};
 use harness::poll::Failure;
