@@ -322,10 +322,13 @@ mod tests {
 
     #[test]
     fn deployment_carries_spec_with_defaults() {
-        let d = desired_deployment(&app(AppServiceSpec {
-            image: "registry.example.com/checkout:v3".into(),
-            ..Default::default()
-        }), None)
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "registry.example.com/checkout:v3".into(),
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
         assert_eq!(d.metadata.name.as_deref(), Some("checkout"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("shop"));
@@ -352,11 +355,14 @@ mod tests {
 
     #[test]
     fn deployment_labels_selector_and_owner() {
-        let d = desired_deployment(&app(AppServiceSpec {
-            image: "nginx:1.27".into(),
-            replicas: Some(4),
-            ..Default::default()
-        }), None)
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "nginx:1.27".into(),
+                replicas: Some(4),
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
         let labels = d.metadata.labels.clone().unwrap();
         assert_eq!(labels[LABEL_NAME], "checkout");
@@ -404,17 +410,20 @@ mod tests {
             requests: Some(BTreeMap::from([("cpu".into(), Quantity("100m".into()))])),
             ..Default::default()
         };
-        let d = desired_deployment(&app(AppServiceSpec {
-            image: "nginx:1.27".into(),
-            ports: vec![AppPort::http(9090)],
-            env: vec![AppEnvVar {
-                name: "LOG_LEVEL".into(),
-                value: Some("info".into()),
-                value_from: None,
-            }],
-            resources: Some(resources.clone()),
-            ..Default::default()
-        }), None)
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "nginx:1.27".into(),
+                ports: vec![AppPort::http(9090)],
+                env: vec![AppEnvVar {
+                    name: "LOG_LEVEL".into(),
+                    value: Some("info".into()),
+                    value_from: None,
+                }],
+                resources: Some(resources.clone()),
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
         let c = container(&d);
         let env = c.env.as_ref().unwrap();
@@ -427,11 +436,14 @@ mod tests {
 
     #[test]
     fn empty_resources_are_left_out() {
-        let d = desired_deployment(&app(AppServiceSpec {
-            image: "nginx:1.27".into(),
-            resources: Some(ResourceRequirements::default()),
-            ..Default::default()
-        }), None)
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "nginx:1.27".into(),
+                resources: Some(ResourceRequirements::default()),
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
         assert_eq!(container(&d).resources, None);
     }
@@ -536,10 +548,13 @@ mod tests {
 
     #[test]
     fn serialized_deployment_has_only_owned_fields() {
-        let d = desired_deployment(&app(AppServiceSpec {
-            image: "nginx:1.27".into(),
-            ..Default::default()
-        }), None)
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "nginx:1.27".into(),
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
         let v = serde_json::to_value(&d).unwrap();
         assert_eq!(v["apiVersion"], "apps/v1");
@@ -609,7 +624,10 @@ mod tests {
         assert_eq!(volumes[0].name, common::names::DATABASE_CA_VOLUME);
         assert_eq!(secret.secret_name.as_deref(), Some("checkout-database"));
         let items = secret.items.as_ref().unwrap();
-        assert_eq!((items[0].key.as_str(), items[0].path.as_str()), ("ca.crt", "ca.crt"));
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("ca.crt", "ca.crt")
+        );
         assert_eq!(secret.default_mode, Some(0o444));
         let mounts = container(&d).volume_mounts.as_ref().unwrap();
         assert_eq!(mounts.len(), 1);
@@ -629,7 +647,10 @@ mod tests {
             .annotations
             .as_ref()
             .unwrap();
-        assert_eq!(annotations[common::names::ANNOTATION_DATABASE_REVISION], "abc");
+        assert_eq!(
+            annotations[common::names::ANNOTATION_DATABASE_REVISION],
+            "abc"
+        );
     }
 
     #[test]
@@ -655,6 +676,10 @@ mod tests {
         let template = serde_json::to_value(&with.spec.template).unwrap();
         assert!(template["metadata"].get("annotations").is_none());
         assert!(template["spec"].get("volumes").is_none());
-        assert!(template["spec"]["containers"][0].get("volumeMounts").is_none());
+        assert!(
+            template["spec"]["containers"][0]
+                .get("volumeMounts")
+                .is_none()
+        );
     }
 }

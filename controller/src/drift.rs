@@ -149,10 +149,7 @@ impl Drift for DeploymentView {
                 Some(v) if live_meta.is_some_and(|m| m.has_annotations) => {
                     ops.push(add(&key, json!(v)))
                 }
-                Some(v) => ops.push(add(
-                    annotations,
-                    json!({ANNOTATION_DATABASE_REVISION: v}),
-                )),
+                Some(v) => ops.push(add(annotations, json!({ANNOTATION_DATABASE_REVISION: v}))),
                 None => ops.push(json!({"op": "remove", "path": key})),
             }
         }
@@ -164,7 +161,10 @@ impl Drift for DeploymentView {
                 .spec
                 .as_ref()
                 .and_then(|s| s.volumes.as_deref()),
-            live_template.spec.as_ref().and_then(|s| s.volumes.as_deref()),
+            live_template
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_deref()),
             &mut ops,
         );
         // The Pod's security context is ours whole: a field another writer adds to it
@@ -831,9 +831,7 @@ mod tests {
 
     fn with_database(spec: AppServiceSpec) -> AppServiceSpec {
         AppServiceSpec {
-            database: Some(common::DatabaseSpec {
-                class: "pg".into(),
-            }),
+            database: Some(common::DatabaseSpec { class: "pg".into() }),
             ..spec
         }
     }
@@ -925,7 +923,13 @@ mod tests {
         assert_eq!(ops.len(), 1, "{ops:#?}");
         let repaired = patched(&edited, &ops);
         assert!(deployment_drift(&d, &repaired).is_empty());
-        let annotations = repaired.spec.template.metadata.unwrap().annotations.unwrap();
+        let annotations = repaired
+            .spec
+            .template
+            .metadata
+            .unwrap()
+            .annotations
+            .unwrap();
         assert_eq!(annotations["kubectl.kubernetes.io/restartedAt"], "now");
 
         // Without a CA (require, disable), ours goes and theirs stays.
@@ -952,8 +956,7 @@ mod tests {
         // Without a database, what an earlier release built, whatever the step says.
         let plain = app(spec());
         assert_eq!(
-            desired_hash(&desired_deployment(&plain, Some(&pod_db(true, "r1"))).unwrap())
-                .unwrap(),
+            desired_hash(&desired_deployment(&plain, Some(&pod_db(true, "r1"))).unwrap()).unwrap(),
             desired_hash(&desired_deployment(&plain, None).unwrap()).unwrap()
         );
     }

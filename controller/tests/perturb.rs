@@ -1468,10 +1468,14 @@ async fn the_database_mount_and_revision_heal_by_events() -> anyhow::Result<()> 
     for ops in perturbations {
         f.json_patch(&f.deployments, "mounted", ops.clone()).await?;
         let started = Instant::now();
-        eventually(&format!("the database parts back after {ops}"), HEAL, || async {
-            let d = f.deployments.get("mounted").await?;
-            Ok::<_, harness::poll::Failure>((database_parts(&d)? == want).then_some(()))
-        })
+        eventually(
+            &format!("the database parts back after {ops}"),
+            HEAL,
+            || async {
+                let d = f.deployments.get("mounted").await?;
+                Ok::<_, harness::poll::Failure>((database_parts(&d)? == want).then_some(()))
+            },
+        )
         .await?;
         println!(
             "healed {ops} on the Deployment in {} ms",
@@ -1481,7 +1485,10 @@ async fn the_database_mount_and_revision_heal_by_events() -> anyhow::Result<()> 
     }
     let d = serde_json::to_value(f.deployments.get("mounted").await?)?;
     let template = &d["spec"]["template"];
-    assert_eq!(template["metadata"]["annotations"]["example.com/team"], "payments");
+    assert_eq!(
+        template["metadata"]["annotations"]["example.com/team"],
+        "payments"
+    );
     assert!(
         template["spec"]["volumes"]
             .as_array()

@@ -204,9 +204,14 @@ impl World {
 
     /// `psql "$DATABASE_URL" -c WHO` as the Pod would run it; its output or its error.
     async fn login(&self, view: &PodView) -> Result<std::result::Result<String, String>> {
-        let url = view.var("DATABASE_URL").ok_or("the Pod has no DATABASE_URL")?;
+        let url = view
+            .var("DATABASE_URL")
+            .ok_or("the Pod has no DATABASE_URL")?;
         let out = self
-            .psql(view, &[url, "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", WHO])
+            .psql(
+                view,
+                &[url, "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", WHO],
+            )
             .await?;
         Ok(outcome(&out))
     }
@@ -277,7 +282,9 @@ async fn every_tls_mode_logs_in_with_only_what_the_pod_gets() -> Result {
         let expected = format!("{role} {encrypted}");
         assert_eq!(w.login(&view).await?, Ok(expected.clone()), "{mode}");
         assert_eq!(w.login_by_env(&view).await?, Ok(expected), "{mode}");
-        println!("{mode}: psql \"$DATABASE_URL\" and psql with the libpq variables logged in as {role}");
+        println!(
+            "{mode}: psql \"$DATABASE_URL\" and psql with the libpq variables logged in as {role}"
+        );
 
         let url = view.var("DATABASE_URL").unwrap().to_owned();
         assert!(url.contains(&format!("sslmode={mode}")), "{url}");
@@ -327,8 +334,13 @@ async fn a_rotated_password_or_ca_rolls_the_pods_onto_what_works() -> Result {
     assert_ne!(new.var("PGPASSWORD"), old.var("PGPASSWORD"));
     assert_eq!(w.login(&new).await?, Ok(format!("{role} true")));
     let refused = w.login(&old).await?.expect_err("the old password");
-    assert!(refused.contains("password authentication failed"), "{refused}");
-    println!("password rotated: the Deployment rolled ({first_revision} -> {second_revision}); new Pods log in, the old password is refused");
+    assert!(
+        refused.contains("password authentication failed"),
+        "{refused}"
+    );
+    println!(
+        "password rotated: the Deployment rolled ({first_revision} -> {second_revision}); new Pods log in, the old password is refused"
+    );
 
     // A CA rotation: the server serves a certificate of a new CA, and the admin puts the
     // new CA in the class's Secret. The CA Secret is not watched: the change reaches the
@@ -356,9 +368,14 @@ async fn a_rotated_password_or_ca_rolls_the_pods_onto_what_works() -> Result {
     );
     assert_eq!(rotated.var("PGPASSWORD"), new.var("PGPASSWORD"));
     assert_eq!(w.login(&rotated).await?, Ok(format!("{role} true")));
-    let refused = w.login(&new).await?.expect_err("a login trusting the old CA");
+    let refused = w
+        .login(&new)
+        .await?
+        .expect_err("a login trusting the old CA");
     assert!(refused.contains("certificate verify failed"), "{refused}");
-    println!("CA rotated: the Deployment rolled again; new Pods verify the server, the old CA is refused");
+    println!(
+        "CA rotated: the Deployment rolled again; new Pods verify the server, the old CA is refused"
+    );
 
     w.stop().await?;
     Ok(())

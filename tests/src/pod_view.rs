@@ -247,20 +247,23 @@ impl PodView {
             mounts.push((mount.mount_path.clone(), mount.name.clone()));
         }
         // Longest first: a mount inside another is rewritten as itself.
-        mounts.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.0.len()));
 
         let mut env: Vec<(String, String)> = Vec::new();
         for from in c.env_from.iter().flatten() {
             let prefix = from.prefix.clone().unwrap_or_default();
-            let (kind, object, optional, data): (_, _, _, Option<BTreeMap<String, Vec<u8>>>) = if let Some(r) = &from.secret_ref {
-                let data = sources.secret(&r.name).await?.cloned();
-                ("Secret", r.name.clone(), r.optional == Some(true), data)
-            } else if let Some(r) = &from.config_map_ref {
-                let data = sources.config_map(&r.name).await?.cloned();
-                ("ConfigMap", r.name.clone(), r.optional == Some(true), data)
-            } else {
-                return Err(fail("an envFrom entry names neither a Secret nor a ConfigMap"));
-            };
+            let (kind, object, optional, data): (_, _, _, Option<BTreeMap<String, Vec<u8>>>) =
+                if let Some(r) = &from.secret_ref {
+                    let data = sources.secret(&r.name).await?.cloned();
+                    ("Secret", r.name.clone(), r.optional == Some(true), data)
+                } else if let Some(r) = &from.config_map_ref {
+                    let data = sources.config_map(&r.name).await?.cloned();
+                    ("ConfigMap", r.name.clone(), r.optional == Some(true), data)
+                } else {
+                    return Err(fail(
+                        "an envFrom entry names neither a Secret nor a ConfigMap",
+                    ));
+                };
             match data {
                 Some(data) => {
                     for (k, v) in data {
@@ -287,7 +290,10 @@ impl PodView {
                 continue;
             };
             let value = if let Some(r) = &from.secret_key_ref {
-                let what = format!("{}: key {:?} of Secret {namespace}/{}", var.name, r.key, r.name);
+                let what = format!(
+                    "{}: key {:?} of Secret {namespace}/{}",
+                    var.name, r.key, r.name
+                );
                 match sources.secret(&r.name).await?.and_then(|d| d.get(&r.key)) {
                     Some(v) => Some(text(v, &what)?),
                     None if r.optional == Some(true) => None,
@@ -298,7 +304,11 @@ impl PodView {
                     "{}: key {:?} of ConfigMap {namespace}/{}",
                     var.name, r.key, r.name
                 );
-                match sources.config_map(&r.name).await?.and_then(|d| d.get(&r.key)) {
+                match sources
+                    .config_map(&r.name)
+                    .await?
+                    .and_then(|d| d.get(&r.key))
+                {
                     Some(v) => Some(text(v, &what)?),
                     None if r.optional == Some(true) => None,
                     None => return Err(fail(format!("{what} is missing and not optional"))),
@@ -354,7 +364,8 @@ impl PodView {
         if view.var("HOME").is_none() {
             let home = view.dir.path().join("home");
             std::fs::create_dir(&home).map_err(io("creating the pod view's HOME"))?;
-            view.env.push(("HOME".to_owned(), home.display().to_string()));
+            view.env
+                .push(("HOME".to_owned(), home.display().to_string()));
         }
         Ok(view)
     }
@@ -435,7 +446,9 @@ pub fn client_program(name: &str) -> Result<PathBuf> {
     } else {
         Err(Error::Assets(format!(
             "no {name} next to the PostgreSQL server in {}; install the PostgreSQL client (`apt-get install -y postgresql-client`)",
-            path.parent().map(|p| p.display().to_string()).unwrap_or_default()
+            path.parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
         )))
     }
 }
@@ -517,12 +530,9 @@ fn project(
         Some(items) => {
             for item in items {
                 match data.get(&item.key) {
-                    Some(bytes) => write_file(
-                        dir,
-                        &item.path,
-                        bytes,
-                        item.mode.unwrap_or(default_mode),
-                    )?,
+                    Some(bytes) => {
+                        write_file(dir, &item.path, bytes, item.mode.unwrap_or(default_mode))?
+                    }
                     None if optional => {}
                     None => {
                         return Err(fail(format!(
@@ -623,9 +633,11 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
         }
         Ok(())
     } else if from.exists() {
-        std::fs::copy(from, to)
-            .map(|_| ())
-            .map_err(io(format!("copying {} to {}", from.display(), to.display())))
+        std::fs::copy(from, to).map(|_| ()).map_err(io(format!(
+            "copying {} to {}",
+            from.display(),
+            to.display()
+        )))
     } else {
         Err(fail(format!(
             "{} does not exist in its volume (subPath?)",
@@ -704,17 +716,45 @@ mod tests {
             path: "k".into(),
             ..KeyToPath::default()
         }];
-        let err = project(&data, Some(&missing), 0o444, false, "Secret s", &dir.path().join("c"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("tls.key") && err.contains("not optional"), "{err}");
-        project(&data, Some(&missing), 0o444, true, "Secret s", &dir.path().join("d")).unwrap();
+        let err = project(
+            &data,
+            Some(&missing),
+            0o444,
+            false,
+            "Secret s",
+            &dir.path().join("c"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("tls.key") && err.contains("not optional"),
+            "{err}"
+        );
+        project(
+            &data,
+            Some(&missing),
+            0o444,
+            true,
+            "Secret s",
+            &dir.path().join("d"),
+        )
+        .unwrap();
 
         let escape = [KeyToPath {
             key: "ca.crt".into(),
             path: "../x".into(),
             ..KeyToPath::default()
         }];
-        assert!(project(&data, Some(&escape), 0o444, false, "Secret s", &dir.path().join("e")).is_err());
+        assert!(
+            project(
+                &data,
+                Some(&escape),
+                0o444,
+                false,
+                "Secret s",
+                &dir.path().join("e")
+            )
+            .is_err()
+        );
     }
 }

@@ -460,7 +460,15 @@ mod tests {
 
     #[test]
     fn verify_full_names_the_mounted_ca_and_the_other_modes_do_not() {
-        let s = desired(&app(), &class_in("verify-full"), "d", "pw", false, Some("PEM")).unwrap();
+        let s = desired(
+            &app(),
+            &class_in("verify-full"),
+            "d",
+            "pw",
+            false,
+            Some("PEM"),
+        )
+        .unwrap();
         assert_eq!(
             value(&s, DATABASE_URL).unwrap(),
             "postgres://d:pw@db.example:6432/d?sslmode=verify-full\
