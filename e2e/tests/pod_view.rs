@@ -10,7 +10,9 @@
 //!   in, through `DATABASE_URL` and through the libpq variables alone; only
 //!   `verify-full` gets the CA, and without it (unmounted) the login fails;
 //! * a rotated password and a rotated CA roll the Deployment (a new revision on its Pod
-//!   template), the new Pods log in, and what the old Pods had is refused.
+//!   template), the new Pods log in, and what the old Pods had is refused;
+//! * the pod view itself resolves `envFrom`, `env` and Secret/ConfigMap volumes as a
+//!   kubelet would, and fails on a missing key that is not optional.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -378,5 +380,130 @@ async fn a_rotated_password_or_ca_rolls_the_pods_onto_what_works() -> Result {
     );
 
     w.stop().await?;
+    Ok(())
+}
+
+/// The pod view itself, against objects on the API server: what a kubelet would give a
+/// container from `envFrom`, `env` (`$(VAR)`, Secret and ConfigMap keys, optional ones
+/// missing, `fieldRef`) and Secret and ConfigMap volumes (`items`, modes, `subPath`); a
+/// missing key that is not optional fails naming it.
+#[tokio::test]
+async fn the_pod_view_resolves_env_and_files_as_a_kubelet_would() -> Result {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let cp = harness::shared_full().await?;
+    let ns = cp.namespace_with_prefix("podview").await?;
+    let client = cp.client();
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), ns.name());
+    config_maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "settings"},
+                "data": {"LEVEL": "debug", "app.conf": "port=1\n"}
+            }))?,
+        )
+        .await?;
+    Api::<Secret>::namespaced(client.clone(), ns.name())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "creds"},
+                "stringData": {"token": "s3cret", "ca.crt": "PEM"}
+            }))?,
+        )
+        .await?;
+    let deployment = |env: serde_json::Value| -> Result<Deployment> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": "viewed", "namespace": ns.name()},
+            "spec": {
+                "selector": {"matchLabels": {"app": "viewed"}},
+                "template": {
+                    "metadata": {"labels": {"app": "viewed"}},
+                    "spec": {
+                        "containers": [{
+                            "name": "app", "image": "registry.example.com/x:1",
+                            "envFrom": [{"configMapRef": {"name": "settings"}, "prefix": "CFG_"}],
+                            "env": env,
+                            "volumeMounts": [
+                                {"name": "certs", "mountPath": "/etc/certs", "readOnly": true},
+                                {"name": "conf", "mountPath": "/etc/app/app.conf", "subPath": "app.conf"},
+                            ],
+                        }],
+                        "volumes": [
+                            {"name": "certs", "secret": {"secretName": "creds", "defaultMode": 0o440,
+                                "items": [{"key": "ca.crt", "path": "root.crt"}]}},
+                            {"name": "conf", "configMap": {"name": "settings"}},
+                        ],
+                    }
+                }
+            }
+        }))?)
+    };
+    let good = deployment(json!([
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+        {"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "LEVEL"}}},
+        {"name": "GREETING", "value": "level $(LEVEL), $$(LEVEL), $(UNSET)"},
+        {"name": "ABSENT", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "nope", "optional": true}}},
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "SSLROOTCERT", "value": "/etc/certs/root.crt"},
+        {"name": "CFG_LEVEL", "value": "overridden"},
+    ]))?;
+    let created = Api::<Deployment>::namespaced(client.clone(), ns.name())
+        .create(&PostParams::default(), &good)
+        .await?;
+    let view = PodView::of(&client, &created).await?;
+    assert_eq!(view.var("TOKEN"), Some("s3cret"));
+    assert_eq!(view.var("LEVEL"), Some("debug"));
+    assert_eq!(
+        view.var("GREETING"),
+        Some("level debug, $(LEVEL), $(UNSET)")
+    );
+    assert_eq!(view.var("ABSENT"), None);
+    assert_eq!(view.var("NS"), Some(ns.name()));
+    // envFrom with its prefix (any printable name without `=`), and `env` wins over it.
+    assert_eq!(view.var("CFG_app.conf"), Some("port=1\n"));
+    assert_eq!(view.var("CFG_LEVEL"), Some("overridden"));
+    // Files: only the items, with the volume's mode; a subPath mount is the one file.
+    let root_crt = view.path("/etc/certs/root.crt");
+    assert_eq!(std::fs::read_to_string(&root_crt)?, "PEM");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&root_crt)?.permissions().mode() & 0o777,
+        0o440
+    );
+    assert!(!view.path("/etc/certs/token").exists());
+    assert_eq!(
+        std::fs::read_to_string(view.path("/etc/app/app.conf"))?,
+        "port=1\n"
+    );
+    // A path under a mount, rewritten to where the file is; an empty HOME of its own.
+    assert_eq!(
+        view.var("SSLROOTCERT"),
+        Some(root_crt.display().to_string().as_str())
+    );
+    let home = PathBuf::from(view.var("HOME").unwrap());
+    assert!(home.starts_with(view.root()));
+    assert_eq!(std::fs::read_dir(&home)?.count(), 0);
+
+    // A key that is not optional and not there: the container could not start.
+    let mut missing = good.clone();
+    missing.metadata.name = Some("missing".into());
+    missing.spec.template.spec.as_mut().unwrap().containers[0]
+        .env
+        .as_mut()
+        .unwrap()
+        .push(serde_json::from_value(
+            json!({"name": "X", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "nope"}}}),
+        )?);
+    let err = PodView::of(&client, &missing)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("\"nope\"") && err.contains("creds") && err.contains("not optional"),
+        "{err}"
+    );
+    ns.cleanup().await?;
     Ok(())
 }
