@@ -45,6 +45,20 @@ pub const ANNOTATION_V1ALPHA1_DATABASE: &str = "platform.example.com/v1alpha1-da
 /// Environment variable through which the application receives its database URL.
 pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 
+/// Name of the Pod template's volume holding the database server's CA (the `ca.crt` of
+/// the `<name>-database` Secret), present when the class verifies the server.
+pub const DATABASE_CA_VOLUME: &str = "database-ca";
+/// Where that volume is mounted in the application container (read-only).
+pub const DATABASE_CA_DIR: &str = "/var/run/secrets/platform.example.com/database";
+/// The CA file in the container: named by `sslrootcert=` in `DATABASE_URL` and by
+/// `PGSSLROOTCERT`.
+pub const DATABASE_CA_PATH: &str = "/var/run/secrets/platform.example.com/database/ca.crt";
+/// Annotation on the Deployment's Pod template: a hash of the data of the
+/// `<name>-database` Secret the Pods get. Environment variables from a Secret are read
+/// when a container starts, so when the Secret's data changes (a new password, a new CA,
+/// another host) this changes too and the Deployment rolls its Pods onto it.
+pub const ANNOTATION_DATABASE_REVISION: &str = "platform.example.com/database-revision";
+
 /// Labels that select the Pods of an AppService (the Deployment's and the Service's selector).
 ///
 /// Deliberately small and immutable: a Deployment's selector cannot change after creation.

@@ -413,7 +413,7 @@ fn floor_workers(client: Client, ns: String, concurrency: usize) -> tokio::task:
                         )
                         .await?;
                         deployments
-                            .patch(&name, &apply, &Patch::Apply(&desired_deployment(&a)?))
+                            .patch(&name, &apply, &Patch::Apply(&desired_deployment(&a, None)?))
                             .await?;
                         services
                             .patch(&name, &apply, &Patch::Apply(&desired_service(&a)?))

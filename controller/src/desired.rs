@@ -4,20 +4,24 @@
 //! everything else (defaults, other managers' fields) alone, and [`crate::drift`]
 //! compares the live children with what they build.
 
+use std::collections::BTreeMap;
+
 use common::names::{
-    DATABASE_URL_ENV, child_labels, database_secret_name, deployment_name, selector_labels,
-    service_name,
+    ANNOTATION_DATABASE_REVISION, DATABASE_CA_DIR, DATABASE_CA_VOLUME, DATABASE_URL_ENV,
+    child_labels, database_secret_name, deployment_name, selector_labels, service_name,
 };
 use common::{AppService, Protocol};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec, Probe,
-    SecretKeySelector, Service, ServicePort, ServiceSpec, TCPSocketAction,
+    Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath, PodSpec, PodTemplateSpec, Probe,
+    SecretKeySelector, SecretVolumeSource, Service, ServicePort, ServiceSpec, TCPSocketAction,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
+use crate::database::secret as keys;
 use crate::error::{Error, Result};
 
 mod security;
@@ -43,6 +47,34 @@ pub fn owner_api_version() -> String {
 /// it whatever the owner reference names, so the version is not part of "what the
 /// AppService asks for" and the hashes of existing children stay valid.
 pub const HASHED_OWNER_API_VERSION: &str = "platform.example.com/v1alpha1";
+
+/// What the Pods of an AppService with a database get from its `<name>-database` Secret,
+/// as the database step last wrote it (`crate::database::secret::pod_database`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodDatabase {
+    /// The class verifies the server (`verify-full`): the Secret's `ca.crt` is mounted
+    /// read-only at [`common::names::DATABASE_CA_PATH`], which `DATABASE_URL`
+    /// (`sslrootcert=`) and `PGSSLROOTCERT` name.
+    pub ca: bool,
+    /// A hash of the Secret's data, stamped on the Pod template
+    /// ([`ANNOTATION_DATABASE_REVISION`]): Pods read their environment when they start,
+    /// so a new password or CA rolls the Deployment.
+    pub revision: String,
+}
+
+/// The libpq variables a Pod gets from the Secret besides `DATABASE_URL` (which stays
+/// the primary interface), for clients configured by environment.
+const LIBPQ_ENV: [&str; 6] = [
+    keys::PGHOST,
+    keys::PGPORT,
+    keys::PGDATABASE,
+    keys::PGUSER,
+    keys::PGPASSWORD,
+    keys::PGSSLMODE,
+];
+/// Mode of the CA file: world-readable (a CA certificate is public), so any non-root
+/// user the image runs as can read it, with or without `fsGroup`.
+const CA_FILE_MODE: i32 = 0o444;
 
 /// A metadata field the API server always sets on stored objects; its absence is a
 /// permanent error rather than a panic.
@@ -78,10 +110,32 @@ fn child_metadata(app: &AppService, name: String) -> Result<ObjectMeta> {
     })
 }
 
+/// An environment variable from `key` of the Secret `secret`, which must have it.
+fn from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_owned(),
+                key: key.to_owned(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
 /// The Deployment that runs an AppService: `replicas` Pods of one container listening on
 /// each of `ports`, ready once the first TCP port accepts connections, running as
 /// `podSecurity` says (Pod Security `restricted` by default: `desired/security.rs`).
-pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
+///
+/// With a database, `database` is what its Secret gives the Pods (`None` only before the
+/// database step ran, or without one): `DATABASE_URL` always, and with `database` the
+/// libpq variables the user's `env` does not set, the CA mounted read-only when the class
+/// verifies the server, and the Secret's revision on the Pod template. An AppService
+/// without a database gets none of it: its Deployment is what it always was.
+pub fn desired_deployment(app: &AppService, database: Option<&PodDatabase>) -> Result<Deployment> {
     let name = required(&app.metadata.name, "metadata.name")?;
     let spec = &app.spec;
     let ports = spec.ports();
@@ -98,19 +152,46 @@ pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
         .collect();
     // The URL comes from the Secret, never as a value in the Deployment. Reconcile applies
     // the Deployment only after the database step made that Secret.
+    let database = database.filter(|_| spec.database_class().is_some());
+    let secret = database_secret_name(name);
     if spec.database_class().is_some() {
-        env.push(EnvVar {
-            name: DATABASE_URL_ENV.to_owned(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: database_secret_name(name),
-                    key: DATABASE_URL_ENV.to_owned(),
+        env.push(from_secret(DATABASE_URL_ENV, &secret, DATABASE_URL_ENV));
+    }
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    if let Some(db) = database {
+        let mut libpq: Vec<&str> = LIBPQ_ENV.to_vec();
+        if db.ca {
+            libpq.push(keys::PGSSLROOTCERT);
+            volumes.push(Volume {
+                name: DATABASE_CA_VOLUME.to_owned(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret.clone()),
+                    items: Some(vec![KeyToPath {
+                        key: keys::CA_CRT.to_owned(),
+                        path: keys::CA_CRT.to_owned(),
+                        ..KeyToPath::default()
+                    }]),
+                    default_mode: Some(CA_FILE_MODE),
                     optional: Some(false),
+                    ..SecretVolumeSource::default()
                 }),
-                ..EnvVarSource::default()
-            }),
-        });
+                ..Volume::default()
+            });
+            mounts.push(VolumeMount {
+                name: DATABASE_CA_VOLUME.to_owned(),
+                mount_path: DATABASE_CA_DIR.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            });
+        }
+        // The user's own setting of a libpq variable wins (it comes first and is not
+        // repeated); `DATABASE_URL` is reserved by validation.
+        for key in libpq {
+            if !spec.env.iter().any(|e| e.name == key) {
+                env.push(from_secret(key, &secret, key));
+            }
+        }
     }
 
     let container = Container {
@@ -147,6 +228,7 @@ pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
                 ..Probe::default()
             }),
         security_context: Some(security::container_security_context(&pod_security)),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
         ..Container::default()
     };
 
@@ -161,11 +243,18 @@ pub fn desired_deployment(app: &AppService) -> Result<Deployment> {
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(child_labels(name)),
+                    annotations: database.map(|db| {
+                        BTreeMap::from([(
+                            ANNOTATION_DATABASE_REVISION.to_owned(),
+                            db.revision.clone(),
+                        )])
+                    }),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
                     containers: vec![container],
                     security_context: Some(security::pod_security_context(&pod_security)),
+                    volumes: (!volumes.is_empty()).then_some(volumes),
                     ..PodSpec::default()
                 }),
             },
@@ -233,10 +322,13 @@ mod tests {
 
     #[test]
     fn deployment_carries_spec_with_defaults() {
-        let d = desired_deployment(&app(AppServiceSpec {
-            image: "registry.example.com/checkout:v3".into(),
-            ..Default::default()
-        }))
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "registry.example.com/checkout:v3".into(),
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
         assert_eq!(d.metadata.name.as_deref(), Some("checkout"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("shop"));
@@ -263,11 +355,14 @@ mod tests {
 
     #[test]
     fn deployment_labels_selector_and_owner() {
-        let d = desired_deployment(&app(AppServiceSpec {
-            image: "nginx:1.27".into(),
-            replicas: Some(4),
-            ..Default::default()
-        }))
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "nginx:1.27".into(),
+                replicas: Some(4),
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
         let labels = d.metadata.labels.clone().unwrap();
         assert_eq!(labels[LABEL_NAME], "checkout");
@@ -315,17 +410,20 @@ mod tests {
             requests: Some(BTreeMap::from([("cpu".into(), Quantity("100m".into()))])),
             ..Default::default()
         };
-        let d = desired_deployment(&app(AppServiceSpec {
-            image: "nginx:1.27".into(),
-            ports: vec![AppPort::http(9090)],
-            env: vec![AppEnvVar {
-                name: "LOG_LEVEL".into(),
-                value: Some("info".into()),
-                value_from: None,
-            }],
-            resources: Some(resources.clone()),
-            ..Default::default()
-        }))
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "nginx:1.27".into(),
+                ports: vec![AppPort::http(9090)],
+                env: vec![AppEnvVar {
+                    name: "LOG_LEVEL".into(),
+                    value: Some("info".into()),
+                    value_from: None,
+                }],
+                resources: Some(resources.clone()),
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
         let c = container(&d);
         let env = c.env.as_ref().unwrap();
@@ -338,11 +436,14 @@ mod tests {
 
     #[test]
     fn empty_resources_are_left_out() {
-        let d = desired_deployment(&app(AppServiceSpec {
-            image: "nginx:1.27".into(),
-            resources: Some(ResourceRequirements::default()),
-            ..Default::default()
-        }))
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "nginx:1.27".into(),
+                resources: Some(ResourceRequirements::default()),
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
         assert_eq!(container(&d).resources, None);
     }
@@ -365,7 +466,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let d = desired_deployment(&app(spec.clone())).unwrap();
+        let d = desired_deployment(&app(spec.clone()), None).unwrap();
         let ports: Vec<(Option<&str>, i32, Option<&str>)> = container(&d)
             .ports
             .as_ref()
@@ -440,17 +541,20 @@ mod tests {
         let mut a = app(AppServiceSpec::default());
         a.metadata.uid = None;
         assert!(matches!(
-            desired_deployment(&a),
+            desired_deployment(&a, None),
             Err(Error::MissingField("metadata.uid"))
         ));
     }
 
     #[test]
     fn serialized_deployment_has_only_owned_fields() {
-        let d = desired_deployment(&app(AppServiceSpec {
-            image: "nginx:1.27".into(),
-            ..Default::default()
-        }))
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "nginx:1.27".into(),
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
         let v = serde_json::to_value(&d).unwrap();
         assert_eq!(v["apiVersion"], "apps/v1");
@@ -458,5 +562,124 @@ mod tests {
         assert!(v.get("status").is_none());
         assert!(v["metadata"].get("resourceVersion").is_none());
         assert!(v["spec"].get("strategy").is_none());
+    }
+
+    fn with_database() -> AppServiceSpec {
+        AppServiceSpec {
+            image: "nginx:1.27".into(),
+            database: Some(common::DatabaseSpec { class: "pg".into() }),
+            env: vec![AppEnvVar {
+                name: "PGPORT".into(),
+                value: Some("6543".into()),
+                value_from: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// (name, literal value, Secret key) of each variable.
+    fn env_of(d: &Deployment) -> Vec<(String, Option<String>, Option<String>)> {
+        container(d)
+            .env
+            .iter()
+            .flatten()
+            .map(|e| {
+                let key = e.value_from.as_ref().map(|f| {
+                    let r = f.secret_key_ref.as_ref().unwrap();
+                    assert_eq!(r.name, "checkout-database");
+                    assert_eq!(r.optional, Some(false));
+                    r.key.clone()
+                });
+                (e.name.clone(), e.value.clone(), key)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_verifying_database_gets_url_libpq_env_the_ca_and_a_revision() {
+        let db = PodDatabase {
+            ca: true,
+            revision: "abc".into(),
+        };
+        let d = desired_deployment(&app(with_database()), Some(&db)).unwrap();
+        let from = |k: &str| (k.to_owned(), None, Some(k.to_owned()));
+        assert_eq!(
+            env_of(&d),
+            vec![
+                ("PGPORT".to_owned(), Some("6543".to_owned()), None),
+                from("DATABASE_URL"),
+                // The user's PGPORT wins; it is not repeated.
+                from("PGHOST"),
+                from("PGDATABASE"),
+                from("PGUSER"),
+                from("PGPASSWORD"),
+                from("PGSSLMODE"),
+                from("PGSSLROOTCERT"),
+            ]
+        );
+        let pod = d.spec.template.spec.as_ref().unwrap();
+        let volumes = pod.volumes.as_ref().unwrap();
+        assert_eq!(volumes.len(), 1);
+        let secret = volumes[0].secret.as_ref().unwrap();
+        assert_eq!(volumes[0].name, common::names::DATABASE_CA_VOLUME);
+        assert_eq!(secret.secret_name.as_deref(), Some("checkout-database"));
+        let items = secret.items.as_ref().unwrap();
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("ca.crt", "ca.crt")
+        );
+        assert_eq!(secret.default_mode, Some(0o444));
+        let mounts = container(&d).volume_mounts.as_ref().unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].name, common::names::DATABASE_CA_VOLUME);
+        assert_eq!(mounts[0].read_only, Some(true));
+        // The file the URL and PGSSLROOTCERT name is the one mounted.
+        assert_eq!(
+            format!("{}/{}", mounts[0].mount_path, items[0].path),
+            common::names::DATABASE_CA_PATH
+        );
+        let annotations = d
+            .spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            annotations[common::names::ANNOTATION_DATABASE_REVISION],
+            "abc"
+        );
+    }
+
+    #[test]
+    fn without_a_ca_nothing_is_mounted_and_without_a_database_nothing_changes() {
+        let db = PodDatabase {
+            ca: false,
+            revision: "abc".into(),
+        };
+        let d = desired_deployment(&app(with_database()), Some(&db)).unwrap();
+        assert!(d.spec.template.spec.as_ref().unwrap().volumes.is_none());
+        assert!(container(&d).volume_mounts.is_none());
+        assert!(!env_of(&d).iter().any(|(n, _, _)| n == "PGSSLROOTCERT"));
+        assert!(env_of(&d).iter().any(|(n, _, _)| n == "PGSSLMODE"));
+
+        // An AppService without a database: the same Deployment as before databases
+        // reached the Pods, whatever the database step says.
+        let plain = app(AppServiceSpec {
+            image: "nginx:1.27".into(),
+            ..Default::default()
+        });
+        let with = desired_deployment(&plain, Some(&db)).unwrap();
+        assert_eq!(with, desired_deployment(&plain, None).unwrap());
+        let template = serde_json::to_value(&with.spec.template).unwrap();
+        assert!(template["metadata"].get("annotations").is_none());
+        assert!(template["spec"].get("volumes").is_none());
+        assert!(
+            template["spec"]["containers"][0]
+                .get("volumeMounts")
+                .is_none()
+        );
     }
 }

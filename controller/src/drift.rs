@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use common::names::ANNOTATION_DESIRED_HASH;
+use common::names::{ANNOTATION_DATABASE_REVISION, ANNOTATION_DESIRED_HASH, DATABASE_CA_VOLUME};
 use k8s_openapi::api::core::v1::{ContainerPort, ResourceRequirements, ServicePort};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 use crate::desired::{CONTAINER_NAME, HASHED_OWNER_API_VERSION};
 use crate::owners::names_an_app;
-use crate::view::{ContainerView, DeploymentView, EnvVarView, Labels, ServiceView};
+use crate::view::{ContainerView, DeploymentView, EnvVarView, Labels, Named, ServiceView};
 
 /// A hash of `desired` (serialized with sorted map keys, so it is stable across runs
 /// and releases as long as the desired object is the same). The version an owner
@@ -134,6 +134,39 @@ impl Drift for DeploymentView {
                 &mut ops,
             );
         }
+        // The database revision on the template is ours (the other annotations are not):
+        // put back, a rollout as any change of the template is, it is what tells the Pods
+        // which password and CA they have.
+        let want_revision = desired_template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.database_revision.as_deref());
+        let live_meta = live_template.metadata.as_ref();
+        if want_revision != live_meta.and_then(|m| m.database_revision.as_deref()) {
+            let annotations = "/spec/template/metadata/annotations";
+            let key = format!("{annotations}/{}", escape(ANNOTATION_DATABASE_REVISION));
+            match want_revision {
+                Some(v) if live_meta.is_some_and(|m| m.has_annotations) => {
+                    ops.push(add(&key, json!(v)))
+                }
+                Some(v) => ops.push(add(annotations, json!({ANNOTATION_DATABASE_REVISION: v}))),
+                None => ops.push(json!({"op": "remove", "path": key})),
+            }
+        }
+        // Of the Pod's volumes, the database CA's is ours.
+        named_entry_drift(
+            "/spec/template/spec/volumes",
+            DATABASE_CA_VOLUME,
+            desired_template
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_deref()),
+            live_template
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_deref()),
+            &mut ops,
+        );
         // The Pod's security context is ours whole: a field another writer adds to it
         // (`runAsUser: 0`, say) would change who the process runs as, or get every Pod
         // refused by Pod Security admission.
@@ -242,6 +275,13 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
             ops,
         );
     }
+    named_entry_drift(
+        &format!("{base}/volumeMounts"),
+        DATABASE_CA_VOLUME,
+        want.volume_mounts.as_deref(),
+        have.volume_mounts.as_deref(),
+        ops,
+    );
     if ops.len() > before {
         // The index came from the object we read; refuse the patch if the list moved.
         ops.insert(
@@ -291,6 +331,37 @@ impl Drift for ServiceView {
             );
         }
         ops
+    }
+}
+
+/// Puts back the entry `name` of a list keyed by name that others may add entries to
+/// (the Pod's volumes, a container's mounts): ours exactly as we want it, or gone when we
+/// want none; the other entries are left alone. An index comes from the object we read,
+/// so each operation at one is guarded by a test of the entry's name.
+fn named_entry_drift(
+    path: &str,
+    name: &str,
+    want: Option<&[Named]>,
+    have: Option<&[Named]>,
+    ops: &mut Vec<Value>,
+) {
+    let want = want.unwrap_or_default().iter().find(|e| e.name == name);
+    let entries = have.unwrap_or_default();
+    let at = entries.iter().position(|e| e.name == name);
+    let test = |i: usize| json!({"op": "test", "path": format!("{path}/{i}/name"), "value": name});
+    match (want, at) {
+        (Some(w), Some(i)) if entries[i] == *w => {}
+        (Some(w), Some(i)) => {
+            ops.push(test(i));
+            ops.push(json!({"op": "replace", "path": format!("{path}/{i}"), "value": w}));
+        }
+        (Some(w), None) if have.is_some() => ops.push(add(&format!("{path}/-"), json!(w))),
+        (Some(w), None) => ops.push(add(path, json!([w]))),
+        (None, Some(i)) => {
+            ops.push(test(i));
+            ops.push(json!({"op": "remove", "path": format!("{path}/{i}")}));
+        }
+        (None, None) => {}
     }
 }
 
@@ -501,7 +572,7 @@ mod tests {
 
     #[test]
     fn stored_form_of_every_shape_is_converged() {
-        let d = desired_deployment(&app(spec())).unwrap();
+        let d = desired_deployment(&app(spec()), None).unwrap();
         assert_eq!(
             deployment_drift(&d, &as_stored(d.clone())),
             Vec::<Value>::new()
@@ -515,7 +586,7 @@ mod tests {
 
     #[test]
     fn edits_by_others_are_put_back() {
-        let d = desired_deployment(&app(spec())).unwrap();
+        let d = desired_deployment(&app(spec()), None).unwrap();
         let mut live = as_stored(d.clone());
         let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
         c.image = Some("evil:1".into());
@@ -548,7 +619,7 @@ mod tests {
 
     #[test]
     fn security_contexts_changed_by_others_are_put_back_whole() {
-        let d = desired_deployment(&app(spec())).unwrap();
+        let d = desired_deployment(&app(spec()), None).unwrap();
         // The API server stores what we wrote; an empty Pod context is none.
         assert!(deployment_drift(&d, &as_stored(d.clone())).is_empty());
 
@@ -595,7 +666,7 @@ mod tests {
 
     #[test]
     fn extra_env_and_removed_resources_are_drift() {
-        let d = desired_deployment(&app(spec())).unwrap();
+        let d = desired_deployment(&app(spec()), None).unwrap();
         let mut live = as_stored(d.clone());
         let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
         c.env.as_mut().unwrap().push(EnvVar {
@@ -619,7 +690,7 @@ mod tests {
                     .unwrap(),
             ),
         }];
-        let d = desired_deployment(&app(s)).unwrap();
+        let d = desired_deployment(&app(s), None).unwrap();
         let with_source = |source: Value| {
             let mut live = d.clone();
             let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
@@ -664,7 +735,7 @@ mod tests {
             {"name": "metrics", "port": 9090}
         ]))
         .unwrap();
-        let d = desired_deployment(&app(several.clone())).unwrap();
+        let d = desired_deployment(&app(several.clone()), None).unwrap();
         let s = desired_service(&app(several)).unwrap();
         assert!(deployment_drift(&d, &as_stored(d.clone())).is_empty());
         assert!(service_drift(&s, &s.clone()).is_empty());
@@ -694,13 +765,13 @@ mod tests {
 
     #[test]
     fn hash_is_stable_and_sensitive() {
-        let a = desired_deployment(&app(spec())).unwrap();
+        let a = desired_deployment(&app(spec()), None).unwrap();
         let h1 = desired_hash(&a).unwrap();
         assert_eq!(h1, desired_hash(&a.clone()).unwrap());
         assert_eq!(h1.len(), 32);
         let mut s = spec();
         s.image = "nginx:1.28".into();
-        let b = desired_deployment(&app(s)).unwrap();
+        let b = desired_deployment(&app(s), None).unwrap();
         assert_ne!(h1, desired_hash(&b).unwrap());
     }
 
@@ -709,7 +780,7 @@ mod tests {
     /// storage version, whole, guarded by its uid. Other owners' references stay.
     #[test]
     fn an_owner_reference_through_another_version_is_re_pointed() {
-        let d = desired_deployment(&app(spec())).unwrap();
+        let d = desired_deployment(&app(spec()), None).unwrap();
         let mut old = d.clone();
         let mut foreign = old.metadata.owner_references.as_ref().unwrap()[0].clone();
         foreign.uid = "someone-else".into();
@@ -756,5 +827,137 @@ mod tests {
         let ops = service_drift(&s, &live);
         assert_eq!(ops.len(), 2, "{ops:#?}");
         assert_eq!(ops[1]["value"]["blockOwnerDeletion"], true);
+    }
+
+    fn with_database(spec: AppServiceSpec) -> AppServiceSpec {
+        AppServiceSpec {
+            database: Some(common::DatabaseSpec { class: "pg".into() }),
+            ..spec
+        }
+    }
+
+    fn pod_db(ca: bool, revision: &str) -> crate::desired::PodDatabase {
+        crate::desired::PodDatabase {
+            ca,
+            revision: revision.into(),
+        }
+    }
+
+    fn patched(live: &Deployment, ops: &[Value]) -> Deployment {
+        let mut v = serde_json::to_value(live).unwrap();
+        let patch: json_patch::Patch = serde_json::from_value(json!(ops)).unwrap();
+        json_patch::patch(&mut v, &patch).unwrap();
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// The database CA's volume, its mount and the revision annotation are ours; others'
+    /// volumes, mounts and annotations stay; each repair converges in one patch.
+    #[test]
+    fn the_database_ca_mount_and_revision_are_put_back_and_others_kept() {
+        let a = app(with_database(spec()));
+        let d = desired_deployment(&a, Some(&pod_db(true, "r1"))).unwrap();
+        let stored = as_stored(d.clone());
+        assert!(deployment_drift(&d, &stored).is_empty());
+
+        // Others' entries next to ours are no drift.
+        let mut shared = stored.clone();
+        let template = &mut shared.spec.template;
+        template
+            .metadata
+            .as_mut()
+            .unwrap()
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("kubectl.kubernetes.io/restartedAt".into(), "now".into());
+        let pod = template.spec.as_mut().unwrap();
+        let theirs = k8s_openapi::api::core::v1::Volume {
+            name: "cache".into(),
+            empty_dir: Some(Default::default()),
+            ..Default::default()
+        };
+        pod.volumes.as_mut().unwrap().insert(0, theirs.clone());
+        assert!(deployment_drift(&d, &shared).is_empty());
+
+        // Ours removed, edited or moved: put back, theirs kept.
+        let mut broken = shared.clone();
+        let template = &mut broken.spec.template;
+        template.metadata.as_mut().unwrap().annotations = None;
+        let pod = template.spec.as_mut().unwrap();
+        pod.volumes.as_mut().unwrap()[1]
+            .secret
+            .as_mut()
+            .unwrap()
+            .secret_name = Some("someone-elses".into());
+        pod.containers[0].volume_mounts = None;
+        let ops = deployment_drift(&d, &broken);
+        let paths: Vec<&str> = ops.iter().map(|o| o["path"].as_str().unwrap()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/spec/template/metadata/annotations",
+                "/spec/template/spec/volumes/1/name",
+                "/spec/template/spec/volumes/1",
+                "/spec/template/spec/containers/0/name",
+                "/spec/template/spec/containers/0/volumeMounts",
+            ]
+        );
+        let repaired = patched(&broken, &ops);
+        assert!(deployment_drift(&d, &repaired).is_empty());
+        let pod = repaired.spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.volumes.as_ref().unwrap()[0], theirs);
+
+        // A revision edited by hand is put back, next to others' annotations.
+        let mut edited = shared.clone();
+        edited
+            .spec
+            .template
+            .metadata
+            .as_mut()
+            .unwrap()
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANNOTATION_DATABASE_REVISION.into(), "forged".into());
+        let ops = deployment_drift(&d, &edited);
+        assert_eq!(ops.len(), 1, "{ops:#?}");
+        let repaired = patched(&edited, &ops);
+        assert!(deployment_drift(&d, &repaired).is_empty());
+        let annotations = repaired
+            .spec
+            .template
+            .metadata
+            .unwrap()
+            .annotations
+            .unwrap();
+        assert_eq!(annotations["kubectl.kubernetes.io/restartedAt"], "now");
+
+        // Without a CA (require, disable), ours goes and theirs stays.
+        let no_ca = desired_deployment(&a, Some(&pod_db(false, "r1"))).unwrap();
+        let ops = deployment_drift(&no_ca, &shared);
+        let repaired = patched(&shared, &ops);
+        assert!(deployment_drift(&no_ca, &repaired).is_empty());
+        let pod = repaired.spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.volumes.as_deref(), Some(&[theirs][..]));
+        assert_eq!(pod.containers[0].volume_mounts.as_deref(), Some(&[][..]));
+    }
+
+    /// A new revision (a rotated password or CA) is a new desired object: the hash
+    /// changes, so the Deployment is applied and rolls; the same revision hashes alike.
+    #[test]
+    fn a_new_database_revision_changes_the_hash_and_only_then() {
+        let a = app(with_database(spec()));
+        let hash = |db: &crate::desired::PodDatabase| {
+            desired_hash(&desired_deployment(&a, Some(db)).unwrap()).unwrap()
+        };
+        assert_eq!(hash(&pod_db(true, "r1")), hash(&pod_db(true, "r1")));
+        assert_ne!(hash(&pod_db(true, "r1")), hash(&pod_db(true, "r2")));
+        assert_ne!(hash(&pod_db(true, "r1")), hash(&pod_db(false, "r1")));
+        // Without a database, what an earlier release built, whatever the step says.
+        let plain = app(spec());
+        assert_eq!(
+            desired_hash(&desired_deployment(&plain, Some(&pod_db(true, "r1"))).unwrap()).unwrap(),
+            desired_hash(&desired_deployment(&plain, None).unwrap()).unwrap()
+        );
     }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use common::AppService;
 use futures::future::BoxFuture;
 
+use crate::desired::PodDatabase;
 use crate::error::{Error, Result};
 
 /// Outcome of one idempotent reconcile step.
@@ -53,6 +54,9 @@ pub struct Report {
     pub conditions: Vec<ConditionReport>,
     /// Condition types this step owns that do not apply now (removed from status).
     pub absent: Vec<&'static str>,
+    /// What the Pods get from the database's Secret, once it is provisioned
+    /// ([`crate::desired::desired_deployment`] mounts and stamps it).
+    pub database: Option<PodDatabase>,
 }
 
 impl Report {
@@ -62,6 +66,7 @@ impl Report {
             outcome: Outcome::Done,
             conditions: vec![],
             absent: vec![],
+            database: None,
         }
     }
 

@@ -221,7 +221,7 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
     let namespace = required(&app.metadata.namespace, "metadata.namespace")?;
     // Both names are checked before either child is written: a half-built AppService
     // (Pods without a Service, or the reverse) would look like progress.
-    let want_deployment = desired_deployment(app)?;
+    let want_deployment = desired_deployment(app, report.database.as_ref())?;
     let want_service = desired_service(app)?;
     // Only with every cache listed completely does a name missing from all of them mean
     // that nobody holds it (a restarted controller reconciles before its lists are in).

@@ -19,11 +19,11 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use common::names::ANNOTATION_DESIRED_HASH;
+use common::names::{ANNOTATION_DATABASE_REVISION, ANNOTATION_DESIRED_HASH};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
     ContainerPort, EnvVarSource, PodSecurityContext, Probe, ResourceRequirements, SecurityContext,
-    Service, ServicePort,
+    Service, ServicePort, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -206,9 +206,35 @@ pub struct PodTemplateView {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(from = "RawTemplateMeta")]
 pub struct TemplateMetaView {
-    #[serde(default)]
     pub labels: Option<Labels>,
+    /// Whether the template has an annotation map at all (a JSON patch adds a key to an
+    /// existing map, or the map).
+    pub has_annotations: bool,
+    /// The one annotation of the template the controller sets:
+    /// [`ANNOTATION_DATABASE_REVISION`]. Others' annotations are not kept.
+    pub database_revision: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawTemplateMeta {
+    #[serde(default)]
+    labels: Option<Labels>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+impl From<RawTemplateMeta> for TemplateMetaView {
+    fn from(raw: RawTemplateMeta) -> Self {
+        TemplateMetaView {
+            labels: raw.labels,
+            has_annotations: raw.annotations.is_some(),
+            database_revision: raw
+                .annotations
+                .and_then(|mut a| a.remove(ANNOTATION_DATABASE_REVISION)),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -219,6 +245,10 @@ pub struct PodSpecView {
     /// The Pod's security context; `None` when absent or empty.
     #[serde(default, deserialize_with = "pod_security_context")]
     pub security_context: Option<Compact>,
+    /// The Pod's volumes (the controller sets only the database CA's); `None` when
+    /// absent, as for every AppService without a database CA.
+    #[serde(default, deserialize_with = "volumes")]
+    pub volumes: Option<Vec<Named>>,
 }
 
 /// The fields of a container the controller sets (and nothing else).
@@ -243,6 +273,59 @@ pub struct ContainerView {
         deserialize_with = "container_security_context"
     )]
     pub security_context: Option<Compact>,
+    /// The container's volume mounts (the controller sets only the database CA's).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "volume_mounts"
+    )]
+    pub volume_mounts: Option<Vec<Named>>,
+}
+
+/// An entry of a list keyed by name (a volume, a volume mount), kept as its name and its
+/// JSON text ([`Compact`]); serialized as the entry itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    pub name: String,
+    pub value: Compact,
+}
+
+impl Serialize for Named {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(serializer)
+    }
+}
+
+fn named<'de, T, D>(
+    deserializer: D,
+    name: impl Fn(&T) -> &str,
+) -> Result<Option<Vec<Named>>, D::Error>
+where
+    T: Deserialize<'de> + Serialize,
+    D: Deserializer<'de>,
+{
+    let Some(entries) = Option::<Vec<T>>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    entries
+        .iter()
+        .map(|entry| {
+            let text = serde_json::to_string(entry).map_err(serde::de::Error::custom)?;
+            Ok(Named {
+                name: name(entry).to_owned(),
+                value: Compact(text.into_boxed_str()),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+fn volumes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Error> {
+    named::<Volume, D>(d, |v| v.name.as_str())
+}
+
+fn volume_mounts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Error> {
+    named::<VolumeMount, D>(d, |m| m.name.as_str())
 }
 
 /// An API value kept as its JSON text: one allocation of a few dozen bytes where the
@@ -536,7 +619,7 @@ mod tests {
     }
 
     fn desired_children_survive_the_view_of(app: &AppService) {
-        let d = desired_deployment(app).unwrap();
+        let d = desired_deployment(app, None).unwrap();
         let v: DeploymentView = of(&d).unwrap();
         let want = serde_json::to_value(&d).unwrap();
         let containers =

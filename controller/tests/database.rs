@@ -196,8 +196,9 @@ async fn create_provisions_a_usable_database_and_delete_drops_it() -> anyhow::Re
     assert_eq!(
         secret_value(&secret, "DATABASE_URL"),
         format!(
-            "postgres://{db}:{password}@localhost:{}/{db}?sslmode=verify-full",
-            w.pg.port()
+            "postgres://{db}:{password}@localhost:{}/{db}?sslmode=verify-full&sslrootcert={}",
+            w.pg.port(),
+            common::names::DATABASE_CA_PATH
         )
     );
 

@@ -196,8 +196,23 @@ impl World {
                             .map(|e| (e.name.clone(), e.value.clone().filter(|v| !v.is_empty())))
                             .collect();
                         if spec.database.is_some() {
-                            // From the Secret, never as a value.
+                            // From the Secret, never as a value: the URL, then the libpq
+                            // variables the spec does not set (the class verifies the
+                            // server, so PGSSLROOTCERT too).
                             want.push((common::names::DATABASE_URL_ENV.to_owned(), None));
+                            for key in [
+                                "PGHOST",
+                                "PGPORT",
+                                "PGDATABASE",
+                                "PGUSER",
+                                "PGPASSWORD",
+                                "PGSSLMODE",
+                                "PGSSLROOTCERT",
+                            ] {
+                                if !spec.env.iter().any(|e| e.name == key) {
+                                    want.push((key.to_owned(), None));
+                                }
+                            }
                         }
                         if env != want {
                             p.push(format!("env {env:?}"));
@@ -1390,6 +1405,101 @@ async fn the_database_secret_heals_by_events() -> anyhow::Result<()> {
 
 /// A foreign Secret holding the name: a clear conflict in status, the Secret left as it
 /// is, no child created; its deletion is noticed at once and the database goes ahead.
+/// What the Pods of `d` get of the database that the controller owns: the revision on
+/// the template, the CA volume, and its mount in our container (as JSON, `null` when
+/// absent).
+fn database_parts(d: &Deployment) -> anyhow::Result<(Value, Value, Value)> {
+    let v = serde_json::to_value(d)?;
+    let template = &v["spec"]["template"];
+    let named = |list: &Value| {
+        list.as_array()
+            .and_then(|l| {
+                l.iter()
+                    .find(|e| e["name"] == common::names::DATABASE_CA_VOLUME)
+                    .cloned()
+            })
+            .unwrap_or(Value::Null)
+    };
+    let container = template["spec"]["containers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == CONTAINER_NAME).cloned())
+        .unwrap_or(Value::Null);
+    Ok((
+        template["metadata"]["annotations"][common::names::ANNOTATION_DATABASE_REVISION].clone(),
+        named(&template["spec"]["volumes"]),
+        named(&container["volumeMounts"]),
+    ))
+}
+
+/// The database CA's volume and mount and the revision on the Pod template are healed
+/// like the rest of the Deployment, within seconds (resync 10 minutes), while volumes,
+/// mounts and annotations others add stay; then no writes at all.
+#[tokio::test]
+async fn the_database_mount_and_revision_heal_by_events() -> anyhow::Result<()> {
+    let f = DbWorld::new().await?;
+    f.create_with_database("mounted").await?;
+    f.converged_within("mounted", WAIT).await?;
+    f.secret_healed_within("mounted", WAIT).await?;
+    f.quiet(3).await?;
+    let want = database_parts(&f.deployments.get("mounted").await?)?;
+    assert!(want.0.is_string(), "a revision on the template: {want:?}");
+    assert_eq!(
+        want.1["secret"]["items"],
+        json!([{"key": "ca.crt", "path": "ca.crt"}])
+    );
+    assert_eq!(want.2["readOnly"], true);
+    let revision = common::names::ANNOTATION_DATABASE_REVISION.replace('/', "~1");
+    let perturbations = [
+        // (A mount without its volume is refused by the API server: both go.)
+        json!([
+            {"op": "remove", "path": "/spec/template/spec/volumes"},
+            {"op": "remove", "path": "/spec/template/spec/containers/0/volumeMounts"},
+        ]),
+        json!([{"op": "remove", "path": "/spec/template/spec/containers/0/volumeMounts"}]),
+        json!([{"op": "replace", "path": format!("/spec/template/metadata/annotations/{revision}"), "value": "forged"}]),
+        json!([{"op": "replace", "path": "/spec/template/spec/volumes/0/secret/secretName", "value": "someone-elses"}]),
+        // Others' entries next to ours: kept, ours healed around them.
+        json!([
+            {"op": "add", "path": "/spec/template/spec/volumes/0", "value": {"name": "cache", "emptyDir": {}}},
+            {"op": "add", "path": "/spec/template/metadata/annotations/example.com~1team", "value": "payments"},
+            {"op": "remove", "path": "/spec/template/spec/containers/0/volumeMounts"},
+        ]),
+    ];
+    for ops in perturbations {
+        f.json_patch(&f.deployments, "mounted", ops.clone()).await?;
+        let started = Instant::now();
+        eventually(
+            &format!("the database parts back after {ops}"),
+            HEAL,
+            || async {
+                let d = f.deployments.get("mounted").await?;
+                Ok::<_, harness::poll::Failure>((database_parts(&d)? == want).then_some(()))
+            },
+        )
+        .await?;
+        println!(
+            "healed {ops} on the Deployment in {} ms",
+            started.elapsed().as_millis()
+        );
+        f.converged_within("mounted", READY_BOUND).await?;
+    }
+    let d = serde_json::to_value(f.deployments.get("mounted").await?)?;
+    let template = &d["spec"]["template"];
+    assert_eq!(
+        template["metadata"]["annotations"]["example.com/team"],
+        "payments"
+    );
+    assert!(
+        template["spec"]["volumes"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|v| v["name"] == "cache")),
+        "{template}"
+    );
+    f.quiet(6).await?;
+    f.world.ctl.stop().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_foreign_secret_holding_the_name_blocks_until_it_goes() -> anyhow::Result<()> {
     let f = DbWorld::new().await?;

@@ -256,7 +256,7 @@ fn previous_children_match_the_golden_fixture() {
                 json!("platform.example.com/v1alpha1");
             v
         };
-        let d = controller::desired::desired_deployment(&hub).unwrap();
+        let d = controller::desired::desired_deployment(&hub, None).unwrap();
         let mut current = as_previous(serde_json::to_value(&d).unwrap());
         let pod = &mut current["spec"]["template"]["spec"];
         assert_eq!(

@@ -82,6 +82,11 @@ pub enum Error {
     #[error("PostgreSQL: {0}")]
     Postgres(String),
 
+    /// What a Pod would get could not be resolved (a missing object or key that is not
+    /// optional, something the pod view does not simulate).
+    #[error("pod view: {0}")]
+    PodView(String),
+
     /// Building a client configuration failed.
     #[error("client configuration: {0}")]
     Config(String),

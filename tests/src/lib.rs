@@ -28,6 +28,9 @@
 //!   a failure naming what was awaited and the last failure seen, never a timing assertion.
 //! * [`Binary`] runs a binary under test and reads its JSON log; [`pprof`] checks the
 //!   profiles it serves.
+//! * [`PodView`] resolves what a Pod of a Deployment would get (its environment with
+//!   Secret and ConfigMap references resolved, its mounted files) and runs a real client
+//!   with only that: kwok runs no container, so this stands in for the Pod.
 //! * [`OtlpReceiver`] receives the traces a binary under test exports over OTLP/gRPC.
 //! * Binaries: `APPSERVICE_ASSETS_BIN`, else the cache that `cargo xtask assets` fills
 //!   (built on demand when missing; needs `go`).
@@ -41,6 +44,7 @@ mod crds;
 mod error;
 mod namespace;
 pub mod otlp;
+pub mod pod_view;
 pub mod poll;
 pub mod postgres;
 pub mod pprof;
@@ -56,6 +60,7 @@ pub use namespace::{
     POD_SECURITY_ENFORCE_LABEL, PodSecurityLevel, TEST_NAMESPACE_LABEL, TestNamespace,
 };
 pub use otlp::{OtlpReceiver, ReceivedSpan};
+pub use pod_view::PodView;
 pub use poll::eventually;
 pub use postgres::Postgres;
 pub use shared::{shared, shared_full, shared_with};

@@ -337,6 +337,47 @@ impl Postgres {
         &self.ca_pem
     }
 
+    /// Serves a certificate from a new CA (valid for the same names) from now on, as a
+    /// server whose CA is rotated does: the files are replaced and the configuration
+    /// reloaded, sessions already open keep theirs. Returns once a verify-full login
+    /// with the new CA ([`Postgres::ca_pem`]) works; a client holding only the old CA
+    /// fails from then on.
+    pub async fn rotate_ca(&mut self) -> Result<()> {
+        let admin = self.connect_admin().await?;
+        let ca = certs::Ca::new("appservice-tests PostgreSQL CA (rotated)")?;
+        let serving = ca.serving_cert(&["localhost", "127.0.0.1", "::1"])?;
+        let (cert, key) = (self.data.join("server.crt"), self.data.join("server.key"));
+        serving.write(&cert, &key)?;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+            .map_err(io(format!("chmod {}", key.display())))?;
+        if let Some((uid, gid)) = self.run_as {
+            for file in [&cert, &key] {
+                std::os::unix::fs::chown(file, Some(uid), Some(gid))
+                    .map_err(io(format!("chown {}", file.display())))?;
+            }
+        }
+        admin
+            .query_one("SELECT pg_reload_conf()", &[])
+            .await
+            .map_err(|e| Error::Postgres(format!("reloading the configuration: {e}")))?;
+        self.ca_pem = ca.cert_pem().to_owned();
+        // The postmaster reloads on the signal, a moment later.
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(2), self.connect_admin()).await {
+                Ok(Ok(_)) => return Ok(()),
+                _ if Instant::now() > deadline => {
+                    return Err(Error::Timeout {
+                        what: "PostgreSQL to serve the rotated CA's certificate".to_owned(),
+                        timeout: START_TIMEOUT,
+                        log_dir: self.log_dir.clone(),
+                    });
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
     /// Where the server's logs are.
     pub fn log_dir(&self) -> &Path {
         &self.log_dir

@@ -84,7 +84,7 @@ fn app(i: usize, env: usize) -> AppService {
 /// The three objects of AppService `i` as JSON, as a watch delivers them.
 pub fn objects(i: usize, env: usize) -> (Value, Value, Value) {
     let a = app(i, env);
-    let mut d = serde_json::to_value(desired_deployment(&a).unwrap()).unwrap();
+    let mut d = serde_json::to_value(desired_deployment(&a, None).unwrap()).unwrap();
     server_metadata(&mut d, i, true);
     let spec = d["spec"].as_object_mut().unwrap();
     spec.insert("revisionHistoryLimit".into(), json!(10));

@@ -43,6 +43,7 @@ use error::DbResult;
 pub use error::{DatabaseError, DatabaseErrorReason, reasons};
 use server::Server;
 
+use crate::desired::PodDatabase;
 use crate::error::{Error, Result};
 use crate::external::{ConditionReport, External, Outcome, Report, Step};
 use crate::metrics::{Metrics, Written};
@@ -121,8 +122,12 @@ impl Databases {
     }
 
     /// Provisions the database of `app` on `class_name`; returns what `DatabaseReady`
-    /// should say.
-    async fn provision(&self, app: &AppService, class_name: &str) -> DbResult<String> {
+    /// should say, and what the Pods get from the Secret.
+    async fn provision(
+        &self,
+        app: &AppService,
+        class_name: &str,
+    ) -> DbResult<(String, PodDatabase)> {
         let name = app.name_any();
         let namespace = app.namespace().unwrap_or_default();
         let uid = app.metadata.uid.clone().unwrap_or_default();
@@ -244,6 +249,9 @@ impl Databases {
             .map_err(|e| DatabaseError::Internal(e.to_string()))?;
         // ... and its metadata: our labels, our owner reference through the storage
         // version (re-pointing a Secret an earlier release made), others' entries kept.
+        // What the Pods get: from the data as written, so the Deployment rolls only once
+        // the role has the password its Pods will be given.
+        let pod = secret::pod_database(&desired);
         if pending || !secret::same_data(&live, &desired) || !secret::same_metadata(&live, &desired)
         {
             let mut desired = desired;
@@ -256,9 +264,12 @@ impl Databases {
                 .await?;
             self.metrics.write(Written::Secrets);
         }
-        Ok(format!(
-            "database {db} on {} (DatabaseClass {class_name}); credentials in Secret {secret_name}",
-            server.address()
+        Ok((
+            format!(
+                "database {db} on {} (DatabaseClass {class_name}); credentials in Secret {secret_name}",
+                server.address()
+            ),
+            pod,
         ))
     }
 
@@ -427,6 +438,7 @@ impl Databases {
             outcome: Outcome::Done,
             conditions: vec![],
             absent: vec![DATABASE_READY],
+            database: None,
         };
         // Only an AppService that ever mentioned a database can have one: the others
         // (most of them) cost no API request here.
@@ -515,6 +527,7 @@ impl Databases {
             outcome,
             conditions: vec![condition],
             absent: vec![],
+            database: None,
         }
     }
 
@@ -525,7 +538,7 @@ impl Databases {
             .database()
             .provisioned(result.is_ok(), started.elapsed());
         let report = match result {
-            Ok(message) => Report {
+            Ok((message, pod)) => Report {
                 outcome: Outcome::Done,
                 conditions: vec![ConditionReport {
                     type_: DATABASE_READY,
@@ -534,6 +547,7 @@ impl Databases {
                     message,
                 }],
                 absent: vec![],
+                database: Some(pod),
             },
             // API errors go to the error policy like any other (409 retried soon, ...).
             Err(DatabaseError::Kube(e)) => return Err(Error::Kube(e)),

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use common::names::{child_labels, database_secret_name};
-use common::{AppService, DatabaseClass};
+use common::names::{DATABASE_CA_PATH, child_labels, database_secret_name};
+use common::{AppService, DatabaseClass, TlsMode};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::sql::database_url;
 use super::{CLASS_ANNOTATION, PASSWORD_PENDING_ANNOTATION};
-use crate::desired::{is_controlled_by, owner_reference, required};
+use crate::desired::{PodDatabase, is_controlled_by, owner_reference, required};
 use crate::error::Result;
 
 pub const DATABASE_URL: &str = "DATABASE_URL";
@@ -23,6 +23,9 @@ pub const PGDATABASE: &str = "PGDATABASE";
 pub const PGUSER: &str = "PGUSER";
 pub const PGPASSWORD: &str = "PGPASSWORD";
 pub const PGSSLMODE: &str = "PGSSLMODE";
+/// Where the Pod finds the CA (`verify-full` only): the path the Deployment mounts
+/// [`CA_CRT`] at.
+pub const PGSSLROOTCERT: &str = "PGSSLROOTCERT";
 /// The CA of the server, for clients that verify it (`verify-full`).
 pub const CA_CRT: &str = "ca.crt";
 
@@ -32,6 +35,15 @@ pub const CA_CRT: &str = "ca.crt";
 /// of handing out one that does not work. (The password is random and long: its hash
 /// tells nothing, and whoever may read the annotation may read the data anyway.)
 pub const PASSWORD_HASH_ANNOTATION: &str = "platform.example.com/password-sha256";
+
+/// Whether the Pods get the class's CA: mounted from [`CA_CRT`], named by
+/// `sslrootcert=` in the URL and by [`PGSSLROOTCERT`]. Only `verify-full` verifies the
+/// server; under `require` libpq would verify a root certificate it is given (as
+/// `verify-ca`), which the class does not ask for, so none is given, and `disable`
+/// needs none.
+pub fn pods_get_ca(class: &DatabaseClass, ca_pem: Option<&str>) -> bool {
+    ca_pem.is_some() && class.spec.tls.mode == TlsMode::VerifyFull
+}
 
 /// The Secret holding the credentials of `db` (role and database have the same name).
 /// `pending` marks a password that may not be the role's yet.
@@ -49,11 +61,15 @@ pub fn desired(
     let host = &class.spec.host;
     let port = class.spec.port;
     let sslmode = class.spec.tls.mode.as_sslmode();
+    let mut url = database_url(db, password, host, port, db, sslmode);
+    let with_ca = pods_get_ca(class, ca_pem);
+    if with_ca {
+        // A fixed path of plain characters: nothing to escape in the query.
+        url.push_str("&sslrootcert=");
+        url.push_str(DATABASE_CA_PATH);
+    }
     let mut data = BTreeMap::from([
-        (
-            DATABASE_URL.to_owned(),
-            database_url(db, password, host, port, db, sslmode),
-        ),
+        (DATABASE_URL.to_owned(), url),
         (PGHOST.to_owned(), host.clone()),
         (PGPORT.to_owned(), port.to_string()),
         (PGDATABASE.to_owned(), db.to_owned()),
@@ -63,6 +79,9 @@ pub fn desired(
     ]);
     if let Some(ca) = ca_pem {
         data.insert(CA_CRT.to_owned(), ca.to_owned());
+    }
+    if with_ca {
+        data.insert(PGSSLROOTCERT.to_owned(), DATABASE_CA_PATH.to_owned());
     }
     let mut annotations = BTreeMap::from([
         (CLASS_ANNOTATION.to_owned(), class_name),
@@ -88,6 +107,37 @@ pub fn desired(
         type_: Some("Opaque".to_owned()),
         ..Secret::default()
     })
+}
+
+/// What the Pods of the AppService get from `secret` (the Secret as the controller
+/// writes it): whether the CA is mounted, and the revision of its data.
+pub fn pod_database(secret: &Secret) -> PodDatabase {
+    PodDatabase {
+        ca: secret
+            .data
+            .as_ref()
+            .is_some_and(|d| d.contains_key(PGSSLROOTCERT) && d.contains_key(CA_CRT)),
+        revision: revision(secret),
+    }
+}
+
+/// A hash of the Secret's data (every key and value, in key order, each length-prefixed
+/// so no two different maps hash alike): what the Pod template's
+/// `platform.example.com/database-revision` annotation holds. The password is random
+/// and long, so its hash tells nothing.
+pub fn revision(secret: &Secret) -> String {
+    let mut hasher = Sha256::new();
+    for (key, ByteString(value)) in secret.data.iter().flatten() {
+        hasher.update((key.len() as u64).to_be_bytes());
+        hasher.update(key.as_bytes());
+        hasher.update((value.len() as u64).to_be_bytes());
+        hasher.update(value);
+    }
+    // 128 bits are plenty to tell two revisions apart.
+    hasher.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A key of a Secret as UTF-8 (from `data`, or `stringData` of an object not yet stored).
@@ -396,6 +446,71 @@ mod tests {
                 .as_ref()
                 .unwrap()
                 .contains_key(PASSWORD_PENDING_ANNOTATION)
+        );
+    }
+
+    fn class_in(mode: &str) -> DatabaseClass {
+        let mut c = class();
+        c.spec.tls = serde_json::from_value(serde_json::json!({
+            "mode": mode, "ca": {"secretRef": {"name": "ca"}}
+        }))
+        .unwrap();
+        c
+    }
+
+    #[test]
+    fn verify_full_names_the_mounted_ca_and_the_other_modes_do_not() {
+        let s = desired(
+            &app(),
+            &class_in("verify-full"),
+            "d",
+            "pw",
+            false,
+            Some("PEM"),
+        )
+        .unwrap();
+        assert_eq!(
+            value(&s, DATABASE_URL).unwrap(),
+            "postgres://d:pw@db.example:6432/d?sslmode=verify-full\
+             &sslrootcert=/var/run/secrets/platform.example.com/database/ca.crt"
+        );
+        assert_eq!(
+            value(&s, PGSSLROOTCERT).as_deref(),
+            Some(common::names::DATABASE_CA_PATH)
+        );
+        assert_eq!(value(&s, CA_CRT).as_deref(), Some("PEM"));
+        assert!(pod_database(&s).ca);
+        // The password is still found in the URL.
+        assert_eq!(trusted_password(&s).as_deref(), Some("pw"));
+        for mode in ["require", "disable"] {
+            let s = desired(&app(), &class_in(mode), "d", "pw", false, Some("PEM")).unwrap();
+            let url = value(&s, DATABASE_URL).unwrap();
+            assert!(!url.contains("sslrootcert"), "{mode}: {url}");
+            assert!(url.ends_with(&format!("?sslmode={mode}")), "{url}");
+            assert_eq!(value(&s, PGSSLROOTCERT), None, "{mode}");
+            assert!(!pod_database(&s).ca, "{mode}");
+        }
+    }
+
+    #[test]
+    fn the_revision_follows_the_password_the_ca_and_the_server_only() {
+        let rev = |class: &DatabaseClass, pw: &str, ca: &str, pending: bool| {
+            revision(&desired(&app(), class, "d", pw, pending, Some(ca)).unwrap())
+        };
+        let vf = class_in("verify-full");
+        let base = rev(&vf, "pw", "CA1", false);
+        assert_eq!(base, rev(&vf, "pw", "CA1", false));
+        // Annotations (pending, foreign ones) are not what the Pods get.
+        assert_eq!(base, rev(&vf, "pw", "CA1", true));
+        assert_ne!(base, rev(&vf, "pw2", "CA1", false));
+        assert_ne!(base, rev(&vf, "pw", "CA2", false));
+        let mut moved = vf.clone();
+        moved.spec.port = 5433;
+        assert_ne!(base, rev(&moved, "pw", "CA1", false));
+        assert_eq!(base.len(), 32);
+        assert_eq!(
+            pod_database(&desired(&app(), &vf, "d", "pw", false, Some("CA1")).unwrap()).revision,
+            base
         );
     }
 }

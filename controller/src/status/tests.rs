@@ -333,6 +333,7 @@ fn db_report(status: &'static str, reason: &'static str) -> Report {
             message: format!("db {reason}"),
         }],
         absent: vec![],
+        database: None,
     }
 }
 
@@ -360,6 +361,7 @@ fn external_conditions_block_ready_and_clear_again() {
         outcome: crate::external::Outcome::Done,
         conditions: vec![],
         absent: vec![conditions::DATABASE_READY],
+        database: None,
     };
     assert!(external_changes(&a, &gone));
     let mut st = a.status.clone().unwrap();
