@@ -233,6 +233,9 @@ impl TlsClient {
             Some(source) => process::connect_from(source, addr).await?,
             None => TcpStream::connect(addr).await?,
         };
+        // As the API server's client: without it, Nagle's algorithm and delayed ACKs add
+        // ~40 ms to an h2 request whose headers and body go out in separate writes.
+        tcp.set_nodelay(true)?;
         let name = ServerName::IpAddress(addr.ip().into());
         let connector = if h2 { &self.h2 } else { &self.connector };
         connector.connect(name, tcp).await
