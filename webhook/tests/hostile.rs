@@ -956,7 +956,7 @@ async fn one_peer_cannot_take_every_connection_slot() {
         10.0
     );
     for source in ["127.0.0.1", "127.0.0.3"] {
-        let client = certs.client().from_source(source.parse().unwrap());
+        let client = certs.client().connecting_from(source.parse().unwrap());
         let reply = tokio::time::timeout(GIVE_UP, client.review(webhook.tls, "/validate", true))
             .await
             .expect("a review from another peer waited")

@@ -144,7 +144,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// Stalled uploads from `source`: each declares 3 MiB, sends 64 KiB and stalls; when
 /// the webhook cuts it off, the attacker opens the next one.
 async fn stall_uploads(certs: Arc<TestCerts>, addr: SocketAddr, stop: Arc<AtomicBool>) {
-    let client = certs.client().from_source(ip("127.0.0.2"));
+    let client = certs.client().connecting_from(ip("127.0.0.2"));
     while !stop.load(Ordering::SeqCst) {
         let Ok(mut stream) = client.connect(addr, false).await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -183,7 +183,7 @@ fn pending_body() -> http_body_util::StreamBody<
 /// An HTTP/2 connection from `source` holding as many streams open as the webhook
 /// allows, each declaring 3 MiB and sending nothing; each stream cut off is opened again.
 async fn hold_streams(certs: Arc<TestCerts>, addr: SocketAddr, stop: Arc<AtomicBool>) {
-    let client = certs.client().from_source(ip("127.0.0.3"));
+    let client = certs.client().connecting_from(ip("127.0.0.3"));
     while !stop.load(Ordering::SeqCst) {
         let Ok(tls) = client.connect(addr, true).await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -245,7 +245,7 @@ async fn ordinary_reviews_keep_their_latency_while_hostile_clients_attack() {
     let certs = Arc::new(TestCerts::new());
     let webhook = Webhook::start(&certs, &[]).await;
     let addr = webhook.tls;
-    let api_server = certs.client().from_source(ip("127.0.0.1"));
+    let api_server = certs.client().connecting_from(ip("127.0.0.1"));
 
     // Warm up, then the idle baseline.
     let _ = timed_reviews(&api_server, addr, Duration::ZERO).await;

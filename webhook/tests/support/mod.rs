@@ -218,7 +218,7 @@ impl TlsClient {
     }
 
     /// This client, connecting from the local address `source` (another peer).
-    pub fn from_source(mut self, source: std::net::IpAddr) -> Self {
+    pub fn connecting_from(mut self, source: std::net::IpAddr) -> Self {
         self.source = Some(source);
         self
     }
