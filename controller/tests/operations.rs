@@ -271,9 +271,14 @@ async fn a_killed_controller_rebinds_its_ops_port_at_once() {
     harness::process::signal(first.binary.pid, "KILL").unwrap();
     first.binary.child.wait().await.unwrap();
     drop(open);
-    let waiting = time_wait(port);
+    let waiting = harness::eventually(
+        "TIME-WAIT on the ops port",
+        Duration::from_secs(30),
+        || async { Some(time_wait(port)).filter(|&n| n > 0) },
+    )
+    .await
+    .unwrap();
     println!("TIME-WAIT on the ops port at the restart: {waiting}");
-    assert!(waiting > 0, "no TIME-WAIT to restart into");
     let second = Controller::start_on(cp, &ns, port, &[], &[]).await;
     assert_eq!(get(second.ops, "/healthz").await.0, 200);
     assert_eq!(get(second.ops, "/readyz").await.0, 200);

@@ -1037,12 +1037,16 @@ async fn a_killed_webhook_rebinds_its_ports_at_once() {
     let open_tls = certs.client().raw(tls).await.unwrap();
     first.kill().await;
     drop((open_ops, open_tls));
-    let (ops_waiting, tls_waiting) = (time_wait(ops.port()), time_wait(tls.port()));
+    // The kernel closed the open ones first (the process died): once our side has
+    // closed too, they are in TIME-WAIT on the webhook's side.
+    let (ops_waiting, tls_waiting) =
+        harness::eventually("TIME-WAIT on both ports", GIVE_UP, || async {
+            let waiting = (time_wait(ops.port()), time_wait(tls.port()));
+            (waiting.0 > 0 && waiting.1 > 0).then_some(waiting)
+        })
+        .await
+        .unwrap();
     println!("TIME-WAIT at the restart: ops port {ops_waiting}, TLS port {tls_waiting}");
-    assert!(
-        ops_waiting > 0 && tls_waiting > 0,
-        "no TIME-WAIT to restart into"
-    );
     let (tls_listen, ops_listen) = (tls.to_string(), ops.to_string());
     let second = Webhook::start(
         &certs,
