@@ -34,7 +34,8 @@ pub async fn serve(
     ctx: Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    // SO_REUSEADDR: a restart after a crash binds at once (telemetry::ops::bind).
+    let listener = telemetry::ops::bind(addr)?;
     tracing::info!(addr = %listener.local_addr()?, "ops server listening");
     telemetry::ops::serve(listener, router(ctx), shutdown).await
 }

@@ -32,6 +32,17 @@ impl Controller {
         env: &[(&str, &str)],
     ) -> Self {
         let ops_port = harness::process::free_port().unwrap();
+        Self::start_on(cp, ns, ops_port, args, env).await
+    }
+
+    /// [`Controller::start`] with its ops server on `ops_port`.
+    async fn start_on(
+        cp: &harness::ControlPlane,
+        ns: &str,
+        ops_port: u16,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_appservice-controller"));
         command
             .arg("--kubeconfig")
@@ -219,6 +230,58 @@ async fn profiles_on_demand_and_absent_by_default() {
     // jemalloc's sampling, one per 512 KiB on average: the caches of five AppServices
     // are far smaller than that, so no particular function can be expected.)
     harness::pprof::check_heap(&body, "::").unwrap();
+}
+
+/// Sockets of local `port` in TIME-WAIT (`/proc/net/tcp`, `tcp6`: state 06).
+fn time_wait(port: u16) -> usize {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let local = fields
+                        .get(1)
+                        .and_then(|a| a.rsplit(':').next())
+                        .and_then(|p| u16::from_str_radix(p, 16).ok());
+                    local == Some(port) && fields.get(3) == Some(&"06")
+                })
+                .count()
+        })
+        .sum()
+}
+
+/// A controller killed (SIGKILL) while its ops port has connections in TIME-WAIT (closed
+/// by the server after each answer, as the kubelet's probes leave them) is started again
+/// at once on the same port and serves.
+#[tokio::test]
+async fn a_killed_controller_rebinds_its_ops_port_at_once() {
+    support::init();
+    let cp = harness::shared().await.unwrap();
+    let ns = cp.namespace().await.unwrap();
+    let port = harness::process::free_port().unwrap();
+    let mut first = Controller::start_on(cp, &ns, port, &[], &[]).await;
+    for _ in 0..5 {
+        assert_eq!(get(first.ops, "/healthz").await.0, 200);
+    }
+    let open = tokio::net::TcpStream::connect(first.ops).await.unwrap();
+    harness::process::signal(first.binary.pid, "KILL").unwrap();
+    first.binary.child.wait().await.unwrap();
+    drop(open);
+    let waiting = harness::eventually(
+        "TIME-WAIT on the ops port",
+        Duration::from_secs(30),
+        || async { Some(time_wait(port)).filter(|&n| n > 0) },
+    )
+    .await
+    .unwrap();
+    println!("TIME-WAIT on the ops port at the restart: {waiting}");
+    let second = Controller::start_on(cp, &ns, port, &[], &[]).await;
+    assert_eq!(get(second.ops, "/healthz").await.0, 200);
+    assert_eq!(get(second.ops, "/readyz").await.0, 200);
 }
 
 /// Every metric name a PromQL expression selects.

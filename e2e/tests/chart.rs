@@ -566,15 +566,34 @@ fn webhook_shutdown_and_limits_match_the_grace_period() {
     assert_eq!(value("WEBHOOK_MAX_CONNECTIONS"), "1024");
     assert_eq!(value("WEBHOOK_MAX_IN_FLIGHT_BYTES"), "12582912");
     assert_eq!(value("WEBHOOK_MAX_CONVERT_BODY_BYTES"), "8388608");
+    assert_eq!(value("WEBHOOK_MAX_CONNECTIONS_PER_PEER"), "128");
+    assert_eq!(value("WEBHOOK_BODY_TIMEOUT"), "2s");
+    assert_eq!(value("WEBHOOK_IDLE_TIMEOUT"), "30s");
+    // Every review is answered before the API server gives up on it.
+    let timeout = |docs: &[Value]| {
+        find(docs, "ValidatingWebhookConfiguration", WEBHOOK)["webhooks"][0]["timeoutSeconds"]
+            .as_i64()
+            .expect("timeoutSeconds")
+    };
+    assert_eq!(timeout(&docs), 5);
+    assert_eq!(value("WEBHOOK_REQUEST_TIMEOUT"), "4s");
     let longer = template(
         "ops",
         &[
             "webhook.shutdownDelaySeconds=15".to_owned(),
             "webhook.drainSeconds=40".to_owned(),
+            "webhook.timeoutSeconds=10".to_owned(),
         ],
     );
     let pod = &find(&longer, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
     assert_eq!(pod["terminationGracePeriodSeconds"], 60);
+    assert_eq!(timeout(&longer), 10);
+    let env = pod["containers"][0]["env"].as_array().expect("env");
+    assert!(
+        env.iter()
+            .any(|v| v["name"] == "WEBHOOK_REQUEST_TIMEOUT" && v["value"] == "9s"),
+        "{env:?}"
+    );
 }
 
 const MIGRATE: &str = "aso-appservice-operator-migrate";
@@ -888,6 +907,96 @@ fn the_controllers_admission_policy_and_flag_share_one_list() {
         || d["kind"] == "ValidatingAdmissionPolicyBinding"));
 }
 
+/// The `from` of the webhook NetworkPolicy's rule for the webhook port.
+fn webhook_port_peers(docs: &[Value]) -> Value {
+    let policy = find(docs, "NetworkPolicy", WEBHOOK);
+    let rules = policy["spec"]["ingress"].as_array().expect("ingress rules");
+    let rule = rules
+        .iter()
+        .find(|r| r["ports"][0]["port"] == "https")
+        .expect("a rule for the webhook port");
+    rule["from"].clone()
+}
+
+/// The NetworkPolicy is rendered by default and admits to the webhook port exactly the
+/// API server's addresses and peers set in values; under `helm template` without them
+/// (nothing can be looked up), the rule has no `from` (any source, the notes warn).
+#[test]
+fn the_webhook_port_admits_only_the_api_server_by_default() {
+    let docs = template("ops", &[]);
+    assert_eq!(webhook_port_peers(&docs), Value::Null);
+    let policy = find(&docs, "NetworkPolicy", WEBHOOK);
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    let set = template(
+        "ops",
+        &[
+            "networkPolicy.apiServerCidrs={10.0.0.0/28,fd00::/64}".to_owned(),
+            "networkPolicy.apiServerPeers[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=kube-system".to_owned(),
+            "networkPolicy.apiServerPeers[0].podSelector.matchLabels.app=konnectivity-agent".to_owned(),
+        ],
+    );
+    assert_eq!(
+        webhook_port_peers(&set),
+        json!([
+            {"ipBlock": {"cidr": "10.0.0.0/28"}},
+            {"ipBlock": {"cidr": "fd00::/64"}},
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+             "podSelector": {"matchLabels": {"app": "konnectivity-agent"}}},
+        ])
+    );
+    let off = template("ops", &["networkPolicy.enabled=false".to_owned()]);
+    assert!(!off.iter().any(|d| d["kind"] == "NetworkPolicy"));
+}
+
+/// `webhook.clientCA.configMap` mounts that ConfigMap's CA and passes it as
+/// `--client-ca`; without it nothing is mounted and no client certificate is needed.
+#[test]
+fn a_client_ca_is_mounted_and_required_when_named() {
+    let env_of = |docs: &[Value]| {
+        find(docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .expect("env")
+            .clone()
+    };
+    let docs = template("ops", &[]);
+    assert!(
+        !env_of(&docs)
+            .iter()
+            .any(|v| v["name"] == "WEBHOOK_CLIENT_CA")
+    );
+    let docs = template(
+        "ops",
+        &[
+            "webhook.clientCA.configMap=apiserver-client-ca".to_owned(),
+            "webhook.clientCA.key=client-ca.pem".to_owned(),
+        ],
+    );
+    let env = env_of(&docs);
+    let ca = env
+        .iter()
+        .find(|v| v["name"] == "WEBHOOK_CLIENT_CA")
+        .expect("WEBHOOK_CLIENT_CA");
+    assert_eq!(ca["value"], "/etc/webhook/client-ca/ca.crt");
+    let pod = &find(&docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "client-ca")
+        .expect("the client-ca volume");
+    assert_eq!(
+        volume["configMap"],
+        json!({"name": "apiserver-client-ca", "items": [{"key": "client-ca.pem", "path": "ca.crt"}]})
+    );
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "client-ca")
+        .expect("the client-ca mount");
+    assert_eq!(mount["mountPath"], "/etc/webhook/client-ca");
+}
+
 // ---------------------------------------------------------------------------------------
 // Against the real API server.
 
@@ -946,6 +1055,57 @@ async fn installed() -> (&'static harness::ControlPlane, &'static str) {
         })
         .await;
     (cp, ns.as_str())
+}
+
+/// Rendered against a cluster without any network value (`helm template
+/// --dry-run=server`, as `helm install` renders), the webhook port admits exactly the
+/// addresses of the `kubernetes` Service's EndpointSlices. (The harness's API server
+/// runs without an endpoint reconciler, so the test writes that EndpointSlice itself,
+/// as the API server would.)
+#[tokio::test]
+async fn rendered_on_a_cluster_the_webhook_port_admits_the_api_servers_addresses() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let (cp, _) = installed().await;
+    let slices: Api<EndpointSlice> = Api::namespaced(cp.client(), "default");
+    let name = "aso-test-kubernetes";
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["192.0.2.10", "192.0.2.11"]}],
+        "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}]
+    }))
+    .unwrap();
+    let _ = slices.delete(name, &DeleteParams::default()).await;
+    slices.create(&PostParams::default(), &slice).await.unwrap();
+    let kubeconfig = cp.kubeconfig_path().to_str().unwrap().to_owned();
+    let chart = chart_dir();
+    let (ok, stdout, stderr) = run_helm(&[
+        "template",
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--namespace",
+        "ops",
+        "--kubeconfig",
+        &kubeconfig,
+        "--dry-run=server",
+    ]);
+    slices.delete(name, &DeleteParams::default()).await.unwrap();
+    assert!(ok, "helm template --dry-run=server failed: {stderr}");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&stdout).expect("helm renders YAML");
+    let docs: Vec<Value> = docs.into_iter().filter(|d| d.is_object()).collect();
+    let mut peers = webhook_port_peers(&docs)
+        .as_array()
+        .cloned()
+        .expect("the webhook port admits listed peers only");
+    // Any other EndpointSlice of the Service (none in the harness) would be listed too.
+    peers.sort_by_key(Value::to_string);
+    assert_eq!(
+        peers,
+        vec![
+            json!({"ipBlock": {"cidr": "192.0.2.10/32"}}),
+            json!({"ipBlock": {"cidr": "192.0.2.11/32"}}),
+        ]
+    );
 }
 
 #[tokio::test]

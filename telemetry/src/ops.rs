@@ -57,6 +57,26 @@ async fn metrics<P: Probes>(State(probes): State<Arc<P>>) -> Response {
     }
 }
 
+/// Pending connections a listener keeps before the kernel refuses more.
+const BACKLOG: u32 = 1024;
+
+/// Binds a TCP listener with `SO_REUSEADDR`, so a process restarted at once after a
+/// crash binds its port again while the port still has connections in TIME-WAIT (the
+/// kubelet's probes leave one behind after each answer); without it, the restart fails
+/// with "Address already in use" until they expire. Every listener of both binaries is
+/// bound here. Needs a Tokio runtime; [`tokio::net::TcpListener::into_std`] moves it
+/// to another one.
+pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 /// Serves `router` (from [`router`]) on `listener` until `shutdown` completes, then lets
 /// the requests in progress finish.
 pub async fn serve(

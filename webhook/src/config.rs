@@ -19,6 +19,8 @@ pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 8 * DEFAULT_MAX_BODY_BYTES;
 /// kube-runtime page at 500 objects), and an unpaginated list in one: 8 MiB is several
 /// thousand AppServices, a third of the in-flight budget.
 pub const DEFAULT_MAX_CONVERT_BODY_BYTES: usize = 8 * 1024 * 1024;
+/// Connections one peer address may hold: an eighth of the default `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 128;
 
 pub use telemetry::LogFormat;
 
@@ -81,6 +83,15 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_CA_VALIDITY_DAYS", default_value_t = 3650, value_parser = clap::value_parser!(u32).range(1..=36500))]
     pub ca_validity_days: u32,
 
+    /// PEM file of the CA(s) that sign the API server's client certificate. When set,
+    /// `/mutate` and `/validate` answer only a client that presented a certificate of
+    /// one of them (403 otherwise), and a certificate of another CA fails the handshake.
+    /// The API server presents one given a kubeconfig for the webhook in its
+    /// AdmissionConfiguration (`--admission-control-config-file`); it presents none to
+    /// conversion webhooks, so `/convert` stays open (bounded like the rest). Read at start.
+    #[arg(long, env = "WEBHOOK_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+
     /// YAML file of CEL admission policies; reloaded when it changes. None: no policies.
     #[arg(long, env = "WEBHOOK_POLICIES")]
     pub policies: Option<PathBuf>,
@@ -107,9 +118,18 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_RELOAD_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub reload_interval: Duration,
 
-    /// Longest time one admission request may take, including reading its body.
-    #[arg(long, env = "WEBHOOK_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    /// Longest time one admission request may take, including reading its body (408
+    /// past it). Below the API server's webhook timeout (`timeoutSeconds`, 5 s in the
+    /// chart), so the webhook answers before the API server gives up.
+    #[arg(long, env = "WEBHOOK_REQUEST_TIMEOUT", default_value = "4s", value_parser = parse_duration)]
     pub request_timeout: Duration,
+
+    /// Longest time a client may take to send a request's whole body, from its headers
+    /// on (time the webhook makes it wait for in-flight budget not counted; the request
+    /// timeout bounds that); past it the request gets 408 and its budget is freed. The
+    /// API server sends a review in one piece, so only a stalled client hits this.
+    #[arg(long, env = "WEBHOOK_BODY_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub body_timeout: Duration,
 
     /// Longest time the CEL policies of one review may take; past it the review is
     /// denied (the evaluation runs on a blocking thread, never on the request workers).
@@ -129,9 +149,11 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_MAX_CONVERT_BODY_BYTES", default_value_t = DEFAULT_MAX_CONVERT_BODY_BYTES)]
     pub max_convert_body_bytes: usize,
 
-    /// Bytes of request bodies held at once, across all requests. A review costs at most
-    /// a few times its body while it is decoded, so this bounds the memory of reviews in
-    /// progress; a request that does not fit waits (up to the request timeout).
+    /// Bytes of request bodies held at once, across all requests. Counted as the bytes
+    /// arrive (a declared Content-Length reserves nothing), and held until the answer; a
+    /// review costs at most a few times its body while it is decoded, so this bounds the
+    /// memory of reviews in progress. A request that does not fit waits, holding
+    /// nothing, within the request timeout.
     #[arg(long, env = "WEBHOOK_MAX_IN_FLIGHT_BYTES", default_value_t = DEFAULT_MAX_IN_FLIGHT_BYTES)]
     pub max_in_flight_bytes: usize,
 
@@ -139,6 +161,12 @@ pub struct Config {
     /// the file-descriptor limit so the operations port always has descriptors left.
     #[arg(long, env = "WEBHOOK_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
+
+    /// Most open TLS connections from one peer address; a connection past it is closed
+    /// at once (and counted), so one client cannot take every slot of
+    /// `--max-connections`. The API server needs few: it multiplexes reviews over HTTP/2.
+    #[arg(long, env = "WEBHOOK_MAX_CONNECTIONS_PER_PEER", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    pub max_connections_per_peer: usize,
 
     /// Most concurrent HTTP/2 streams per connection.
     #[arg(long, env = "WEBHOOK_MAX_CONCURRENT_STREAMS", default_value_t = 64)]
@@ -153,9 +181,11 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub header_read_timeout: Duration,
 
-    /// A connection with no request in progress for this long is closed (HTTP/2 and
-    /// HTTP/1.1). Longer than the API server's idle timeout (90 s), so it closes first.
-    #[arg(long, env = "WEBHOOK_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    /// A connection with no request in progress for this long is closed (HTTP/2 with a
+    /// GOAWAY, which the API server's client honours by opening a new connection for its
+    /// next review; HTTP/1.1 after the current response). An idle connection holds a slot
+    /// of `--max-connections`, so this is well below the API server's own 90 s.
+    #[arg(long, env = "WEBHOOK_IDLE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub idle_timeout: Duration,
 
     /// After SIGTERM, keep serving (and accepting) this long with /readyz failing, so
@@ -198,22 +228,25 @@ impl Config {
             tls_sans: Vec::new(),
             ca_bundle_targets: Vec::new(),
             ca_validity_days: 3650,
+            client_ca: None,
             policies,
             namespace_labels: false,
             watch_appservices: false,
             appservice_cache_bytes: crate::appservices::DEFAULT_CACHE_BYTES,
             reload_interval: Duration::from_secs(30),
-            request_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(4),
+            body_timeout: Duration::from_secs(2),
             policy_timeout: Duration::from_secs(2),
             shutdown_timeout: Duration::from_secs(25),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_convert_body_bytes: DEFAULT_MAX_CONVERT_BODY_BYTES,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             max_connections: 1024,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             max_concurrent_streams: 64,
             tls_handshake_timeout: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(30),
             shutdown_delay: Duration::ZERO,
             log_format: Some(LogFormat::Text),
             profiling: false,
@@ -273,6 +306,9 @@ mod tests {
         assert_eq!(config.max_body_bytes, 3 * 1024 * 1024);
         assert_eq!(config.shutdown_delay, Duration::from_secs(5));
         assert_eq!(config.max_connections, 1024);
+        assert_eq!(config.max_connections_per_peer, 128);
+        assert_eq!(config.body_timeout, Duration::from_secs(2));
+        assert_eq!(config.idle_timeout, Duration::from_secs(30));
         assert_eq!(config.tls_cert, PathBuf::from("/etc/webhook/tls/tls.crt"));
         assert!(config.ca().is_none());
     }

@@ -2,6 +2,12 @@
 //! carries objects in one version of AppService and the version the API server wants;
 //! each object is converted by `common::conversion` (pure, lossless both ways).
 //!
+//! Memory: a ConversionReview carries a whole page of a list (thousands of objects), so
+//! the objects are not decoded at once. The request keeps each object as its raw JSON
+//! borrowed from the body; one object at a time is decoded, converted and appended to
+//! the answer's array as JSON text. The cost is the body, the converted objects' text,
+//! and one object's tree, instead of a tree of every object (about ten times the body).
+//!
 //! A body that is not a ConversionReview is a [`ReviewError`] (HTTP 400); a
 //! review that asks for an unknown version, or holds an object that cannot be converted,
 //! is answered with `result.status: Failure` and a message naming the object, which the
@@ -10,6 +16,7 @@
 use common::conversion::{self, Version};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::review::{ReviewError, ReviewKind, decode_review};
 
@@ -37,15 +44,18 @@ pub enum ConversionFailure {
         api_version: &'static str,
         error: conversion::ConversionError,
     },
+    #[error("object {index} is not JSON this webhook can handle: {error}")]
+    Json { index: usize, error: String },
 }
 
 #[derive(Deserialize)]
-struct Request {
+struct Request<'a> {
     uid: String,
     #[serde(rename = "desiredAPIVersion")]
     desired_api_version: String,
-    #[serde(default)]
-    objects: Vec<Value>,
+    /// Each object's JSON text, borrowed from the body; decoded one at a time.
+    #[serde(default, borrow)]
+    objects: Vec<&'a RawValue>,
 }
 
 /// The answer: a ConversionReview with a response.
@@ -55,14 +65,19 @@ pub struct ReviewResponse {
     pub api_version: &'static str,
     pub kind: &'static str,
     pub response: Response,
+    /// On success, this whole answer as JSON, written while converting ([`convert_all`]):
+    /// the converted objects exist once, as the text that is sent.
+    #[serde(skip)]
+    encoded: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Response {
     pub uid: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub converted_objects: Vec<Value>,
+    /// How many objects were converted (they are in the encoded answer only).
+    #[serde(skip)]
+    pub converted_count: usize,
     pub result: ResultStatus,
 }
 
@@ -75,22 +90,33 @@ pub struct ResultStatus {
 }
 
 impl ReviewResponse {
+    /// The answer as JSON: on success the text written while converting, else the
+    /// failure encoded now.
+    pub fn to_json(self) -> serde_json::Result<Vec<u8>> {
+        match self.encoded {
+            Some(encoded) => Ok(encoded),
+            None => serde_json::to_vec(&self),
+        }
+    }
+
     /// Whether every object was converted.
     pub fn succeeded(&self) -> bool {
         self.response.result.status == "Success"
     }
 
-    fn new(uid: String, result: Result<Vec<Value>, ConversionFailure>) -> Self {
-        let (converted_objects, result) = match result {
-            Ok(objects) => (
-                objects,
+    fn new(uid: String, result: Result<(Vec<u8>, usize), ConversionFailure>) -> Self {
+        let (encoded, converted_count, result) = match result {
+            Ok((encoded, count)) => (
+                Some(encoded),
+                count,
                 ResultStatus {
                     status: "Success",
                     message: String::new(),
                 },
             ),
             Err(failure) => (
-                Vec::new(),
+                None,
+                0,
                 ResultStatus {
                     status: "Failure",
                     message: failure.to_string(),
@@ -102,9 +128,10 @@ impl ReviewResponse {
             kind: "ConversionReview",
             response: Response {
                 uid,
-                converted_objects,
+                converted_count,
                 result,
             },
+            encoded,
         }
     }
 }
@@ -119,29 +146,67 @@ pub fn convert(body: &[u8]) -> Result<ReviewResponse, ReviewError> {
         };
         return Ok(ReviewResponse::new(request.uid, Err(failure)));
     };
-    let converted = request
-        .objects
-        .iter()
-        .enumerate()
-        .map(|(i, object)| {
-            conversion::convert_object(object, desired).map_err(|error| {
-                let metadata = |field: &str| {
-                    object
-                        .pointer(&format!("/metadata/{field}"))
-                        .and_then(Value::as_str)
-                        .map(ToOwned::to_owned)
-                };
-                ConversionFailure::Object {
-                    index: i,
-                    namespace: metadata("namespace").unwrap_or_default(),
-                    name: metadata("name").unwrap_or_else(|| "<unnamed>".to_owned()),
-                    api_version: desired.api_version(),
-                    error,
-                }
-            })
-        })
-        .collect::<Result<Vec<_>, _>>();
+    let converted = convert_all(&request.uid, &request.objects, desired, body.len());
     Ok(ReviewResponse::new(request.uid, converted))
+}
+
+/// Writes the successful answer: the ConversionReview around the converted objects,
+/// each appended as it is converted, into one buffer sized for about the body (pages are
+/// only used as they are written).
+fn convert_all(
+    uid: &str,
+    objects: &[&RawValue],
+    desired: Version,
+    body_len: usize,
+) -> Result<(Vec<u8>, usize), ConversionFailure> {
+    let json = |index: usize| {
+        move |error: serde_json::Error| ConversionFailure::Json {
+            index,
+            error: error.to_string(),
+        }
+    };
+    let mut out = Vec::with_capacity(body_len + body_len / 8 + 256);
+    out.extend_from_slice(b"{\"apiVersion\":");
+    serde_json::to_writer(&mut out, REVIEW_API_VERSION).map_err(json(0))?;
+    out.extend_from_slice(b",\"kind\":\"ConversionReview\",\"response\":{\"uid\":");
+    serde_json::to_writer(&mut out, uid).map_err(json(0))?;
+    out.extend_from_slice(b",\"convertedObjects\":[");
+    for (index, raw) in objects.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        let converted = convert_one(index, raw, desired)?;
+        serde_json::to_writer(&mut out, &converted).map_err(json(index))?;
+    }
+    out.extend_from_slice(b"],\"result\":{\"status\":\"Success\"}}}");
+    Ok((out, objects.len()))
+}
+
+/// Decodes and converts one object; only this object's trees are alive.
+fn convert_one(index: usize, raw: &RawValue, desired: Version) -> Result<Value, ConversionFailure> {
+    let failure = |object: &Value, error| {
+        let metadata = |field: &str| {
+            object
+                .pointer(&format!("/metadata/{field}"))
+                .and_then(Value::as_str)
+                .map(ToOwned::to_owned)
+        };
+        ConversionFailure::Object {
+            index,
+            namespace: metadata("namespace").unwrap_or_default(),
+            name: metadata("name").unwrap_or_else(|| "<unnamed>".to_owned()),
+            api_version: desired.api_version(),
+            error,
+        }
+    };
+    // The body was valid JSON, so is each of its values; decoding can only fail past
+    // serde_json's limits (nesting), which is this object's failure.
+    let object: Value =
+        serde_json::from_str(raw.get()).map_err(|error| ConversionFailure::Json {
+            index,
+            error: error.to_string(),
+        })?;
+    conversion::convert_object(&object, desired).map_err(|e| failure(&object, e))
 }
 
 #[cfg(test)]
@@ -172,7 +237,7 @@ mod tests {
         ))
         .unwrap();
         assert!(answer.succeeded());
-        let value = serde_json::to_value(&answer).unwrap();
+        let value: Value = serde_json::from_slice(&answer.to_json().unwrap()).unwrap();
         assert_eq!(value["response"]["uid"], "u-1");
         assert_eq!(value["response"]["result"], json!({"status": "Success"}));
         let objects = value["response"]["convertedObjects"].as_array().unwrap();
@@ -194,7 +259,7 @@ mod tests {
         ))
         .unwrap();
         assert!(!answer.succeeded());
-        assert!(answer.response.converted_objects.is_empty());
+        assert_eq!(answer.response.converted_count, 0);
         assert!(
             answer
                 .response
@@ -204,6 +269,9 @@ mod tests {
             "{}",
             answer.response.result.message
         );
+        let value: Value = serde_json::from_slice(&answer.to_json().unwrap()).unwrap();
+        assert!(value["response"].get("convertedObjects").is_none());
+        assert_eq!(value["response"]["result"]["status"], "Failure");
         let answer = convert(&review("platform.example.com/v2", vec![alpha("a", 80)])).unwrap();
         assert!(!answer.succeeded());
         assert!(

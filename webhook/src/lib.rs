@@ -86,8 +86,13 @@ pub struct Limits {
     /// Bytes of bodies held at once across requests (see [`State::body_budget`]).
     pub max_in_flight_bytes: usize,
     pub request_timeout: Duration,
+    /// Longest time a client may take to send a body (waiting for budget not counted);
+    /// 408 past it.
+    pub body_timeout: Duration,
     /// Longest time the policies of one review may take; past it the review is denied.
     pub policy_timeout: Duration,
+    /// `/mutate` and `/validate` need a client certificate (`--client-ca` is set).
+    pub require_client_certificate: bool,
 }
 
 impl Default for Limits {
@@ -96,8 +101,10 @@ impl Default for Limits {
             max_body_bytes: config::DEFAULT_MAX_BODY_BYTES,
             max_convert_body_bytes: config::DEFAULT_MAX_CONVERT_BODY_BYTES,
             max_in_flight_bytes: config::DEFAULT_MAX_IN_FLIGHT_BYTES,
-            request_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(4),
+            body_timeout: Duration::from_secs(2),
             policy_timeout: Duration::from_secs(2),
+            require_client_certificate: false,
         }
     }
 }
@@ -108,9 +115,10 @@ pub struct State {
     pub policies: PolicyStore,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
-    /// Bytes of request bodies that may be held at once: a request takes its body's
-    /// size (its Content-Length, or the maximum when unknown) before reading it and
-    /// returns it when answered, so the memory of all reviews in progress is bounded.
+    /// Bytes of request bodies that may be held at once: a request takes each piece of
+    /// its body as it arrives and returns it all when answered, so the memory of all
+    /// reviews in progress is bounded and a client that declares a large body and stalls
+    /// holds nothing (`routes::read_body`).
     pub body_budget: Arc<tokio::sync::Semaphore>,
     /// Reviews whose policies are being evaluated at once, on blocking threads (one per
     /// CPU), so CEL never runs on the async workers that serve other requests.

@@ -1,14 +1,16 @@
 //! The TLS listener. Every resource it holds is bounded: a connection cap (a semaphore
 //! taken before `accept`, so excess clients wait in the kernel's backlog and use no
-//! descriptor here), the TLS handshake timeout, the HTTP/1.1 header-read timeout, an
+//! descriptor here), a share of it per peer address (a connection past it is closed at
+//! once, so one client cannot fill the cap), the TLS handshake timeout, the HTTP/1.1 header-read timeout, an
 //! idle timeout for connections without a request in progress, and HTTP/2 stream limits
 //! (concurrent streams and reset streams, against rapid-reset floods). On shutdown it
 //! stops accepting, asks every connection to finish its in-flight requests, and closes
 //! the rest at the drain timeout.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
@@ -45,6 +47,8 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ListenerLimits {
     pub(crate) max_connections: usize,
+    /// Connections one peer address may hold; 0: no limit below `max_connections`.
+    pub(crate) max_connections_per_peer: usize,
     pub(crate) handshake_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) drain_timeout: Duration,
@@ -85,6 +89,7 @@ pub(crate) async fn serve_tls(
     ops_stop: watch::Sender<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let peers = Arc::new(Peers::new(limits.max_connections_per_peer));
     // Closes the connections still open when the drain times out.
     let (abort, abort_rx) = watch::channel(false);
     loop {
@@ -111,9 +116,16 @@ pub(crate) async fn serve_tls(
                 continue;
             }
         };
+        let Some(peer_slot) = peers.admit(peer.ip()) else {
+            state.metrics.peer_refused();
+            tracing::debug!(%peer, max = limits.max_connections_per_peer, "peer holds its share of connections; closing");
+            drop(tcp);
+            continue;
+        };
         tokio::spawn(connection(
             tcp,
             peer,
+            peer_slot,
             acceptor.clone(),
             app.clone(),
             builder.clone(),
@@ -136,6 +148,55 @@ pub(crate) async fn serve_tls(
         }
     }
     let _ = ops_stop.send(true);
+}
+
+/// Whether the connection's client presented a certificate of `--client-ca` (always
+/// false without it), in every request's extensions.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ClientCertificate(pub(crate) bool);
+
+/// Open connections per peer address, each at most `max` (0: no limit).
+#[derive(Debug)]
+struct Peers {
+    max: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl Peers {
+    fn new(max: usize) -> Self {
+        Peers {
+            max,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A slot for one more connection of `ip`, unless it holds its share already.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<PeerSlot> {
+        // An IPv4 client of a dual-stack listener is the same peer as over IPv4.
+        let ip = ip.to_canonical();
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(ip).or_insert(0);
+        if self.max > 0 && *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot(self.clone(), ip))
+    }
+}
+
+/// One open connection of a peer; gives its place back when dropped.
+struct PeerSlot(Arc<Peers>, IpAddr);
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.0.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.1) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.1);
+            }
+        }
+    }
 }
 
 /// When the last request of a connection ended, and how many are in progress.
@@ -195,6 +256,7 @@ impl Drop for ActiveRequest {
 async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
+    _peer_slot: PeerSlot,
     acceptor: TlsAcceptor,
     app: Router,
     builder: Arc<auto::Builder<TokioExecutor>>,
@@ -219,10 +281,13 @@ async fn connection(
             return;
         }
     };
+    // Whether the client presented a certificate; the verifier has checked its CA.
+    let client = ClientCertificate(stream.get_ref().1.peer_certificates().is_some());
     let activity = Arc::new(Activity::new());
     let service = {
         let activity = activity.clone();
-        hyper::service::service_fn(move |request: http::Request<Incoming>| {
+        hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
+            request.extensions_mut().insert(client);
             let active = activity.begin();
             let response = app.clone().oneshot(request);
             async move {
@@ -259,5 +324,43 @@ async fn connection(
             () = sleep_until_some(close_by) => return,
             () = stopped(&mut abort) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_peer_gets_its_share_and_returns_it() {
+        let peers = Arc::new(Peers::new(2));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = peers.admit(a).unwrap();
+        let _second = peers.admit(a).unwrap();
+        assert!(peers.admit(a).is_none(), "a third connection of one peer");
+        // The same peer over a dual-stack listener is counted once.
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert!(peers.admit(mapped).is_none());
+        // Another peer is not affected.
+        let _other = peers.admit(b).unwrap();
+        drop(first);
+        assert!(
+            peers.admit(a).is_some(),
+            "a closed connection's place is back"
+        );
+        drop(_other);
+        assert!(
+            !peers.open.lock().unwrap().contains_key(&b),
+            "a peer without connections is forgotten"
+        );
+    }
+
+    #[test]
+    fn zero_is_no_per_peer_limit() {
+        let peers = Arc::new(Peers::new(0));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let slots: Vec<_> = (0..1000).map(|_| peers.admit(a).unwrap()).collect();
+        assert_eq!(slots.len(), 1000);
     }
 }

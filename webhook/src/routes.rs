@@ -83,8 +83,28 @@ async fn observe(
     response
 }
 
+/// With `--client-ca`, an admission request on a connection without a client
+/// certificate is refused (403) before its body is read.
+fn unauthenticated(state: &State, request: &Request) -> Option<Response> {
+    let presented = request
+        .extensions()
+        .get::<crate::listener::ClientCertificate>()
+        .is_some_and(|c| c.0);
+    (state.limits.require_client_certificate && !presented).then(|| {
+        tracing::debug!("admission request without a client certificate refused");
+        (
+            StatusCode::FORBIDDEN,
+            "a client certificate signed by the webhook's --client-ca is required",
+        )
+            .into_response()
+    })
+}
+
 #[instrument(name = "admission", skip_all, fields(endpoint = "mutate", uid))]
 async fn mutate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
+    if let Some(refused) = unauthenticated(&state, &request) {
+        return refused;
+    }
     match read_body(&state, request, state.limits.max_body_bytes).await {
         Ok((body, _permit)) => review(&state, Review::Mutate, &body),
         Err(response) => response,
@@ -98,12 +118,15 @@ async fn convert(AxumState(state): AxumState<Arc<State>>, request: Request) -> R
         Ok(read) => read,
         Err(response) => return response,
     };
-    match crate::conversion::convert(&body) {
+    let converted = crate::conversion::convert(&body);
+    // The answer holds no reference to the body: free it before the answer is written.
+    drop(body);
+    match converted {
         Ok(answer) => {
             let result = if answer.succeeded() {
                 tracing::debug!(
                     uid = %answer.response.uid,
-                    objects = answer.response.converted_objects.len(),
+                    objects = answer.response.converted_count,
                     "converted"
                 );
                 ConversionResult::Success
@@ -116,7 +139,7 @@ async fn convert(AxumState(state): AxumState<Arc<State>>, request: Request) -> R
                 ConversionResult::Failure
             };
             state.metrics.observe_conversion(result);
-            match serde_json::to_vec(&answer) {
+            match answer.to_json() {
                 Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
                 Err(error) => {
                     tracing::error!(%error, "cannot serialize the ConversionReview");
@@ -136,6 +159,9 @@ async fn convert(AxumState(state): AxumState<Arc<State>>, request: Request) -> R
 
 #[instrument(name = "admission", skip_all, fields(endpoint = "validate", uid))]
 async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Response {
+    if let Some(refused) = unauthenticated(&state, &request) {
+        return refused;
+    }
     let (body, _permit) = match read_body(&state, request, state.limits.max_body_bytes).await {
         Ok(read) => read,
         Err(response) => return response,
@@ -199,39 +225,73 @@ fn review_body(response: kube::core::admission::AdmissionResponse) -> Response {
     }
 }
 
-/// Reads the body into one buffer of its declared size, after reserving that many bytes
-/// of the in-flight budget (waiting for them, within the request timeout). A declared
-/// or actual size over `max` is 413 before more is read.
+/// Reads the body, taking in-flight budget for each piece as it arrives: a client that
+/// declares a large body and sends nothing holds nothing. A declared or actual size
+/// over `max` is 413 before more is read; a client that has not delivered its whole
+/// body within [`crate::Limits::body_timeout`] (time spent waiting for budget not
+/// counted: that is not the client's doing) gets 408, and what it held is freed.
 async fn read_body(
     state: &State,
     request: Request,
     max: usize,
-) -> Result<(Bytes, OwnedSemaphorePermit), Response> {
-    let too_large = || {
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body is larger than the limit of {max} bytes"),
-        )
-            .into_response()
-    };
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Response> {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > max) {
-        return Err(too_large());
+        return Err(too_large(max));
     }
-    let reserve = u32::try_from(declared.unwrap_or(max).max(1)).unwrap_or(u32::MAX);
-    let permit = state
-        .body_budget
-        .clone()
-        .acquire_many_owned(reserve)
-        .await
-        .map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response())?;
+    receive(state, request, max, declared).await
+}
+
+fn too_large(max: usize) -> Response {
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("request body is larger than the limit of {max} bytes"),
+    )
+        .into_response()
+}
+
+/// The body of [`read_body`] after its headers were checked.
+///
+/// Each piece takes its size from the budget if that is free at once. If it is not, the
+/// request gives back what it holds and waits for its whole body (the declared length,
+/// or `max`) in one acquisition: a request never waits while holding budget, so partly
+/// received bodies cannot block each other until all time out, and the semaphore's
+/// queue is served in order.
+async fn receive(
+    state: &State,
+    request: Request,
+    max: usize,
+    declared: Option<usize>,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Response> {
+    let shutting_down = || (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
+    let permits = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    // Set once the whole body is reserved: no more budget is taken piece by piece.
+    let mut whole = false;
+    let timeout = state.limits.body_timeout;
+    let mut deadline = tokio::time::Instant::now() + timeout;
     let mut body = request.into_body();
-    let mut buffer = BytesMut::with_capacity(declared.unwrap_or(0));
-    while let Some(frame) = body.frame().await {
+    let mut buffer = BytesMut::new();
+    loop {
+        let Ok(frame) = tokio::time::timeout_at(deadline, body.frame()).await else {
+            tracing::debug!(
+                ?timeout,
+                received = buffer.len(),
+                "request body not received in time"
+            );
+            return Err((
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request body did not arrive within {timeout:?}"),
+            )
+                .into_response());
+        };
+        let Some(frame) = frame else {
+            break;
+        };
         let frame = frame.map_err(|error| {
             (
                 StatusCode::BAD_REQUEST,
@@ -239,14 +299,48 @@ async fn read_body(
             )
                 .into_response()
         })?;
-        if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > max {
-                return Err(too_large());
-            }
-            buffer.extend_from_slice(&data);
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let received = buffer.len() + data.len();
+        if received > max {
+            return Err(too_large(max));
         }
+        if !whole && !data.is_empty() {
+            match state
+                .body_budget
+                .clone()
+                .try_acquire_many_owned(permits(data.len()))
+            {
+                Ok(permit) => match &mut held {
+                    Some(held) => held.merge(permit),
+                    None => held = Some(permit),
+                },
+                Err(tokio::sync::TryAcquireError::Closed) => return Err(shutting_down()),
+                Err(tokio::sync::TryAcquireError::NoPermits) => {
+                    drop(held.take());
+                    let size = declared.unwrap_or(max).max(received);
+                    let waiting = tokio::time::Instant::now();
+                    let permit = state
+                        .body_budget
+                        .clone()
+                        .acquire_many_owned(permits(size))
+                        .await
+                        .map_err(|_| shutting_down())?;
+                    // Bounded by the request timeout; the client's deadline waits too.
+                    deadline += waiting.elapsed();
+                    held = Some(permit);
+                    whole = true;
+                }
+            }
+        }
+        if buffer.is_empty() {
+            // Sized once the client has started sending, to what it said it would send.
+            buffer.reserve(declared.unwrap_or(0).max(data.len()));
+        }
+        buffer.extend_from_slice(&data);
     }
-    Ok((buffer.freeze(), permit))
+    Ok((buffer.freeze(), held))
 }
 
 /// The two admission reviews; `/convert` answers ConversionReviews in [`convert`].

@@ -110,7 +110,9 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
         max_convert_body_bytes: config.max_convert_body_bytes,
         max_in_flight_bytes: config.max_in_flight_bytes,
         request_timeout: config.request_timeout,
+        body_timeout: config.body_timeout,
         policy_timeout: config.policy_timeout,
+        require_client_certificate: config.client_ca.is_some(),
     };
     let fd_limit = process::raise_fd_limit();
     let max_connections = process::connection_cap(config.max_connections, fd_limit);
@@ -124,6 +126,7 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
     }
     let listener_limits = ListenerLimits {
         max_connections,
+        max_connections_per_peer: config.max_connections_per_peer,
         handshake_timeout: config.tls_handshake_timeout,
         idle_timeout: config.idle_timeout,
         drain_timeout: config.shutdown_timeout,
@@ -162,11 +165,20 @@ pub async fn start_with_client(config: &Config, client: Option<kube::Client>) ->
         reloaders.push(task);
     }
     let state = Arc::new(state);
-    let acceptor = TlsAcceptor::from(tls::server_config(certs.clone())?);
+    let acceptor = TlsAcceptor::from(tls::server_config(
+        certs.clone(),
+        config.client_ca.as_deref(),
+    )?);
+    if let Some(path) = &config.client_ca {
+        tracing::info!(client_ca = %path.display(), "admission requests need a client certificate of this CA");
+    }
 
-    let tls_listener = bind(config.listen).await?;
-    let ops_listener = std::net::TcpListener::bind(config.ops_listen)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+    // Both with SO_REUSEADDR (`telemetry::ops::bind`): a restart right after a crash
+    // binds again while the ports have connections in TIME-WAIT.
+    let tls_listener = bind(config.listen)?;
+    // The operations port is served by its own runtime: moved there as a std listener.
+    let ops_listener = bind(config.ops_listen)?
+        .into_std()
         .map_err(|error| Error::Bind {
             addr: config.ops_listen,
             error,
@@ -307,10 +319,8 @@ impl Server {
     }
 }
 
-async fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|error| Error::Bind { addr, error })
+fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    telemetry::ops::bind(addr).map_err(|error| Error::Bind { addr, error })
 }
 
 fn reload_policies(state: &State) {

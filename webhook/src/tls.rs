@@ -43,6 +43,8 @@ pub enum TlsError {
     KeyPair(rustls::Error),
     #[error("building the TLS configuration: {0}")]
     Config(rustls::Error),
+    #[error("{path}: cannot verify client certificates with these CAs: {reason}")]
+    ClientVerifier { path: PathBuf, reason: String },
 }
 
 /// How long a reload waits before re-reading a pair that looked torn.
@@ -288,14 +290,57 @@ impl ResolvesServerCert for Resolver {
 
 /// Server configuration: TLS 1.3 and 1.2 only, ALPN h2 and http/1.1, certificate from
 /// the store.
-pub fn server_config(store: Arc<CertStore>) -> Result<Arc<ServerConfig>, TlsError> {
-    let mut config = ServerConfig::builder_with_provider(provider())
+pub fn server_config(
+    store: Arc<CertStore>,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&TLS13, &TLS12])
-        .map_err(TlsError::Config)?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(Resolver(store)));
+        .map_err(TlsError::Config)?;
+    let builder = match client_ca {
+        Some(path) => builder.with_client_cert_verifier(client_verifier(path)?),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(Resolver(store)));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// A verifier of client certificates signed by one of the CAs in the PEM file at `path`
+/// (the API server's, `--client-ca`). A client without one completes the handshake (the
+/// API server presents none when it calls `/convert`: its conversion webhooks do not use
+/// the AdmissionConfiguration's kubeconfig), and the admission routes refuse it; a
+/// certificate of another CA fails the handshake.
+fn client_verifier(
+    path: &Path,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let pem = std::fs::read(path).map_err(|error| TlsError::Read {
+        path: path.to_owned(),
+        error,
+    })?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|error| TlsError::Pem {
+            path: path.to_owned(),
+            error,
+        })?;
+        roots.add(cert).map_err(|error| TlsError::Parse {
+            path: path.to_owned(),
+            reason: error.to_string(),
+        })?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|error| TlsError::ClientVerifier {
+            path: path.to_owned(),
+            reason: error.to_string(),
+        })
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The real `appservice-webhook` binary under hostile input, over real TLS: large and
-//! many-valued bodies, deep nesting, long strings, slow headers, idle floods, rapid
-//! HTTP/2 resets, a full connection cap, and empty or torn policy files. Memory is read
+//! many-valued bodies, deep nesting, long strings, slow headers, stalled uploads, idle
+//! floods, rapid HTTP/2 resets, a full connection cap, one peer flooding connections,
+//! a ConversionReview at the body limit, a restart after SIGKILL into ports with
+//! connections in TIME-WAIT, and empty or torn policy files. Memory is read
 //! from the process (`/proc/<pid>/status`: VmHWM after resetting it through
 //! `clear_refs`, and VmRSS), never estimated.
 //!
@@ -16,116 +18,15 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use harness::Binary;
-use harness::binary::{ServingWebhook, start_webhook, webhook_command};
 use http::StatusCode;
 use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
+use support::process::{GIVE_UP, Webhook};
 use support::{TestCerts, bytes, fixture, get, response_of};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
-
-/// Upper bound of any wait; reaching it is a failure, not a timing assertion.
-const GIVE_UP: Duration = Duration::from_secs(60);
-
-/// A running webhook binary and what it logged.
-struct Webhook {
-    child: Child,
-    pid: u32,
-    tls: SocketAddr,
-    ops: SocketAddr,
-    logs: mpsc::UnboundedReceiver<Value>,
-}
-
-impl Webhook {
-    /// Starts the binary with the test certificates and `env`; waits until it serves.
-    async fn start(certs: &TestCerts, env: &[(&str, &str)]) -> Webhook {
-        let mut command = webhook_command(
-            env!("CARGO_BIN_EXE_appservice-webhook"),
-            &certs.cert_path,
-            &certs.key_path,
-        );
-        command
-            .env("WEBHOOK_SHUTDOWN_DELAY", "0s")
-            .env("WEBHOOK_RELOAD_INTERVAL", "100ms")
-            .envs(env.iter().copied());
-        let ServingWebhook {
-            binary: Binary { child, pid, logs },
-            tls,
-            ops,
-        } = start_webhook(command, GIVE_UP).await.unwrap();
-        Webhook {
-            child,
-            pid,
-            tls,
-            ops,
-            logs,
-        }
-    }
-
-    /// A field of `/proc/<pid>/status`, in bytes.
-    fn status_bytes(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap();
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(field))
-            .unwrap_or_else(|| panic!("{field} missing from /proc/{}/status", self.pid));
-        let kb: u64 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .unwrap();
-        kb * 1024
-    }
-
-    fn rss(&self) -> u64 {
-        self.status_bytes("VmRSS:")
-    }
-
-    /// Resets VmHWM to the current RSS (`echo 5 > /proc/<pid>/clear_refs`).
-    fn reset_peak(&self) {
-        std::fs::write(format!("/proc/{}/clear_refs", self.pid), "5").unwrap();
-    }
-
-    fn peak(&self) -> u64 {
-        self.status_bytes("VmHWM:")
-    }
-
-    /// Waits for a log line with `message`.
-    async fn logged(&mut self, message: &str) -> Value {
-        tokio::time::timeout(GIVE_UP, async {
-            while let Some(line) = self.logs.recv().await {
-                if line["message"] == message {
-                    return line;
-                }
-            }
-            panic!("the webhook exited before logging {message:?}");
-        })
-        .await
-        .unwrap_or_else(|_| panic!("no {message:?} logged"))
-    }
-
-    async fn metric(&self, prefix: &str) -> f64 {
-        let (_, text) = get(self.ops, "/metrics").await;
-        text.lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{prefix} missing from the metrics"))
-    }
-
-    async fn terminate(mut self) {
-        harness::process::signal(self.pid, "TERM").unwrap();
-        let status = tokio::time::timeout(GIVE_UP, self.child.wait())
-            .await
-            .expect("the webhook did not stop")
-            .unwrap();
-        assert!(status.success(), "exit status {status}");
-    }
-}
+use tokio::process::Command;
 
 /// A review of the realistic fixture with `object.spec` (and `oldObject.spec` on UPDATE)
 /// extended by `extend`.
@@ -296,9 +197,18 @@ async fn oversized_lists_are_denied_naming_the_limit() {
 #[tokio::test]
 async fn a_burst_is_bounded_and_its_memory_returned() {
     let certs = TestCerts::new();
-    // A budget of two maximal bodies: the burst of 16 queues.
-    let budget = (2 * 3 * 1024 * 1024).to_string();
-    let webhook = Webhook::start(&certs, &[("WEBHOOK_MAX_IN_FLIGHT_BYTES", budget.as_str())]).await;
+    // A budget of two maximal bodies (the largest /convert body lowered to fit in it:
+    // the budget is never below one of those): the burst of 16 queues.
+    let budget = 2 * 3 * 1024 * 1024;
+    let budget_text = budget.to_string();
+    let webhook = Webhook::start(
+        &certs,
+        &[
+            ("WEBHOOK_MAX_IN_FLIGHT_BYTES", budget_text.as_str()),
+            ("WEBHOOK_MAX_CONVERT_BODY_BYTES", "3145728"),
+        ],
+    )
+    .await;
     let body = review_with("UPDATE", |o| {
         let env: Vec<Value> = (0..100)
             .map(|i| json!({"name": format!("V{i}"), "value": "x".repeat(12 * 1024)}))
@@ -325,8 +235,10 @@ async fn a_burst_is_bounded_and_its_memory_returned() {
     }
     let peak = webhook.peak();
     // The budget admits two bodies at once; each costs at most 4x while decoded, and
-    // the other 14 wait with their bodies unread (in the kernel's socket buffers).
-    let bound = settled + 2 * 5 * size + 16 * 1024 * 1024;
+    // the other 14 wait with the rest of their bodies unread (in the kernel's socket
+    // buffers). What they had received when they began to wait (budgeted then, at most
+    // one budget in all) is held, uncounted, while they wait.
+    let bound = settled + 2 * 5 * size + budget + 16 * 1024 * 1024;
     println!("burst of 16 x {size} B: settled {settled} B, peak {peak} B, bound {bound} B");
     assert!(peak <= bound, "peak {peak} B over {bound} B");
     // Returned afterwards: back within a few bodies of where it was.
@@ -842,5 +754,403 @@ async fn expensive_policies_are_refused_at_load_or_cut_off() {
         let message = response["status"]["message"].as_str().unwrap_or_default();
         assert!(message.contains("time budget"), "{message}");
     }
+    webhook.terminate().await;
+}
+
+/// Opens an HTTP/1.1 upload that declares `declared` bytes, sends the headers and
+/// `sent` bytes of the body, and stalls; returns the connection.
+async fn stalled_upload(
+    certs: &TestCerts,
+    addr: SocketAddr,
+    declared: usize,
+    sent: usize,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut stream = certs.client().raw(addr).await.unwrap();
+    let mut head = format!(
+        "POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
+    )
+    .into_bytes();
+    head.extend(std::iter::repeat_n(b' ', sent));
+    stream.write_all(&head).await.unwrap();
+    stream.flush().await.unwrap();
+    stream
+}
+
+/// Reads one HTTP/1.1 answer: its head, and its body by its Content-Length.
+async fn answer_of(stream: &mut tokio_rustls::client::TlsStream<TcpStream>) -> String {
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                })
+                .unwrap_or(0);
+            if answer.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        match tokio::time::timeout(GIVE_UP, stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return text,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("no answer within {GIVE_UP:?}: {text}"),
+        }
+    }
+}
+
+/// Uploads that declare a large body and stall hold none of the in-flight budget: with
+/// the body deadline set far away, 16 of them declaring 3 MiB each (twice the budget)
+/// are in flight while an ordinary review is answered. At the shipped body deadline
+/// (2 s) a stalled upload, over HTTP/1.1 or HTTP/2, with or without some of its body
+/// sent, is answered 408 and leaves nothing in flight.
+#[tokio::test]
+async fn stalled_uploads_hold_no_budget_and_end_at_the_body_deadline() {
+    let certs = TestCerts::new();
+    let webhook = Webhook::start(
+        &certs,
+        &[
+            ("WEBHOOK_BODY_TIMEOUT", "600s"),
+            ("WEBHOOK_REQUEST_TIMEOUT", "600s"),
+            (
+                "WEBHOOK_MAX_IN_FLIGHT_BYTES",
+                &(24 * 1024 * 1024).to_string(),
+            ),
+        ],
+    )
+    .await;
+    let mut stalled = Vec::new();
+    for i in 0..16 {
+        // Half of them send a little of the body first.
+        let sent = if i % 2 == 0 { 0 } else { 4096 };
+        stalled.push(stalled_upload(&certs, webhook.tls, 3 * 1024 * 1024, sent).await);
+    }
+    harness::eventually("16 stalled uploads in flight", GIVE_UP, || async {
+        (webhook
+            .metric("appservice_webhook_admission_in_flight ")
+            .await
+            >= 16.0)
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    let reply = tokio::time::timeout(
+        GIVE_UP,
+        certs.client().review(webhook.tls, "/validate", false),
+    )
+    .await
+    .expect("an ordinary review waited behind stalled uploads")
+    .unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(response_of(&reply.body)["allowed"], true);
+    assert_eq!(
+        webhook
+            .metric("appservice_webhook_admission_in_flight ")
+            .await,
+        16.0,
+        "the stalled uploads were still being received"
+    );
+    drop(stalled);
+    webhook.terminate().await;
+
+    // The shipped body deadline.
+    let webhook = Webhook::start(&certs, &[]).await;
+    for sent in [0, 1024 * 1024] {
+        let started = tokio::time::Instant::now();
+        let mut stream = stalled_upload(&certs, webhook.tls, 3 * 1024 * 1024, sent).await;
+        let answer = answer_of(&mut stream).await;
+        println!(
+            "HTTP/1.1 upload stalled after {sent} B: answered after {:?}",
+            started.elapsed()
+        );
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(
+            answer.contains("the request body did not arrive within 2s"),
+            "{answer}"
+        );
+    }
+    // HTTP/2: a stream whose body never comes.
+    let tcp = TcpStream::connect(webhook.tls).await.unwrap();
+    let tls = h2_connector(&certs)
+        .connect(server_name(webhook.tls), tcp)
+        .await
+        .unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::post(format!("https://{}/validate", webhook.tls))
+        .header("content-length", (3 * 1024 * 1024).to_string())
+        .body(pending_body())
+        .unwrap();
+    let response = tokio::time::timeout(GIVE_UP, sender.send_request(request))
+        .await
+        .expect("a stalled h2 stream was kept open")
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    harness::eventually("nothing in flight after the 408s", GIVE_UP, || async {
+        (webhook
+            .metric("appservice_webhook_admission_in_flight ")
+            .await
+            == 0.0)
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(
+        webhook
+            .metric(r#"appservice_webhook_http_responses_total{path="/validate",code="408"}"#)
+            .await
+            >= 3.0
+    );
+    webhook.terminate().await;
+}
+
+/// A request body that never sends a byte.
+fn pending_body() -> http_body_util::StreamBody<
+    futures::stream::Pending<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,
+> {
+    http_body_util::StreamBody::new(futures::stream::pending())
+}
+
+/// One peer address gets its share of the connection cap and no more: a flood of
+/// connections from one address is closed past the share (and counted), the cap is
+/// not reached, and reviews from other addresses are served.
+#[tokio::test]
+async fn one_peer_cannot_take_every_connection_slot() {
+    let certs = TestCerts::new();
+    let webhook = Webhook::start(
+        &certs,
+        &[
+            ("WEBHOOK_MAX_CONNECTIONS", "40"),
+            ("WEBHOOK_MAX_CONNECTIONS_PER_PEER", "10"),
+            ("WEBHOOK_TLS_HANDSHAKE_TIMEOUT", "600s"),
+        ],
+    )
+    .await;
+    let flooder: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let mut flood = Vec::new();
+    for _ in 0..100 {
+        flood.push(
+            support::process::connect_from(flooder, webhook.tls)
+                .await
+                .unwrap(),
+        );
+    }
+    let refused = harness::eventually("90 connections refused", GIVE_UP, || async {
+        let refused = webhook
+            .metric("appservice_webhook_tls_connections_refused_per_peer_total ")
+            .await;
+        (refused >= 90.0).then_some(refused)
+    })
+    .await
+    .unwrap();
+    assert_eq!(refused, 90.0);
+    assert_eq!(
+        webhook.metric("appservice_webhook_tls_connections ").await,
+        10.0
+    );
+    for source in ["127.0.0.1", "127.0.0.3"] {
+        let client = certs.client().connecting_from(source.parse().unwrap());
+        let reply = tokio::time::timeout(GIVE_UP, client.review(webhook.tls, "/validate", true))
+            .await
+            .expect("a review from another peer waited")
+            .unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "from {source}");
+    }
+    // The refused ones were closed, the admitted ones not.
+    let mut closed = 0;
+    for stream in &mut flood {
+        let mut buf = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(100), stream.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 90);
+    drop(flood);
+    webhook.terminate().await;
+}
+
+/// Sockets of `port` in TIME-WAIT (`/proc/net/tcp`, `tcp6`: state 06).
+fn time_wait(port: u16) -> usize {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let local_port = fields
+                        .get(1)
+                        .and_then(|a| a.rsplit(':').next())
+                        .and_then(|p| u16::from_str_radix(p, 16).ok());
+                    local_port == Some(port) && fields.get(3) == Some(&"06")
+                })
+                .collect::<Vec<_>>()
+        })
+        .filter(|&time_wait| time_wait)
+        .count()
+}
+
+/// A webhook killed (SIGKILL, like the OOM killer) while both its ports have
+/// connections in TIME-WAIT, closed by the server as after every probe, and open ones,
+/// is started again at once on the same ports and serves both.
+#[tokio::test]
+async fn a_killed_webhook_rebinds_its_ports_at_once() {
+    let certs = TestCerts::new();
+    let first = Webhook::start(&certs, &[]).await;
+    let (tls, ops) = (first.tls, first.ops);
+    // Answered and closed by the server: TIME-WAIT on its side.
+    for _ in 0..5 {
+        let mut probe = TcpStream::connect(ops).await.unwrap();
+        probe
+            .write_all(b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        probe.read_to_end(&mut answer).await.unwrap();
+        assert!(answer.starts_with(b"HTTP/1.0 200"));
+        let request = bytes(&fixture("create-minimal.json"));
+        let mut review = certs.client().raw(tls).await.unwrap();
+        let mut head = format!(
+            "POST /validate HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            request.len()
+        )
+        .into_bytes();
+        head.extend_from_slice(&request);
+        review.write_all(&head).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = review.read_to_end(&mut answer).await;
+        assert!(answer.starts_with(b"HTTP/1.1 200"));
+    }
+    // Open when it dies; the kernel closes them.
+    let open_ops = TcpStream::connect(ops).await.unwrap();
+    let open_tls = certs.client().raw(tls).await.unwrap();
+    first.kill().await;
+    drop((open_ops, open_tls));
+    // The kernel closed the open ones first (the process died): once our side has
+    // closed too, they are in TIME-WAIT on the webhook's side.
+    let (ops_waiting, tls_waiting) =
+        harness::eventually("TIME-WAIT on both ports", GIVE_UP, || async {
+            let waiting = (time_wait(ops.port()), time_wait(tls.port()));
+            (waiting.0 > 0 && waiting.1 > 0).then_some(waiting)
+        })
+        .await
+        .unwrap();
+    println!("TIME-WAIT at the restart: ops port {ops_waiting}, TLS port {tls_waiting}");
+    let (tls_listen, ops_listen) = (tls.to_string(), ops.to_string());
+    let second = Webhook::start(
+        &certs,
+        &[
+            ("WEBHOOK_LISTEN", tls_listen.as_str()),
+            ("WEBHOOK_OPS_LISTEN", ops_listen.as_str()),
+        ],
+    )
+    .await;
+    assert_eq!((second.tls, second.ops), (tls, ops));
+    assert_eq!(get(ops, "/readyz").await.0, StatusCode::OK);
+    let reply = certs
+        .client()
+        .review(tls, "/validate", false)
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    second.terminate().await;
+}
+
+/// A v1alpha1 AppService as a list read returns it, about `size` bytes of JSON.
+fn listed_alpha(i: usize, size: usize) -> Value {
+    let mut object = json!({
+        "apiVersion": "platform.example.com/v1alpha1",
+        "kind": "AppService",
+        "metadata": {
+            "name": format!("app-{i:05}"),
+            "namespace": format!("team-{:02}", i % 40),
+            "uid": format!("3f1c1a4e-0000-4000-8000-{i:012}"),
+            "resourceVersion": format!("{}", 100_000 + i),
+            "generation": 3,
+            "creationTimestamp": "2026-11-30T12:00:00Z",
+            "labels": {"app.kubernetes.io/name": format!("app-{i:05}"), "team": format!("team-{:02}", i % 40)},
+            "annotations": {"note": ""}
+        },
+        "spec": {
+            "image": format!("registry.example.com/team-{:02}/app-{i:05}:v1.2.3", i % 40),
+            "port": 8080,
+            "replicas": 2,
+            "env": [{"name": "LOG_LEVEL", "value": "info"}, {"name": "MODE", "value": "production"}]
+        }
+    });
+    let len = serde_json::to_vec(&object).unwrap().len();
+    object["metadata"]["annotations"]["note"] = json!("n".repeat(size.saturating_sub(len)));
+    object
+}
+
+/// A ConversionReview at the body limit, 9,500 v1alpha1 AppServices (one unpaginated
+/// list read in the old version), is converted within 4x its body of peak memory above
+/// the settled process, and every object comes back converted.
+#[tokio::test]
+async fn a_conversion_review_at_the_body_limit_stays_within_four_times_its_body() {
+    let certs = TestCerts::new();
+    let webhook = Webhook::start(&certs, &[]).await;
+    let review = |objects: Vec<Value>| {
+        bytes(&json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "ConversionReview",
+            "request": {"uid": "list-1", "desiredAPIVersion": "platform.example.com/v1beta1", "objects": objects}
+        }))
+    };
+    // Warm up: TLS, the runtime's threads, first allocations.
+    let small = review((0..10).map(|i| listed_alpha(i, 790)).collect());
+    let reply = certs
+        .client()
+        .post(webhook.tls, "/convert", small, false)
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    let count = 9_500;
+    let body = review((0..count).map(|i| listed_alpha(i, 790)).collect());
+    let size = body.len() as u64;
+    let limit = webhook::config::DEFAULT_MAX_CONVERT_BODY_BYTES as u64;
+    assert!(
+        size <= limit && size > limit * 8 / 10,
+        "{size} B is not near the limit of {limit} B"
+    );
+    let before = webhook.rss();
+    webhook.reset_peak();
+    let reply = certs
+        .client()
+        .post(webhook.tls, "/convert", body, false)
+        .await
+        .unwrap();
+    let extra = webhook.peak().saturating_sub(before);
+    println!(
+        "/convert of {count} objects: body {size} B, peak extra {extra} B ({:.2}x)",
+        extra as f64 / size as f64
+    );
+    assert_eq!(reply.status, StatusCode::OK);
+    let answer: Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(
+        answer["response"]["result"]["status"], "Success",
+        "{}",
+        answer["response"]["result"]
+    );
+    let objects = answer["response"]["convertedObjects"].as_array().unwrap();
+    assert_eq!(objects.len(), count);
+    assert_eq!(objects[9_499]["apiVersion"], "platform.example.com/v1beta1");
+    assert_eq!(objects[9_499]["metadata"]["name"], "app-09499");
+    assert_eq!(objects[9_499]["spec"]["ports"][0]["port"], 8080);
+    assert!(
+        extra <= 4 * size,
+        "peak extra memory {extra} B > 4x the body ({size} B)"
+    );
     webhook.terminate().await;
 }

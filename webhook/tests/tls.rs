@@ -455,3 +455,88 @@ async fn tls_1_2_and_1_3_only() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// With `--client-ca`, `/mutate` and `/validate` answer only a client that presented a
+/// certificate of that CA (the API server's, from its AdmissionConfiguration
+/// kubeconfig), over HTTP/1.1 and h2; without one they answer 403 and `/convert` (which
+/// the API server calls without a certificate) still converts; a certificate of another
+/// CA fails the handshake, counted.
+#[tokio::test]
+async fn a_client_ca_admits_only_its_clients_to_admission() {
+    let certs = TestCerts::new();
+    let api_server_ca = certs::Ca::new("api-server-client-ca").unwrap();
+    let ca_path = certs.dir.path().join("client-ca.crt");
+    std::fs::write(&ca_path, api_server_ca.cert_pem()).unwrap();
+    let mut config = certs.config(None);
+    config.client_ca = Some(ca_path);
+    let server = webhook::start(&config).await.unwrap();
+    let addr = server.tls_addr();
+    let server_ca = certs.ca.cert_pem();
+    let conversion = bytes(&json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "ConversionReview",
+        "request": {"uid": "c-1", "desiredAPIVersion": "platform.example.com/v1beta1", "objects": [
+            {"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+             "metadata": {"name": "a", "namespace": "shop"}, "spec": {"image": "nginx:1.27"}}
+        ]}
+    }));
+
+    let api_server = api_server_ca
+        .client_cert("kube-apiserver", &[] as &[&str])
+        .unwrap();
+    let trusted =
+        TlsClient::with_identity(server_ca, Some((&api_server.cert_pem, &api_server.key_pem)));
+    let anonymous = TlsClient::new(server_ca);
+    for h2 in [false, true] {
+        for path in ["/mutate", "/validate"] {
+            let reply = trusted.review(addr, path, h2).await.unwrap();
+            assert_eq!(reply.status, StatusCode::OK, "{path} h2: {h2}");
+            assert_eq!(response_of(&reply.body)["allowed"], true);
+            let reply = anonymous.review(addr, path, h2).await.unwrap();
+            assert_eq!(reply.status, StatusCode::FORBIDDEN, "{path} h2: {h2}");
+            assert_eq!(
+                String::from_utf8_lossy(&reply.body),
+                "a client certificate signed by the webhook's --client-ca is required"
+            );
+        }
+        let reply = anonymous
+            .post(addr, "/convert", conversion.clone(), h2)
+            .await
+            .unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "/convert h2: {h2}");
+    }
+
+    let other_ca = certs::Ca::new("someone-else").unwrap();
+    let stranger = other_ca.client_cert("tenant", &[] as &[&str]).unwrap();
+    let stranger =
+        TlsClient::with_identity(server_ca, Some((&stranger.cert_pem, &stranger.key_pem)));
+    for h2 in [false, true] {
+        let result = stranger.review(addr, "/validate", h2).await;
+        assert!(
+            result.is_err(),
+            "another CA's client (h2: {h2}) was answered"
+        );
+    }
+    assert!(
+        metric(
+            &server,
+            r#"appservice_webhook_tls_handshake_failures_total{reason="error"}"#
+        ) >= 2
+    );
+    server.shutdown().await.unwrap();
+}
+
+/// A `--client-ca` that holds no certificate stops the start with a message naming it.
+#[tokio::test]
+async fn an_empty_client_ca_is_refused_at_start() {
+    let certs = TestCerts::new();
+    let ca_path = certs.dir.path().join("client-ca.crt");
+    std::fs::write(&ca_path, "not a certificate\n").unwrap();
+    let mut config = certs.config(None);
+    config.client_ca = Some(ca_path.clone());
+    let error = webhook::start(&config).await.unwrap_err().to_string();
+    assert!(
+        error.contains(&ca_path.display().to_string()) && error.contains("no PEM certificate"),
+        "{error}"
+    );
+}

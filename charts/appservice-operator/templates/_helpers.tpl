@@ -154,3 +154,33 @@ restart the binary for); must match telemetry::profiling::JEMALLOC_PROFILING_CON
 {{- define "aso.jemallocProfiling" -}}
 - {name: _RJEM_MALLOC_CONF, value: "background_thread:true,prof:true,prof_active:true,lg_prof_sample:19"}
 {{- end }}
+
+{{/*
+Who may call the webhook port, as a JSON list of NetworkPolicy peers: the API server.
+networkPolicy.apiServerCidrs and apiServerPeers when set; else, at install time, the
+addresses of the `kubernetes` Service's EndpointSlices (where the API server is reached,
+and on self-managed control planes where it calls from); else (helm template, where
+nothing can be looked up) an empty list: any source, and NOTES.txt says so.
+*/}}
+{{- define "aso.networkPolicy.apiServerPeers" -}}
+{{- $peers := list }}
+{{- range .Values.networkPolicy.apiServerCidrs }}
+{{- $peers = append $peers (dict "ipBlock" (dict "cidr" .)) }}
+{{- end }}
+{{- range .Values.networkPolicy.apiServerPeers }}
+{{- $peers = append $peers . }}
+{{- end }}
+{{- if and (not $peers) .Values.networkPolicy.discoverApiServer }}
+{{- $slices := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "" }}
+{{- range ($slices.items | default list) }}
+{{- if eq (index (.metadata.labels | default dict) "kubernetes.io/service-name" | default "") "kubernetes" }}
+{{- range (.endpoints | default list) }}
+{{- range (.addresses | default list) }}
+{{- $peers = append $peers (dict "ipBlock" (dict "cidr" (printf "%s/%s" . (ternary "128" "32" (contains ":" .))))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toJson $peers }}
+{{- end }}

@@ -47,6 +47,7 @@ pub struct Metrics {
     duration_series: Vec<Histogram>,
     handshake_failures: Family<HandshakeLabels, Counter>,
     connections: Gauge<i64>,
+    peer_refusals: Counter,
     process: telemetry::process::ProcessMetrics,
 }
 
@@ -148,6 +149,12 @@ impl Metrics {
             "Open connections of the admission port",
             connections.clone(),
         );
+        let peer_refusals = Counter::default();
+        registry.register(
+            "tls_connections_refused_per_peer",
+            "Connections closed at once because their peer address already held --max-connections-per-peer",
+            peer_refusals.clone(),
+        );
         // Every fixed series from the start, at 0 (the requests, responses and durations
         // below, as their series are kept for the hot path).
         for &result in ConversionResult::ALL {
@@ -199,6 +206,7 @@ impl Metrics {
             duration_series,
             handshake_failures,
             connections,
+            peer_refusals,
             process,
             requests,
             conversions,
@@ -273,6 +281,11 @@ impl Metrics {
         self.handshake_failures
             .get_or_create(&HandshakeLabels { reason })
             .inc();
+    }
+
+    /// A connection closed because its peer held its share of the connections.
+    pub fn peer_refused(&self) {
+        self.peer_refusals.inc();
     }
 
     /// Counts an open connection until the guard is dropped.
