@@ -306,6 +306,7 @@ pub async fn run_with(
 
     let mut stop_for_controller = stop_rx.clone();
     let controller_ctx = ctx.clone();
+    let gone_ctx = ctx.clone();
     let mut controller_task = tokio::spawn(
         controller
             .graceful_shutdown_on(async move {
@@ -321,7 +322,10 @@ pub async fn run_with(
                 if let Err(controller::Error::ObjectNotFound(obj)) = &result
                     && let Some(namespace) = &obj.namespace
                 {
-                    queue.forget(&reflector::ObjectRef::new(&obj.name).within(namespace));
+                    let key = reflector::ObjectRef::new(&obj.name).within(namespace);
+                    queue.forget(&key);
+                    // Gone with our finalizer removed by someone else: held no more.
+                    gone_ctx.metrics().set_held(&key, None);
                 }
                 async move {
                     match result {

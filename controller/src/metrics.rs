@@ -248,6 +248,10 @@ pub struct Metrics {
     process: telemetry::process::ProcessMetrics,
     /// Ready status per AppService, to keep `objects` exact.
     ready_by_key: Mutex<HashMap<ObjectRef<AppService>, Ready>>,
+    /// AppServices being deleted while our finalizer holds them: their deletion time.
+    held_by_key: Mutex<HashMap<ObjectRef<AppService>, i64>>,
+    held: Gauge,
+    oldest_held: Gauge,
 }
 
 impl Default for Metrics {
@@ -264,6 +268,19 @@ impl Default for Metrics {
         let objects = Family::<ReadyLabel, Gauge>::default();
         let leader = Gauge::default();
         let leader_transitions = Counter::default();
+        let held = Gauge::default();
+        let oldest_held = Gauge::default();
+        registry.register(
+            "finalizer_held",
+            "AppServices being deleted whose cleanup our finalizer still waits for",
+            held.clone(),
+        );
+        registry.register(
+            "finalizer_oldest_deletion_timestamp_seconds",
+            "Deletion time (Unix seconds) of the AppService our finalizer has held longest, \
+             0 when none: its age is time() minus this",
+            oldest_held.clone(),
+        );
         let api = ApiMetrics::default();
         let cleanup_failures = Counter::default();
         let excluded = Counter::default();
@@ -380,6 +397,9 @@ impl Default for Metrics {
             excluded,
             writes,
             ready_by_key: Mutex::new(HashMap::new()),
+            held_by_key: Mutex::new(HashMap::new()),
+            held,
+            oldest_held,
         }
     }
 }
@@ -505,6 +525,28 @@ impl Metrics {
         }
     }
 
+    /// Records that our finalizer holds `key`, deleted at `deleted` (Unix seconds), or
+    /// (`None`) that it no longer does: cleaned up, or gone.
+    pub fn set_held(&self, key: &ObjectRef<AppService>, deleted: Option<i64>) {
+        let mut by_key = self
+            .held_by_key
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match deleted {
+            Some(at) => by_key.insert(key.clone(), at),
+            None => by_key.remove(key),
+        };
+        self.held
+            .set(i64::try_from(by_key.len()).unwrap_or(i64::MAX));
+        self.oldest_held
+            .set(by_key.values().copied().min().unwrap_or(0));
+    }
+
+    /// AppServices held by our finalizer, and the oldest one's deletion time (0: none).
+    pub fn held(&self) -> (i64, i64) {
+        (self.held.get(), self.oldest_held.get())
+    }
+
     /// The registry in the Prometheus text format, with the queue's gauges as of now.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         self.queue.refresh(std::time::Instant::now());
@@ -533,6 +575,18 @@ mod tests {
         assert_eq!(m.objects(Ready::True), 1);
         assert_eq!(m.objects(Ready::False), 1);
         m.set_ready(&b, None);
+
+        // Held by the finalizer: the count and the oldest deletion, kept exact.
+        assert_eq!(m.held(), (0, 0));
+        m.set_held(&a, Some(200));
+        m.set_held(&b, Some(100));
+        m.set_held(&a, Some(200));
+        assert_eq!(m.held(), (2, 100));
+        m.set_held(&b, None);
+        assert_eq!(m.held(), (1, 200));
+        m.set_held(&a, None);
+        m.set_held(&a, None);
+        assert_eq!(m.held(), (0, 0));
         assert_eq!(m.objects(Ready::False), 0);
         m.write(Written::Deployments);
         m.write(Written::Events);

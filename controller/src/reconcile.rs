@@ -20,6 +20,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::names::FINALIZER;
 use common::validation::validate;
 use common::{AppService, AppServiceStatus};
 use kube::runtime::controller::Action;
@@ -146,7 +147,11 @@ pub fn error_policy(app: Arc<AppService>, error: &Error, ctx: Arc<Context>) -> A
 async fn pass(app: &AppService, ctx: &Context) -> Result<Action> {
     let namespace = required(&app.metadata.namespace, "metadata.namespace")?;
     let api: Api<AppService> = Api::namespaced(ctx.client().clone(), namespace);
-    let (app, outcome) = if app.metadata.deletion_timestamp.is_some() {
+    let (app, outcome) = if let Some(deleted) = &app.metadata.deletion_timestamp {
+        if app.finalizers().iter().any(|f| f == FINALIZER) {
+            ctx.metrics()
+                .set_held(&ObjectRef::from_obj(app), Some(deleted.0.as_second()));
+        }
         (Cow::Borrowed(app), finalize(app, ctx, &api).await?)
     } else {
         let app = ensure_finalizer(app, ctx, &api).await?;
@@ -169,6 +174,7 @@ async fn finish(
         let key = ObjectRef::from_obj(app);
         ctx.forget(&key);
         ctx.metrics().set_ready(&key, None);
+        ctx.metrics().set_held(&key, None);
     }
     if let Some(status) = &outcome.status {
         if let Err(e) = write_status(ctx, api, app, status).await {

@@ -543,6 +543,16 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
         apps.get_opt("db").await?.is_some(),
         "the finalizer must hold the object"
     );
+    // The metric of what the finalizer holds: this object, since its deletion.
+    let deleted = a.metadata.deletion_timestamp.clone().unwrap().0.as_second();
+    assert_eq!(ctl.metrics.held(), (1, deleted));
+    let scrape = ctl.metrics.encode()?;
+    assert!(
+        scrape.contains(&format!(
+            "appservice_controller_finalizer_oldest_deletion_timestamp_seconds {deleted}"
+        )),
+        "{scrape}"
+    );
     let events: Api<k8s_openapi::api::events::v1::Event> = fixture.api();
     let list = events.list(&Default::default()).await?;
     assert!(
@@ -558,6 +568,10 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
         Duration::from_secs(60),
         || async { Ok(apps.get_opt("db").await?.is_none().then_some(())) },
     )
+    .await?;
+    eventually("nothing held", WAIT, || async {
+        Ok((ctl.metrics.held() == (0, 0)).then_some(()))
+    })
     .await?;
     ctl.stop().await?;
     Ok(())
