@@ -70,7 +70,14 @@ async fn main() -> anyhow::Result<()> {
         ),
         ("pg-ca", json!({"ca.crt": pg.ca_pem()})),
     ] {
-        let s = serde_json::from_value(json!({"metadata": {"name": name}, "stringData": data}))?;
+        let labels = if name == "pg-admin" {
+            json!({(common::database_class::ADMIN_SECRET_LABEL): "true"})
+        } else {
+            json!({})
+        };
+        let s = serde_json::from_value(
+            json!({"metadata": {"name": name, "labels": labels}, "stringData": data}),
+        )?;
         secrets.create(&PostParams::default(), &s).await?;
     }
     let class: DatabaseClass = serde_json::from_value(json!({

@@ -342,6 +342,22 @@ impl Postgres {
         &self.log_dir
     }
 
+    /// Everything the server logged since it was first started (every start's log), as
+    /// text (bytes that are not UTF-8 replaced). With `log_statement = 'all'` this is
+    /// every statement any client sent.
+    pub fn server_log(&self) -> Result<String> {
+        let mut all = Vec::new();
+        for start in 1..=self.starts {
+            let path = self.log_dir.join(format!("postgres-{start}.log"));
+            match std::fs::read(&path) {
+                Ok(bytes) => all.extend(bytes),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(format!("reading {}", path.display()))(e)),
+            }
+        }
+        Ok(String::from_utf8_lossy(&all).into_owned())
+    }
+
     /// The end of the current server log.
     pub fn log_tail(&self, lines: usize) -> String {
         tail(
