@@ -391,7 +391,15 @@ impl Postgres {
         let (client, connection) = config
             .connect(tls)
             .await
-            .map_err(|e| Error::Postgres(format!("login of {user} to {database}: {e}")))?;
+            .map_err(|e| {
+                // tokio-postgres's Display of a server error is only "db error": say
+                // what the server said (SQLSTATE and message).
+                let detail = match e.as_db_error() {
+                    Some(db) => format!("{}: {}", db.code().code(), db.message()),
+                    None => e.to_string(),
+                };
+                Error::Postgres(format!("login of {user} to {database}: {detail}"))
+            })?;
         tokio::spawn(async move {
             let _ = connection.await;
         });
