@@ -417,7 +417,10 @@ mod tests {
         assert!(c.spec.allowed_namespaces.is_none());
         assert!(!c.spec.tls.insecure_acknowledged);
         assert_eq!(refusal(&c.spec), None);
-        assert!(c.allows_namespace("anyone", None), "no list: every namespace");
+        assert!(
+            c.allows_namespace("anyone", None),
+            "no list: every namespace"
+        );
     }
 
     fn spec(tls: serde_json::Value) -> DatabaseClassSpec {

@@ -837,16 +837,28 @@ async fn hostile_passwords_in_the_secret_never_reach_the_server() -> anyhow::Res
 
     let marker = "Hx7qZ"; // in every hostile value, so the log can be searched for it
     let hostile: Vec<(&str, Vec<u8>)> = vec![
-        ("quotes", format!("{marker}'; ALTER ROLE {} SUPERUSER; --", db).into_bytes()),
-        ("backslashes", format!("{marker}\\' || pg_sleep(1) || '\\\\").into_bytes()),
+        (
+            "quotes",
+            format!("{marker}'; ALTER ROLE {} SUPERUSER; --", db).into_bytes(),
+        ),
+        (
+            "backslashes",
+            format!("{marker}\\' || pg_sleep(1) || '\\\\").into_bytes(),
+        ),
         ("semicolons", format!("{marker};;SELECT 1;").into_bytes()),
         ("NUL", format!("{marker}\0after-nul").into_bytes()),
-        ("10 KiB", format!("{marker}{}", "p".repeat(10 * 1024)).into_bytes()),
+        (
+            "10 KiB",
+            format!("{marker}{}", "p".repeat(10 * 1024)).into_bytes(),
+        ),
         (
             "not UTF-8",
             [marker.as_bytes(), &[0xff, 0xfe, 0xc3, 0x28, b'\''][..]].concat(),
         ),
-        ("dollar quotes", format!("{marker}$$ || current_user || $$").into_bytes()),
+        (
+            "dollar quotes",
+            format!("{marker}$$ || current_user || $$").into_bytes(),
+        ),
     ];
     let mut seen = vec![first.clone().into_bytes()];
     for (what, password) in &hostile {
@@ -858,10 +870,9 @@ async fn hostile_passwords_in_the_secret_never_reach_the_server() -> anyhow::Res
             controller::database::sql::is_generated_shape(&new),
             "{what}: replaced by a generated password"
         );
-        w.pg
-            .connect(&db, &new, &db)
-            .await
-            .map_err(|e| anyhow::anyhow!("{what}: the Secret's new password does not log in: {e}"))?;
+        w.pg.connect(&db, &new, &db).await.map_err(|e| {
+            anyhow::anyhow!("{what}: the Secret's new password does not log in: {e}")
+        })?;
         seen.push(new.into_bytes());
     }
 
@@ -884,7 +895,11 @@ async fn hostile_passwords_in_the_secret_never_reach_the_server() -> anyhow::Res
         )
         .await?;
     assert_eq!(
-        (row.get::<_, bool>(0), row.get::<_, bool>(1), row.get::<_, bool>(2)),
+        (
+            row.get::<_, bool>(0),
+            row.get::<_, bool>(1),
+            row.get::<_, bool>(2)
+        ),
         (false, false, false)
     );
 
@@ -893,10 +908,16 @@ async fn hostile_passwords_in_the_secret_never_reach_the_server() -> anyhow::Res
         log.contains("ALTER ROLE") && log.contains("SCRAM-SHA-256$4096:"),
         "the server logged the controller's statements (log_statement = 'all'), verifiers only"
     );
-    assert!(!log.contains(marker), "a hostile password reached the server's log");
+    assert!(
+        !log.contains(marker),
+        "a hostile password reached the server's log"
+    );
     for password in &seen {
         let text = String::from_utf8_lossy(password);
-        assert!(!log.contains(&*text), "a password in clear text in the server's log");
+        assert!(
+            !log.contains(&*text),
+            "a password in clear text in the server's log"
+        );
     }
     eprintln!(
         "hostile passwords: {} replaced, 1 tenant-chosen accepted; server log: {} bytes, {} ALTER ROLE statements, no plaintext",
@@ -910,7 +931,8 @@ async fn hostile_passwords_in_the_secret_never_reach_the_server() -> anyhow::Res
 
 /// Sets (or with `None` removes) the opt-in label of the world's admin Secret.
 async fn admin_secret_label(w: &World, value: Option<&str>) -> anyhow::Result<()> {
-    let patch = json!({"metadata": {"labels": {(common::database_class::ADMIN_SECRET_LABEL): value}}});
+    let patch =
+        json!({"metadata": {"labels": {(common::database_class::ADMIN_SECRET_LABEL): value}}});
     w.api::<Secret>()
         .patch("pg-admin", &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
@@ -974,7 +996,10 @@ async fn a_class_is_usable_only_with_an_opted_in_admin_secret() -> anyhow::Resul
         Ok((r.1 == reasons::ADMIN_SECRET_NOT_OPTED_IN).then_some(r))
     })
     .await?;
-    assert_eq!((status.as_str(), reason.as_str()), ("False", reasons::ADMIN_SECRET_NOT_OPTED_IN));
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", reasons::ADMIN_SECRET_NOT_OPTED_IN)
+    );
     assert!(
         class_message.contains("pg-admin")
             && class_message.contains(common::database_class::ADMIN_SECRET_LABEL),
@@ -991,7 +1016,10 @@ async fn a_class_is_usable_only_with_an_opted_in_admin_secret() -> anyhow::Resul
     })
     .await?;
     let seen = tenant_view(&w, "shop").await?;
-    assert!(!seen.contains("pg-admin"), "the tenant sees the admin Secret's name");
+    assert!(
+        !seen.contains("pg-admin"),
+        "the tenant sees the admin Secret's name"
+    );
     assert!(
         !seen.contains(harness::postgres::SUPERUSER),
         "the tenant sees the admin user"
@@ -1040,7 +1068,10 @@ async fn rejected_admin_logins_name_neither_user_nor_secret_to_tenants() -> anyh
         Ok((r.1 == reasons::ADMIN_CREDENTIALS_REJECTED).then_some(r))
     })
     .await?;
-    assert!(class_message.contains(harness::postgres::SUPERUSER), "{class_message}");
+    assert!(
+        class_message.contains(harness::postgres::SUPERUSER),
+        "{class_message}"
+    );
     ctl.stop().await?;
     Ok(())
 }
@@ -1053,7 +1084,11 @@ async fn a_class_serves_only_the_namespaces_it_allows() -> anyhow::Result<()> {
     let classes: Api<DatabaseClass> = Api::all(w.client.clone());
     let only_others = json!({"spec": {"allowedNamespaces": {"names": ["someone-else"]}}});
     classes
-        .patch(&w.class, &PatchParams::default(), &Patch::Merge(&only_others))
+        .patch(
+            &w.class,
+            &PatchParams::default(),
+            &Patch::Merge(&only_others),
+        )
         .await?;
     let (ctl, _) = w.controller();
     w.apps
@@ -1061,7 +1096,10 @@ async fn a_class_serves_only_the_namespaces_it_allows() -> anyhow::Result<()> {
         .await?;
     let app = wait_reason(&w, "shop", reasons::NAMESPACE_NOT_ALLOWED).await?;
     let (_, _, message) = condition(&app, DATABASE_READY).unwrap();
-    assert!(message.contains(w.ns.name()) && message.contains(&w.class), "{message}");
+    assert!(
+        message.contains(w.ns.name()) && message.contains(&w.class),
+        "{message}"
+    );
     let (ready, ready_reason, _) = condition(&app, READY).unwrap();
     assert_eq!(
         (ready.as_str(), ready_reason.as_str()),
@@ -1121,7 +1159,10 @@ async fn plain_tcp_needs_an_explicit_acknowledgement() -> anyhow::Result<()> {
     classes
         .create(
             &PostParams::default(),
-            &class(&plain, json!({"mode": "disable", "insecureAcknowledged": true}))?,
+            &class(
+                &plain,
+                json!({"mode": "disable", "insecureAcknowledged": true}),
+            )?,
         )
         .await?;
     // Taking the acknowledgement back is refused as well.
@@ -1200,12 +1241,14 @@ async fn tenant_roles_get_the_class_connection_limit() -> anyhow::Result<()> {
     let second = w.pg.connect(&db, &password, &db).await?;
     let third = w.pg.connect(&db, &password, &db).await;
     let refused = third.err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(refused.contains("too many connections"), "a third session: {refused:?}");
+    assert!(
+        refused.contains("too many connections"),
+        "a third session: {refused:?}"
+    );
     drop((first, second));
 
     // Drift: an admin lifts the limit and takes LOGIN away; the next pass puts both back.
-    w.pg
-        .connect_admin()
+    w.pg.connect_admin()
         .await?
         .batch_execute(&format!("ALTER ROLE \"{db}\" NOLOGIN CONNECTION LIMIT -1"))
         .await?;
@@ -1245,12 +1288,17 @@ async fn retain_keeps_the_data_but_not_the_login() -> anyhow::Result<()> {
     w.wait_gone("kept", WAIT).await?;
     assert!(!role_state(&w.pg, &db).await?.0, "NOLOGIN");
     let login = w.pg.connect(&db, &password, &db).await;
-    assert!(login.is_err(), "the application's credentials no longer log in");
+    assert!(
+        login.is_err(),
+        "the application's credentials no longer log in"
+    );
     assert!(
         held.simple_query("SELECT 1").await.is_err(),
         "the open session was ended"
     );
-    let admin_view = w.pg.connect(harness::postgres::SUPERUSER, w.pg.password(), &db).await?;
+    let admin_view =
+        w.pg.connect(harness::postgres::SUPERUSER, w.pg.password(), &db)
+            .await?;
     let rows: i64 = admin_view
         .query_one("SELECT count(*) FROM orders", &[])
         .await?
@@ -1265,7 +1313,10 @@ async fn retain_keeps_the_data_but_not_the_login() -> anyhow::Result<()> {
         .find(|e| e.reason.as_deref() == Some(reasons::RETAINED))
         .expect("a DatabaseRetained Event");
     let note = retained.note.unwrap_or_default();
-    assert!(note.contains(&db) && note.contains("can no longer log in"), "{note}");
+    assert!(
+        note.contains(&db) && note.contains("can no longer log in"),
+        "{note}"
+    );
     ctl.stop().await?;
     Ok(())
 }

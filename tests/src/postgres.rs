@@ -388,18 +388,15 @@ impl Postgres {
             .ssl_mode(SslMode::Require)
             .connect_timeout(Duration::from_secs(5));
         let tls = tokio_postgres_rustls::MakeRustlsConnect::new(self.tls_config()?);
-        let (client, connection) = config
-            .connect(tls)
-            .await
-            .map_err(|e| {
-                // tokio-postgres's Display of a server error is only "db error": say
-                // what the server said (SQLSTATE and message).
-                let detail = match e.as_db_error() {
-                    Some(db) => format!("{}: {}", db.code().code(), db.message()),
-                    None => e.to_string(),
-                };
-                Error::Postgres(format!("login of {user} to {database}: {detail}"))
-            })?;
+        let (client, connection) = config.connect(tls).await.map_err(|e| {
+            // tokio-postgres's Display of a server error is only "db error": say
+            // what the server said (SQLSTATE and message).
+            let detail = match e.as_db_error() {
+                Some(db) => format!("{}: {}", db.code().code(), db.message()),
+                None => e.to_string(),
+            };
+            Error::Postgres(format!("login of {user} to {database}: {detail}"))
+        })?;
         tokio::spawn(async move {
             let _ = connection.await;
         });

@@ -86,11 +86,9 @@ impl DatabaseError {
                 (reasons::ADMIN_SECRET_NOT_OPTED_IN, M::AdminSecret, true)
             }
             DatabaseError::ClassRefused { .. } => (reasons::CLASS_REFUSED, M::ClassRefused, true),
-            DatabaseError::NamespaceNotAllowed { .. } => (
-                reasons::NAMESPACE_NOT_ALLOWED,
-                M::NamespaceNotAllowed,
-                true,
-            ),
+            DatabaseError::NamespaceNotAllowed { .. } => {
+                (reasons::NAMESPACE_NOT_ALLOWED, M::NamespaceNotAllowed, true)
+            }
             DatabaseError::Ca { .. } => (reasons::CA_INVALID, M::Ca, true),
             DatabaseError::Credentials { .. } => {
                 (reasons::ADMIN_CREDENTIALS_REJECTED, M::Credentials, true)
@@ -225,7 +223,8 @@ mod tests {
     fn tenant_messages_name_neither_the_admin_secret_nor_the_admin_user() {
         let secret = "ops/pg-admin-secret";
         let user = "pg_superuser_name";
-        let detail = format!("28P01: password authentication failed for user \"{user}\" ({secret})");
+        let detail =
+            format!("28P01: password authentication failed for user \"{user}\" ({secret})");
         let class = || "shared".to_owned();
         let all = [
             DatabaseError::AdminSecret {

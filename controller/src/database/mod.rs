@@ -212,9 +212,8 @@ impl Databases {
             .is_some_and(|v| v == "true");
 
         let limit = class.spec.connection_limit;
-        let verifier = || {
-            sql::Verifier::of(&password).map_err(|e| DatabaseError::Internal(e.to_string()))
-        };
+        let verifier =
+            || sql::Verifier::of(&password).map_err(|e| DatabaseError::Internal(e.to_string()));
         let role = session
             .query_opt("checking the role", sql::ROLE_STATE, &db)
             .await?

@@ -300,10 +300,10 @@ mod tests {
     fn only_generated_shapes_are_trusted_whatever_the_hash_says() {
         let tenant_made = |pw: &str| {
             let mut s = desired(&app(), &class(), "appsvc_x", pw, true, None).unwrap();
-            s.data.as_mut().unwrap().insert(
-                PGPASSWORD.into(),
-                ByteString(pw.as_bytes().to_vec()),
-            );
+            s.data
+                .as_mut()
+                .unwrap()
+                .insert(PGPASSWORD.into(), ByteString(pw.as_bytes().to_vec()));
             s
         };
         for hostile in [
@@ -315,13 +315,18 @@ mod tests {
             String::new(),
         ] {
             // The hash annotation matches (the tenant wrote it too): still not taken.
-            assert_eq!(trusted_password(&tenant_made(&hostile)), None, "{hostile:?}");
+            assert_eq!(
+                trusted_password(&tenant_made(&hostile)),
+                None,
+                "{hostile:?}"
+            );
         }
         let mut non_utf8 = tenant_made(REAL);
-        non_utf8.data.as_mut().unwrap().insert(
-            PGPASSWORD.into(),
-            ByteString(vec![0xff, 0xfe, b'a']),
-        );
+        non_utf8
+            .data
+            .as_mut()
+            .unwrap()
+            .insert(PGPASSWORD.into(), ByteString(vec![0xff, 0xfe, b'a']));
         non_utf8.data.as_mut().unwrap().remove(DATABASE_URL);
         assert_eq!(trusted_password(&non_utf8), None);
         // A value of the generated shape with its hash is taken (the role is theirs).

@@ -89,7 +89,11 @@ impl Verifier {
         let ok = !iterations.is_empty()
             && iterations.bytes().all(|b| b.is_ascii_digit())
             && [salt, stored, server].into_iter().all(base64);
-        if ok { Ok(Verifier(text)) } else { Err(NotAVerifier) }
+        if ok {
+            Ok(Verifier(text))
+        } else {
+            Err(NotAVerifier)
+        }
     }
 
     pub fn as_str(&self) -> &str {

@@ -337,12 +337,10 @@ pub async fn database_class(
     secrets
         .create(
             &PostParams::default(),
-            &admin_secret(
-                json!({
-                    "username": harness::postgres::SUPERUSER,
-                    "password": admin_password.unwrap_or(pg.password()),
-                }),
-            )?,
+            &admin_secret(json!({
+                "username": harness::postgres::SUPERUSER,
+                "password": admin_password.unwrap_or(pg.password()),
+            }))?,
         )
         .await?;
     secrets
