@@ -5,8 +5,17 @@
 //! class's server with the admin credentials from a Secret in the operator's namespace,
 //! creates a role and a database for the AppService, and on deletion drops them or keeps
 //! them, as `deletionPolicy` says.
+//!
+//! A class is a trust boundary between cluster admins and tenants: the admin Secret it
+//! names must opt in ([`ADMIN_SECRET_LABEL`]), it may be limited to some namespaces
+//! (`allowedNamespaces`), plain TCP must be acknowledged (`tls.insecureAcknowledged`),
+//! and each tenant role gets a connection limit (`connectionLimit`). [`refusal`] and
+//! [`AllowedNamespaces::allows`] are the rules; the controller applies them.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::core::{Selector, SelectorExt};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -21,8 +30,20 @@ pub const DEFAULT_USERNAME_KEY: &str = "username";
 pub const DEFAULT_PASSWORD_KEY: &str = "password";
 /// Default key of the CA certificate in a Secret or ConfigMap.
 pub const DEFAULT_CA_KEY: &str = "ca.crt";
-/// Condition type on a class: the controller could log in to the server.
+/// Condition type on a class: the controller could log in to the server (and the class
+/// is usable: its spec and admin Secret pass the rules of this module).
 pub const REACHABLE: &str = "Reachable";
+/// Label an admin Secret must carry (value `"true"`) before any DatabaseClass may use
+/// it: naming a Secret in `adminCredentials` is not enough, so a class cannot borrow a
+/// login (or any other Secret of the operator's namespace) nobody offered.
+pub const ADMIN_SECRET_LABEL: &str = "platform.example.com/database-admin";
+/// Connections each tenant role may hold at once unless the class says otherwise.
+pub const DEFAULT_CONNECTION_LIMIT: i32 = 10;
+/// Upper bound of `connectionLimit` (PostgreSQL's own `max_connections` ceiling is far
+/// above any sane share of one server).
+pub const MAX_CONNECTION_LIMIT: i32 = 10_000;
+/// Bounds of `allowedNamespaces.names`.
+pub const MAX_ALLOWED_NAMESPACES: usize = 256;
 
 /// A PostgreSQL server offered to AppServices.
 // Several printer columns share a type; clippy reads them as one repeated attribute.
@@ -101,19 +122,99 @@ pub struct DatabaseClassSpec {
     pub admin_credentials: AdminCredentials,
 
     /// What happens to an AppService's role and database when the AppService is
-    /// deleted or its database disabled: `Delete` drops both, `Retain` keeps them.
-    /// Defaults to Delete.
+    /// deleted or its database disabled: `Delete` drops both, `Retain` keeps them (the
+    /// role loses LOGIN and its sessions are ended; the data stays). Defaults to Delete.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+
+    /// Connections each AppService's role may hold at once (`CONNECTION LIMIT`), so one
+    /// tenant cannot use up the server's connections. Applied when the role is created
+    /// and put back when it drifts. Defaults to 10.
+    #[serde(default = "default_connection_limit")]
+    #[schemars(range(min = 1, max = MAX_CONNECTION_LIMIT), extend("default" = 10))]
+    pub connection_limit: i32,
+
+    /// Namespaces whose AppServices may use the class: those listed in `names` and
+    /// those whose labels match `selector`. Absent: every namespace (a class for all
+    /// tenants). An AppService elsewhere gets `DatabaseReady=False`,
+    /// `DatabaseClassNotAllowed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_namespaces: Option<AllowedNamespaces>,
 }
 
 fn default_port() -> i32 {
     DEFAULT_PG_PORT
 }
 
+fn default_connection_limit() -> i32 {
+    DEFAULT_CONNECTION_LIMIT
+}
+
+/// Which namespaces may use a class.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AllowedNamespaces {
+    /// Namespaces allowed by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ALLOWED_NAMESPACES), extend("x-kubernetes-list-type" = "set"))]
+    pub names: Vec<String>,
+    /// Namespaces allowed by their labels (an empty selector matches every namespace,
+    /// as everywhere in Kubernetes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+impl AllowedNamespaces {
+    /// Whether the namespace may use the class. `labels` are the namespace's labels,
+    /// needed only when it is not listed by name and a selector is set
+    /// ([`Self::needs_labels`]); `None` then counts as no labels. A selector that does
+    /// not parse allows nothing.
+    pub fn allows(&self, namespace: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
+        if self.names.iter().any(|n| n == namespace) {
+            return true;
+        }
+        let Some(selector) = &self.selector else {
+            return false;
+        };
+        let Ok(selector) = Selector::try_from(selector.clone()) else {
+            return false;
+        };
+        selector.matches(labels.unwrap_or(&BTreeMap::new()))
+    }
+
+    /// Whether [`Self::allows`] must see the namespace's labels to decide.
+    pub fn needs_labels(&self, namespace: &str) -> bool {
+        self.selector.is_some() && !self.names.iter().any(|n| n == namespace)
+    }
+}
+
+/// Why a class may not be used at all (whoever asks), or `None`. The API server holds
+/// the same rules for new writes (the CRD's CEL rules); the controller applies them to
+/// every class it reads, including ones stored before a rule existed.
+pub fn refusal(spec: &DatabaseClassSpec) -> Option<String> {
+    if spec.tls.mode == TlsMode::Disable && !spec.tls.insecure_acknowledged {
+        return Some(
+            "tls.mode is disable (the admin password and all data would cross the network in clear text) and tls.insecureAcknowledged is not true".to_owned(),
+        );
+    }
+    if spec.tls.mode == TlsMode::VerifyFull && spec.tls.ca.is_none() {
+        return Some("tls.ca is required when tls.mode is verify-full".to_owned());
+    }
+    if let Some(selector) = spec
+        .allowed_namespaces
+        .as_ref()
+        .and_then(|a| a.selector.clone())
+        && let Err(e) = Selector::try_from(selector)
+    {
+        return Some(format!("allowedNamespaces.selector is not valid: {e}"));
+    }
+    None
+}
+
 /// TLS settings of a class.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("self.mode != 'verify-full' || has(self.ca)").message("tls.ca is required when tls.mode is verify-full").field_path(".ca"))]
+#[x_kube(validation = Rule::new("self.mode != 'disable' || (has(self.insecureAcknowledged) && self.insecureAcknowledged)").message("tls.mode disable sends the admin password and all data in clear text: set tls.insecureAcknowledged: true to confirm").field_path(".insecureAcknowledged"))]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseTls {
     /// `disable` (plain TCP), `require` (encrypted, the server is not authenticated) or
@@ -126,6 +227,12 @@ pub struct DatabaseTls {
     /// namespace or a ConfigMap there. Required for verify-full.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca: Option<CaSource>,
+
+    /// Must be `true` with `mode: disable`: the admin's password, each application's
+    /// password and all data then cross the network in clear text, and someone has to
+    /// say they accept that. Without it the class is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_acknowledged: bool,
 }
 
 /// TLS mode, named as libpq's `sslmode`.
@@ -186,7 +293,8 @@ impl KeyRef {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct AdminCredentials {
-    /// Name of the Secret in the operator's namespace.
+    /// Name of the Secret in the operator's namespace. The Secret must carry the label
+    /// `platform.example.com/database-admin: "true"`, or the class is not usable.
     #[schemars(length(min = 1, max = crate::types::MAX_SUBDOMAIN_LEN))]
     pub secret_name: String,
     /// Key of the user name. Defaults to `username`.
@@ -212,7 +320,9 @@ pub enum DeletionPolicy {
     /// Terminate its sessions, drop the database and the role.
     #[default]
     Delete,
-    /// Keep the database and the role; an admin removes them.
+    /// Keep the database and its data; the role loses LOGIN and its sessions are ended,
+    /// so the credentials handed to the application stop working. An admin removes
+    /// them (or grants LOGIN again).
     Retain,
 }
 
@@ -235,7 +345,26 @@ pub struct DatabaseClassStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// Whether an admin Secret with `labels` opted in to being a class's admin login.
+pub fn admin_secret_opted_in(labels: Option<&BTreeMap<String, String>>) -> bool {
+    labels
+        .and_then(|l| l.get(ADMIN_SECRET_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
 impl DatabaseClass {
+    /// Whether AppServices of `namespace` (with `labels`, when needed) may use the class.
+    pub fn allows_namespace(
+        &self,
+        namespace: &str,
+        labels: Option<&BTreeMap<String, String>>,
+    ) -> bool {
+        self.spec
+            .allowed_namespaces
+            .as_ref()
+            .is_none_or(|a| a.allows(namespace, labels))
+    }
+
     /// Whether the class carries the default-class annotation.
     pub fn is_default(&self) -> bool {
         self.metadata
@@ -284,6 +413,91 @@ mod tests {
         assert_eq!(c.spec.deletion_policy, DeletionPolicy::Delete);
         assert_eq!(c.spec.admin_credentials.username_key(), "username");
         assert_eq!(c.spec.admin_credentials.password_key(), "password");
+        assert_eq!(c.spec.connection_limit, DEFAULT_CONNECTION_LIMIT);
+        assert!(c.spec.allowed_namespaces.is_none());
+        assert!(!c.spec.tls.insecure_acknowledged);
+        assert_eq!(refusal(&c.spec), None);
+        assert!(
+            c.allows_namespace("anyone", None),
+            "no list: every namespace"
+        );
+    }
+
+    fn spec(tls: serde_json::Value) -> DatabaseClassSpec {
+        serde_json::from_value(serde_json::json!({
+            "host": "db", "adminCredentials": {"secretName": "admin"}, "tls": tls
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn plain_tcp_needs_an_acknowledgement() {
+        let refused = refusal(&spec(serde_json::json!({"mode": "disable"}))).unwrap();
+        assert!(refused.contains("insecureAcknowledged"), "{refused}");
+        let refused = refusal(&spec(
+            serde_json::json!({"mode": "disable", "insecureAcknowledged": false}),
+        ));
+        assert!(refused.is_some());
+        assert_eq!(
+            refusal(&spec(
+                serde_json::json!({"mode": "disable", "insecureAcknowledged": true})
+            )),
+            None
+        );
+        assert_eq!(refusal(&spec(serde_json::json!({"mode": "require"}))), None);
+        assert!(refusal(&spec(serde_json::json!({"mode": "verify-full"}))).is_some());
+    }
+
+    #[test]
+    fn allowed_namespaces_by_name_and_selector() {
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let by_name: AllowedNamespaces =
+            serde_json::from_value(serde_json::json!({"names": ["shop"]})).unwrap();
+        assert!(by_name.allows("shop", None));
+        assert!(!by_name.allows("other", Some(&labels(&[("team", "shop")]))));
+        assert!(!by_name.needs_labels("other"));
+
+        let by_label: AllowedNamespaces = serde_json::from_value(serde_json::json!({
+            "names": ["legacy"],
+            "selector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["prod", "staging"]}]}
+        }))
+        .unwrap();
+        assert!(by_label.allows("legacy", None));
+        assert!(!by_label.needs_labels("legacy"));
+        assert!(by_label.needs_labels("shop"));
+        assert!(by_label.allows("shop", Some(&labels(&[("tier", "prod")]))));
+        assert!(!by_label.allows("shop", Some(&labels(&[("tier", "dev")]))));
+        assert!(!by_label.allows("shop", None));
+
+        let everyone: AllowedNamespaces =
+            serde_json::from_value(serde_json::json!({"selector": {}})).unwrap();
+        assert!(everyone.allows("x", None), "an empty selector matches all");
+        let nobody = AllowedNamespaces::default();
+        assert!(!nobody.allows("x", Some(&labels(&[("a", "b")]))));
+
+        let mut bad = spec(serde_json::json!({"mode": "require"}));
+        bad.allowed_namespaces = Some(
+            serde_json::from_value(serde_json::json!({
+                "selector": {"matchExpressions": [{"key": "tier", "operator": "Sometimes"}]}
+            }))
+            .unwrap(),
+        );
+        assert!(refusal(&bad).unwrap().contains("selector"));
+        assert!(!bad.allowed_namespaces.unwrap().allows("x", None));
+    }
+
+    #[test]
+    fn admin_secrets_opt_in_by_label() {
+        let l = |v: &str| BTreeMap::from([(ADMIN_SECRET_LABEL.to_owned(), v.to_owned())]);
+        assert!(admin_secret_opted_in(Some(&l("true"))));
+        assert!(!admin_secret_opted_in(Some(&l("yes"))));
+        assert!(!admin_secret_opted_in(Some(&BTreeMap::new())));
+        assert!(!admin_secret_opted_in(None));
     }
 
     #[test]

@@ -70,7 +70,14 @@ async fn main() -> anyhow::Result<()> {
         ),
         ("pg-ca", json!({"ca.crt": pg.ca_pem()})),
     ] {
-        let s = serde_json::from_value(json!({"metadata": {"name": name}, "stringData": data}))?;
+        let labels = if name == "pg-admin" {
+            json!({(common::database_class::ADMIN_SECRET_LABEL): "true"})
+        } else {
+            json!({})
+        };
+        let s = serde_json::from_value(
+            json!({"metadata": {"name": name, "labels": labels}, "stringData": data}),
+        )?;
         secrets.create(&PostParams::default(), &s).await?;
     }
     let class: DatabaseClass = serde_json::from_value(json!({
@@ -158,7 +165,13 @@ async fn main() -> anyhow::Result<()> {
     let names: Vec<String> = (0..args.n).map(|i| format!("floor_{i:05}")).collect();
     run_statements(&pg, args.pool, &names, |n| {
         vec![
-            sql::create_role(n, &sql::new_password()),
+            // The same work as the controller: a verifier computed here (4096 PBKDF2
+            // iterations), the class's default connection limit.
+            sql::create_role(
+                n,
+                &sql::Verifier::of(&sql::new_password()).expect("a verifier"),
+                common::database_class::DEFAULT_CONNECTION_LIMIT,
+            ),
             sql::create_database(n, n),
             sql::revoke_public_connect(n),
         ]

@@ -740,3 +740,584 @@ async fn leader_killed_mid_provisioning_leaves_one_database_per_app() -> anyhow:
     survivor.kill().await?;
     Ok(())
 }
+
+/// Sets server-wide settings as the superuser and reloads them (new and open sessions).
+async fn server_settings(pg: &Postgres, settings: &[&str]) -> anyhow::Result<()> {
+    let admin = pg.connect_admin().await?;
+    for setting in settings {
+        admin
+            .batch_execute(&format!("ALTER SYSTEM SET {setting}"))
+            .await?;
+    }
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    Ok(())
+}
+
+/// Waits until `name`'s Secret is settled with a password other than every one in
+/// `not`, and returns that password.
+async fn settled_password(w: &World, name: &str, not: &[Vec<u8>]) -> anyhow::Result<String> {
+    let secrets = w.api::<Secret>();
+    let secret_name = format!("{name}-database");
+    let secret = eventually("the Secret settled with a new password", WAIT, || async {
+        Ok(secrets.get_opt(&secret_name).await?.filter(|s| {
+            let pending = s
+                .annotations()
+                .contains_key(controller::database::PASSWORD_PENDING_ANNOTATION);
+            let pw = s.data.as_ref().and_then(|d| d.get("PGPASSWORD"));
+            !pending && pw.is_some_and(|ByteString(pw)| !not.contains(pw))
+        }))
+    })
+    .await?;
+    Ok(secret_value(&secret, "PGPASSWORD"))
+}
+
+/// A tenant who may edit Secrets in their namespace writes a password of their own into
+/// `<name>-database`, everywhere the controller looks (PGPASSWORD, DATABASE_URL, the hash
+/// annotation) and marks it pending, so that the controller would set it on the role.
+async fn tenant_sets_password(w: &World, name: &str, password: &[u8]) -> anyhow::Result<()> {
+    let secrets = w.api::<Secret>();
+    let secret_name = format!("{name}-database");
+    // A read-modify-write, as `kubectl edit` does; the controller may write in between.
+    for _ in 0..10 {
+        let mut secret = secrets.get(&secret_name).await?;
+        let db = secret_value(&secret, "PGUSER");
+        let mut url = format!("postgres://{db}:").into_bytes();
+        url.extend_from_slice(password);
+        url.extend_from_slice(
+            format!("@localhost:{}/{db}?sslmode=verify-full", w.pg.port()).as_bytes(),
+        );
+        let data = secret.data.get_or_insert_with(Default::default);
+        data.insert("PGPASSWORD".into(), ByteString(password.to_vec()));
+        data.insert("DATABASE_URL".into(), ByteString(url));
+        let annotations = secret
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        annotations.insert(
+            controller::database::secret::PASSWORD_HASH_ANNOTATION.into(),
+            controller::database::secret::password_hash(&String::from_utf8_lossy(password)),
+        );
+        annotations.insert(
+            controller::database::PASSWORD_PENDING_ANNOTATION.into(),
+            "true".into(),
+        );
+        match secrets
+            .replace(&secret_name, &PostParams::default(), &secret)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    anyhow::bail!("the Secret kept changing under the tenant's edit")
+}
+
+/// Hostile passwords a tenant puts in the credentials Secret are never sent to the
+/// server: each is replaced by a generated one the role then logs in with, a tenant's
+/// own password of the generated shape is accepted, and with `log_statement = 'all'`
+/// the server's log holds none of them in clear text, only SCRAM verifiers. The server
+/// runs with `standard_conforming_strings = off`, which the controller's sessions
+/// override.
+#[tokio::test]
+async fn hostile_passwords_in_the_secret_never_reach_the_server() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    server_settings(
+        &w.pg,
+        &["log_statement = 'all'", "standard_conforming_strings = off"],
+    )
+    .await?;
+    let (ctl, _) = w.controller();
+    let db = {
+        w.apps
+            .create(&PostParams::default(), &w.app("shop"))
+            .await?;
+        w.wait_usable("shop").await?
+    };
+    let first = secret_value(&w.api::<Secret>().get("shop-database").await?, "PGPASSWORD");
+
+    let marker = "Hx7qZ"; // in every hostile value, so the log can be searched for it
+    let hostile: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "quotes",
+            format!("{marker}'; ALTER ROLE {} SUPERUSER; --", db).into_bytes(),
+        ),
+        (
+            "backslashes",
+            format!("{marker}\\' || pg_sleep(1) || '\\\\").into_bytes(),
+        ),
+        ("semicolons", format!("{marker};;SELECT 1;").into_bytes()),
+        ("NUL", format!("{marker}\0after-nul").into_bytes()),
+        (
+            "10 KiB",
+            format!("{marker}{}", "p".repeat(10 * 1024)).into_bytes(),
+        ),
+        (
+            "not UTF-8",
+            [marker.as_bytes(), &[0xff, 0xfe, 0xc3, 0x28, b'\''][..]].concat(),
+        ),
+        (
+            "dollar quotes",
+            format!("{marker}$$ || current_user || $$").into_bytes(),
+        ),
+    ];
+    let mut seen = vec![first.clone().into_bytes()];
+    for (what, password) in &hostile {
+        tenant_sets_password(&w, "shop", password).await?;
+        let mut not = seen.clone();
+        not.push(password.clone());
+        let new = settled_password(&w, "shop", &not).await?;
+        assert!(
+            controller::database::sql::is_generated_shape(&new),
+            "{what}: replaced by a generated password"
+        );
+        w.pg.connect(&db, &new, &db).await.map_err(|e| {
+            anyhow::anyhow!("{what}: the Secret's new password does not log in: {e}")
+        })?;
+        seen.push(new.into_bytes());
+    }
+
+    // A password of the generated shape that the tenant chose is theirs to set.
+    let chosen = "TenantChosen0123456789abcdefghij";
+    assert_eq!(chosen.len(), controller::database::sql::PASSWORD_LEN);
+    tenant_sets_password(&w, "shop", chosen.as_bytes()).await?;
+    eventually("the tenant's password to work", WAIT, || async {
+        w.pg.connect(&db, chosen, &db).await.ok().map(|_| ())
+    })
+    .await?;
+    seen.push(chosen.as_bytes().to_vec());
+
+    // Nothing beyond the role was touched: it is no superuser, and the admin still logs in.
+    let admin = w.pg.connect_admin().await?;
+    let row = admin
+        .query_one(
+            "SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = $1",
+            &[&db],
+        )
+        .await?;
+    assert_eq!(
+        (
+            row.get::<_, bool>(0),
+            row.get::<_, bool>(1),
+            row.get::<_, bool>(2)
+        ),
+        (false, false, false)
+    );
+
+    let log = w.pg.server_log()?;
+    assert!(
+        log.contains("ALTER ROLE") && log.contains("SCRAM-SHA-256$4096:"),
+        "the server logged the controller's statements (log_statement = 'all'), verifiers only"
+    );
+    assert!(
+        !log.contains(marker),
+        "a hostile password reached the server's log"
+    );
+    for password in &seen {
+        let text = String::from_utf8_lossy(password);
+        assert!(
+            !log.contains(&*text),
+            "a password in clear text in the server's log"
+        );
+    }
+    eprintln!(
+        "hostile passwords: {} replaced, 1 tenant-chosen accepted; server log: {} bytes, {} ALTER ROLE statements, no plaintext",
+        hostile.len(),
+        log.len(),
+        log.matches("ALTER ROLE").count()
+    );
+    ctl.stop().await?;
+    Ok(())
+}
+
+/// Sets (or with `None` removes) the opt-in label of the world's admin Secret.
+async fn admin_secret_label(w: &World, value: Option<&str>) -> anyhow::Result<()> {
+    let patch =
+        json!({"metadata": {"labels": {(common::database_class::ADMIN_SECRET_LABEL): value}}});
+    w.api::<Secret>()
+        .patch("pg-admin", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Everything a tenant of the namespace reads about its AppService: the object and the
+/// namespace's Events.
+async fn tenant_view(w: &World, name: &str) -> anyhow::Result<String> {
+    let events: Api<Event> = w.api();
+    Ok(format!(
+        "{} {}",
+        serde_json::to_string(&w.apps.get(name).await?)?,
+        serde_json::to_string(&events.list(&ListParams::default()).await?)?
+    ))
+}
+
+async fn wait_reason(w: &World, name: &str, reason: &str) -> anyhow::Result<AppService> {
+    Ok(
+        eventually(&format!("DatabaseReady reason {reason}"), WAIT, || async {
+            let app = w.apps.get(name).await?;
+            Ok(condition(&app, DATABASE_READY)
+                .is_some_and(|(s, r, _)| s == "False" && r == reason)
+                .then_some(app))
+        })
+        .await?,
+    )
+}
+
+async fn class_reachable(w: &World) -> anyhow::Result<(String, String, String)> {
+    let classes: Api<DatabaseClass> = Api::all(w.client.clone());
+    let c = classes.get(&w.class).await?;
+    Ok(c.status
+        .and_then(|s| {
+            common::conditions::find(&s.conditions, "Reachable")
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        })
+        .unwrap_or_default())
+}
+
+/// An admin Secret without the opt-in label is not used: the class says why (naming
+/// the Secret), the AppService says only that an admin must fix the class; with the
+/// label, provisioning goes on by itself.
+#[tokio::test]
+async fn a_class_is_usable_only_with_an_opted_in_admin_secret() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    admin_secret_label(&w, None).await?;
+    let (ctl, _) = w.controller();
+    w.apps
+        .create(&PostParams::default(), &w.app("shop"))
+        .await?;
+    let app = wait_reason(&w, "shop", reasons::ADMIN_SECRET_NOT_OPTED_IN).await?;
+    let (_, _, message) = condition(&app, DATABASE_READY).unwrap();
+    assert!(message.contains(&w.class), "{message}");
+    assert!(message.contains("cluster admin"), "{message}");
+    assert!(w.api::<Deployment>().get_opt("shop").await?.is_none());
+    assert_eq!(w.catalog().await?, (BTreeSet::new(), BTreeSet::new()));
+
+    let (status, reason, class_message) = eventually("the class's condition", WAIT, || async {
+        let r = class_reachable(&w).await?;
+        Ok((r.1 == reasons::ADMIN_SECRET_NOT_OPTED_IN).then_some(r))
+    })
+    .await?;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", reasons::ADMIN_SECRET_NOT_OPTED_IN)
+    );
+    assert!(
+        class_message.contains("pg-admin")
+            && class_message.contains(common::database_class::ADMIN_SECRET_LABEL),
+        "the admin's view names the Secret and the label: {class_message}"
+    );
+    eventually("the Warning Event", WAIT, || async {
+        let events: Api<Event> = w.api();
+        Ok(events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reasons::ADMIN_SECRET_NOT_OPTED_IN)))
+    })
+    .await?;
+    let seen = tenant_view(&w, "shop").await?;
+    assert!(
+        !seen.contains("pg-admin"),
+        "the tenant sees the admin Secret's name"
+    );
+    assert!(
+        !seen.contains(harness::postgres::SUPERUSER),
+        "the tenant sees the admin user"
+    );
+
+    // Deleting it does not wait for the admin: nothing was ever created through the class.
+    w.apps.delete("shop", &DeleteParams::default()).await?;
+    w.wait_gone("shop", WAIT).await?;
+    w.apps
+        .create(&PostParams::default(), &w.app("shop"))
+        .await?;
+
+    // The admin opts the Secret in: provisioning goes on by itself.
+    admin_secret_label(&w, Some("true")).await?;
+    w.wait_usable("shop").await?;
+    ctl.stop().await?;
+    Ok(())
+}
+
+/// The admin user's name and Secret stay out of what tenants see when the login is
+/// rejected too (the server's message names the user).
+#[tokio::test]
+async fn rejected_admin_logins_name_neither_user_nor_secret_to_tenants() -> anyhow::Result<()> {
+    let w = World::new("Delete", Some("not-the-admin-password")).await?;
+    let (ctl, _) = w.controller();
+    w.apps
+        .create(&PostParams::default(), &w.app("shop"))
+        .await?;
+    wait_reason(&w, "shop", reasons::ADMIN_CREDENTIALS_REJECTED).await?;
+    eventually("the Warning Event", WAIT, || async {
+        let events: Api<Event> = w.api();
+        Ok(events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reasons::ADMIN_CREDENTIALS_REJECTED)))
+    })
+    .await?;
+    let seen = tenant_view(&w, "shop").await?;
+    assert!(!seen.contains("pg-admin"), "{seen}");
+    assert!(!seen.contains(harness::postgres::SUPERUSER), "{seen}");
+    // The class's status has the server's words, for the admin.
+    let (_, _, class_message) = eventually("the class's condition", WAIT, || async {
+        let r = class_reachable(&w).await?;
+        Ok((r.1 == reasons::ADMIN_CREDENTIALS_REJECTED).then_some(r))
+    })
+    .await?;
+    assert!(
+        class_message.contains(harness::postgres::SUPERUSER),
+        "{class_message}"
+    );
+    ctl.stop().await?;
+    Ok(())
+}
+
+/// `allowedNamespaces`: an AppService of a namespace the class does not list gets a
+/// refusal and nothing on the server; listing it by label selector lets it in.
+#[tokio::test]
+async fn a_class_serves_only_the_namespaces_it_allows() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    let classes: Api<DatabaseClass> = Api::all(w.client.clone());
+    let only_others = json!({"spec": {"allowedNamespaces": {"names": ["someone-else"]}}});
+    classes
+        .patch(
+            &w.class,
+            &PatchParams::default(),
+            &Patch::Merge(&only_others),
+        )
+        .await?;
+    let (ctl, _) = w.controller();
+    w.apps
+        .create(&PostParams::default(), &w.app("shop"))
+        .await?;
+    let app = wait_reason(&w, "shop", reasons::NAMESPACE_NOT_ALLOWED).await?;
+    let (_, _, message) = condition(&app, DATABASE_READY).unwrap();
+    assert!(
+        message.contains(w.ns.name()) && message.contains(&w.class),
+        "{message}"
+    );
+    let (ready, ready_reason, _) = condition(&app, READY).unwrap();
+    assert_eq!(
+        (ready.as_str(), ready_reason.as_str()),
+        ("False", reasons::NAMESPACE_NOT_ALLOWED)
+    );
+    assert!(w.api::<Deployment>().get_opt("shop").await?.is_none());
+    assert!(w.api::<Secret>().get_opt("shop-database").await?.is_none());
+    assert_eq!(w.catalog().await?, (BTreeSet::new(), BTreeSet::new()));
+
+    // A selector on the namespace's labels: the namespace gets the label, the class
+    // selects it.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(w.client.clone());
+    namespaces
+        .patch(
+            w.ns.name(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {"db-tier": "gold"}}})),
+        )
+        .await?;
+    let by_label = json!({"spec": {"allowedNamespaces": {"names": ["someone-else"], "selector": {"matchLabels": {"db-tier": "gold"}}}}});
+    classes
+        .patch(&w.class, &PatchParams::default(), &Patch::Merge(&by_label))
+        .await?;
+    w.wait_usable("shop").await?;
+    ctl.stop().await?;
+    Ok(())
+}
+
+/// `tls.mode: disable` is refused by the API server without the acknowledgement, and
+/// with it the class works over plain TCP.
+#[tokio::test]
+async fn plain_tcp_needs_an_explicit_acknowledgement() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    let classes: Api<DatabaseClass> = Api::all(w.client.clone());
+    let class = |name: &str, tls: serde_json::Value| -> anyhow::Result<DatabaseClass> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "platform.example.com/v1alpha1", "kind": "DatabaseClass",
+            "metadata": {"name": name},
+            "spec": {"host": "127.0.0.1", "port": w.pg.port(), "tls": tls,
+                     "adminCredentials": {"secretName": "pg-admin"}}
+        }))?)
+    };
+    let plain = format!("{}-plain", w.ns.name());
+    for tls in [
+        json!({"mode": "disable"}),
+        json!({"mode": "disable", "insecureAcknowledged": false}),
+    ] {
+        let refused = classes
+            .create(&PostParams::default(), &class(&plain, tls.clone())?)
+            .await
+            .expect_err("refused without the acknowledgement");
+        assert!(
+            refused.to_string().contains("insecureAcknowledged"),
+            "{tls}: {refused}"
+        );
+    }
+    classes
+        .create(
+            &PostParams::default(),
+            &class(
+                &plain,
+                json!({"mode": "disable", "insecureAcknowledged": true}),
+            )?,
+        )
+        .await?;
+    // Taking the acknowledgement back is refused as well.
+    let unack = json!({"spec": {"tls": {"insecureAcknowledged": false}}});
+    assert!(
+        classes
+            .patch(&plain, &PatchParams::default(), &Patch::Merge(&unack))
+            .await
+            .is_err()
+    );
+    let (ctl, _) = w.controller();
+    let mut app = w.app("shop");
+    app.spec.database = Some(DatabaseSpec {
+        class: plain.clone(),
+    });
+    w.apps.create(&PostParams::default(), &app).await?;
+    let db = w.wait_usable("shop").await?;
+    let secret = w.api::<Secret>().get("shop-database").await?;
+    assert_eq!(secret_value(&secret, "PGSSLMODE"), "disable");
+    assert!(secret_value(&secret, "DATABASE_URL").ends_with(&format!("/{db}?sslmode=disable")));
+    ctl.stop().await?;
+    let _ = classes.delete(&plain, &DeleteParams::default()).await;
+    Ok(())
+}
+
+/// Whether the role `db` may log in, and its connection limit, as the server says.
+async fn role_state(pg: &Postgres, db: &str) -> anyhow::Result<(bool, i32)> {
+    let admin = pg.connect_admin().await?;
+    let row = admin
+        .query_one(
+            "SELECT rolcanlogin, rolconnlimit FROM pg_roles WHERE rolname = $1",
+            &[&db],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Makes the controller look at `name` again (any change of the object wakes it).
+async fn touch(w: &World, name: &str, value: &str) -> anyhow::Result<()> {
+    let patch = json!({"metadata": {"annotations": {"test.example.com/touch": value}}});
+    w.apps
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Tenant roles get the class's connection limit: applied on create, following the
+/// class, enforced by the server (one connection more is refused), and put back after
+/// someone changes it or takes LOGIN away.
+#[tokio::test]
+async fn tenant_roles_get_the_class_connection_limit() -> anyhow::Result<()> {
+    let w = World::new("Delete", None).await?;
+    let (ctl, _) = w.controller();
+    let (_, db) = w.create_ready("shop").await?;
+    assert_eq!(
+        role_state(&w.pg, &db).await?,
+        (true, common::database_class::DEFAULT_CONNECTION_LIMIT)
+    );
+    let password = secret_value(&w.api::<Secret>().get("shop-database").await?, "PGPASSWORD");
+
+    let classes: Api<DatabaseClass> = Api::all(w.client.clone());
+    classes
+        .patch(
+            &w.class,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"connectionLimit": 2}})),
+        )
+        .await?;
+    touch(&w, "shop", "1").await?;
+    eventually("the class's new limit on the role", WAIT, || async {
+        Ok((role_state(&w.pg, &db).await? == (true, 2)).then_some(()))
+    })
+    .await?;
+    // The consumer of the limit: the server refuses the third session of the role.
+    let first = w.pg.connect(&db, &password, &db).await?;
+    let second = w.pg.connect(&db, &password, &db).await?;
+    let third = w.pg.connect(&db, &password, &db).await;
+    let refused = third.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        refused.contains("too many connections"),
+        "a third session: {refused:?}"
+    );
+    drop((first, second));
+
+    // Drift: an admin lifts the limit and takes LOGIN away; the next pass puts both back.
+    w.pg.connect_admin()
+        .await?
+        .batch_execute(&format!("ALTER ROLE \"{db}\" NOLOGIN CONNECTION LIMIT -1"))
+        .await?;
+    touch(&w, "shop", "2").await?;
+    eventually("LOGIN and the limit put back", WAIT, || async {
+        Ok((role_state(&w.pg, &db).await? == (true, 2)).then_some(()))
+    })
+    .await?;
+    w.pg.connect(&db, &password, &db).await?;
+
+    // The API server holds the bounds.
+    let refused = classes
+        .patch(
+            &w.class,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"connectionLimit": 0}})),
+        )
+        .await;
+    assert!(refused.is_err(), "connectionLimit 0 is refused");
+    ctl.stop().await?;
+    Ok(())
+}
+
+/// `deletionPolicy: Retain` keeps the database and its data, but the role can no longer
+/// log in and its open sessions are ended.
+#[tokio::test]
+async fn retain_keeps_the_data_but_not_the_login() -> anyhow::Result<()> {
+    let w = World::new("Retain", None).await?;
+    let (ctl, _) = w.controller();
+    let (_, db) = w.create_ready("kept").await?;
+    let password = secret_value(&w.api::<Secret>().get("kept-database").await?, "PGPASSWORD");
+    let held = w.pg.connect(&db, &password, &db).await?;
+    held.batch_execute("CREATE TABLE orders (id bigint); INSERT INTO orders VALUES (1), (2)")
+        .await?;
+
+    w.apps.delete("kept", &DeleteParams::default()).await?;
+    w.wait_gone("kept", WAIT).await?;
+    assert!(!role_state(&w.pg, &db).await?.0, "NOLOGIN");
+    let login = w.pg.connect(&db, &password, &db).await;
+    assert!(
+        login.is_err(),
+        "the application's credentials no longer log in"
+    );
+    assert!(
+        held.simple_query("SELECT 1").await.is_err(),
+        "the open session was ended"
+    );
+    let admin_view =
+        w.pg.connect(harness::postgres::SUPERUSER, w.pg.password(), &db)
+            .await?;
+    let rows: i64 = admin_view
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await?
+        .get(0);
+    assert_eq!(rows, 2, "the data is kept");
+    let events: Api<Event> = w.api();
+    let retained = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some(reasons::RETAINED))
+        .expect("a DatabaseRetained Event");
+    let note = retained.note.unwrap_or_default();
+    assert!(
+        note.contains(&db) && note.contains("can no longer log in"),
+        "{note}"
+    );
+    ctl.stop().await?;
+    Ok(())
+}

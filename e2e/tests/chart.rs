@@ -766,7 +766,8 @@ fn rbac_is_exactly_what_the_controller_uses() {
         "no wildcard anywhere"
     );
 
-    // DatabaseClasses: read one by name, write its status; nothing else.
+    // DatabaseClasses: read one by name, write its status, read a namespace's labels
+    // (a class's allowedNamespaces.selector); nothing else.
     assert_eq!(
         find(
             &docs,
@@ -776,6 +777,7 @@ fn rbac_is_exactly_what_the_controller_uses() {
         json!([
             {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses"], "verbs": ["get"]},
             {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses/status"], "verbs": ["patch"]},
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
         ])
     );
     // The classes' CA ConfigMaps: only in the release namespace.
@@ -1862,7 +1864,8 @@ async fn webhook_watches_appservices_and_namespaces_with_the_charts_rbac_and_not
     server.shutdown().await.expect("webhook shuts down");
 }
 
-/// The database step under the chart's RBAC: reading the class, its admin Secret and its
+/// The database step under the chart's RBAC: reading the class, the namespace's labels (its
+/// allowedNamespaces.selector), its admin Secret and its
 /// CA ConfigMap in the release namespace, writing the class's status, creating, updating
 /// and deleting the `<name>-database` Secret, against a real PostgreSQL server.
 #[tokio::test]
@@ -1885,7 +1888,7 @@ async fn databases_work_with_the_charts_rbac() {
     let ca = format!("pg-ca-{suffix}");
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), release_ns);
     let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": admin_secret},
+        "metadata": {"name": admin_secret, "labels": {(common::database_class::ADMIN_SECRET_LABEL): "true"}},
         "stringData": {"username": harness::postgres::SUPERUSER, "password": pg.password()},
     }))
     .unwrap();
@@ -1911,6 +1914,9 @@ async fn databases_work_with_the_charts_rbac() {
             "host": "localhost", "port": pg.port(),
             "tls": {"mode": "verify-full", "ca": {"configMapRef": {"name": ca}}},
             "adminCredentials": {"secretName": admin_secret},
+            // Matched against the namespace's labels: the chart's RBAC must let the
+            // controller read them.
+            "allowedNamespaces": {"selector": {"matchLabels": {"kubernetes.io/metadata.name": suffix}}},
         }
     }))
     .unwrap();

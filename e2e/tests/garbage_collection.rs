@@ -66,9 +66,15 @@ impl World {
             ),
             ("pg-ca", json!({"ca.crt": pg.ca_pem()})),
         ] {
-            let secret: Secret =
-                serde_json::from_value(json!({"metadata": {"name": name}, "stringData": data}))
-                    .unwrap();
+            let labels = if name == "pg-admin" {
+                json!({(common::database_class::ADMIN_SECRET_LABEL): "true"})
+            } else {
+                json!({})
+            };
+            let secret: Secret = serde_json::from_value(
+                json!({"metadata": {"name": name, "labels": labels}, "stringData": data}),
+            )
+            .unwrap();
             secrets
                 .create(&PostParams::default(), &secret)
                 .await

@@ -69,8 +69,15 @@ impl World {
             ),
             ("pg-ca", json!({"ca.crt": pg.ca_pem()})),
         ] {
-            let secret: Secret =
-                serde_json::from_value(json!({"metadata": {"name": name}, "stringData": data}))?;
+            // The admin login opts in to being one (the CA Secret needs no label).
+            let labels = if name == "pg-admin" {
+                json!({common::database_class::ADMIN_SECRET_LABEL: "true"})
+            } else {
+                json!({})
+            };
+            let secret: Secret = serde_json::from_value(
+                json!({"metadata": {"name": name, "labels": labels}, "stringData": data}),
+            )?;
             secrets.create(&PostParams::default(), &secret).await?;
         }
         // The controller as shipped (resync 10 min, pool 4, timeouts 5 s / 15 s), with the
@@ -134,7 +141,12 @@ impl World {
                 // A name, not the address: verify-full checks it against the certificate.
                 "host": "localhost",
                 "port": self.pg.port(),
-                "tls": {"mode": mode, "ca": {"secretRef": {"name": "pg-ca"}}},
+                // Plain TCP only with the admin's acknowledgement.
+                "tls": {
+                    "mode": mode,
+                    "ca": {"secretRef": {"name": "pg-ca"}},
+                    "insecureAcknowledged": mode == "disable",
+                },
                 "adminCredentials": {"secretName": "pg-admin"},
             }
         }))?;

@@ -383,6 +383,22 @@ impl Postgres {
         &self.log_dir
     }
 
+    /// Everything the server logged since it was first started (every start's log), as
+    /// text (bytes that are not UTF-8 replaced). With `log_statement = 'all'` this is
+    /// every statement any client sent.
+    pub fn server_log(&self) -> Result<String> {
+        let mut all = Vec::new();
+        for start in 1..=self.starts {
+            let path = self.log_dir.join(format!("postgres-{start}.log"));
+            match std::fs::read(&path) {
+                Ok(bytes) => all.extend(bytes),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(format!("reading {}", path.display()))(e)),
+            }
+        }
+        Ok(String::from_utf8_lossy(&all).into_owned())
+    }
+
     /// The end of the current server log.
     pub fn log_tail(&self, lines: usize) -> String {
         tail(
@@ -413,10 +429,15 @@ impl Postgres {
             .ssl_mode(SslMode::Require)
             .connect_timeout(Duration::from_secs(5));
         let tls = tokio_postgres_rustls::MakeRustlsConnect::new(self.tls_config()?);
-        let (client, connection) = config
-            .connect(tls)
-            .await
-            .map_err(|e| Error::Postgres(format!("login of {user} to {database}: {e}")))?;
+        let (client, connection) = config.connect(tls).await.map_err(|e| {
+            // tokio-postgres's Display of a server error is only "db error": say
+            // what the server said (SQLSTATE and message).
+            let detail = match e.as_db_error() {
+                Some(db) => format!("{}: {}", db.code().code(), db.message()),
+                None => e.to_string(),
+            };
+            Error::Postgres(format!("login of {user} to {database}: {detail}"))
+        })?;
         tokio::spawn(async move {
             let _ = connection.await;
         });

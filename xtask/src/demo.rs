@@ -366,8 +366,15 @@ async fn database_class(client: &kube::Client, pg: &harness::Postgres) -> Result
         ),
         ("postgres-ca", serde_json::json!({"ca.crt": pg.ca_pem()})),
     ] {
+        // The admin Secret opts in to being a DatabaseClass's login (without the label
+        // the class is not usable).
+        let labels = if name == "postgres-admin" {
+            serde_json::json!({(common::database_class::ADMIN_SECRET_LABEL): "true"})
+        } else {
+            serde_json::json!({})
+        };
         let secret: Secret = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name}, "stringData": data,
+            "metadata": {"name": name, "labels": labels}, "stringData": data,
         }))
         .doing("building a Secret")?;
         secrets

@@ -80,20 +80,7 @@ fn build_pool(
     limits: Limits,
 ) -> Result<Pool, DatabaseError> {
     let class_name = class.metadata.name.clone().unwrap_or_default();
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host(&class.spec.host)
-        .port(u16::try_from(class.spec.port).unwrap_or(5432))
-        .user(&credentials.username)
-        .password(&credentials.password)
-        .dbname("postgres")
-        .application_name("appservice-controller")
-        .connect_timeout(limits.connect_timeout)
-        .options(format!(
-            "-c statement_timeout={} -c lock_timeout={}",
-            limits.statement_timeout.as_millis(),
-            limits.statement_timeout.as_millis()
-        ));
+    let mut config = admin_config(class, credentials, limits);
     let manager_config = ManagerConfig {
         recycling_method: RecyclingMethod::Fast,
     };
@@ -124,6 +111,32 @@ fn build_pool(
         .recycle_timeout(Some(limits.connect_timeout))
         .build()
         .map_err(|e| DatabaseError::Internal(format!("building the pool: {e}")))
+}
+
+/// The admin session's settings. Its options are set at login (the startup packet), so
+/// they hold before the first statement: `standard_conforming_strings=on` makes a
+/// quoted literal mean exactly its text (a server configured with `off` would read
+/// backslashes in it as escapes), and the timeouts bound every statement.
+pub fn admin_config(
+    class: &DatabaseClass,
+    credentials: &Credentials,
+    limits: Limits,
+) -> tokio_postgres::Config {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(&class.spec.host)
+        .port(u16::try_from(class.spec.port).unwrap_or(5432))
+        .user(&credentials.username)
+        .password(&credentials.password)
+        .dbname("postgres")
+        .application_name("appservice-controller")
+        .connect_timeout(limits.connect_timeout)
+        .options(format!(
+            "-c standard_conforming_strings=on -c statement_timeout={} -c lock_timeout={}",
+            limits.statement_timeout.as_millis(),
+            limits.statement_timeout.as_millis()
+        ));
+    config
 }
 
 /// Why the TLS settings for a DatabaseClass cannot be built.
@@ -214,5 +227,39 @@ impl ServerCertVerifier for EncryptOnly {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn admin_sessions_force_standard_conforming_strings() {
+        let class = DatabaseClass::new(
+            "c",
+            serde_json::from_value(serde_json::json!({
+                "host": "db", "tls": {"mode": "require"}, "adminCredentials": {"secretName": "a"}
+            }))
+            .unwrap(),
+        );
+        let credentials = Credentials {
+            username: "admin".into(),
+            password: "pw".into(),
+            ca_pem: None,
+        };
+        let limits = Limits {
+            pool_size: 1,
+            connect_timeout: Duration::from_secs(1),
+            statement_timeout: Duration::from_secs(2),
+        };
+        let config = admin_config(&class, &credentials, limits);
+        let options = config.get_options().unwrap();
+        assert!(
+            options.contains("-c standard_conforming_strings=on"),
+            "{options}"
+        );
+        assert!(options.contains("statement_timeout=2000"), "{options}");
     }
 }

@@ -8,8 +8,15 @@
 //!    create gets 409 and reads the first one's);
 //! 3. creates the role (or sets the Secret's password when it is pending) and the
 //!    database owned by it, named from the UID, `CONNECT` revoked from `PUBLIC`;
-//!    "already exists" from a concurrent creator counts as success;
+//!    "already exists" from a concurrent creator counts as success; the role's LOGIN
+//!    and the class's connection limit are put back when they drift;
 //! 4. clears the pending mark, and reports `DatabaseReady=True`.
+//!
+//! Before any of it the class must pass `common::database_class::refusal`, allow the
+//! AppService's namespace, and name an admin Secret that opted in by label
+//! (`server.rs`). Passwords reach the server only as SCRAM-SHA-256 verifiers computed
+//! here (`sql::Verifier`); text in the Secret that the controller did not generate is
+//! replaced (`secret::trusted_password`).
 //!
 //! A crash between any two steps leaves a state the next reconcile completes. With the
 //! database disabled, `ensure` removes what an earlier generation created, following the
@@ -134,6 +141,7 @@ impl Databases {
         let db = sql::db_name(&uid);
         let server = self.server(class_name).await?;
         let class = &server.class;
+        self.check_namespace(&server, &namespace).await?;
         let (conn, ca_pem) = match self.connect(&server).await {
             Ok(c) => c,
             Err(e) => {
@@ -208,18 +216,33 @@ impl Databases {
             .get(PASSWORD_PENDING_ANNOTATION)
             .is_some_and(|v| v == "true");
 
-        let role_exists = session
-            .query_bool("checking the role", sql::ROLE_EXISTS, &db)
-            .await?;
-        let created = !role_exists
+        let limit = class.spec.connection_limit;
+        let verifier =
+            || sql::Verifier::of(&password).map_err(|e| DatabaseError::Internal(e.to_string()));
+        let role = session
+            .query_opt("checking the role", sql::ROLE_STATE, &db)
+            .await?
+            .map(|row| -> (bool, i32) {
+                (
+                    row.try_get(0).unwrap_or(false),
+                    row.try_get(1).unwrap_or(-1),
+                )
+            });
+        let created = role.is_none()
             && session
-                .execute_create("CREATE ROLE", &sql::create_role(&db, &password))
+                .execute_create("CREATE ROLE", &sql::create_role(&db, &verifier()?, limit))
                 .await?;
         // A role someone created a moment ago, or one that may not have the Secret's
         // password yet: make the Secret's password the role's.
-        if !created && (pending || !role_exists) {
+        if !created && (pending || role.is_none()) {
             session
-                .execute("ALTER ROLE", &sql::set_password(&db, &password))
+                .execute("ALTER ROLE", &sql::set_password(&db, &verifier()?))
+                .await?;
+        }
+        // LOGIN (gone under Retain, or taken away by hand) and the connection limit.
+        if !created && role != Some((true, limit)) {
+            session
+                .execute("ALTER ROLE", &sql::set_login(&db, limit))
                 .await?;
         }
         if !session
@@ -280,15 +303,6 @@ impl Databases {
         let db = sql::db_name(&uid);
         let server = self.server(class_name).await?;
         let class = &server.class;
-        if class.spec.deletion_policy == DeletionPolicy::Retain {
-            return Ok((
-                reasons::RETAINED,
-                format!(
-                    "database and role {db} kept on {} (DatabaseClass {class_name} has deletionPolicy Retain)",
-                    server.address()
-                ),
-            ));
-        }
         let conn = match self.connect(&server).await {
             Ok((conn, _)) => conn,
             Err(e) => {
@@ -296,6 +310,30 @@ impl Databases {
                 return Err(e);
             }
         };
+        if class.spec.deletion_policy == DeletionPolicy::Retain {
+            // Keep the data, but not a login: the credentials in the (now deleted)
+            // Secret, and any copy of them, stop working, and open sessions end.
+            let session = self.session(&server, &conn);
+            if session
+                .query_opt("checking the role", sql::ROLE_STATE, &db)
+                .await?
+                .is_some()
+            {
+                session
+                    .execute("ALTER ROLE", &sql::retire_role(&db))
+                    .await?;
+                session
+                    .query_opt("terminating sessions", sql::TERMINATE_ROLE_SESSIONS, &db)
+                    .await?;
+            }
+            return Ok((
+                reasons::RETAINED,
+                format!(
+                    "database {db} kept on {} (DatabaseClass {class_name} has deletionPolicy Retain); its role can no longer log in",
+                    server.address()
+                ),
+            ));
+        }
         let session = self.session(&server, &conn);
         match tokio::time::timeout(
             self.op_timeout(),
@@ -332,12 +370,7 @@ impl Databases {
     ) {
         let (status, reason, message, version) = match result {
             Ok(version) => (TRUE, "LoggedIn", String::new(), Some(version.to_owned())),
-            Err(
-                e @ (DatabaseError::Unreachable { .. }
-                | DatabaseError::Credentials { .. }
-                | DatabaseError::Ca { .. }
-                | DatabaseError::AdminSecret { .. }),
-            ) => (FALSE, e.reason(), e.to_string(), None),
+            Err(e) if e.is_class_level() => (FALSE, e.reason(), e.to_string(), None),
             Err(_) => return,
         };
         let old = class.status.clone().unwrap_or_default();
@@ -559,8 +592,12 @@ impl Databases {
                     reason: e.reason(),
                     message: e.condition_message(),
                 };
-                if let DatabaseError::Unreachable { .. } = e {
-                    warn!(error = %e, "database server unreachable");
+                // The whole story (admin Secret, server's words) is for admins only.
+                match e {
+                    DatabaseError::Unreachable { .. } => {
+                        warn!(error = %e, "database server unreachable")
+                    }
+                    _ => warn!(error = %e, reason = e.reason(), "database not ready"),
                 }
                 self.failed(condition, e)
             }
@@ -617,8 +654,15 @@ impl Databases {
                 Ok(Step::Done)
             }
             // Nothing was ever created without the Secret existing first (see
-            // `provision`): with neither the class nor the Secret, there is nothing to drop.
-            Err(DatabaseError::ClassNotFound(_)) if secret.is_none() => Ok(Step::Done),
+            // `provision`): with no Secret and a class that does not exist or that the
+            // controller refuses to use (so it never provisioned anything through it),
+            // there is nothing to drop, and the tenant's deletion does not wait for an
+            // admin.
+            Err(
+                DatabaseError::ClassNotFound(_)
+                | DatabaseError::ClassRefused { .. }
+                | DatabaseError::AdminSecretNotOptedIn { .. },
+            ) if secret.is_none() => Ok(Step::Done),
             Err(DatabaseError::Kube(e)) => Err(Error::Kube(e)),
             Err(e) => {
                 self.removal_failed(&e, started);

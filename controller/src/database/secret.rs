@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use sha2::{Digest, Sha256};
 
-use super::sql::database_url;
+use super::sql::{self, database_url};
 use super::{CLASS_ANNOTATION, PASSWORD_PENDING_ANNOTATION};
 use crate::desired::{PodDatabase, is_controlled_by, owner_reference, required};
 use crate::error::Result;
@@ -172,10 +172,13 @@ fn url_password(url: &str) -> Option<String> {
 /// The password the role has, as far as `live` can tell: of `PGPASSWORD` and the
 /// password in `DATABASE_URL`, the one whose hash is [`PASSWORD_HASH_ANNOTATION`] (the
 /// other may have been edited). A Secret of an earlier release, without that annotation,
-/// is taken at its `PGPASSWORD`. `None` when neither is known good: both edited, or the
-/// key removed; the caller then sets a new password on the role.
+/// is taken at its `PGPASSWORD`. Only a password of the generated shape
+/// ([`sql::is_generated_shape`]) is ever taken: anything else a tenant wrote there
+/// (with a matching hash, or into an old Secret) is not. `None` when nothing is known
+/// good: both copies edited, the key removed, or only text of another shape; the caller
+/// then generates a new password and sets it on the role.
 pub fn trusted_password(live: &Secret) -> Option<String> {
-    let pgpassword = value(live, PGPASSWORD).filter(|pw| !pw.is_empty());
+    let pgpassword = value(live, PGPASSWORD).filter(|pw| sql::is_generated_shape(pw));
     let Some(hash) = live
         .metadata
         .annotations
@@ -188,7 +191,7 @@ pub fn trusted_password(live: &Secret) -> Option<String> {
     [pgpassword, in_url]
         .into_iter()
         .flatten()
-        .find(|pw| !pw.is_empty() && password_hash(pw) == *hash)
+        .find(|pw| sql::is_generated_shape(pw) && password_hash(pw) == *hash)
 }
 
 /// Whether `live` is this AppService's Secret: controlled by it (whatever version of
@@ -344,9 +347,49 @@ mod tests {
     }
 
     #[test]
+    fn only_generated_shapes_are_trusted_whatever_the_hash_says() {
+        let tenant_made = |pw: &str| {
+            let mut s = desired(&app(), &class(), "appsvc_x", pw, true, None).unwrap();
+            s.data
+                .as_mut()
+                .unwrap()
+                .insert(PGPASSWORD.into(), ByteString(pw.as_bytes().to_vec()));
+            s
+        };
+        for hostile in [
+            "x'; ALTER ROLE postgres PASSWORD 'owned".to_owned(),
+            "back\\slash\\' || 'x".to_owned(),
+            "semi;colon".to_owned(),
+            "nul\0byte".to_owned(),
+            "k".repeat(10 * 1024),
+            String::new(),
+        ] {
+            // The hash annotation matches (the tenant wrote it too): still not taken.
+            assert_eq!(
+                trusted_password(&tenant_made(&hostile)),
+                None,
+                "{hostile:?}"
+            );
+        }
+        let mut non_utf8 = tenant_made(REAL);
+        non_utf8
+            .data
+            .as_mut()
+            .unwrap()
+            .insert(PGPASSWORD.into(), ByteString(vec![0xff, 0xfe, b'a']));
+        non_utf8.data.as_mut().unwrap().remove(DATABASE_URL);
+        assert_eq!(trusted_password(&non_utf8), None);
+        // A value of the generated shape with its hash is taken (the role is theirs).
+        let chosen = "T".repeat(sql::PASSWORD_LEN);
+        assert_eq!(trusted_password(&tenant_made(&chosen)), Some(chosen));
+    }
+
+    const REAL: &str = "pwreal0123456789abcdefghijklmnop";
+
+    #[test]
     fn the_role_password_is_told_from_an_edited_one() {
-        let settled = desired(&app(), &class(), "appsvc_x", "pw-real", false, None).unwrap();
-        assert_eq!(trusted_password(&settled).as_deref(), Some("pw-real"));
+        let settled = desired(&app(), &class(), "appsvc_x", REAL, false, None).unwrap();
+        assert_eq!(trusted_password(&settled).as_deref(), Some(REAL));
         let edit = |key: &str, value: &str| {
             let mut s = settled.clone();
             s.data
@@ -358,13 +401,13 @@ mod tests {
         // PGPASSWORD edited: the URL still has the real one.
         assert_eq!(
             trusted_password(&edit(PGPASSWORD, "guess")).as_deref(),
-            Some("pw-real")
+            Some(REAL)
         );
         // The URL edited: PGPASSWORD is the real one.
         let url = "postgres://appsvc_x:guess@db.example:6432/appsvc_x?sslmode=require";
         assert_eq!(
             trusted_password(&edit(DATABASE_URL, url)).as_deref(),
-            Some("pw-real")
+            Some(REAL)
         );
         // Both edited: nothing is known good.
         let both = {
@@ -384,7 +427,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .remove(PASSWORD_HASH_ANNOTATION);
-        assert_eq!(trusted_password(&legacy).as_deref(), Some("pw-real"));
+        assert_eq!(trusted_password(&legacy).as_deref(), Some(REAL));
     }
 
     #[test]

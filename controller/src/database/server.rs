@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use common::DatabaseClass;
 use deadpool_postgres::{Object, Pool, PoolError};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
 use tracing::instrument;
 
@@ -42,6 +42,7 @@ impl Server {
             sql::Failure::AlreadyExists | sql::Failure::Other => DatabaseError::Sql {
                 class,
                 what,
+                code: e.code().map(|c| c.code().to_owned()),
                 detail,
             },
         }
@@ -71,17 +72,49 @@ impl Databases {
         self.limits.connect_timeout + self.limits.statement_timeout + Duration::from_secs(2)
     }
 
-    /// The server of the DatabaseClass `name`.
+    /// The server of the DatabaseClass `name`, if the class passes the rules of
+    /// `common::database_class` (a refused class is recorded on its status).
     pub(super) async fn server(&self, name: &str) -> DbResult<Server> {
         let api: Api<DatabaseClass> = Api::all(self.client.clone());
         let class = api
             .get_opt(name)
             .await?
             .ok_or_else(|| DatabaseError::ClassNotFound(name.to_owned()))?;
+        if let Some(reason) = common::database_class::refusal(&class.spec) {
+            let e = DatabaseError::ClassRefused {
+                class: name.to_owned(),
+                reason,
+            };
+            self.observe_class(&class, Err(&e)).await;
+            return Err(e);
+        }
         Ok(Server {
             class,
             name: name.to_owned(),
         })
+    }
+
+    /// Whether AppServices of `namespace` may use the class (reading the namespace's
+    /// labels only when the class's selector must see them).
+    pub(super) async fn check_namespace(&self, server: &Server, namespace: &str) -> DbResult<()> {
+        let class = &server.class;
+        let labels = match &class.spec.allowed_namespaces {
+            Some(allowed) if allowed.needs_labels(namespace) => {
+                let api: Api<Namespace> = Api::all(self.client.clone());
+                api.get_metadata_opt(namespace)
+                    .await?
+                    .and_then(|n| n.metadata.labels)
+            }
+            _ => None,
+        };
+        if class.allows_namespace(namespace, labels.as_ref()) {
+            Ok(())
+        } else {
+            Err(DatabaseError::NamespaceNotAllowed {
+                class: server.name.clone(),
+                namespace: namespace.to_owned(),
+            })
+        }
     }
 
     /// A connection to the class's server as its admin, and the class's CA (PEM).
@@ -112,6 +145,14 @@ impl Databases {
                 ),
             }
         })?;
+        // Only a Secret someone marked for it may be sent to a class's server as its
+        // login: naming a Secret in a class is not enough.
+        if !common::database_class::admin_secret_opted_in(admin_secret.metadata.labels.as_ref()) {
+            return Err(DatabaseError::AdminSecretNotOptedIn {
+                class: server.name.clone(),
+                secret: format!("{}/{}", self.admin_namespace, admin.secret_name),
+            });
+        }
         let (ca_pem, ca_version) = self.ca(server).await?;
         let fingerprint = Fingerprint {
             class_uid: class.metadata.uid.clone().unwrap_or_default(),
@@ -248,6 +289,18 @@ impl Session<'_> {
             Err(e) if sql::classify(e.code()) == sql::Failure::AlreadyExists => Ok(false),
             Err(e) => Err(self.server.pg_error(what, &e)),
         }
+    }
+
+    /// The row `query` answers for `arg`, if any.
+    pub(super) async fn query_opt(
+        &self,
+        what: &'static str,
+        query: &str,
+        arg: &str,
+    ) -> DbResult<Option<tokio_postgres::Row>> {
+        self.bounded(what, self.conn.query_opt(query, &[&arg]))
+            .await?
+            .map_err(|e| self.server.pg_error(what, &e))
     }
 
     /// The boolean `query` answers for `arg`.

@@ -2,8 +2,12 @@
 //! statements that create and drop them, and what a server error means.
 //!
 //! Utility statements (`CREATE ROLE`, `CREATE DATABASE`, ...) take no bind parameters,
-//! so identifiers and literals are quoted here; names come from the UID and passwords
-//! from [`new_password`], so neither ever holds a quote, and quoting is defence in depth.
+//! so identifiers and literals are quoted here. Nothing a tenant typed reaches them:
+//! names come from the UID, a password only as a [`Verifier`] (SCRAM-SHA-256, computed
+//! here; its characters are checked before it is formatted into a statement), and the
+//! database comment from Kubernetes names (DNS labels). Every session runs with
+//! `standard_conforming_strings=on` (set at connect, `connect.rs`), so doubling quotes
+//! is the complete quoting of a literal, whatever the server's default.
 
 use rand::distr::{Alphanumeric, SampleString};
 use tokio_postgres::error::SqlState;
@@ -31,6 +35,72 @@ pub fn new_password() -> String {
     Alphanumeric.sample_string(&mut rand::rng(), PASSWORD_LEN)
 }
 
+/// Whether `password` has the shape of one [`new_password`] makes (exactly
+/// [`PASSWORD_LEN`] ASCII alphanumerics). Any other text in the credentials Secret (a
+/// tenant's edit: quotes, backslashes, NUL, kilobytes, ...) is not taken as the role's
+/// password: the controller replaces it with a generated one. A value of this shape
+/// that a tenant chose is accepted (the role is theirs), and still reaches the server
+/// only as a [`Verifier`].
+pub fn is_generated_shape(password: &str) -> bool {
+    password.len() == PASSWORD_LEN && password.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// A SCRAM-SHA-256 password verifier (RFC 5802/7677, as PostgreSQL stores it:
+/// `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`), computed on our side so
+/// that the plaintext never appears in a statement, the server's log or
+/// `pg_stat_activity`. The server stores a verifier given to `PASSWORD` as is.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Verifier(String);
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Verifier([elided])")
+    }
+}
+
+/// A verifier that is not in the expected form (never the case for ours).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("not a SCRAM-SHA-256 verifier of the expected form")]
+pub struct NotAVerifier;
+
+impl Verifier {
+    /// The verifier of `password` with a random 16-byte salt and 4096 iterations
+    /// (`postgres-protocol`, which applies SASLprep as libpq's `PQencryptPasswordConn`
+    /// and the server do).
+    pub fn of(password: &str) -> Result<Verifier, NotAVerifier> {
+        Verifier::parse(postgres_protocol::password::scram_sha_256(
+            password.as_bytes(),
+        ))
+    }
+
+    /// `text` if it is a verifier of the form above: the prefix, decimal iterations,
+    /// and three base64 fields, nothing else (no quote, backslash or space can follow
+    /// into a statement).
+    pub fn parse(text: String) -> Result<Verifier, NotAVerifier> {
+        let rest = text.strip_prefix("SCRAM-SHA-256$").ok_or(NotAVerifier)?;
+        let (params, keys) = rest.split_once('$').ok_or(NotAVerifier)?;
+        let (iterations, salt) = params.split_once(':').ok_or(NotAVerifier)?;
+        let (stored, server) = keys.split_once(':').ok_or(NotAVerifier)?;
+        let base64 = |f: &str| {
+            !f.is_empty()
+                && f.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=')
+        };
+        let ok = !iterations.is_empty()
+            && iterations.bytes().all(|b| b.is_ascii_digit())
+            && [salt, stored, server].into_iter().all(base64);
+        if ok {
+            Ok(Verifier(text))
+        } else {
+            Err(NotAVerifier)
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// `"name"` with embedded quotes doubled.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -41,20 +111,34 @@ pub fn quote_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
-pub fn create_role(role: &str, password: &str) -> String {
+pub fn create_role(role: &str, password: &Verifier, connection_limit: i32) -> String {
     format!(
-        "CREATE ROLE {} LOGIN PASSWORD {}",
+        "CREATE ROLE {} LOGIN CONNECTION LIMIT {connection_limit} PASSWORD {}",
         quote_ident(role),
-        quote_literal(password)
+        quote_literal(password.as_str())
     )
 }
 
-pub fn set_password(role: &str, password: &str) -> String {
+pub fn set_password(role: &str, password: &Verifier) -> String {
     format!(
-        "ALTER ROLE {} WITH LOGIN PASSWORD {}",
+        "ALTER ROLE {} WITH PASSWORD {}",
         quote_ident(role),
-        quote_literal(password)
+        quote_literal(password.as_str())
     )
+}
+
+/// LOGIN and the class's connection limit back on a role that drifted (or lost LOGIN
+/// under `Retain` and is wanted again).
+pub fn set_login(role: &str, connection_limit: i32) -> String {
+    format!(
+        "ALTER ROLE {} WITH LOGIN CONNECTION LIMIT {connection_limit}",
+        quote_ident(role)
+    )
+}
+
+/// `Retain`: the role stays (it owns the kept database) but can no longer log in.
+pub fn retire_role(role: &str) -> String {
+    format!("ALTER ROLE {} WITH NOLOGIN", quote_ident(role))
 }
 
 pub fn create_database(db: &str, owner: &str) -> String {
@@ -85,11 +169,15 @@ pub fn drop_database(db: &str) -> String {
     format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", quote_ident(db))
 }
 
+/// Ends every session of the role `$1` but our own (after NOLOGIN, nothing new comes).
+pub const TERMINATE_ROLE_SESSIONS: &str = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1 AND pid <> pg_backend_pid()";
+
 pub fn drop_role(role: &str) -> String {
     format!("DROP ROLE IF EXISTS {}", quote_ident(role))
 }
 
-pub const ROLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)";
+/// Whether the role `$1` may log in, and its connection limit (no row: no such role).
+pub const ROLE_STATE: &str = "SELECT rolcanlogin, rolconnlimit FROM pg_roles WHERE rolname = $1";
 pub const DATABASE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)";
 /// Whether PUBLIC may still connect to `$1` (an ACL that is NULL means the default,
 /// which grants CONNECT to PUBLIC).
@@ -189,13 +277,77 @@ mod tests {
     }
 
     #[test]
+    fn generated_shape_is_exactly_what_new_password_makes() {
+        assert!(is_generated_shape(&new_password()));
+        let shaped = "a".repeat(PASSWORD_LEN);
+        assert!(is_generated_shape(&shaped));
+        for hostile in [
+            String::new(),
+            "a".repeat(PASSWORD_LEN - 1),
+            "a".repeat(PASSWORD_LEN + 1),
+            format!("{}'", "a".repeat(PASSWORD_LEN - 1)),
+            format!("{}\\", "a".repeat(PASSWORD_LEN - 1)),
+            format!("{};", "a".repeat(PASSWORD_LEN - 1)),
+            format!("{}\0", "a".repeat(PASSWORD_LEN - 1)),
+            format!("{}é", "a".repeat(PASSWORD_LEN - 2)),
+            "x".repeat(10 * 1024),
+        ] {
+            assert!(!is_generated_shape(&hostile), "{hostile:?}");
+        }
+    }
+
+    #[test]
+    fn verifiers_are_scram_sha_256_with_a_fresh_salt() {
+        let a = Verifier::of("pencil").unwrap();
+        let b = Verifier::of("pencil").unwrap();
+        assert_ne!(a, b, "a random salt each time");
+        let text = a.as_str();
+        assert!(text.starts_with("SCRAM-SHA-256$4096:"), "{text}");
+        let (params, keys) = text["SCRAM-SHA-256$".len()..].split_once('$').unwrap();
+        let salt = params.split_once(':').unwrap().1;
+        let (stored, server) = keys.split_once(':').unwrap();
+        // 16 bytes of salt, two SHA-256 outputs, in base64.
+        assert_eq!(salt.len(), 24);
+        assert_eq!(stored.len(), 44);
+        assert_eq!(server.len(), 44);
+        assert!(!format!("{a:?}").contains(text), "Debug hides it");
+        // Even a hostile plaintext gives a verifier of the safe alphabet.
+        let hostile = Verifier::of("'; DROP ROLE x; --\\\0").unwrap();
+        assert!(!hostile.as_str().contains(['\'', '\\', ';', ' ', '\0']));
+    }
+
+    #[test]
+    fn only_well_formed_verifiers_are_accepted() {
+        let good = Verifier::of("pw").unwrap().as_str().to_owned();
+        assert!(Verifier::parse(good.clone()).is_ok());
+        for bad in [
+            "plaintext".to_owned(),
+            "SCRAM-SHA-256$4096:c2FsdA==$a:b'".to_owned(),
+            "SCRAM-SHA-256$4096:c2FsdA==$a:b\\".to_owned(),
+            "SCRAM-SHA-256$40 96:c2FsdA==$a:b".to_owned(),
+            "SCRAM-SHA-256$4096:$a:b".to_owned(),
+            "SCRAM-SHA-256$4096:c2FsdA==$a".to_owned(),
+            "md5abc".to_owned(),
+            format!("{good}'"),
+        ] {
+            assert_eq!(Verifier::parse(bad.clone()), Err(NotAVerifier), "{bad}");
+        }
+    }
+
+    #[test]
     fn quoting_doubles_quotes() {
         assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
+        let v = Verifier::parse("SCRAM-SHA-256$4096:c2FsdA==$YQ==:Yg==".to_owned()).unwrap();
         assert_eq!(
-            create_role("r", "p'w"),
-            "CREATE ROLE \"r\" LOGIN PASSWORD 'p''w'"
+            create_role("r", &v, 7),
+            "CREATE ROLE \"r\" LOGIN CONNECTION LIMIT 7 PASSWORD 'SCRAM-SHA-256$4096:c2FsdA==$YQ==:Yg=='"
         );
+        assert_eq!(
+            set_login("r", 7),
+            "ALTER ROLE \"r\" WITH LOGIN CONNECTION LIMIT 7"
+        );
+        assert_eq!(retire_role("r"), "ALTER ROLE \"r\" WITH NOLOGIN");
         assert_eq!(
             drop_database("d"),
             "DROP DATABASE IF EXISTS \"d\" WITH (FORCE)"

@@ -322,16 +322,25 @@ pub async fn database_class(
             "stringData": data,
         }))?)
     };
+    // The admin Secret opts in to being a class's login, as a cluster admin does.
+    let admin_secret = |data: serde_json::Value| -> anyhow::Result<Secret> {
+        let mut s = secret("pg-admin", data)?;
+        s.metadata.labels = Some(
+            [(
+                common::database_class::ADMIN_SECRET_LABEL.to_owned(),
+                "true".to_owned(),
+            )]
+            .into(),
+        );
+        Ok(s)
+    };
     secrets
         .create(
             &PostParams::default(),
-            &secret(
-                "pg-admin",
-                json!({
-                    "username": harness::postgres::SUPERUSER,
-                    "password": admin_password.unwrap_or(pg.password()),
-                }),
-            )?,
+            &admin_secret(json!({
+                "username": harness::postgres::SUPERUSER,
+                "password": admin_password.unwrap_or(pg.password()),
+            }))?,
         )
         .await?;
     secrets
