@@ -2094,6 +2094,10 @@ fn tenant_roles_aggregate_to_the_default_roles_and_grant_no_status_or_classes() 
     let edit_rules = serde_json::to_string(&edit["rules"]).unwrap();
     assert!(!edit_rules.contains("appservices/status"), "{edit_rules}");
 
+    // Values of a release from before the roles (an upgrade with --reuse-values): on.
+    let old_values = template("ops", &["tenantRbac=null".to_owned()]);
+    find(&old_values, "ClusterRole", "aso-appservice-operator-edit");
+
     // Platforms that write their own roles turn them off.
     let off = template(
         "ops",
