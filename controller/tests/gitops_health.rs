@@ -266,7 +266,6 @@ async fn deletion_with_the_finalizer_held_is_progressing() -> anyhow::Result<()>
     wait_health(&f, "gone", "Healthy").await?;
     // Another party's finalizer (a backup tool, say) next to the controller's.
     let mut finalizers = f.apps.get("gone").await?.metadata.finalizers.unwrap_or_default();
-    let theirs = finalizers.clone();
     finalizers.push("example.com/backup".to_owned());
     let hold = json!({"metadata": {"finalizers": finalizers}});
     f.apps
@@ -276,16 +275,18 @@ async fn deletion_with_the_finalizer_held_is_progressing() -> anyhow::Result<()>
     let (h, a) = wait_health(&f, "gone", "Progressing").await?;
     assert!(a.metadata.deletion_timestamp.is_some());
     assert!(h.message.starts_with("being deleted"), "{h:?}");
-    // Released: what the controller holds, if anything, it releases itself.
-    let left: Vec<String> = a
-        .metadata
-        .finalizers
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|f| f != "example.com/backup")
-        .collect();
-    assert!(left.iter().all(|f| theirs.contains(f)), "{left:?}");
-    let release = json!({"metadata": {"finalizers": left}});
+    // The controller releases its own finalizer; only the other party's holds it then.
+    let held = eventually("only example.com/backup to hold gone", WAIT, || async {
+        let a = f.apps.get("gone").await?;
+        let only = a.metadata.finalizers.clone().unwrap_or_default()
+            == ["example.com/backup".to_owned()];
+        Ok(only.then_some(a))
+    })
+    .await?;
+    let h = health(&held)?;
+    assert_eq!(h.status, "Progressing", "{h:?}");
+    assert!(h.message.starts_with("being deleted"), "{h:?}");
+    let release = json!({"metadata": {"finalizers": null}});
     f.apps
         .patch("gone", &PatchParams::default(), &Patch::Merge(&release))
         .await?;
