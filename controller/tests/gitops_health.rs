@@ -137,7 +137,10 @@ async fn create_edit_and_scale_to_zero_are_progressing_then_healthy() -> anyhow:
     );
     let ctl = controller(&f);
     let (_, a) = wait_health(&f, "web", "Healthy").await?;
-    assert_eq!(a.status.as_ref().and_then(|s| s.observed_generation), Some(2));
+    assert_eq!(
+        a.status.as_ref().and_then(|s| s.observed_generation),
+        Some(2)
+    );
     let deployment = f.deployments.get("web").await?;
     let image = deployment.spec.template.spec.unwrap().containers[0]
         .image
@@ -173,7 +176,10 @@ async fn an_unknown_database_class_is_degraded() -> anyhow::Result<()> {
     });
     create(&f.apps, &shop).await?;
     let (h, _) = wait_health(&f, "shop", "Degraded").await?;
-    assert!(h.message.contains("\"no-such-class\" does not exist"), "{h:?}");
+    assert!(
+        h.message.contains("\"no-such-class\" does not exist"),
+        "{h:?}"
+    );
     ctl.stop().await?;
     Ok(())
 }
@@ -249,7 +255,8 @@ async fn forbidden_pods_are_degraded() -> anyhow::Result<()> {
     create(&f.apps, &root).await?;
     let (h, _) = wait_health(&f, "root", "Degraded").await?;
     assert!(
-        h.message.contains("violates PodSecurity \"restricted:latest\""),
+        h.message
+            .contains("violates PodSecurity \"restricted:latest\""),
         "{h:?}"
     );
     ctl.stop().await?;
@@ -265,7 +272,13 @@ async fn deletion_with_the_finalizer_held_is_progressing() -> anyhow::Result<()>
     create(&f.apps, &app("gone", "registry.example.com/web:v1", 1)).await?;
     wait_health(&f, "gone", "Healthy").await?;
     // Another party's finalizer (a backup tool, say) next to the controller's.
-    let mut finalizers = f.apps.get("gone").await?.metadata.finalizers.unwrap_or_default();
+    let mut finalizers = f
+        .apps
+        .get("gone")
+        .await?
+        .metadata
+        .finalizers
+        .unwrap_or_default();
     finalizers.push("example.com/backup".to_owned());
     let hold = json!({"metadata": {"finalizers": finalizers}});
     f.apps
@@ -278,8 +291,8 @@ async fn deletion_with_the_finalizer_held_is_progressing() -> anyhow::Result<()>
     // The controller releases its own finalizer; only the other party's holds it then.
     let held = eventually("only example.com/backup to hold gone", WAIT, || async {
         let a = f.apps.get("gone").await?;
-        let only = a.metadata.finalizers.clone().unwrap_or_default()
-            == ["example.com/backup".to_owned()];
+        let only =
+            a.metadata.finalizers.clone().unwrap_or_default() == ["example.com/backup".to_owned()];
         Ok(only.then_some(a))
     })
     .await?;
