@@ -45,9 +45,14 @@ fn script(kind: &str) -> PathBuf {
 
 /// Runs the shipped AppService health script on `object` as Argo CD does.
 fn health(object: &AppService) -> anyhow::Result<Health> {
+    health_of("appservice", object)
+}
+
+/// Runs the shipped health script of `kind` on `object` as Argo CD does.
+fn health_of(kind: &str, object: &impl serde::Serialize) -> anyhow::Result<Health> {
     let evaluator = harness::assets::tool("argocd-health")?;
     let mut child = Command::new(&evaluator)
-        .arg(script("appservice"))
+        .arg(script(kind))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -308,5 +313,88 @@ async fn deletion_with_the_finalizer_held_is_progressing() -> anyhow::Result<()>
     })
     .await?;
     ctl.stop().await?;
+    Ok(())
+}
+
+/// A DatabaseClass the controller can log in with is Healthy; one whose admin password
+/// is wrong is Degraded, saying why. The controller logs in (and writes the class's
+/// status) when an AppService uses the class: until then it is Progressing.
+#[tokio::test]
+async fn database_classes_are_healthy_when_reachable_and_degraded_when_not() -> anyhow::Result<()> {
+    for (password, expected) in [
+        (None, "Healthy"),
+        (Some("not-the-admin-password"), "Degraded"),
+    ] {
+        let f = Fixture::setup().without_controller().await?;
+        let pg = harness::Postgres::start().await?;
+        let class = support::database_class(&f, &pg, "Delete", password).await?;
+        let classes: kube::Api<common::DatabaseClass> = kube::Api::all(f.client.clone());
+        let unused = health_of("databaseclass", &classes.get(&class).await?)?;
+        assert_eq!(unused.status, "Progressing", "{unused:?}");
+        let ctl = controller(&f);
+        let mut user = app("user", "registry.example.com/shop:v1", 1);
+        user.spec.database = Some(DatabaseSpec {
+            class: class.clone(),
+        });
+        create(&f.apps, &user).await?;
+        let (h, c) = eventually(&format!("class {class} to be {expected}"), WAIT, || async {
+            let c = classes.get(&class).await?;
+            let h = health_of("databaseclass", &c)?;
+            Ok((h.status == expected).then_some((h, c)))
+        })
+        .await?;
+        if expected == "Degraded" {
+            assert!(!h.message.is_empty(), "{h:?}");
+            assert!(!h.message.contains("not-the-admin-password"), "{h:?}");
+        }
+        assert!(c.status.is_some());
+        ctl.stop().await?;
+        classes.delete(&class, &DeleteParams::default()).await?;
+    }
+    Ok(())
+}
+
+/// The controller's own finalizer held: the database server is down while the
+/// AppService is deleted, so the cleanup fails. Progressing ("being deleted: " and the
+/// failure), never Healthy; gone once the server is back.
+#[tokio::test]
+async fn deletion_held_by_a_failing_database_cleanup_is_progressing() -> anyhow::Result<()> {
+    let f = Fixture::setup().full().without_controller().await?;
+    let mut pg = harness::Postgres::start().await?;
+    let class = support::database_class(&f, &pg, "Delete", None).await?;
+    let ctl = controller(&f);
+    let mut shop = app("shop", "registry.example.com/shop:v1", 1);
+    shop.spec.database = Some(DatabaseSpec {
+        class: class.clone(),
+    });
+    create(&f.apps, &shop).await?;
+    wait_health(&f, "shop", "Healthy").await?;
+
+    pg.stop();
+    f.apps.delete("shop", &DeleteParams::default()).await?;
+    let (h, a) = eventually("shop held by a failing cleanup", WAIT, || async {
+        let a = f.apps.get("shop").await?;
+        let h = health(&a)?;
+        let failing =
+            support::condition(&a, common::conditions::DEGRADED).is_some_and(|(s, r, _)| {
+                s == common::conditions::TRUE && r == common::conditions::reasons::CLEANUP_FAILED
+            });
+        Ok(failing.then_some((h, a)))
+    })
+    .await?;
+    assert!(a.metadata.deletion_timestamp.is_some());
+    assert_eq!(h.status, "Progressing", "{h:?}");
+    assert!(h.message.starts_with("being deleted: "), "{h:?}");
+    assert!(h.message.contains(&class), "{h:?}");
+
+    pg.start_again().await?;
+    eventually("shop to be deleted", WAIT, || async {
+        Ok(f.apps.get_opt("shop").await?.is_none().then_some(()))
+    })
+    .await?;
+    ctl.stop().await?;
+    kube::Api::<common::DatabaseClass>::all(f.client.clone())
+        .delete(&class, &DeleteParams::default())
+        .await?;
     Ok(())
 }
