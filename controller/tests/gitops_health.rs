@@ -398,3 +398,71 @@ async fn deletion_held_by_a_failing_database_cleanup_is_progressing() -> anyhow:
         .await?;
     Ok(())
 }
+
+/// The rules a live cluster does not hold still long enough to read (a rollout under
+/// way; Ready=False with nothing progressing; conditions without a status), as the
+/// controller words them (`controller/src/status/`), through the same evaluator.
+#[test]
+fn every_rule_of_the_script_on_statuses_as_the_controller_writes_them() -> anyhow::Result<()> {
+    let c = |type_: &str, status: &str, reason: &str, message: &str| {
+        json!({"type": type_, "status": status, "reason": reason, "message": message,
+               "observedGeneration": 4, "lastTransitionTime": "2026-01-01T00:00:00Z"})
+    };
+    let object = |status: serde_json::Value| -> anyhow::Result<AppService> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "platform.example.com/v1beta1",
+            "kind": "AppService",
+            "metadata": {"name": "web", "namespace": "team", "generation": 4},
+            "spec": {"image": "registry.example.com/web:v1"},
+            "status": status,
+        }))?)
+    };
+    let cases = [
+        (
+            json!({"observedGeneration": 4, "conditions": [
+                c("Ready", "False", "RollingOut", "1/3 replicas ready"),
+                c("Progressing", "True", "RollingOut", "rolling out: 1/3 replicas ready"),
+                c("Degraded", "False", "AsExpected", "")]}),
+            ("Progressing", "rolling out: 1/3 replicas ready"),
+        ),
+        (
+            json!({"observedGeneration": 4, "conditions": [
+                c("Ready", "False", "ProgressDeadlineExceeded", "1/3 replicas ready; deadline exceeded"),
+                c("Progressing", "False", "ProgressDeadlineExceeded", "stuck"),
+                c("Degraded", "True", "ProgressDeadlineExceeded", "1/3 replicas ready; deadline exceeded")]}),
+            ("Degraded", "1/3 replicas ready; deadline exceeded"),
+        ),
+        (
+            json!({"observedGeneration": 4, "conditions": [
+                c("Ready", "False", "Unknown", "not ready for a reason nobody reported")]}),
+            ("Degraded", "not ready for a reason nobody reported"),
+        ),
+        (
+            json!({"observedGeneration": 4, "conditions": []}),
+            ("Progressing", "waiting for the controller to report status"),
+        ),
+        (
+            json!({"observedGeneration": 3, "conditions": [
+                c("Ready", "True", "Available", "3/3 replicas ready")]}),
+            (
+                "Progressing",
+                "waiting for the controller to observe generation 4",
+            ),
+        ),
+        (
+            json!({"observedGeneration": 4, "conditions": [
+                c("Ready", "True", "Available", "3/3 replicas ready"),
+                c("Degraded", "False", "AsExpected", "")]}),
+            ("Healthy", "3/3 replicas ready"),
+        ),
+    ];
+    for (status, (expected, message)) in cases {
+        let h = health(&object(status.clone())?)?;
+        assert_eq!(
+            (h.status.as_str(), h.message.as_str()),
+            (expected, message),
+            "{status}"
+        );
+    }
+    Ok(())
+}
