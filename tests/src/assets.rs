@@ -20,6 +20,37 @@ pub const PLAIN_BINARIES: &[&str] = &["etcd", "kube-apiserver", "kubectl"];
 /// Binaries the full mode adds.
 pub const FULL_BINARIES: &[&str] = &["kube-controller-manager", "kube-scheduler", "kwok"];
 
+/// Test tools built by the same script but not needed by every control plane: the Argo CD
+/// health-script evaluator. [`tool`] builds one on first use.
+pub const TOOL_BINARIES: &[&str] = &["argocd-health"];
+
+/// The path of a tool from [`TOOL_BINARIES`] (or any binary the build script makes),
+/// running the build script first when it is missing from [`bin_dir`].
+pub fn tool(name: &str) -> Result<PathBuf> {
+    let dir = bin_dir()?;
+    let path = dir.join(name);
+    if path.is_file() {
+        return Ok(path);
+    }
+    if std::env::var_os("APPSERVICE_ASSETS_BIN").is_some() {
+        return Err(Error::Assets(format!(
+            "APPSERVICE_ASSETS_BIN={} lacks {name}; unset it to use the cache, or run `cargo xtask assets`",
+            dir.display()
+        )));
+    }
+    let built = build(&dir, &[name])?;
+    let path = built.join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::Assets(format!(
+            "{} ran but {} still lacks {name}",
+            build_script().display(),
+            built.display()
+        )))
+    }
+}
+
 /// The workspace root, found at run time: the nearest directory holding a `Cargo.toml`
 /// with a `[workspace]` table, above the package that cargo runs (`CARGO_MANIFEST_DIR` in
 /// the environment of `cargo test`, `cargo run`, `cargo bench`), else above the current

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the control-plane binaries the integration tests run (kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm) from their
+# kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, and the Argo CD
+# health-script evaluator argocd-health) from their
 # published Go modules, pinned by the wrapper modules next to this script.
 #
 # Output: $APPSERVICE_ASSETS_DIR (default ~/.cache/appservice-operator/k8s-1.37.2)/bin.
@@ -94,5 +95,7 @@ for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   helm_ldflags+=" -X '$pkg.k8sVersionMajor=1' -X '$pkg.k8sVersionMinor=${helm_k8s_minor}'"
 done
 build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
+# The Argo CD health-script evaluator (gopher-lua, as Argo CD runs health scripts).
+build argocd-health argocd-health appservice-operator/envtest/argocd-health
 log "all assets ready in $bin ($((SECONDS - total))s)"
 echo "$bin"
