@@ -503,19 +503,24 @@ mod tests {
 
     #[test]
     fn verify_full_names_the_mounted_ca_and_the_other_modes_do_not() {
+        // A password of the shape the controller generates: only such a one is trusted.
+        const PW: &str = "0123456789abcdefghijABCDEFGHIJkl";
+        assert!(sql::is_generated_shape(PW));
         let s = desired(
             &app(),
             &class_in("verify-full"),
             "d",
-            "pw",
+            PW,
             false,
             Some("PEM"),
         )
         .unwrap();
         assert_eq!(
             value(&s, DATABASE_URL).unwrap(),
-            "postgres://d:pw@db.example:6432/d?sslmode=verify-full\
-             &sslrootcert=/var/run/secrets/platform.example.com/database/ca.crt"
+            format!(
+                "postgres://d:{PW}@db.example:6432/d?sslmode=verify-full\
+                 &sslrootcert=/var/run/secrets/platform.example.com/database/ca.crt"
+            )
         );
         assert_eq!(
             value(&s, PGSSLROOTCERT).as_deref(),
@@ -524,9 +529,9 @@ mod tests {
         assert_eq!(value(&s, CA_CRT).as_deref(), Some("PEM"));
         assert!(pod_database(&s).ca);
         // The password is still found in the URL.
-        assert_eq!(trusted_password(&s).as_deref(), Some("pw"));
+        assert_eq!(trusted_password(&s).as_deref(), Some(PW));
         for mode in ["require", "disable"] {
-            let s = desired(&app(), &class_in(mode), "d", "pw", false, Some("PEM")).unwrap();
+            let s = desired(&app(), &class_in(mode), "d", PW, false, Some("PEM")).unwrap();
             let url = value(&s, DATABASE_URL).unwrap();
             assert!(!url.contains("sslrootcert"), "{mode}: {url}");
             assert!(url.ends_with(&format!("?sslmode={mode}")), "{url}");
