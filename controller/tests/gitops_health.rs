@@ -21,7 +21,6 @@ use std::time::Duration;
 use common::{AppService, DatabaseSpec, PodSecurity, SecurityProfile};
 use harness::{PodSecurityLevel, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde::Deserialize;
 use serde_json::json;
@@ -222,21 +221,7 @@ async fn a_name_taken_by_a_foreign_deployment_is_degraded() -> anyhow::Result<()
 async fn forbidden_pods_are_degraded() -> anyhow::Result<()> {
     // A quota of zero Pods.
     let f = Fixture::setup().full().without_controller().await?;
-    let quotas = f.api::<ResourceQuota>();
-    let quota: ResourceQuota = serde_json::from_value(json!({
-        "metadata": {"name": "no-pods"},
-        "spec": {"hard": {"pods": "0"}}
-    }))?;
-    quotas.create(&PostParams::default(), &quota).await?;
-    eventually("the quota controller to count usage", WAIT, || async {
-        let q = quotas.get("no-pods").await?;
-        let counted = q
-            .status
-            .and_then(|s| s.hard)
-            .is_some_and(|h| h.contains_key("pods"));
-        Ok(counted.then_some(()))
-    })
-    .await?;
+    support::pod_quota(&f, "no-pods", 0).await?;
     let ctl = controller(&f);
     create(&f.apps, &app("quota", "registry.example.com/web:v1", 1)).await?;
     let (h, _) = wait_health(&f, "quota", "Degraded").await?;

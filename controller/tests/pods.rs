@@ -19,7 +19,7 @@ use common::{AppService, PodSecurity, SecurityProfile};
 use harness::{PodSecurityLevel, eventually};
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{LimitRange, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{LimitRange, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{Fixture, app, condition, create};
@@ -228,22 +228,7 @@ async fn a_baseline_app_is_refused_by_a_restricted_namespace_until_it_is_relabel
 #[tokio::test]
 async fn a_quota_of_one_pod_runs_one_of_three_and_status_names_the_quota() -> anyhow::Result<()> {
     let (f, ctl) = Fixture::setup().full().start().await?;
-    let quotas = f.api::<ResourceQuota>();
-    let quota: ResourceQuota = serde_json::from_value(json!({
-        "metadata": {"name": "one-pod"},
-        "spec": {"hard": {"pods": "1"}}
-    }))?;
-    quotas.create(&PostParams::default(), &quota).await?;
-    // Quota admission refuses every Pod until the quota controller has counted usage.
-    eventually("the quota controller to count usage", WAIT, || async {
-        let q = quotas.get("one-pod").await?;
-        let counted = q
-            .status
-            .and_then(|s| s.hard)
-            .is_some_and(|h| h.contains_key("pods"));
-        Ok(counted.then_some(()))
-    })
-    .await?;
+    let quotas = support::pod_quota(&f, "one-pod", 1).await?;
 
     create(&f.apps, &app("shop", "registry.example.com/shop:v1", 3)).await?;
     let message = eventually(

@@ -384,3 +384,35 @@ pub fn databases(fixture: &Fixture, metrics: Arc<Metrics>) -> controller::databa
         metrics,
     )
 }
+
+/// Creates a ResourceQuota `name` of `pods` Pods in the fixture's namespace and waits
+/// until the quota controller has counted usage: until then quota admission refuses
+/// every Pod, whatever the quota allows. Returns the quotas' API.
+#[allow(dead_code)] // not every test binary uses every helper
+pub async fn pod_quota(
+    f: &Fixture,
+    name: &str,
+    pods: u32,
+) -> anyhow::Result<Api<k8s_openapi::api::core::v1::ResourceQuota>> {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    let quotas = f.api::<ResourceQuota>();
+    let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"hard": {"pods": pods.to_string()}}
+    }))?;
+    quotas.create(&PostParams::default(), &quota).await?;
+    harness::eventually(
+        "the quota controller to count usage",
+        Duration::from_secs(90),
+        || async {
+            let q = quotas.get(name).await?;
+            let counted = q
+                .status
+                .and_then(|s| s.hard)
+                .is_some_and(|h| h.contains_key("pods"));
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(counted.then_some(()))
+        },
+    )
+    .await?;
+    Ok(quotas)
+}
