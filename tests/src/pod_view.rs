@@ -563,36 +563,42 @@ async fn materialise(
     let staging = tempfile::tempdir().map_err(io("creating a staging directory"))?;
     let full = staging.path().join("volume");
     let namespace = sources.namespace.to_owned();
-    if let Some(s) = &volume.secret {
+    // A Secret or a ConfigMap volume: which object, how it is projected, and its data.
+    let object = if let Some(s) = &volume.secret {
         let name = s
             .secret_name
             .clone()
             .ok_or_else(|| fail(format!("volume {:?} names no Secret", volume.name)))?;
-        let optional = s.optional == Some(true);
-        let what = format!("Secret {namespace}/{name} (volume {:?})", volume.name);
-        match sources.secret(&name).await? {
-            Some(data) => project(
-                data,
-                s.items.as_deref(),
-                s.default_mode.unwrap_or(DEFAULT_MODE),
-                optional,
-                &what,
-                &full,
-            )?,
-            None if optional => {
-                std::fs::create_dir_all(&full).map_err(io("creating an empty volume"))?
-            }
-            None => return Err(fail(format!("{what} does not exist and is not optional"))),
-        }
+        let data = sources.secret(&name).await?;
+        Some((
+            "Secret",
+            name,
+            s.optional,
+            s.items.as_deref(),
+            s.default_mode,
+            data,
+        ))
     } else if let Some(c) = &volume.config_map {
-        let name = c.name.clone();
-        let optional = c.optional == Some(true);
-        let what = format!("ConfigMap {namespace}/{name} (volume {:?})", volume.name);
-        match sources.config_map(&name).await? {
+        let data = sources.config_map(&c.name).await?;
+        Some((
+            "ConfigMap",
+            c.name.clone(),
+            c.optional,
+            c.items.as_deref(),
+            c.default_mode,
+            data,
+        ))
+    } else {
+        None
+    };
+    if let Some((kind, name, optional, items, mode, data)) = object {
+        let optional = optional == Some(true);
+        let what = format!("{kind} {namespace}/{name} (volume {:?})", volume.name);
+        match data {
             Some(data) => project(
                 data,
-                c.items.as_deref(),
-                c.default_mode.unwrap_or(DEFAULT_MODE),
+                items,
+                mode.unwrap_or(DEFAULT_MODE),
                 optional,
                 &what,
                 &full,
