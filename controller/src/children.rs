@@ -34,6 +34,12 @@ pub async fn lookup<K: Child>(
     let child = (K::KIND, owner.clone());
     if let Some(obj) = cache.get(&ObjectRef::new(name).within(namespace)) {
         ctx.seen(&child);
+        // Our own write of it may not have reached the cache yet (another event of the
+        // AppService came first): decide on what that write returned.
+        let cached = obj.meta().resource_version.as_deref();
+        if let Some(written) = ctx.child_written_over::<K::View>(&child, cached) {
+            return Ok(Some(written));
+        }
         return Ok(Some((*obj).clone()));
     }
     // A child we created in an earlier pass may not have reached the cache yet (another
@@ -97,32 +103,53 @@ pub async fn converge<K: Child>(
         info!(kind, child = %name, "created");
         return view::of(&created).map_err(|error| Error::Serialize { kind, error });
     };
-    if live.hash() == Some(hash.as_str()) {
-        let ops = K::View::drift(&want, &live);
+    let replaced = live.meta().resource_version.clone();
+    let written = update(ctx, &api, &name, &desired, &hash, &want, live).await?;
+    if let Some(replaced) = replaced
+        && written.meta().resource_version.as_ref() != Some(&replaced)
+    {
+        ctx.remember_child_write((kind, owner.clone()), replaced, written.clone());
+    }
+    Ok(written)
+}
+
+/// The writes of `converge` to a child that exists: nothing, a repair, or an apply.
+async fn update<K: Child>(
+    ctx: &Context,
+    api: &Api<K::View>,
+    name: &str,
+    desired: &K,
+    hash: &str,
+    want: &K::View,
+    live: K::View,
+) -> Result<K::View> {
+    let kind = K::KIND;
+    if live.hash() == Some(hash) {
+        let ops = K::View::drift(want, &live);
         if ops.is_empty() {
             return Ok(live);
         }
-        return repair(ctx, &api, &name, &want, ops, (K::KIND, K::WRITTEN)).await;
+        return repair(ctx, api, name, want, ops, (K::KIND, K::WRITTEN)).await;
     }
 
-    let applied = match apply(ctx, &api, &name, &desired).await {
+    let applied = match apply(ctx, api, name, desired).await {
         Ok(applied) => applied,
         Err(Error::Kube(kube::Error::Api(status))) if matches!(status.code, 400 | 422) => {
-            let ops = K::View::drift(&want, &live);
+            let ops = K::View::drift(want, &live);
             if ops.is_empty() {
                 return Err(Error::Kube(kube::Error::Api(status)));
             }
             info!(kind, child = %name, reason = %status.message, "apply rejected; putting our fields back first");
-            repair(ctx, &api, &name, &want, ops, (K::KIND, K::WRITTEN)).await?;
-            apply(ctx, &api, &name, &desired).await?
+            repair(ctx, api, name, want, ops, (K::KIND, K::WRITTEN)).await?;
+            apply(ctx, api, name, desired).await?
         }
         Err(e) => return Err(e),
     };
-    let ops = K::View::drift(&want, &applied);
+    let ops = K::View::drift(want, &applied);
     if ops.is_empty() {
         return Ok(applied);
     }
-    repair(ctx, &api, &name, &want, ops, (K::KIND, K::WRITTEN)).await
+    repair(ctx, api, name, want, ops, (K::KIND, K::WRITTEN)).await
 }
 
 async fn apply<K: Child>(

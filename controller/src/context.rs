@@ -2,6 +2,7 @@
 //! reads (client, configuration, caches, leadership) and what the controller remembers
 //! between passes (failures, its own status writes, children it created).
 
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -81,6 +82,46 @@ pub struct Context {
     written: Mutex<HashMap<ObjectRef<AppService>, (String, AppServiceStatus)>>,
     /// Children we created that our caches have not shown yet.
     created: Mutex<HashSet<ChildKey>>,
+    /// Per child, the view our last write of it returned and the resourceVersion that
+    /// write replaced, until the cache moves past that version.
+    child_writes: Mutex<WrittenOver<ChildKey>>,
+}
+
+/// Writes whose result the cache has not shown yet: per key, the resourceVersion the
+/// write replaced and what it returned.
+struct WrittenOver<K> {
+    map: HashMap<K, (String, Arc<dyn Any + Send + Sync>)>,
+}
+
+impl<K> Default for WrittenOver<K> {
+    fn default() -> Self {
+        Self {
+            map: HashMap::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> WrittenOver<K> {
+    /// What the last write of `key` returned, while the cache (at `cached`) still holds
+    /// the object it replaced; otherwise the memory is dropped.
+    fn get<V: Clone + 'static>(&mut self, key: &K, cached: Option<&str>) -> Option<V> {
+        let (replaced, written) = self.map.get(key)?;
+        if Some(replaced.as_str()) == cached
+            && let Some(written) = written.downcast_ref::<V>()
+        {
+            return Some(written.clone());
+        }
+        self.map.remove(key);
+        None
+    }
+
+    fn insert<V: Send + Sync + 'static>(&mut self, key: K, replaced: String, written: V) {
+        self.map.insert(key, (replaced, Arc::new(written)));
+    }
+
+    fn retain(&mut self, keep: impl Fn(&K) -> bool) {
+        self.map.retain(|k, _| keep(k));
+    }
 }
 
 /// A poisoned lock is recovered: every map here stays consistent between statements, so
@@ -111,6 +152,7 @@ impl Context {
             failures: Mutex::default(),
             written: Mutex::default(),
             created: Mutex::default(),
+            child_writes: Mutex::default(),
         }
     }
 
@@ -219,6 +261,7 @@ impl Context {
         self.reset_failures(key);
         lock(&self.written).remove(key);
         lock(&self.created).retain(|(_, owner)| owner != key);
+        lock(&self.child_writes).retain(|(_, owner)| owner != key);
     }
 
     /// Records that we created `child`: until the cache shows it, a miss in the cache
@@ -238,5 +281,71 @@ impl Context {
         if !set.is_empty() {
             set.remove(child);
         }
+    }
+
+    /// What we last wrote to `child`, if the cached object (at `resource_version`) is
+    /// still the one that write replaced: the cache has not caught up, and deciding on
+    /// it would write the same change again. Once the cache has moved on, it is
+    /// authoritative again and the memory is dropped.
+    pub fn child_written_over<V: Clone + 'static>(
+        &self,
+        child: &ChildKey,
+        resource_version: Option<&str>,
+    ) -> Option<V> {
+        lock(&self.child_writes).get(child, resource_version)
+    }
+
+    /// Records that a write of `child` replaced the object at `replaced` with `written`.
+    pub fn remember_child_write<V: Send + Sync + 'static>(
+        &self,
+        child: ChildKey,
+        replaced: String,
+        written: V,
+    ) {
+        lock(&self.child_writes).insert(child, replaced, written);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WrittenOver;
+
+    #[test]
+    fn a_write_stands_in_for_the_cache_until_the_cache_moves_on() {
+        let mut w = WrittenOver::<&str>::default();
+        assert_eq!(w.get::<String>(&"app", Some("1")), None);
+        w.insert("app", "1".to_owned(), "written at 2".to_owned());
+        // The cache still holds the object the write replaced: the write stands in.
+        assert_eq!(
+            w.get::<String>(&"app", Some("1")).as_deref(),
+            Some("written at 2")
+        );
+        assert_eq!(
+            w.get::<String>(&"app", Some("1")).as_deref(),
+            Some("written at 2")
+        );
+        // The cache moved past it (our write, or a later one): the cache decides, and
+        // stays deciding even if an old version were seen again.
+        assert_eq!(w.get::<String>(&"app", Some("2")), None);
+        assert_eq!(w.get::<String>(&"app", Some("1")), None);
+    }
+
+    #[test]
+    fn a_write_of_another_type_or_another_key_is_not_taken() {
+        let mut w = WrittenOver::<&str>::default();
+        w.insert("app", "1".to_owned(), 7_u32);
+        assert_eq!(w.get::<String>(&"other", Some("1")), None);
+        assert_eq!(w.get::<u32>(&"app", Some("1")), Some(7));
+        assert_eq!(w.get::<String>(&"app", Some("1")), None);
+        assert_eq!(
+            w.get::<u32>(&"app", Some("1")),
+            None,
+            "dropped on a mismatch"
+        );
+        w.insert("app", "1".to_owned(), 7_u32);
+        w.insert("gone", "1".to_owned(), 8_u32);
+        w.retain(|k| *k != "gone");
+        assert_eq!(w.get::<u32>(&"gone", Some("1")), None);
+        assert_eq!(w.get::<u32>(&"app", Some("1")), Some(7));
     }
 }

@@ -459,6 +459,32 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
     );
     assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 3);
     let before = repointed;
+    // The one rollout finished and reported: from here on the controller has nothing
+    // to write, so every resourceVersion that moves below is the migration's or the
+    // user's.
+    eventually(
+        "every AppService Ready after its rollout",
+        Duration::from_secs(60),
+        || {
+            let beta = beta.clone();
+            async move {
+                let list = beta.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .iter()
+                    .all(|a| {
+                        a.status.as_ref().is_some_and(|s| {
+                            s.observed_generation == a.metadata.generation
+                                && s.conditions
+                                    .iter()
+                                    .any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
 
     // 3. Storage migration while the controller runs and a user keeps annotating every
     //    object in v1alpha1 (writes that conflict with the migration's).
@@ -504,8 +530,22 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
         settled,
         "a second migration wrote an object"
     );
-    // The controller saw every rewrite and still wrote no child.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The controller saw every rewrite and still wrote no child: one more event per
+    // AppService, after all of the migration's, and the reconcile it causes.
+    for app in ["minimal", "checkout", "legacy"] {
+        let reconciled = metrics.reconcile_count();
+        let patch = json!({"metadata": {"labels": {"example.com/after-migration": "true"}}});
+        beta.patch(app, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        eventually(
+            &format!("a reconcile of {app} after the migration"),
+            Duration::from_secs(30),
+            || async { (metrics.reconcile_count() > reconciled).then_some(()) },
+        )
+        .await
+        .unwrap();
+    }
     assert_eq!(
         children(&client, &ns).await,
         before,
