@@ -12,6 +12,13 @@ pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 /// Condition type: something is wrong that needs attention.
 pub const DEGRADED: &str = "Degraded";
+/// Condition type (kstatus' abnormal-true convention): the controller is working towards
+/// the spec and progress is possible; True only then.
+pub const RECONCILING: &str = "Reconciling";
+/// Condition type (kstatus' abnormal-true convention): the controller cannot make
+/// progress until a human acts (fix the spec, free a name, admit the Pods, fix the
+/// DatabaseClass); True only then.
+pub const STALLED: &str = "Stalled";
 /// Condition type: the database exists and its credentials are in place.
 pub const DATABASE_READY: &str = "DatabaseReady";
 

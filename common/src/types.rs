@@ -78,8 +78,10 @@ pub struct EnvVar {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AppServiceStatus {
-    /// The `metadata.generation` whose spec the controller last applied. Conditions are
-    /// current only when this equals `metadata.generation`.
+    /// The `metadata.generation` this status describes: every status write stamps it,
+    /// whether the spec was applied or found blocked (invalid, a name taken, a database
+    /// class missing). Until it equals `metadata.generation`, the controller has not yet
+    /// looked at the latest spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 

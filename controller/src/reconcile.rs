@@ -212,7 +212,12 @@ async fn converge_app(app: &AppService, ctx: &Context) -> Result<Outcome> {
     if matches!(report.outcome, External::Done) {
         return converge_children(app, ctx, &report).await;
     }
-    let status = external_blocked_status(app, &report, &ctx.clock().now());
+    let status = external_blocked_status(
+        app,
+        &report,
+        cached_deployment(ctx, app).as_deref(),
+        &ctx.clock().now(),
+    );
     let next = match report.outcome {
         External::Failed(e) => Err(e),
         External::NotReady(after) => Ok(Action::requeue(after)),

@@ -1,8 +1,13 @@
-//! What Argo CD shows for an AppService: live objects from the real API server, written
-//! by the real controller at its shipped settings, fed through the chart's health script
-//! (`charts/appservice-operator/files/argocd/health-appservice.lua`) by `argocd-health`,
-//! which runs it with gopher-lua as Argo CD does (a test asset built by
-//! `tests/envtest/assets/build.sh`).
+//! What GitOps tools show for an AppService: live objects from the real API server,
+//! written by the real controller at its shipped settings, fed through
+//!
+//! * the chart's Argo CD health script
+//!   (`charts/appservice-operator/files/argocd/health-appservice.lua`) by `argocd-health`,
+//!   which runs it with gopher-lua as Argo CD does, and
+//! * kstatus' `status.Compute` (sigs.k8s.io/cli-utils, what Flux's health checks and
+//!   Helm's `--wait` use) by `kstatus`,
+//!
+//! both test assets built from their Go modules by `tests/envtest/assets/build.sh`.
 //!
 //! A full control plane: Pods become ready on kwok's node, the ReplicaSet controller
 //! creates Pods through the admission chain (Pod Security, ResourceQuota), so a refused
@@ -40,6 +45,49 @@ fn script(kind: &str) -> PathBuf {
     harness::assets::workspace_root()
         .join("charts/appservice-operator/files/argocd")
         .join(format!("health-{kind}.lua"))
+}
+
+/// Runs kstatus' `status.Compute` on `object`: `Current`, `InProgress`, `Failed`,
+/// `Terminating` and its message.
+fn kstatus(object: &impl serde::Serialize) -> anyhow::Result<Health> {
+    let evaluator = harness::assets::tool("kstatus")?;
+    let mut child = Command::new(&evaluator)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(&serde_json::to_vec(object)?)?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} failed ({}): {}",
+        evaluator.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut results: Vec<Health> = serde_json::from_slice(&out.stdout)?;
+    anyhow::ensure!(results.len() == 1, "one result expected: {results:?}");
+    Ok(results.remove(0))
+}
+
+/// Asserts what both evaluators say of `object`: Argo CD's health and kstatus' status.
+fn both_say(
+    object: &AppService,
+    argo: &str,
+    kstatus_status: &str,
+) -> anyhow::Result<(Health, Health)> {
+    let (h, k) = (health(object)?, kstatus(object)?);
+    assert_eq!(
+        (h.status.as_str(), k.status.as_str()),
+        (argo, kstatus_status),
+        "Argo CD {h:?}, kstatus {k:?}, status {:?}",
+        object.status
+    );
+    Ok((h, k))
 }
 
 /// Runs the shipped AppService health script on `object` as Argo CD does.
@@ -117,6 +165,9 @@ async fn create_edit_and_scale_to_zero_are_progressing_then_healthy() -> anyhow:
         h.message,
         "waiting for the controller to observe generation 1"
     );
+    // kstatus cannot tell an object nobody has written status for from one that needs
+    // none: `Current` (README "GitOps" gives Flux the expression that waits for Ready).
+    assert_eq!(kstatus(&fresh)?.status, "Current");
 
     let ctl = controller(&f);
     let (h, a) = wait_health(&f, "web", "Healthy").await?;
@@ -125,6 +176,7 @@ async fn create_edit_and_scale_to_zero_are_progressing_then_healthy() -> anyhow:
         Some(2),
         "{h:?}"
     );
+    both_say(&a, "Healthy", "Current")?;
     ctl.stop().await?;
 
     // A spec edit nobody has observed yet.
@@ -133,14 +185,15 @@ async fn create_edit_and_scale_to_zero_are_progressing_then_healthy() -> anyhow:
         .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     let edited = f.apps.get("web").await?;
-    let h = health(&edited)?;
-    assert_eq!(h.status, "Progressing", "{h:?}");
+    let (h, k) = both_say(&edited, "Progressing", "InProgress")?;
     assert_eq!(
         h.message,
         "waiting for the controller to observe generation 2"
     );
+    assert!(k.message.contains("observed generation is 1"), "{k:?}");
     let ctl = controller(&f);
     let (_, a) = wait_health(&f, "web", "Healthy").await?;
+    both_say(&a, "Healthy", "Current")?;
     assert_eq!(
         a.status.as_ref().and_then(|s| s.observed_generation),
         Some(2)
@@ -156,7 +209,7 @@ async fn create_edit_and_scale_to_zero_are_progressing_then_healthy() -> anyhow:
     f.apps
         .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    let (h, _) = eventually("web scaled to zero and Healthy", WAIT, || async {
+    let (h, a) = eventually("web scaled to zero and Healthy", WAIT, || async {
         let a = f.apps.get("web").await?;
         let h = health(&a)?;
         let observed = a.status.as_ref().and_then(|s| s.observed_generation) == Some(3);
@@ -164,12 +217,14 @@ async fn create_edit_and_scale_to_zero_are_progressing_then_healthy() -> anyhow:
     })
     .await?;
     assert_eq!(h.message, "scaled to zero");
+    both_say(&a, "Healthy", "Current")?;
     ctl.stop().await?;
     Ok(())
 }
 
-/// A class that does not exist needs an admin: Degraded with the reason, never Healthy,
-/// and not an endless Progressing either.
+/// A class that does not exist needs an admin: Degraded (Argo CD) and Failed (kstatus)
+/// with the reason, never Healthy, and not an endless Progressing either; observed, so
+/// no tool waits for the controller. Creating the class unblocks it.
 #[tokio::test]
 async fn an_unknown_database_class_is_degraded() -> anyhow::Result<()> {
     let f = Fixture::setup().full().without_controller().await?;
@@ -179,10 +234,19 @@ async fn an_unknown_database_class_is_degraded() -> anyhow::Result<()> {
         class: "no-such-class".into(),
     });
     create(&f.apps, &shop).await?;
-    let (h, _) = wait_health(&f, "shop", "Degraded").await?;
+    let (h, a) = wait_health(&f, "shop", "Degraded").await?;
     assert!(
         h.message.contains("\"no-such-class\" does not exist"),
         "{h:?}"
+    );
+    let (_, k) = both_say(&a, "Degraded", "Failed")?;
+    assert!(
+        k.message.contains("\"no-such-class\" does not exist"),
+        "{k:?}"
+    );
+    assert_eq!(
+        a.status.as_ref().and_then(|s| s.observed_generation),
+        a.metadata.generation
     );
     ctl.stop().await?;
     Ok(())
@@ -209,8 +273,13 @@ async fn a_name_taken_by_a_foreign_deployment_is_degraded() -> anyhow::Result<()
         .await?;
     let ctl = controller(&f);
     create(&f.apps, &app("taken", "registry.example.com/web:v1", 1)).await?;
-    let (h, _) = wait_health(&f, "taken", "Degraded").await?;
+    let (h, a) = wait_health(&f, "taken", "Degraded").await?;
     assert!(h.message.contains("taken"), "{h:?}");
+    let (_, k) = both_say(&a, "Degraded", "Failed")?;
+    assert!(
+        k.message.contains("not controlled by this AppService"),
+        "{k:?}"
+    );
     ctl.stop().await?;
     Ok(())
 }
@@ -224,8 +293,10 @@ async fn forbidden_pods_are_degraded() -> anyhow::Result<()> {
     support::pod_quota(&f, "no-pods", 0).await?;
     let ctl = controller(&f);
     create(&f.apps, &app("quota", "registry.example.com/web:v1", 1)).await?;
-    let (h, _) = wait_health(&f, "quota", "Degraded").await?;
+    let (h, a) = wait_health(&f, "quota", "Degraded").await?;
     assert!(h.message.contains("quota"), "{h:?}");
+    let (_, k) = both_say(&a, "Degraded", "Failed")?;
+    assert!(k.message.contains("quota"), "{k:?}");
     ctl.stop().await?;
 
     // Pod Security: a namespace enforcing `restricted`, an AppService whose Pods ask to
@@ -243,12 +314,13 @@ async fn forbidden_pods_are_degraded() -> anyhow::Result<()> {
         ..PodSecurity::default()
     });
     create(&f.apps, &root).await?;
-    let (h, _) = wait_health(&f, "root", "Degraded").await?;
+    let (h, a) = wait_health(&f, "root", "Degraded").await?;
     assert!(
         h.message
             .contains("violates PodSecurity \"restricted:latest\""),
         "{h:?}"
     );
+    both_say(&a, "Degraded", "Failed")?;
     ctl.stop().await?;
     Ok(())
 }
@@ -278,6 +350,7 @@ async fn deletion_with_the_finalizer_held_is_progressing() -> anyhow::Result<()>
     let (h, a) = wait_health(&f, "gone", "Progressing").await?;
     assert!(a.metadata.deletion_timestamp.is_some());
     assert!(h.message.starts_with("being deleted"), "{h:?}");
+    both_say(&a, "Progressing", "Terminating")?;
     // The controller releases its own finalizer; only the other party's holds it then.
     let held = eventually("only example.com/backup to hold gone", WAIT, || async {
         let a = f.apps.get("gone").await?;
@@ -286,8 +359,7 @@ async fn deletion_with_the_finalizer_held_is_progressing() -> anyhow::Result<()>
         Ok(only.then_some(a))
     })
     .await?;
-    let h = health(&held)?;
-    assert_eq!(h.status, "Progressing", "{h:?}");
+    let (h, _) = both_say(&held, "Progressing", "Terminating")?;
     assert!(h.message.starts_with("being deleted"), "{h:?}");
     let release = json!({"metadata": {"finalizers": null}});
     f.apps
@@ -370,6 +442,7 @@ async fn deletion_held_by_a_failing_database_cleanup_is_progressing() -> anyhow:
     assert!(a.metadata.deletion_timestamp.is_some());
     assert_eq!(h.status, "Progressing", "{h:?}");
     assert!(h.message.starts_with("being deleted: "), "{h:?}");
+    assert_eq!(kstatus(&a)?.status, "Terminating");
     assert!(h.message.contains(&class), "{h:?}");
 
     pg.start_again().await?;
@@ -448,6 +521,195 @@ fn every_rule_of_the_script_on_statuses_as_the_controller_writes_them() -> anyho
             (expected, message),
             "{status}"
         );
+    }
+    Ok(())
+}
+
+/// The status contract end to end: every verdict the controller's own status functions
+/// produce (`controller::status`), read by both evaluators. Ready is Healthy and Current;
+/// progress possible is Progressing and InProgress; a human must act is Degraded and
+/// Failed; and both tools show the same message.
+#[test]
+fn every_verdict_of_the_controller_reads_alike_in_argo_cd_and_kstatus() -> anyhow::Result<()> {
+    use controller::external::{ConditionReport, Outcome, Report};
+    use controller::status::{Observation, desired_status, external_blocked_status};
+    use controller::view::DeploymentView;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000)?);
+    let object = |replicas: i32| {
+        let mut a = app("web", "registry.example.com/web:v1", replicas);
+        a.metadata.namespace = Some("team".into());
+        a.metadata.generation = Some(4);
+        a
+    };
+    let deployment = |replicas: i32, generation: i64, status: serde_json::Value| {
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "web", "generation": generation},
+            "spec": {"replicas": replicas, "selector": {}, "template": {}},
+            "status": status,
+        }))?;
+        anyhow::Ok(controller::view::of::<DeploymentView>(&d)?)
+    };
+    let counts = |observed: i64, n: i32, ready: i32| {
+        json!({"observedGeneration": observed, "replicas": n, "updatedReplicas": n,
+               "readyReplicas": ready, "availableReplicas": ready})
+    };
+    let failure = |type_: &str, status: &str, reason: &str, message: &str| {
+        let mut s = counts(1, 0, 0);
+        s["conditions"] =
+            json!([{"type": type_, "status": status, "reason": reason, "message": message}]);
+        s
+    };
+    let database = |reason: &'static str, waiting: bool| Report {
+        outcome: if waiting {
+            Outcome::NotReady(Duration::from_secs(30))
+        } else {
+            Outcome::Failed(controller::error::Error::Drift {
+                kind: "test",
+                paths: vec![],
+            })
+        },
+        conditions: vec![ConditionReport {
+            type_: common::conditions::DATABASE_READY,
+            status: common::conditions::FALSE,
+            reason,
+            message: format!("the database: {reason}"),
+        }],
+        absent: vec![],
+        database: None,
+    };
+
+    let applied = |replicas: i32, d: Option<DeploymentView>| {
+        desired_status(&object(replicas), &Observation::Applied, d.as_ref(), &now)
+    };
+    let blocked = |obs: Observation| desired_status(&object(3), &obs, None, &now);
+    let cases = [
+        (
+            "complete",
+            applied(3, Some(deployment(3, 1, counts(1, 3, 3))?)),
+            "Healthy",
+            "Current",
+        ),
+        (
+            "scaled to zero",
+            applied(0, Some(deployment(0, 1, counts(1, 0, 0))?)),
+            "Healthy",
+            "Current",
+        ),
+        (
+            "rolling out",
+            applied(3, Some(deployment(3, 1, counts(1, 3, 1))?)),
+            "Progressing",
+            "InProgress",
+        ),
+        (
+            "Deployment unobserved",
+            applied(3, Some(deployment(3, 2, counts(1, 3, 3))?)),
+            "Progressing",
+            "InProgress",
+        ),
+        (
+            "no Deployment yet",
+            applied(3, None),
+            "Progressing",
+            "InProgress",
+        ),
+        (
+            "Pods forbidden",
+            applied(
+                3,
+                Some(deployment(
+                    3,
+                    1,
+                    failure(
+                        "ReplicaFailure",
+                        "True",
+                        "FailedCreate",
+                        "pods \"web-1\" is forbidden: exceeded quota",
+                    ),
+                )?),
+            ),
+            "Degraded",
+            "Failed",
+        ),
+        (
+            "progress deadline",
+            applied(
+                3,
+                Some(deployment(
+                    3,
+                    1,
+                    failure(
+                        "Progressing",
+                        "False",
+                        "ProgressDeadlineExceeded",
+                        "timed out",
+                    ),
+                )?),
+            ),
+            "Degraded",
+            "Failed",
+        ),
+        (
+            "invalid spec",
+            blocked(Observation::InvalidSpec("spec.port: Invalid value".into())),
+            "Degraded",
+            "Failed",
+        ),
+        (
+            "name taken",
+            blocked(Observation::Conflict {
+                message: "Deployment team/web is not ours".into(),
+                service_taken: false,
+            }),
+            "Degraded",
+            "Failed",
+        ),
+        (
+            "child rejected",
+            blocked(Observation::Rejected(
+                "the API server rejected the Deployment".into(),
+            )),
+            "Degraded",
+            "Failed",
+        ),
+        (
+            "class missing",
+            external_blocked_status(
+                &object(3),
+                &database("DatabaseClassNotFound", true),
+                None,
+                &now,
+            ),
+            "Degraded",
+            "Failed",
+        ),
+        (
+            "server unreachable, retried",
+            external_blocked_status(
+                &object(3),
+                &database("DatabaseServerUnreachable", false),
+                None,
+                &now,
+            ),
+            "Progressing",
+            "InProgress",
+        ),
+    ];
+    for (case, status, argo, kstatus_status) in cases {
+        let mut a = object(3);
+        a.status = Some(status);
+        let (h, k) = (health(&a)?, kstatus(&a)?);
+        assert_eq!(
+            (h.status.as_str(), k.status.as_str()),
+            (argo, kstatus_status),
+            "{case}: Argo CD {h:?}, kstatus {k:?}"
+        );
+        if argo != "Healthy" {
+            assert_eq!(h.message, k.message, "{case}");
+            assert!(!h.message.is_empty(), "{case}");
+        }
     }
     Ok(())
 }

@@ -37,7 +37,7 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Build (or reuse from the cache) kube-apiserver, etcd, kwok, kubectl, helm and argocd-health.
+    /// Build (or reuse from the cache) kube-apiserver, etcd, kwok, kubectl, helm, argocd-health and kstatus.
     Assets {
         /// Rebuild even when the cache is current.
         #[arg(long)]

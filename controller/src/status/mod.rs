@@ -1,16 +1,31 @@
 //! Status of an AppService as a pure function of what reconcile observed.
 //!
+//! The contract (README "Status"), read alike by kstatus (Flux, Helm `--wait`), Argo CD's
+//! health script and people: every status write stamps `observedGeneration`, and every
+//! verdict sets five conditions together:
+//!
+//! | verdict | Ready | Reconciling | Stalled | Progressing | Degraded |
+//! |---|---|---|---|---|---|
+//! | ready | True | False | False | False | False |
+//! | progress possible (rolling out, retrying) | False | True | False | True | False, or True while a dependency fails |
+//! | a human must act | False | False | True | False | True |
+//!
+//! `Reconciling` and `Stalled` are never both True; each non-ready verdict's reason is on
+//! all of its conditions.
+//!
 //! [`desired_status`] turns an [`Observation`] plus the previous status into the new
 //! status, using the [`rollout`] assessment of the Deployment; [`needs_write`] says
 //! whether it differs from the live one in anything but condition timestamps. The clock is a parameter, so tests are deterministic and
 //! `lastTransitionTime` moves only when a condition's status does.
 
-use common::conditions::{self, DEGRADED, FALSE, PROGRESSING, READY, TRUE, reasons};
+use common::conditions::{
+    self, DEGRADED, FALSE, PROGRESSING, READY, RECONCILING, STALLED, TRUE, reasons,
+};
 use common::names::{endpoint, selector_string};
 use common::{AppService, AppServiceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::external::Report;
+use crate::external::{Outcome, Report};
 use crate::view::DeploymentView;
 
 mod rollout;
@@ -66,16 +81,21 @@ pub fn desired_status(
     let namespace = app.metadata.namespace.as_deref().unwrap_or_default();
     let mut status = app.status.clone().unwrap_or_default();
     status.selector = Some(selector_string(name));
+    // Whatever the verdict, it is about this generation.
+    status.observed_generation = generation;
 
     let cond = |type_: &str, st: &str, reason: &str, message: String| {
         conditions::new_condition(type_, st, reason, message, generation, now)
     };
-    let blocked = |reason: &str, message: &String, progressing: &str| {
-        [
-            cond(READY, FALSE, reason, message.clone()),
-            cond(PROGRESSING, FALSE, reason, progressing.to_owned()),
-            cond(DEGRADED, TRUE, reason, message.clone()),
-        ]
+    let blocked = |reason: &str, message: &String, hint: &str| {
+        verdict(
+            &cond,
+            Verdict::Stalled {
+                reason,
+                message: message.clone(),
+                hint: hint.to_owned(),
+            },
+        )
     };
     let running = deployment
         .and_then(|d| d.status.as_ref())
@@ -116,9 +136,20 @@ pub fn desired_status(
         }
         Observation::Applied => {
             let Some(deployment) = deployment else {
-                return status;
+                status.ready_replicas = Some(0);
+                return with(
+                    status,
+                    verdict(
+                        &cond,
+                        Verdict::Reconciling {
+                            reason: reasons::ROLLING_OUT,
+                            ready: "waiting for the Deployment".to_owned(),
+                            progress: "waiting for the Deployment".to_owned(),
+                            degraded: None,
+                        },
+                    ),
+                );
             };
-            status.observed_generation = generation;
             status.endpoint = Some(endpoint(name, namespace, app.spec.port()));
             let desired = app.spec.replicas();
             match rollout(deployment) {
@@ -132,37 +163,22 @@ pub fn desired_status(
                             format!("{ready}/{desired} replicas ready"),
                         )
                     };
-                    [
-                        cond(READY, TRUE, reason, message),
-                        cond(
-                            PROGRESSING,
-                            FALSE,
-                            reasons::RECONCILED,
-                            "rollout complete".into(),
-                        ),
-                        cond(DEGRADED, FALSE, reasons::AS_EXPECTED, String::new()),
-                    ]
+                    verdict(&cond, Verdict::Ready { reason, message })
                 }
                 Rollout::InProgress { ready, desired, .. } => {
                     status.ready_replicas = Some(ready);
                     // Messages change only with the ready count (which is a status change
                     // anyway): the rollout's finer phases would each cost a status write
                     // per object, and `kubectl rollout status` shows them.
-                    [
-                        cond(
-                            READY,
-                            FALSE,
-                            reasons::ROLLING_OUT,
-                            format!("{ready}/{desired} replicas ready"),
-                        ),
-                        cond(
-                            PROGRESSING,
-                            TRUE,
-                            reasons::ROLLING_OUT,
-                            format!("rolling out: {ready}/{desired} replicas ready"),
-                        ),
-                        cond(DEGRADED, FALSE, reasons::AS_EXPECTED, String::new()),
-                    ]
+                    verdict(
+                        &cond,
+                        Verdict::Reconciling {
+                            reason: reasons::ROLLING_OUT,
+                            ready: format!("{ready}/{desired} replicas ready"),
+                            progress: format!("rolling out: {ready}/{desired} replicas ready"),
+                            degraded: None,
+                        },
+                    )
                 }
                 Rollout::Stuck {
                     ready,
@@ -175,10 +191,84 @@ pub fn desired_status(
             }
         }
     };
-    for c in new_conditions {
+    with(status, new_conditions)
+}
+
+/// `status` with `new` set (each condition keeps its `lastTransitionTime` unless its
+/// status moved).
+fn with(mut status: AppServiceStatus, new: [Condition; 5]) -> AppServiceStatus {
+    for c in new {
         conditions::set(&mut status.conditions, c);
     }
     status
+}
+
+/// Where an AppService stands; [`verdict`] turns it into the five conditions of the
+/// contract.
+enum Verdict<'a> {
+    /// Serving as the spec says.
+    Ready { reason: &'a str, message: String },
+    /// Not there yet and progress is possible without anyone acting: a rollout, a
+    /// dependency being retried. `ready` is Ready's message, `progress` Reconciling's
+    /// and Progressing's; `degraded` is Degraded's message when a dependency fails
+    /// meanwhile (a database server unreachable).
+    Reconciling {
+        reason: &'a str,
+        ready: String,
+        progress: String,
+        degraded: Option<String>,
+    },
+    /// No progress until a human acts. `message` says what is wrong; `hint`, on
+    /// Reconciling and Progressing, what unblocks it.
+    Stalled {
+        reason: &'a str,
+        message: String,
+        hint: String,
+    },
+}
+
+/// The conditions of the contract for `v`, in one place.
+fn verdict(cond: &impl Fn(&str, &str, &str, String) -> Condition, v: Verdict) -> [Condition; 5] {
+    match v {
+        Verdict::Ready { reason, message } => [
+            cond(READY, TRUE, reason, message),
+            cond(RECONCILING, FALSE, reasons::RECONCILED, String::new()),
+            cond(STALLED, FALSE, reasons::AS_EXPECTED, String::new()),
+            cond(
+                PROGRESSING,
+                FALSE,
+                reasons::RECONCILED,
+                "rollout complete".into(),
+            ),
+            cond(DEGRADED, FALSE, reasons::AS_EXPECTED, String::new()),
+        ],
+        Verdict::Reconciling {
+            reason,
+            ready,
+            progress,
+            degraded,
+        } => [
+            cond(READY, FALSE, reason, ready),
+            cond(RECONCILING, TRUE, reason, progress.clone()),
+            cond(STALLED, FALSE, reasons::AS_EXPECTED, String::new()),
+            cond(PROGRESSING, TRUE, reason, progress),
+            match degraded {
+                Some(message) => cond(DEGRADED, TRUE, reason, message),
+                None => cond(DEGRADED, FALSE, reasons::AS_EXPECTED, String::new()),
+            },
+        ],
+        Verdict::Stalled {
+            reason,
+            message,
+            hint,
+        } => [
+            cond(READY, FALSE, reason, message.clone()),
+            cond(RECONCILING, FALSE, reason, hint.clone()),
+            cond(STALLED, TRUE, reason, message.clone()),
+            cond(PROGRESSING, FALSE, reason, hint),
+            cond(DEGRADED, TRUE, reason, message),
+        ],
+    }
 }
 
 /// The conditions of a rollout that is stuck until someone acts: not ready, not
@@ -189,8 +279,8 @@ fn stuck(
     ready: i32,
     desired: i32,
     cause: &Stuck,
-) -> [Condition; 3] {
-    let (reason, cause_message, progressing) = match cause {
+) -> [Condition; 5] {
+    let (reason, cause_message, hint) = match cause {
         Stuck::ReplicaFailure { reason, message } => (
             reasons::REPLICA_FAILURE,
             if reason.is_empty() {
@@ -206,18 +296,21 @@ fn stuck(
             "the rollout made no progress within the Deployment's progressDeadlineSeconds",
         ),
     };
-    let message = format!("{ready}/{desired} replicas ready; {cause_message}");
-    [
-        cond(READY, FALSE, reason, message.clone()),
-        cond(PROGRESSING, FALSE, reason, progressing.to_owned()),
-        cond(DEGRADED, TRUE, reason, message),
-    ]
+    verdict(
+        cond,
+        Verdict::Stalled {
+            reason,
+            message: format!("{ready}/{desired} replicas ready; {cause_message}"),
+            hint: hint.to_owned(),
+        },
+    )
 }
 
 /// Marks a failing external cleanup on a terminating AppService, leaving the rest of
 /// the status alone.
 pub fn cleanup_failed_status(app: &AppService, message: &str, now: &Time) -> AppServiceStatus {
     let mut status = app.status.clone().unwrap_or_default();
+    status.observed_generation = app.metadata.generation;
     conditions::set(
         &mut status.conditions,
         conditions::new_condition(
@@ -270,28 +363,47 @@ pub fn external_changes(app: &AppService, report: &Report) -> bool {
 }
 
 /// Status while an external step (the database) blocks the children: its conditions,
-/// and Ready=False for its reason. Progressing stays true while it is being retried;
-/// Degraded is true, since either an admin or the server must act.
-pub fn external_blocked_status(app: &AppService, report: &Report, now: &Time) -> AppServiceStatus {
+/// and the verdict of its blocking condition. Stalled when it waits for someone to act
+/// (a class to be created, fixed or opened to this namespace: `NotReady`); Reconciling
+/// while it is being retried with backoff (a server unreachable: `Failed`), Degraded
+/// meanwhile. `deployment` is our live Deployment, if one runs from an earlier pass.
+pub fn external_blocked_status(
+    app: &AppService,
+    report: &Report,
+    deployment: Option<&DeploymentView>,
+    now: &Time,
+) -> AppServiceStatus {
     let generation = app.metadata.generation;
     let mut status = app.status.clone().unwrap_or_default();
+    status.observed_generation = generation;
+    status.ready_replicas = Some(
+        deployment
+            .and_then(|d| d.status.as_ref())
+            .and_then(|s| s.ready_replicas)
+            .unwrap_or(0),
+    );
     apply_external(&mut status, report, generation, now);
-    if let Some(blocking) = report.blocking() {
-        for (type_, st) in [(READY, FALSE), (PROGRESSING, TRUE), (DEGRADED, TRUE)] {
-            conditions::set(
-                &mut status.conditions,
-                conditions::new_condition(
-                    type_,
-                    st,
-                    blocking.reason,
-                    blocking.message.clone(),
-                    generation,
-                    now,
-                ),
-            );
-        }
-    }
-    status
+    let Some(blocking) = report.blocking() else {
+        return status;
+    };
+    let cond = |type_: &str, st: &str, reason: &str, message: String| {
+        conditions::new_condition(type_, st, reason, message, generation, now)
+    };
+    let (reason, message) = (blocking.reason, blocking.message.clone());
+    let v = match report.outcome {
+        Outcome::Failed(_) => Verdict::Reconciling {
+            reason,
+            ready: message.clone(),
+            progress: message.clone(),
+            degraded: Some(message),
+        },
+        Outcome::NotReady(_) | Outcome::Done => Verdict::Stalled {
+            reason,
+            message,
+            hint: "no progress until the cause in Ready's message is fixed; checked again when the DatabaseClass or the AppService changes, and periodically".to_owned(),
+        },
+    };
+    with(status, verdict(&cond, v))
 }
 
 /// Whether `desired` differs from the `live` status in anything but condition timestamps.

@@ -133,7 +133,9 @@ fn ready_status_fields() {
     assert_eq!(ready.observed_generation, Some(7));
     assert_eq!(cond(&s, PROGRESSING).status, FALSE);
     assert_eq!(cond(&s, DEGRADED).status, FALSE);
-    assert_eq!(s.conditions.len(), 3);
+    assert_eq!(cond(&s, RECONCILING).status, FALSE);
+    assert_eq!(cond(&s, STALLED).status, FALSE);
+    assert_eq!(s.conditions.len(), 5);
 }
 
 #[test]
@@ -150,6 +152,9 @@ fn rolling_out_then_ready_moves_transition_time_once() {
     );
     assert_eq!(cond(&s1, READY).reason, reasons::ROLLING_OUT);
     assert_eq!(cond(&s1, PROGRESSING).status, TRUE);
+    assert_eq!(cond(&s1, RECONCILING).status, TRUE);
+    assert_eq!(cond(&s1, RECONCILING).reason, reasons::ROLLING_OUT);
+    assert_eq!(cond(&s1, STALLED).status, FALSE);
     assert_eq!(s1.ready_replicas, Some(0));
 
     // One replica became ready: a change (readyReplicas, message) but Ready stays False.
@@ -188,7 +193,7 @@ fn rolling_out_then_ready_moves_transition_time_once() {
 }
 
 #[test]
-fn invalid_spec_keeps_last_applied_generation() {
+fn an_invalid_spec_is_stalled_and_observed() {
     let mut a = ready_app();
     a.metadata.generation = Some(2);
     let s = desired_status(
@@ -197,7 +202,13 @@ fn invalid_spec_keeps_last_applied_generation() {
         Some(&deployment(1, 1, healthy(1))),
         &at(5),
     );
-    assert_eq!(s.observed_generation, Some(1));
+    // Observed: this generation was looked at and found invalid (kstatus: Failed, not
+    // "waiting for the controller").
+    assert_eq!(s.observed_generation, Some(2));
+    assert_eq!(cond(&s, STALLED).status, TRUE);
+    assert_eq!(cond(&s, STALLED).reason, reasons::INVALID_SPEC);
+    assert_eq!(cond(&s, STALLED).message, "spec.port: Invalid value");
+    assert_eq!(cond(&s, RECONCILING).status, FALSE);
     let ready = cond(&s, READY);
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
@@ -225,13 +236,17 @@ fn conflict_condition() {
     );
     assert_eq!(cond(&s, READY).reason, reasons::RESOURCE_CONFLICT);
     assert_eq!(cond(&s, DEGRADED).reason, reasons::RESOURCE_CONFLICT);
-    assert_eq!(s.observed_generation, None);
+    assert_eq!(cond(&s, STALLED).reason, reasons::RESOURCE_CONFLICT);
+    assert_eq!(cond(&s, STALLED).status, TRUE);
+    assert_eq!(cond(&s, RECONCILING).status, FALSE);
+    assert_eq!(cond(&s, PROGRESSING).status, FALSE);
+    assert_eq!(s.observed_generation, Some(1));
     assert_eq!(s.endpoint, None);
     assert_eq!(s.ready_replicas, Some(0));
 }
 
 #[test]
-fn rejected_child_is_degraded_and_keeps_generation() {
+fn a_rejected_child_is_stalled_and_observed() {
     let mut a = ready_app();
     a.metadata.generation = Some(2);
     let s = desired_status(
@@ -242,7 +257,8 @@ fn rejected_child_is_degraded_and_keeps_generation() {
         Some(&deployment(1, 1, DeploymentStatus::default())),
         &at(2),
     );
-    assert_eq!(s.observed_generation, Some(1));
+    assert_eq!(s.observed_generation, Some(2));
+    assert_eq!(cond(&s, STALLED).status, TRUE);
     assert_eq!(cond(&s, READY).reason, reasons::APPLY_FAILED);
     assert_eq!(cond(&s, READY).observed_generation, Some(2));
     assert_eq!(cond(&s, DEGRADED).status, TRUE);
@@ -317,6 +333,7 @@ fn cleanup_failure_sets_degraded_only() {
         (TRUE, reasons::CLEANUP_FAILED)
     );
     assert_eq!(cond(&s, READY).status, TRUE);
+    assert_eq!(s.observed_generation, Some(1));
     assert_eq!(
         ready_state(Some(&s)),
         Some((TRUE.into(), reasons::AVAILABLE.into()))
@@ -337,11 +354,134 @@ fn db_report(status: &'static str, reason: &'static str) -> Report {
     }
 }
 
+/// What the database step reports when it waits for someone (`NotReady`) or retries a
+/// failure with backoff (`Failed`).
+fn db_blocked(reason: &'static str, waiting: bool) -> Report {
+    let mut r = db_report(FALSE, reason);
+    r.outcome = if waiting {
+        crate::external::Outcome::NotReady(std::time::Duration::from_secs(30))
+    } else {
+        crate::external::Outcome::Failed(crate::error::Error::Drift {
+            kind: "test",
+            paths: vec![],
+        })
+    };
+    r
+}
+
+#[test]
+fn a_database_that_waits_for_a_human_is_stalled_and_one_being_retried_is_reconciling() {
+    let mut a = ready_app();
+    a.metadata.generation = Some(2);
+    let running = deployment(1, 1, healthy(1));
+    let missing = external_blocked_status(
+        &a,
+        &db_blocked("DatabaseClassNotFound", true),
+        Some(&running),
+        &at(10),
+    );
+    assert_eq!(missing.observed_generation, Some(2));
+    assert_eq!(missing.ready_replicas, Some(1), "what runs is reported");
+    for (type_, st) in [
+        (READY, FALSE),
+        (STALLED, TRUE),
+        (RECONCILING, FALSE),
+        (PROGRESSING, FALSE),
+        (DEGRADED, TRUE),
+    ] {
+        let c = cond(&missing, type_);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.observed_generation),
+            (st, "DatabaseClassNotFound", Some(2)),
+            "{type_}"
+        );
+    }
+    let retried = external_blocked_status(
+        &a,
+        &db_blocked("DatabaseServerUnreachable", false),
+        None,
+        &at(10),
+    );
+    assert_eq!(retried.observed_generation, Some(2));
+    assert_eq!(retried.ready_replicas, Some(0));
+    for (type_, st) in [
+        (READY, FALSE),
+        (STALLED, FALSE),
+        (RECONCILING, TRUE),
+        (PROGRESSING, TRUE),
+        (DEGRADED, TRUE),
+    ] {
+        assert_eq!(cond(&retried, type_).status, st, "{type_}");
+    }
+    assert_eq!(
+        cond(&retried, RECONCILING).message,
+        "db DatabaseServerUnreachable"
+    );
+}
+
+/// Whatever the verdict, Reconciling and Stalled are never both True, Progressing is
+/// Reconciling, and Ready is True only when both are False.
+#[test]
+fn every_verdict_keeps_the_contract() {
+    let a = app(2, 3);
+    let mut partial = healthy(2);
+    partial.ready_replicas = Some(1);
+    let deployments = [
+        deployment(2, 1, healthy(2)),
+        deployment(2, 1, partial),
+        deployment(2, 2, healthy(2)),
+        blocked(2, 0, vec![replica_failure(DENIAL)]),
+        blocked(2, 1, vec![deadline_exceeded()]),
+    ];
+    let mut statuses: Vec<AppServiceStatus> = deployments
+        .iter()
+        .map(|d| desired_status(&a, &Observation::Applied, Some(d), &at(1)))
+        .collect();
+    statuses.push(desired_status(&a, &Observation::Applied, None, &at(1)));
+    for obs in [
+        Observation::InvalidSpec("x".into()),
+        Observation::Conflict {
+            message: "x".into(),
+            service_taken: false,
+        },
+        Observation::Rejected("x".into()),
+    ] {
+        statuses.push(desired_status(&a, &obs, None, &at(1)));
+    }
+    statuses.push(external_blocked_status(
+        &a,
+        &db_blocked("DatabaseClassNotFound", true),
+        None,
+        &at(1),
+    ));
+    statuses.push(external_blocked_status(
+        &a,
+        &db_blocked("DatabaseServerUnreachable", false),
+        None,
+        &at(1),
+    ));
+    for s in &statuses {
+        assert_eq!(s.observed_generation, Some(3), "{s:?}");
+        let is = |t: &str| cond(s, t).status == TRUE;
+        assert!(!(is(RECONCILING) && is(STALLED)), "{s:?}");
+        assert_eq!(is(PROGRESSING), is(RECONCILING), "{s:?}");
+        assert_eq!(is(READY), !is(RECONCILING) && !is(STALLED), "{s:?}");
+        assert_eq!(is(STALLED), is(DEGRADED) && !is(RECONCILING), "{s:?}");
+        for c in &s.conditions {
+            assert_eq!(c.observed_generation, Some(3), "{c:?}");
+        }
+    }
+}
+
 #[test]
 fn external_conditions_block_ready_and_clear_again() {
     let mut a = app(1, 1);
-    let blocked =
-        external_blocked_status(&a, &db_report(FALSE, "DatabaseServerUnreachable"), &at(10));
+    let blocked = external_blocked_status(
+        &a,
+        &db_report(FALSE, "DatabaseServerUnreachable"),
+        None,
+        &at(10),
+    );
     let ready = cond(&blocked, READY);
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the control-plane binaries the integration tests run (kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, and the Argo CD
-# health-script evaluator argocd-health) from their
+# kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, the Argo CD
+# health-script evaluator argocd-health and the kstatus evaluator kstatus) from their
 # published Go modules, pinned by the wrapper modules next to this script.
 #
 # Output: $APPSERVICE_ASSETS_DIR (default ~/.cache/appservice-operator/k8s-1.37.2)/bin.
@@ -97,5 +97,7 @@ done
 build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 # The Argo CD health-script evaluator (gopher-lua, as Argo CD runs health scripts).
 build argocd-health argocd-health appservice-operator/envtest/argocd-health
+# The kstatus evaluator (sigs.k8s.io/cli-utils' status.Compute, as Flux and Helm --wait).
+build kstatus kstatus appservice-operator/envtest/kstatus
 log "all assets ready in $bin ($((SECONDS - total))s)"
 echo "$bin"

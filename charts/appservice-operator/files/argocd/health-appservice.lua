@@ -2,7 +2,10 @@
 -- Install as argocd-cm `resource.customizations.health.platform.example.com_AppService`,
 -- or upstream as resource_customizations/platform.example.com/AppService/health.lua.
 -- Reads only what the controller writes: status.observedGeneration and the Ready,
--- Progressing and Degraded conditions (each stamped with the generation it describes).
+-- Stalled, Reconciling, Progressing and Degraded conditions (each stamped with the
+-- generation it describes). Stalled (a human must act) is Degraded; Reconciling
+-- (progress is possible) is Progressing; Degraded and Progressing alone are read for
+-- statuses written by controllers older than the Stalled/Reconciling contract.
 local hs = {}
 
 local function condition(conds, type_)
@@ -24,6 +27,7 @@ end
 local status = obj.status or {}
 local conds = status.conditions
 local degraded = condition(conds, "Degraded")
+local stalled = condition(conds, "Stalled")
 
 -- Being deleted: the finalizer holds the object until the database and role are gone.
 if obj.metadata ~= nil and obj.metadata.deletionTimestamp ~= nil then
@@ -36,10 +40,13 @@ if obj.metadata ~= nil and obj.metadata.deletionTimestamp ~= nil then
   return hs
 end
 
--- A Degraded condition written for this very generation needs a human even when the
--- status has no observedGeneration yet (a spec blocked before any child was applied).
-local degradedNow = degraded ~= nil and degraded.status == "True"
-  and degraded.observedGeneration ~= nil and degraded.observedGeneration >= generation
+-- A Stalled or Degraded condition written for this very generation needs a human even
+-- when the status has no observedGeneration yet (written by an older controller).
+local function trueNow(c)
+  return c ~= nil and c.status == "True"
+    and c.observedGeneration ~= nil and c.observedGeneration >= generation
+end
+local degradedNow = trueNow(stalled) or trueNow(degraded)
 
 if not degradedNow and (status.observedGeneration == nil or status.observedGeneration < generation) then
   hs.status = "Progressing"
@@ -49,7 +56,20 @@ end
 
 local ready = condition(conds, "Ready")
 local progressing = condition(conds, "Progressing")
+local reconciling = condition(conds, "Reconciling")
 
+if stalled ~= nil and stalled.status == "True" then
+  hs.status = "Degraded"
+  hs.message = stalled.message or stalled.reason or "Stalled"
+  return hs
+end
+-- Progress is possible (a rollout, a dependency retried): Progressing, as kstatus reads
+-- it, even while a dependency fails meanwhile (Degraded true as well).
+if reconciling ~= nil and reconciling.status == "True" then
+  hs.status = "Progressing"
+  hs.message = reconciling.message or ""
+  return hs
+end
 if degraded ~= nil and degraded.status == "True" then
   hs.status = "Degraded"
   hs.message = degraded.message or degraded.reason or "Degraded"
