@@ -127,6 +127,15 @@ pub struct DatabaseClassSpec {
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
 
+    /// What the controller's periodic scan does with databases and roles of AppServices
+    /// that no longer exist (a finalizer removed by hand, a cluster restored from a
+    /// backup): `Report` counts them (metric, Event on the class); `Drop` also drops
+    /// each one found in two scans in a row. Retained ones (deletionPolicy Retain) are
+    /// reported apart and never dropped. Defaults to Report. Use `Drop` only for a
+    /// server no other cluster provisions on.
+    #[serde(default)]
+    pub orphan_policy: OrphanPolicy,
+
     /// Connections each AppService's role may hold at once (`CONNECTION LIMIT`), so one
     /// tenant cannot use up the server's connections. Applied when the role is created
     /// and put back when it drifts. Defaults to 10.
@@ -326,6 +335,16 @@ pub enum DeletionPolicy {
     Retain,
 }
 
+/// What the orphan scan does with a database whose AppService is gone.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OrphanPolicy {
+    /// Count and report them; never touch them.
+    #[default]
+    Report,
+    /// Also drop the database and its role once two scans in a row found it orphaned.
+    Drop,
+}
+
 /// What the controller last observed of the class's server.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -414,6 +433,7 @@ mod tests {
         assert_eq!(c.spec.admin_credentials.username_key(), "username");
         assert_eq!(c.spec.admin_credentials.password_key(), "password");
         assert_eq!(c.spec.connection_limit, DEFAULT_CONNECTION_LIMIT);
+        assert_eq!(c.spec.orphan_policy, OrphanPolicy::Report);
         assert!(c.spec.allowed_namespaces.is_none());
         assert!(!c.spec.tls.insecure_acknowledged);
         assert_eq!(refusal(&c.spec), None);

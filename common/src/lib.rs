@@ -22,7 +22,7 @@ pub mod v1beta1;
 pub mod validation;
 
 pub use database_class::{
-    DatabaseClass, DatabaseClassSpec, DatabaseClassStatus, DeletionPolicy, TlsMode,
+    DatabaseClass, DatabaseClassSpec, DatabaseClassStatus, DeletionPolicy, OrphanPolicy, TlsMode,
 };
 pub use types::{
     AppPort, AppService, AppServiceSpec, AppServiceStatus, DatabaseSpec, EnvVar, PodSecurity,

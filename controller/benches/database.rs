@@ -104,6 +104,7 @@ async fn main() -> anyhow::Result<()> {
             pool_size: args.pool,
             connect_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(15),
+            orphan_scan_interval: Duration::from_secs(3600),
         },
         ns.name(),
         metrics.clone(),

@@ -180,6 +180,11 @@ impl Context {
         self.external.as_ref()
     }
 
+    /// The external step's periodic work, if it has any (see [`External::background`]).
+    pub fn external_background(&self) -> Option<futures::future::BoxFuture<'static, ()>> {
+        self.external.clone().background(self.leading.clone())
+    }
+
     pub fn caches(&self) -> &Caches {
         &self.caches
     }

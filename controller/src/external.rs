@@ -85,6 +85,14 @@ pub trait External: Send + Sync {
     fn ensure<'a>(&'a self, app: &'a AppService) -> BoxFuture<'a, Result<Report>>;
     /// Deletes them for a terminating AppService; `Done` lets the finalizer go.
     fn cleanup<'a>(&'a self, app: &'a AppService) -> BoxFuture<'a, Result<Step>>;
+    /// Periodic work of its own (the database's orphan scan), run while the controller
+    /// runs and acting only while `leading` is true. None by default.
+    fn background(
+        self: std::sync::Arc<Self>,
+        _leading: tokio::sync::watch::Receiver<bool>,
+    ) -> Option<BoxFuture<'static, ()>> {
+        None
+    }
 }
 
 /// No external resources: every step is done at once.

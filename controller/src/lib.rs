@@ -257,6 +257,9 @@ pub async fn run_with(
             queue.clone(),
         ));
 
+    // The external step's periodic work (the orphan scan), stopped with the controller.
+    let background = ctx.external_background().map(tokio::spawn);
+
     // Leader gauge follows the election.
     let gauge_ctx = ctx.clone();
     let mut gauge_rx = leading_rx.clone();
@@ -371,6 +374,9 @@ pub async fn run_with(
     {
         warn!("in-flight reconciles did not finish within the grace period; aborting them");
         controller_task.abort();
+    }
+    if let Some(handle) = background {
+        handle.abort();
     }
     let _ = elector_stop_tx.send(true);
     if let Some(handle) = elector

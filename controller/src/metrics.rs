@@ -38,6 +38,11 @@ telemetry::label_values! {
     /// A database operation.
     pub enum DatabaseOperation { Provision => "provision", Cleanup => "cleanup" }
 
+    /// What the orphan scan found of a database whose AppService is gone: `orphaned`
+    /// (its role can still log in: a finalizer removed by hand), or `retained` (kept
+    /// without a login by deletionPolicy Retain).
+    pub enum OrphanState { Orphaned => "orphaned", Retained => "retained" }
+
     /// The verb of an API request: its HTTP method, and `watch` for a GET that watches.
     pub enum ApiVerb {
         Get => "get",
@@ -143,6 +148,23 @@ pub struct WriteLabel {
     pub resource: Written,
 }
 
+/// A DatabaseClass's name: cluster-scoped objects written by admins, few per cluster.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    pub class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OrphanLabel {
+    pub class: String,
+    pub state: OrphanState,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OrphanScanLabel {
+    pub result: Outcome,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DatabaseOpLabel {
     pub operation: DatabaseOperation,
@@ -159,6 +181,13 @@ pub struct OperationLabel {
 pub struct DatabaseMetrics {
     /// Provision and cleanup attempts by result.
     pub operations: Family<DatabaseOpLabel, Counter>,
+    /// Databases and roles of AppServices that no longer exist, per class and state, as
+    /// the last orphan scan of the class found them.
+    pub orphans: Family<OrphanLabel, Gauge>,
+    /// Orphaned databases the scan dropped (classes with `orphanPolicy: Drop`).
+    pub orphans_dropped: Family<ClassLabel, Counter>,
+    /// Orphan scans of a class by result.
+    pub orphan_scans: Family<OrphanScanLabel, Counter>,
     /// Failures by reason (`unreachable`, `credentials`, `class_not_found`, ...).
     pub errors: Family<DatabaseErrorLabel, Counter>,
     /// Duration of one provision or cleanup attempt.
@@ -169,6 +198,9 @@ impl Default for DatabaseMetrics {
     fn default() -> Self {
         DatabaseMetrics {
             operations: Family::default(),
+            orphans: Family::default(),
+            orphans_dropped: Family::default(),
+            orphan_scans: Family::default(),
             errors: Family::default(),
             duration: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.001, 2.0, 16))
@@ -200,6 +232,76 @@ impl DatabaseMetrics {
         self.errors
             .get_or_create(&DatabaseErrorLabel { reason })
             .inc();
+    }
+
+    /// What the last scan of `class` found: `orphaned` and `retained` counts.
+    pub fn set_orphans(&self, class: &str, orphaned: usize, retained: usize) {
+        for (state, n) in [
+            (OrphanState::Orphaned, orphaned),
+            (OrphanState::Retained, retained),
+        ] {
+            self.orphans
+                .get_or_create(&OrphanLabel {
+                    class: class.to_owned(),
+                    state,
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The orphan gauge of `class` in `state`.
+    pub fn orphans_of(&self, class: &str, state: OrphanState) -> i64 {
+        self.orphans
+            .get_or_create(&OrphanLabel {
+                class: class.to_owned(),
+                state,
+            })
+            .get()
+    }
+
+    /// Forgets the series of a class that is gone.
+    pub fn forget_class(&self, class: &str) {
+        for state in [OrphanState::Orphaned, OrphanState::Retained] {
+            self.orphans.remove(&OrphanLabel {
+                class: class.to_owned(),
+                state,
+            });
+        }
+        self.orphans_dropped.remove(&ClassLabel {
+            class: class.to_owned(),
+        });
+    }
+
+    pub fn orphan_dropped(&self, class: &str) {
+        self.orphans_dropped
+            .get_or_create(&ClassLabel {
+                class: class.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn dropped_of(&self, class: &str) -> u64 {
+        self.orphans_dropped
+            .get_or_create(&ClassLabel {
+                class: class.to_owned(),
+            })
+            .get()
+    }
+
+    pub fn orphan_scan(&self, ok: bool) {
+        self.orphan_scans
+            .get_or_create(&OrphanScanLabel {
+                result: Outcome::of(ok),
+            })
+            .inc();
+    }
+
+    pub fn orphan_scans_of(&self, ok: bool) -> u64 {
+        self.orphan_scans
+            .get_or_create(&OrphanScanLabel {
+                result: Outcome::of(ok),
+            })
+            .get()
     }
 
     /// Attempts of `operation` with `result` so far.
@@ -366,6 +468,26 @@ impl Default for Metrics {
                 .errors
                 .get_or_create(&DatabaseErrorLabel { reason });
         }
+        for &result in Outcome::ALL {
+            let _ = database
+                .orphan_scans
+                .get_or_create(&OrphanScanLabel { result });
+        }
+        registry.register(
+            "database_orphans",
+            "Databases and roles of AppServices that no longer exist, by DatabaseClass and state (orphaned, retained), as the last orphan scan found them",
+            database.orphans.clone(),
+        );
+        registry.register(
+            "database_orphans_dropped",
+            "Orphaned databases dropped by the orphan scan (orphanPolicy Drop), by DatabaseClass",
+            database.orphans_dropped.clone(),
+        );
+        registry.register(
+            "database_orphan_scans",
+            "Orphan scans of one DatabaseClass by result",
+            database.orphan_scans.clone(),
+        );
         registry.register(
             "database_operations",
             "Database provision and cleanup attempts by operation and result",

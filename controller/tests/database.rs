@@ -1321,3 +1321,134 @@ async fn retain_keeps_the_data_but_not_the_login() -> anyhow::Result<()> {
     ctl.stop().await?;
     Ok(())
 }
+
+/// Events about the DatabaseClass `class` with `reason` (a cluster-scoped object's Events
+/// are in `default`).
+async fn class_events(w: &World, reason: &str) -> anyhow::Result<Vec<Event>> {
+    let events: Api<Event> = Api::namespaced(w.client.clone(), "default");
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(w.class.as_str())
+        })
+        .collect())
+}
+
+/// Databases whose AppService went without its cleanup (the finalizer removed by hand)
+/// are found by the orphan scan: counted and reported once on the class, left alone under
+/// `orphanPolicy: Report`, dropped under `Drop` only when two scans in a row found them;
+/// the database of a live AppService and a role kept by Retain are never touched.
+#[tokio::test]
+async fn orphaned_databases_are_reported_and_dropped_only_by_opt_in() -> anyhow::Result<()> {
+    use controller::metrics::OrphanState;
+    let w = World::new("Delete", None).await?;
+    let (ctl, _) = w.controller();
+    let (_, live) = w.create_ready("live").await?;
+    let (_, lost) = w.create_ready("lost").await?;
+    let (_, later) = w.create_ready("later").await?;
+    ctl.stop().await?;
+    // The finalizer removed by hand, then the object deleted: no cleanup runs.
+    let without_finalizer = json!({"metadata": {"finalizers": null}});
+    w.apps
+        .patch(
+            "lost",
+            &PatchParams::default(),
+            &Patch::Merge(&without_finalizer),
+        )
+        .await?;
+    w.apps.delete("lost", &DeleteParams::default()).await?;
+    w.wait_gone("lost", WAIT).await?;
+    // A role that deletionPolicy Retain kept without a login, its AppService long gone.
+    let retained = controller::database::sql::db_name("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee");
+    w.pg.connect_admin()
+        .await?
+        .batch_execute(&format!("CREATE ROLE {retained} NOLOGIN"))
+        .await?;
+
+    // The shipped scan, run on demand (its period is an hour).
+    let metrics = Arc::new(Metrics::default());
+    let databases = support::databases(&w, metrics.clone());
+    databases.scan_orphans().await;
+    let gauges = |m: &Metrics| {
+        (
+            m.database().orphans_of(&w.class, OrphanState::Orphaned),
+            m.database().orphans_of(&w.class, OrphanState::Retained),
+        )
+    };
+    assert_eq!(gauges(&metrics), (1, 1));
+    let reported = class_events(&w, "OrphanedDatabases").await?;
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    let note = reported[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains(&lost) && note.contains("orphanPolicy Report"),
+        "{note}"
+    );
+    assert!(!note.contains(&live) && !note.contains(&retained), "{note}");
+    // Report touches nothing, and the same finding is not announced again.
+    databases.scan_orphans().await;
+    assert_eq!(class_events(&w, "OrphanedDatabases").await?.len(), 1);
+    let (dbs, roles) = w.catalog().await?;
+    assert!(dbs.contains(&lost) && roles.contains(&lost));
+
+    // Another AppService loses its finalizer; then the admin opts in to dropping.
+    w.apps
+        .patch(
+            "later",
+            &PatchParams::default(),
+            &Patch::Merge(&without_finalizer),
+        )
+        .await?;
+    w.apps.delete("later", &DeleteParams::default()).await?;
+    w.wait_gone("later", WAIT).await?;
+    let classes: Api<DatabaseClass> = Api::all(w.client.clone());
+    classes
+        .patch(
+            &w.class,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"orphanPolicy": "Drop"}})),
+        )
+        .await?;
+    databases.scan_orphans().await;
+    // `lost` was found twice and is dropped; `later` only once, and stays for now.
+    let (dbs, roles) = w.catalog().await?;
+    assert!(
+        !dbs.contains(&lost) && !roles.contains(&lost),
+        "{dbs:?} {roles:?}"
+    );
+    assert!(
+        dbs.contains(&later) && roles.contains(&later),
+        "{dbs:?} {roles:?}"
+    );
+    assert_eq!(metrics.database().dropped_of(&w.class), 1);
+    assert_eq!(gauges(&metrics), (1, 1));
+    let dropped = class_events(&w, "OrphanDropped").await?;
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert!(
+        dropped[0]
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&lost)
+    );
+    databases.scan_orphans().await;
+    let (dbs, roles) = w.catalog().await?;
+    assert!(
+        !dbs.contains(&later) && !roles.contains(&later),
+        "{dbs:?} {roles:?}"
+    );
+    assert_eq!(metrics.database().dropped_of(&w.class), 2);
+    assert_eq!(gauges(&metrics), (0, 1));
+    // What lives, and what Retain kept, is untouched.
+    assert!(
+        dbs.contains(&live) && roles.contains(&live),
+        "{dbs:?} {roles:?}"
+    );
+    assert!(roles.contains(&retained), "{roles:?}");
+    let login = secret_value(&w.api::<Secret>().get("live-database").await?, "PGPASSWORD");
+    w.pg.connect(&live, &login, &live).await?;
+    Ok(())
+}

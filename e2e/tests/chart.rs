@@ -1935,6 +1935,7 @@ async fn databases_work_with_the_charts_rbac() {
             pool_size: 2,
             connect_timeout: Duration::from_secs(3),
             statement_timeout: Duration::from_secs(10),
+            orphan_scan_interval: Duration::from_secs(3600),
         },
         release_ns,
         metrics.clone(),

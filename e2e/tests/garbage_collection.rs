@@ -114,6 +114,7 @@ impl World {
                 pool_size: 2,
                 connect_timeout: Duration::from_secs(3),
                 statement_timeout: Duration::from_secs(10),
+                orphan_scan_interval: Duration::from_secs(3600),
             },
             &self.ns,
             metrics.clone(),

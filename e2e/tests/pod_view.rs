@@ -90,6 +90,7 @@ impl World {
                 pool_size: 4,
                 connect_timeout: Duration::from_secs(5),
                 statement_timeout: Duration::from_secs(15),
+                orphan_scan_interval: Duration::from_secs(3600),
             },
             ns.name(),
             metrics.clone(),

@@ -24,6 +24,7 @@
 
 mod connect;
 mod error;
+pub mod orphans;
 pub mod secret;
 mod server;
 pub mod sql;
@@ -85,6 +86,11 @@ pub struct DatabaseConfig {
     /// Limit on one SQL statement (the server's `statement_timeout`).
     #[arg(long, env = "DATABASE_STATEMENT_TIMEOUT", value_parser = common::duration::parse_duration, default_value = "15s")]
     pub statement_timeout: Duration,
+
+    /// How often the leader scans each DatabaseClass's server for databases and roles of
+    /// AppServices that no longer exist (README "Orphaned databases"); 0 turns it off.
+    #[arg(long, env = "DATABASE_ORPHAN_SCAN_INTERVAL", value_parser = common::duration::parse_duration, default_value = "1h")]
+    pub orphan_scan_interval: Duration,
 }
 
 /// The database step: an [`External`] over real PostgreSQL servers.
@@ -95,6 +101,15 @@ pub struct Databases {
     pools: Pools,
     metrics: Arc<Metrics>,
     recorder: Recorder,
+    orphan_scan_interval: Duration,
+    orphans: orphans::Memory,
+}
+
+/// A poisoned lock is recovered: the maps here stay consistent between statements.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Databases {
@@ -125,6 +140,8 @@ impl Databases {
             pools: Pools::default(),
             metrics,
             recorder,
+            orphan_scan_interval: config.orphan_scan_interval,
+            orphans: orphans::Memory::default(),
         }
     }
 
@@ -685,5 +702,15 @@ impl External for Databases {
 
     fn cleanup<'a>(&'a self, app: &'a AppService) -> BoxFuture<'a, Result<Step>> {
         Box::pin(self.cleanup_app(app))
+    }
+
+    fn background(
+        self: Arc<Self>,
+        leading: tokio::sync::watch::Receiver<bool>,
+    ) -> Option<BoxFuture<'static, ()>> {
+        let interval = self.orphan_scan_interval;
+        (!interval.is_zero()).then(|| -> BoxFuture<'static, ()> {
+            Box::pin(async move { self.scan_orphans_every(interval, leading).await })
+        })
     }
 }

@@ -303,6 +303,18 @@ impl Session<'_> {
             .map_err(|e| self.server.pg_error(what, &e))
     }
 
+    /// Every row `query` answers for `arg`.
+    pub(super) async fn query(
+        &self,
+        what: &'static str,
+        query: &str,
+        arg: &(dyn tokio_postgres::types::ToSql + Sync),
+    ) -> DbResult<Vec<tokio_postgres::Row>> {
+        self.bounded(what, self.conn.query(query, &[arg]))
+            .await?
+            .map_err(|e| self.server.pg_error(what, &e))
+    }
+
     /// The boolean `query` answers for `arg`.
     pub(super) async fn query_bool(
         &self,

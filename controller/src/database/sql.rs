@@ -30,6 +30,24 @@ pub fn db_name(uid: &str) -> String {
     format!("{NAME_PREFIX}{hex}")
 }
 
+/// The UID (hex, without dashes) a role or database name stands for, if `name` has the
+/// shape [`db_name`] gives: the prefix and 32 lowercase hex digits.
+pub fn uid_hex_of(name: &str) -> Option<&str> {
+    let hex = name.strip_prefix(NAME_PREFIX)?;
+    (hex.len() == 32
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+    .then_some(hex)
+}
+
+/// Every role and database named like ours (at most `$1` of them), with whether the role
+/// may log in (NULL: no such role) and whether the database exists. `\_` is a literal
+/// underscore (`standard_conforming_strings` is on for our sessions).
+pub const OWN_OBJECTS: &str = "SELECT coalesce(r.rolname, d.datname)::text, r.rolcanlogin, d.datname IS NOT NULL \
+     FROM pg_roles r FULL OUTER JOIN pg_database d ON d.datname = r.rolname \
+     WHERE coalesce(r.rolname, d.datname) LIKE 'appsvc\\_%' ORDER BY 1 LIMIT $1";
+
 /// A new password from the operating system's CSPRNG-seeded generator.
 pub fn new_password() -> String {
     Alphanumeric.sample_string(&mut rand::rng(), PASSWORD_LEN)
@@ -250,6 +268,24 @@ pub fn database_url(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_names_of_our_shape_stand_for_a_uid() {
+        let name = db_name("0f3c2a1b-9d8e-4f7a-b6c5-d4e3f2a1b0c9");
+        assert_eq!(uid_hex_of(&name), Some("0f3c2a1b9d8e4f7ab6c5d4e3f2a1b0c9"));
+        for other in [
+            "appsvc_",
+            "appsvc_0f3c2a1b9d8e4f7ab6c5d4e3f2a1b0c",
+            "appsvc_0f3c2a1b9d8e4f7ab6c5d4e3f2a1b0c9a",
+            "appsvc_0F3C2A1B9D8E4F7AB6C5D4E3F2A1B0C9",
+            "appsvc_0f3c2a1b9d8e4f7ab6c5d4e3f2a1b0cz",
+            "appsvcx0f3c2a1b9d8e4f7ab6c5d4e3f2a1b0c9",
+            "postgres",
+        ] {
+            assert_eq!(uid_hex_of(other), None, "{other}");
+        }
+        assert!(OWN_OBJECTS.contains(r"LIKE 'appsvc\_%'"), "{OWN_OBJECTS}");
+    }
 
     #[test]
     fn names_are_deterministic_valid_identifiers() {

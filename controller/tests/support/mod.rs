@@ -376,6 +376,7 @@ pub fn databases(fixture: &Fixture, metrics: Arc<Metrics>) -> controller::databa
         pool_size: 4,
         connect_timeout: Duration::from_secs(3),
         statement_timeout: Duration::from_secs(10),
+        orphan_scan_interval: Duration::from_secs(3600),
     };
     controller::database::Databases::new(
         fixture.client.clone(),
