@@ -451,7 +451,10 @@ async fn alerts_and_dashboard_query_only_exported_metrics() {
     let probe = controller::metrics::Metrics::default();
     probe.database().set_orphans("probe", 0, 0);
     let per_class = exported_names(&probe.encode().unwrap());
-    assert!(per_class.contains("appservice_controller_database_orphans"), "{per_class:?}");
+    assert!(
+        per_class.contains("appservice_controller_database_orphans"),
+        "{per_class:?}"
+    );
     exported.extend(per_class);
 
     for (place, expr) in &queries {

@@ -284,7 +284,16 @@ async fn invalid_spec_is_reported_and_not_applied_until_fixed() -> anyhow::Resul
     .await?;
     let (_, _, message) = condition(&a, READY).unwrap();
     assert!(message.contains("spec.image"), "{message}");
-    assert_eq!(a.status.as_ref().unwrap().observed_generation, None);
+    // Observed and stalled: this generation was looked at, and a human must act.
+    assert_eq!(
+        a.status.as_ref().unwrap().observed_generation,
+        a.metadata.generation
+    );
+    let (stalled, reason, _) = condition(&a, common::conditions::STALLED).unwrap();
+    assert_eq!(
+        (stalled.as_str(), reason.as_str()),
+        ("True", reasons::INVALID_SPEC)
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(f.deployments.get_opt("broken").await?.is_none());
     assert_eq!(
