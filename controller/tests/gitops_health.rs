@@ -373,8 +373,8 @@ async fn deletion_with_the_finalizer_held_is_progressing() -> anyhow::Result<()>
     Ok(())
 }
 
-/// A DatabaseClass the controller can log in with is Healthy; one whose admin password
-/// is wrong is Degraded, saying why. The controller logs in (and writes the class's
+/// A DatabaseClass the controller can log in with is Healthy (kstatus: Current); one
+/// whose admin password is wrong is Degraded (kstatus: Failed, Stalled), saying why. The controller logs in (and writes the class's
 /// status) when an AppService uses the class: until then it is Progressing.
 #[tokio::test]
 async fn database_classes_are_healthy_when_reachable_and_degraded_when_not() -> anyhow::Result<()> {
@@ -404,6 +404,14 @@ async fn database_classes_are_healthy_when_reachable_and_degraded_when_not() -> 
             assert!(!h.message.is_empty(), "{h:?}");
             assert!(!h.message.contains("not-the-admin-password"), "{h:?}");
         }
+        // kstatus: an admin must fix the login (Stalled), or nothing to wait for.
+        let k = kstatus(&c)?;
+        let kstatus_expected = if expected == "Degraded" {
+            "Failed"
+        } else {
+            "Current"
+        };
+        assert_eq!(k.status, kstatus_expected, "{k:?} {:?}", c.status);
         assert!(c.status.is_some());
         ctl.stop().await?;
         classes.delete(&class, &DeleteParams::default()).await?;

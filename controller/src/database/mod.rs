@@ -390,25 +390,46 @@ impl Databases {
             Err(e) if e.is_class_level() => (FALSE, e.reason(), e.to_string(), None),
             Err(_) => return,
         };
+        // The status contract as kstatus reads it (Flux, Helm --wait): Stalled while an
+        // admin must fix the class (credentials, CA, admin Secret, a refused spec),
+        // Reconciling while an unreachable server is retried.
+        let waiting = result.as_ref().err().is_some_and(|e| e.is_waiting());
+        let (stalled, reconciling) = match (status == TRUE, waiting) {
+            (true, _) => (FALSE, FALSE),
+            (false, true) => (TRUE, FALSE),
+            (false, false) => (FALSE, TRUE),
+        };
         let old = class.status.clone().unwrap_or_default();
         let mut new = DatabaseClassStatus {
             observed_generation: class.metadata.generation,
             server_version: version.or(old.server_version.clone()),
             conditions: old.conditions.clone(),
         };
-        common::conditions::set(
-            &mut new.conditions,
-            common::conditions::new_condition(
-                REACHABLE,
-                status,
-                reason,
-                message,
-                class.metadata.generation,
-                &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::now(),
-                ),
-            ),
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
         );
+        for (type_, st) in [
+            (REACHABLE, status),
+            (common::conditions::STALLED, stalled),
+            (common::conditions::RECONCILING, reconciling),
+        ] {
+            let (reason, message) = if st == TRUE || type_ == REACHABLE {
+                (reason, message.clone())
+            } else {
+                (common::conditions::reasons::AS_EXPECTED, String::new())
+            };
+            common::conditions::set(
+                &mut new.conditions,
+                common::conditions::new_condition(
+                    type_,
+                    st,
+                    reason,
+                    message,
+                    class.metadata.generation,
+                    &now,
+                ),
+            );
+        }
         if new.observed_generation == old.observed_generation
             && new.server_version == old.server_version
             && common::conditions::same_set_ignoring_time(&new.conditions, &old.conditions)
