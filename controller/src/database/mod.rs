@@ -105,6 +105,25 @@ pub struct Databases {
     orphans: orphans::Memory,
 }
 
+/// The AppService's namespace and UID. Its database and role are named from the UID, so
+/// an object without a UUID (never one read from the API server) is refused, never given
+/// a name another AppService could share (`appsvc_` alone).
+fn identity(app: &AppService) -> DbResult<(String, String)> {
+    let namespace = app
+        .namespace()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| DatabaseError::Internal("the AppService has no namespace".into()))?;
+    let uid = app
+        .metadata
+        .uid
+        .clone()
+        .filter(|uid| sql::uid_hex_of(&sql::db_name(uid)).is_some())
+        .ok_or_else(|| {
+            DatabaseError::Internal("the AppService has no UID of 32 hex digits".into())
+        })?;
+    Ok((namespace, uid))
+}
+
 /// A poisoned lock is recovered: the maps here stay consistent between statements.
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
@@ -153,8 +172,7 @@ impl Databases {
         class_name: &str,
     ) -> DbResult<(String, PodDatabase)> {
         let name = app.name_any();
-        let namespace = app.namespace().unwrap_or_default();
-        let uid = app.metadata.uid.clone().unwrap_or_default();
+        let (namespace, uid) = identity(app)?;
         let db = sql::db_name(&uid);
         let server = self.server(class_name).await?;
         let class = &server.class;
@@ -316,7 +334,7 @@ impl Databases {
     /// Removes the database of `app` on `class_name` as the class's policy says.
     /// Returns the Event reason and message describing what happened.
     async fn remove(&self, app: &AppService, class_name: &str) -> DbResult<(&'static str, String)> {
-        let uid = app.metadata.uid.clone().unwrap_or_default();
+        let (_, uid) = identity(app)?;
         let db = sql::db_name(&uid);
         let server = self.server(class_name).await?;
         let class = &server.class;
@@ -501,8 +519,7 @@ impl Databases {
     /// `ensure` for an AppService whose database is disabled: remove what an earlier
     /// generation created (found through the credentials Secret), per the class's policy.
     async fn ensure_disabled(&self, app: &AppService) -> Result<Report> {
-        let namespace = app.namespace().unwrap_or_default();
-        let uid = app.metadata.uid.clone().unwrap_or_default();
+        let (namespace, uid) = identity(app).map_err(Error::Database)?;
         let secret_name = database_secret_name(&app.name_any());
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
         let absent = Report {
@@ -666,9 +683,8 @@ impl Databases {
     }
 
     async fn cleanup_app(&self, app: &AppService) -> Result<Step> {
-        let namespace = app.namespace().unwrap_or_default();
+        let (namespace, uid) = identity(app).map_err(Error::Database)?;
         let secret_name = database_secret_name(&app.name_any());
-        let uid = app.metadata.uid.clone().unwrap_or_default();
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
         let secret = secrets
             .get_opt(&secret_name)
@@ -733,5 +749,30 @@ impl External for Databases {
         (!interval.is_zero()).then(|| -> BoxFuture<'static, ()> {
             Box::pin(async move { self.scan_orphans_every(interval, leading).await })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_appservice_without_a_uuid_gets_no_database_name() {
+        let mut app = AppService::new("shop", common::AppServiceSpec::default());
+        app.metadata.namespace = Some("team".into());
+        for uid in [None, Some(""), Some("not-a-uuid"), Some("0f3c2a1b-9d8e")] {
+            app.metadata.uid = uid.map(str::to_owned);
+            assert!(identity(&app).is_err(), "{uid:?}");
+        }
+        app.metadata.uid = Some("0f3c2a1b-9d8e-4f7a-b6c5-d4e3f2a1b0c9".into());
+        assert_eq!(
+            identity(&app).ok(),
+            Some((
+                "team".to_owned(),
+                "0f3c2a1b-9d8e-4f7a-b6c5-d4e3f2a1b0c9".to_owned()
+            ))
+        );
+        app.metadata.namespace = None;
+        assert!(identity(&app).is_err());
     }
 }
