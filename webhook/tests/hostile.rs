@@ -237,8 +237,12 @@ async fn a_burst_is_bounded_and_its_memory_returned() {
     // The budget admits two bodies at once; each costs at most 4x while decoded, and
     // the other 14 wait with the rest of their bodies unread (in the kernel's socket
     // buffers). What they had received when they began to wait (budgeted then, at most
-    // one budget in all) is held, uncounted, while they wait.
-    let bound = settled + 2 * 5 * size + budget + 16 * 1024 * 1024;
+    // one budget in all) is held, uncounted, while they wait. The allocator's slack is
+    // 32 MiB: with 16 connections on several worker threads, glibc keeps per-thread
+    // arenas, and peaks of 79 to 98 MB were measured for a bound of 94 MB with 16 MiB
+    // (on a busy machine). Without the budget the peak is above 16 x 5 bodies (about
+    // 200 MB over settled), far above this bound still.
+    let bound = settled + 2 * 5 * size + budget + 32 * 1024 * 1024;
     println!("burst of 16 x {size} B: settled {settled} B, peak {peak} B, bound {bound} B");
     assert!(peak <= bound, "peak {peak} B over {bound} B");
     // Returned afterwards: back within a few bodies of where it was.
