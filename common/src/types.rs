@@ -45,6 +45,10 @@ pub const MAX_SUBDOMAIN_LEN: usize = 253;
 pub const MAX_CLASS_LEN: usize = MAX_SUBDOMAIN_LEN;
 /// Most ports one AppService (`v1beta1`) may declare.
 pub const MAX_PORTS: usize = 16;
+/// Most entries of `spec.resources.limits` or `.requests` (Kubernetes knows a handful of
+/// resource names; extended resources add a few more). Checked by `validate` and, before
+/// decoding, by the webhook.
+pub const MAX_RESOURCE_ENTRIES: usize = 32;
 /// Longest port name: Kubernetes port names are IANA service names of at most 15 characters.
 pub const MAX_PORT_NAME_LEN: usize = 15;
 /// Bounds of a user or group id (`spec.podSecurity.runAsUser`, `runAsGroup`, `fsGroup`):

@@ -419,6 +419,15 @@ fn validate_resources(resources: &ResourceRequirements, errors: &mut Vec<FieldEr
                      list: Option<&std::collections::BTreeMap<String, Quantity>>,
                      errors: &mut Vec<FieldError>| {
         let mut parsed = Vec::new();
+        let len = list.map_or(0, std::collections::BTreeMap::len);
+        if len > crate::types::MAX_RESOURCE_ENTRIES {
+            errors.push(FieldError::too_many(
+                format!("spec.resources.{kind}"),
+                len,
+                crate::types::MAX_RESOURCE_ENTRIES,
+            ));
+            return parsed;
+        }
         for (name, quantity) in list.into_iter().flatten() {
             let field = format!("spec.resources.{kind}[{name}]");
             match Amount::parse(quantity) {

@@ -815,3 +815,43 @@ mod v1beta1_pod_security {
         }
     }
 }
+
+#[test]
+fn resource_lists_are_bounded_by_validate_not_only_by_the_webhook() {
+    let mut spec = crate::AppServiceSpec {
+        image: "registry.example.com/web:v1".into(),
+        ..Default::default()
+    };
+    let many: std::collections::BTreeMap<
+        String,
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+    > = (0..=crate::types::MAX_RESOURCE_ENTRIES)
+        .map(|i| {
+            (
+                format!("example.com/r{i}"),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+            )
+        })
+        .collect();
+    spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        limits: Some(many.clone()),
+        ..Default::default()
+    });
+    let app = crate::AppService::new("web", spec.clone());
+    let errors = crate::validation::validate(&app, None)
+        .unwrap_err()
+        .to_string();
+    assert!(errors.contains("spec.resources.limits"), "{errors}");
+    assert!(errors.contains("32"), "{errors}");
+    // At the bound: accepted.
+    let at: std::collections::BTreeMap<_, _> = many
+        .into_iter()
+        .take(crate::types::MAX_RESOURCE_ENTRIES)
+        .collect();
+    spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(at),
+        ..Default::default()
+    });
+    let app = crate::AppService::new("web", spec);
+    assert!(crate::validation::validate(&app, None).is_ok());
+}

@@ -470,6 +470,7 @@ fn max_len(expr: &IdedExpr) -> u64 {
                 let path: Vec<&str> = path.iter().map(String::as_str).collect();
                 match path.as_slice() {
                     ["spec", "env"] => common::types::MAX_ENV as u64,
+                    ["spec", "ports"] => common::types::MAX_PORTS as u64,
                     ["spec", "resources", "limits" | "requests" | "claims"] => {
                         MAX_RESOURCE_ENTRIES as u64
                     }
@@ -631,6 +632,22 @@ mod tests {
             unbounded.cost > PER_EXPRESSION_COST_LIMIT,
             "{}",
             unbounded.cost
+        );
+    }
+
+    #[test]
+    fn a_comprehension_over_ports_is_costed_by_the_ports_bound() {
+        let ports = Expression::compile("object.spec.ports.all(p, p.port > 1024)", &VARS).unwrap();
+        let unbounded =
+            Expression::compile("object.metadata.managedFields.all(p, p.port > 1024)", &VARS)
+                .unwrap();
+        // The same body over at most MAX_PORTS entries, not MAX_POLICY_VALUES.
+        assert!(ports.cost < 16 * 20, "{}", ports.cost);
+        assert!(
+            unbounded.cost > 1000 * ports.cost / 16,
+            "{} vs {}",
+            unbounded.cost,
+            ports.cost
         );
     }
 }

@@ -26,9 +26,9 @@ use serde_json::value::RawValue;
 pub mod hub;
 mod shape;
 
-/// The most entries the webhook accepts in `spec.resources.limits` or `.requests`
-/// (Kubernetes knows a handful of resource names; extended resources add a few more).
-pub const MAX_RESOURCE_ENTRIES: usize = 32;
+/// The most entries of `spec.resources.limits` or `.requests`: `common`'s bound, which
+/// `validate` enforces too; the webhook checks it before decoding.
+pub use common::types::MAX_RESOURCE_ENTRIES;
 /// The most JSON values (scalars, lists and maps, counted recursively) of an object that
 /// CEL policies see. An AppService with 128 env entries and its managed fields has a
 /// few thousand; the bound keeps the generic JSON copy the policies need small.
