@@ -18,13 +18,20 @@
 //! here (`sql::Verifier`); text in the Secret that the controller did not generate is
 //! replaced (`secret::trusted_password`).
 //!
+//! Files: this one orchestrates (`ensure`, `cleanup`, Events); `provision.rs` runs the
+//! steps above and the removal on one server; `secret.rs` builds the Secret;
+//! `class_status.rs` writes the class's status; `server.rs` and `connect.rs` reach the
+//! server; `orphans.rs` is the periodic orphan scan.
+//!
 //! A crash between any two steps leaves a state the next reconcile completes. With the
 //! database disabled, `ensure` removes what an earlier generation created, following the
 //! class's `deletionPolicy`; `cleanup` does the same for a deleted AppService.
 
+mod class_status;
 mod connect;
 mod error;
 pub mod orphans;
+mod provision;
 pub mod secret;
 mod server;
 pub mod sql;
@@ -32,26 +39,21 @@ pub mod sql;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::AppService;
 use common::conditions::{DATABASE_READY, FALSE, TRUE};
-use common::database_class::REACHABLE;
 use common::names::{FIELD_MANAGER, database_secret_name};
-use common::{AppService, DatabaseClass, DatabaseClassStatus, DeletionPolicy};
-use deadpool_postgres::Object;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::json;
-use tracing::{Instrument, info, info_span, warn};
+use kube::{Api, Client, ResourceExt};
+use tracing::{info, warn};
 
 pub use connect::Limits;
 use connect::Pools;
 use error::DbResult;
 pub use error::{DatabaseError, DatabaseErrorReason, reasons};
-use server::Server;
 
-use crate::desired::PodDatabase;
 use crate::error::{Error, Result};
 use crate::external::{ConditionReport, External, Outcome, Report, Step};
 use crate::metrics::{Metrics, Written};
@@ -103,6 +105,8 @@ pub struct Databases {
     recorder: Recorder,
     orphan_scan_interval: Duration,
     orphans: orphans::Memory,
+    /// "Now" for condition timestamps, as the status module takes it.
+    clock: Arc<dyn crate::status::Clock>,
 }
 
 /// The AppService's namespace and UID. Its database and role are named from the UID, so
@@ -161,341 +165,14 @@ impl Databases {
             recorder,
             orphan_scan_interval: config.orphan_scan_interval,
             orphans: orphans::Memory::default(),
+            clock: Arc::new(crate::status::SystemClock),
         }
     }
 
-    /// Provisions the database of `app` on `class_name`; returns what `DatabaseReady`
-    /// should say, and what the Pods get from the Secret.
-    async fn provision(
-        &self,
-        app: &AppService,
-        class_name: &str,
-    ) -> DbResult<(String, PodDatabase)> {
-        let name = app.name_any();
-        let (namespace, uid) = identity(app)?;
-        let db = sql::db_name(&uid);
-        let server = self.server(class_name).await?;
-        let class = &server.class;
-        self.check_namespace(&server, &namespace).await?;
-        let (conn, ca_pem) = match self.connect(&server).await {
-            Ok(c) => c,
-            Err(e) => {
-                self.observe_class(class, Err(&e)).await;
-                return Err(e);
-            }
-        };
-        self.observe_class_version(&server, &conn).await;
-        let session = self.session(&server, &conn);
-
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
-        let secret_name = database_secret_name(&name);
-        let live = match secrets.get_opt(&secret_name).await? {
-            Some(s) => {
-                if !secret::is_ours(&s, &uid, &db) {
-                    return Err(DatabaseError::SecretConflict(format!(
-                        "{namespace}/{secret_name}"
-                    )));
-                }
-                s
-            }
-            None => {
-                // The first side effect for this AppService (or after its Secret was
-                // lost): make sure it is still the live object, not a stale cache entry
-                // of one whose cleanup already ran, or we would provision it again.
-                let apps: Api<AppService> = Api::namespaced(self.client.clone(), &namespace);
-                let fresh = apps.get_opt(&name).await?;
-                if !fresh.is_some_and(|a| {
-                    a.metadata.uid.as_deref() == Some(uid.as_str())
-                        && a.metadata.deletion_timestamp.is_none()
-                }) {
-                    return Err(DatabaseError::Internal(
-                        "the AppService is going away; not provisioning".into(),
-                    ));
-                }
-                let desired = secret::desired(
-                    app,
-                    class,
-                    &db,
-                    &sql::new_password(),
-                    true,
-                    ca_pem.as_deref(),
-                )
-                .map_err(|e| DatabaseError::Internal(e.to_string()))?;
-                // Create, not apply: a second controller racing us gets 409 and then
-                // reads our password instead of writing its own.
-                let created = secrets.create(&PostParams::default(), &desired).await?;
-                self.metrics.write(Written::Secrets);
-                info!(secret = %secret_name, "database credentials Secret created");
-                created
-            }
-        };
-        // The role's password as the Secret tells it (an edited copy is told from the
-        // real one by its hash); a Secret where neither copy is known good gets a new one.
-        let (live, password) = match secret::trusted_password(&live) {
-            Some(pw) => (live, pw),
-            None => {
-                let pw = sql::new_password();
-                let mut desired = secret::desired(app, class, &db, &pw, true, ca_pem.as_deref())
-                    .map_err(|e| DatabaseError::Internal(e.to_string()))?;
-                secret::keep_others(&live, &mut desired);
-                desired.metadata.resource_version = live.metadata.resource_version.clone();
-                let replaced = secrets
-                    .replace(&secret_name, &PostParams::default(), &desired)
-                    .await?;
-                self.metrics.write(Written::Secrets);
-                (replaced, pw)
-            }
-        };
-        let pending = live
-            .annotations()
-            .get(PASSWORD_PENDING_ANNOTATION)
-            .is_some_and(|v| v == "true");
-
-        let limit = class.spec.connection_limit;
-        let verifier =
-            || sql::Verifier::of(&password).map_err(|e| DatabaseError::Internal(e.to_string()));
-        let role = session
-            .query_opt("checking the role", sql::ROLE_STATE, &db)
-            .await?
-            .map(|row| -> (bool, i32) {
-                (
-                    row.try_get(0).unwrap_or(false),
-                    row.try_get(1).unwrap_or(-1),
-                )
-            });
-        let created = role.is_none()
-            && session
-                .execute_create("CREATE ROLE", &sql::create_role(&db, &verifier()?, limit))
-                .await?;
-        // A role someone created a moment ago, or one that may not have the Secret's
-        // password yet: make the Secret's password the role's.
-        if !created && (pending || role.is_none()) {
-            session
-                .execute("ALTER ROLE", &sql::set_password(&db, &verifier()?))
-                .await?;
-        }
-        // LOGIN (gone under Retain, or taken away by hand) and the connection limit.
-        if !created && role != Some((true, limit)) {
-            session
-                .execute("ALTER ROLE", &sql::set_login(&db, limit))
-                .await?;
-        }
-        if !session
-            .query_bool("checking the database", sql::DATABASE_EXISTS, &db)
-            .await?
-            && session
-                .execute_create("CREATE DATABASE", &sql::create_database(&db, &db))
-                .await?
-        {
-            let comment = format!("AppService {namespace}/{name} (uid {uid})");
-            session
-                .execute("COMMENT ON DATABASE", &sql::comment_database(&db, &comment))
-                .await?;
-        }
-        if session
-            .query_bool("checking CONNECT", sql::PUBLIC_MAY_CONNECT, &db)
-            .await?
-        {
-            session
-                .execute("REVOKE CONNECT", &sql::revoke_public_connect(&db))
-                .await?;
-        }
-        drop(conn);
-
-        // The Secret's content follows the class (host, port, TLS) and its password.
-        let desired = secret::desired(app, class, &db, &password, false, ca_pem.as_deref())
-            .map_err(|e| DatabaseError::Internal(e.to_string()))?;
-        // ... and its metadata: our labels, our owner reference through the storage
-        // version (re-pointing a Secret an earlier release made), others' entries kept.
-        // What the Pods get: from the data as written, so the Deployment rolls only once
-        // the role has the password its Pods will be given.
-        let pod = secret::pod_database(&desired);
-        if pending || !secret::same_data(&live, &desired) || !secret::same_metadata(&live, &desired)
-        {
-            let mut desired = desired;
-            secret::keep_others(&live, &mut desired);
-            desired.metadata.resource_version = live.metadata.resource_version.clone();
-            // resourceVersion as precondition: if someone replaced the Secret meanwhile,
-            // this fails (409) and the next reconcile starts from their version.
-            secrets
-                .replace(&secret_name, &PostParams::default(), &desired)
-                .await?;
-            self.metrics.write(Written::Secrets);
-        }
-        Ok((
-            format!(
-                "database {db} on {} (DatabaseClass {class_name}); credentials in Secret {secret_name}",
-                server.address()
-            ),
-            pod,
-        ))
-    }
-
-    /// Removes the database of `app` on `class_name` as the class's policy says.
-    /// Returns the Event reason and message describing what happened.
-    async fn remove(&self, app: &AppService, class_name: &str) -> DbResult<(&'static str, String)> {
-        let (_, uid) = identity(app)?;
-        let db = sql::db_name(&uid);
-        let server = self.server(class_name).await?;
-        let class = &server.class;
-        let conn = match self.connect(&server).await {
-            Ok((conn, _)) => conn,
-            Err(e) => {
-                self.observe_class(class, Err(&e)).await;
-                return Err(e);
-            }
-        };
-        if class.spec.deletion_policy == DeletionPolicy::Retain {
-            // Keep the data, but not a login: the credentials in the (now deleted)
-            // Secret, and any copy of them, stop working, and open sessions end.
-            let session = self.session(&server, &conn);
-            if session
-                .query_opt("checking the role", sql::ROLE_STATE, &db)
-                .await?
-                .is_some()
-            {
-                session
-                    .execute("ALTER ROLE", &sql::retire_role(&db))
-                    .await?;
-                session
-                    .query_opt("terminating sessions", sql::TERMINATE_ROLE_SESSIONS, &db)
-                    .await?;
-            }
-            return Ok((
-                reasons::RETAINED,
-                format!(
-                    "database {db} kept on {} (DatabaseClass {class_name} has deletionPolicy Retain); its role can no longer log in",
-                    server.address()
-                ),
-            ));
-        }
-        let session = self.session(&server, &conn);
-        match tokio::time::timeout(
-            self.op_timeout(),
-            conn.query_one(sql::TERMINATE_SESSIONS, &[&db]),
-        )
-        .instrument(info_span!("db.statement", otel.kind = "client", db.system = "postgresql", db.operation = "terminating sessions", server.address = %server.address()))
-        .await
-        {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(server.pg_error("terminating sessions", &e)),
-            Err(_) => {
-                return Err(DatabaseError::Unreachable {
-                    class: class_name.to_owned(),
-                    address: server.address(),
-                    detail: "terminating sessions did not finish in time".into(),
-                });
-            }
-        }
-        session
-            .execute("DROP DATABASE", &sql::drop_database(&db))
-            .await?;
-        session.execute("DROP ROLE", &sql::drop_role(&db)).await?;
-        Ok((
-            reasons::DELETED,
-            format!("database and role {db} dropped on {}", server.address()),
-        ))
-    }
-
-    /// Records on the class whether its server could be reached (only when that changed).
-    async fn observe_class(
-        &self,
-        class: &DatabaseClass,
-        result: std::result::Result<&str, &DatabaseError>,
-    ) {
-        let (status, reason, message, version) = match result {
-            Ok(version) => (TRUE, "LoggedIn", String::new(), Some(version.to_owned())),
-            Err(e) if e.is_class_level() => (FALSE, e.reason(), e.to_string(), None),
-            Err(_) => return,
-        };
-        // The status contract as kstatus reads it (Flux, Helm --wait): Stalled while an
-        // admin must fix the class (credentials, CA, admin Secret, a refused spec),
-        // Reconciling while an unreachable server is retried.
-        let waiting = result.as_ref().err().is_some_and(|e| e.is_waiting());
-        let (stalled, reconciling) = match (status == TRUE, waiting) {
-            (true, _) => (FALSE, FALSE),
-            (false, true) => (TRUE, FALSE),
-            (false, false) => (FALSE, TRUE),
-        };
-        let old = class.status.clone().unwrap_or_default();
-        let mut new = DatabaseClassStatus {
-            observed_generation: class.metadata.generation,
-            server_version: version.or(old.server_version.clone()),
-            conditions: old.conditions.clone(),
-        };
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now(),
-        );
-        for (type_, st) in [
-            (REACHABLE, status),
-            (common::conditions::STALLED, stalled),
-            (common::conditions::RECONCILING, reconciling),
-        ] {
-            let (reason, message) = if st == TRUE || type_ == REACHABLE {
-                (reason, message.clone())
-            } else {
-                (common::conditions::reasons::AS_EXPECTED, String::new())
-            };
-            common::conditions::set(
-                &mut new.conditions,
-                common::conditions::new_condition(
-                    type_,
-                    st,
-                    reason,
-                    message,
-                    class.metadata.generation,
-                    &now,
-                ),
-            );
-        }
-        if new.observed_generation == old.observed_generation
-            && new.server_version == old.server_version
-            && common::conditions::same_set_ignoring_time(&new.conditions, &old.conditions)
-        {
-            return;
-        }
-        let api: Api<DatabaseClass> = Api::all(self.client.clone());
-        let patch = json!({
-            "apiVersion": DatabaseClass::api_version(&()),
-            "kind": DatabaseClass::kind(&()),
-            "status": new,
-        });
-        match api
-            .patch_status(
-                &class.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-        {
-            Ok(_) => self.metrics.write(Written::DatabaseClassStatus),
-            Err(e) => {
-                warn!(error = %e, class = %class.name_any(), "could not write DatabaseClass status")
-            }
-        }
-    }
-
-    /// Asks the server its version when the class's status does not show it yet.
-    async fn observe_class_version(&self, server: &Server, conn: &Object) {
-        let class = &server.class;
-        let current = class.status.as_ref().is_some_and(|s| {
-            s.server_version.is_some()
-                && s.observed_generation == class.metadata.generation
-                && common::conditions::is_true(&s.conditions, REACHABLE)
-        });
-        if current {
-            return;
-        }
-        let version = match tokio::time::timeout(
-            self.op_timeout(),
-            conn.query_one("SHOW server_version", &[]),
-        )
-        .await
-        {
-            Ok(Ok(row)) => row.try_get::<_, String>(0).unwrap_or_default(),
-            _ => return,
-        };
-        self.observe_class(class, Ok(&version)).await;
+    /// The same, stamping conditions with `clock` (tests pin time).
+    pub fn with_clock(mut self, clock: Arc<dyn crate::status::Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     async fn publish(
