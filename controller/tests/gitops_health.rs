@@ -47,11 +47,15 @@ fn script(kind: &str) -> PathBuf {
         .join(format!("health-{kind}.lua"))
 }
 
-/// Runs kstatus' `status.Compute` on `object`: `Current`, `InProgress`, `Failed`,
-/// `Terminating` and its message.
-fn kstatus(object: &impl serde::Serialize) -> anyhow::Result<Health> {
-    let evaluator = harness::assets::tool("kstatus")?;
+/// Runs the test tool `name` with `args` on `object` (JSON on stdin); its stdout.
+fn evaluate(
+    name: &str,
+    args: &[PathBuf],
+    object: &impl serde::Serialize,
+) -> anyhow::Result<Vec<u8>> {
+    let evaluator = harness::assets::tool(name)?;
     let mut child = Command::new(&evaluator)
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -69,7 +73,13 @@ fn kstatus(object: &impl serde::Serialize) -> anyhow::Result<Health> {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut results: Vec<Health> = serde_json::from_slice(&out.stdout)?;
+    Ok(out.stdout)
+}
+
+/// Runs kstatus' `status.Compute` on `object`: `Current`, `InProgress`, `Failed`,
+/// `Terminating` and its message.
+fn kstatus(object: &impl serde::Serialize) -> anyhow::Result<Health> {
+    let mut results: Vec<Health> = serde_json::from_slice(&evaluate("kstatus", &[], object)?)?;
     anyhow::ensure!(results.len() == 1, "one result expected: {results:?}");
     Ok(results.remove(0))
 }
@@ -97,27 +107,11 @@ fn health(object: &AppService) -> anyhow::Result<Health> {
 
 /// Runs the shipped health script of `kind` on `object` as Argo CD does.
 fn health_of(kind: &str, object: &impl serde::Serialize) -> anyhow::Result<Health> {
-    let evaluator = harness::assets::tool("argocd-health")?;
-    let mut child = Command::new(&evaluator)
-        .arg(script(kind))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(&serde_json::to_vec(object)?)?;
-    let out = child.wait_with_output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{} failed ({}): {}",
-        evaluator.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(serde_json::from_slice(&out.stdout)?)
+    Ok(serde_json::from_slice(&evaluate(
+        "argocd-health",
+        &[script(kind)],
+        object,
+    )?)?)
 }
 
 /// Polls AppService `name` until the script says `status`; returns the health and object.
