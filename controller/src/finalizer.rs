@@ -3,11 +3,11 @@
 
 use std::borrow::Cow;
 
+use crate::queue::Next;
 use common::AppService;
 use common::conditions::reasons;
 use common::names::FINALIZER;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -67,7 +67,7 @@ pub(crate) async fn finalize(
     }
     match ctx.external().cleanup(app).await {
         Ok(Step::Done) => {}
-        Ok(Step::NotReady(after)) => return Ok(Outcome::next(Ok(Action::requeue(after)))),
+        Ok(Step::NotReady(after)) => return Ok(Outcome::next(Ok(Next::requeue(after)))),
         Err(e) => {
             ctx.metrics().cleanup_failed();
             let message = e.to_string();

@@ -20,10 +20,10 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::queue::Next;
 use common::names::FINALIZER;
 use common::validation::validate;
 use common::{AppService, AppServiceStatus};
-use kube::runtime::controller::Action;
 use kube::runtime::events::Event;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
@@ -56,12 +56,12 @@ pub(crate) struct Outcome {
     /// The AppService is gone for good (its finalizer released, or never ours).
     pub(crate) gone: bool,
     /// What happens next: when to look again, or the error the policy retries.
-    pub(crate) next: Result<Action>,
+    pub(crate) next: Result<Next>,
 }
 
 impl Outcome {
     /// Nothing to report; `next` decides.
-    pub(crate) fn next(next: Result<Action>) -> Self {
+    pub(crate) fn next(next: Result<Next>) -> Self {
         Outcome {
             status: None,
             event: None,
@@ -71,7 +71,7 @@ impl Outcome {
     }
 
     /// `status` observed; `next` decides.
-    pub(crate) fn status(status: AppServiceStatus, next: Result<Action>) -> Self {
+    pub(crate) fn status(status: AppServiceStatus, next: Result<Next>) -> Self {
         Outcome {
             status: Some(status),
             ..Outcome::next(next)
@@ -82,16 +82,16 @@ impl Outcome {
     pub(crate) fn gone() -> Self {
         Outcome {
             gone: true,
-            ..Outcome::next(Ok(Action::await_change()))
+            ..Outcome::next(Ok(Next::await_change()))
         }
     }
 }
 
 /// Entry point for the kube-runtime `Controller`.
 #[instrument(skip(ctx, app), fields(object = %ObjectRef::from_obj(&*app), generation = app.metadata.generation.unwrap_or_default()))]
-pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Next> {
     if !ctx.is_leader() {
-        return Ok(Action::await_change());
+        return Ok(Next::await_change());
     }
     let key = ObjectRef::from_obj(&*app);
     // An excluded namespace (kube-system, the release namespace, ...) gets nothing written,
@@ -101,7 +101,7 @@ pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Action
     {
         ctx.metrics().excluded();
         warn!(object = %key, "AppService in an excluded namespace (--exclude-namespaces): not reconciled, nothing is written there");
-        return Ok(Action::await_change());
+        return Ok(Next::await_change());
     }
     // A status we wrote that the cache has caught up with is no longer needed: drop it
     // here, not only when writing status, which a pass may never reach.
@@ -121,7 +121,7 @@ pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Action
 }
 
 /// Retry policy for failed reconciles: see [`Error::retry`].
-pub fn error_policy(app: Arc<AppService>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(app: Arc<AppService>, error: &Error, ctx: Arc<Context>) -> Next {
     let key = ObjectRef::from_obj(&*app);
     ctx.metrics().error(error.metric_label());
     let retry = error.retry();
@@ -132,19 +132,19 @@ pub fn error_policy(app: Arc<AppService>, error: &Error, ctx: Arc<Context>) -> A
     {
         Some(delay) => {
             warn!(object = %key, %error, ?retry, attempt, delay_ms = delay.as_millis() as u64, "reconcile failed; retrying");
-            Action::requeue(delay)
+            Next::requeue(delay)
         }
         None => {
             if retry == Retry::Permanent && !matches!(error, Error::NotLeader) {
                 warn!(object = %key, %error, "reconcile failed permanently; waiting for a change");
             }
-            Action::await_change()
+            Next::await_change()
         }
     }
 }
 
 /// The steps, then the one report of what they observed.
-async fn pass(app: &AppService, ctx: &Context) -> Result<Action> {
+async fn pass(app: &AppService, ctx: &Context) -> Result<Next> {
     let namespace = required(&app.metadata.namespace, "metadata.namespace")?;
     let api: Api<AppService> = Api::namespaced(ctx.client().clone(), namespace);
     let (app, outcome) = if let Some(deleted) = &app.metadata.deletion_timestamp {
@@ -169,7 +169,7 @@ async fn finish(
     api: &Api<AppService>,
     app: &AppService,
     outcome: Outcome,
-) -> Result<Action> {
+) -> Result<Next> {
     if outcome.gone {
         let key = ObjectRef::from_obj(app);
         ctx.forget(&key);
@@ -203,7 +203,7 @@ async fn converge_app(app: &AppService, ctx: &Context) -> Result<Outcome> {
             &ctx.clock().now(),
         );
         // Retrying cannot help; the next change of the object triggers a reconcile.
-        return Ok(Outcome::status(status, Ok(Action::await_change())));
+        return Ok(Outcome::status(status, Ok(Next::await_change())));
     }
 
     // External resources (the database) before the children: the Deployment must not
@@ -220,8 +220,8 @@ async fn converge_app(app: &AppService, ctx: &Context) -> Result<Outcome> {
     );
     let next = match report.outcome {
         External::Failed(e) => Err(e),
-        External::NotReady(after) => Ok(Action::requeue(after)),
-        External::Done => Ok(Action::await_change()),
+        External::NotReady(after) => Ok(Next::requeue(after)),
+        External::Done => Ok(Next::await_change()),
     };
     Ok(Outcome::status(status, next))
 }
@@ -276,10 +276,7 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
         let mut status = desired_status(app, &obs, our_deployment, &now);
         apply_external(&mut status, report, app.metadata.generation, &now);
         // The watch on foreign objects wakes us when the name is free; this is a backstop.
-        return Ok(Outcome::status(
-            status,
-            Ok(Action::requeue(CONFLICT_RECHECK)),
-        ));
+        return Ok(Outcome::status(status, Ok(Next::requeue(CONFLICT_RECHECK))));
     }
 
     // The two children are independent: converge them at once (one round trip less
@@ -325,7 +322,7 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
     // that must reach status now, or DatabaseReady would wait for the next rollout.
     if unobserved && settled && !spec_written && !external_changes(app, report) {
         debug!("Deployment metadata changed and not yet observed; status kept");
-        return Ok(Outcome::next(Ok(Action::requeue(
+        return Ok(Outcome::next(Ok(Next::requeue(
             ctx.config().rollout_requeue,
         ))));
     }
@@ -341,7 +338,7 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
         // ReplicaSet controller creates the Pods once the cause is gone.
         Rollout::Complete { .. } | Rollout::Stuck { .. } => ctx.config().resync_interval,
     };
-    Ok(Outcome::status(status, Ok(Action::requeue(next))))
+    Ok(Outcome::status(status, Ok(Next::requeue(next))))
 }
 
 /// Why nothing is created while `taken` names are held by objects we do not control.

@@ -260,8 +260,8 @@ impl Queue {
     }
 
     /// The error policy asked for `action` after a failed reconcile of `key`.
-    pub fn retried(&self, key: &ObjectRef<AppService>, action: &Action, now: Instant) {
-        if let Some(delay) = requeue_delay(action) {
+    pub fn retried(&self, key: &ObjectRef<AppService>, next: Next, now: Instant) {
+        if let Some(delay) = next.delay() {
             self.retries.inc();
             self.scheduled(key, now + delay, now);
         }
@@ -348,7 +348,7 @@ impl Running {
     /// Records the result of the reconcile and, when it asked for one, its requeue.
     /// `resync`: a requeue this late or later is the safety-net resync of a converged
     /// object, a success.
-    pub fn finish(self, result: &Result<Action, Error>, now: Instant, resync: Duration) {
+    pub fn finish(self, result: &Result<Next, Error>, now: Instant, resync: Duration) {
         if !self.counted {
             return;
         }
@@ -361,7 +361,7 @@ impl Running {
                 queue.reconcile_errors.inc();
                 ReconcileResult::Error
             }
-            Ok(action) => match requeue_delay(action) {
+            Ok(next) => match next.delay() {
                 Some(delay) if delay < resync => ReconcileResult::Requeue,
                 _ => ReconcileResult::Success,
             },
@@ -371,8 +371,8 @@ impl Running {
             .get_or_create(&ResultLabel { result: label })
             .inc();
         // The error policy's requeue is recorded by `retried`.
-        if let Ok(action) = result
-            && let Some(delay) = requeue_delay(action)
+        if let Ok(next) = result
+            && let Some(delay) = next.delay()
         {
             queue.scheduled(&self.key, now + delay, now);
         }
@@ -389,50 +389,42 @@ impl Drop for Running {
     }
 }
 
-/// When `action` asks to reconcile again. kube-runtime keeps the delay private; its
-/// `Debug` output (`Action { requeue_after: Some(10s) }`) is the only way to read it, so
-/// it is parsed here and checked by rebuilding the `Action` from the result: if the
-/// format ever changes, the answer is `None` (no requeue seen), never a wrong delay.
-pub fn requeue_delay(action: &Action) -> Option<Duration> {
-    let text = format!("{action:?}");
-    let inner = text.split_once("Some(")?.1.split_once(')')?.0;
-    let delay = parse_debug_duration(inner)?;
-    (Action::requeue(delay) == *action).then_some(delay)
+/// When a pass asks to reconcile its object again, as data: what the queue's bookkeeping
+/// reads, turned into kube-runtime's `Action` (whose delay is private) only at the edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Only when something changes (an event of the object or of what it watches).
+    AwaitChange,
+    /// After this long, whatever happens meanwhile.
+    After(Duration),
 }
 
-/// Parses `Duration`'s `Debug` form: a decimal number and a unit (`ns`, `µs`, `ms`, `s`).
-fn parse_debug_duration(text: &str) -> Option<Duration> {
-    let (number, unit_nanos) = if let Some(n) = text.strip_suffix("ns") {
-        (n, 1u128)
-    } else if let Some(n) = text.strip_suffix("µs") {
-        (n, 1_000)
-    } else if let Some(n) = text.strip_suffix("ms") {
-        (n, 1_000_000)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1_000_000_000)
-    } else {
-        return None;
-    };
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+impl Next {
+    /// Reconcile again after `delay` (as `Action::requeue`).
+    pub const fn requeue(delay: Duration) -> Self {
+        Next::After(delay)
     }
-    if !fraction.bytes().all(|b| b.is_ascii_digit()) || fraction.len() > 9 {
-        return None;
+
+    /// Reconcile again only on a change (as `Action::await_change`).
+    pub const fn await_change() -> Self {
+        Next::AwaitChange
     }
-    let whole: u128 = whole.parse().ok()?;
-    let fraction_value: u128 = if fraction.is_empty() {
-        0
-    } else {
-        fraction.parse().ok()?
-    };
-    let scale = 10u128.checked_pow(u32::try_from(fraction.len()).ok()?)?;
-    let nanos = whole
-        .checked_mul(unit_nanos)?
-        .checked_add(fraction_value.checked_mul(unit_nanos)? / scale)?;
-    let secs = u64::try_from(nanos / 1_000_000_000).ok()?;
-    let sub = u32::try_from(nanos % 1_000_000_000).ok()?;
-    Some(Duration::new(secs, sub))
+
+    /// The delay, if one was asked for.
+    pub const fn delay(self) -> Option<Duration> {
+        match self {
+            Next::AwaitChange => None,
+            Next::After(delay) => Some(delay),
+        }
+    }
+
+    /// kube-runtime's form of it.
+    pub fn action(self) -> Action {
+        match self {
+            Next::AwaitChange => Action::await_change(),
+            Next::After(delay) => Action::requeue(delay),
+        }
+    }
 }
 
 #[cfg(test)]

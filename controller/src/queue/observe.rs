@@ -11,7 +11,7 @@ use futures::{FutureExt, Stream, StreamExt};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::Queue;
+use super::{Next, Queue};
 use crate::context::Context;
 use crate::error::Error;
 
@@ -66,7 +66,7 @@ pub fn observe_reconcile<F, Fut>(
 ) -> impl FnMut(Arc<AppService>, Arc<Context>) -> BoxFuture<'static, Result<Action, Error>>
 where
     F: Fn(Arc<AppService>, Arc<Context>) -> Fut,
-    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+    Fut: Future<Output = Result<Next, Error>> + Send + 'static,
 {
     move |app, ctx| {
         let queue = ctx.metrics().queue().clone();
@@ -76,7 +76,7 @@ where
         async move {
             let result = reconciling.await;
             running.finish(&result, Instant::now(), resync);
-            result
+            result.map(Next::action)
         }
         .boxed()
     }
@@ -87,14 +87,14 @@ pub fn observe_error_policy<P>(
     policy: P,
 ) -> impl Fn(Arc<AppService>, &Error, Arc<Context>) -> Action
 where
-    P: Fn(Arc<AppService>, &Error, Arc<Context>) -> Action,
+    P: Fn(Arc<AppService>, &Error, Arc<Context>) -> Next,
 {
     move |app, error, ctx| {
         let key = ObjectRef::from_obj(&*app);
-        let action = policy(app, error, ctx.clone());
+        let next = policy(app, error, ctx.clone());
         if ctx.is_leader() {
-            ctx.metrics().queue().retried(&key, &action, Instant::now());
+            ctx.metrics().queue().retried(&key, next, Instant::now());
         }
-        action
+        next.action()
     }
 }
