@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 use crate::desired::{CONTAINER_NAME, HASHED_OWNER_API_VERSION};
 use crate::owners::names_an_app;
-use crate::view::{ContainerView, DeploymentView, EnvVarView, Labels, Named, ServiceView};
+use crate::view::{ContainerView, DeploymentView, EnvVarView, LabelPairs, Named, ServiceView};
 
 /// A hash of `desired` (serialized with sorted map keys, so it is stable across runs
 /// and releases as long as the desired object is the same). The version an owner
@@ -72,9 +72,9 @@ pub trait Drift {
 /// reference.
 fn metadata_drift(
     desired: &ObjectMeta,
-    want: &Labels,
+    want: &LabelPairs,
     live: &ObjectMeta,
-    have: &Labels,
+    have: &LabelPairs,
 ) -> Vec<Value> {
     let mut ops = Vec::new();
     labels_subset("/metadata/labels", Some(want), Some(have), &mut ops);
@@ -379,7 +379,12 @@ fn set_or_remove<T: Serialize>(path: &str, want: Option<&T>, present: bool, ops:
 }
 
 /// Our labels must be present with our values; labels others add are theirs to keep.
-fn labels_subset(path: &str, want: Option<&Labels>, have: Option<&Labels>, ops: &mut Vec<Value>) {
+fn labels_subset(
+    path: &str,
+    want: Option<&LabelPairs>,
+    have: Option<&LabelPairs>,
+    ops: &mut Vec<Value>,
+) {
     let Some(want) = want.filter(|w| !w.is_empty()) else {
         return;
     };

@@ -27,7 +27,7 @@ pub enum Step {
 
 /// Whether reconcile may go on to the children after [`External::ensure`].
 #[derive(Debug)]
-pub enum Outcome {
+pub enum Readiness {
     /// Everything external is in place.
     Done,
     /// Waiting for something outside our control (a class to appear, an admin to fix
@@ -49,7 +49,7 @@ pub struct ConditionReport {
 /// What [`External::ensure`] found.
 #[derive(Debug)]
 pub struct Report {
-    pub outcome: Outcome,
+    pub outcome: Readiness,
     /// Conditions to set on the AppService's status.
     pub conditions: Vec<ConditionReport>,
     /// Condition types this step owns that do not apply now (removed from status).
@@ -63,7 +63,7 @@ impl Report {
     /// Nothing external, nothing to report.
     pub fn done() -> Self {
         Report {
-            outcome: Outcome::Done,
+            outcome: Readiness::Done,
             conditions: vec![],
             absent: vec![],
             database: None,

@@ -33,7 +33,7 @@ use crate::children::{converge, lookup};
 use crate::context::Context;
 use crate::desired::{desired_deployment, desired_service, is_controlled_by, required};
 use crate::error::{Error, Result, Retry};
-use crate::external::{Outcome as External, Report};
+use crate::external::{Readiness as External, Report};
 use crate::finalizer::{ensure_finalizer, finalize};
 use crate::report::{publish, write_status};
 use crate::status::{

@@ -119,9 +119,9 @@ macro_rules! view_of {
 /// A label map as sorted pairs: a few dozen bytes where a `BTreeMap` takes a node of
 /// several hundred.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Labels(Box<[(String, String)]>);
+pub struct LabelPairs(Box<[(String, String)]>);
 
-impl Labels {
+impl LabelPairs {
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0
             .binary_search_by(|(k, _)| k.as_str().cmp(key))
@@ -138,20 +138,20 @@ impl Labels {
     }
 }
 
-impl From<BTreeMap<String, String>> for Labels {
+impl From<BTreeMap<String, String>> for LabelPairs {
     fn from(map: BTreeMap<String, String>) -> Self {
         // A BTreeMap iterates in key order: the pairs come out sorted and unique.
-        Labels(map.into_iter().collect())
+        LabelPairs(map.into_iter().collect())
     }
 }
 
-impl Serialize for Labels {
+impl Serialize for LabelPairs {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_map(self.iter())
     }
 }
 
-impl<'de> Deserialize<'de> for Labels {
+impl<'de> Deserialize<'de> for LabelPairs {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         Ok(BTreeMap::<String, String>::deserialize(deserializer)?.into())
     }
@@ -161,8 +161,8 @@ impl<'de> Deserialize<'de> for Labels {
 /// its annotations and `managedFields` are dropped; name, namespace, uid,
 /// resourceVersion, generation and owner references stay for the reflector, the
 /// controller's owner mapping, and status.
-fn split_meta(mut meta: ObjectMeta) -> (ObjectMeta, Labels, Option<String>) {
-    let labels = meta.labels.take().map(Labels::from).unwrap_or_default();
+fn split_meta(mut meta: ObjectMeta) -> (ObjectMeta, LabelPairs, Option<String>) {
+    let labels = meta.labels.take().map(LabelPairs::from).unwrap_or_default();
     let hash = meta
         .annotations
         .take()
@@ -180,7 +180,7 @@ fn split_meta(mut meta: ObjectMeta) -> (ObjectMeta, Labels, Option<String>) {
 pub struct DeploymentView {
     /// Name, namespace, uid, resourceVersion, generation, owner references.
     pub metadata: ObjectMeta,
-    pub labels: Labels,
+    pub labels: LabelPairs,
     /// The desired-hash annotation.
     pub hash: Option<String>,
     pub spec: DeploymentSpecView,
@@ -208,7 +208,7 @@ pub struct PodTemplateView {
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(from = "RawTemplateMeta")]
 pub struct TemplateMetaView {
-    pub labels: Option<Labels>,
+    pub labels: Option<LabelPairs>,
     /// Whether the template has an annotation map at all (a JSON patch adds a key to an
     /// existing map, or the map).
     pub has_annotations: bool,
@@ -220,7 +220,7 @@ pub struct TemplateMetaView {
 #[derive(Deserialize)]
 struct RawTemplateMeta {
     #[serde(default)]
-    labels: Option<Labels>,
+    labels: Option<LabelPairs>,
     #[serde(default)]
     annotations: Option<BTreeMap<String, String>>,
 }
@@ -507,7 +507,7 @@ view_of!(DeploymentView, Deployment);
 #[serde(from = "RawService")]
 pub struct ServiceView {
     pub metadata: ObjectMeta,
-    pub labels: Labels,
+    pub labels: LabelPairs,
     pub hash: Option<String>,
     pub spec: Option<ServiceSpecView>,
 }
@@ -520,7 +520,7 @@ pub struct ServiceSpecView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ports: Option<Vec<ServicePort>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<Labels>,
+    pub selector: Option<LabelPairs>,
 }
 
 #[derive(Deserialize)]

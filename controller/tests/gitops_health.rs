@@ -533,7 +533,7 @@ fn every_rule_of_the_script_on_statuses_as_the_controller_writes_them() -> anyho
 /// Failed; and both tools show the same message.
 #[test]
 fn every_verdict_of_the_controller_reads_alike_in_argo_cd_and_kstatus() -> anyhow::Result<()> {
-    use controller::external::{ConditionReport, Outcome, Report};
+    use controller::external::{ConditionReport, Readiness, Report};
     use controller::status::{Observation, desired_status, external_blocked_status};
     use controller::view::DeploymentView;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -565,9 +565,9 @@ fn every_verdict_of_the_controller_reads_alike_in_argo_cd_and_kstatus() -> anyho
     };
     let database = |reason: &'static str, waiting: bool| Report {
         outcome: if waiting {
-            Outcome::NotReady(Duration::from_secs(30))
+            Readiness::NotReady(Duration::from_secs(30))
         } else {
-            Outcome::Failed(controller::error::Error::Drift {
+            Readiness::Failed(controller::error::Error::Drift {
                 kind: "test",
                 paths: vec![],
             })

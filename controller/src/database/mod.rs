@@ -55,7 +55,7 @@ use error::DbResult;
 pub use error::{DatabaseError, DatabaseErrorReason, reasons};
 
 use crate::error::{Error, Result};
-use crate::external::{ConditionReport, External, Outcome, Report, Step};
+use crate::external::{ConditionReport, External, Readiness, Report, Step};
 use crate::metrics::{Metrics, Written};
 
 /// Annotation on the credentials Secret: the class the database lives on, so that
@@ -200,7 +200,7 @@ impl Databases {
         let secret_name = database_secret_name(&app.name_any());
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
         let absent = Report {
-            outcome: Outcome::Done,
+            outcome: Readiness::Done,
             conditions: vec![],
             absent: vec![DATABASE_READY],
             database: None,
@@ -284,9 +284,9 @@ impl Databases {
 
     fn failed(&self, condition: ConditionReport, e: DatabaseError) -> Report {
         let outcome = if e.is_waiting() {
-            Outcome::NotReady(WAITING_RECHECK)
+            Readiness::NotReady(WAITING_RECHECK)
         } else {
-            Outcome::Failed(Error::Database(e))
+            Readiness::Failed(Error::Database(e))
         };
         Report {
             outcome,
@@ -304,7 +304,7 @@ impl Databases {
             .provisioned(result.is_ok(), started.elapsed());
         let report = match result {
             Ok((message, pod)) => Report {
-                outcome: Outcome::Done,
+                outcome: Readiness::Done,
                 conditions: vec![ConditionReport {
                     type_: DATABASE_READY,
                     status: TRUE,

@@ -25,7 +25,7 @@ use common::names::{endpoint, selector_string};
 use common::{AppService, AppServiceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::external::{Outcome, Report};
+use crate::external::{Readiness, Report};
 use crate::view::DeploymentView;
 
 mod rollout;
@@ -391,13 +391,13 @@ pub fn external_blocked_status(
     };
     let (reason, message) = (blocking.reason, blocking.message.clone());
     let v = match report.outcome {
-        Outcome::Failed(_) => Verdict::Reconciling {
+        Readiness::Failed(_) => Verdict::Reconciling {
             reason,
             ready: message.clone(),
             progress: message.clone(),
             degraded: Some(message),
         },
-        Outcome::NotReady(_) | Outcome::Done => Verdict::Stalled {
+        Readiness::NotReady(_) | Readiness::Done => Verdict::Stalled {
             reason,
             message,
             hint: "no progress until the cause in Ready's message is fixed; checked again when the DatabaseClass or the AppService changes, and periodically".to_owned(),

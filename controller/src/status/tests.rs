@@ -342,7 +342,7 @@ fn cleanup_failure_sets_degraded_only() {
 
 fn db_report(status: &'static str, reason: &'static str) -> Report {
     Report {
-        outcome: crate::external::Outcome::Done,
+        outcome: crate::external::Readiness::Done,
         conditions: vec![crate::external::ConditionReport {
             type_: conditions::DATABASE_READY,
             status,
@@ -359,9 +359,9 @@ fn db_report(status: &'static str, reason: &'static str) -> Report {
 fn db_blocked(reason: &'static str, waiting: bool) -> Report {
     let mut r = db_report(FALSE, reason);
     r.outcome = if waiting {
-        crate::external::Outcome::NotReady(std::time::Duration::from_secs(30))
+        crate::external::Readiness::NotReady(std::time::Duration::from_secs(30))
     } else {
-        crate::external::Outcome::Failed(crate::error::Error::Drift {
+        crate::external::Readiness::Failed(crate::error::Error::Drift {
             kind: "test",
             paths: vec![],
         })
@@ -498,7 +498,7 @@ fn external_conditions_block_ready_and_clear_again() {
     ));
     // The database is disabled: the condition goes away.
     let gone = Report {
-        outcome: crate::external::Outcome::Done,
+        outcome: crate::external::Readiness::Done,
         conditions: vec![],
         absent: vec![conditions::DATABASE_READY],
         database: None,
