@@ -32,6 +32,7 @@ use sha2::{Digest, Sha256};
 
 use crate::desired::{CONTAINER_NAME, HASHED_OWNER_API_VERSION};
 use crate::owners::names_an_app;
+pub use crate::view::Drift;
 use crate::view::{ContainerView, DeploymentView, EnvVarView, LabelPairs, Named, ServiceView};
 
 /// A hash of `desired` (serialized with sorted map keys, so it is stable across runs
@@ -59,13 +60,6 @@ pub fn set_hash(meta: &mut ObjectMeta, hash: String) {
     meta.annotations
         .get_or_insert_with(BTreeMap::new)
         .insert(ANNOTATION_DESIRED_HASH.to_owned(), hash);
-}
-
-/// The JSON-patch operations that make `live` what `desired` says in everything the
-/// controller is responsible for; empty when nothing differs. Both are views
-/// ([`crate::view`]): the desired object is compared in the shape the cache keeps.
-pub trait Drift {
-    fn drift(desired: &Self, live: &Self) -> Vec<Value>;
 }
 
 /// Puts back our labels on a child's metadata (other labels stay), and our owner

@@ -17,7 +17,7 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::external::Step;
 use crate::metrics::Written;
-use crate::reconcile::Outcome;
+use crate::outcome::Outcome;
 use crate::status::cleanup_failed_status;
 
 /// The finalizer goes on before anything we may have to clean up exists. Returns the

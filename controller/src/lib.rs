@@ -40,6 +40,7 @@ pub mod leader;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;
+mod outcome;
 mod owners;
 pub mod queue;
 pub mod reconcile;

@@ -21,10 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::queue::Next;
+use common::AppService;
 use common::names::FINALIZER;
 use common::validation::validate;
-use common::{AppService, AppServiceStatus};
-use kube::runtime::events::Event;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::{debug, instrument, warn};
@@ -35,6 +34,7 @@ use crate::desired::{desired_deployment, desired_service, is_controlled_by, requ
 use crate::error::{Error, Result, Retry};
 use crate::external::{Readiness as External, Report};
 use crate::finalizer::{ensure_finalizer, finalize};
+use crate::outcome::Outcome;
 use crate::report::{publish, write_status};
 use crate::status::{
     Observation, Rollout, apply_external, desired_status, external_blocked_status,
@@ -46,46 +46,6 @@ use crate::view::DeploymentView;
 /// objects without our label wakes the AppService as soon as the name is free; this is
 /// only a backstop should that watch be down.
 pub const CONFLICT_RECHECK: Duration = Duration::from_secs(60);
-
-/// How a pass ends: what it observed, reported by [`finish`] in one place.
-pub(crate) struct Outcome {
-    /// The status the pass observed; `None` leaves the status as it is.
-    pub(crate) status: Option<AppServiceStatus>,
-    /// An Event the pass owes, published once the status is written.
-    pub(crate) event: Option<Event>,
-    /// The AppService is gone for good (its finalizer released, or never ours).
-    pub(crate) gone: bool,
-    /// What happens next: when to look again, or the error the policy retries.
-    pub(crate) next: Result<Next>,
-}
-
-impl Outcome {
-    /// Nothing to report; `next` decides.
-    pub(crate) fn next(next: Result<Next>) -> Self {
-        Outcome {
-            status: None,
-            event: None,
-            gone: false,
-            next,
-        }
-    }
-
-    /// `status` observed; `next` decides.
-    pub(crate) fn status(status: AppServiceStatus, next: Result<Next>) -> Self {
-        Outcome {
-            status: Some(status),
-            ..Outcome::next(next)
-        }
-    }
-
-    /// The AppService is gone: forget it.
-    pub(crate) fn gone() -> Self {
-        Outcome {
-            gone: true,
-            ..Outcome::next(Ok(Next::await_change()))
-        }
-    }
-}
 
 /// Entry point for the kube-runtime `Controller`.
 #[instrument(skip(ctx, app), fields(object = %ObjectRef::from_obj(&*app), generation = app.metadata.generation.unwrap_or_default()))]

@@ -30,8 +30,6 @@ use kube::Resource;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::drift::Drift;
-
 /// The view of `obj` (a desired child, or an API response), decoded as a watch would.
 pub fn of<V: DeserializeOwned>(obj: &impl Serialize) -> Result<V, serde_json::Error> {
     serde_json::from_value(serde_json::to_value(obj)?)
@@ -70,6 +68,14 @@ impl Child for Service {
     const KIND: &'static str = "Service";
     const WRITTEN: crate::metrics::Written = crate::metrics::Written::Services;
     type View = ServiceView;
+}
+
+/// The JSON-patch operations that make `live` what `desired` says in everything the
+/// controller is responsible for; empty when nothing differs. Both are views: the desired
+/// object is compared in the shape the cache keeps. Implemented in `crate::drift`, which
+/// depends on the views, not the other way round.
+pub trait Drift {
+    fn drift(desired: &Self, live: &Self) -> Vec<serde_json::Value>;
 }
 
 /// A view that carries the desired-hash annotation of its object.
