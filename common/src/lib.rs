@@ -26,5 +26,5 @@ pub use database_class::{
 };
 pub use types::{
     AppPort, AppService, AppServiceSpec, AppServiceStatus, DatabaseSpec, EnvVar, PodSecurity,
-    Protocol, SecurityProfile,
+    Protocol, RolloutSpec, SecurityProfile,
 };

@@ -37,6 +37,10 @@ pub const ANNOTATION_V1BETA1_PORTS: &str = "platform.example.com/v1beta1-ports";
 /// `v1alpha1` client's read-edit-write keeps the user and group ids a `v1beta1` client
 /// set.
 pub const ANNOTATION_V1BETA1_POD_SECURITY: &str = "platform.example.com/v1beta1-pod-security";
+/// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `rollout`
+/// (`maxSurge`, `maxUnavailable`), which `v1alpha1` has no field for. Written and read
+/// only by conversion, like [`ANNOTATION_V1BETA1_POD_SECURITY`].
+pub const ANNOTATION_V1BETA1_ROLLOUT: &str = "platform.example.com/v1beta1-rollout";
 /// Annotation on a `v1beta1` AppService holding, as JSON, the `v1alpha1` `database` that
 /// `v1beta1` cannot express (`enabled: false`, with or without a class). Written and read
 /// only by conversion.

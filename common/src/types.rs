@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::defaults::{DEFAULT_PORT, DEFAULT_REPLICAS};
 
 pub use crate::v1beta1::{
-    AppPort, AppService, AppServiceSpec, DatabaseSpec, PodSecurity, Protocol, SecurityProfile,
+    AppPort, AppService, AppServiceSpec, DatabaseSpec, PodSecurity, Protocol, RolloutSpec,
+    SecurityProfile,
 };
 
 /// Bounds of `spec.replicas`.
@@ -51,6 +52,9 @@ pub const MAX_PORT_NAME_LEN: usize = 15;
 /// what Kubernetes accepts in a Pod's security context.
 pub const MIN_ID: i64 = 0;
 pub const MAX_ID: i64 = 2_147_483_647;
+/// The largest percentage a rollout setting (`spec.rollout.maxSurge`, `maxUnavailable`)
+/// may be.
+pub const MAX_ROLLOUT_PERCENT: u32 = 100;
 /// The lowest `runAsUser` the `Restricted` profile allows: 0 is root.
 pub const MIN_NON_ROOT_UID: i64 = 1;
 

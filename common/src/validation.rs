@@ -16,12 +16,14 @@ use std::collections::{HashSet, VecDeque};
 use crate::quantity::Amount;
 use k8s_openapi::api::core::v1::{EnvVarSource, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::names::DATABASE_URL_ENV;
 use crate::types::{
     AppService, AppServiceSpec, MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN,
     MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_NAME_LEN, MAX_PORT, MAX_PORT_NAME_LEN, MAX_PORTS,
-    MAX_REPLICAS, MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS, PodSecurity, SecurityProfile,
+    MAX_REPLICAS, MAX_ROLLOUT_PERCENT, MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS,
+    PodSecurity, RolloutSpec, SecurityProfile,
 };
 use crate::{conversion, v1alpha1};
 
@@ -135,6 +137,9 @@ fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
     if let Some(security) = &spec.pod_security {
         validate_pod_security(security, errors);
     }
+    if let Some(rollout) = &spec.rollout {
+        validate_rollout(rollout, errors);
+    }
     validate_env(spec, errors);
     if let Some(resources) = &spec.resources {
         validate_resources(resources, errors);
@@ -237,6 +242,67 @@ fn validate_pod_security(security: &PodSecurity, errors: &mut Vec<FieldError>) {
             uid,
             "runAsUser 0 is root, which the Restricted profile forbids; use profile Baseline for an image that must run as root",
         ));
+    }
+}
+
+/// A Deployment's rules for its rolling update: each setting a non-negative number or a
+/// percentage of at most 100%, and not both 0 (a rollout that could never replace a Pod).
+fn validate_rollout(rollout: &RolloutSpec, errors: &mut Vec<FieldError>) {
+    const FIELD: &str = "spec.rollout";
+    let mut zero = [false, false];
+    for (i, (name, value)) in [
+        ("maxSurge", &rollout.max_surge),
+        ("maxUnavailable", &rollout.max_unavailable),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let Some(value) = value else { continue };
+        let field = format!("{FIELD}.{name}");
+        match int_or_percent(value) {
+            Ok(n) => zero[i] = n == 0,
+            Err(detail) => errors.push(match value {
+                IntOrString::Int(n) => FieldError::invalid_int(field, (*n).into(), detail),
+                IntOrString::String(s) => FieldError::invalid_str(field, s, detail),
+            }),
+        }
+    }
+    if zero == [true, true]
+        && let Some(value) = &rollout.max_unavailable
+    {
+        let field = format!("{FIELD}.maxUnavailable");
+        let detail = "may not be 0 when `maxSurge` is 0";
+        errors.push(match value {
+            IntOrString::Int(n) => FieldError::invalid_int(field, (*n).into(), detail),
+            IntOrString::String(s) => FieldError::invalid_str(field, s, detail),
+        });
+    }
+}
+
+/// The number a rollout setting stands for (a percentage as its number), or why it is
+/// none: Kubernetes' `IsValidPercent` (`^[0-9]+%$`) with at most 100%, or an integer of
+/// at least 0.
+fn int_or_percent(value: &IntOrString) -> Result<u32, String> {
+    match value {
+        IntOrString::Int(n) => {
+            u32::try_from(*n).map_err(|_| "must be greater than or equal to 0".to_owned())
+        }
+        IntOrString::String(s) => {
+            let digits = s
+                .strip_suffix('%')
+                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+            let Some(digits) = digits else {
+                return Err("a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')".to_owned());
+            };
+            // Leading zeros are allowed, as Kubernetes parses them; anything past
+            // three digits is past 100%.
+            let trimmed = digits.trim_start_matches('0');
+            match trimmed.parse::<u32>() {
+                Ok(n) if n <= MAX_ROLLOUT_PERCENT => Ok(n),
+                _ if trimmed.is_empty() => Ok(0),
+                _ => Err(format!("must not be greater than {MAX_ROLLOUT_PERCENT}%")),
+            }
+        }
     }
 }
 

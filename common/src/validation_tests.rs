@@ -815,3 +815,87 @@ mod v1beta1_pod_security {
         }
     }
 }
+
+/// `rollout` exists only in v1beta1: tested on the hub.
+mod v1beta1_rollout {
+    use crate::types::{AppService, AppServiceSpec, RolloutSpec};
+    use crate::validation::validate;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use pretty_assertions::assert_eq;
+
+    fn int(n: i32) -> Option<IntOrString> {
+        Some(IntOrString::Int(n))
+    }
+
+    fn pct(s: &str) -> Option<IntOrString> {
+        Some(IntOrString::String(s.into()))
+    }
+
+    fn errors(max_surge: Option<IntOrString>, max_unavailable: Option<IntOrString>) -> Vec<String> {
+        let app = AppService::new(
+            "checkout",
+            AppServiceSpec {
+                image: "nginx:1.27".into(),
+                rollout: Some(RolloutSpec {
+                    max_surge,
+                    max_unavailable,
+                }),
+                ..Default::default()
+            },
+        );
+        match validate(&app, None) {
+            Ok(_) => vec![],
+            Err(errs) => errs.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn numbers_and_percentages_at_their_bounds_pass() {
+        let none = Vec::<String>::new();
+        assert_eq!(errors(None, None), none);
+        assert_eq!(errors(int(0), int(1)), none);
+        assert_eq!(errors(int(1), int(0)), none);
+        assert_eq!(errors(pct("100%"), pct("0%")), none);
+        assert_eq!(errors(pct("0%"), pct("100%")), none);
+        assert_eq!(errors(int(i32::MAX), pct("007%")), none);
+        // One zero alone is fine: the other is defaulted to 25%.
+        assert_eq!(errors(int(0), None), none);
+        assert_eq!(errors(None, pct("0%")), none);
+    }
+
+    #[test]
+    fn negative_past_100_percent_malformed_and_both_zero_are_refused() {
+        assert_eq!(
+            errors(int(-1), pct("101%")),
+            vec![
+                "spec.rollout.maxSurge: Invalid value: -1: must be greater than or equal to 0",
+                "spec.rollout.maxUnavailable: Invalid value: \"101%\": must not be greater than 100%",
+            ]
+        );
+        assert_eq!(
+            errors(pct("5"), pct("x%")),
+            vec![
+                "spec.rollout.maxSurge: Invalid value: \"5\": a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+                "spec.rollout.maxUnavailable: Invalid value: \"x%\": a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+            ]
+        );
+        assert_eq!(
+            errors(pct("99999999999%"), None),
+            vec![
+                "spec.rollout.maxSurge: Invalid value: \"99999999999%\": must not be greater than 100%"
+            ]
+        );
+        for (surge, unavailable) in [(int(0), int(0)), (pct("0%"), int(0)), (int(0), pct("00%"))] {
+            let value = match &unavailable {
+                Some(IntOrString::String(s)) => format!("{s:?}"),
+                _ => "0".to_owned(),
+            };
+            assert_eq!(
+                errors(surge, unavailable),
+                vec![format!(
+                    "spec.rollout.maxUnavailable: Invalid value: {value}: may not be 0 when `maxSurge` is 0"
+                )]
+            );
+        }
+    }
+}

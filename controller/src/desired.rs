@@ -11,7 +11,9 @@ use common::names::{
     child_labels, database_secret_name, deployment_name, selector_labels, service_name,
 };
 use common::{AppService, Protocol};
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath, PodSpec, PodTemplateSpec, Probe,
     SecretKeySelector, SecretVolumeSource, Service, ServicePort, ServiceSpec, TCPSocketAction,
@@ -258,9 +260,23 @@ pub fn desired_deployment(app: &AppService, database: Option<&PodDatabase>) -> R
                     ..PodSpec::default()
                 }),
             },
+            strategy: rollout_strategy(spec.rollout.as_ref()),
             ..DeploymentSpec::default()
         },
         status: None,
+    })
+}
+
+/// The Deployment's strategy for `spec.rollout`: a rolling update with both settings
+/// (defaults applied). Without `rollout`, none: the Deployment keeps the API server's
+/// defaults, and its desired hash is what it was before `rollout` existed.
+fn rollout_strategy(rollout: Option<&common::RolloutSpec>) -> Option<DeploymentStrategy> {
+    rollout.map(|rollout| DeploymentStrategy {
+        type_: Some("RollingUpdate".to_owned()),
+        rolling_update: Some(RollingUpdateDeployment {
+            max_surge: Some(rollout.max_surge()),
+            max_unavailable: Some(rollout.max_unavailable()),
+        }),
     })
 }
 
@@ -562,6 +578,57 @@ mod tests {
         assert!(v.get("status").is_none());
         assert!(v["metadata"].get("resourceVersion").is_none());
         assert!(v["spec"].get("strategy").is_none());
+    }
+
+    #[test]
+    fn rollout_becomes_the_rolling_update_with_its_defaults() {
+        let mut spec = AppServiceSpec {
+            image: "nginx:1.27".into(),
+            rollout: Some(common::RolloutSpec {
+                max_surge: Some(IntOrString::Int(0)),
+                max_unavailable: None,
+            }),
+            ..Default::default()
+        };
+        let d = desired_deployment(&app(spec.clone()), None).unwrap();
+        let strategy = d.spec.strategy.unwrap();
+        assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+        let rolling = strategy.rolling_update.unwrap();
+        assert_eq!(rolling.max_surge, Some(IntOrString::Int(0)));
+        assert_eq!(
+            rolling.max_unavailable,
+            Some(IntOrString::String("25%".into()))
+        );
+        // Removing it gives the Deployment back to the API server's defaults.
+        spec.rollout = None;
+        let d = desired_deployment(&app(spec), None).unwrap();
+        assert_eq!(d.spec.strategy, None);
+    }
+
+    const PLAIN_DEPLOYMENT_JSON: &str = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"labels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator","app.kubernetes.io/name":"checkout"},"name":"checkout","namespace":"shop","ownerReferences":[{"apiVersion":"platform.example.com/v1beta1","blockOwnerDeletion":true,"controller":true,"kind":"AppService","name":"checkout","uid":"uid-1"}]},"spec":{"replicas":3,"selector":{"matchLabels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator"}},"template":{"metadata":{"labels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator","app.kubernetes.io/name":"checkout"}},"spec":{"containers":[{"image":"nginx:1.27","name":"app","ports":[{"containerPort":8080,"name":"http","protocol":"TCP"}],"readinessProbe":{"tcpSocket":{"port":8080}},"securityContext":{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}}],"securityContext":{"runAsNonRoot":true,"seccompProfile":{"type":"RuntimeDefault"}}}}}}"#;
+    const PLAIN_DEPLOYMENT_HASH: &str = "7f40ac3d3feeefc3d5215e6244860085";
+
+    /// The desired hash of an AppService without the fields added since: the upgrade
+    /// test's golden fixture holds the previous release's hashes; this one pins that
+    /// adding `rollout` (and `canary`) left the Deployment of a plain AppService as it
+    /// was, byte for byte.
+    #[test]
+    fn a_plain_appservice_builds_the_same_deployment_as_before() {
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "nginx:1.27".into(),
+                replicas: Some(3),
+                ..Default::default()
+            }),
+            None,
+        )
+        .unwrap();
+        let json = serde_json::to_string(&d).unwrap();
+        assert_eq!(json, PLAIN_DEPLOYMENT_JSON);
+        assert_eq!(
+            crate::drift::desired_hash(&d).unwrap(),
+            PLAIN_DEPLOYMENT_HASH
+        );
     }
 
     fn with_database() -> AppServiceSpec {
