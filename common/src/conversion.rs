@@ -14,6 +14,8 @@
 //!   A `v1alpha1` object without it has the defaults (the `Restricted` profile).
 //! * `v1beta1 → v1alpha1`: `rollout` likewise, in [`ANNOTATION_V1BETA1_ROLLOUT`]; a
 //!   `v1alpha1` object without it rolls out with the Deployment's defaults.
+//! * `v1beta1 → v1alpha1`: `canary` likewise, in [`ANNOTATION_V1BETA1_CANARY`], so a
+//!   `v1alpha1` client's edit (of `replicas`, say) neither ends nor promotes a canary.
 //! * `v1alpha1 → v1beta1`: `{enabled: true, class}` is `{class}`; a database that is not
 //!   enabled is no `database`, and the `v1alpha1` value is kept in
 //!   [`ANNOTATION_V1ALPHA1_DATABASE`]. It is restored only while `v1beta1`'s `database` is
@@ -30,8 +32,8 @@ use serde_json::Value;
 
 use crate::defaults::DEFAULT_PORT;
 use crate::names::{
-    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_POD_SECURITY, ANNOTATION_V1BETA1_PORTS,
-    ANNOTATION_V1BETA1_ROLLOUT, GROUP,
+    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_CANARY, ANNOTATION_V1BETA1_POD_SECURITY,
+    ANNOTATION_V1BETA1_PORTS, ANNOTATION_V1BETA1_ROLLOUT, GROUP,
 };
 use crate::{v1alpha1, v1beta1};
 
@@ -107,6 +109,9 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
     let rollout: Option<v1beta1::RolloutSpec> =
         take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_ROLLOUT)
             .and_then(|json| serde_json::from_str(&json).ok());
+    let canary: Option<v1beta1::CanarySpec> =
+        take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CANARY)
+            .and_then(|json| serde_json::from_str(&json).ok());
     // Never seen in v1alpha1; a copy written there by hand is not carried over.
     take_annotation(&mut metadata.annotations, ANNOTATION_V1ALPHA1_DATABASE);
 
@@ -142,6 +147,7 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
             ports,
             pod_security,
             rollout,
+            canary,
             env: spec.env.clone(),
             resources: spec.resources.clone(),
             database,
@@ -159,6 +165,7 @@ pub fn to_v1alpha1(app: &v1beta1::AppService) -> v1alpha1::AppService {
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_PORTS);
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_POD_SECURITY);
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_ROLLOUT);
+    take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CANARY);
 
     let spec = &app.spec;
     if let Some(security) = &spec.pod_security {
@@ -173,6 +180,13 @@ pub fn to_v1alpha1(app: &v1beta1::AppService) -> v1alpha1::AppService {
             &mut metadata.annotations,
             ANNOTATION_V1BETA1_ROLLOUT,
             to_json(rollout),
+        );
+    }
+    if let Some(canary) = &spec.canary {
+        set_annotation(
+            &mut metadata.annotations,
+            ANNOTATION_V1BETA1_CANARY,
+            to_json(canary),
         );
     }
     let port = spec.ports.first().map(|p| p.port);
@@ -480,6 +494,34 @@ mod tests {
             .get_or_insert_with(BTreeMap::new)
             .insert(ANNOTATION_V1BETA1_ROLLOUT.into(), "{\"maxSurge\":".into());
         assert_eq!(to_v1beta1(&alpha).spec.rollout, None);
+    }
+
+    #[test]
+    fn a_canary_survives_v1alpha1_both_ways() {
+        let mut original = beta(vec![AppPort::http(8080)], None);
+        original.spec.replicas = Some(4);
+        original.spec.canary = Some(v1beta1::CanarySpec {
+            image: "nginx:1.28".into(),
+            replicas: Some(1),
+        });
+        let mut alpha = to_v1alpha1(&original);
+        let saved = alpha.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            saved[ANNOTATION_V1BETA1_CANARY],
+            r#"{"image":"nginx:1.28","replicas":1}"#
+        );
+        assert_eq!(to_v1alpha1(&to_v1beta1(&alpha)), alpha);
+        // A v1alpha1 client scales: the canary runs on, neither promoted nor aborted.
+        alpha.spec.replicas = Some(6);
+        let back = to_v1beta1(&alpha);
+        let mut expected = original.clone();
+        expected.spec.replicas = Some(6);
+        assert_eq!(back, expected);
+        assert_eq!(back.metadata.annotations, None);
+        // Aborted in v1beta1: gone from v1alpha1's annotations too.
+        let mut aborted = back;
+        aborted.spec.canary = None;
+        assert_eq!(to_v1alpha1(&aborted).metadata.annotations, None);
     }
 
     #[test]

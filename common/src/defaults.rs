@@ -32,6 +32,8 @@ pub const DEFAULT_PROTOCOL: Protocol = Protocol::Tcp;
 /// `podSecurity` (every `v1alpha1` object): Pods that Pod Security admits everywhere.
 pub const DEFAULT_SECURITY_PROFILE: SecurityProfile = SecurityProfile::Restricted;
 
+/// `spec.canary.replicas` when omitted.
+pub const DEFAULT_CANARY_REPLICAS: i32 = 1;
 /// `spec.rollout.maxSurge` when omitted: the Deployment's own default.
 pub const DEFAULT_MAX_SURGE: &str = "25%";
 /// `spec.rollout.maxUnavailable` when omitted: the Deployment's own default.
@@ -73,6 +75,9 @@ pub fn default_spec(spec: &mut AppServiceSpec) {
         rollout
             .max_unavailable
             .get_or_insert_with(|| rollout_default(DEFAULT_MAX_UNAVAILABLE));
+    }
+    if let Some(canary) = &mut spec.canary {
+        canary.replicas.get_or_insert(DEFAULT_CANARY_REPLICAS);
     }
 }
 
@@ -189,6 +194,26 @@ mod tests {
         let empty = crate::types::RolloutSpec::default();
         assert_eq!(empty.max_surge(), IntOrString::String("25%".into()));
         assert_eq!(empty.max_unavailable(), IntOrString::String("25%".into()));
+    }
+
+    #[test]
+    fn a_canary_runs_one_replica_by_default() {
+        let mut spec = AppServiceSpec {
+            image: "nginx:1.27".into(),
+            replicas: Some(4),
+            canary: Some(crate::types::CanarySpec {
+                image: "nginx:1.28".into(),
+                replicas: None,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(spec.stable_replicas(), 3);
+        default_spec(&mut spec);
+        assert_eq!(spec.canary.as_ref().and_then(|c| c.replicas), Some(1));
+        spec.canary = None;
+        default_spec(&mut spec);
+        assert_eq!(spec.canary, None);
+        assert_eq!(spec.stable_replicas(), 4);
     }
 
     #[test]

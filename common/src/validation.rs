@@ -20,10 +20,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::names::DATABASE_URL_ENV;
 use crate::types::{
-    AppService, AppServiceSpec, MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN,
-    MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_NAME_LEN, MAX_PORT, MAX_PORT_NAME_LEN, MAX_PORTS,
-    MAX_REPLICAS, MAX_ROLLOUT_PERCENT, MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS,
-    PodSecurity, RolloutSpec, SecurityProfile,
+    AppService, AppServiceSpec, CanarySpec, MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN,
+    MAX_ENV_VALUE_LEN, MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_NAME_LEN, MAX_PORT,
+    MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MAX_ROLLOUT_PERCENT, MIN_CANARY_REPLICAS, MIN_ID,
+    MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS, PodSecurity, RolloutSpec, SecurityProfile,
 };
 use crate::{conversion, v1alpha1};
 
@@ -123,7 +123,7 @@ fn validate_name(app: &AppService, errors: &mut Vec<FieldError>) {
 
 fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
     let errors = &mut report.errors.0;
-    validate_image(&spec.image, errors, &mut report.warnings);
+    validate_image("spec.image", &spec.image, errors, &mut report.warnings);
     if let Some(replicas) = spec.replicas
         && !(MIN_REPLICAS..=MAX_REPLICAS).contains(&replicas)
     {
@@ -139,6 +139,9 @@ fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
     }
     if let Some(rollout) = &spec.rollout {
         validate_rollout(rollout, errors);
+    }
+    if let Some(canary) = &spec.canary {
+        validate_canary(canary, spec.replicas(), errors, &mut report.warnings);
     }
     validate_env(spec, errors);
     if let Some(resources) = &spec.resources {
@@ -306,23 +309,47 @@ fn int_or_percent(value: &IntOrString) -> Result<u32, String> {
     }
 }
 
-fn validate_image(image: &str, errors: &mut Vec<FieldError>, warnings: &mut Warnings) {
-    const FIELD: &str = "spec.image";
+/// The canary's image meets every rule of `spec.image` (and any policy on images must
+/// read both); its replicas are some of the AppService's, at least one.
+fn validate_canary(
+    canary: &CanarySpec,
+    replicas: i32,
+    errors: &mut Vec<FieldError>,
+    warnings: &mut Warnings,
+) {
+    validate_image("spec.canary.image", &canary.image, errors, warnings);
+    let n = canary.replicas();
+    if n < MIN_CANARY_REPLICAS {
+        errors.push(FieldError::invalid_int(
+            "spec.canary.replicas",
+            n.into(),
+            format!("must be at least {MIN_CANARY_REPLICAS}: remove spec.canary to run no canary"),
+        ));
+    } else if n > replicas {
+        errors.push(FieldError::invalid_int(
+            "spec.canary.replicas",
+            n.into(),
+            format!("must not be greater than spec.replicas ({replicas}): the canary's Pods are some of the AppService's"),
+        ));
+    }
+}
+
+fn validate_image(field: &str, image: &str, errors: &mut Vec<FieldError>, warnings: &mut Warnings) {
     if image.is_empty() {
         errors.push(FieldError::required(
-            FIELD,
+            field,
             "an OCI image reference such as registry.example.com/app:v1.2.3",
         ));
         return;
     }
     if image.len() > MAX_IMAGE_LEN {
-        errors.push(FieldError::too_long(FIELD, MAX_IMAGE_LEN));
+        errors.push(FieldError::too_long(field, MAX_IMAGE_LEN));
         return;
     }
     // The parser accepts surrounding whitespace in some positions; the kubelet does not.
     if image.trim() != image {
         errors.push(FieldError::invalid_str(
-            FIELD,
+            field,
             image,
             "must not contain leading or trailing whitespace",
         ));
@@ -331,7 +358,7 @@ fn validate_image(image: &str, errors: &mut Vec<FieldError>, warnings: &mut Warn
     let reference = image_facts(image);
     if let Some(err) = reference.error {
         errors.push(FieldError::invalid_str(
-            FIELD,
+            field,
             image,
             format!("not a valid image reference: {err}"),
         ));
@@ -344,11 +371,11 @@ fn validate_image(image: &str, errors: &mut Vec<FieldError>, warnings: &mut Warn
     let last_component = image.rsplit('/').next().unwrap_or(image);
     if !last_component.contains(':') {
         warnings.push(format!(
-            "{FIELD}: {image:?} has no tag and resolves to :latest; pin a version tag or a digest so rollouts are reproducible"
+            "{field}: {image:?} has no tag and resolves to :latest; pin a version tag or a digest so rollouts are reproducible"
         ));
     } else if reference.latest {
         warnings.push(format!(
-            "{FIELD}: {image:?} uses the mutable :latest tag; pin a version tag or a digest so rollouts are reproducible"
+            "{field}: {image:?} uses the mutable :latest tag; pin a version tag or a digest so rollouts are reproducible"
         ));
     }
 }

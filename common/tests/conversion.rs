@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use common::conversion::{Version, convert_object, to_v1alpha1, to_v1beta1};
 use common::defaults::{default_spec, default_v1alpha1_spec};
 use common::names::{
-    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_POD_SECURITY, ANNOTATION_V1BETA1_PORTS,
-    ANNOTATION_V1BETA1_ROLLOUT,
+    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_CANARY, ANNOTATION_V1BETA1_POD_SECURITY,
+    ANNOTATION_V1BETA1_PORTS, ANNOTATION_V1BETA1_ROLLOUT,
 };
 use common::validation::{validate, validate_v1alpha1};
 use common::{AppServiceStatus, EnvVar, v1alpha1, v1beta1};
@@ -139,6 +139,13 @@ fn arb_rollout() -> impl Strategy<Value = Option<v1beta1::RolloutSpec>> {
     )
 }
 
+fn arb_canary() -> impl Strategy<Value = Option<v1beta1::CanarySpec>> {
+    proptest::option::of(
+        ("[a-z./:0-9-]{0,24}", proptest::option::of(-2..1002i32))
+            .prop_map(|(image, replicas)| v1beta1::CanarySpec { image, replicas }),
+    )
+}
+
 fn arb_pod_security() -> impl Strategy<Value = Option<v1beta1::PodSecurity>> {
     let id = || proptest::option::of(prop_oneof![0..70000i64, any::<i64>()]);
     proptest::option::of(
@@ -207,7 +214,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
             "[a-z./:0-9-]{1,24}",
             proptest::option::of(-2..1002i32),
             arb_ports(),
-            (arb_pod_security(), arb_rollout()),
+            (arb_pod_security(), arb_rollout(), arb_canary()),
             arb_env(),
             arb_resources(),
             proptest::option::of("[a-z][a-z0-9.-]{0,12}"),
@@ -217,7 +224,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
         .prop_map(
             |(
                 metadata,
-                (image, replicas, ports, (pod_security, rollout), env, resources, database),
+                (image, replicas, ports, (pod_security, rollout, canary), env, resources, database),
                 status,
             )| {
                 v1beta1::AppService {
@@ -228,6 +235,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
                         ports,
                         pod_security,
                         rollout,
+                        canary,
                         env,
                         resources,
                         database: database.map(|class| v1beta1::DatabaseSpec { class }),
@@ -269,6 +277,7 @@ proptest! {
         prop_assert_eq!(annotation(&beta.metadata, ANNOTATION_V1BETA1_PORTS), None);
         prop_assert_eq!(annotation(&beta.metadata, ANNOTATION_V1BETA1_POD_SECURITY), None);
         prop_assert_eq!(annotation(&beta.metadata, ANNOTATION_V1BETA1_ROLLOUT), None);
+        prop_assert_eq!(annotation(&beta.metadata, ANNOTATION_V1BETA1_CANARY), None);
         prop_assert_eq!(to_v1alpha1(&beta), alpha);
     }
 
