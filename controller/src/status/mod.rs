@@ -15,7 +15,7 @@ use crate::view::DeploymentView;
 
 mod rollout;
 
-pub use rollout::{Rollout, Stuck, rollout};
+pub use rollout::{Rollout, Stuck, Track, rollout, rollout_of};
 
 /// Source of "now" for condition timestamps.
 pub trait Clock: Send + Sync {
@@ -59,6 +59,21 @@ pub fn desired_status(
     app: &AppService,
     obs: &Observation,
     deployment: Option<&DeploymentView>,
+    now: &Time,
+) -> AppServiceStatus {
+    desired_status_with_canary(app, obs, deployment, None, now)
+}
+
+/// [`desired_status`] of an AppService that may run a canary: `canary` is our live
+/// canary Deployment while `spec.canary` asks for one. Once applied, `status.canary`
+/// reports it (and is removed without one), the ready count is both Deployments' (the
+/// Service's Pods), and Ready needs both rollouts complete; the messages of a rollout
+/// in progress or stuck name the Deployment that holds it up.
+pub fn desired_status_with_canary(
+    app: &AppService,
+    obs: &Observation,
+    deployment: Option<&DeploymentView>,
+    canary: Option<&DeploymentView>,
     now: &Time,
 ) -> AppServiceStatus {
     let generation = app.metadata.generation;
@@ -121,7 +136,23 @@ pub fn desired_status(
             status.observed_generation = generation;
             status.endpoint = Some(endpoint(name, namespace, app.spec.port()));
             let desired = app.spec.replicas();
-            match rollout(deployment) {
+            let canary = canary.filter(|_| app.spec.canary.is_some());
+            status.canary = app.spec.canary.as_ref().zip(canary).map(|(spec, live)| {
+                common::types::CanaryStatus {
+                    image: spec.image.clone(),
+                    replicas: live.spec.replicas.unwrap_or(0),
+                    ready_replicas: live
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.ready_replicas)
+                        .unwrap_or(0),
+                }
+            });
+            let (assessment, track) = rollout_of(deployment, canary);
+            let on = |track: Option<Track>| {
+                track.map_or(String::new(), |t| format!(" {}", t.describe()))
+            };
+            match assessment {
                 Rollout::Complete { ready } => {
                     status.ready_replicas = Some(ready);
                     let (reason, message) = if desired == 0 {
@@ -159,7 +190,7 @@ pub fn desired_status(
                             PROGRESSING,
                             TRUE,
                             reasons::ROLLING_OUT,
-                            format!("rolling out: {ready}/{desired} replicas ready"),
+                            format!("rolling out{}: {ready}/{desired} replicas ready", on(track)),
                         ),
                         cond(DEGRADED, FALSE, reasons::AS_EXPECTED, String::new()),
                     ]
@@ -170,7 +201,7 @@ pub fn desired_status(
                     cause,
                 } => {
                     status.ready_replicas = Some(ready);
-                    stuck(&cond, ready, desired, &cause)
+                    stuck(&cond, ready, desired, &cause, track)
                 }
             }
         }
@@ -189,6 +220,7 @@ fn stuck(
     ready: i32,
     desired: i32,
     cause: &Stuck,
+    track: Option<Track>,
 ) -> [Condition; 3] {
     let (reason, cause_message, progressing) = match cause {
         Stuck::ReplicaFailure { reason, message } => (
@@ -206,7 +238,13 @@ fn stuck(
             "the rollout made no progress within the Deployment's progressDeadlineSeconds",
         ),
     };
-    let message = format!("{ready}/{desired} replicas ready; {cause_message}");
+    let message = match track {
+        None => format!("{ready}/{desired} replicas ready; {cause_message}"),
+        Some(track) => format!(
+            "{ready}/{desired} replicas ready; {}: {cause_message}",
+            track.describe()
+        ),
+    };
     [
         cond(READY, FALSE, reason, message.clone()),
         cond(PROGRESSING, FALSE, reason, progressing.to_owned()),
@@ -303,6 +341,7 @@ pub fn needs_write(live: Option<&AppServiceStatus>, desired: &AppServiceStatus) 
         || live.ready_replicas != desired.ready_replicas
         || live.selector != desired.selector
         || live.endpoint != desired.endpoint
+        || live.canary != desired.canary
         || !conditions::same_set_ignoring_time(&live.conditions, &desired.conditions)
 }
 
