@@ -49,6 +49,17 @@ pub const ANNOTATION_V1BETA1_CANARY: &str = "platform.example.com/v1beta1-canary
 /// only by conversion.
 pub const ANNOTATION_V1ALPHA1_DATABASE: &str = "platform.example.com/v1alpha1-database";
 
+/// Every annotation conversion writes and reads ([`crate::conversion`]): what a reader of
+/// one version must take into account to see the object as the other version has it
+/// (the webhook keeps exactly these when it judges a `v1alpha1` object in the hub form).
+pub const CONVERSION_ANNOTATIONS: [&str; 5] = [
+    ANNOTATION_V1BETA1_PORTS,
+    ANNOTATION_V1BETA1_POD_SECURITY,
+    ANNOTATION_V1BETA1_ROLLOUT,
+    ANNOTATION_V1BETA1_CANARY,
+    ANNOTATION_V1ALPHA1_DATABASE,
+];
+
 /// Environment variable through which the application receives its database URL.
 pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 
