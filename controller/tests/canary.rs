@@ -252,6 +252,12 @@ impl World {
 
     /// No write over `n` reconciles, once one reconcile wrote nothing (see perturb.rs).
     async fn quiet(&self, n: u64) -> anyhow::Result<()> {
+        self.quiet_poking(n, true).await
+    }
+
+    /// [`Self::quiet`]; `canaries`: poke the `<name>-canary` Deployments too (not when
+    /// that name is someone else's).
+    async fn quiet_poking(&self, n: u64, canaries: bool) -> anyhow::Result<()> {
         let by_resource = || {
             controller::metrics::Written::ALL
                 .iter()
@@ -284,7 +290,9 @@ impl World {
         let writes = by_resource();
         support::poke(self, &self.ctl.metrics, &names, n).await?;
         // And through the canary Deployment itself: its events must not cause writes.
-        self.poke_canary(&names, n).await?;
+        if canaries {
+            self.poke_canary(&names, n).await?;
+        }
         assert_eq!(
             by_resource(),
             writes,
@@ -659,6 +667,30 @@ async fn a_foreign_deployment_in_the_canary_name_is_a_conflict_and_untouched() -
         "writes at steady state"
     );
     assert_eq!(untouched(&f.deployments.get(&canary).await?), want);
+    f.ctl.stop().await?;
+    Ok(())
+}
+
+/// The garbage collector takes the canary with its AppService, as it takes the others:
+/// the canary's owner reference is the stable Deployment's.
+#[tokio::test]
+async fn deleting_the_appservice_takes_the_canary_with_it() -> anyhow::Result<()> {
+    let f = world().await?;
+    let name = "gone";
+    f.create(name, spec(2, Some((V2, 1)))).await?;
+    f.converged(name).await?;
+    f.apps.delete(name, &DeleteParams::foreground()).await?;
+    harness::eventually(
+        "the AppService and both Deployments gone",
+        READY_BOUND,
+        || async {
+            let app = f.apps.get_opt(name).await?;
+            let stable = f.deployments.get_opt(name).await?;
+            let canary = f.deployments.get_opt(&canary_deployment_name(name)).await?;
+            Ok((app.is_none() && stable.is_none() && canary.is_none()).then_some(()))
+        },
+    )
+    .await?;
     f.ctl.stop().await?;
     Ok(())
 }
