@@ -4,7 +4,7 @@
 //! writes children this AppService controls.
 
 use common::AppService;
-use common::names::FIELD_MANAGER;
+use common::names::{FIELD_MANAGER, LABEL_MANAGED_BY, MANAGED_BY};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -121,14 +121,34 @@ pub async fn converge<K: Child>(
 /// that it is still the object of `uid`: should it have been replaced since the cache
 /// saw it (by someone else's object of that name), the API server refuses (409) and
 /// nothing of theirs is deleted. Already gone (404) is done.
+///
+/// `relabel`: someone removed our `managed-by` label. The chart's admission policy lets
+/// the controller delete only objects that carry it, so it is put back first (one merge
+/// patch, with the same uid precondition), or the child would stay for good.
 pub async fn delete<K: Child>(
     ctx: &Context,
     owner: &ObjectRef<AppService>,
     slot: &'static str,
     (name, namespace): (&str, &str),
     uid: &str,
+    relabel: bool,
 ) -> Result<()> {
     let api: Api<K::View> = Api::namespaced(ctx.client().clone(), namespace);
+    if relabel {
+        let patch = serde_json::json!({"metadata": {
+            "uid": uid,
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY},
+        }});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        match api.patch(name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => ctx.metrics().write(K::WRITTEN),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(uid.to_owned()),

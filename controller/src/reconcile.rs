@@ -44,7 +44,7 @@ use crate::status::{
     external_blocked_status, external_changes, rollout_of,
 };
 use crate::view::{Child, DeploymentView};
-use common::names::canary_deployment_name;
+use common::names::{LABEL_MANAGED_BY, MANAGED_BY, canary_deployment_name};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 
@@ -313,7 +313,10 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
         .as_ref()
         .filter(|d| want_canary.is_none() && ours(&d.metadata))
         .filter(|d| d.metadata.deletion_timestamp.is_none())
-        .and_then(|d| d.metadata.uid.clone());
+        .and_then(|d| {
+            let labelled = d.labels.get(LABEL_MANAGED_BY) == Some(MANAGED_BY);
+            d.metadata.uid.clone().map(|uid| (uid, !labelled))
+        });
 
     // The children are independent: converge them at once (one round trip less per
     // new AppService).
@@ -322,12 +325,13 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
             (Some(want), _) => converge(ctx, &owner, CANARY_SLOT, want, live_canary.clone())
                 .await
                 .map(Some),
-            (None, Some(stale_uid)) => delete::<Deployment>(
+            (None, Some((stale_uid, relabel))) => delete::<Deployment>(
                 ctx,
                 &owner,
                 CANARY_SLOT,
                 (&canary_name, namespace),
                 stale_uid,
+                *relabel,
             )
             .await
             .map(|()| None),

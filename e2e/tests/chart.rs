@@ -1338,7 +1338,7 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
         metrics: metrics.clone(),
         ..controller::Hooks::default()
     };
-    let ctl = ChartController::start(config, sa_client.clone(), hooks);
+    let ctl = ChartController::start(config.clone(), sa_client.clone(), hooks);
 
     // An AppService in the release namespace (excluded) is left alone: nothing written.
     let excluded_apps: Api<AppService> = Api::namespaced(admin.clone(), release_ns);
@@ -1417,7 +1417,9 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
             .is_some()
     );
 
-    // A canary, then its abort: created and deleted with only the chart's RBAC.
+    // A canary, then its abort: created and deleted with only the chart's RBAC, also
+    // when someone removed our label from it while the controller was down (the policy
+    // lets it delete only what carries the label: it puts the label back first).
     apps.patch(
         "rbac-proof",
         &PatchParams::default(),
@@ -1432,6 +1434,19 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     })
     .await
     .unwrap();
+    ctl.stop().await;
+    let unlabel: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "remove", "path": "/metadata/labels/app.kubernetes.io~1managed-by"}
+    ]))
+    .unwrap();
+    admin_deployments
+        .patch(
+            "rbac-proof-canary",
+            &PatchParams::default(),
+            &Patch::Json::<()>(unlabel),
+        )
+        .await
+        .expect("removing our label from the canary");
     apps.patch(
         "rbac-proof",
         &PatchParams::default(),
@@ -1439,6 +1454,14 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     )
     .await
     .expect("aborting the canary");
+    let ctl = ChartController::start(
+        config.clone(),
+        sa_client.clone(),
+        controller::Hooks {
+            metrics: metrics.clone(),
+            ..controller::Hooks::default()
+        },
+    );
     eventually("the canary deleted", Duration::from_secs(60), || {
         let d = admin_deployments.clone();
         async move {
