@@ -12,6 +12,10 @@
 //! * `v1beta1 → v1alpha1`: `podSecurity`, which `v1alpha1` has no field for, is kept in
 //!   [`ANNOTATION_V1BETA1_POD_SECURITY`] whenever it is present, and restored as it was.
 //!   A `v1alpha1` object without it has the defaults (the `Restricted` profile).
+//! * `v1beta1 → v1alpha1`: `rollout` likewise, in [`ANNOTATION_V1BETA1_ROLLOUT`]; a
+//!   `v1alpha1` object without it rolls out with the Deployment's defaults.
+//! * `v1beta1 → v1alpha1`: `canary` likewise, in [`ANNOTATION_V1BETA1_CANARY`], so a
+//!   `v1alpha1` client's edit (of `replicas`, say) neither ends nor promotes a canary.
 //! * `v1alpha1 → v1beta1`: `{enabled: true, class}` is `{class}`; a database that is not
 //!   enabled is no `database`, and the `v1alpha1` value is kept in
 //!   [`ANNOTATION_V1ALPHA1_DATABASE`]. It is restored only while `v1beta1`'s `database` is
@@ -28,7 +32,8 @@ use serde_json::Value;
 
 use crate::defaults::DEFAULT_PORT;
 use crate::names::{
-    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_POD_SECURITY, ANNOTATION_V1BETA1_PORTS, GROUP,
+    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_CANARY, ANNOTATION_V1BETA1_POD_SECURITY,
+    ANNOTATION_V1BETA1_PORTS, ANNOTATION_V1BETA1_ROLLOUT, GROUP,
 };
 use crate::{v1alpha1, v1beta1};
 
@@ -101,6 +106,12 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
     let pod_security: Option<v1beta1::PodSecurity> =
         take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_POD_SECURITY)
             .and_then(|json| serde_json::from_str(&json).ok());
+    let rollout: Option<v1beta1::RolloutSpec> =
+        take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_ROLLOUT)
+            .and_then(|json| serde_json::from_str(&json).ok());
+    let canary: Option<v1beta1::CanarySpec> =
+        take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CANARY)
+            .and_then(|json| serde_json::from_str(&json).ok());
     // Never seen in v1alpha1; a copy written there by hand is not carried over.
     take_annotation(&mut metadata.annotations, ANNOTATION_V1ALPHA1_DATABASE);
 
@@ -135,6 +146,8 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
             replicas: spec.replicas,
             ports,
             pod_security,
+            rollout,
+            canary,
             env: spec.env.clone(),
             resources: spec.resources.clone(),
             database,
@@ -151,6 +164,8 @@ pub fn to_v1alpha1(app: &v1beta1::AppService) -> v1alpha1::AppService {
             .and_then(|json| serde_json::from_str(&json).ok());
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_PORTS);
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_POD_SECURITY);
+    take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_ROLLOUT);
+    take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CANARY);
 
     let spec = &app.spec;
     if let Some(security) = &spec.pod_security {
@@ -158,6 +173,20 @@ pub fn to_v1alpha1(app: &v1beta1::AppService) -> v1alpha1::AppService {
             &mut metadata.annotations,
             ANNOTATION_V1BETA1_POD_SECURITY,
             to_json(security),
+        );
+    }
+    if let Some(rollout) = &spec.rollout {
+        set_annotation(
+            &mut metadata.annotations,
+            ANNOTATION_V1BETA1_ROLLOUT,
+            to_json(rollout),
+        );
+    }
+    if let Some(canary) = &spec.canary {
+        set_annotation(
+            &mut metadata.annotations,
+            ANNOTATION_V1BETA1_CANARY,
+            to_json(canary),
         );
     }
     let port = spec.ports.first().map(|p| p.port);
@@ -429,6 +458,70 @@ mod tests {
                 "{\"runAsUser\":".into(),
             );
         assert_eq!(to_v1beta1(&alpha).spec.pod_security, None);
+    }
+
+    #[test]
+    fn rollout_survives_v1alpha1_both_ways() {
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        let mut original = beta(vec![AppPort::http(8080)], None);
+        original.spec.rollout = Some(v1beta1::RolloutSpec {
+            max_surge: Some(IntOrString::Int(0)),
+            max_unavailable: Some(IntOrString::String("50%".into())),
+        });
+        let mut alpha = to_v1alpha1(&original);
+        let saved = alpha.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            saved[ANNOTATION_V1BETA1_ROLLOUT],
+            r#"{"maxSurge":0,"maxUnavailable":"50%"}"#
+        );
+        // v1alpha1 → v1beta1 → v1alpha1 is the identity too.
+        assert_eq!(to_v1alpha1(&to_v1beta1(&alpha)), alpha);
+        // A v1alpha1 client edits what it sees; the rollout survives, the annotation goes.
+        alpha.spec.image = "nginx:1.28".into();
+        let back = to_v1beta1(&alpha);
+        let mut expected = original.clone();
+        expected.spec.image = "nginx:1.28".into();
+        assert_eq!(back, expected);
+        assert_eq!(back.metadata.annotations, None);
+        // A v1beta1 edit that removes it removes it from v1alpha1's view as well.
+        let mut removed = back;
+        removed.spec.rollout = None;
+        assert_eq!(to_v1alpha1(&removed).metadata.annotations, None);
+        // Edited by hand into something else: ignored, the Deployment's defaults apply.
+        alpha
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(ANNOTATION_V1BETA1_ROLLOUT.into(), "{\"maxSurge\":".into());
+        assert_eq!(to_v1beta1(&alpha).spec.rollout, None);
+    }
+
+    #[test]
+    fn a_canary_survives_v1alpha1_both_ways() {
+        let mut original = beta(vec![AppPort::http(8080)], None);
+        original.spec.replicas = Some(4);
+        original.spec.canary = Some(v1beta1::CanarySpec {
+            image: "nginx:1.28".into(),
+            replicas: Some(1),
+        });
+        let mut alpha = to_v1alpha1(&original);
+        let saved = alpha.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            saved[ANNOTATION_V1BETA1_CANARY],
+            r#"{"image":"nginx:1.28","replicas":1}"#
+        );
+        assert_eq!(to_v1alpha1(&to_v1beta1(&alpha)), alpha);
+        // A v1alpha1 client scales: the canary runs on, neither promoted nor aborted.
+        alpha.spec.replicas = Some(6);
+        let back = to_v1beta1(&alpha);
+        let mut expected = original.clone();
+        expected.spec.replicas = Some(6);
+        assert_eq!(back, expected);
+        assert_eq!(back.metadata.annotations, None);
+        // Aborted in v1beta1: gone from v1alpha1's annotations too.
+        let mut aborted = back;
+        aborted.spec.canary = None;
+        assert_eq!(to_v1alpha1(&aborted).metadata.annotations, None);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! `ports`, `port`) and the controller's builders all use them.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::names::LABEL_NAME;
 use crate::types::{AppPort, AppService, AppServiceSpec, Protocol, SecurityProfile};
@@ -31,6 +32,13 @@ pub const DEFAULT_PROTOCOL: Protocol = Protocol::Tcp;
 /// `podSecurity` (every `v1alpha1` object): Pods that Pod Security admits everywhere.
 pub const DEFAULT_SECURITY_PROFILE: SecurityProfile = SecurityProfile::Restricted;
 
+/// `spec.canary.replicas` when omitted.
+pub const DEFAULT_CANARY_REPLICAS: i32 = 1;
+/// `spec.rollout.maxSurge` when omitted: the Deployment's own default.
+pub const DEFAULT_MAX_SURGE: &str = "25%";
+/// `spec.rollout.maxUnavailable` when omitted: the Deployment's own default.
+pub const DEFAULT_MAX_UNAVAILABLE: &str = "25%";
+
 /// `spec.ports` when omitted: the `http` port 8080 over TCP.
 pub fn default_ports() -> Vec<AppPort> {
     vec![AppPort::http(DEFAULT_PORT)]
@@ -47,8 +55,9 @@ pub fn default_port_list(ports: &mut Vec<AppPort>) {
 }
 
 /// Fills every omitted field of a spec with its default: one replica, the `http` port
-/// 8080 when no port is given, `TCP` for every port without a protocol, and the
-/// `Restricted` profile in a `podSecurity` without one. An absent `podSecurity` stays
+/// 8080 when no port is given, `TCP` for every port without a protocol, the
+/// `Restricted` profile in a `podSecurity` without one, and `25%` for each setting a
+/// `rollout` leaves out. An absent `podSecurity` stays
 /// absent: it means the defaults already, and a `v1alpha1` reader would otherwise see
 /// every object carry it in an annotation.
 pub fn default_spec(spec: &mut AppServiceSpec) {
@@ -57,6 +66,23 @@ pub fn default_spec(spec: &mut AppServiceSpec) {
     if let Some(security) = &mut spec.pod_security {
         security.profile.get_or_insert(DEFAULT_SECURITY_PROFILE);
     }
+    // Like `podSecurity`, an absent `rollout` stays absent: the Deployment keeps the
+    // strategy it always had (and its hash), and its defaults are the same values.
+    if let Some(rollout) = &mut spec.rollout {
+        rollout
+            .max_surge
+            .get_or_insert_with(|| rollout_default(DEFAULT_MAX_SURGE));
+        rollout
+            .max_unavailable
+            .get_or_insert_with(|| rollout_default(DEFAULT_MAX_UNAVAILABLE));
+    }
+    if let Some(canary) = &mut spec.canary {
+        canary.replicas.get_or_insert(DEFAULT_CANARY_REPLICAS);
+    }
+}
+
+fn rollout_default(value: &str) -> IntOrString {
+    IntOrString::String(value.to_owned())
 }
 
 /// Defaults an AppService: its spec, plus the recommended `app.kubernetes.io/name` label
@@ -138,6 +164,56 @@ mod tests {
         let before = spec.clone();
         default_spec(&mut spec);
         assert_eq!(spec, before);
+    }
+
+    #[test]
+    fn fills_the_settings_of_a_given_rollout_only() {
+        let mut spec = AppServiceSpec {
+            image: "nginx:1.27".into(),
+            ..Default::default()
+        };
+        default_spec(&mut spec);
+        assert_eq!(spec.rollout, None);
+
+        spec.rollout = Some(crate::types::RolloutSpec {
+            max_surge: Some(IntOrString::Int(0)),
+            max_unavailable: None,
+        });
+        default_spec(&mut spec);
+        let rollout = spec.rollout.clone().unwrap_or_default();
+        assert_eq!(rollout.max_surge, Some(IntOrString::Int(0)));
+        assert_eq!(
+            rollout.max_unavailable,
+            Some(IntOrString::String("25%".into()))
+        );
+        // Idempotent.
+        let before = spec.clone();
+        default_spec(&mut spec);
+        assert_eq!(spec, before);
+        // The accessors apply the same defaults to an empty rollout.
+        let empty = crate::types::RolloutSpec::default();
+        assert_eq!(empty.max_surge(), IntOrString::String("25%".into()));
+        assert_eq!(empty.max_unavailable(), IntOrString::String("25%".into()));
+    }
+
+    #[test]
+    fn a_canary_runs_one_replica_by_default() {
+        let mut spec = AppServiceSpec {
+            image: "nginx:1.27".into(),
+            replicas: Some(4),
+            canary: Some(crate::types::CanarySpec {
+                image: "nginx:1.28".into(),
+                replicas: None,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(spec.stable_replicas(), 3);
+        default_spec(&mut spec);
+        assert_eq!(spec.canary.as_ref().and_then(|c| c.replicas), Some(1));
+        spec.canary = None;
+        default_spec(&mut spec);
+        assert_eq!(spec.canary, None);
+        assert_eq!(spec.stable_replicas(), 4);
     }
 
     #[test]

@@ -25,6 +25,6 @@ pub use database_class::{
     DatabaseClass, DatabaseClassSpec, DatabaseClassStatus, DeletionPolicy, OrphanPolicy, TlsMode,
 };
 pub use types::{
-    AppPort, AppService, AppServiceSpec, AppServiceStatus, DatabaseSpec, EnvVar, PodSecurity,
-    Protocol, SecurityProfile,
+    AppPort, AppService, AppServiceSpec, AppServiceStatus, CanarySpec, CanaryStatus, DatabaseSpec,
+    EnvVar, PodSecurity, Protocol, RolloutSpec, SecurityProfile,
 };

@@ -37,10 +37,28 @@ pub const ANNOTATION_V1BETA1_PORTS: &str = "platform.example.com/v1beta1-ports";
 /// `v1alpha1` client's read-edit-write keeps the user and group ids a `v1beta1` client
 /// set.
 pub const ANNOTATION_V1BETA1_POD_SECURITY: &str = "platform.example.com/v1beta1-pod-security";
+/// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `rollout`
+/// (`maxSurge`, `maxUnavailable`), which `v1alpha1` has no field for. Written and read
+/// only by conversion, like [`ANNOTATION_V1BETA1_POD_SECURITY`].
+pub const ANNOTATION_V1BETA1_ROLLOUT: &str = "platform.example.com/v1beta1-rollout";
+/// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `canary`
+/// (`image`, `replicas`). Written and read only by conversion.
+pub const ANNOTATION_V1BETA1_CANARY: &str = "platform.example.com/v1beta1-canary";
 /// Annotation on a `v1beta1` AppService holding, as JSON, the `v1alpha1` `database` that
 /// `v1beta1` cannot express (`enabled: false`, with or without a class). Written and read
 /// only by conversion.
 pub const ANNOTATION_V1ALPHA1_DATABASE: &str = "platform.example.com/v1alpha1-database";
+
+/// Every annotation conversion writes and reads ([`crate::conversion`]): what a reader of
+/// one version must take into account to see the object as the other version has it
+/// (the webhook keeps exactly these when it judges a `v1alpha1` object in the hub form).
+pub const CONVERSION_ANNOTATIONS: [&str; 5] = [
+    ANNOTATION_V1BETA1_PORTS,
+    ANNOTATION_V1BETA1_POD_SECURITY,
+    ANNOTATION_V1BETA1_ROLLOUT,
+    ANNOTATION_V1BETA1_CANARY,
+    ANNOTATION_V1ALPHA1_DATABASE,
+];
 
 /// Environment variable through which the application receives its database URL.
 pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
@@ -58,6 +76,15 @@ pub const DATABASE_CA_PATH: &str = "/var/run/secrets/platform.example.com/databa
 /// when a container starts, so when the Secret's data changes (a new password, a new CA,
 /// another host) this changes too and the Deployment rolls its Pods onto it.
 pub const ANNOTATION_DATABASE_REVISION: &str = "platform.example.com/database-revision";
+
+/// `platform.example.com/track`: which Deployment of an AppService a Pod belongs to, on
+/// the canary Deployment, its selector and its Pods ([`TRACK_CANARY`]). The stable
+/// Deployment's Pods do not carry it: its selector is immutable and predates it.
+pub const LABEL_TRACK: &str = "platform.example.com/track";
+/// Value of [`LABEL_TRACK`] on the canary's Pods.
+pub const TRACK_CANARY: &str = "canary";
+/// What follows the AppService's name in the name of its canary Deployment.
+pub const CANARY_SUFFIX: &str = "-canary";
 
 /// Labels that select the Pods of an AppService (the Deployment's and the Service's selector).
 ///
@@ -88,6 +115,27 @@ pub fn selector_string(app: &str) -> String {
 /// Name of the Deployment of an AppService.
 pub fn deployment_name(app: &str) -> String {
     app.to_owned()
+}
+
+/// Name of the canary Deployment of an AppService.
+pub fn canary_deployment_name(app: &str) -> String {
+    format!("{app}{CANARY_SUFFIX}")
+}
+
+/// Labels of the canary Deployment, its Pods and its selector: the child labels (so the
+/// Service and `status.selector` select its Pods too) plus [`LABEL_TRACK`].
+pub fn canary_labels(app: &str) -> BTreeMap<String, String> {
+    let mut labels = child_labels(app);
+    labels.insert(LABEL_TRACK.to_owned(), TRACK_CANARY.to_owned());
+    labels
+}
+
+/// The canary Deployment's selector: the stable selector plus [`LABEL_TRACK`], so it
+/// selects only the canary's Pods.
+pub fn canary_selector_labels(app: &str) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(app);
+    labels.insert(LABEL_TRACK.to_owned(), TRACK_CANARY.to_owned());
+    labels
 }
 
 /// Name of the Service of an AppService.
@@ -139,5 +187,24 @@ mod tests {
         assert_eq!(deployment_name("a"), "a");
         assert_eq!(service_name("a"), "a");
         assert_eq!(database_secret_name("a"), "a-database");
+        assert_eq!(canary_deployment_name("a"), "a-canary");
+    }
+
+    #[test]
+    fn canary_labels_and_selector_extend_the_stable_ones() {
+        let labels = canary_labels("checkout");
+        let selector = canary_selector_labels("checkout");
+        for (k, v) in child_labels("checkout") {
+            assert_eq!(labels[&k], v);
+        }
+        for (k, v) in selector_labels("checkout") {
+            assert_eq!(selector[&k], v);
+        }
+        assert_eq!(labels[LABEL_TRACK], TRACK_CANARY);
+        assert_eq!(selector[LABEL_TRACK], TRACK_CANARY);
+        // The Pods carry everything the canary selector asks for.
+        for (k, v) in &selector {
+            assert_eq!(&labels[k], v);
+        }
     }
 }

@@ -18,12 +18,15 @@ use serde::{Deserialize, Serialize};
 use crate::defaults::{DEFAULT_PORT, DEFAULT_REPLICAS};
 
 pub use crate::v1beta1::{
-    AppPort, AppService, AppServiceSpec, DatabaseSpec, PodSecurity, Protocol, SecurityProfile,
+    AppPort, AppService, AppServiceSpec, CanarySpec, DatabaseSpec, PodSecurity, Protocol,
+    RolloutSpec, SecurityProfile,
 };
 
 /// Bounds of `spec.replicas`.
 pub const MIN_REPLICAS: i32 = 0;
 pub const MAX_REPLICAS: i32 = 1000;
+/// The fewest Pods a canary (`spec.canary.replicas`) runs; the most is `spec.replicas`.
+pub const MIN_CANARY_REPLICAS: i32 = 1;
 /// Bounds of a port number (`spec.port`, `spec.ports[].port`).
 pub const MIN_PORT: i32 = 1;
 pub const MAX_PORT: i32 = 65535;
@@ -55,6 +58,9 @@ pub const MAX_PORT_NAME_LEN: usize = 15;
 /// what Kubernetes accepts in a Pod's security context.
 pub const MIN_ID: i64 = 0;
 pub const MAX_ID: i64 = 2_147_483_647;
+/// The largest percentage a rollout setting (`spec.rollout.maxSurge`, `maxUnavailable`)
+/// may be.
+pub const MAX_ROLLOUT_PERCENT: u32 = 100;
 /// The lowest `runAsUser` the `Restricted` profile allows: 0 is root.
 pub const MIN_NON_ROOT_UID: i64 = 1;
 
@@ -102,10 +108,27 @@ pub struct AppServiceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
 
+    /// The canary Deployment, present only while `spec.canary` runs one. `readyReplicas`
+    /// above counts the Pods of both Deployments, which the Service sends traffic to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryStatus>,
+
     /// Current state: `Ready`, `Progressing` and `Degraded`, one entry per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// What runs as the canary of an AppService.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStatus {
+    /// The image the canary Deployment runs.
+    pub image: String,
+    /// Pods the canary Deployment asks for.
+    pub replicas: i32,
+    /// Pods of the canary Deployment that are ready.
+    pub ready_replicas: i32,
 }
 
 pub(crate) fn replicas_schema(_: &mut SchemaGenerator) -> Schema {
@@ -180,6 +203,12 @@ macro_rules! app_service_spec {
                 type_ = "integer",
                 description = "Desired replicas",
                 json_path = ".spec.replicas"
+            ),
+            printcolumn(
+                name = "Canary",
+                type_ = "string",
+                description = "Image of the canary, while one runs",
+                json_path = ".status.canary.image"
             ),
             printcolumn(
                 name = "Endpoint",

@@ -21,14 +21,24 @@
 //!   objects get the defaults; a `v1beta1` value survives a `v1alpha1` read-edit-write in
 //!   an annotation ([`crate::conversion`]).
 //!
+//! * `rollout: {maxSurge, maxUnavailable}`: how fast a new Pod template replaces the
+//!   old one (the Deployment's rolling update). Absent, the Deployment's defaults apply,
+//!   as they always did; `v1alpha1` keeps it in an annotation ([`crate::conversion`]).
+//!
+//! * `canary: {image, replicas}`: a canary release, a second Deployment of the same Pods
+//!   with another image behind the same Service. `v1alpha1` keeps it in an annotation.
+//!
 //! Everything else (image, replicas, env, resources, status) is the same in both versions.
 
 use kube::KubeSchema;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
 use crate::defaults::{
-    DEFAULT_PORT, DEFAULT_PORT_NAME, DEFAULT_PROTOCOL, DEFAULT_REPLICAS, DEFAULT_SECURITY_PROFILE,
+    DEFAULT_CANARY_REPLICAS, DEFAULT_MAX_SURGE, DEFAULT_MAX_UNAVAILABLE, DEFAULT_PORT,
+    DEFAULT_PORT_NAME, DEFAULT_PROTOCOL, DEFAULT_REPLICAS, DEFAULT_SECURITY_PROFILE,
     default_port_list, default_ports,
 };
 
@@ -39,6 +49,9 @@ crate::types::app_service_spec! {
     #[x_kube(validation = Rule::new(
         "!has(oldSelf.database) || !has(self.database) || self.database.class == oldSelf.database.class"
     ).message("database.class is immutable while a database is requested").field_path(".database.class"))]
+    #[x_kube(validation = Rule::new(
+        "!has(self.canary) || (has(self.canary.replicas) ? self.canary.replicas : 1) <= (has(self.replicas) ? self.replicas : 1)"
+    ).message("canary.replicas must not be greater than replicas").field_path(".canary.replicas"))]
     fields {
         /// Ports the container listens on; the Service exposes each. The first one is the
         /// application's endpoint and is probed for readiness. At most 16, names unique, each
@@ -57,6 +70,22 @@ crate::types::app_service_spec! {
         /// Pod Security level decides whether its Pods are admitted).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub pod_security: Option<PodSecurity>,
+
+        /// How a change of the Pod template rolls out: `maxSurge` Pods above `replicas`
+        /// and at most `maxUnavailable` Pods below it during the rollout, each a number
+        /// or a percentage of `replicas` (`"25%"`), as a Deployment's rolling update
+        /// says. Both default to `25%`; they may not both be 0. Without it the
+        /// Deployment's own defaults apply (the same 25% and 25%).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub rollout: Option<RolloutSpec>,
+
+        /// A canary release: `replicas` of the `replicas` Pods run `image` instead, in a
+        /// second Deployment `<name>-canary` behind the same Service, so they take about
+        /// `canary.replicas / replicas` of the traffic (weight is expressed by replicas;
+        /// no service mesh is involved). Promote by setting `image` to the canary's image
+        /// and removing `canary`; abort by removing `canary`. Validated like `image`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub canary: Option<CanarySpec>,
     }
     /// A PostgreSQL database provisioned for this application, requested by being
     /// present. The connection URL is passed to the container as `DATABASE_URL`.
@@ -159,6 +188,99 @@ pub struct PodSecurity {
     /// volumes). Defaults to false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only_root_filesystem: Option<bool>,
+}
+
+/// A canary release of an AppService: a few Pods of another image beside the others.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CanarySpec {
+    /// OCI image reference the canary Pods run, with the same rules as `spec.image`.
+    #[schemars(length(min = 1, max = crate::types::MAX_IMAGE_LEN))]
+    pub image: String,
+
+    /// How many of the AppService's `replicas` run the canary image, from 1 to
+    /// `replicas`. Defaults to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "canary_replicas_schema")]
+    pub replicas: Option<i32>,
+}
+
+fn canary_replicas_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "integer",
+        "format": "int32",
+        "minimum": crate::types::MIN_CANARY_REPLICAS,
+        "maximum": crate::types::MAX_REPLICAS,
+        "default": DEFAULT_CANARY_REPLICAS,
+    })
+}
+
+impl CanarySpec {
+    /// `replicas` with the default applied.
+    pub fn replicas(&self) -> i32 {
+        self.replicas.unwrap_or(DEFAULT_CANARY_REPLICAS)
+    }
+}
+
+/// How the Deployment replaces its Pods: its `strategy.rollingUpdate`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new(ROLLOUT_NOT_BOTH_ZERO).message("maxUnavailable may not be 0 when maxSurge is 0: the rollout could never replace a Pod").field_path(".maxUnavailable"))]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// Pods that may run above `replicas` during a rollout: a non-negative number, or a
+    /// percentage of `replicas` from `0%` to `100%` (rounded up). Defaults to `25%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "max_surge_schema")]
+    pub max_surge: Option<IntOrString>,
+
+    /// Pods that may be missing below `replicas` during a rollout: a non-negative number,
+    /// or a percentage of `replicas` from `0%` to `100%` (rounded down). Defaults to
+    /// `25%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "max_unavailable_schema")]
+    pub max_unavailable: Option<IntOrString>,
+}
+
+/// The CEL form of "a non-negative number, or a percentage from 0% to 100%", as
+/// `common::validation` checks it (leading zeros allowed, as Kubernetes parses them).
+const INT_OR_PERCENT_RULE: &str =
+    "type(self) == int ? self >= 0 : self.matches('^0*(100|[1-9]?[0-9])%$')";
+/// Both settings present and 0 (as a number or a percentage): what a Deployment refuses.
+const ROLLOUT_NOT_BOTH_ZERO: &str = "!(has(self.maxSurge) && has(self.maxUnavailable) && (type(self.maxSurge) == int ? self.maxSurge == 0 : self.maxSurge.matches('^0+%$')) && (type(self.maxUnavailable) == int ? self.maxUnavailable == 0 : self.maxUnavailable.matches('^0+%$')))";
+
+fn int_or_percent_schema(default: &str) -> Schema {
+    json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "default": default,
+        "x-kubernetes-validations": [{
+            "rule": INT_OR_PERCENT_RULE,
+            "message": "must be a non-negative integer or a percentage from 0% to 100% (e.g. '25%')"
+        }],
+    })
+}
+
+fn max_surge_schema(_: &mut SchemaGenerator) -> Schema {
+    int_or_percent_schema(DEFAULT_MAX_SURGE)
+}
+
+fn max_unavailable_schema(_: &mut SchemaGenerator) -> Schema {
+    int_or_percent_schema(DEFAULT_MAX_UNAVAILABLE)
+}
+
+impl RolloutSpec {
+    /// `maxSurge` with the default applied.
+    pub fn max_surge(&self) -> IntOrString {
+        self.max_surge
+            .clone()
+            .unwrap_or_else(|| IntOrString::String(DEFAULT_MAX_SURGE.to_owned()))
+    }
+
+    /// `maxUnavailable` with the default applied.
+    pub fn max_unavailable(&self) -> IntOrString {
+        self.max_unavailable
+            .clone()
+            .unwrap_or_else(|| IntOrString::String(DEFAULT_MAX_UNAVAILABLE.to_owned()))
+    }
 }
 
 /// A Pod Security Standard an AppService's Pod template meets.
@@ -278,6 +400,12 @@ impl AppServiceSpec {
     /// The database class when a database is requested.
     pub fn database_class(&self) -> Option<&str> {
         self.database.as_ref().map(|db| db.class.as_str())
+    }
+
+    /// Replicas of the stable Deployment: `replicas` less those of the canary.
+    pub fn stable_replicas(&self) -> i32 {
+        let canary = self.canary.as_ref().map_or(0, CanarySpec::replicas);
+        (self.replicas() - canary).max(0)
     }
 
     /// How the Pods run, with the defaults applied (`Restricted`, the image's ids).

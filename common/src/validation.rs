@@ -16,12 +16,14 @@ use std::collections::{HashSet, VecDeque};
 use crate::quantity::Amount;
 use k8s_openapi::api::core::v1::{EnvVarSource, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::names::DATABASE_URL_ENV;
 use crate::types::{
-    AppService, AppServiceSpec, MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN,
-    MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_NAME_LEN, MAX_PORT, MAX_PORT_NAME_LEN, MAX_PORTS,
-    MAX_REPLICAS, MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS, PodSecurity, SecurityProfile,
+    AppService, AppServiceSpec, CanarySpec, MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN,
+    MAX_ENV_VALUE_LEN, MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_NAME_LEN, MAX_PORT,
+    MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MAX_ROLLOUT_PERCENT, MIN_CANARY_REPLICAS, MIN_ID,
+    MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS, PodSecurity, RolloutSpec, SecurityProfile,
 };
 use crate::{conversion, v1alpha1};
 
@@ -121,7 +123,7 @@ fn validate_name(app: &AppService, errors: &mut Vec<FieldError>) {
 
 fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
     let errors = &mut report.errors.0;
-    validate_image(&spec.image, errors, &mut report.warnings);
+    validate_image("spec.image", &spec.image, errors, &mut report.warnings);
     if let Some(replicas) = spec.replicas
         && !(MIN_REPLICAS..=MAX_REPLICAS).contains(&replicas)
     {
@@ -134,6 +136,12 @@ fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
     validate_ports(spec, errors);
     if let Some(security) = &spec.pod_security {
         validate_pod_security(security, errors);
+    }
+    if let Some(rollout) = &spec.rollout {
+        validate_rollout(rollout, errors);
+    }
+    if let Some(canary) = &spec.canary {
+        validate_canary(canary, spec.replicas(), errors, &mut report.warnings);
     }
     validate_env(spec, errors);
     if let Some(resources) = &spec.resources {
@@ -240,23 +248,108 @@ fn validate_pod_security(security: &PodSecurity, errors: &mut Vec<FieldError>) {
     }
 }
 
-fn validate_image(image: &str, errors: &mut Vec<FieldError>, warnings: &mut Warnings) {
-    const FIELD: &str = "spec.image";
+/// A Deployment's rules for its rolling update: each setting a non-negative number or a
+/// percentage of at most 100%, and not both 0 (a rollout that could never replace a Pod).
+fn validate_rollout(rollout: &RolloutSpec, errors: &mut Vec<FieldError>) {
+    const FIELD: &str = "spec.rollout";
+    let mut zero = [false, false];
+    for (i, (name, value)) in [
+        ("maxSurge", &rollout.max_surge),
+        ("maxUnavailable", &rollout.max_unavailable),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let Some(value) = value else { continue };
+        let field = format!("{FIELD}.{name}");
+        match int_or_percent(value) {
+            Ok(n) => zero[i] = n == 0,
+            Err(detail) => errors.push(match value {
+                IntOrString::Int(n) => FieldError::invalid_int(field, (*n).into(), detail),
+                IntOrString::String(s) => FieldError::invalid_str(field, s, detail),
+            }),
+        }
+    }
+    if zero == [true, true]
+        && let Some(value) = &rollout.max_unavailable
+    {
+        let field = format!("{FIELD}.maxUnavailable");
+        let detail = "may not be 0 when `maxSurge` is 0";
+        errors.push(match value {
+            IntOrString::Int(n) => FieldError::invalid_int(field, (*n).into(), detail),
+            IntOrString::String(s) => FieldError::invalid_str(field, s, detail),
+        });
+    }
+}
+
+/// The number a rollout setting stands for (a percentage as its number), or why it is
+/// none: Kubernetes' `IsValidPercent` (`^[0-9]+%$`) with at most 100%, or an integer of
+/// at least 0.
+fn int_or_percent(value: &IntOrString) -> Result<u32, String> {
+    match value {
+        IntOrString::Int(n) => {
+            u32::try_from(*n).map_err(|_| "must be greater than or equal to 0".to_owned())
+        }
+        IntOrString::String(s) => {
+            let digits = s
+                .strip_suffix('%')
+                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+            let Some(digits) = digits else {
+                return Err("a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')".to_owned());
+            };
+            // Leading zeros are allowed, as Kubernetes parses them; anything past
+            // three digits is past 100%.
+            let trimmed = digits.trim_start_matches('0');
+            match trimmed.parse::<u32>() {
+                Ok(n) if n <= MAX_ROLLOUT_PERCENT => Ok(n),
+                _ if trimmed.is_empty() => Ok(0),
+                _ => Err(format!("must not be greater than {MAX_ROLLOUT_PERCENT}%")),
+            }
+        }
+    }
+}
+
+/// The canary's image meets every rule of `spec.image` (and any policy on images must
+/// read both); its replicas are some of the AppService's, at least one.
+fn validate_canary(
+    canary: &CanarySpec,
+    replicas: i32,
+    errors: &mut Vec<FieldError>,
+    warnings: &mut Warnings,
+) {
+    validate_image("spec.canary.image", &canary.image, errors, warnings);
+    let n = canary.replicas();
+    if n < MIN_CANARY_REPLICAS {
+        errors.push(FieldError::invalid_int(
+            "spec.canary.replicas",
+            n.into(),
+            format!("must be at least {MIN_CANARY_REPLICAS}: remove spec.canary to run no canary"),
+        ));
+    } else if n > replicas {
+        errors.push(FieldError::invalid_int(
+            "spec.canary.replicas",
+            n.into(),
+            format!("must not be greater than spec.replicas ({replicas}): the canary's Pods are some of the AppService's"),
+        ));
+    }
+}
+
+fn validate_image(field: &str, image: &str, errors: &mut Vec<FieldError>, warnings: &mut Warnings) {
     if image.is_empty() {
         errors.push(FieldError::required(
-            FIELD,
+            field,
             "an OCI image reference such as registry.example.com/app:v1.2.3",
         ));
         return;
     }
     if image.len() > MAX_IMAGE_LEN {
-        errors.push(FieldError::too_long(FIELD, MAX_IMAGE_LEN));
+        errors.push(FieldError::too_long(field, MAX_IMAGE_LEN));
         return;
     }
     // The parser accepts surrounding whitespace in some positions; the kubelet does not.
     if image.trim() != image {
         errors.push(FieldError::invalid_str(
-            FIELD,
+            field,
             image,
             "must not contain leading or trailing whitespace",
         ));
@@ -265,7 +358,7 @@ fn validate_image(image: &str, errors: &mut Vec<FieldError>, warnings: &mut Warn
     let reference = image_facts(image);
     if let Some(err) = reference.error {
         errors.push(FieldError::invalid_str(
-            FIELD,
+            field,
             image,
             format!("not a valid image reference: {err}"),
         ));
@@ -278,11 +371,11 @@ fn validate_image(image: &str, errors: &mut Vec<FieldError>, warnings: &mut Warn
     let last_component = image.rsplit('/').next().unwrap_or(image);
     if !last_component.contains(':') {
         warnings.push(format!(
-            "{FIELD}: {image:?} has no tag and resolves to :latest; pin a version tag or a digest so rollouts are reproducible"
+            "{field}: {image:?} has no tag and resolves to :latest; pin a version tag or a digest so rollouts are reproducible"
         ));
     } else if reference.latest {
         warnings.push(format!(
-            "{FIELD}: {image:?} uses the mutable :latest tag; pin a version tag or a digest so rollouts are reproducible"
+            "{field}: {image:?} uses the mutable :latest tag; pin a version tag or a digest so rollouts are reproducible"
         ));
     }
 }

@@ -855,3 +855,188 @@ fn resource_lists_are_bounded_by_validate_not_only_by_the_webhook() {
     let app = crate::AppService::new("web", spec);
     assert!(crate::validation::validate(&app, None).is_ok());
 }
+
+/// `rollout` exists only in v1beta1: tested on the hub.
+mod v1beta1_rollout {
+    use crate::types::{AppService, AppServiceSpec, RolloutSpec};
+    use crate::validation::validate;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use pretty_assertions::assert_eq;
+
+    fn int(n: i32) -> Option<IntOrString> {
+        Some(IntOrString::Int(n))
+    }
+
+    fn pct(s: &str) -> Option<IntOrString> {
+        Some(IntOrString::String(s.into()))
+    }
+
+    fn errors(max_surge: Option<IntOrString>, max_unavailable: Option<IntOrString>) -> Vec<String> {
+        let app = AppService::new(
+            "checkout",
+            AppServiceSpec {
+                image: "nginx:1.27".into(),
+                rollout: Some(RolloutSpec {
+                    max_surge,
+                    max_unavailable,
+                }),
+                ..Default::default()
+            },
+        );
+        match validate(&app, None) {
+            Ok(_) => vec![],
+            Err(errs) => errs.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn numbers_and_percentages_at_their_bounds_pass() {
+        let none = Vec::<String>::new();
+        assert_eq!(errors(None, None), none);
+        assert_eq!(errors(int(0), int(1)), none);
+        assert_eq!(errors(int(1), int(0)), none);
+        assert_eq!(errors(pct("100%"), pct("0%")), none);
+        assert_eq!(errors(pct("0%"), pct("100%")), none);
+        assert_eq!(errors(int(i32::MAX), pct("007%")), none);
+        // One zero alone is fine: the other is defaulted to 25%.
+        assert_eq!(errors(int(0), None), none);
+        assert_eq!(errors(None, pct("0%")), none);
+    }
+
+    #[test]
+    fn negative_past_100_percent_malformed_and_both_zero_are_refused() {
+        assert_eq!(
+            errors(int(-1), pct("101%")),
+            vec![
+                "spec.rollout.maxSurge: Invalid value: -1: must be greater than or equal to 0",
+                "spec.rollout.maxUnavailable: Invalid value: \"101%\": must not be greater than 100%",
+            ]
+        );
+        assert_eq!(
+            errors(pct("5"), pct("x%")),
+            vec![
+                "spec.rollout.maxSurge: Invalid value: \"5\": a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+                "spec.rollout.maxUnavailable: Invalid value: \"x%\": a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+            ]
+        );
+        assert_eq!(
+            errors(pct("99999999999%"), None),
+            vec![
+                "spec.rollout.maxSurge: Invalid value: \"99999999999%\": must not be greater than 100%"
+            ]
+        );
+        for (surge, unavailable) in [(int(0), int(0)), (pct("0%"), int(0)), (int(0), pct("00%"))] {
+            let value = match &unavailable {
+                Some(IntOrString::String(s)) => format!("{s:?}"),
+                _ => "0".to_owned(),
+            };
+            assert_eq!(
+                errors(surge, unavailable),
+                vec![format!(
+                    "spec.rollout.maxUnavailable: Invalid value: {value}: may not be 0 when `maxSurge` is 0"
+                )]
+            );
+        }
+    }
+}
+
+/// `canary` exists only in v1beta1: tested on the hub.
+mod v1beta1_canary {
+    use crate::types::{AppService, AppServiceSpec, CanarySpec};
+    use crate::validation::validate_report;
+    use pretty_assertions::assert_eq;
+
+    fn report(
+        replicas: Option<i32>,
+        image: &str,
+        canary: Option<i32>,
+    ) -> (Vec<String>, Vec<String>) {
+        let app = AppService::new(
+            "checkout",
+            AppServiceSpec {
+                image: "registry.example.com/checkout:v1".into(),
+                replicas,
+                canary: Some(CanarySpec {
+                    image: image.into(),
+                    replicas: canary,
+                }),
+                ..Default::default()
+            },
+        );
+        let report = validate_report(&app, None);
+        (
+            report.errors.iter().map(ToString::to_string).collect(),
+            report.warnings.iter().map(ToString::to_string).collect(),
+        )
+    }
+
+    #[test]
+    fn canary_replicas_from_one_to_replicas() {
+        let none = (Vec::<String>::new(), Vec::<String>::new());
+        let image = "registry.example.com/checkout:v2";
+        assert_eq!(report(Some(4), image, Some(1)), none);
+        assert_eq!(report(Some(4), image, Some(4)), none);
+        // Both defaulted: one of one.
+        assert_eq!(report(None, image, None), none);
+        assert_eq!(
+            report(Some(4), image, Some(0)).0,
+            [
+                "spec.canary.replicas: Invalid value: 0: must be at least 1: remove spec.canary to run no canary"
+            ]
+        );
+        assert_eq!(
+            report(Some(4), image, Some(5)).0,
+            [
+                "spec.canary.replicas: Invalid value: 5: must not be greater than spec.replicas (4): the canary's Pods are some of the AppService's"
+            ]
+        );
+        // Scaling below the canary (kubectl scale, an HPA) is refused the same way.
+        assert_eq!(
+            report(Some(0), image, None).0,
+            [
+                "spec.canary.replicas: Invalid value: 1: must not be greater than spec.replicas (0): the canary's Pods are some of the AppService's"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_canary_image_has_the_rules_of_spec_image() {
+        assert_eq!(
+            report(Some(2), "", None).0,
+            [
+                "spec.canary.image: Required value: an OCI image reference such as registry.example.com/app:v1.2.3"
+            ]
+        );
+        let (errors, _) = report(Some(2), "Nginx:1.0", None);
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].starts_with(
+                "spec.canary.image: Invalid value: \"Nginx:1.0\": not a valid image reference"
+            ),
+            "{errors:?}"
+        );
+        assert_eq!(
+            report(Some(2), &"a".repeat(513), None).0,
+            ["spec.canary.image: Too long: may not be more than 512 bytes"]
+        );
+        assert_eq!(
+            report(Some(2), " nginx:1.27", None).0,
+            [
+                "spec.canary.image: Invalid value: \" nginx:1.27\": must not contain leading or trailing whitespace"
+            ]
+        );
+        assert_eq!(
+            report(Some(2), "nginx:latest", None),
+            (
+                vec![],
+                vec!["spec.canary.image: \"nginx:latest\" uses the mutable :latest tag; pin a version tag or a digest so rollouts are reproducible".to_owned()]
+            )
+        );
+        assert_eq!(
+            report(Some(2), "nginx", None).1,
+            [
+                "spec.canary.image: \"nginx\" has no tag and resolves to :latest; pin a version tag or a digest so rollouts are reproducible"
+            ]
+        );
+    }
+}

@@ -9,13 +9,15 @@ use std::collections::BTreeMap;
 use common::conversion::{Version, convert_object, to_v1alpha1, to_v1beta1};
 use common::defaults::{default_spec, default_v1alpha1_spec};
 use common::names::{
-    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_POD_SECURITY, ANNOTATION_V1BETA1_PORTS,
+    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_CANARY, ANNOTATION_V1BETA1_POD_SECURITY,
+    ANNOTATION_V1BETA1_PORTS, ANNOTATION_V1BETA1_ROLLOUT,
 };
 use common::validation::{validate, validate_v1alpha1};
 use common::{AppServiceStatus, EnvVar, v1alpha1, v1beta1};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::prelude::*;
 
 fn arb_map(keys: &'static str) -> impl Strategy<Value = Option<BTreeMap<String, String>>> {
@@ -117,6 +119,33 @@ fn arb_ports() -> impl Strategy<Value = Vec<v1beta1::AppPort>> {
     ]
 }
 
+fn arb_int_or_string() -> impl Strategy<Value = IntOrString> {
+    prop_oneof![
+        (-2..50i32).prop_map(IntOrString::Int),
+        "[0-9]{1,3}%?".prop_map(IntOrString::String),
+    ]
+}
+
+fn arb_rollout() -> impl Strategy<Value = Option<v1beta1::RolloutSpec>> {
+    proptest::option::of(
+        (
+            proptest::option::of(arb_int_or_string()),
+            proptest::option::of(arb_int_or_string()),
+        )
+            .prop_map(|(max_surge, max_unavailable)| v1beta1::RolloutSpec {
+                max_surge,
+                max_unavailable,
+            }),
+    )
+}
+
+fn arb_canary() -> impl Strategy<Value = Option<v1beta1::CanarySpec>> {
+    proptest::option::of(
+        ("[a-z./:0-9-]{0,24}", proptest::option::of(-2..1002i32))
+            .prop_map(|(image, replicas)| v1beta1::CanarySpec { image, replicas }),
+    )
+}
+
 fn arb_pod_security() -> impl Strategy<Value = Option<v1beta1::PodSecurity>> {
     let id = || proptest::option::of(prop_oneof![0..70000i64, any::<i64>()]);
     proptest::option::of(
@@ -185,7 +214,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
             "[a-z./:0-9-]{1,24}",
             proptest::option::of(-2..1002i32),
             arb_ports(),
-            arb_pod_security(),
+            (arb_pod_security(), arb_rollout(), arb_canary()),
             arb_env(),
             arb_resources(),
             proptest::option::of("[a-z][a-z0-9.-]{0,12}"),
@@ -195,7 +224,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
         .prop_map(
             |(
                 metadata,
-                (image, replicas, ports, pod_security, env, resources, database),
+                (image, replicas, ports, (pod_security, rollout, canary), env, resources, database),
                 status,
             )| {
                 v1beta1::AppService {
@@ -205,6 +234,8 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
                         replicas,
                         ports,
                         pod_security,
+                        rollout,
+                        canary,
                         env,
                         resources,
                         database: database.map(|class| v1beta1::DatabaseSpec { class }),
@@ -245,6 +276,8 @@ proptest! {
         let beta = to_v1beta1(&alpha);
         prop_assert_eq!(annotation(&beta.metadata, ANNOTATION_V1BETA1_PORTS), None);
         prop_assert_eq!(annotation(&beta.metadata, ANNOTATION_V1BETA1_POD_SECURITY), None);
+        prop_assert_eq!(annotation(&beta.metadata, ANNOTATION_V1BETA1_ROLLOUT), None);
+        prop_assert_eq!(annotation(&beta.metadata, ANNOTATION_V1BETA1_CANARY), None);
         prop_assert_eq!(to_v1alpha1(&beta), alpha);
     }
 

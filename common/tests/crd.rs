@@ -95,7 +95,7 @@ fn names_scope_and_subresources() {
         );
         assert_eq!(
             printer_columns(version),
-            vec!["Ready", "Replicas", "Endpoint", "Age"]
+            vec!["Ready", "Replicas", "Canary", "Endpoint", "Age"]
         );
     }
 }

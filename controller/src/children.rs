@@ -4,8 +4,8 @@
 //! writes children this AppService controls.
 
 use common::AppService;
-use common::names::FIELD_MANAGER;
-use kube::api::{Patch, PatchParams, PostParams};
+use common::names::{FIELD_MANAGER, LABEL_MANAGED_BY, MANAGED_BY};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
@@ -22,16 +22,19 @@ use crate::view::{self, Child, Hashed};
 /// name is not among the taken names of objects without our label (`others`, when that
 /// list is complete), there is none; else (a foreign object, or ours with a label
 /// removed) from the API server.
+///
+/// `slot` tells apart two children of one kind (the stable and the canary Deployment)
+/// in what the controller remembers of its writes: the kind for the one child of a
+/// kind, [`crate::desired::CANARY_SLOT`] for the canary.
 pub async fn lookup<K: Child>(
     ctx: &Context,
     owner: &ObjectRef<AppService>,
+    slot: &'static str,
     cache: &Store<K::View>,
     others: Option<&Store<PartialObjectMeta<K>>>,
-    desired: &K,
+    (name, namespace): (&str, &str),
 ) -> Result<Option<K::View>> {
-    let name = required(&desired.meta().name, "metadata.name")?;
-    let namespace = required(&desired.meta().namespace, "metadata.namespace")?;
-    let child = (K::KIND, owner.clone());
+    let child = (slot, owner.clone());
     if let Some(obj) = cache.get(&ObjectRef::new(name).within(namespace)) {
         ctx.seen(&child);
         // Our own write of it may not have reached the cache yet (another event of the
@@ -76,6 +79,7 @@ pub async fn lookup<K: Child>(
 pub async fn converge<K: Child>(
     ctx: &Context,
     owner: &ObjectRef<AppService>,
+    slot: &'static str,
     mut desired: K,
     live: Option<K::View>,
 ) -> Result<K::View> {
@@ -99,7 +103,7 @@ pub async fn converge<K: Child>(
             )
             .await?;
         ctx.metrics().write(K::WRITTEN);
-        ctx.created((kind, owner.clone()));
+        ctx.created((slot, owner.clone()));
         info!(kind, child = %name, "created");
         return view::of(&created).map_err(|error| Error::Serialize { kind, error });
     };
@@ -108,9 +112,60 @@ pub async fn converge<K: Child>(
     if let Some(replaced) = replaced
         && written.meta().resource_version.as_ref() != Some(&replaced)
     {
-        ctx.remember_child_write((kind, owner.clone()), replaced, written.clone());
+        ctx.remember_child_write((slot, owner.clone()), replaced, written.clone());
     }
     Ok(written)
+}
+
+/// Deletes our child `name` (a canary Deployment no longer asked for), on the condition
+/// that it is still the object of `uid`: should it have been replaced since the cache
+/// saw it (by someone else's object of that name), the API server refuses (409) and
+/// nothing of theirs is deleted. Already gone (404) is done.
+///
+/// `relabel`: someone removed our `managed-by` label. The chart's admission policy lets
+/// the controller delete only objects that carry it, so it is put back first (one merge
+/// patch, with the same uid precondition), or the child would stay for good.
+pub async fn delete<K: Child>(
+    ctx: &Context,
+    owner: &ObjectRef<AppService>,
+    slot: &'static str,
+    (name, namespace): (&str, &str),
+    uid: &str,
+    relabel: bool,
+) -> Result<()> {
+    let api: Api<K::View> = Api::namespaced(ctx.client().clone(), namespace);
+    if relabel {
+        let patch = serde_json::json!({"metadata": {
+            "uid": uid,
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY},
+        }});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        match api.patch(name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => ctx.metrics().write(K::WRITTEN),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => {
+            ctx.metrics().write(K::WRITTEN);
+            info!(kind = K::KIND, child = %name, "deleted");
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.seen(&(slot, owner.clone()));
+    Ok(())
 }
 
 /// The writes of `converge` to a child that exists: nothing, a repair, or an apply.

@@ -8,10 +8,13 @@ use std::collections::BTreeMap;
 
 use common::names::{
     ANNOTATION_DATABASE_REVISION, DATABASE_CA_DIR, DATABASE_CA_VOLUME, DATABASE_URL_ENV,
-    child_labels, database_secret_name, deployment_name, selector_labels, service_name,
+    canary_deployment_name, canary_labels, canary_selector_labels, child_labels,
+    database_secret_name, deployment_name, selector_labels, service_name,
 };
 use common::{AppService, Protocol};
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath, PodSpec, PodTemplateSpec, Probe,
     SecretKeySelector, SecretVolumeSource, Service, ServicePort, ServiceSpec, TCPSocketAction,
@@ -135,7 +138,69 @@ fn from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
 /// libpq variables the user's `env` does not set, the CA mounted read-only when the class
 /// verifies the server, and the Secret's revision on the Pod template. An AppService
 /// without a database gets none of it: its Deployment is what it always was.
+///
+/// While a canary runs, this Deployment runs `replicas - canary.replicas` of the Pods.
 pub fn desired_deployment(app: &AppService, database: Option<&PodDatabase>) -> Result<Deployment> {
+    let name = required(&app.metadata.name, "metadata.name")?;
+    let spec = &app.spec;
+    build_deployment(
+        app,
+        database,
+        Track {
+            name: deployment_name(name),
+            image: &spec.image,
+            replicas: spec.stable_replicas(),
+            labels: child_labels(name),
+            selector: selector_labels(name),
+        },
+    )
+}
+
+/// The ChildKey slot of the canary Deployment in the controller's memory of its writes
+/// (`crate::context`): the stable one is keyed by its kind, `Deployment`.
+pub const CANARY_SLOT: &str = "Deployment/canary";
+
+/// The canary Deployment `<name>-canary` while `spec.canary` asks for one: the Pods of
+/// [`desired_deployment`] (security contexts, env, database, resources, ports, probe)
+/// with the canary's image, `canary.replicas` of them, labelled and selected by the
+/// stable labels plus `platform.example.com/track: canary`. The Service selects the
+/// stable labels only, so it sends traffic to the Pods of both.
+pub fn desired_canary_deployment(
+    app: &AppService,
+    database: Option<&PodDatabase>,
+) -> Result<Option<Deployment>> {
+    let name = required(&app.metadata.name, "metadata.name")?;
+    let Some(canary) = &app.spec.canary else {
+        return Ok(None);
+    };
+    build_deployment(
+        app,
+        database,
+        Track {
+            name: canary_deployment_name(name),
+            image: &canary.image,
+            replicas: canary.replicas(),
+            labels: canary_labels(name),
+            selector: canary_selector_labels(name),
+        },
+    )
+    .map(Some)
+}
+
+/// What differs between the stable and the canary Deployment.
+struct Track<'a> {
+    name: String,
+    image: &'a str,
+    replicas: i32,
+    labels: BTreeMap<String, String>,
+    selector: BTreeMap<String, String>,
+}
+
+fn build_deployment(
+    app: &AppService,
+    database: Option<&PodDatabase>,
+    track: Track<'_>,
+) -> Result<Deployment> {
     let name = required(&app.metadata.name, "metadata.name")?;
     let spec = &app.spec;
     let ports = spec.ports();
@@ -196,7 +261,7 @@ pub fn desired_deployment(app: &AppService, database: Option<&PodDatabase>) -> R
 
     let container = Container {
         name: CONTAINER_NAME.to_owned(),
-        image: Some(spec.image.clone()),
+        image: Some(track.image.to_owned()),
         ports: Some(
             ports
                 .iter()
@@ -232,17 +297,19 @@ pub fn desired_deployment(app: &AppService, database: Option<&PodDatabase>) -> R
         ..Container::default()
     };
 
+    let mut metadata = child_metadata(app, track.name)?;
+    metadata.labels = Some(track.labels.clone());
     Ok(Deployment {
-        metadata: child_metadata(app, deployment_name(name))?,
+        metadata,
         spec: DeploymentSpec {
-            replicas: Some(spec.replicas()),
+            replicas: Some(track.replicas),
             selector: LabelSelector {
-                match_labels: Some(selector_labels(name)),
+                match_labels: Some(track.selector),
                 ..LabelSelector::default()
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(child_labels(name)),
+                    labels: Some(track.labels),
                     annotations: database.map(|db| {
                         BTreeMap::from([(
                             ANNOTATION_DATABASE_REVISION.to_owned(),
@@ -258,9 +325,23 @@ pub fn desired_deployment(app: &AppService, database: Option<&PodDatabase>) -> R
                     ..PodSpec::default()
                 }),
             },
+            strategy: rollout_strategy(spec.rollout.as_ref()),
             ..DeploymentSpec::default()
         },
         status: None,
+    })
+}
+
+/// The Deployment's strategy for `spec.rollout`: a rolling update with both settings
+/// (defaults applied). Without `rollout`, none: the Deployment keeps the API server's
+/// defaults, and its desired hash is what it was before `rollout` existed.
+fn rollout_strategy(rollout: Option<&common::RolloutSpec>) -> Option<DeploymentStrategy> {
+    rollout.map(|rollout| DeploymentStrategy {
+        type_: Some("RollingUpdate".to_owned()),
+        rolling_update: Some(RollingUpdateDeployment {
+            max_surge: Some(rollout.max_surge()),
+            max_unavailable: Some(rollout.max_unavailable()),
+        }),
     })
 }
 
@@ -562,6 +643,177 @@ mod tests {
         assert!(v.get("status").is_none());
         assert!(v["metadata"].get("resourceVersion").is_none());
         assert!(v["spec"].get("strategy").is_none());
+    }
+
+    #[test]
+    fn rollout_becomes_the_rolling_update_with_its_defaults() {
+        let mut spec = AppServiceSpec {
+            image: "nginx:1.27".into(),
+            rollout: Some(common::RolloutSpec {
+                max_surge: Some(IntOrString::Int(0)),
+                max_unavailable: None,
+            }),
+            ..Default::default()
+        };
+        let d = desired_deployment(&app(spec.clone()), None).unwrap();
+        let strategy = d.spec.strategy.unwrap();
+        assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+        let rolling = strategy.rolling_update.unwrap();
+        assert_eq!(rolling.max_surge, Some(IntOrString::Int(0)));
+        assert_eq!(
+            rolling.max_unavailable,
+            Some(IntOrString::String("25%".into()))
+        );
+        // Removing it gives the Deployment back to the API server's defaults.
+        spec.rollout = None;
+        let d = desired_deployment(&app(spec), None).unwrap();
+        assert_eq!(d.spec.strategy, None);
+    }
+
+    fn canary_spec() -> AppServiceSpec {
+        AppServiceSpec {
+            image: "registry.example.com/checkout:v3".into(),
+            replicas: Some(5),
+            env: vec![AppEnvVar {
+                name: "LOG_LEVEL".into(),
+                value: Some("info".into()),
+                value_from: None,
+            }],
+            pod_security: Some(common::PodSecurity {
+                run_as_user: Some(10001),
+                ..Default::default()
+            }),
+            rollout: Some(common::RolloutSpec {
+                max_surge: Some(IntOrString::Int(1)),
+                max_unavailable: Some(IntOrString::Int(0)),
+            }),
+            canary: Some(common::CanarySpec {
+                image: "registry.example.com/checkout:v4".into(),
+                replicas: Some(2),
+            }),
+            ..with_database()
+        }
+    }
+
+    #[test]
+    fn the_canary_is_the_stable_pod_with_another_image_and_its_track() {
+        let db = PodDatabase {
+            ca: true,
+            revision: "abc".into(),
+        };
+        let a = app(canary_spec());
+        let stable = desired_deployment(&a, Some(&db)).unwrap();
+        let canary = desired_canary_deployment(&a, Some(&db)).unwrap().unwrap();
+        assert_eq!(canary.metadata.name.as_deref(), Some("checkout-canary"));
+        assert_eq!(canary.metadata.namespace.as_deref(), Some("shop"));
+        assert_eq!(
+            canary.metadata.owner_references,
+            stable.metadata.owner_references
+        );
+        // Replicas split: 5 in all, 2 of them the canary's.
+        assert_eq!(stable.spec.replicas, Some(3));
+        assert_eq!(canary.spec.replicas, Some(2));
+        // The stable selector is what it always was (it is immutable); the canary's
+        // contains it and the track, and selects the canary's Pods only.
+        assert_eq!(
+            stable.spec.selector.match_labels,
+            Some(selector_labels("checkout"))
+        );
+        let selector = canary.spec.selector.match_labels.clone().unwrap();
+        for (k, v) in selector_labels("checkout") {
+            assert_eq!(selector[&k], v);
+        }
+        assert_eq!(selector[common::names::LABEL_TRACK], "canary");
+        let pod_labels = |d: &Deployment| {
+            d.spec
+                .template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .labels
+                .clone()
+                .unwrap()
+        };
+        for (k, v) in &selector {
+            assert_eq!(&pod_labels(&canary)[k], v);
+        }
+        assert!(!pod_labels(&stable).contains_key(common::names::LABEL_TRACK));
+        // The Service's selector picks the Pods of both.
+        let service = desired_service(&a).unwrap().spec.unwrap().selector.unwrap();
+        for d in [&stable, &canary] {
+            for (k, v) in &service {
+                assert_eq!(&pod_labels(d)[k], v);
+            }
+        }
+        assert_eq!(
+            canary.metadata.labels.as_ref().unwrap()[common::names::LABEL_TRACK],
+            "canary"
+        );
+        // Everything of the Pod but the image and the track label is the stable one's.
+        assert_eq!(
+            container(&canary).image.as_deref(),
+            Some("registry.example.com/checkout:v4")
+        );
+        let mut same = canary.spec.template.clone();
+        same.spec.as_mut().unwrap().containers[0].image = container(&stable).image.clone();
+        same.metadata.as_mut().unwrap().labels = Some(pod_labels(&stable));
+        assert_eq!(same, stable.spec.template);
+        // Both roll out as spec.rollout says.
+        assert_eq!(canary.spec.strategy, stable.spec.strategy);
+        assert_eq!(
+            canary
+                .spec
+                .strategy
+                .as_ref()
+                .and_then(|s| s.rolling_update.as_ref())
+                .and_then(|r| r.max_unavailable.clone()),
+            Some(IntOrString::Int(0))
+        );
+    }
+
+    #[test]
+    fn no_canary_without_spec_canary_and_the_stable_runs_every_replica() {
+        let mut spec = canary_spec();
+        spec.canary = None;
+        let a = app(spec);
+        assert_eq!(desired_canary_deployment(&a, None).unwrap(), None);
+        assert_eq!(desired_deployment(&a, None).unwrap().spec.replicas, Some(5));
+        // The canary's replicas default to one.
+        let mut spec = canary_spec();
+        spec.canary = Some(common::CanarySpec {
+            image: "registry.example.com/checkout:v4".into(),
+            replicas: None,
+        });
+        let a = app(spec);
+        assert_eq!(desired_deployment(&a, None).unwrap().spec.replicas, Some(4));
+        let canary = desired_canary_deployment(&a, None).unwrap().unwrap();
+        assert_eq!(canary.spec.replicas, Some(1));
+    }
+
+    const PLAIN_DEPLOYMENT_JSON: &str = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"labels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator","app.kubernetes.io/name":"checkout"},"name":"checkout","namespace":"shop","ownerReferences":[{"apiVersion":"platform.example.com/v1beta1","blockOwnerDeletion":true,"controller":true,"kind":"AppService","name":"checkout","uid":"uid-1"}]},"spec":{"replicas":3,"selector":{"matchLabels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator"}},"template":{"metadata":{"labels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator","app.kubernetes.io/name":"checkout"}},"spec":{"containers":[{"image":"nginx:1.27","name":"app","ports":[{"containerPort":8080,"name":"http","protocol":"TCP"}],"readinessProbe":{"tcpSocket":{"port":8080}},"securityContext":{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}}],"securityContext":{"runAsNonRoot":true,"seccompProfile":{"type":"RuntimeDefault"}}}}}}"#;
+    const PLAIN_DEPLOYMENT_HASH: &str = "7f40ac3d3feeefc3d5215e6244860085";
+
+    /// The desired hash of an AppService without the fields added since: the upgrade
+    /// test's golden fixture holds the previous release's hashes; this one pins that
+    /// adding `rollout` (and `canary`) left the Deployment of a plain AppService as it
+    /// was, byte for byte.
+    #[test]
+    fn a_plain_appservice_builds_the_same_deployment_as_before() {
+        let d = desired_deployment(
+            &app(AppServiceSpec {
+                image: "nginx:1.27".into(),
+                replicas: Some(3),
+                ..Default::default()
+            }),
+            None,
+        )
+        .unwrap();
+        let json = serde_json::to_string(&d).unwrap();
+        assert_eq!(json, PLAIN_DEPLOYMENT_JSON);
+        assert_eq!(
+            crate::drift::desired_hash(&d).unwrap(),
+            PLAIN_DEPLOYMENT_HASH
+        );
     }
 
     fn with_database() -> AppServiceSpec {

@@ -10,7 +10,7 @@
 //! the cache.
 
 use common::AppService;
-use common::names::DATABASE_SECRET_SUFFIX;
+use common::names::{CANARY_SUFFIX, DATABASE_SECRET_SUFFIX};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -47,14 +47,19 @@ pub fn owner_of(apps: &Store<AppService>, meta: &ObjectMeta) -> Option<ObjectRef
 
 /// The AppService in the cache that an object in its namespace is named after: the
 /// Deployment and the Service carry the AppService's name, the credentials Secret that
-/// name followed by [`DATABASE_SECRET_SUFFIX`].
+/// name followed by [`DATABASE_SECRET_SUFFIX`], the canary Deployment by
+/// [`CANARY_SUFFIX`].
 pub fn same_named_app(
     apps: &Store<AppService>,
     meta: &ObjectMeta,
 ) -> Option<ObjectRef<AppService>> {
     let name = meta.name.as_deref()?;
     let namespace = meta.namespace.as_deref()?;
-    let candidates = [Some(name), name.strip_suffix(DATABASE_SECRET_SUFFIX)];
+    let candidates = [
+        Some(name),
+        name.strip_suffix(DATABASE_SECRET_SUFFIX),
+        name.strip_suffix(CANARY_SUFFIX),
+    ];
     candidates.into_iter().flatten().find_map(|name| {
         let key = ObjectRef::new(name).within(namespace);
         apps.get(&key).is_some().then_some(key)
@@ -146,6 +151,17 @@ mod tests {
             "u-old",
         );
         assert_eq!(owner_of(&apps, &secret), want);
+        // A foreign Deployment named like the canary (no owner reference at all) wakes
+        // the AppService whose canary it blocks.
+        let foreign = ObjectMeta {
+            name: Some("web-canary".into()),
+            namespace: Some("shop".into()),
+            ..ObjectMeta::default()
+        };
+        assert_eq!(owner_of(&apps, &foreign), want);
+        // Ours, through the owner reference.
+        let canary = owned_by("web-canary", "platform.example.com/v1beta1", "web", "u-new");
+        assert_eq!(owner_of(&apps, &canary), want);
         let unrelated = owned_by("api", "platform.example.com/v1beta1", "api", "u-9");
         assert_eq!(owner_of(&apps, &unrelated), None);
     }

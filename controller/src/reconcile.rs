@@ -28,19 +28,25 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::{debug, instrument, warn};
 
-use crate::children::{converge, lookup};
+use crate::children::{converge, delete, lookup};
 use crate::context::Context;
-use crate::desired::{desired_deployment, desired_service, is_controlled_by, required};
+use crate::desired::{
+    CANARY_SLOT, desired_canary_deployment, desired_deployment, desired_service, is_controlled_by,
+    required,
+};
 use crate::error::{Error, Result, Retry};
 use crate::external::{Readiness as External, Report};
 use crate::finalizer::{ensure_finalizer, finalize};
 use crate::outcome::Outcome;
 use crate::report::{publish, write_status};
 use crate::status::{
-    Observation, Rollout, apply_external, desired_status, external_blocked_status,
-    external_changes, rollout,
+    Observation, Rollout, apply_external, desired_status, desired_status_with_canary,
+    external_blocked_status, external_changes, rollout_of,
 };
-use crate::view::DeploymentView;
+use crate::view::{Child, DeploymentView};
+use common::names::{LABEL_MANAGED_BY, MANAGED_BY, canary_deployment_name};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
 
 /// A name taken by someone else's object is re-checked at least this often. The watch on
 /// objects without our label wakes the AppService as soon as the name is free; this is
@@ -186,35 +192,54 @@ async fn converge_app(app: &AppService, ctx: &Context) -> Result<Outcome> {
     Ok(Outcome::status(status, next))
 }
 
-/// The Deployment and the Service, once nothing blocks them.
+/// The Deployment and the Service (and the canary Deployment while `spec.canary` asks
+/// for one), once nothing blocks them.
 async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> Result<Outcome> {
     let owner = ObjectRef::from_obj(app);
     let namespace = required(&app.metadata.namespace, "metadata.namespace")?;
-    // Both names are checked before either child is written: a half-built AppService
+    let app_name = required(&app.metadata.name, "metadata.name")?;
+    // Every name is checked before any child is written: a half-built AppService
     // (Pods without a Service, or the reverse) would look like progress.
     let want_deployment = desired_deployment(app, report.database.as_ref())?;
     let want_service = desired_service(app)?;
+    let want_canary = desired_canary_deployment(app, report.database.as_ref())?;
+    let canary_name = canary_deployment_name(app_name);
     // Only with every cache listed completely does a name missing from all of them mean
     // that nobody holds it (a restarted controller reconciles before its lists are in).
     let caches = ctx.caches();
     let others_known = ctx.is_ready();
-    let (live_deployment, live_service) = tokio::join!(
+    let deployment_name = required(&want_deployment.metadata.name, "metadata.name")?;
+    let service_name = required(&want_service.metadata.name, "metadata.name")?;
+    // The canary's name is looked up whether or not one is asked for: one of ours left
+    // from before is deleted. A cached miss costs nothing.
+    let (live_deployment, live_service, live_canary) = tokio::join!(
         lookup(
             ctx,
             &owner,
+            Deployment::KIND,
             &caches.deployments,
             others_known.then_some(&caches.other_deployments),
-            &want_deployment,
+            (deployment_name, namespace),
         ),
         lookup(
             ctx,
             &owner,
+            Service::KIND,
             &caches.services,
             others_known.then_some(&caches.other_services),
-            &want_service,
+            (service_name, namespace),
+        ),
+        lookup(
+            ctx,
+            &owner,
+            CANARY_SLOT,
+            &caches.deployments,
+            others_known.then_some(&caches.other_deployments),
+            (&canary_name, namespace),
         ),
     );
-    let (live_deployment, live_service) = (live_deployment?, live_service?);
+    let (live_deployment, live_service, live_canary) =
+        (live_deployment?, live_service?, live_canary?);
     let uid = required(&app.metadata.uid, "metadata.uid")?;
     let ours =
         |meta: &kube::api::ObjectMeta| is_controlled_by(meta.owner_references.as_deref(), uid);
@@ -227,6 +252,13 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
     if let Some(s) = live_service.as_ref().filter(|s| !ours(&s.metadata)) {
         taken.push(format!("Service {namespace}/{}", s.name_any()));
     }
+    // Someone else's object named like the canary blocks only a canary that is asked
+    // for; without one it is not ours to care about, and it is never deleted.
+    if want_canary.is_some()
+        && let Some(d) = live_canary.as_ref().filter(|d| !ours(&d.metadata))
+    {
+        taken.push(format!("Deployment {namespace}/{}", d.name_any()));
+    }
     if !taken.is_empty() {
         let our_deployment = live_deployment.as_ref().filter(|d| ours(&d.metadata));
         let obs = Observation::Conflict {
@@ -238,12 +270,46 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
         // The watch on foreign objects wakes us when the name is free; this is a backstop.
         return Ok(Outcome::status(status, Ok(Next::requeue(CONFLICT_RECHECK))));
     }
+    // A canary of ours that is no longer asked for (promoted or aborted) goes, once.
+    let stale_canary = live_canary
+        .as_ref()
+        .filter(|d| want_canary.is_none() && ours(&d.metadata))
+        .filter(|d| d.metadata.deletion_timestamp.is_none())
+        .and_then(|d| {
+            let labelled = d.labels.get(LABEL_MANAGED_BY) == Some(MANAGED_BY);
+            d.metadata.uid.clone().map(|uid| (uid, !labelled))
+        });
 
-    // The two children are independent: converge them at once (one round trip less
-    // per new AppService).
-    let (deployment, service) = tokio::join!(
-        converge(ctx, &owner, want_deployment, live_deployment.clone()),
-        converge(ctx, &owner, want_service, live_service),
+    // The children are independent: converge them at once (one round trip less per
+    // new AppService).
+    let canary_step = async {
+        match (want_canary, &stale_canary) {
+            (Some(want), _) => converge(ctx, &owner, CANARY_SLOT, want, live_canary.clone())
+                .await
+                .map(Some),
+            (None, Some((stale_uid, relabel))) => delete::<Deployment>(
+                ctx,
+                &owner,
+                CANARY_SLOT,
+                (&canary_name, namespace),
+                stale_uid,
+                *relabel,
+            )
+            .await
+            .map(|()| None),
+            (None, None) => Ok(None),
+        }
+    };
+    let (deployment, service, canary) = tokio::join!(
+        converge(
+            ctx,
+            &owner,
+            Deployment::KIND,
+            want_deployment,
+            live_deployment.clone()
+        ),
+        converge(ctx, &owner, Service::KIND, want_service, live_service),
+        canary_step,
     );
     let deployment = match deployment {
         Ok(d) => d,
@@ -260,22 +326,40 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
     if let Err(e) = service {
         return Ok(rejected(app, "Service", Some(&deployment), e, &now));
     }
-    // Whether we changed what the Deployment runs (not only its metadata, such as the
+    let canary = match canary {
+        Ok(c) => c,
+        Err(e) => {
+            return Ok(rejected(
+                app,
+                "canary Deployment",
+                Some(&deployment),
+                e,
+                &now,
+            ));
+        }
+    };
+    // Whether we changed what a Deployment runs (not only its metadata, such as the
     // desired-hash annotation added after an upgrade or a label put back).
     let spec_written = live_deployment
         .as_ref()
-        .is_none_or(|live| live.spec != deployment.spec);
+        .is_none_or(|live| live.spec != deployment.spec)
+        || canary
+            .as_ref()
+            .is_some_and(|c| live_canary.as_ref().is_none_or(|live| live.spec != c.spec))
+        || stale_canary.is_some();
 
-    // An edit of the Deployment's metadata (an annotation bumps its generation), by
+    // An edit of a Deployment's metadata (an annotation bumps its generation), by
     // someone else or by us, leaves it briefly unobserved by the Deployment controller.
     // That is no rollout: keep the status as it is rather than flap Ready, and look again
     // when the Deployment controller has caught up (its status update wakes us).
-    let unobserved = deployment
-        .status
-        .as_ref()
-        .and_then(|s| s.observed_generation)
-        .unwrap_or(0)
-        < deployment.metadata.generation.unwrap_or(0);
+    let unobserved = |d: &DeploymentView| {
+        d.status
+            .as_ref()
+            .and_then(|s| s.observed_generation)
+            .unwrap_or(0)
+            < d.metadata.generation.unwrap_or(0)
+    };
+    let unobserved = unobserved(&deployment) || canary.as_ref().is_some_and(unobserved);
     let settled =
         app.status.as_ref().and_then(|s| s.observed_generation) == app.metadata.generation;
     // ... unless the external step's conditions moved (the database became ready again):
@@ -287,9 +371,15 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
         ))));
     }
 
-    let mut status = desired_status(app, &Observation::Applied, Some(&deployment), &now);
+    let mut status = desired_status_with_canary(
+        app,
+        &Observation::Applied,
+        Some(&deployment),
+        canary.as_ref(),
+        &now,
+    );
     apply_external(&mut status, report, app.metadata.generation, &now);
-    let next = match rollout(&deployment) {
+    let next = match rollout_of(&deployment, canary.as_ref()).0 {
         Rollout::InProgress { message, .. } => {
             debug!(%message, "rollout in progress");
             ctx.config().rollout_requeue

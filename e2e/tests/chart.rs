@@ -750,7 +750,8 @@ fn rbac_is_exactly_what_the_controller_uses() {
         ),
         ("platform.example.com", "appservices/status", "get,patch"),
         ("platform.example.com", "appservices/finalizers", "update"),
-        ("apps", "deployments", "get,list,watch,create,patch"),
+        // delete: the canary Deployment once promoted or aborted.
+        ("apps", "deployments", "get,list,watch,create,patch,delete"),
         ("", "services", "get,list,watch,create,patch"),
         ("events.k8s.io", "events", "create,patch"),
         // The `<name>-database` Secrets, watched (metadata, by label) to heal them.
@@ -1283,12 +1284,14 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     assert!(forbidden(
         pods.list(&ListParams::default()).await.expect_err("pods")
     ));
+    // It may delete a Deployment (its canary, once promoted or aborted; the admission
+    // policy keeps that to its own), never a collection of them.
     let deployments: Api<Deployment> = Api::namespaced(sa_client.clone(), &test_ns);
     assert!(forbidden(
         deployments
-            .delete("anything", &DeleteParams::default())
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await
-            .expect_err("delete deployments")
+            .expect_err("deletecollection deployments")
     ));
     let roles: Api<ClusterRole> = Api::all(sa_client.clone());
     let escalate: ClusterRole =
@@ -1335,7 +1338,7 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
         metrics: metrics.clone(),
         ..controller::Hooks::default()
     };
-    let ctl = ChartController::start(config, sa_client.clone(), hooks);
+    let ctl = ChartController::start(config.clone(), sa_client.clone(), hooks);
 
     // An AppService in the release namespace (excluded) is left alone: nothing written.
     let excluded_apps: Api<AppService> = Api::namespaced(admin.clone(), release_ns);
@@ -1413,6 +1416,63 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
             .and_then(|s| s.observed_generation)
             .is_some()
     );
+
+    // A canary, then its abort: created and deleted with only the chart's RBAC, also
+    // when someone removed our label from it while the controller was down (the policy
+    // lets it delete only what carries the label: it puts the label back first).
+    apps.patch(
+        "rbac-proof",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 2,
+            "canary": {"image": "registry.example.com/hello:v1.1.0"}}})),
+    )
+    .await
+    .expect("adding a canary");
+    eventually("the canary Deployment", Duration::from_secs(60), || {
+        let d = admin_deployments.clone();
+        async move { d.get_opt("rbac-proof-canary").await.ok()?.map(drop) }
+    })
+    .await
+    .unwrap();
+    ctl.stop().await;
+    let unlabel: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "remove", "path": "/metadata/labels/app.kubernetes.io~1managed-by"}
+    ]))
+    .unwrap();
+    admin_deployments
+        .patch(
+            "rbac-proof-canary",
+            &PatchParams::default(),
+            &Patch::Json::<()>(unlabel),
+        )
+        .await
+        .expect("removing our label from the canary");
+    apps.patch(
+        "rbac-proof",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"canary": null}})),
+    )
+    .await
+    .expect("aborting the canary");
+    let ctl = ChartController::start(
+        config.clone(),
+        sa_client.clone(),
+        controller::Hooks {
+            metrics: metrics.clone(),
+            ..controller::Hooks::default()
+        },
+    );
+    eventually("the canary deleted", Duration::from_secs(60), || {
+        let d = admin_deployments.clone();
+        async move {
+            match d.get_opt("rbac-proof-canary").await.ok()? {
+                None => Some(()),
+                Some(_) => None,
+            }
+        }
+    })
+    .await
+    .unwrap();
 
     let events: Api<Event> = Api::namespaced(admin.clone(), &test_ns);
     eventually(
@@ -1623,6 +1683,14 @@ async fn the_controllers_identity_writes_only_what_it_owns() {
             .await,
         &format!("secrets {not_owned}"),
     );
+    // RBAC lets it delete Deployments (a canary once promoted or aborted); the policy
+    // keeps that to its own.
+    refused_by_policy(
+        deployments
+            .delete("foreign", &DeleteParams::default())
+            .await,
+        &format!("deployments {not_owned}"),
+    );
     // Server-side apply onto a foreign object is an update like any other.
     refused_by_policy(
         services
@@ -1748,6 +1816,17 @@ async fn the_controllers_identity_writes_only_what_it_owns() {
         .patch("owner", &PatchParams::default(), &merge(touch.clone()))
         .await
         .expect("patching its own Deployment");
+    deployments
+        .create(
+            &post,
+            &object("Deployment", "owner-canary", Some(&app), true),
+        )
+        .await
+        .expect("its own canary Deployment");
+    deployments
+        .delete("owner-canary", &DeleteParams::default())
+        .await
+        .expect("deleting its own canary Deployment");
     services
         .create(&post, &object("Service", "owner", Some(&app), true))
         .await

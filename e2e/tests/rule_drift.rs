@@ -17,7 +17,8 @@
 use common::AppService;
 use common::types::{
     MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_ID, MAX_IMAGE_LEN, MAX_PORT,
-    MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS,
+    MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MAX_ROLLOUT_PERCENT, MIN_CANARY_REPLICAS, MIN_ID,
+    MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS,
 };
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{Value, json};
@@ -323,6 +324,113 @@ fn cases() -> Vec<(&'static str, Value, Verdict)> {
         (
             "an unknown profile",
             with("podSecurity", json!({"profile": "Privileged"})),
+            Neither,
+        ),
+        ("an empty rollout", with("rollout", json!({})), Both),
+        (
+            "rollout settings at their bounds",
+            with(
+                "rollout",
+                json!({"maxSurge": 0, "maxUnavailable": format!("{MAX_ROLLOUT_PERCENT}%")}),
+            ),
+            Both,
+        ),
+        (
+            "rollout percentages with leading zeros",
+            with(
+                "rollout",
+                json!({"maxSurge": "0%", "maxUnavailable": "007%"}),
+            ),
+            Both,
+        ),
+        (
+            "one rollout setting 0, the other defaulted",
+            with("rollout", json!({"maxUnavailable": "0%"})),
+            Both,
+        ),
+        (
+            "a negative maxSurge",
+            with("rollout", json!({"maxSurge": -1})),
+            Neither,
+        ),
+        (
+            "a maxUnavailable past 100%",
+            with(
+                "rollout",
+                json!({"maxUnavailable": format!("{}%", MAX_ROLLOUT_PERCENT + 1)}),
+            ),
+            Neither,
+        ),
+        (
+            "a number as a string",
+            with("rollout", json!({"maxSurge": "5"})),
+            Neither,
+        ),
+        (
+            "a canary of one replica, both defaulted",
+            with("canary", json!({"image": "registry.example.com/app:v2"})),
+            Both,
+        ),
+        (
+            "a canary of every replica",
+            {
+                let mut spec = with(
+                    "canary",
+                    json!({"image": "registry.example.com/app:v2", "replicas": 3}),
+                );
+                spec["replicas"] = json!(3);
+                spec
+            },
+            Both,
+        ),
+        (
+            "a canary of more replicas than the AppService",
+            {
+                let mut spec = with(
+                    "canary",
+                    json!({"image": "registry.example.com/app:v2", "replicas": 4}),
+                );
+                spec["replicas"] = json!(3);
+                spec
+            },
+            Neither,
+        ),
+        (
+            "a canary of no replica",
+            with(
+                "canary",
+                json!({"image": "registry.example.com/app:v2", "replicas": MIN_CANARY_REPLICAS - 1}),
+            ),
+            Neither,
+        ),
+        (
+            "a canary without an image",
+            with("canary", json!({"replicas": 1})),
+            Neither,
+        ),
+        (
+            "a canary image of a pullable length",
+            with("canary", json!({"image": image_of(255)})),
+            Both,
+        ),
+        (
+            "a canary image at the schema's length bound, as spec.image",
+            with("canary", json!({"image": image_of(MAX_IMAGE_LEN)})),
+            OnlyApiServer,
+        ),
+        (
+            "a canary image past the length bound",
+            with("canary", json!({"image": image_of(MAX_IMAGE_LEN + 1)})),
+            Neither,
+        ),
+        (
+            "a canary image that does not parse",
+            with("canary", json!({"image": "Nginx:1.0"})),
+            OnlyApiServer,
+        ),
+        (
+            "both rollout settings 0",
+            with("rollout", json!({"maxSurge": 0, "maxUnavailable": "0%"})),
             Neither,
         ),
     ]

@@ -1309,6 +1309,47 @@ async fn policies_yaml_holds_on_every_write_path() {
         "memory-limit-cap",
     )
     .await;
+    // A canary cannot bring in an image the registry rule refuses: not in v1beta1, and
+    // not through v1alpha1's annotation for it, which conversion turns into the canary.
+    let foreign_canary = env
+        .dynamic(env.cp.client(), "v1beta1")
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"canary": {"image": "docker.io/evil/shop:v1"}}})),
+        )
+        .await
+        .expect_err("a canary from another registry");
+    assert!(
+        foreign_canary.to_string().contains("allowed-registry"),
+        "{foreign_canary}"
+    );
+    let annotation = env
+        .dynamic(env.cp.client(), "v1alpha1")
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                common::names::ANNOTATION_V1BETA1_CANARY: r#"{"image":"docker.io/evil/shop:v1","replicas":1}"#,
+            }}})),
+        )
+        .await
+        .expect_err("a canary from another registry through v1alpha1");
+    assert!(
+        annotation.to_string().contains("allowed-registry"),
+        "{annotation}"
+    );
+    env.dynamic(env.cp.client(), "v1beta1")
+        .patch(
+            "shop",
+            &PatchParams {
+                dry_run: true,
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({"spec": {"canary": {"image": "ghcr.io/example/shop:v2"}}})),
+        )
+        .await
+        .expect("a canary from an allowed registry");
     // A database is spelled differently in each version; only the platform team may
     // enable one.
     let database = Change {

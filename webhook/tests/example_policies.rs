@@ -149,6 +149,43 @@ fn policies_yaml() {
         !messages.iter().any(|m| m.contains("evaluation error")),
         "{messages:?}"
     );
+
+    // A canary cannot bring an image from elsewhere: the registry rule reads it too,
+    // and says which image it refused.
+    let canary = |image: &str| {
+        object(
+            json!({"image": "registry.example.com/shop:v1", "replicas": 3,
+                      "canary": {"image": image, "replicas": 1}}),
+        )
+    };
+    let dev = || request("CREATE", "n", &[]);
+    assert!(
+        denied_by(
+            &store,
+            &canary("ghcr.io/example/shop:v2"),
+            None,
+            dev(),
+            labelled("dev")
+        )
+        .is_empty()
+    );
+    let foreign = canary("docker.io/evil/shop:v2");
+    assert_eq!(
+        denied_by(&store, &foreign, None, dev(), labelled("dev")),
+        ["allowed-registry"]
+    );
+    let message = store
+        .current()
+        .evaluate(foreign, None, dev(), labelled("dev"))
+        .into_iter()
+        .map(|v| v.message)
+        .collect::<Vec<_>>();
+    assert_eq!(
+        message,
+        [
+            "image docker.io/evil/shop:v2 is not from an allowed registry (registry.example.com/, ghcr.io/example/)"
+        ]
+    );
 }
 
 #[test]
@@ -170,6 +207,21 @@ fn no_latest_in_production_yaml() {
         ["pinned-images-in-production"]
     );
     assert!(denied_by(&store, &latest, None, request("CREATE", "dev", &[]), None).is_empty());
+    // The canary's image is pinned like spec.image, or refused.
+    let canary = |image: &str| {
+        object(
+            json!({"image": "registry.example.com:5000/shop:v1.2.3", "replicas": 2,
+                      "canary": {"image": image, "replicas": 1}}),
+        )
+    };
+    assert!(denied_by(&store, &canary("shop:v1.3.0"), None, prod(), None).is_empty());
+    for unpinned in ["shop:latest", "registry.example.com:5000/shop"] {
+        assert_eq!(
+            denied_by(&store, &canary(unpinned), None, prod(), None),
+            ["pinned-images-in-production"],
+            "{unpinned}"
+        );
+    }
 
     let zero = object(json!({"image": "shop:v1", "replicas": 0}));
     let one = object(json!({"image": "shop:v1", "replicas": 1}));

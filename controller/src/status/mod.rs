@@ -30,7 +30,7 @@ use crate::view::DeploymentView;
 
 mod rollout;
 
-pub use rollout::{Rollout, Stuck, rollout};
+pub use rollout::{Rollout, Stuck, Track, rollout, rollout_of};
 
 /// Source of "now" for condition timestamps.
 pub trait Clock: Send + Sync {
@@ -74,6 +74,21 @@ pub fn desired_status(
     app: &AppService,
     obs: &Observation,
     deployment: Option<&DeploymentView>,
+    now: &Time,
+) -> AppServiceStatus {
+    desired_status_with_canary(app, obs, deployment, None, now)
+}
+
+/// [`desired_status`] of an AppService that may run a canary: `canary` is our live
+/// canary Deployment while `spec.canary` asks for one. Once applied, `status.canary`
+/// reports it (and is removed without one), the ready count is both Deployments' (the
+/// Service's Pods), and Ready needs both rollouts complete; the messages of a rollout
+/// in progress or stuck name the Deployment that holds it up.
+pub fn desired_status_with_canary(
+    app: &AppService,
+    obs: &Observation,
+    deployment: Option<&DeploymentView>,
+    canary: Option<&DeploymentView>,
     now: &Time,
 ) -> AppServiceStatus {
     let generation = app.metadata.generation;
@@ -152,7 +167,23 @@ pub fn desired_status(
             };
             status.endpoint = Some(endpoint(name, namespace, app.spec.port()));
             let desired = app.spec.replicas();
-            match rollout(deployment) {
+            let canary = canary.filter(|_| app.spec.canary.is_some());
+            status.canary = app.spec.canary.as_ref().zip(canary).map(|(spec, live)| {
+                common::types::CanaryStatus {
+                    image: spec.image.clone(),
+                    replicas: live.spec.replicas.unwrap_or(0),
+                    ready_replicas: live
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.ready_replicas)
+                        .unwrap_or(0),
+                }
+            });
+            let (assessment, track) = rollout_of(deployment, canary);
+            let on = |track: Option<Track>| {
+                track.map_or(String::new(), |t| format!(" {}", t.describe()))
+            };
+            match assessment {
                 Rollout::Complete { ready } => {
                     status.ready_replicas = Some(ready);
                     let (reason, message) = if desired == 0 {
@@ -175,7 +206,10 @@ pub fn desired_status(
                         Verdict::Reconciling {
                             reason: reasons::ROLLING_OUT,
                             ready: format!("{ready}/{desired} replicas ready"),
-                            progress: format!("rolling out: {ready}/{desired} replicas ready"),
+                            progress: format!(
+                                "rolling out{}: {ready}/{desired} replicas ready",
+                                on(track)
+                            ),
                             degraded: None,
                         },
                     )
@@ -186,7 +220,7 @@ pub fn desired_status(
                     cause,
                 } => {
                     status.ready_replicas = Some(ready);
-                    stuck(&cond, ready, desired, &cause)
+                    stuck(&cond, ready, desired, &cause, track)
                 }
             }
         }
@@ -279,6 +313,7 @@ fn stuck(
     ready: i32,
     desired: i32,
     cause: &Stuck,
+    track: Option<Track>,
 ) -> [Condition; 5] {
     let (reason, cause_message, hint) = match cause {
         Stuck::ReplicaFailure { reason, message } => (
@@ -296,11 +331,18 @@ fn stuck(
             "the rollout made no progress within the Deployment's progressDeadlineSeconds",
         ),
     };
+    let message = match track {
+        None => format!("{ready}/{desired} replicas ready; {cause_message}"),
+        Some(track) => format!(
+            "{ready}/{desired} replicas ready; {}: {cause_message}",
+            track.describe()
+        ),
+    };
     verdict(
         cond,
         Verdict::Stalled {
             reason,
-            message: format!("{ready}/{desired} replicas ready; {cause_message}"),
+            message,
             hint: hint.to_owned(),
         },
     )
@@ -415,6 +457,7 @@ pub fn needs_write(live: Option<&AppServiceStatus>, desired: &AppServiceStatus) 
         || live.ready_replicas != desired.ready_replicas
         || live.selector != desired.selector
         || live.endpoint != desired.endpoint
+        || live.canary != desired.canary
         || !conditions::same_set_ignoring_time(&live.conditions, &desired.conditions)
 }
 

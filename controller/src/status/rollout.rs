@@ -94,3 +94,102 @@ pub fn rollout(deployment: &DeploymentView) -> Rollout {
         },
     }
 }
+
+/// Which Deployment holds a rollout up, for the messages of status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Track {
+    Stable,
+    Canary,
+    Both,
+}
+
+impl Track {
+    /// How status names it: "the stable Deployment", "the canary Deployment", "both
+    /// Deployments".
+    pub fn describe(self) -> &'static str {
+        match self {
+            Track::Stable => "the stable Deployment",
+            Track::Canary => "the canary Deployment",
+            Track::Both => "the stable and canary Deployments",
+        }
+    }
+}
+
+/// The rollout of an AppService that runs a canary beside its stable Deployment: one
+/// assessment of both, counted together (the Service sends traffic to the Pods of
+/// both). Complete only when both are; stuck when either is (the stable one's cause
+/// first); otherwise in progress. Without a canary, the stable Deployment's own
+/// assessment, and no track: messages stay what they were.
+pub fn rollout_of(
+    stable: &DeploymentView,
+    canary: Option<&DeploymentView>,
+) -> (Rollout, Option<Track>) {
+    let stable = rollout(stable);
+    let Some(canary) = canary else {
+        return (stable, None);
+    };
+    let canary = rollout(canary);
+    let counts = |r: &Rollout| match r {
+        Rollout::Complete { ready } => (*ready, None),
+        Rollout::InProgress { ready, desired, .. } | Rollout::Stuck { ready, desired, .. } => {
+            (*ready, Some(*desired))
+        }
+    };
+    let (stable_ready, stable_desired) = counts(&stable);
+    let (canary_ready, canary_desired) = counts(&canary);
+    let ready = stable_ready + canary_ready;
+    // A complete Deployment runs as many as it wants: its ready count.
+    let desired = stable_desired.unwrap_or(stable_ready) + canary_desired.unwrap_or(canary_ready);
+    let track = |stable_moving: bool, canary_moving: bool| match (stable_moving, canary_moving) {
+        (true, true) => Track::Both,
+        (false, true) => Track::Canary,
+        _ => Track::Stable,
+    };
+    match (stable, canary) {
+        (Rollout::Complete { .. }, Rollout::Complete { .. }) => {
+            (Rollout::Complete { ready }, Some(Track::Both))
+        }
+        (Rollout::Stuck { cause, .. }, other) => {
+            let both = matches!(other, Rollout::Stuck { .. });
+            (
+                Rollout::Stuck {
+                    ready,
+                    desired,
+                    cause,
+                },
+                Some(track(true, both)),
+            )
+        }
+        (_, Rollout::Stuck { cause, .. }) => (
+            Rollout::Stuck {
+                ready,
+                desired,
+                cause,
+            },
+            Some(Track::Canary),
+        ),
+        (stable, canary) => {
+            let stable_moving = matches!(stable, Rollout::InProgress { .. });
+            let canary_moving = matches!(canary, Rollout::InProgress { .. });
+            let message = [
+                (stable_moving, "stable", &stable),
+                (canary_moving, "canary", &canary),
+            ]
+            .into_iter()
+            .filter_map(|(moving, name, r)| match (moving, r) {
+                (true, Rollout::InProgress { message, .. }) => Some(format!("{name}: {message}")),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+            (
+                Rollout::InProgress {
+                    ready,
+                    desired,
+                    message,
+                },
+                Some(track(stable_moving, canary_moving)),
+            )
+        }
+    }
+}

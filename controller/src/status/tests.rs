@@ -722,3 +722,139 @@ fn the_cause_beats_the_symptom_and_a_complete_rollout_beats_both() {
         Rollout::InProgress { .. }
     ));
 }
+
+fn with_canary(replicas: i32, canary: i32) -> AppService {
+    let mut a = app(replicas, 3);
+    a.spec.canary = Some(common::CanarySpec {
+        image: "nginx:1.28".into(),
+        replicas: Some(canary),
+    });
+    a
+}
+
+#[test]
+fn a_canary_is_ready_only_with_both_deployments_complete() {
+    let a = with_canary(4, 1);
+    let stable = deployment(3, 1, healthy(3));
+    let canary = deployment(1, 1, healthy(1));
+    let s = desired_status_with_canary(
+        &a,
+        &Observation::Applied,
+        Some(&stable),
+        Some(&canary),
+        &at(5),
+    );
+    assert_eq!(cond(&s, READY).status, TRUE);
+    assert_eq!(cond(&s, READY).message, "4/4 replicas ready");
+    // Both Deployments' Pods are the Service's: counted together.
+    assert_eq!(s.ready_replicas, Some(4));
+    assert_eq!(
+        s.canary,
+        Some(common::CanaryStatus {
+            image: "nginx:1.28".into(),
+            replicas: 1,
+            ready_replicas: 1,
+        })
+    );
+    assert!(needs_write(a.status.as_ref(), &s));
+
+    // The canary rolling: not ready, and the message names it.
+    let rolling = deployment(
+        1,
+        1,
+        DeploymentStatus {
+            ready_replicas: Some(0),
+            available_replicas: Some(0),
+            ..healthy(1)
+        },
+    );
+    let s = desired_status_with_canary(
+        &a,
+        &Observation::Applied,
+        Some(&stable),
+        Some(&rolling),
+        &at(6),
+    );
+    assert_eq!(cond(&s, READY).status, FALSE);
+    assert_eq!(cond(&s, READY).message, "3/4 replicas ready");
+    assert_eq!(
+        cond(&s, PROGRESSING).message,
+        "rolling out the canary Deployment: 3/4 replicas ready"
+    );
+    assert_eq!(s.canary.as_ref().map(|c| c.ready_replicas), Some(0));
+
+    // The stable one unobserved and the canary rolling: both named.
+    let unobserved = deployment(3, 2, healthy(3));
+    let (r, track) = rollout_of(&unobserved, Some(&rolling));
+    assert_eq!(track, Some(Track::Both));
+    assert!(
+        matches!(
+            r,
+            Rollout::InProgress {
+                ready: 3,
+                desired: 4,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    let s = desired_status_with_canary(
+        &a,
+        &Observation::Applied,
+        Some(&unobserved),
+        Some(&canary),
+        &at(6),
+    );
+    assert_eq!(
+        cond(&s, PROGRESSING).message,
+        "rolling out the stable Deployment: 4/4 replicas ready"
+    );
+
+    // The canary stuck: degraded, saying which one.
+    let stuck = blocked(1, 0, vec![replica_failure(QUOTA)]);
+    let s = desired_status_with_canary(
+        &a,
+        &Observation::Applied,
+        Some(&stable),
+        Some(&stuck),
+        &at(7),
+    );
+    assert_eq!(cond(&s, DEGRADED).status, TRUE);
+    assert_eq!(cond(&s, READY).reason, reasons::REPLICA_FAILURE);
+    assert_eq!(
+        cond(&s, READY).message,
+        format!("3/4 replicas ready; the canary Deployment: FailedCreate: {QUOTA}")
+    );
+}
+
+#[test]
+fn without_a_canary_nothing_changes_and_status_canary_goes() {
+    let mut a = app(3, 2);
+    let d = deployment(3, 1, healthy(3));
+    let plain = desired_status(&a, &Observation::Applied, Some(&d), &at(5));
+    // A canary Deployment still live (being deleted) is not reported once the spec
+    // no longer asks for one.
+    let leftover = deployment(1, 1, healthy(1));
+    a.status = Some(AppServiceStatus {
+        canary: Some(common::CanaryStatus {
+            image: "nginx:1.28".into(),
+            replicas: 1,
+            ready_replicas: 1,
+        }),
+        ..plain.clone()
+    });
+    let s =
+        desired_status_with_canary(&a, &Observation::Applied, Some(&d), Some(&leftover), &at(6));
+    assert_eq!(s.canary, None);
+    assert_eq!(s.ready_replicas, Some(3));
+    assert!(needs_write(a.status.as_ref(), &s));
+    assert!(!needs_write(Some(&plain), &s));
+    // The messages of a rollout without a canary are what they were.
+    let rolling = deployment(3, 2, healthy(3));
+    let s = desired_status(&app(3, 2), &Observation::Applied, Some(&rolling), &at(6));
+    assert_eq!(
+        cond(&s, PROGRESSING).message,
+        "rolling out: 3/3 replicas ready"
+    );
+    assert_eq!(rollout_of(&rolling, None).1, None);
+}

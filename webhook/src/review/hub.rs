@@ -3,7 +3,7 @@
 //! Policies are written against one shape, the hub's: `object.spec.ports`, never
 //! `object.spec.port`. The API server sends a review in the version the client wrote,
 //! so a `v1alpha1` object is rewritten here, the way `/convert` would store it: only
-//! `apiVersion`, `spec` and the two conversion annotations differ between the versions,
+//! `apiVersion`, `spec` and the conversion annotations differ between the versions,
 //! so those are replaced (from the typed conversion of `common::conversion`) and every
 //! other member of the object and of its metadata is carried over as raw JSON, unparsed.
 //! The cost is one copy of the object, never a generic JSON tree of it; the annotations
@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use common::conversion::{self, Version};
-use common::names::{ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_PORTS};
+use common::names::CONVERSION_ANNOTATIONS;
 use common::v1alpha1;
 use serde_json::value::RawValue;
 
@@ -41,8 +41,8 @@ pub fn v1alpha1_to_hub(
     let api_version =
         serde_json::value::to_raw_value(Version::V1beta1.api_version()).map_err(HubError::of)?;
     let spec = serde_json::value::to_raw_value(&hub.spec).map_err(HubError::of)?;
-    // Every other annotation as it came; the conversion decides the two it owns. The
-    // typed decode kept only those two: when neither is there before or after, the
+    // Every other annotation as it came; the conversion decides the ones it owns. The
+    // typed decode kept only those: when none is there before or after, the
     // metadata is carried over untouched (and its annotations never parsed, however
     // many there are).
     let carried = hub.metadata.annotations.unwrap_or_default();
@@ -77,9 +77,10 @@ fn hub_metadata(
             .unwrap_or_default(),
         None => BTreeMap::new(),
     };
-    annotations.remove(ANNOTATION_V1BETA1_PORTS);
-    annotations.remove(ANNOTATION_V1ALPHA1_DATABASE);
-    for key in [ANNOTATION_V1BETA1_PORTS, ANNOTATION_V1ALPHA1_DATABASE] {
+    for key in CONVERSION_ANNOTATIONS {
+        annotations.remove(key);
+    }
+    for key in CONVERSION_ANNOTATIONS {
         if let Some(value) = carried.get(key) {
             annotations.insert(key.to_owned(), value.clone());
         }
@@ -127,7 +128,7 @@ mod tests {
                    "spec": {"image": "nginx:1", "port": 9999}}),
             json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
                    "metadata": {"name": "a", "namespace": "n", "labels": {"x": "y"},
-                                "annotations": {"team": "shop", ANNOTATION_V1BETA1_PORTS: ports},
+                                "annotations": {"team": "shop", common::names::ANNOTATION_V1BETA1_PORTS: ports},
                                 "finalizers": ["platform.example.com/cleanup"],
                                 "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]},
                    "spec": {"image": "nginx:1", "port": 8081, "replicas": 3,
@@ -139,6 +140,16 @@ mod tests {
             json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
                    "metadata": {"name": "a"},
                    "spec": {"image": "nginx:1", "database": {"enabled": true, "class": "big"}}}),
+            // Every v1beta1 field v1alpha1 keeps in an annotation reaches the hub form:
+            // a policy on the canary's image, or validation of the ids, sees them.
+            json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+                   "metadata": {"name": "a", "annotations": {
+                       "team": "shop",
+                       common::names::ANNOTATION_V1BETA1_POD_SECURITY: r#"{"runAsUser":0}"#,
+                       common::names::ANNOTATION_V1BETA1_ROLLOUT: r#"{"maxSurge":0}"#,
+                       common::names::ANNOTATION_V1BETA1_CANARY: r#"{"image":"docker.io/evil:v1","replicas":1}"#,
+                   }},
+                   "spec": {"image": "nginx:1", "replicas": 2}}),
         ] {
             assert_same_as_convert(object);
         }
@@ -157,5 +168,21 @@ mod tests {
         assert_eq!(hub["apiVersion"], "platform.example.com/v1beta1");
         assert_eq!(hub["spec"]["ports"][0]["port"], 9999);
         assert!(hub["spec"].get("port").is_none());
+    }
+
+    #[test]
+    fn the_canary_of_a_v1alpha1_annotation_is_in_the_hub_spec() {
+        let object = json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+                            "metadata": {"name": "a", "annotations": {
+                                common::names::ANNOTATION_V1BETA1_CANARY: r#"{"image":"docker.io/evil:v1"}"#}},
+                            "spec": {"image": "nginx:1", "replicas": 2}});
+        let raw = RawValue::from_string(object.to_string()).unwrap();
+        let decoded = decode_object(&raw, Version::V1alpha1).unwrap();
+        let App::V1alpha1(typed) = &decoded.app else {
+            panic!("not v1alpha1");
+        };
+        let hub: Value = serde_json::from_str(v1alpha1_to_hub(&raw, typed).unwrap().get()).unwrap();
+        assert_eq!(hub["spec"]["canary"]["image"], "docker.io/evil:v1");
+        assert!(hub["metadata"].get("annotations").is_none(), "{hub}");
     }
 }

@@ -13,7 +13,7 @@
 use std::fmt;
 
 use common::conversion::Version;
-use common::names::{ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_PORTS, LABEL_NAME};
+use common::names::{CONVERSION_ANNOTATIONS, LABEL_NAME};
 use common::validation::FieldErrors;
 use common::{AppService, v1alpha1};
 use kube::core::admission::Operation;
@@ -400,7 +400,7 @@ impl<'de> Deserialize<'de> for ConversionAnnotations {
             ) -> Result<ConversionAnnotations, A::Error> {
                 let mut kept = std::collections::BTreeMap::new();
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if key == ANNOTATION_V1BETA1_PORTS || key == ANNOTATION_V1ALPHA1_DATABASE {
+                    if CONVERSION_ANNOTATIONS.contains(&key.as_ref()) {
                         kept.insert(key.into_owned(), map.next_value::<String>()?);
                     } else {
                         map.next_value::<IgnoredAny>()?;
@@ -535,6 +535,18 @@ mod tests {
         let text = errors.to_string();
         assert!(text.contains("spec.image: Too long"), "{text}");
         assert!(text.contains("spec.env[0].value: Too long"), "{text}");
+        // The canary's image is sized like spec.image.
+        let json = format!(
+            r#"{{"metadata":{{"name":"a"}},"spec":{{"image":"x","env":[{{"name":"A","value":"{long}"}}],"canary":{{"image":"{}"}}}}}}"#,
+            "c".repeat(600)
+        );
+        let Err(ObjectError::TooLarge(errors)) = decode_object(&raw(&json), Version::V1beta1)
+        else {
+            panic!("not refused");
+        };
+        let text = errors.to_string();
+        assert!(text.contains("spec.canary.image: Too long"), "{text}");
+        assert!(!text.contains("spec.image:"), "{text}");
     }
 
     #[test]

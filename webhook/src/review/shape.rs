@@ -42,6 +42,14 @@ struct SpecShape {
     ports: Len,
     #[serde(default)]
     resources: Option<ResourcesShape>,
+    #[serde(default)]
+    canary: Option<CanaryShape>,
+}
+
+#[derive(Default, Deserialize)]
+struct CanaryShape {
+    #[serde(default)]
+    image: Len,
 }
 
 #[derive(Default, Deserialize)]
@@ -58,6 +66,13 @@ impl SpecShape {
     fn check(&self, errors: &mut Vec<FieldError>) {
         if self.image.0 > MAX_IMAGE_LEN {
             errors.push(FieldError::too_long("spec.image", MAX_IMAGE_LEN));
+        }
+        if self
+            .canary
+            .as_ref()
+            .is_some_and(|c| c.image.0 > MAX_IMAGE_LEN)
+        {
+            errors.push(FieldError::too_long("spec.canary.image", MAX_IMAGE_LEN));
         }
         if self.env.count > MAX_ENV {
             errors.push(FieldError::too_many("spec.env", self.env.count, MAX_ENV));
