@@ -20,9 +20,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Annotation that marks the class used when an AppService asks for a database without
-/// naming one (value `"true"`), as `storageclass.kubernetes.io/is-default-class` does.
-pub const DEFAULT_CLASS_ANNOTATION: &str = "databaseclass.platform.example.com/is-default-class";
+pub use crate::names::DEFAULT_CLASS_ANNOTATION;
 /// Default PostgreSQL port.
 pub const DEFAULT_PG_PORT: i32 = 5432;
 /// Default keys of the admin credentials Secret.
@@ -33,10 +31,7 @@ pub const DEFAULT_CA_KEY: &str = "ca.crt";
 /// Condition type on a class: the controller could log in to the server (and the class
 /// is usable: its spec and admin Secret pass the rules of this module).
 pub const REACHABLE: &str = "Reachable";
-/// Label an admin Secret must carry (value `"true"`) before any DatabaseClass may use
-/// it: naming a Secret in `adminCredentials` is not enough, so a class cannot borrow a
-/// login (or any other Secret of the operator's namespace) nobody offered.
-pub const ADMIN_SECRET_LABEL: &str = "platform.example.com/database-admin";
+pub use crate::names::ADMIN_SECRET_LABEL;
 /// Connections each tenant role may hold at once unless the class says otherwise.
 pub const DEFAULT_CONNECTION_LIMIT: i32 = 10;
 /// Upper bound of `connectionLimit` (PostgreSQL's own `max_connections` ceiling is far

@@ -156,6 +156,33 @@ pub fn endpoint(app: &str, namespace: &str, port: i32) -> String {
     format!("http://{app}.{namespace}.svc:{port}")
 }
 
+/// Annotation on the credentials Secret: the class the database lives on, so that
+/// disabling the database later finds the server even when the spec no longer says.
+pub const CLASS_ANNOTATION: &str = "platform.example.com/database-class";
+
+/// Annotation on the credentials Secret while its password may not be the role's yet.
+pub const PASSWORD_PENDING_ANNOTATION: &str = "platform.example.com/password-pending";
+
+/// Annotation on the credentials Secret: the SHA-256 of the password the controller set
+/// on the role. An edit of `PGPASSWORD` (or of the password in `DATABASE_URL`) is told
+/// from the real one by it, so the Secret is put back with the role's password instead
+/// of handing out one that does not work. (The password is random and long: its hash
+/// tells nothing, and whoever may read the annotation may read the data anyway.)
+pub const PASSWORD_HASH_ANNOTATION: &str = "platform.example.com/password-sha256";
+
+/// `kubectl annotate secret <webhook>-ca platform.example.com/rotate-ca-before=$(date -u +%FT%TZ)`
+/// rotates (with the usual overlap) a CA made before that time.
+pub const ROTATE_ANNOTATION: &str = "platform.example.com/rotate-ca-before";
+
+/// Annotation that marks the class used when an AppService asks for a database without
+/// naming one (value `"true"`), as `storageclass.kubernetes.io/is-default-class` does.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "databaseclass.platform.example.com/is-default-class";
+
+/// Label an admin Secret must carry (value `"true"`) before any DatabaseClass may use
+/// it: naming a Secret in `adminCredentials` is not enough, so a class cannot borrow a
+/// login (or any other Secret of the operator's namespace) nobody offered.
+pub const ADMIN_SECRET_LABEL: &str = "platform.example.com/database-admin";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,11 +58,8 @@ use crate::error::{Error, Result};
 use crate::external::{ConditionReport, External, Readiness, Report, Step};
 use crate::metrics::{Metrics, Written};
 
-/// Annotation on the credentials Secret: the class the database lives on, so that
-/// disabling the database later finds the server even when the spec no longer says.
-pub const CLASS_ANNOTATION: &str = "platform.example.com/database-class";
-/// Annotation on the credentials Secret while its password may not be the role's yet.
-pub const PASSWORD_PENDING_ANNOTATION: &str = "platform.example.com/password-pending";
+pub use common::names::CLASS_ANNOTATION;
+pub use common::names::PASSWORD_PENDING_ANNOTATION;
 
 /// How often a database waiting for an admin (missing class, wrong credentials) is
 /// looked at again. Fixed, not a backoff: nothing here is a hot loop, and the admin's

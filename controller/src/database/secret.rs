@@ -29,12 +29,7 @@ pub const PGSSLROOTCERT: &str = "PGSSLROOTCERT";
 /// The CA of the server, for clients that verify it (`verify-full`).
 pub const CA_CRT: &str = "ca.crt";
 
-/// Annotation on the credentials Secret: the SHA-256 of the password the controller set
-/// on the role. An edit of `PGPASSWORD` (or of the password in `DATABASE_URL`) is told
-/// from the real one by it, so the Secret is put back with the role's password instead
-/// of handing out one that does not work. (The password is random and long: its hash
-/// tells nothing, and whoever may read the annotation may read the data anyway.)
-pub const PASSWORD_HASH_ANNOTATION: &str = "platform.example.com/password-sha256";
+pub use common::names::PASSWORD_HASH_ANNOTATION;
 
 /// Whether the Pods get the class's CA: mounted from [`CA_CRT`], named by
 /// `sslrootcert=` in the URL and by [`PGSSLROOTCERT`]. Only `verify-full` verifies the

@@ -24,9 +24,7 @@ pub const NEXT_KEY: &str = "next.key";
 pub const NEXT_SINCE: &str = "next-since";
 pub const RETIRED_CRT: &str = "retired.crt";
 pub const RETIRED_SINCE: &str = "retired-since";
-/// `kubectl annotate secret <webhook>-ca platform.example.com/rotate-ca-before=$(date -u +%FT%TZ)`
-/// rotates (with the usual overlap) a CA made before that time.
-pub const ROTATE_ANNOTATION: &str = "platform.example.com/rotate-ca-before";
+pub use common::names::ROTATE_ANNOTATION;
 
 /// The CA certificates of a PEM bundle (a caBundle, `retired.crt`). Entries that are not
 /// certificates are skipped; a certificate that does not parse is an error.
