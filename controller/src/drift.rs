@@ -107,6 +107,13 @@ impl Drift for DeploymentView {
         if desired.spec.replicas != live.spec.replicas {
             ops.push(add("/spec/replicas", json!(desired.spec.replicas)));
         }
+        // The strategy is ours only when `spec.rollout` asks for one; then it is put back
+        // whole (its type and both settings), as the API server stores it.
+        if let Some(want) = &desired.spec.strategy
+            && live.spec.strategy.as_ref() != Some(want)
+        {
+            ops.push(add("/spec/strategy", json!(want)));
+        }
         let desired_template = &desired.spec.template;
         let live_template = &live.spec.template;
         if live_template.metadata.is_none() {
@@ -505,6 +512,35 @@ mod tests {
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::{EnvVar, Service};
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn a_strategy_is_put_back_only_when_the_appservice_sets_one() {
+        use k8s_openapi::api::apps::v1::DeploymentStrategy;
+        let recreate = |mut d: Deployment| {
+            d.spec.strategy = Some(DeploymentStrategy {
+                type_: Some("Recreate".into()),
+                rolling_update: None,
+            });
+            d
+        };
+        let mut with = spec();
+        with.rollout = Some(common::RolloutSpec {
+            max_surge: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)),
+            max_unavailable: None,
+        });
+        let desired = desired_deployment(&app(with), None).unwrap();
+        assert!(deployment_drift(&desired, &as_stored(desired.clone())).is_empty());
+        let ops = deployment_drift(&desired, &as_stored(recreate(desired.clone())));
+        assert_eq!(
+            ops,
+            vec![json!({"op": "add", "path": "/spec/strategy", "value": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "25%"}}})]
+        );
+        // Without `spec.rollout` the strategy is the API server's (and anyone's) to set.
+        let plain = desired_deployment(&app(spec()), None).unwrap();
+        assert!(deployment_drift(&plain, &as_stored(recreate(plain.clone()))).is_empty());
+    }
 
     /// The drift between two full objects, compared as the controller compares them.
     fn deployment_drift(desired: &Deployment, live: &Deployment) -> Vec<Value> {

@@ -198,6 +198,10 @@ pub struct DeploymentView {
 pub struct DeploymentSpecView {
     #[serde(default)]
     pub replicas: Option<i32>,
+    /// The rollout strategy: ours only when the AppService sets `spec.rollout` (then
+    /// it is compared and put back), the API server's defaults otherwise.
+    #[serde(default)]
+    pub strategy: Option<k8s_openapi::api::apps::v1::DeploymentStrategy>,
     #[serde(default)]
     pub template: PodTemplateView,
 }

@@ -105,6 +105,20 @@ fn rolled_out(d: &Deployment, replicas: i32) -> Option<String> {
     }
 }
 
+/// The Deployment's strategy, if it is not the rolling update `spec.rollout` asks for.
+fn strategy_problem(what: &str, d: &Deployment, spec: &AppServiceSpec) -> Option<String> {
+    let rollout = spec.rollout.as_ref()?;
+    let rolling = d.spec.strategy.as_ref().filter(|s| {
+        s.type_.as_deref() == Some("RollingUpdate")
+            && s.rolling_update.as_ref().is_some_and(|r| {
+                r.max_surge == rollout.max_surge && r.max_unavailable == rollout.max_unavailable
+            })
+    });
+    rolling
+        .is_none()
+        .then(|| format!("{what} strategy {:?}", d.spec.strategy))
+}
+
 impl World {
     async fn create(&self, name: &str, spec: AppServiceSpec) -> anyhow::Result<AppService> {
         Ok(self
@@ -156,6 +170,7 @@ impl World {
                 if image_of(&d).as_deref() != Some(spec.image.as_str()) {
                     p.push(format!("stable image {:?}", image_of(&d)));
                 }
+                p.extend(strategy_problem("stable", &d, spec));
                 p.extend(rolled_out(&d, spec.stable_replicas()));
             }
         }
@@ -177,6 +192,7 @@ impl World {
                 if image_of(&d).as_deref() != Some(want.image.as_str()) {
                     p.push(format!("canary image {:?}", image_of(&d)));
                 }
+                p.extend(strategy_problem("canary", &d, spec));
                 let template_labels = d
                     .spec
                     .template
@@ -540,11 +556,23 @@ async fn perturbations_of_the_canary_deployment_are_healed() -> anyhow::Result<(
             "canary Pods' name label removed",
             json!([{"op": "remove", "path": "/spec/template/metadata/labels/app.kubernetes.io~1name"}]),
         ),
+        (
+            "canary strategy set to Recreate",
+            json!([{"op": "replace", "path": "/spec/strategy", "value": {"type": "Recreate"}}]),
+        ),
     ] {
         f.converged(name).await?;
         f.intrude(&canary, ops).await?;
         f.recovers(name, what).await?;
     }
+    // The stable Deployment's strategy is ours too while `spec.rollout` is set.
+    f.converged(name).await?;
+    f.intrude(
+        name,
+        json!([{"op": "replace", "path": "/spec/strategy/rollingUpdate/maxSurge", "value": "50%"}]),
+    )
+    .await?;
+    f.recovers(name, "stable maxSurge edited").await?;
     f.quiet(3).await?;
     f.ctl.stop().await?;
     Ok(())
