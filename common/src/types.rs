@@ -52,6 +52,26 @@ pub const MAX_PORTS: usize = 16;
 /// resource names; extended resources add a few more). Checked by `validate` and, before
 /// decoding, by the webhook.
 pub const MAX_RESOURCE_ENTRIES: usize = 32;
+/// Every bounded list (or map) of the spec: its path and the most entries it may have.
+/// One table for all who bound them: `validate` (and the CRD's `maxItems`, from the same
+/// constants), the webhook's size check before decoding, the CEL cost estimate (a
+/// comprehension over one of these runs at most this many times) and
+/// `e2e/tests/rule_drift.rs`. A webhook test checks each entry against all three.
+pub const LIST_BOUNDS: &[(&str, usize)] = &[
+    ("spec.env", MAX_ENV),
+    ("spec.ports", MAX_PORTS),
+    ("spec.resources.limits", MAX_RESOURCE_ENTRIES),
+    ("spec.resources.requests", MAX_RESOURCE_ENTRIES),
+    ("spec.resources.claims", MAX_RESOURCE_ENTRIES),
+];
+
+/// The bound of the list at `path` (dotted, from the object: `spec.env`), if it has one.
+pub fn list_bound(path: &str) -> Option<usize> {
+    LIST_BOUNDS
+        .iter()
+        .find_map(|(p, max)| (*p == path).then_some(*max))
+}
+
 /// Longest port name: Kubernetes port names are IANA service names of at most 15 characters.
 pub const MAX_PORT_NAME_LEN: usize = 15;
 /// Bounds of a user or group id (`spec.podSecurity.runAsUser`, `runAsGroup`, `fsGroup`):

@@ -26,7 +26,7 @@ use kube::core::cel::KubeCelExt;
 use kube::core::cel::cel::common::ast::{EntryExpr, Expr, IdedExpr};
 use kube::core::cel::cel::{Context, ExecutionError, Program, Value};
 
-use crate::review::{MAX_POLICY_VALUES, MAX_RESOURCE_ENTRIES};
+use crate::review::MAX_POLICY_VALUES;
 
 mod values;
 
@@ -468,14 +468,7 @@ fn max_len(expr: &IdedExpr) -> u64 {
         Expr::Select(_) => match select_chain(expr) {
             Some(("object" | "oldObject", path)) => {
                 let path: Vec<&str> = path.iter().map(String::as_str).collect();
-                match path.as_slice() {
-                    ["spec", "env"] => common::types::MAX_ENV as u64,
-                    ["spec", "ports"] => common::types::MAX_PORTS as u64,
-                    ["spec", "resources", "limits" | "requests" | "claims"] => {
-                        MAX_RESOURCE_ENTRIES as u64
-                    }
-                    _ => limit,
-                }
+                common::types::list_bound(&path.join(".")).map_or(limit, |max| max as u64)
             }
             _ => limit,
         },
@@ -633,6 +626,23 @@ mod tests {
             "{}",
             unbounded.cost
         );
+    }
+
+    /// The cost estimate takes each bounded list at its bound from the one table.
+    #[test]
+    fn every_list_bound_is_the_cost_estimates_bound() {
+        for &(path, max) in common::types::LIST_BOUNDS {
+            let ast = parse(&format!("object.{path}"))
+                .unwrap()
+                .expression()
+                .clone();
+            assert_eq!(max_len(&ast), max as u64, "{path}");
+        }
+        let unbounded = parse("object.metadata.managedFields")
+            .unwrap()
+            .expression()
+            .clone();
+        assert_eq!(max_len(&unbounded), MAX_POLICY_VALUES as u64);
     }
 
     #[test]

@@ -272,3 +272,88 @@ impl<'de> Deserialize<'de> for EnvEntryShapeOrAny {
         deserializer.deserialize_any(V)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::types::LIST_BOUNDS;
+    use serde_json::{Value, json};
+
+    /// `n` entries of the list (or map) at `path`, each valid on its own.
+    fn entries(path: &str, n: usize) -> Value {
+        match path {
+            "spec.env" => json!(
+                (0..n)
+                    .map(|i| json!({"name": format!("V{i}"), "value": "x"}))
+                    .collect::<Vec<_>>()
+            ),
+            "spec.ports" => json!(
+                (0..n)
+                    .map(|i| json!({"name": format!("p{i}"), "port": 1000 + i}))
+                    .collect::<Vec<_>>()
+            ),
+            "spec.resources.limits" | "spec.resources.requests" => Value::Object(
+                (0..n)
+                    .map(|i| (format!("example.com/r{i}"), json!("1")))
+                    .collect(),
+            ),
+            "spec.resources.claims" => json!(
+                (0..n)
+                    .map(|i| json!({"name": format!("c{i}")}))
+                    .collect::<Vec<_>>()
+            ),
+            other => panic!("{other} is in LIST_BOUNDS but this test cannot build it: add it here"),
+        }
+    }
+
+    /// A spec with `n` entries at `path` (and, for the size check, padding that makes it
+    /// large enough to be sized before decoding).
+    fn spec(path: &str, n: usize, padded: bool) -> Value {
+        let mut spec = json!({"image": "registry.example.com/web:v1"});
+        let keys: Vec<&str> = path.split('.').skip(1).collect();
+        let mut at = &mut spec;
+        for key in &keys[..keys.len() - 1] {
+            at = at
+                .as_object_mut()
+                .unwrap()
+                .entry(key.to_string())
+                .or_insert_with(|| json!({}));
+        }
+        at[keys[keys.len() - 1]] = entries(path, n);
+        if padded {
+            spec["padding"] = json!("x".repeat(SHAPE_CHECK_FROM));
+        }
+        spec
+    }
+
+    /// Each bound of the table is held by the size check before decoding and by
+    /// `validate`, at the same number: a bound added in one place only fails here.
+    #[test]
+    fn every_list_bound_is_held_before_decoding_and_by_validate() {
+        for &(path, max) in LIST_BOUNDS {
+            let over = spec(path, max + 1, true);
+            let raw = RawValue::from_string(over.to_string()).unwrap();
+            let errors = oversized(&raw).unwrap_or_else(|| panic!("{path}: not sized"));
+            assert!(errors.to_string().contains(path), "{path}: {errors}");
+            let at = RawValue::from_string(spec(path, max, true).to_string()).unwrap();
+            assert!(oversized(&at).is_none(), "{path}: refused at its bound");
+
+            let app = |spec: Value| -> common::AppService {
+                serde_json::from_value(json!({
+                    "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+                    "metadata": {"name": "web", "namespace": "team"}, "spec": spec,
+                }))
+                .unwrap()
+            };
+            let refused = common::validation::validate(&app(spec(path, max + 1, false)), None)
+                .err()
+                .unwrap_or_else(|| panic!("{path}: validate admits {} entries", max + 1));
+            assert!(refused.to_string().contains(path), "{path}: {refused}");
+            // Claims are refused whatever their number; every other list is valid at its bound.
+            if path != "spec.resources.claims" {
+                let at = common::validation::validate(&app(spec(path, max, false)), None);
+                assert!(at.is_ok(), "{path}: {at:?}");
+            }
+        }
+    }
+}
