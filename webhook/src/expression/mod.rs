@@ -26,9 +26,19 @@ use kube::core::cel::KubeCelExt;
 use kube::core::cel::cel::common::ast::{EntryExpr, Expr, IdedExpr};
 use kube::core::cel::cel::{Context, ExecutionError, Program, Value};
 
+#[cfg(test)]
 use crate::review::MAX_POLICY_VALUES;
 
+mod bind;
+mod cost;
+mod lint;
 mod values;
+
+use bind::rewrite_bind;
+use cost::estimate;
+#[cfg(test)]
+use cost::max_len;
+use lint::unary_run;
 
 pub use values::{json_to_cel, object_to_cel};
 
@@ -199,159 +209,6 @@ impl Expression {
     }
 }
 
-/// The column (1-based) of the second operator of the first run of two unary `!` or
-/// `-`, outside string literals and comments.
-fn unary_run(source: &str) -> Option<usize> {
-    let chars: Vec<char> = source.chars().collect();
-    let mut i = 0;
-    // Whether the previous token ends an operand (so a `-` after it is binary).
-    let mut after_operand = false;
-    // The previous token, when it was a unary operator.
-    let mut last_unary: Option<char> = None;
-    while i < chars.len() {
-        let c = chars[i];
-        match c {
-            c if c.is_whitespace() => {
-                i += 1;
-                continue;
-            }
-            '/' if chars.get(i + 1) == Some(&'/') => {
-                while i < chars.len() && chars[i] != '\n' {
-                    i += 1;
-                }
-                continue;
-            }
-            '"' | '\'' => {
-                let raw = i > 0 && matches!(chars[i - 1], 'r' | 'R');
-                let triple = chars.get(i + 1) == Some(&c) && chars.get(i + 2) == Some(&c);
-                i += if triple { 3 } else { 1 };
-                while i < chars.len() {
-                    if !raw && chars[i] == '\\' {
-                        i += 2;
-                        continue;
-                    }
-                    if chars[i] == c
-                        && (!triple
-                            || (chars.get(i + 1) == Some(&c) && chars.get(i + 2) == Some(&c)))
-                    {
-                        i += if triple { 3 } else { 1 };
-                        break;
-                    }
-                    i += 1;
-                }
-                after_operand = true;
-                last_unary = None;
-                continue;
-            }
-            '!' if chars.get(i + 1) == Some(&'=') => {
-                i += 2;
-                after_operand = false;
-                last_unary = None;
-                continue;
-            }
-            '!' | '-' if !(c == '-' && after_operand) => {
-                if last_unary == Some(c) {
-                    return Some(i + 1);
-                }
-                last_unary = Some(c);
-                after_operand = false;
-            }
-            '-' => {
-                // Binary minus.
-                after_operand = false;
-                last_unary = None;
-            }
-            c if c.is_alphanumeric() || c == '_' || c == ')' || c == ']' || c == '}' => {
-                after_operand = true;
-                last_unary = None;
-            }
-            _ => {
-                after_operand = false;
-                last_unary = None;
-            }
-        }
-        i += 1;
-    }
-    None
-}
-
-/// Rewrites every `cel.bind(name, init, body)` into a comprehension over an empty list
-/// whose accumulator is `name`, as CEL-Go expands the macro.
-fn rewrite_bind(expr: &mut IdedExpr) -> Result<(), ExpressionError> {
-    let bind = match &mut expr.expr {
-        Expr::Call(call)
-            if call.func_name == "bind"
-                && matches!(call.target.as_deref(), Some(IdedExpr { expr: Expr::Ident(ns), .. }) if ns == "cel") =>
-        {
-            let [name, init, body] = std::mem::take(&mut call.args)
-                .try_into()
-                .map_err(|_| ExpressionError::BindArguments)?;
-            let Expr::Ident(name) = name.expr else {
-                return Err(ExpressionError::BindName);
-            };
-            Some((name, init, body))
-        }
-        _ => None,
-    };
-    if let Some((name, mut init, mut body)) = bind {
-        rewrite_bind(&mut init)?;
-        rewrite_bind(&mut body)?;
-        let template = parse("[].all(x, false)")?;
-        let mut comprehension = template.expression().clone();
-        let Expr::Comprehension(c) = &mut comprehension.expr else {
-            return Err(ExpressionError::BindExpansion);
-        };
-        c.accu_var = name.clone();
-        c.accu_init = init;
-        c.loop_cond = parse("false")?.expression().clone();
-        c.loop_step = IdedExpr {
-            id: 0,
-            expr: Expr::Ident(name),
-        };
-        c.result = body;
-        c.iter_var = "@bind_unused".to_owned();
-        *expr = comprehension;
-        return Ok(());
-    }
-    match &mut expr.expr {
-        Expr::Call(call) => {
-            if let Some(target) = call.target.as_deref_mut() {
-                rewrite_bind(target)?;
-            }
-            for arg in &mut call.args {
-                rewrite_bind(arg)?;
-            }
-        }
-        Expr::Comprehension(c) => {
-            for e in [
-                &mut c.iter_range,
-                &mut c.accu_init,
-                &mut c.loop_cond,
-                &mut c.loop_step,
-                &mut c.result,
-            ] {
-                rewrite_bind(e)?;
-            }
-        }
-        Expr::List(list) => {
-            for e in &mut list.elements {
-                rewrite_bind(e)?;
-            }
-        }
-        Expr::Map(map) => {
-            for entry in &mut map.entries {
-                if let EntryExpr::MapEntry(e) = &mut entry.expr {
-                    rewrite_bind(&mut e.key)?;
-                    rewrite_bind(&mut e.value)?;
-                }
-            }
-        }
-        Expr::Select(select) => rewrite_bind(&mut select.operand)?,
-        Expr::Struct(_) | Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
-    }
-    Ok(())
-}
-
 #[derive(Default)]
 struct Analysis {
     variables: BTreeSet<String>,
@@ -457,49 +314,6 @@ fn select_chain(expr: &IdedExpr) -> Option<(&str, Vec<String>)> {
             _ => return None,
         }
     }
-}
-
-/// The largest number of elements `expr` can have when it is a list or map.
-fn max_len(expr: &IdedExpr) -> u64 {
-    let limit = MAX_POLICY_VALUES as u64;
-    match &expr.expr {
-        Expr::List(list) => list.elements.len() as u64,
-        Expr::Map(map) => map.entries.len() as u64,
-        Expr::Select(_) => match select_chain(expr) {
-            Some(("object" | "oldObject", path)) => {
-                let path: Vec<&str> = path.iter().map(String::as_str).collect();
-                common::types::list_bound(&path.join(".")).map_or(limit, |max| max as u64)
-            }
-            _ => limit,
-        },
-        // map() and filter() yield at most as many elements as they iterate.
-        Expr::Comprehension(c) => max_len(&c.iter_range),
-        _ => limit,
-    }
-}
-
-/// Worst-case cost: 1 per node, comprehension bodies times their range's size.
-fn estimate(expr: &IdedExpr) -> u64 {
-    let sum = |exprs: &mut dyn Iterator<Item = &IdedExpr>| {
-        exprs.fold(0u64, |acc, e| acc.saturating_add(estimate(e)))
-    };
-    1u64.saturating_add(match &expr.expr {
-        Expr::Call(call) => sum(&mut call.target.as_deref().into_iter().chain(call.args.iter())),
-        Expr::Comprehension(c) => {
-            let per_item = estimate(&c.loop_cond).saturating_add(estimate(&c.loop_step));
-            estimate(&c.iter_range)
-                .saturating_add(estimate(&c.accu_init))
-                .saturating_add(max_len(&c.iter_range).saturating_mul(per_item))
-                .saturating_add(estimate(&c.result))
-        }
-        Expr::List(list) => sum(&mut list.elements.iter()),
-        Expr::Map(map) => sum(&mut map.entries.iter().filter_map(|e| match &e.expr {
-            EntryExpr::MapEntry(e) => Some(&e.value),
-            EntryExpr::StructField(_) => None,
-        })),
-        Expr::Select(select) => estimate(&select.operand),
-        _ => 0,
-    })
 }
 
 /// The CEL context with the standard and Kubernetes function libraries, built once per
