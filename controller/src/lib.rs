@@ -261,52 +261,10 @@ pub async fn run_with(
     // The external step's periodic work (the orphan scan), stopped with the controller.
     let background = ctx.external_background().map(tokio::spawn);
 
-    // Leader gauge follows the election.
-    let gauge_ctx = ctx.clone();
-    let mut gauge_rx = leading_rx.clone();
-    tokio::spawn(async move {
-        while gauge_rx.changed().await.is_ok() {
-            let leading = *gauge_rx.borrow_and_update();
-            gauge_ctx.metrics().set_leader(leading);
-        }
-    });
-
-    let mut ops = match config.ops_addr {
-        Some(addr) => {
-            let mut stop = stop_rx.clone();
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            let listener_ctx = ctx.clone();
-            let handle = tokio::spawn(ops::serve(addr, listener_ctx, shutdown));
-            Some(handle)
-        }
-        None => None,
-    };
-
+    follow_leadership_in_the_gauge(ctx.clone(), leading_rx.clone());
+    let mut ops = start_ops_server(&config, ctx.clone(), stop_rx.clone());
     let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
-    let mut elector = if config.leader_election {
-        let lease_api: Api<Lease> = Api::namespaced(client.clone(), &config.lease_namespace);
-        let elector = leader::Elector::new(
-            lease_api,
-            leader::ElectionConfig {
-                lease_name: config.lease_name.clone(),
-                identity: identity.clone(),
-                lease_duration: config.lease_duration,
-                renew_deadline: config.renew_deadline,
-                retry_period: config.retry_period,
-            },
-        );
-        info!(identity = %identity, lease = %config.lease_name, namespace = %config.lease_namespace, "leader election enabled");
-        Some(tokio::spawn(elector.run(leading_tx, elector_stop_rx)))
-    } else {
-        // Keep the sender alive: a dropped sender would read as "leadership changed".
-        drop(elector_stop_rx);
-        tokio::spawn(async move {
-            leading_tx.closed().await;
-        });
-        None
-    };
+    let mut elector = start_election(&config, &client, &identity, leading_tx, elector_stop_rx);
 
     let mut stop_for_controller = stop_rx.clone();
     let controller_ctx = ctx.clone();
@@ -392,6 +350,62 @@ pub async fn run_with(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Keeps the leader gauge on what the election says.
+fn follow_leadership_in_the_gauge(ctx: Arc<Context>, mut leading: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        while leading.changed().await.is_ok() {
+            let now = *leading.borrow_and_update();
+            ctx.metrics().set_leader(now);
+        }
+    });
+}
+
+/// The ops server (`/healthz`, `/readyz`, `/metrics`), when configured; it stops when
+/// `stop` turns true.
+fn start_ops_server(
+    config: &Config,
+    ctx: Arc<Context>,
+    mut stop: watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let addr = config.ops_addr?;
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    Some(tokio::spawn(ops::serve(addr, ctx, shutdown)))
+}
+
+/// The leader election on the Lease, when enabled; it says who leads through `leading`
+/// and releases the lease when `stop` turns true. Without it this replica leads, and
+/// `leading` is kept open (a dropped sender would read as "leadership changed").
+fn start_election(
+    config: &Config,
+    client: &Client,
+    identity: &str,
+    leading: watch::Sender<bool>,
+    stop: watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if !config.leader_election {
+        drop(stop);
+        tokio::spawn(async move {
+            leading.closed().await;
+        });
+        return None;
+    }
+    let lease_api: Api<Lease> = Api::namespaced(client.clone(), &config.lease_namespace);
+    let elector = leader::Elector::new(
+        lease_api,
+        leader::ElectionConfig {
+            lease_name: config.lease_name.clone(),
+            identity: identity.to_owned(),
+            lease_duration: config.lease_duration,
+            renew_deadline: config.renew_deadline,
+            retry_period: config.retry_period,
+        },
+    );
+    info!(identity = %identity, lease = %config.lease_name, namespace = %config.lease_namespace, "leader election enabled");
+    Some(tokio::spawn(elector.run(leading, stop)))
 }
 
 /// A stream that yields each time `leading` turns true.
