@@ -5,10 +5,8 @@ use std::borrow::Cow;
 
 use crate::queue::Next;
 use common::AppService;
-use common::conditions::reasons;
 use common::names::FINALIZER;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info};
@@ -71,22 +69,9 @@ pub(crate) async fn finalize(
         Err(e) => {
             ctx.metrics().cleanup_failed();
             let message = e.to_string();
-            // The first failure is announced; its retries are not.
-            let first = !app.status.as_ref().is_some_and(|s| {
-                common::conditions::find(&s.conditions, common::conditions::DEGRADED)
-                    .is_some_and(|c| c.reason == reasons::CLEANUP_FAILED)
-            });
+            // Announced once by the status it writes (`report::announcements`).
             let status = cleanup_failed_status(app, &message, &ctx.clock().now());
-            return Ok(Outcome {
-                event: first.then(|| Event {
-                    type_: EventType::Warning,
-                    reason: reasons::CLEANUP_FAILED.to_owned(),
-                    note: Some(message),
-                    action: "Cleanup".to_owned(),
-                    secondary: None,
-                }),
-                ..Outcome::status(status, Err(e))
-            });
+            return Ok(Outcome::status(status, Err(e)));
         }
     }
     let finalizers: Vec<String> = app

@@ -2,7 +2,6 @@
 //! own module, so that neither imports the other.
 
 use common::AppServiceStatus;
-use kube::runtime::events::Event;
 
 use crate::error::Result;
 use crate::queue::Next;
@@ -11,8 +10,6 @@ use crate::queue::Next;
 pub(crate) struct Outcome {
     /// The status the pass observed; `None` leaves the status as it is.
     pub(crate) status: Option<AppServiceStatus>,
-    /// An Event the pass owes, published once the status is written.
-    pub(crate) event: Option<Event>,
     /// The AppService is gone for good (its finalizer released, or never ours).
     pub(crate) gone: bool,
     /// What happens next: when to look again, or the error the policy retries.
@@ -24,7 +21,6 @@ impl Outcome {
     pub(crate) fn next(next: Result<Next>) -> Self {
         Outcome {
             status: None,
-            event: None,
             gone: false,
             next,
         }

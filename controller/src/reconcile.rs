@@ -38,7 +38,7 @@ use crate::error::{Error, Result, Retry};
 use crate::external::{Readiness as External, Report};
 use crate::finalizer::{ensure_finalizer, finalize};
 use crate::outcome::Outcome;
-use crate::report::{publish, write_status};
+use crate::report::write_status;
 use crate::status::{
     Observation, Rollout, apply_external, desired_status, desired_status_with_canary,
     external_blocked_status, external_changes, rollout_of,
@@ -142,19 +142,16 @@ async fn finish(
         ctx.metrics().set_ready(&key, None);
         ctx.metrics().set_held(&key, None);
     }
-    if let Some(status) = &outcome.status {
-        if let Err(e) = write_status(ctx, api, app, status).await {
-            return match outcome.next {
-                Ok(_) => Err(e),
-                Err(cause) => {
-                    warn!(error = %e, "could not write status");
-                    Err(cause)
-                }
-            };
-        }
-        if let Some(event) = &outcome.event {
-            publish(ctx.recorder(), ctx.metrics(), app, event).await;
-        }
+    if let Some(status) = &outcome.status
+        && let Err(e) = write_status(ctx, api, app, status).await
+    {
+        return match outcome.next {
+            Ok(_) => Err(e),
+            Err(cause) => {
+                warn!(error = %e, "could not write status");
+                Err(cause)
+            }
+        };
     }
     outcome.next
 }

@@ -1,9 +1,11 @@
 //! Reporting what a pass observed, once, at its end: the status (written only when it
-//! changed), an Event when the Ready condition moved, and the ready gauge.
+//! changed), the Events of what moved between the old status and the new one
+//! ([`announcements`], one table), and the ready gauge.
 
-use common::conditions::{TRUE, reasons};
+use common::conditions::{self, DATABASE_READY, DEGRADED, READY, STALLED, TRUE, reasons};
 use common::names::FIELD_MANAGER;
 use common::{AppService, AppServiceStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
@@ -17,7 +19,7 @@ use crate::metrics::{Metrics, Ready, Written};
 use crate::status::{needs_write, ready_state};
 
 /// Writes `status` through the status subresource if it differs from the live status,
-/// and publishes an Event when the Ready condition moved.
+/// and publishes the Events of what moved.
 pub async fn write_status(
     ctx: &Context,
     api: &Api<AppService>,
@@ -35,7 +37,7 @@ pub async fn write_status(
     if !needs_write(live, status) {
         return Ok(());
     }
-    let before = ready_state(live);
+    let events = announcements(live, status);
     let patch = json!({
         "apiVersion": AppService::api_version(&()),
         "kind": AppService::kind(&()),
@@ -53,11 +55,8 @@ pub async fn write_status(
         ctx.remember_status_write(key, rv, status.clone());
     }
     debug!("status written");
-    if let Some((st, reason)) = after
-        && worth_an_event(before.as_ref(), (&st, &reason))
-    {
-        let event = transition_event(&st, &reason, status);
-        publish(ctx.recorder(), ctx.metrics(), app, &event).await;
+    for event in &events {
+        publish(ctx.recorder(), ctx.metrics(), app, event).await;
     }
     Ok(())
 }
@@ -68,6 +67,57 @@ pub async fn publish(recorder: &Recorder, metrics: &Metrics, app: &AppService, e
         Ok(()) => metrics.write(Written::Events),
         Err(e) => warn!(error = %e, "could not publish event"),
     }
+}
+
+/// The Events of what moved from the `before` status to `after`, in one table:
+///
+/// | condition | announced when | type | action |
+/// |---|---|---|---|
+/// | Ready | its status or reason moved, but not for the first rollout of a new object | Warning when the new status is Stalled or Degraded, else Normal | Reconcile |
+/// | DatabaseReady | its status or reason moved | Normal when True, else Warning | ProvisionDatabase |
+/// | Degraded | it became `CleanupFailed` (retries are not announced) | Warning | Cleanup |
+pub fn announcements(before: Option<&AppServiceStatus>, after: &AppServiceStatus) -> Vec<Event> {
+    fn find<'a>(s: Option<&'a AppServiceStatus>, type_: &str) -> Option<&'a Condition> {
+        s.and_then(|s| conditions::find(&s.conditions, type_))
+    }
+    let moved = |type_: &str| {
+        let new = find(Some(after), type_)?;
+        let old = find(before, type_);
+        (!old.is_some_and(|o| o.status == new.status && o.reason == new.reason))
+            .then_some((old, new))
+    };
+    let event = |warning: bool, reason: &str, note: String, action: &str| Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    let mut events = Vec::new();
+    if let Some((old, new)) = moved(READY) {
+        let old = old.map(|o| (o.status.clone(), o.reason.clone()));
+        if worth_an_event(old.as_ref(), (&new.status, &new.reason)) {
+            events.push(transition_event(&new.status, &new.reason, after));
+        }
+    }
+    if let Some((_, new)) = moved(DATABASE_READY) {
+        events.push(event(
+            new.status != TRUE,
+            &new.reason,
+            new.message.clone(),
+            "ProvisionDatabase",
+        ));
+    }
+    if let Some((_, new)) =
+        moved(DEGRADED).filter(|(_, n)| n.status == TRUE && n.reason == reasons::CLEANUP_FAILED)
+    {
+        events.push(event(true, &new.reason, new.message.clone(), "Cleanup"));
+    }
+    events
 }
 
 /// Whether a move of the Ready condition from `before` to `after` deserves an Event:
@@ -87,15 +137,10 @@ fn transition_event(status: &str, reason: &str, new: &AppServiceStatus) -> Event
     let message = common::conditions::find(&new.conditions, common::conditions::READY)
         .map(|c| c.message.clone())
         .unwrap_or_default();
-    let warning = matches!(
-        reason,
-        reasons::INVALID_SPEC
-            | reasons::APPLY_FAILED
-            | reasons::RESOURCE_CONFLICT
-            | reasons::REPLICA_FAILURE
-            | reasons::PROGRESS_DEADLINE_EXCEEDED
-            | reasons::CLEANUP_FAILED
-    );
+    // The status contract decides: a human must act (Stalled), or something is wrong
+    // meanwhile (Degraded).
+    let warning = conditions::is_true(&new.conditions, STALLED)
+        || conditions::is_true(&new.conditions, DEGRADED);
     Event {
         type_: if warning {
             EventType::Warning
@@ -158,17 +203,15 @@ mod tests {
                 Some(&st("False", reasons::ROLLING_OUT)),
                 ("False", reason)
             ));
+            let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            );
+            let message = "0/2 replicas ready; FailedCreate: pods \"x\" is forbidden";
             let status = AppServiceStatus {
-                conditions: vec![common::conditions::new_condition(
-                    common::conditions::READY,
-                    "False",
-                    reason,
-                    "0/2 replicas ready; FailedCreate: pods \"x\" is forbidden",
-                    Some(1),
-                    &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-                    ),
-                )],
+                conditions: vec![
+                    conditions::new_condition(READY, "False", reason, message, Some(1), &at),
+                    conditions::new_condition(STALLED, "True", reason, message, Some(1), &at),
+                ],
                 ..AppServiceStatus::default()
             };
             let event = transition_event("False", reason, &status);
@@ -179,5 +222,107 @@ mod tests {
                 Some("0/2 replicas ready; FailedCreate: pods \"x\" is forbidden")
             );
         }
+    }
+
+    fn status_with(conds: &[(&str, &str, &str)]) -> AppServiceStatus {
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        );
+        AppServiceStatus {
+            conditions: conds
+                .iter()
+                .map(|(t, s, r)| {
+                    conditions::new_condition(t, s, r, format!("{t} {r}"), Some(1), &at)
+                })
+                .collect(),
+            ..AppServiceStatus::default()
+        }
+    }
+
+    fn said(events: &[Event]) -> Vec<(String, bool, String)> {
+        events
+            .iter()
+            .map(|e| {
+                (
+                    e.reason.clone(),
+                    e.type_ == EventType::Warning,
+                    e.action.clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_move_is_announced_once_by_one_table() {
+        let rolling = status_with(&[(READY, "False", reasons::ROLLING_OUT)]);
+        let ready = status_with(&[
+            (READY, "True", reasons::AVAILABLE),
+            (DATABASE_READY, "True", "Provisioned"),
+        ]);
+        // Ready and DatabaseReady both moved.
+        assert_eq!(
+            said(&announcements(Some(&rolling), &ready)),
+            [
+                (reasons::AVAILABLE.to_owned(), false, "Reconcile".to_owned()),
+                (
+                    "Provisioned".to_owned(),
+                    false,
+                    "ProvisionDatabase".to_owned()
+                ),
+            ]
+        );
+        // Nothing moved: nothing said.
+        assert!(announcements(Some(&ready), &ready).is_empty());
+        // A database server lost while Ready holds: a Warning of the database only.
+        let lost = status_with(&[
+            (READY, "True", reasons::AVAILABLE),
+            (DATABASE_READY, "False", "DatabaseServerUnreachable"),
+        ]);
+        assert_eq!(
+            said(&announcements(Some(&ready), &lost)),
+            [(
+                "DatabaseServerUnreachable".to_owned(),
+                true,
+                "ProvisionDatabase".to_owned()
+            )]
+        );
+        // A failing cleanup: once, not at its retries.
+        let failing = status_with(&[
+            (READY, "True", reasons::AVAILABLE),
+            (DEGRADED, "True", reasons::CLEANUP_FAILED),
+        ]);
+        assert_eq!(
+            said(&announcements(Some(&ready), &failing)),
+            [(
+                reasons::CLEANUP_FAILED.to_owned(),
+                true,
+                "Cleanup".to_owned()
+            )]
+        );
+        assert!(announcements(Some(&failing), &failing).is_empty());
+        // Ready lost to a stalled verdict: a Warning; to a rollout: Normal.
+        let stalled = status_with(&[
+            (READY, "False", reasons::RESOURCE_CONFLICT),
+            (STALLED, "True", reasons::RESOURCE_CONFLICT),
+            (DEGRADED, "True", reasons::RESOURCE_CONFLICT),
+        ]);
+        assert_eq!(
+            said(&announcements(Some(&ready), &stalled)),
+            [(
+                reasons::RESOURCE_CONFLICT.to_owned(),
+                true,
+                "Reconcile".to_owned()
+            )]
+        );
+        assert_eq!(
+            said(&announcements(Some(&ready), &rolling)),
+            [(
+                reasons::ROLLING_OUT.to_owned(),
+                false,
+                "Reconcile".to_owned()
+            )]
+        );
+        // The first rollout of a new object is expected.
+        assert!(announcements(None, &rolling).is_empty());
     }
 }

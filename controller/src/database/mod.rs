@@ -331,28 +331,7 @@ impl Databases {
                 self.failed(condition, e)
             }
         };
-        // An Event when DatabaseReady moves (status or reason).
-        if let Some(new) = report.conditions.first() {
-            let old = app
-                .status
-                .as_ref()
-                .and_then(|s| common::conditions::find(&s.conditions, DATABASE_READY));
-            if !old.is_some_and(|o| o.status == new.status && o.reason == new.reason) {
-                let type_ = if new.status == TRUE {
-                    EventType::Normal
-                } else {
-                    EventType::Warning
-                };
-                self.publish(
-                    app,
-                    type_,
-                    new.reason,
-                    new.message.clone(),
-                    "ProvisionDatabase",
-                )
-                .await;
-            }
-        }
+        // Its Event, when DatabaseReady moves, comes with the status (`report::announcements`).
         Ok(report)
     }
 
