@@ -35,8 +35,6 @@ const HEAL: Duration = Duration::from_secs(10);
 /// Until Ready again, which also waits for the Deployment controller and kwok's Pods.
 const READY_BOUND: Duration = Duration::from_secs(60);
 const INTRUDER: &str = "intruder";
-/// Reconciles [`World::quiet`] allows for the world to settle before it counts writes.
-const SETTLE_ATTEMPTS: usize = 5;
 /// Prefix of the problems that are about Pods' progress rather than content.
 const ROLLOUT: &str = "rollout: ";
 
@@ -274,43 +272,16 @@ impl World {
     /// [`Self::quiet`]; `canaries`: poke the `<name>-canary` Deployments too (not when
     /// that name is someone else's).
     async fn quiet_poking(&self, n: u64, canaries: bool) -> anyhow::Result<()> {
-        let by_resource = || {
-            controller::metrics::Written::ALL
-                .iter()
-                .map(|&r| (r.as_str(), self.ctl.metrics.writes_to(r)))
-                .collect::<Vec<_>>()
-        };
-        let names: Vec<String> = self
-            .apps
-            .list(&ListParams::default())
-            .await?
-            .into_iter()
-            .map(|a| a.name_any())
-            .collect();
-        let mut settled = false;
-        let mut history = Vec::new();
-        for _ in 0..SETTLE_ATTEMPTS {
-            let before = by_resource();
-            support::poke(self, &self.ctl.metrics, &names, 1).await?;
-            let after = by_resource();
-            if after == before {
-                settled = true;
-                break;
-            }
-            history.push(after);
-        }
-        anyhow::ensure!(
-            settled,
-            "still writing after {SETTLE_ATTEMPTS} reconciles: {history:?}"
-        );
-        let writes = by_resource();
-        support::poke(self, &self.ctl.metrics, &names, n).await?;
+        let metrics = &self.ctl.metrics;
+        let names = support::settle(self, metrics).await?;
+        let writes = support::writes_by_resource(metrics);
+        support::poke(self, metrics, &names, n).await?;
         // And through the canary Deployment itself: its events must not cause writes.
         if canaries {
             self.poke_canary(&names, n).await?;
         }
         assert_eq!(
-            by_resource(),
+            support::writes_by_resource(metrics),
             writes,
             "writes at steady state over {n} reconciles"
         );

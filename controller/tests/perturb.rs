@@ -38,8 +38,6 @@ const ROLLOUT: &str = "rollout: ";
 const WAIT: Duration = Duration::from_secs(90);
 /// The field manager of "someone else".
 const INTRUDER: &str = "intruder";
-/// Reconciles [`World::quiet`] allows for the world to settle before it counts writes.
-const SETTLE_ATTEMPTS: usize = 5;
 
 /// A [`Fixture`] on the shared full control plane and its controller, at the shipped
 /// defaults (resync 10 minutes): every heal below is the work of an event.
@@ -344,39 +342,12 @@ impl World {
     /// the Pods of a scale-up put back have gone), and status follows it with one write.
     /// A controller that writes on every reconcile never settles and fails here too.
     async fn quiet(&self, n: u64) -> anyhow::Result<()> {
-        let by_resource = || {
-            controller::metrics::Written::ALL
-                .iter()
-                .map(|&r| (r.as_str(), self.ctl.metrics.writes_to(r)))
-                .collect::<Vec<_>>()
-        };
-        let names: Vec<String> = self
-            .apps
-            .list(&ListParams::default())
-            .await?
-            .into_iter()
-            .map(|a| a.name_any())
-            .collect();
-        let mut settled = false;
-        let mut history = Vec::new();
-        for _ in 0..SETTLE_ATTEMPTS {
-            let before = by_resource();
-            support::poke(self, &self.ctl.metrics, &names, 1).await?;
-            let after = by_resource();
-            if after == before {
-                settled = true;
-                break;
-            }
-            history.push(after);
-        }
-        anyhow::ensure!(
-            settled,
-            "still writing after {SETTLE_ATTEMPTS} reconciles: {history:?}"
-        );
-        let writes = by_resource();
-        support::poke(self, &self.ctl.metrics, &names, n).await?;
+        let metrics = &self.ctl.metrics;
+        let names = support::settle(self, metrics).await?;
+        let writes = support::writes_by_resource(metrics);
+        support::poke(self, metrics, &names, n).await?;
         assert_eq!(
-            by_resource(),
+            support::writes_by_resource(metrics),
             writes,
             "writes at steady state over {n} reconciles"
         );

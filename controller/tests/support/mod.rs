@@ -417,3 +417,40 @@ pub async fn pod_quota(
     .await?;
     Ok(quotas)
 }
+
+/// Reconciles that may still write before the world counts as unsettled.
+pub const SETTLE_ATTEMPTS: usize = 5;
+
+/// The controller's writes so far, by resource.
+pub fn writes_by_resource(metrics: &Metrics) -> Vec<(&'static str, u64)> {
+    controller::metrics::Written::ALL
+        .iter()
+        .map(|&r| (r.as_str(), metrics.writes_to(r)))
+        .collect()
+}
+
+/// Waits until the world has settled, and returns the names of the namespace's
+/// AppServices. Settled means one reconcile of each wrote nothing: the control plane may
+/// still be finishing what a perturbation started (the Deployment controller's last
+/// status update after the Pods of a scale-up put back have gone), and status follows it
+/// with one write. A controller that writes on every reconcile never settles and fails.
+pub async fn settle(f: &Fixture, metrics: &Metrics) -> anyhow::Result<Vec<String>> {
+    let names: Vec<String> = f
+        .apps
+        .list(&kube::api::ListParams::default())
+        .await?
+        .into_iter()
+        .map(|a| kube::ResourceExt::name_any(&a))
+        .collect();
+    let mut history = Vec::new();
+    for _ in 0..SETTLE_ATTEMPTS {
+        let before = writes_by_resource(metrics);
+        poke(f, metrics, &names, 1).await?;
+        let after = writes_by_resource(metrics);
+        if after == before {
+            return Ok(names);
+        }
+        history.push(after);
+    }
+    anyhow::bail!("still writing after {SETTLE_ATTEMPTS} reconciles: {history:?}")
+}
