@@ -10,9 +10,9 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use common::conditions::{READY, TRUE, reasons};
 use common::names::{
     LABEL_TRACK, TRACK_CANARY, canary_deployment_name, canary_labels, selector_labels,
@@ -26,7 +26,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use support::{Fixture, Running, condition, start_controller};
+use support::{Fixture, ROLLOUT, Running, condition, start_controller};
 
 const V1: &str = "registry.example.com/web:v1";
 const V2: &str = "registry.example.com/web:v2";
@@ -35,8 +35,6 @@ const HEAL: Duration = Duration::from_secs(10);
 /// Until Ready again, which also waits for the Deployment controller and kwok's Pods.
 const READY_BOUND: Duration = Duration::from_secs(60);
 const INTRUDER: &str = "intruder";
-/// Prefix of the problems that are about Pods' progress rather than content.
-const ROLLOUT: &str = "rollout: ";
 
 struct World {
     fixture: Fixture,
@@ -117,6 +115,15 @@ fn strategy_problem(what: &str, d: &Deployment, spec: &AppServiceSpec) -> Option
         .then(|| format!("{what} strategy {:?}", d.spec.strategy))
 }
 
+impl support::Converges for World {
+    fn problems<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, anyhow::Result<Vec<String>>> {
+        Box::pin(self.problems_of(name))
+    }
+}
+
 impl World {
     async fn create(&self, name: &str, spec: AppServiceSpec) -> anyhow::Result<AppService> {
         Ok(self
@@ -128,7 +135,7 @@ impl World {
     /// Everything about `name` that does not match its spec, empty when converged: the
     /// stable Deployment with its share of the replicas, the canary Deployment exactly
     /// while `spec.canary` asks for it, both rolled out, and status saying so.
-    async fn problems(&self, name: &str) -> anyhow::Result<Vec<String>> {
+    async fn problems_of(&self, name: &str) -> anyhow::Result<Vec<String>> {
         let mut p = Vec::new();
         let app = self.apps.get(name).await?;
         let spec = &app.spec;
@@ -232,20 +239,7 @@ impl World {
     }
 
     async fn within(&self, name: &str, bound: Duration, rollout: bool) -> anyhow::Result<Duration> {
-        let started = Instant::now();
-        loop {
-            let mut problems = self.problems(name).await?;
-            if !rollout {
-                problems.retain(|p| !p.starts_with(ROLLOUT));
-            }
-            if problems.is_empty() {
-                return Ok(started.elapsed());
-            }
-            if started.elapsed() > bound {
-                bail!("{name} not converged after {bound:?}: {problems:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        support::no_problems_within(self, name, bound, rollout).await
     }
 
     async fn converged(&self, name: &str) -> anyhow::Result<Duration> {
@@ -254,14 +248,7 @@ impl World {
 
     /// The children back within [`HEAL`], then Ready; prints both times after `what`.
     async fn recovers(&self, name: &str, what: &str) -> anyhow::Result<()> {
-        let children = self.within(name, HEAL, false).await?;
-        let ready = self.converged(name).await?;
-        println!(
-            "{what}: children in {} ms, Ready in {} ms",
-            children.as_millis(),
-            ready.as_millis()
-        );
-        Ok(())
+        support::recovers(self, name, what, HEAL, READY_BOUND).await
     }
 
     /// No write over `n` reconciles, once one reconcile wrote nothing (see perturb.rs).

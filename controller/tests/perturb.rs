@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use support::{Fixture, Running, condition, init, start_controller};
+use support::{Fixture, ROLLOUT, Running, condition, init, start_controller};
 
 /// How long healing may take. Generous for a loaded CI machine; the measured times are
 /// printed and are normally well under a second plus the Pods' start.
@@ -33,8 +33,6 @@ const HEAL: Duration = Duration::from_secs(10);
 /// How long until Ready=True again, which also waits for the control plane's own
 /// controllers (the Deployment controller, garbage collection, kwok's Pods).
 const READY_BOUND: Duration = Duration::from_secs(45);
-/// Prefix of the problems that are about the rollout rather than the content.
-const ROLLOUT: &str = "rollout: ";
 const WAIT: Duration = Duration::from_secs(90);
 /// The field manager of "someone else".
 const INTRUDER: &str = "intruder";
@@ -75,6 +73,15 @@ fn spec(image: &str, replicas: i32) -> AppServiceSpec {
     }
 }
 
+impl support::Converges for World {
+    fn problems<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, anyhow::Result<Vec<String>>> {
+        Box::pin(self.problems_of(name))
+    }
+}
+
 impl World {
     async fn create(&self, name: &str, spec: AppServiceSpec) -> anyhow::Result<AppService> {
         Ok(self
@@ -86,7 +93,7 @@ impl World {
     /// Everything about `name` that does not match its spec, empty when converged: the
     /// children carry the spec, the Deployment has rolled out, and status says so for
     /// the current generation.
-    async fn problems(&self, name: &str) -> anyhow::Result<Vec<String>> {
+    async fn problems_of(&self, name: &str) -> anyhow::Result<Vec<String>> {
         let mut p = Vec::new();
         let app = self.apps.get(name).await?;
         let spec = &app.spec;
@@ -292,20 +299,7 @@ impl World {
     /// and the status's generation count, not the Pods' progress (which is the control
     /// plane's, e.g. garbage collection of a deleted Deployment's ReplicaSets).
     async fn within(&self, name: &str, bound: Duration, rollout: bool) -> anyhow::Result<Duration> {
-        let started = Instant::now();
-        loop {
-            let mut problems = self.problems(name).await?;
-            if !rollout {
-                problems.retain(|p| !p.starts_with(ROLLOUT));
-            }
-            if problems.is_empty() {
-                return Ok(started.elapsed());
-            }
-            if started.elapsed() > bound {
-                bail!("{name} not converged after {bound:?}: {problems:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        support::no_problems_within(self, name, bound, rollout).await
     }
 
     /// Applies `p` to `name`, then asserts it heals within [`HEAL`] and prints the time.
@@ -324,14 +318,7 @@ impl World {
     /// Waits until `name`'s children (within [`HEAL`]) and then its Ready condition
     /// (within [`READY_BOUND`]) are back, and prints how long each took after `what`.
     async fn recovers(&self, name: &str, what: &str) -> anyhow::Result<()> {
-        let children = self.within(name, HEAL, false).await?;
-        let ready = self.converged_within(name, READY_BOUND).await?;
-        println!(
-            "{what}: children in {} ms, Ready in {} ms",
-            children.as_millis(),
-            ready.as_millis()
-        );
-        Ok(())
+        support::recovers(self, name, what, HEAL, READY_BOUND).await
     }
 
     /// Asserts the controller writes nothing while it reconciles at least `n` more times,
@@ -693,7 +680,7 @@ async fn labels_and_annotations_added_by_users_are_kept_without_a_fight() -> any
     assert_eq!(d1.labels()["team"], "payments");
     assert_eq!(s1.annotations()["example.com/owner"], "payments");
     assert_eq!(f.ctl.metrics.write_count(), writes);
-    assert!(f.problems("kept").await?.is_empty());
+    assert!(f.problems_of("kept").await?.is_empty());
     f.ctl.stop().await?;
     Ok(())
 }

@@ -454,3 +454,60 @@ pub async fn settle(f: &Fixture, metrics: &Metrics) -> anyhow::Result<Vec<String
     }
     anyhow::bail!("still writing after {SETTLE_ATTEMPTS} reconciles: {history:?}")
 }
+
+/// Prefix of the problems that are about Pods' progress rather than the children's
+/// content (the control plane's part: Pods becoming ready, old ones going away).
+pub const ROLLOUT: &str = "rollout: ";
+
+/// A test world that can say what about an AppService does not match its spec.
+pub trait Converges {
+    /// Everything about `name` that does not match its spec, empty when converged;
+    /// problems about Pods' progress start with [`ROLLOUT`].
+    fn problems<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, anyhow::Result<Vec<String>>>;
+}
+
+/// Waits until `name` has no problems (without `rollout`: none but Pods' progress);
+/// fails after `bound` with what is still off. Returns how long it took.
+pub async fn no_problems_within(
+    world: &impl Converges,
+    name: &str,
+    bound: Duration,
+    rollout: bool,
+) -> anyhow::Result<Duration> {
+    let started = std::time::Instant::now();
+    loop {
+        let mut problems = world.problems(name).await?;
+        if !rollout {
+            problems.retain(|p| !p.starts_with(ROLLOUT));
+        }
+        if problems.is_empty() {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > bound {
+            anyhow::bail!("{name} not converged after {bound:?}: {problems:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `name`'s children (within `heal`) and then its Ready condition (within
+/// `ready`) are back, and prints how long each took after `what`.
+pub async fn recovers(
+    world: &impl Converges,
+    name: &str,
+    what: &str,
+    heal: Duration,
+    ready: Duration,
+) -> anyhow::Result<()> {
+    let children = no_problems_within(world, name, heal, false).await?;
+    let ready = no_problems_within(world, name, ready, true).await?;
+    println!(
+        "{what}: children in {} ms, Ready in {} ms",
+        children.as_millis(),
+        ready.as_millis()
+    );
+    Ok(())
+}
