@@ -79,7 +79,7 @@ pub struct Context {
     /// Consecutive failures per object; cleared by a successful reconcile.
     failures: Mutex<HashMap<ObjectRef<AppService>, u32>>,
     /// Per object, the last status we wrote and the resourceVersion it was written over.
-    written: Mutex<HashMap<ObjectRef<AppService>, (String, AppServiceStatus)>>,
+    written: Mutex<WrittenOver<ObjectRef<AppService>>>,
     /// Children we created that our caches have not shown yet.
     created: Mutex<HashSet<ChildKey>>,
     /// Per child, the view our last write of it returned and the resourceVersion that
@@ -88,7 +88,8 @@ pub struct Context {
 }
 
 /// Writes whose result the cache has not shown yet: per key, the resourceVersion the
-/// write replaced and what it returned.
+/// write replaced and what it returned. One mechanism for the status (keyed by the
+/// AppService) and for the children (keyed by their slot).
 struct WrittenOver<K> {
     map: HashMap<K, (String, Arc<dyn Any + Send + Sync>)>,
 }
@@ -105,14 +106,24 @@ impl<K: std::hash::Hash + Eq> WrittenOver<K> {
     /// What the last write of `key` returned, while the cache (at `cached`) still holds
     /// the object it replaced; otherwise the memory is dropped.
     fn get<V: Clone + 'static>(&mut self, key: &K, cached: Option<&str>) -> Option<V> {
-        let (replaced, written) = self.map.get(key)?;
-        if Some(replaced.as_str()) == cached
-            && let Some(written) = written.downcast_ref::<V>()
-        {
-            return Some(written.clone());
+        self.drop_stale(key, cached);
+        let written = self.map.get(key)?.1.downcast_ref::<V>().cloned();
+        if written.is_none() {
+            self.map.remove(key);
         }
-        self.map.remove(key);
-        None
+        written
+    }
+
+    /// Forgets the write of `key` if the cache (at `cached`) has moved past the object it
+    /// replaced: the cache is authoritative again.
+    fn drop_stale(&mut self, key: &K, cached: Option<&str>) {
+        if self
+            .map
+            .get(key)
+            .is_some_and(|(replaced, _)| Some(replaced.as_str()) != cached)
+        {
+            self.map.remove(key);
+        }
     }
 
     fn insert<V: Send + Sync + 'static>(&mut self, key: K, replaced: String, written: V) {
@@ -121,6 +132,10 @@ impl<K: std::hash::Hash + Eq> WrittenOver<K> {
 
     fn retain(&mut self, keep: impl Fn(&K) -> bool) {
         self.map.retain(|k, _| keep(k));
+    }
+
+    fn remove(&mut self, key: &K) {
+        self.map.remove(key);
     }
 }
 
@@ -228,10 +243,7 @@ impl Context {
         key: &ObjectRef<AppService>,
         resource_version: Option<&str>,
     ) -> Option<AppServiceStatus> {
-        self.drop_stale_status_write(key, resource_version);
-        lock(&self.written)
-            .get(key)
-            .map(|(_, status)| status.clone())
+        lock(&self.written).get(key, resource_version)
     }
 
     /// Forgets the status we wrote for `key` if the cached object (at
@@ -242,13 +254,7 @@ impl Context {
         key: &ObjectRef<AppService>,
         resource_version: Option<&str>,
     ) {
-        let mut map = lock(&self.written);
-        if map
-            .get(key)
-            .is_some_and(|(base, _)| Some(base.as_str()) != resource_version)
-        {
-            map.remove(key);
-        }
+        lock(&self.written).drop_stale(key, resource_version);
     }
 
     /// Records that `status` was written over the object at `resource_version`.
@@ -258,7 +264,7 @@ impl Context {
         resource_version: String,
         status: AppServiceStatus,
     ) {
-        lock(&self.written).insert(key, (resource_version, status));
+        lock(&self.written).insert(key, resource_version, status);
     }
 
     /// Forgets everything about `key` (it is gone).
