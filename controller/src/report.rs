@@ -61,9 +61,15 @@ pub async fn write_status(
     Ok(())
 }
 
-/// Publishes `event` about `app` and counts the write. Failures are logged, never fatal.
-pub async fn publish(recorder: &Recorder, metrics: &Metrics, app: &AppService, event: &Event) {
-    match recorder.publish(event, &app.object_ref(&())).await {
+/// Publishes `event` about `regarding` (an AppService, a DatabaseClass) and counts the
+/// write. Failures are logged, never fatal.
+pub async fn publish<R: Resource<DynamicType = ()>>(
+    recorder: &Recorder,
+    metrics: &Metrics,
+    regarding: &R,
+    event: &Event,
+) {
+    match recorder.publish(event, &regarding.object_ref(&())).await {
         Ok(()) => metrics.write(Written::Events),
         Err(e) => warn!(error = %e, "could not publish event"),
     }

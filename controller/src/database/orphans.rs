@@ -24,9 +24,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::{AppService, DatabaseClass, OrphanPolicy};
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -191,9 +191,6 @@ impl Databases {
         // list, unless that AppService is gone.
         let live = self.live_uids().await?;
         let scan = classify(&found, &live, truncated);
-        self.metrics
-            .database()
-            .set_orphans(&class_name, scan.orphaned.len(), scan.retained.len());
         if scan.truncated {
             warn!(class = %class_name, max = MAX_OBJECTS, "orphan scan read only the first objects named like ours");
         }
@@ -228,10 +225,11 @@ impl Databases {
                     }
                 }
             }
-            self.metrics
-                .database()
-                .set_orphans(&class_name, left.len(), scan.retained.len());
         }
+        // What is left after the drops.
+        self.metrics
+            .database()
+            .set_orphans(&class_name, left.len(), scan.retained.len());
         if left != previous && !left.is_empty() {
             let names: Vec<&str> = left
                 .iter()
@@ -318,10 +316,7 @@ impl Databases {
             action: "ScanOrphans".to_owned(),
             secondary: None,
         };
-        match self.recorder.publish(&event, &class.object_ref(&())).await {
-            Ok(()) => self.metrics.write(crate::metrics::Written::Events),
-            Err(e) => warn!(error = %e, "could not publish event"),
-        }
+        crate::report::publish(&self.recorder, &self.metrics, class, &event).await;
     }
 }
 
