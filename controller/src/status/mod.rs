@@ -112,10 +112,7 @@ pub fn desired_status_with_canary(
             },
         )
     };
-    let running = deployment
-        .and_then(|d| d.status.as_ref())
-        .and_then(|s| s.ready_replicas)
-        .unwrap_or(0);
+    let running = ready_pods(deployment);
     let new_conditions = match obs {
         // Blocked until the user changes something: not ready, not progressing, degraded,
         // all three for the same reason.
@@ -172,11 +169,7 @@ pub fn desired_status_with_canary(
                 common::types::CanaryStatus {
                     image: spec.image.clone(),
                     replicas: live.spec.replicas.unwrap_or(0),
-                    ready_replicas: live
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.ready_replicas)
-                        .unwrap_or(0),
+                    ready_replicas: ready_pods(Some(live)),
                 }
             });
             let (assessment, track) = rollout_of(deployment, canary);
@@ -226,6 +219,14 @@ pub fn desired_status_with_canary(
         }
     };
     with(status, new_conditions)
+}
+
+/// The ready Pods of a Deployment as its status counts them (none without one).
+fn ready_pods(deployment: Option<&DeploymentView>) -> i32 {
+    deployment
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0)
 }
 
 /// `status` with `new` set (each condition keeps its `lastTransitionTime` unless its
@@ -418,12 +419,7 @@ pub fn external_blocked_status(
     let generation = app.metadata.generation;
     let mut status = app.status.clone().unwrap_or_default();
     status.observed_generation = generation;
-    status.ready_replicas = Some(
-        deployment
-            .and_then(|d| d.status.as_ref())
-            .and_then(|s| s.ready_replicas)
-            .unwrap_or(0),
-    );
+    status.ready_replicas = Some(ready_pods(deployment));
     apply_external(&mut status, report, generation, now);
     let Some(blocking) = report.blocking() else {
         return status;
