@@ -277,13 +277,7 @@ impl World {
 
     /// An unrelated label on each existing canary Deployment, each awaited by a reconcile.
     async fn poke_canary(&self, names: &[String], n: u64) -> anyhow::Result<()> {
-        let params = PatchParams {
-            field_manager: Some("poke".to_owned()),
-            ..PatchParams::default()
-        };
-        let nonce = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_nanos();
+        let (params, nonce) = (support::poke_params(), support::poke_nonce()?);
         for i in 0..n {
             for name in names {
                 let canary = canary_deployment_name(name);
@@ -291,16 +285,11 @@ impl World {
                     continue;
                 }
                 let before = self.ctl.metrics.reconcile_count();
-                let patch = Patch::Merge(json!({
-                    "metadata": {"labels": {"example.com/poked": format!("{nonce}-{i}")}}
-                }));
-                self.deployments.patch(&canary, &params, &patch).await?;
-                harness::eventually(
-                    &format!("a reconcile after a poke of {canary}"),
-                    Duration::from_secs(60),
-                    || async { (self.ctl.metrics.reconcile_count() > before).then_some(()) },
-                )
-                .await?;
+                self.deployments
+                    .patch(&canary, &params, &support::poke_patch(nonce, i))
+                    .await?;
+                let what = format!("a reconcile after a poke of {canary}");
+                support::reconciled_since(&self.ctl.metrics, before, &what).await?;
             }
         }
         Ok(())

@@ -11,6 +11,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
 
+use common::names::ANNOTATION_DESIRED_HASH;
 use common::{AppService, AppServiceSpec};
 use controller::children::converge;
 use controller::context::{CacheSync, Caches};
@@ -175,6 +176,13 @@ async fn applied_once() -> Value {
     seen.lock().unwrap()[0].body.clone()
 }
 
+/// The live child as an earlier spec left it: our child, with another desired hash.
+async fn from_an_older_spec() -> Value {
+    let mut old = applied_once().await;
+    old["metadata"]["annotations"][ANNOTATION_DESIRED_HASH] = json!("0".repeat(32));
+    old
+}
+
 fn owner() -> ObjectRef<AppService> {
     ObjectRef::from_obj(&app())
 }
@@ -197,7 +205,7 @@ async fn a_missing_child_is_created_once_never_applied() {
         "{}",
         seen[0].query
     );
-    let hash = &seen[0].body["metadata"]["annotations"]["platform.example.com/desired-hash"];
+    let hash = &seen[0].body["metadata"]["annotations"][ANNOTATION_DESIRED_HASH];
     assert!(hash.as_str().is_some_and(|h| h.len() == 32), "{hash}");
     assert_eq!(out.metadata.resource_version.as_deref(), Some("1"));
 }
@@ -251,8 +259,7 @@ async fn a_child_edited_by_another_writer_gets_one_guarded_json_patch() {
 #[tokio::test]
 async fn a_new_spec_is_one_forced_server_side_apply() {
     // The live child carries another hash: the AppService changed.
-    let mut old = applied_once().await;
-    old["metadata"]["annotations"]["platform.example.com/desired-hash"] = json!("0".repeat(32));
+    let mut old = from_an_older_spec().await;
     old["spec"]["template"]["spec"]["containers"][0]["image"] =
         json!("registry.example.com/web:v0");
     let (ctx, seen) = context(Arc::new(|r: &Seen, _| (200, stored(&r.body, 4))));
@@ -273,8 +280,7 @@ async fn a_new_spec_is_one_forced_server_side_apply() {
 
 #[tokio::test]
 async fn an_apply_rejected_for_another_writers_fields_is_repaired_and_retried_once() {
-    let mut old = applied_once().await;
-    old["metadata"]["annotations"]["platform.example.com/desired-hash"] = json!("0".repeat(32));
+    let mut old = from_an_older_spec().await;
     old["spec"]["replicas"] = json!(9);
     let fixed = stored(&applied_once().await, 5);
     let (ctx, seen) = context(Arc::new(move |r: &Seen, n| match n {
@@ -305,8 +311,7 @@ async fn an_apply_rejected_for_another_writers_fields_is_repaired_and_retried_on
 
 #[tokio::test]
 async fn an_apply_rejected_with_nothing_to_repair_is_an_error_after_one_request() {
-    let mut old = applied_once().await;
-    old["metadata"]["annotations"]["platform.example.com/desired-hash"] = json!("0".repeat(32));
+    let old = from_an_older_spec().await;
     let (ctx, seen) = context(Arc::new(|_: &Seen, _| {
         (
             422,

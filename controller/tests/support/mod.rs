@@ -256,19 +256,11 @@ pub fn condition(app: &AppService, type_: &str) -> Option<(String, String, Strin
 /// whatever its resync interval; a test counts writes over them.
 pub async fn poke(f: &Fixture, metrics: &Metrics, names: &[String], n: u64) -> anyhow::Result<()> {
     anyhow::ensure!(!names.is_empty(), "nothing to poke");
-    let params = PatchParams {
-        field_manager: Some("poke".to_owned()),
-        ..PatchParams::default()
-    };
-    // A value no earlier poke used: the same value again would be no change, no event.
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos();
+    let params = poke_params();
+    let nonce = poke_nonce()?;
     for i in 0..n {
         let name = &names[usize::try_from(i)? % names.len()];
-        let patch = Patch::Merge(serde_json::json!({
-            "metadata": {"labels": {"example.com/poked": format!("{nonce}-{i}")}}
-        }));
+        let patch = poke_patch(nonce, i);
         let before = metrics.reconcile_count();
         let child = match i % 3 {
             0 => None,
@@ -285,21 +277,53 @@ pub async fn poke(f: &Fixture, metrics: &Metrics, names: &[String], n: u64) -> a
             }
             Some(Err(e)) => return Err(e.into()),
         }
-        let what = format!("a reconcile after poke {i} of {name}");
-        let waited = harness::eventually(&what, Duration::from_secs(60), || async {
-            (metrics.reconcile_count() > before).then_some(())
-        })
-        .await;
-        if let Err(e) = waited {
-            // What the work queue was doing, to tell a stuck reconcile from a lost event.
-            let queue: Vec<String> = metrics
-                .encode()?
-                .lines()
-                .filter(|l| l.starts_with("workqueue_") || l.starts_with("controller_runtime_"))
-                .map(str::to_owned)
-                .collect();
-            anyhow::bail!("{e}\n{}", queue.join("\n"));
-        }
+        reconciled_since(
+            metrics,
+            before,
+            &format!("a reconcile after poke {i} of {name}"),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The field manager of pokes.
+pub fn poke_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some("poke".to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+/// A value no earlier poke used: the same value again would be no change, no event.
+pub fn poke_nonce() -> anyhow::Result<u128> {
+    Ok(std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos())
+}
+
+/// The unrelated label of poke `i`.
+pub fn poke_patch(nonce: u128, i: u64) -> Patch<serde_json::Value> {
+    Patch::Merge(serde_json::json!({
+        "metadata": {"labels": {"example.com/poked": format!("{nonce}-{i}")}}
+    }))
+}
+
+/// Waits for a reconcile after the count `before`; on a timeout, says what the work
+/// queue was doing, to tell a stuck reconcile from a lost event.
+pub async fn reconciled_since(metrics: &Metrics, before: u64, what: &str) -> anyhow::Result<()> {
+    let waited = harness::eventually(what, Duration::from_secs(60), || async {
+        (metrics.reconcile_count() > before).then_some(())
+    })
+    .await;
+    if let Err(e) = waited {
+        let queue: Vec<String> = metrics
+            .encode()?
+            .lines()
+            .filter(|l| l.starts_with("workqueue_") || l.starts_with("controller_runtime_"))
+            .map(str::to_owned)
+            .collect();
+        anyhow::bail!("{e}\n{}", queue.join("\n"));
     }
     Ok(())
 }
