@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::external::Step;
 use crate::metrics::Written;
 use crate::outcome::Outcome;
-use crate::status::cleanup_failed_status;
+use crate::status::{Observation, Observed, status_of};
 
 /// The finalizer goes on before anything we may have to clean up exists. Returns the
 /// object as it is now.
@@ -70,7 +70,8 @@ pub(crate) async fn finalize(
             ctx.metrics().cleanup_failed();
             let message = e.to_string();
             // Announced once by the status it writes (`report::announcements`).
-            let status = cleanup_failed_status(app, &message, &ctx.clock().now());
+            let found = Observation::CleanupFailed(message);
+            let status = status_of(app, &Observed::new(&found), &ctx.clock().now());
             return Ok(Outcome::status(status, Err(e)));
         }
     }

@@ -39,10 +39,7 @@ use crate::external::{Readiness as External, Report};
 use crate::finalizer::{ensure_finalizer, finalize};
 use crate::outcome::Outcome;
 use crate::report::write_status;
-use crate::status::{
-    Observation, Rollout, apply_external, desired_status, desired_status_with_canary,
-    external_blocked_status, external_changes, rollout_of,
-};
+use crate::status::{Observation, Observed, Rollout, external_changes, rollout_of, status_of};
 use crate::view::{Child, DeploymentView};
 use common::names::{LABEL_MANAGED_BY, MANAGED_BY, canary_deployment_name};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -159,12 +156,10 @@ async fn finish(
 /// Validation, the external step, then the children.
 async fn converge_app(app: &AppService, ctx: &Context) -> Result<Outcome> {
     if let Err(errors) = validate(app, None) {
-        let status = desired_status(
-            app,
-            &Observation::InvalidSpec(errors.to_string()),
-            cached_deployment(ctx, app).as_deref(),
-            &ctx.clock().now(),
-        );
+        let found = Observation::InvalidSpec(errors.to_string());
+        let deployment = cached_deployment(ctx, app);
+        let observed = Observed::new(&found).deployments(deployment.as_deref(), None);
+        let status = status_of(app, &observed, &ctx.clock().now());
         // Retrying cannot help; the next change of the object triggers a reconcile.
         return Ok(Outcome::status(status, Ok(Next::await_change())));
     }
@@ -175,12 +170,11 @@ async fn converge_app(app: &AppService, ctx: &Context) -> Result<Outcome> {
     if matches!(report.outcome, External::Done) {
         return converge_children(app, ctx, &report).await;
     }
-    let status = external_blocked_status(
-        app,
-        &report,
-        cached_deployment(ctx, app).as_deref(),
-        &ctx.clock().now(),
-    );
+    let deployment = cached_deployment(ctx, app);
+    let observed = Observed::new(&Observation::Blocked)
+        .external(&report)
+        .deployments(deployment.as_deref(), None);
+    let status = status_of(app, &observed, &ctx.clock().now());
     let next = match report.outcome {
         External::Failed(e) => Err(e),
         External::NotReady(after) => Ok(Next::requeue(after)),
@@ -258,12 +252,14 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
     }
     if !taken.is_empty() {
         let our_deployment = live_deployment.as_ref().filter(|d| ours(&d.metadata));
-        let obs = Observation::Conflict {
+        let found = Observation::Conflict {
             message: conflict_message(&taken),
             service_taken: live_service.as_ref().is_some_and(|s| !ours(&s.metadata)),
         };
-        let mut status = desired_status(app, &obs, our_deployment, &now);
-        apply_external(&mut status, report, app.metadata.generation, &now);
+        let observed = Observed::new(&found)
+            .external(report)
+            .deployments(our_deployment, None);
+        let status = status_of(app, &observed, &now);
         // The watch on foreign objects wakes us when the name is free; this is a backstop.
         return Ok(Outcome::status(status, Ok(Next::requeue(CONFLICT_RECHECK))));
     }
@@ -313,6 +309,7 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
         Err(e) => {
             return Ok(rejected(
                 app,
+                report,
                 "Deployment",
                 live_deployment.as_ref(),
                 e,
@@ -321,13 +318,14 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
         }
     };
     if let Err(e) = service {
-        return Ok(rejected(app, "Service", Some(&deployment), e, &now));
+        return Ok(rejected(app, report, "Service", Some(&deployment), e, &now));
     }
     let canary = match canary {
         Ok(c) => c,
         Err(e) => {
             return Ok(rejected(
                 app,
+                report,
                 "canary Deployment",
                 Some(&deployment),
                 e,
@@ -368,14 +366,10 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
         ))));
     }
 
-    let mut status = desired_status_with_canary(
-        app,
-        &Observation::Applied,
-        Some(&deployment),
-        canary.as_ref(),
-        &now,
-    );
-    apply_external(&mut status, report, app.metadata.generation, &now);
+    let observed = Observed::new(&Observation::Applied)
+        .external(report)
+        .deployments(Some(&deployment), canary.as_ref());
+    let status = status_of(app, &observed, &now);
     let next = match rollout_of(&deployment, canary.as_ref()).0 {
         Rollout::InProgress { message, .. } => {
             debug!(%message, "rollout in progress");
@@ -406,6 +400,7 @@ fn conflict_message(taken: &[String]) -> String {
 /// another writer's fields as well as the spec.
 fn rejected(
     app: &AppService,
+    report: &Report,
     kind: &str,
     deployment: Option<&DeploymentView>,
     error: Error,
@@ -418,8 +413,11 @@ fn rejected(
         Error::Drift { .. } => error.to_string(),
         _ => return Outcome::next(Err(error)),
     };
-    let status = desired_status(app, &Observation::Rejected(message), deployment, now);
-    Outcome::status(status, Err(error))
+    let found = Observation::Rejected(message);
+    let observed = Observed::new(&found)
+        .external(report)
+        .deployments(deployment, None);
+    Outcome::status(status_of(app, &observed, now), Err(error))
 }
 
 /// Our Deployment of `app` from the cache, for the ready count of a blocked status.

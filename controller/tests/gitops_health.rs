@@ -534,7 +534,7 @@ fn every_rule_of_the_script_on_statuses_as_the_controller_writes_them() -> anyho
 #[test]
 fn every_verdict_of_the_controller_reads_alike_in_argo_cd_and_kstatus() -> anyhow::Result<()> {
     use controller::external::{ConditionReport, Readiness, Report};
-    use controller::status::{Observation, desired_status, external_blocked_status};
+    use controller::status::{Observation, Observed, status_of};
     use controller::view::DeploymentView;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -583,9 +583,17 @@ fn every_verdict_of_the_controller_reads_alike_in_argo_cd_and_kstatus() -> anyho
     };
 
     let applied = |replicas: i32, d: Option<DeploymentView>| {
-        desired_status(&object(replicas), &Observation::Applied, d.as_ref(), &now)
+        let observed = Observed::new(&Observation::Applied).deployments(d.as_ref(), None);
+        status_of(&object(replicas), &observed, &now)
     };
-    let blocked = |obs: Observation| desired_status(&object(3), &obs, None, &now);
+    let blocked = |obs: Observation| status_of(&object(3), &Observed::new(&obs), &now);
+    let blocked_by = |report: &Report| {
+        status_of(
+            &object(3),
+            &Observed::new(&Observation::Blocked).external(report),
+            &now,
+        )
+    };
     let cases = [
         (
             "complete",
@@ -678,23 +686,13 @@ fn every_verdict_of_the_controller_reads_alike_in_argo_cd_and_kstatus() -> anyho
         ),
         (
             "class missing",
-            external_blocked_status(
-                &object(3),
-                &database("DatabaseClassNotFound", true),
-                None,
-                &now,
-            ),
+            blocked_by(&database("DatabaseClassNotFound", true)),
             "Degraded",
             "Failed",
         ),
         (
             "server unreachable, retried",
-            external_blocked_status(
-                &object(3),
-                &database("DatabaseServerUnreachable", false),
-                None,
-                &now,
-            ),
+            blocked_by(&database("DatabaseServerUnreachable", false)),
             "Progressing",
             "InProgress",
         ),

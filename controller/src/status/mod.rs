@@ -13,7 +13,7 @@
 //! `Reconciling` and `Stalled` are never both True; each non-ready verdict's reason is on
 //! all of its conditions.
 //!
-//! [`desired_status`] turns an [`Observation`] plus the previous status into the new
+//! [`status_of`] turns what a pass [`Observed`] plus the previous status into the new
 //! status, using the [`rollout`] assessment of the Deployment; [`needs_write`] says
 //! whether it differs from the live one in anything but condition timestamps. The clock is a parameter, so tests are deterministic and
 //! `lastTransitionTime` moves only when a condition's status does.
@@ -52,6 +52,9 @@ impl Clock for SystemClock {
 pub enum Observation {
     /// The spec failed `common::validate`; the message lists every field error.
     InvalidSpec(String),
+    /// An external step (the database) blocks the children: its report's first condition
+    /// that is not True says why, and its readiness whether it is being retried.
+    Blocked,
     /// A child's name is taken by an object this AppService does not control; nothing
     /// is written until it is free.
     Conflict {
@@ -64,33 +67,76 @@ pub enum Observation {
     Rejected(String),
     /// The children of this generation are applied and converged.
     Applied,
+    /// The external cleanup of a terminating AppService failed; the message says why.
+    /// Only Degraded moves: the rest of the status stays as it was.
+    CleanupFailed(String),
 }
 
-/// The status to write after a reconcile that found `obs`, starting from the live status
-/// so that unchanged conditions keep their `lastTransitionTime`. `deployment` is our live
-/// Deployment, if there is one: `readyReplicas` always reports what runs now, also while
-/// reconcile is blocked.
-pub fn desired_status(
-    app: &AppService,
-    obs: &Observation,
-    deployment: Option<&DeploymentView>,
-    now: &Time,
-) -> AppServiceStatus {
-    desired_status_with_canary(app, obs, deployment, None, now)
+/// Everything a pass observed that its status is computed from, by [`status_of`] alone.
+#[derive(Clone, Copy, Debug)]
+pub struct Observed<'a> {
+    pub found: &'a Observation,
+    /// The external step's report, once it ran: its conditions go into the status
+    /// whatever the verdict.
+    pub external: Option<&'a Report>,
+    /// Our live Deployment, if there is one: `readyReplicas` always reports what runs
+    /// now, also while reconcile is blocked.
+    pub deployment: Option<&'a DeploymentView>,
+    /// Our live canary Deployment while `spec.canary` asks for one.
+    pub canary: Option<&'a DeploymentView>,
 }
 
-/// [`desired_status`] of an AppService that may run a canary: `canary` is our live
-/// canary Deployment while `spec.canary` asks for one. Once applied, `status.canary`
-/// reports it (and is removed without one), the ready count is both Deployments' (the
-/// Service's Pods), and Ready needs both rollouts complete; the messages of a rollout
-/// in progress or stuck name the Deployment that holds it up.
-pub fn desired_status_with_canary(
-    app: &AppService,
-    obs: &Observation,
-    deployment: Option<&DeploymentView>,
-    canary: Option<&DeploymentView>,
-    now: &Time,
-) -> AppServiceStatus {
+impl<'a> Observed<'a> {
+    /// `found`, with nothing else observed yet.
+    pub fn new(found: &'a Observation) -> Self {
+        Observed {
+            found,
+            external: None,
+            deployment: None,
+            canary: None,
+        }
+    }
+
+    /// With the external step's report.
+    pub fn external(self, report: &'a Report) -> Self {
+        Observed {
+            external: Some(report),
+            ..self
+        }
+    }
+
+    /// With our live Deployment (and canary Deployment).
+    pub fn deployments(
+        self,
+        deployment: Option<&'a DeploymentView>,
+        canary: Option<&'a DeploymentView>,
+    ) -> Self {
+        Observed {
+            deployment,
+            canary,
+            ..self
+        }
+    }
+}
+
+/// The status to write after a pass that observed `observed`, starting from the live
+/// status so that unchanged conditions keep their `lastTransitionTime`. The one function
+/// every status of an AppService comes from.
+pub fn status_of(app: &AppService, observed: &Observed, now: &Time) -> AppServiceStatus {
+    let mut status = match observed.found {
+        Observation::CleanupFailed(message) => return cleanup_failed(app, message, now),
+        Observation::Blocked => blocked_by_external(app, observed, now),
+        _ => children_status(app, observed, now),
+    };
+    if let Some(report) = observed.external {
+        apply_external(&mut status, report, app.metadata.generation, now);
+    }
+    status
+}
+
+/// The verdict on the children (or on what kept the pass from reaching them).
+fn children_status(app: &AppService, observed: &Observed, now: &Time) -> AppServiceStatus {
+    let (obs, deployment, canary) = (observed.found, observed.deployment, observed.canary);
     let generation = app.metadata.generation;
     let name = app.metadata.name.as_deref().unwrap_or_default();
     let namespace = app.metadata.namespace.as_deref().unwrap_or_default();
@@ -146,6 +192,8 @@ pub fn desired_status_with_canary(
                 "retrying with backoff; if it persists, check the spec and other writers of the child",
             )
         }
+        // Decided by `status_of` before this function is called.
+        Observation::Blocked | Observation::CleanupFailed(_) => return status,
         Observation::Applied => {
             let Some(deployment) = deployment else {
                 status.ready_replicas = Some(0);
@@ -351,7 +399,7 @@ fn stuck(
 
 /// Marks a failing external cleanup on a terminating AppService, leaving the rest of
 /// the status alone.
-pub fn cleanup_failed_status(app: &AppService, message: &str, now: &Time) -> AppServiceStatus {
+fn cleanup_failed(app: &AppService, message: &str, now: &Time) -> AppServiceStatus {
     let mut status = app.status.clone().unwrap_or_default();
     status.observed_generation = app.metadata.generation;
     conditions::set(
@@ -371,7 +419,7 @@ pub fn cleanup_failed_status(app: &AppService, message: &str, now: &Time) -> App
 /// Sets the conditions an external step reported (stamped with the generation and
 /// `now`; `lastTransitionTime` kept when the status did not move) and removes those it
 /// says do not apply.
-pub fn apply_external(
+fn apply_external(
     status: &mut AppServiceStatus,
     report: &Report,
     generation: Option<i64>,
@@ -405,22 +453,19 @@ pub fn external_changes(app: &AppService, report: &Report) -> bool {
     !conditions::same_set_ignoring_time(&live.conditions, &applied.conditions)
 }
 
-/// Status while an external step (the database) blocks the children: its conditions,
-/// and the verdict of its blocking condition. Stalled when it waits for someone to act
-/// (a class to be created, fixed or opened to this namespace: `NotReady`); Reconciling
-/// while it is being retried with backoff (a server unreachable: `Failed`), Degraded
-/// meanwhile. `deployment` is our live Deployment, if one runs from an earlier pass.
-pub fn external_blocked_status(
-    app: &AppService,
-    report: &Report,
-    deployment: Option<&DeploymentView>,
-    now: &Time,
-) -> AppServiceStatus {
+/// Status while an external step (the database) blocks the children: the verdict of
+/// its blocking condition. Stalled when it waits for someone to act (a class to be
+/// created, fixed or opened to this namespace: `NotReady`); Reconciling while it is being
+/// retried with backoff (a server unreachable: `Failed`), Degraded meanwhile. The report's
+/// own conditions are set by [`status_of`].
+fn blocked_by_external(app: &AppService, observed: &Observed, now: &Time) -> AppServiceStatus {
     let generation = app.metadata.generation;
     let mut status = app.status.clone().unwrap_or_default();
     status.observed_generation = generation;
-    status.ready_replicas = Some(ready_pods(deployment));
-    apply_external(&mut status, report, generation, now);
+    status.ready_replicas = Some(ready_pods(observed.deployment));
+    let Some(report) = observed.external else {
+        return status;
+    };
     let Some(blocking) = report.blocking() else {
         return status;
     };

@@ -6,6 +6,53 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentCondition, DeploymentSpec, DeploymentStatus,
 };
 
+/// [`status_of`] after a pass that found `obs`, with our live Deployment.
+fn desired_status(
+    app: &AppService,
+    obs: &Observation,
+    deployment: Option<&DeploymentView>,
+    now: &Time,
+) -> AppServiceStatus {
+    desired_status_with_canary(app, obs, deployment, None, now)
+}
+
+/// [`status_of`] after a pass that found `obs`, with our live Deployment and canary.
+fn desired_status_with_canary(
+    app: &AppService,
+    obs: &Observation,
+    deployment: Option<&DeploymentView>,
+    canary: Option<&DeploymentView>,
+    now: &Time,
+) -> AppServiceStatus {
+    status_of(
+        app,
+        &Observed::new(obs).deployments(deployment, canary),
+        now,
+    )
+}
+
+/// [`status_of`] while the external step's `report` blocks the children.
+fn external_blocked_status(
+    app: &AppService,
+    report: &Report,
+    deployment: Option<&DeploymentView>,
+    now: &Time,
+) -> AppServiceStatus {
+    let observed = Observed::new(&Observation::Blocked)
+        .external(report)
+        .deployments(deployment, None);
+    status_of(app, &observed, now)
+}
+
+/// [`status_of`] when the external cleanup of a terminating AppService failed.
+fn cleanup_failed_status(app: &AppService, message: &str, now: &Time) -> AppServiceStatus {
+    status_of(
+        app,
+        &Observed::new(&Observation::CleanupFailed(message.to_owned())),
+        now,
+    )
+}
+
 const DENIAL: &str = "pods \"checkout-6d4f-x2k9q\" is forbidden: violates PodSecurity \"restricted:latest\": runAsNonRoot != true (pod or container \"app\" must set securityContext.runAsNonRoot=true)";
 const QUOTA: &str = "pods \"checkout-6d4f-abcde\" is forbidden: exceeded quota: one-pod, requested: pods=1, used: pods=1, limited: pods=1";
 
