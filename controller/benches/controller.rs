@@ -16,6 +16,7 @@
 
 mod support;
 
+use controller::subject::Subject;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -213,9 +214,9 @@ async fn main() -> anyhow::Result<()> {
                     a.metadata.uid = Some(format!("00000000-0000-0000-0000-{i:012}"));
                     // Same objects, but no owner (the garbage collector would delete
                     // dependents of an owner that does not exist).
-                    let mut d = desired_deployment(&a, None)?;
+                    let mut d = desired_deployment(&Subject::of(&a)?, None);
                     d.metadata.owner_references = None;
-                    let mut s = desired_service(&a)?;
+                    let mut s = desired_service(&Subject::of(&a)?);
                     s.metadata.owner_references = None;
                     deployments.create(&PostParams::default(), &d).await?;
                     services.create(&PostParams::default(), &s).await?;

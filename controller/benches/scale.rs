@@ -25,6 +25,7 @@
 
 mod support;
 
+use controller::subject::Subject;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -413,10 +414,18 @@ fn floor_workers(client: Client, ns: String, concurrency: usize) -> tokio::task:
                         )
                         .await?;
                         deployments
-                            .patch(&name, &apply, &Patch::Apply(&desired_deployment(&a, None)?))
+                            .patch(
+                                &name,
+                                &apply,
+                                &Patch::Apply(&desired_deployment(&Subject::of(&a)?, None)),
+                            )
                             .await?;
                         services
-                            .patch(&name, &apply, &Patch::Apply(&desired_service(&a)?))
+                            .patch(
+                                &name,
+                                &apply,
+                                &Patch::Apply(&desired_service(&Subject::of(&a)?)),
+                            )
                             .await?;
                         apps.patch_status(
                             &name,

@@ -12,7 +12,6 @@ use kube::{Api, Resource};
 use tracing::info;
 
 use crate::context::Context;
-use crate::desired::required;
 use crate::drift::{Drift, desired_hash, set_hash};
 use crate::error::{Error, Result};
 use crate::metrics::Written;
@@ -84,8 +83,15 @@ pub async fn converge<K: Child>(
     live: Option<K::View>,
 ) -> Result<K::View> {
     let kind = K::KIND;
-    let name = required(&desired.meta().name, "metadata.name")?.to_owned();
-    let namespace = required(&desired.meta().namespace, "metadata.namespace")?.to_owned();
+    // A child we built always has both; the check keeps a bug from becoming a panic.
+    let (Some(name), Some(namespace)) = (
+        desired.meta().name.clone(),
+        desired.meta().namespace.clone(),
+    ) else {
+        return Err(Error::MissingField(
+            "metadata.name or metadata.namespace of a child",
+        ));
+    };
     let hash = desired_hash(&desired).map_err(|error| Error::Serialize { kind, error })?;
     set_hash(desired.meta_mut(), hash.clone());
     let want: K::View = view::of(&desired).map_err(|error| Error::Serialize { kind, error })?;

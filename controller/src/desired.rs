@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
 use crate::database::secret as keys;
-use crate::error::{Error, Result};
+use crate::subject::Subject;
 
 mod security;
 
@@ -79,38 +79,28 @@ const LIBPQ_ENV: [&str; 6] = [
 /// user the image runs as can read it, with or without `fsGroup`.
 const CA_FILE_MODE: i32 = 0o444;
 
-/// A metadata field the API server always sets on stored objects; its absence is a
-/// permanent error rather than a panic.
-pub(crate) fn required<'a>(value: &'a Option<String>, field: &'static str) -> Result<&'a str> {
-    value.as_deref().ok_or(Error::MissingField(field))
-}
-
 /// The controller owner reference children carry: `controller: true`, and
 /// `blockOwnerDeletion` so foreground deletion of the AppService waits for them.
-pub fn owner_reference(app: &AppService) -> Result<OwnerReference> {
-    let name = required(&app.metadata.name, "metadata.name")?.to_owned();
-    let uid = required(&app.metadata.uid, "metadata.uid")?.to_owned();
-    Ok(OwnerReference {
+pub fn owner_reference(app: &Subject) -> OwnerReference {
+    OwnerReference {
         api_version: owner_api_version(),
         kind: AppService::kind(&()).into_owned(),
-        name,
-        uid,
+        name: app.name().to_owned(),
+        uid: app.uid().to_owned(),
         controller: Some(true),
         block_owner_deletion: Some(true),
-    })
+    }
 }
 
 /// Metadata of a child named `name`: same namespace, child labels, our owner reference.
-fn child_metadata(app: &AppService, name: String) -> Result<ObjectMeta> {
-    let app_name = required(&app.metadata.name, "metadata.name")?;
-    let namespace = required(&app.metadata.namespace, "metadata.namespace")?.to_owned();
-    Ok(ObjectMeta {
+fn child_metadata(app: &Subject, name: String) -> ObjectMeta {
+    ObjectMeta {
         name: Some(name),
-        namespace: Some(namespace),
-        labels: Some(child_labels(app_name)),
-        owner_references: Some(vec![owner_reference(app)?]),
+        namespace: Some(app.namespace().to_owned()),
+        labels: Some(child_labels(app.name())),
+        owner_references: Some(vec![owner_reference(app)]),
         ..ObjectMeta::default()
-    })
+    }
 }
 
 /// An environment variable from `key` of the Secret `secret`, which must have it.
@@ -140,8 +130,8 @@ fn from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
 /// without a database gets none of it: its Deployment is what it always was.
 ///
 /// While a canary runs, this Deployment runs `replicas - canary.replicas` of the Pods.
-pub fn desired_deployment(app: &AppService, database: Option<&PodDatabase>) -> Result<Deployment> {
-    let name = required(&app.metadata.name, "metadata.name")?;
+pub fn desired_deployment(app: &Subject, database: Option<&PodDatabase>) -> Deployment {
+    let name = app.name();
     let spec = &app.spec;
     build_deployment(
         app,
@@ -166,14 +156,12 @@ pub const CANARY_SLOT: &str = "Deployment/canary";
 /// stable labels plus `platform.example.com/track: canary`. The Service selects the
 /// stable labels only, so it sends traffic to the Pods of both.
 pub fn desired_canary_deployment(
-    app: &AppService,
+    app: &Subject,
     database: Option<&PodDatabase>,
-) -> Result<Option<Deployment>> {
-    let name = required(&app.metadata.name, "metadata.name")?;
-    let Some(canary) = &app.spec.canary else {
-        return Ok(None);
-    };
-    build_deployment(
+) -> Option<Deployment> {
+    let name = app.name();
+    let canary = app.spec.canary.as_ref()?;
+    let deployment = build_deployment(
         app,
         database,
         Track {
@@ -183,8 +171,8 @@ pub fn desired_canary_deployment(
             labels: canary_labels(name),
             selector: canary_selector_labels(name),
         },
-    )
-    .map(Some)
+    );
+    Some(deployment)
 }
 
 /// What differs between the stable and the canary Deployment.
@@ -196,12 +184,8 @@ struct Track<'a> {
     selector: BTreeMap<String, String>,
 }
 
-fn build_deployment(
-    app: &AppService,
-    database: Option<&PodDatabase>,
-    track: Track<'_>,
-) -> Result<Deployment> {
-    let name = required(&app.metadata.name, "metadata.name")?;
+fn build_deployment(app: &Subject, database: Option<&PodDatabase>, track: Track<'_>) -> Deployment {
+    let name = app.name();
     let spec = &app.spec;
     let ports = spec.ports();
     let pod_security = spec.pod_security();
@@ -297,9 +281,9 @@ fn build_deployment(
         ..Container::default()
     };
 
-    let mut metadata = child_metadata(app, track.name)?;
+    let mut metadata = child_metadata(app, track.name);
     metadata.labels = Some(track.labels.clone());
-    Ok(Deployment {
+    Deployment {
         metadata,
         spec: DeploymentSpec {
             replicas: Some(track.replicas),
@@ -329,7 +313,7 @@ fn build_deployment(
             ..DeploymentSpec::default()
         },
         status: None,
-    })
+    }
 }
 
 /// The Deployment's strategy for `spec.rollout`: a rolling update with both settings
@@ -346,11 +330,11 @@ fn rollout_strategy(rollout: Option<&common::RolloutSpec>) -> Option<DeploymentS
 }
 
 /// The ClusterIP Service in front of an AppService's Pods, on each of `ports`.
-pub fn desired_service(app: &AppService) -> Result<Service> {
-    let name = required(&app.metadata.name, "metadata.name")?;
+pub fn desired_service(app: &Subject) -> Service {
+    let name = app.name();
     let ports = app.spec.ports();
-    Ok(Service {
-        metadata: child_metadata(app, service_name(name))?,
+    Service {
+        metadata: child_metadata(app, service_name(name)),
         spec: Some(ServiceSpec {
             selector: Some(selector_labels(name)),
             ports: Some(
@@ -370,7 +354,7 @@ pub fn desired_service(app: &AppService) -> Result<Service> {
             ..ServiceSpec::default()
         }),
         status: None,
-    })
+    }
 }
 
 /// Whether `owner` is the controller owner of an object with these owner references.
@@ -383,6 +367,7 @@ pub fn is_controlled_by(refs: Option<&[OwnerReference]>, owner_uid: &str) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::subject::subject;
     use common::names::{LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY};
     use common::{AppPort, AppServiceSpec, EnvVar as AppEnvVar};
     use k8s_openapi::api::core::v1::ResourceRequirements;
@@ -404,13 +389,12 @@ mod tests {
     #[test]
     fn deployment_carries_spec_with_defaults() {
         let d = desired_deployment(
-            &app(AppServiceSpec {
+            &subject(&app(AppServiceSpec {
                 image: "registry.example.com/checkout:v3".into(),
                 ..Default::default()
-            }),
+            })),
             None,
-        )
-        .unwrap();
+        );
         assert_eq!(d.metadata.name.as_deref(), Some("checkout"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("shop"));
         let spec = &d.spec;
@@ -437,14 +421,13 @@ mod tests {
     #[test]
     fn deployment_labels_selector_and_owner() {
         let d = desired_deployment(
-            &app(AppServiceSpec {
+            &subject(&app(AppServiceSpec {
                 image: "nginx:1.27".into(),
                 replicas: Some(4),
                 ..Default::default()
-            }),
+            })),
             None,
-        )
-        .unwrap();
+        );
         let labels = d.metadata.labels.clone().unwrap();
         assert_eq!(labels[LABEL_NAME], "checkout");
         assert_eq!(labels[LABEL_INSTANCE], "checkout");
@@ -492,7 +475,7 @@ mod tests {
             ..Default::default()
         };
         let d = desired_deployment(
-            &app(AppServiceSpec {
+            &subject(&app(AppServiceSpec {
                 image: "nginx:1.27".into(),
                 ports: vec![AppPort::http(9090)],
                 env: vec![AppEnvVar {
@@ -502,10 +485,9 @@ mod tests {
                 }],
                 resources: Some(resources.clone()),
                 ..Default::default()
-            }),
+            })),
             None,
-        )
-        .unwrap();
+        );
         let c = container(&d);
         let env = c.env.as_ref().unwrap();
         assert_eq!(env.len(), 1);
@@ -518,14 +500,13 @@ mod tests {
     #[test]
     fn empty_resources_are_left_out() {
         let d = desired_deployment(
-            &app(AppServiceSpec {
+            &subject(&app(AppServiceSpec {
                 image: "nginx:1.27".into(),
                 resources: Some(ResourceRequirements::default()),
                 ..Default::default()
-            }),
+            })),
             None,
-        )
-        .unwrap();
+        );
         assert_eq!(container(&d).resources, None);
     }
 
@@ -547,7 +528,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let d = desired_deployment(&app(spec.clone()), None).unwrap();
+        let d = desired_deployment(&subject(&app(spec.clone())), None);
         let ports: Vec<(Option<&str>, i32, Option<&str>)> = container(&d)
             .ports
             .as_ref()
@@ -564,7 +545,7 @@ mod tests {
         );
         let probe = container(&d).readiness_probe.clone().unwrap();
         assert_eq!(probe.tcp_socket.unwrap().port, IntOrString::Int(9090));
-        let s = desired_service(&app(spec)).unwrap();
+        let s = desired_service(&subject(&app(spec)));
         type Row<'a> = (Option<&'a str>, i32, Option<IntOrString>, Option<&'a str>);
         let ports: Vec<Row<'_>> = s
             .spec
@@ -599,12 +580,11 @@ mod tests {
 
     #[test]
     fn service_selects_pods_on_port() {
-        let s = desired_service(&app(AppServiceSpec {
+        let s = desired_service(&subject(&app(AppServiceSpec {
             image: "nginx:1.27".into(),
             ports: vec![AppPort::http(9090)],
             ..Default::default()
-        }))
-        .unwrap();
+        })));
         let spec = s.spec.as_ref().unwrap();
         assert_eq!(spec.selector, Some(selector_labels("checkout")));
         let port = &spec.ports.as_ref().unwrap()[0];
@@ -618,25 +598,14 @@ mod tests {
     }
 
     #[test]
-    fn missing_uid_is_an_error_not_a_panic() {
-        let mut a = app(AppServiceSpec::default());
-        a.metadata.uid = None;
-        assert!(matches!(
-            desired_deployment(&a, None),
-            Err(Error::MissingField("metadata.uid"))
-        ));
-    }
-
-    #[test]
     fn serialized_deployment_has_only_owned_fields() {
         let d = desired_deployment(
-            &app(AppServiceSpec {
+            &subject(&app(AppServiceSpec {
                 image: "nginx:1.27".into(),
                 ..Default::default()
-            }),
+            })),
             None,
-        )
-        .unwrap();
+        );
         let v = serde_json::to_value(&d).unwrap();
         assert_eq!(v["apiVersion"], "apps/v1");
         assert_eq!(v["kind"], "Deployment");
@@ -655,7 +624,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let d = desired_deployment(&app(spec.clone()), None).unwrap();
+        let d = desired_deployment(&subject(&app(spec.clone())), None);
         let strategy = d.spec.strategy.unwrap();
         assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
         let rolling = strategy.rolling_update.unwrap();
@@ -666,7 +635,7 @@ mod tests {
         );
         // Removing it gives the Deployment back to the API server's defaults.
         spec.rollout = None;
-        let d = desired_deployment(&app(spec), None).unwrap();
+        let d = desired_deployment(&subject(&app(spec)), None);
         assert_eq!(d.spec.strategy, None);
     }
 
@@ -702,8 +671,8 @@ mod tests {
             revision: "abc".into(),
         };
         let a = app(canary_spec());
-        let stable = desired_deployment(&a, Some(&db)).unwrap();
-        let canary = desired_canary_deployment(&a, Some(&db)).unwrap().unwrap();
+        let stable = desired_deployment(&subject(&a), Some(&db));
+        let canary = desired_canary_deployment(&subject(&a), Some(&db)).unwrap();
         assert_eq!(canary.metadata.name.as_deref(), Some("checkout-canary"));
         assert_eq!(canary.metadata.namespace.as_deref(), Some("shop"));
         assert_eq!(
@@ -739,7 +708,11 @@ mod tests {
         }
         assert!(!pod_labels(&stable).contains_key(common::names::LABEL_TRACK));
         // The Service's selector picks the Pods of both.
-        let service = desired_service(&a).unwrap().spec.unwrap().selector.unwrap();
+        let service = desired_service(&subject(&a))
+            .spec
+            .unwrap()
+            .selector
+            .unwrap();
         for d in [&stable, &canary] {
             for (k, v) in &service {
                 assert_eq!(&pod_labels(d)[k], v);
@@ -776,8 +749,11 @@ mod tests {
         let mut spec = canary_spec();
         spec.canary = None;
         let a = app(spec);
-        assert_eq!(desired_canary_deployment(&a, None).unwrap(), None);
-        assert_eq!(desired_deployment(&a, None).unwrap().spec.replicas, Some(5));
+        assert_eq!(desired_canary_deployment(&subject(&a), None), None);
+        assert_eq!(
+            desired_deployment(&subject(&a), None).spec.replicas,
+            Some(5)
+        );
         // The canary's replicas default to one.
         let mut spec = canary_spec();
         spec.canary = Some(common::CanarySpec {
@@ -785,8 +761,11 @@ mod tests {
             replicas: None,
         });
         let a = app(spec);
-        assert_eq!(desired_deployment(&a, None).unwrap().spec.replicas, Some(4));
-        let canary = desired_canary_deployment(&a, None).unwrap().unwrap();
+        assert_eq!(
+            desired_deployment(&subject(&a), None).spec.replicas,
+            Some(4)
+        );
+        let canary = desired_canary_deployment(&subject(&a), None).unwrap();
         assert_eq!(canary.spec.replicas, Some(1));
     }
 
@@ -800,14 +779,13 @@ mod tests {
     #[test]
     fn a_plain_appservice_builds_the_same_deployment_as_before() {
         let d = desired_deployment(
-            &app(AppServiceSpec {
+            &subject(&app(AppServiceSpec {
                 image: "nginx:1.27".into(),
                 replicas: Some(3),
                 ..Default::default()
-            }),
+            })),
             None,
-        )
-        .unwrap();
+        );
         let json = serde_json::to_string(&d).unwrap();
         assert_eq!(json, PLAIN_DEPLOYMENT_JSON);
         assert_eq!(
@@ -853,7 +831,7 @@ mod tests {
             ca: true,
             revision: "abc".into(),
         };
-        let d = desired_deployment(&app(with_database()), Some(&db)).unwrap();
+        let d = desired_deployment(&subject(&app(with_database())), Some(&db));
         let from = |k: &str| (k.to_owned(), None, Some(k.to_owned()));
         assert_eq!(
             env_of(&d),
@@ -911,7 +889,7 @@ mod tests {
             ca: false,
             revision: "abc".into(),
         };
-        let d = desired_deployment(&app(with_database()), Some(&db)).unwrap();
+        let d = desired_deployment(&subject(&app(with_database())), Some(&db));
         assert!(d.spec.template.spec.as_ref().unwrap().volumes.is_none());
         assert!(container(&d).volume_mounts.is_none());
         assert!(!env_of(&d).iter().any(|(n, _, _)| n == "PGSSLROOTCERT"));
@@ -923,8 +901,8 @@ mod tests {
             image: "nginx:1.27".into(),
             ..Default::default()
         });
-        let with = desired_deployment(&plain, Some(&db)).unwrap();
-        assert_eq!(with, desired_deployment(&plain, None).unwrap());
+        let with = desired_deployment(&subject(&plain), Some(&db));
+        assert_eq!(with, desired_deployment(&subject(&plain), None));
         let template = serde_json::to_value(&with.spec.template).unwrap();
         assert!(template["metadata"].get("annotations").is_none());
         assert!(template["spec"].get("volumes").is_none());

@@ -507,6 +507,7 @@ fn same_quantities(
 mod tests {
     use super::*;
     use crate::desired::{desired_deployment, desired_service};
+    use crate::subject::subject;
     use crate::view::of;
     use common::{AppService, AppServiceSpec, EnvVar as AppEnvVar};
     use k8s_openapi::api::apps::v1::Deployment;
@@ -528,7 +529,7 @@ mod tests {
             max_surge: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)),
             max_unavailable: None,
         });
-        let desired = desired_deployment(&app(with), None).unwrap();
+        let desired = desired_deployment(&subject(&app(with)), None);
         assert!(deployment_drift(&desired, &as_stored(desired.clone())).is_empty());
         let ops = deployment_drift(&desired, &as_stored(recreate(desired.clone())));
         assert_eq!(
@@ -538,7 +539,7 @@ mod tests {
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "25%"}}})]
         );
         // Without `spec.rollout` the strategy is the API server's (and anyone's) to set.
-        let plain = desired_deployment(&app(spec()), None).unwrap();
+        let plain = desired_deployment(&subject(&app(spec())), None);
         assert!(deployment_drift(&plain, &as_stored(recreate(plain.clone()))).is_empty());
     }
 
@@ -607,12 +608,12 @@ mod tests {
 
     #[test]
     fn stored_form_of_every_shape_is_converged() {
-        let d = desired_deployment(&app(spec()), None).unwrap();
+        let d = desired_deployment(&subject(&app(spec())), None);
         assert_eq!(
             deployment_drift(&d, &as_stored(d.clone())),
             Vec::<Value>::new()
         );
-        let s = desired_service(&app(spec())).unwrap();
+        let s = desired_service(&subject(&app(spec())));
         let mut stored = s.clone();
         stored.spec.as_mut().unwrap().cluster_ip = Some("10.0.0.1".into());
         stored.spec.as_mut().unwrap().session_affinity = Some("None".into());
@@ -621,7 +622,7 @@ mod tests {
 
     #[test]
     fn edits_by_others_are_put_back() {
-        let d = desired_deployment(&app(spec()), None).unwrap();
+        let d = desired_deployment(&subject(&app(spec())), None);
         let mut live = as_stored(d.clone());
         let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
         c.image = Some("evil:1".into());
@@ -654,7 +655,7 @@ mod tests {
 
     #[test]
     fn security_contexts_changed_by_others_are_put_back_whole() {
-        let d = desired_deployment(&app(spec()), None).unwrap();
+        let d = desired_deployment(&subject(&app(spec())), None);
         // The API server stores what we wrote; an empty Pod context is none.
         assert!(deployment_drift(&d, &as_stored(d.clone())).is_empty());
 
@@ -701,7 +702,7 @@ mod tests {
 
     #[test]
     fn extra_env_and_removed_resources_are_drift() {
-        let d = desired_deployment(&app(spec()), None).unwrap();
+        let d = desired_deployment(&subject(&app(spec())), None);
         let mut live = as_stored(d.clone());
         let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
         c.env.as_mut().unwrap().push(EnvVar {
@@ -725,7 +726,7 @@ mod tests {
                     .unwrap(),
             ),
         }];
-        let d = desired_deployment(&app(s), None).unwrap();
+        let d = desired_deployment(&subject(&app(s)), None);
         let with_source = |source: Value| {
             let mut live = d.clone();
             let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
@@ -742,7 +743,7 @@ mod tests {
 
     #[test]
     fn service_port_type_and_selector_drift() {
-        let s = desired_service(&app(spec())).unwrap();
+        let s = desired_service(&subject(&app(spec())));
         let mut live = s.clone();
         let spec = live.spec.as_mut().unwrap();
         spec.type_ = Some("NodePort".into());
@@ -770,8 +771,8 @@ mod tests {
             {"name": "metrics", "port": 9090}
         ]))
         .unwrap();
-        let d = desired_deployment(&app(several.clone()), None).unwrap();
-        let s = desired_service(&app(several)).unwrap();
+        let d = desired_deployment(&subject(&app(several.clone())), None);
+        let s = desired_service(&subject(&app(several)));
         assert!(deployment_drift(&d, &as_stored(d.clone())).is_empty());
         assert!(service_drift(&s, &s.clone()).is_empty());
 
@@ -800,13 +801,13 @@ mod tests {
 
     #[test]
     fn hash_is_stable_and_sensitive() {
-        let a = desired_deployment(&app(spec()), None).unwrap();
+        let a = desired_deployment(&subject(&app(spec())), None);
         let h1 = desired_hash(&a).unwrap();
         assert_eq!(h1, desired_hash(&a.clone()).unwrap());
         assert_eq!(h1.len(), 32);
         let mut s = spec();
         s.image = "nginx:1.28".into();
-        let b = desired_deployment(&app(s), None).unwrap();
+        let b = desired_deployment(&subject(&app(s)), None);
         assert_ne!(h1, desired_hash(&b).unwrap());
     }
 
@@ -815,7 +816,7 @@ mod tests {
     /// storage version, whole, guarded by its uid. Other owners' references stay.
     #[test]
     fn an_owner_reference_through_another_version_is_re_pointed() {
-        let d = desired_deployment(&app(spec()), None).unwrap();
+        let d = desired_deployment(&subject(&app(spec())), None);
         let mut old = d.clone();
         let mut foreign = old.metadata.owner_references.as_ref().unwrap()[0].clone();
         foreign.uid = "someone-else".into();
@@ -856,7 +857,7 @@ mod tests {
         assert_eq!(refs[1].api_version, "platform.example.com/v1beta1");
 
         // Lost flags are drift too, on the Service as on the Deployment.
-        let s = desired_service(&app(spec())).unwrap();
+        let s = desired_service(&subject(&app(spec())));
         let mut live = s.clone();
         live.metadata.owner_references.as_mut().unwrap()[0].block_owner_deletion = None;
         let ops = service_drift(&s, &live);
@@ -890,7 +891,7 @@ mod tests {
     #[test]
     fn the_database_ca_mount_and_revision_are_put_back_and_others_kept() {
         let a = app(with_database(spec()));
-        let d = desired_deployment(&a, Some(&pod_db(true, "r1"))).unwrap();
+        let d = desired_deployment(&subject(&a), Some(&pod_db(true, "r1")));
         let stored = as_stored(d.clone());
         assert!(deployment_drift(&d, &stored).is_empty());
 
@@ -968,7 +969,7 @@ mod tests {
         assert_eq!(annotations["kubectl.kubernetes.io/restartedAt"], "now");
 
         // Without a CA (require, disable), ours goes and theirs stays.
-        let no_ca = desired_deployment(&a, Some(&pod_db(false, "r1"))).unwrap();
+        let no_ca = desired_deployment(&subject(&a), Some(&pod_db(false, "r1")));
         let ops = deployment_drift(&no_ca, &shared);
         let repaired = patched(&shared, &ops);
         assert!(deployment_drift(&no_ca, &repaired).is_empty());
@@ -983,7 +984,7 @@ mod tests {
     fn a_new_database_revision_changes_the_hash_and_only_then() {
         let a = app(with_database(spec()));
         let hash = |db: &crate::desired::PodDatabase| {
-            desired_hash(&desired_deployment(&a, Some(db)).unwrap()).unwrap()
+            desired_hash(&desired_deployment(&subject(&a), Some(db))).unwrap()
         };
         assert_eq!(hash(&pod_db(true, "r1")), hash(&pod_db(true, "r1")));
         assert_ne!(hash(&pod_db(true, "r1")), hash(&pod_db(true, "r2")));
@@ -991,8 +992,12 @@ mod tests {
         // Without a database, what an earlier release built, whatever the step says.
         let plain = app(spec());
         assert_eq!(
-            desired_hash(&desired_deployment(&plain, Some(&pod_db(true, "r1"))).unwrap()).unwrap(),
-            desired_hash(&desired_deployment(&plain, None).unwrap()).unwrap()
+            desired_hash(&desired_deployment(
+                &subject(&plain),
+                Some(&pod_db(true, "r1"))
+            ))
+            .unwrap(),
+            desired_hash(&desired_deployment(&subject(&plain), None)).unwrap()
         );
     }
 }

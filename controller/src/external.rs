@@ -10,11 +10,11 @@
 
 use std::time::Duration;
 
-use common::AppService;
 use futures::future::BoxFuture;
 
 use crate::desired::PodDatabase;
 use crate::error::{Error, Result};
+use crate::subject::Subject;
 
 /// Outcome of one idempotent reconcile step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,9 +82,9 @@ impl Report {
 pub trait External: Send + Sync {
     /// Makes them exist (or, when no longer wanted, go away). Runs after the finalizer
     /// is in place, before the children.
-    fn ensure<'a>(&'a self, app: &'a AppService) -> BoxFuture<'a, Result<Report>>;
+    fn ensure<'a>(&'a self, app: &'a Subject<'a>) -> BoxFuture<'a, Result<Report>>;
     /// Deletes them for a terminating AppService; `Done` lets the finalizer go.
-    fn cleanup<'a>(&'a self, app: &'a AppService) -> BoxFuture<'a, Result<Step>>;
+    fn cleanup<'a>(&'a self, app: &'a Subject<'a>) -> BoxFuture<'a, Result<Step>>;
     /// Periodic work of its own (the database's orphan scan), run while the controller
     /// runs and acting only while `leading` is true. None by default.
     fn background(
@@ -100,11 +100,11 @@ pub trait External: Send + Sync {
 pub struct NoExternal;
 
 impl External for NoExternal {
-    fn ensure<'a>(&'a self, _app: &'a AppService) -> BoxFuture<'a, Result<Report>> {
+    fn ensure<'a>(&'a self, _app: &'a Subject<'a>) -> BoxFuture<'a, Result<Report>> {
         Box::pin(async { Ok(Report::done()) })
     }
 
-    fn cleanup<'a>(&'a self, _app: &'a AppService) -> BoxFuture<'a, Result<Step>> {
+    fn cleanup<'a>(&'a self, _app: &'a Subject<'a>) -> BoxFuture<'a, Result<Step>> {
         Box::pin(async { Ok(Step::Done) })
     }
 }

@@ -17,6 +17,7 @@ use crate::external::Step;
 use crate::metrics::Written;
 use crate::outcome::Outcome;
 use crate::status::{Observation, Observed, status_of};
+use crate::subject::Subject;
 
 /// The finalizer goes on before anything we may have to clean up exists. Returns the
 /// object as it is now.
@@ -56,7 +57,7 @@ async fn patch_finalizers(
 
 /// Deletion: clean up external resources, then let the object go.
 pub(crate) async fn finalize(
-    app: &AppService,
+    app: &Subject<'_>,
     ctx: &Context,
     api: &Api<AppService>,
 ) -> Result<Outcome> {

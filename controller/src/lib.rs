@@ -46,6 +46,7 @@ pub mod queue;
 pub mod reconcile;
 pub mod report;
 pub mod status;
+pub mod subject;
 pub mod view;
 mod watches;
 

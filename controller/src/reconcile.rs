@@ -32,7 +32,6 @@ use crate::children::{converge, delete, lookup};
 use crate::context::Context;
 use crate::desired::{
     CANARY_SLOT, desired_canary_deployment, desired_deployment, desired_service, is_controlled_by,
-    required,
 };
 use crate::error::{Error, Result, Retry};
 use crate::external::{Readiness as External, Report};
@@ -40,8 +39,11 @@ use crate::finalizer::{ensure_finalizer, finalize};
 use crate::outcome::Outcome;
 use crate::report::write_status;
 use crate::status::{Observation, Observed, Rollout, external_changes, rollout_of, status_of};
+use crate::subject::Subject;
 use crate::view::{Child, DeploymentView};
-use common::names::{LABEL_MANAGED_BY, MANAGED_BY, canary_deployment_name};
+use common::names::{
+    LABEL_MANAGED_BY, MANAGED_BY, canary_deployment_name, deployment_name, service_name,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 
@@ -106,19 +108,21 @@ pub fn error_policy(app: Arc<AppService>, error: &Error, ctx: Arc<Context>) -> N
     }
 }
 
-/// The steps, then the one report of what they observed.
+/// The steps, then the one report of what they observed. The AppService's identity is
+/// checked here, once: every step after takes the [`Subject`].
 async fn pass(app: &AppService, ctx: &Context) -> Result<Next> {
-    let namespace = required(&app.metadata.namespace, "metadata.namespace")?;
-    let api: Api<AppService> = Api::namespaced(ctx.client().clone(), namespace);
+    let subject = Subject::of(app)?;
+    let api: Api<AppService> = Api::namespaced(ctx.client().clone(), subject.namespace());
     let (app, outcome) = if let Some(deleted) = &app.metadata.deletion_timestamp {
         if app.finalizers().iter().any(|f| f == FINALIZER) {
             ctx.metrics()
-                .set_held(&ObjectRef::from_obj(app), Some(deleted.0.as_second()));
+                .set_held(&subject.key(), Some(deleted.0.as_second()));
         }
-        (Cow::Borrowed(app), finalize(app, ctx, &api).await?)
+        (Cow::Borrowed(app), finalize(&subject, ctx, &api).await?)
     } else {
         let app = ensure_finalizer(app, ctx, &api).await?;
-        let outcome = converge_app(&app, ctx).await?;
+        // The object the finalizer patch returned is the same AppService (same identity).
+        let outcome = converge_app(&Subject::of(&app)?, ctx).await?;
         (app, outcome)
     };
     finish(ctx, &api, &app, outcome).await
@@ -154,7 +158,7 @@ async fn finish(
 }
 
 /// Validation, the external step, then the children.
-async fn converge_app(app: &AppService, ctx: &Context) -> Result<Outcome> {
+async fn converge_app(app: &Subject<'_>, ctx: &Context) -> Result<Outcome> {
     if let Err(errors) = validate(app, None) {
         let found = Observation::InvalidSpec(errors.to_string());
         let deployment = cached_deployment(ctx, app);
@@ -185,22 +189,21 @@ async fn converge_app(app: &AppService, ctx: &Context) -> Result<Outcome> {
 
 /// The Deployment and the Service (and the canary Deployment while `spec.canary` asks
 /// for one), once nothing blocks them.
-async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> Result<Outcome> {
-    let owner = ObjectRef::from_obj(app);
-    let namespace = required(&app.metadata.namespace, "metadata.namespace")?;
-    let app_name = required(&app.metadata.name, "metadata.name")?;
+async fn converge_children(app: &Subject<'_>, ctx: &Context, report: &Report) -> Result<Outcome> {
+    let owner = app.key();
+    let namespace = app.namespace();
     // Every name is checked before any child is written: a half-built AppService
     // (Pods without a Service, or the reverse) would look like progress.
-    let want_deployment = desired_deployment(app, report.database.as_ref())?;
-    let want_service = desired_service(app)?;
-    let want_canary = desired_canary_deployment(app, report.database.as_ref())?;
-    let canary_name = canary_deployment_name(app_name);
+    let want_deployment = desired_deployment(app, report.database.as_ref());
+    let want_service = desired_service(app);
+    let want_canary = desired_canary_deployment(app, report.database.as_ref());
+    let canary_name = canary_deployment_name(app.name());
+    let deployment_name = deployment_name(app.name());
+    let service_name = service_name(app.name());
     // Only with every cache listed completely does a name missing from all of them mean
     // that nobody holds it (a restarted controller reconciles before its lists are in).
     let caches = ctx.caches();
     let others_known = ctx.is_ready();
-    let deployment_name = required(&want_deployment.metadata.name, "metadata.name")?;
-    let service_name = required(&want_service.metadata.name, "metadata.name")?;
     // The canary's name is looked up whether or not one is asked for: one of ours left
     // from before is deleted. A cached miss costs nothing.
     let (live_deployment, live_service, live_canary) = tokio::join!(
@@ -210,7 +213,7 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
             Deployment::KIND,
             &caches.deployments,
             others_known.then_some(&caches.other_deployments),
-            (deployment_name, namespace),
+            (&deployment_name, namespace),
         ),
         lookup(
             ctx,
@@ -218,7 +221,7 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
             Service::KIND,
             &caches.services,
             others_known.then_some(&caches.other_services),
-            (service_name, namespace),
+            (&service_name, namespace),
         ),
         lookup(
             ctx,
@@ -231,7 +234,7 @@ async fn converge_children(app: &AppService, ctx: &Context, report: &Report) -> 
     );
     let (live_deployment, live_service, live_canary) =
         (live_deployment?, live_service?, live_canary?);
-    let uid = required(&app.metadata.uid, "metadata.uid")?;
+    let uid = app.uid();
     let ours =
         |meta: &kube::api::ObjectMeta| is_controlled_by(meta.owner_references.as_deref(), uid);
     let now = ctx.clock().now();
@@ -399,7 +402,7 @@ fn conflict_message(taken: &[String]) -> String {
 /// the error goes to the error policy, which retries with backoff: the cause may be
 /// another writer's fields as well as the spec.
 fn rejected(
-    app: &AppService,
+    app: &Subject,
     report: &Report,
     kind: &str,
     deployment: Option<&DeploymentView>,
@@ -421,12 +424,9 @@ fn rejected(
 }
 
 /// Our Deployment of `app` from the cache, for the ready count of a blocked status.
-fn cached_deployment(ctx: &Context, app: &AppService) -> Option<Arc<DeploymentView>> {
-    let name = app.metadata.name.as_deref()?;
-    let namespace = app.metadata.namespace.as_deref()?;
-    let uid = app.metadata.uid.as_deref()?;
+fn cached_deployment(ctx: &Context, app: &Subject) -> Option<Arc<DeploymentView>> {
     ctx.caches()
         .deployments
-        .get(&ObjectRef::new(name).within(namespace))
-        .filter(|d| is_controlled_by(d.metadata.owner_references.as_deref(), uid))
+        .get(&ObjectRef::new(&deployment_name(app.name())).within(app.namespace()))
+        .filter(|d| is_controlled_by(d.metadata.owner_references.as_deref(), app.uid()))
 }

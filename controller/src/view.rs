@@ -584,6 +584,7 @@ pub fn slim_meta_of<K: Resource>(obj: &mut K) {
 mod tests {
     use super::*;
     use crate::desired::{desired_deployment, desired_service};
+    use crate::subject::subject;
     use common::{AppService, AppServiceSpec};
     use serde_json::json;
 
@@ -629,7 +630,7 @@ mod tests {
     }
 
     fn desired_children_survive_the_view_of(app: &AppService) {
-        let d = desired_deployment(app, None).unwrap();
+        let d = desired_deployment(&subject(app), None);
         let v: DeploymentView = of(&d).unwrap();
         let want = serde_json::to_value(&d).unwrap();
         let containers =
@@ -650,7 +651,7 @@ mod tests {
         assert_eq!(v.spec.replicas, d.spec.replicas);
         assert_eq!(v.metadata.owner_references, d.metadata.owner_references);
 
-        let s = desired_service(app).unwrap();
+        let s = desired_service(&subject(app));
         let v: ServiceView = of(&s).unwrap();
         let want = serde_json::to_value(&s).unwrap();
         assert_eq!(serde_json::to_value(&v.spec).unwrap(), want["spec"]);

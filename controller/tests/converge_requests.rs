@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use controller::subject::Subject;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
@@ -164,7 +165,10 @@ fn view(body: &Value) -> DeploymentView {
 /// The desired Deployment of `app()` with its desired-hash annotation, as converge would
 /// send it.
 fn desired() -> Deployment {
-    desired_deployment(&app(), None).unwrap()
+    desired_deployment(
+        &Subject::of(&app()).expect("the AppService has its identity"),
+        None,
+    )
 }
 
 /// The desired Deployment with our hash, as the live child after an earlier apply.

@@ -8,7 +8,6 @@ mod support;
 
 use std::time::Duration;
 
-use common::AppService;
 use common::conditions::{DEGRADED, FALSE, PROGRESSING, READY, TRUE, reasons};
 use common::names::{FIELD_MANAGER, FINALIZER, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY};
 use harness::eventually;
@@ -496,7 +495,7 @@ struct FlakyExternal {
 impl controller::external::External for FlakyExternal {
     fn ensure<'a>(
         &'a self,
-        _app: &'a AppService,
+        _app: &'a controller::subject::Subject<'a>,
     ) -> futures::future::BoxFuture<'a, controller::error::Result<controller::external::Report>>
     {
         Box::pin(async { Ok(controller::external::Report::done()) })
@@ -504,7 +503,7 @@ impl controller::external::External for FlakyExternal {
 
     fn cleanup<'a>(
         &'a self,
-        _app: &'a AppService,
+        _app: &'a controller::subject::Subject<'a>,
     ) -> futures::future::BoxFuture<'a, controller::error::Result<controller::external::Step>> {
         use std::sync::atomic::Ordering;
         Box::pin(async move {

@@ -31,6 +31,7 @@
 #[path = "upgrade/previous.rs"]
 mod previous;
 
+use controller::subject::Subject;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -256,7 +257,10 @@ fn previous_children_match_the_golden_fixture() {
                 json!("platform.example.com/v1alpha1");
             v
         };
-        let d = controller::desired::desired_deployment(&hub, None).unwrap();
+        let d = controller::desired::desired_deployment(
+            &Subject::of(&hub).expect("the AppService has its identity"),
+            None,
+        );
         let mut current = as_previous(serde_json::to_value(&d).unwrap());
         let pod = &mut current["spec"]["template"]["spec"];
         assert_eq!(
@@ -281,7 +285,9 @@ fn previous_children_match_the_golden_fixture() {
             Some(json!({previous::HASH: controller::drift::desired_hash(&d).unwrap()})),
             "the new template must be applied"
         );
-        let mut s = controller::desired::desired_service(&hub).unwrap();
+        let mut s = controller::desired::desired_service(
+            &Subject::of(&hub).expect("the AppService has its identity"),
+        );
         let hash = controller::drift::desired_hash(&s).unwrap();
         controller::drift::set_hash(&mut s.metadata, hash);
         assert_eq!(

@@ -3,6 +3,7 @@
 //! kube-controller-manager writes it), as JSON: the input of `benches/cache_cost.rs` and
 //! of `tests/cache_size.rs`, and the measurement both make of them.
 
+use controller::subject::Subject;
 use std::alloc::System;
 
 use common::{AppService, AppServiceSpec};
@@ -84,7 +85,11 @@ fn app(i: usize, env: usize) -> AppService {
 /// The three objects of AppService `i` as JSON, as a watch delivers them.
 pub fn objects(i: usize, env: usize) -> (Value, Value, Value) {
     let a = app(i, env);
-    let mut d = serde_json::to_value(desired_deployment(&a, None).unwrap()).unwrap();
+    let mut d = serde_json::to_value(desired_deployment(
+        &Subject::of(&a).expect("the AppService has its identity"),
+        None,
+    ))
+    .unwrap();
     server_metadata(&mut d, i, true);
     let spec = d["spec"].as_object_mut().unwrap();
     spec.insert("revisionHistoryLimit".into(), json!(10));
@@ -132,7 +137,10 @@ pub fn objects(i: usize, env: usize) -> (Value, Value, Value) {
         ]
     });
 
-    let mut s = serde_json::to_value(desired_service(&a).unwrap()).unwrap();
+    let mut s = serde_json::to_value(desired_service(
+        &Subject::of(&a).expect("the AppService has its identity"),
+    ))
+    .unwrap();
     server_metadata(&mut s, i, true);
     let spec = s["spec"].as_object_mut().unwrap();
     let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);

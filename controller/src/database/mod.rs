@@ -39,7 +39,6 @@ pub mod sql;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::AppService;
 use common::conditions::{DATABASE_READY, FALSE, TRUE};
 use common::names::{FIELD_MANAGER, database_secret_name};
 use futures::future::BoxFuture;
@@ -57,6 +56,7 @@ pub use error::{DatabaseError, DatabaseErrorReason, reasons};
 use crate::error::{Error, Result};
 use crate::external::{ConditionReport, External, Readiness, Report, Step};
 use crate::metrics::{Metrics, Written};
+use crate::subject::Subject;
 
 pub use common::names::CLASS_ANNOTATION;
 pub use common::names::PASSWORD_PENDING_ANNOTATION;
@@ -107,22 +107,15 @@ pub struct Databases {
 }
 
 /// The AppService's namespace and UID. Its database and role are named from the UID, so
-/// an object without a UUID (never one read from the API server) is refused, never given
-/// a name another AppService could share (`appsvc_` alone).
-fn identity(app: &AppService) -> DbResult<(String, String)> {
-    let namespace = app
-        .namespace()
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| DatabaseError::Internal("the AppService has no namespace".into()))?;
-    let uid = app
-        .metadata
-        .uid
-        .clone()
+/// a UID that is not 32 hex digits (never one read from the API server: they are UUIDs)
+/// is refused, never given a name another AppService could share.
+fn identity(app: &Subject<'_>) -> DbResult<(String, String)> {
+    let uid = Some(app.uid())
         .filter(|uid| sql::uid_hex_of(&sql::db_name(uid)).is_some())
         .ok_or_else(|| {
             DatabaseError::Internal("the AppService has no UID of 32 hex digits".into())
         })?;
-    Ok((namespace, uid))
+    Ok((app.namespace().to_owned(), uid.to_owned()))
 }
 
 /// A poisoned lock is recovered: the maps here stay consistent between statements.
@@ -174,7 +167,7 @@ impl Databases {
 
     async fn publish(
         &self,
-        app: &AppService,
+        app: &Subject<'_>,
         type_: EventType,
         reason: &str,
         note: String,
@@ -187,12 +180,12 @@ impl Databases {
             action: action.to_owned(),
             secondary: None,
         };
-        crate::report::publish(&self.recorder, &self.metrics, app, &event).await;
+        crate::report::publish(&self.recorder, &self.metrics, app.app(), &event).await;
     }
 
     /// `ensure` for an AppService whose database is disabled: remove what an earlier
     /// generation created (found through the credentials Secret), per the class's policy.
-    async fn ensure_disabled(&self, app: &AppService) -> Result<Report> {
+    async fn ensure_disabled(&self, app: &Subject<'_>) -> Result<Report> {
         let (namespace, uid) = identity(app).map_err(Error::Database)?;
         let secret_name = database_secret_name(&app.name_any());
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
@@ -261,7 +254,7 @@ impl Databases {
     /// Event of `action`.
     async fn removed(
         &self,
-        app: &AppService,
+        app: &Subject<'_>,
         started: Instant,
         reason: &'static str,
         message: String,
@@ -293,7 +286,7 @@ impl Databases {
         }
     }
 
-    async fn ensure_enabled(&self, app: &AppService, class_name: &str) -> Result<Report> {
+    async fn ensure_enabled(&self, app: &Subject<'_>, class_name: &str) -> Result<Report> {
         let started = Instant::now();
         let result = self.provision(app, class_name).await;
         self.metrics
@@ -335,7 +328,7 @@ impl Databases {
         Ok(report)
     }
 
-    async fn cleanup_app(&self, app: &AppService) -> Result<Step> {
+    async fn cleanup_app(&self, app: &Subject<'_>) -> Result<Step> {
         let (namespace, uid) = identity(app).map_err(Error::Database)?;
         let secret_name = database_secret_name(&app.name_any());
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
@@ -381,7 +374,7 @@ impl Databases {
 }
 
 impl External for Databases {
-    fn ensure<'a>(&'a self, app: &'a AppService) -> BoxFuture<'a, Result<Report>> {
+    fn ensure<'a>(&'a self, app: &'a Subject<'a>) -> BoxFuture<'a, Result<Report>> {
         Box::pin(async move {
             match app.spec.database_class() {
                 Some(class) => self.ensure_enabled(app, class).await,
@@ -390,7 +383,7 @@ impl External for Databases {
         })
     }
 
-    fn cleanup<'a>(&'a self, app: &'a AppService) -> BoxFuture<'a, Result<Step>> {
+    fn cleanup<'a>(&'a self, app: &'a Subject<'a>) -> BoxFuture<'a, Result<Step>> {
         Box::pin(self.cleanup_app(app))
     }
 
@@ -408,24 +401,29 @@ impl External for Databases {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::AppService;
 
     #[test]
     fn an_appservice_without_a_uuid_gets_no_database_name() {
         let mut app = AppService::new("shop", common::AppServiceSpec::default());
         app.metadata.namespace = Some("team".into());
-        for uid in [None, Some(""), Some("not-a-uuid"), Some("0f3c2a1b-9d8e")] {
-            app.metadata.uid = uid.map(str::to_owned);
-            assert!(identity(&app).is_err(), "{uid:?}");
+        for uid in [
+            "not-a-uuid",
+            "0f3c2a1b-9d8e",
+            "0f3c2a1b-9d8e-4f7a-b6c5-d4e3f2a1b0cZ",
+        ] {
+            app.metadata.uid = Some(uid.to_owned());
+            let subject = Subject::of(&app).expect("name, namespace and uid are there");
+            assert!(identity(&subject).is_err(), "{uid:?}");
         }
         app.metadata.uid = Some("0f3c2a1b-9d8e-4f7a-b6c5-d4e3f2a1b0c9".into());
+        let subject = Subject::of(&app).expect("name, namespace and uid are there");
         assert_eq!(
-            identity(&app).ok(),
+            identity(&subject).ok(),
             Some((
                 "team".to_owned(),
                 "0f3c2a1b-9d8e-4f7a-b6c5-d4e3f2a1b0c9".to_owned()
             ))
         );
-        app.metadata.namespace = None;
-        assert!(identity(&app).is_err());
     }
 }

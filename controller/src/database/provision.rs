@@ -13,6 +13,7 @@ use super::{
 };
 use crate::desired::PodDatabase;
 use crate::metrics::Written;
+use crate::subject::Subject;
 use common::names::database_secret_name;
 
 impl Databases {
@@ -20,7 +21,7 @@ impl Databases {
     /// should say, and what the Pods get from the Secret.
     pub(super) async fn provision(
         &self,
-        app: &AppService,
+        app: &Subject<'_>,
         class_name: &str,
     ) -> DbResult<(String, PodDatabase)> {
         let name = app.name_any();
@@ -71,8 +72,7 @@ impl Databases {
                     &sql::new_password(),
                     true,
                     ca_pem.as_deref(),
-                )
-                .map_err(|e| DatabaseError::Internal(e.to_string()))?;
+                );
                 // Create, not apply: a second controller racing us gets 409 and then
                 // reads our password instead of writing its own.
                 let created = secrets.create(&PostParams::default(), &desired).await?;
@@ -87,8 +87,7 @@ impl Databases {
             Some(pw) => (live, pw),
             None => {
                 let pw = sql::new_password();
-                let mut desired = secret::desired(app, class, &db, &pw, true, ca_pem.as_deref())
-                    .map_err(|e| DatabaseError::Internal(e.to_string()))?;
+                let mut desired = secret::desired(app, class, &db, &pw, true, ca_pem.as_deref());
                 secret::keep_others(&live, &mut desired);
                 desired.metadata.resource_version = live.metadata.resource_version.clone();
                 let replaced = secrets
@@ -155,8 +154,7 @@ impl Databases {
         drop(conn);
 
         // The Secret's content follows the class (host, port, TLS) and its password.
-        let desired = secret::desired(app, class, &db, &password, false, ca_pem.as_deref())
-            .map_err(|e| DatabaseError::Internal(e.to_string()))?;
+        let desired = secret::desired(app, class, &db, &password, false, ca_pem.as_deref());
         // ... and its metadata: our labels, our owner reference through the storage
         // version (re-pointing a Secret an earlier release made), others' entries kept.
         // What the Pods get: from the data as written, so the Deployment rolls only once
@@ -187,7 +185,7 @@ impl Databases {
     /// Returns the Event reason and message describing what happened.
     pub(super) async fn remove(
         &self,
-        app: &AppService,
+        app: &Subject<'_>,
         class_name: &str,
     ) -> DbResult<(&'static str, String)> {
         let (_, uid) = identity(app)?;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use common::names::{DATABASE_CA_PATH, child_labels, database_secret_name};
-use common::{AppService, DatabaseClass, TlsMode};
+use common::{DatabaseClass, TlsMode};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -13,8 +13,8 @@ use sha2::{Digest, Sha256};
 
 use super::sql::{self, database_url};
 use super::{CLASS_ANNOTATION, PASSWORD_PENDING_ANNOTATION};
-use crate::desired::{PodDatabase, is_controlled_by, owner_reference, required};
-use crate::error::Result;
+use crate::desired::{PodDatabase, is_controlled_by, owner_reference};
+use crate::subject::Subject;
 
 pub const DATABASE_URL: &str = "DATABASE_URL";
 pub const PGHOST: &str = "PGHOST";
@@ -43,15 +43,14 @@ pub fn pods_get_ca(class: &DatabaseClass, ca_pem: Option<&str>) -> bool {
 /// The Secret holding the credentials of `db` (role and database have the same name).
 /// `pending` marks a password that may not be the role's yet.
 pub fn desired(
-    app: &AppService,
+    app: &Subject,
     class: &DatabaseClass,
     db: &str,
     password: &str,
     pending: bool,
     ca_pem: Option<&str>,
-) -> Result<Secret> {
-    let name = required(&app.metadata.name, "metadata.name")?;
-    let namespace = required(&app.metadata.namespace, "metadata.namespace")?;
+) -> Secret {
+    let (name, namespace) = (app.name(), app.namespace());
     let class_name = class.metadata.name.clone().unwrap_or_default();
     let host = &class.spec.host;
     let port = class.spec.port;
@@ -85,13 +84,13 @@ pub fn desired(
     if pending {
         annotations.insert(PASSWORD_PENDING_ANNOTATION.to_owned(), "true".to_owned());
     }
-    Ok(Secret {
+    Secret {
         metadata: ObjectMeta {
             name: Some(database_secret_name(name)),
             namespace: Some(namespace.to_owned()),
             labels: Some(child_labels(name)),
             annotations: Some(annotations),
-            owner_references: Some(vec![owner_reference(app)?]),
+            owner_references: Some(vec![owner_reference(app)]),
             ..ObjectMeta::default()
         },
         data: Some(
@@ -101,7 +100,7 @@ pub fn desired(
         ),
         type_: Some("Opaque".to_owned()),
         ..Secret::default()
-    })
+    }
 }
 
 /// What the Pods of the AppService get from `secret` (the Secret as the controller
@@ -280,7 +279,8 @@ pub fn same_data(live: &Secret, desired: &Secret) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use common::AppServiceSpec;
+    use crate::subject::subject;
+    use common::{AppService, AppServiceSpec};
 
     fn app() -> AppService {
         let mut app = AppService::new("checkout", AppServiceSpec::default());
@@ -302,7 +302,7 @@ mod tests {
 
     #[test]
     fn secret_has_every_key_and_is_owned() {
-        let s = desired(&app(), &class(), "appsvc_x", "pw", true, None).unwrap();
+        let s = desired(&subject(&app()), &class(), "appsvc_x", "pw", true, None);
         assert_eq!(s.metadata.name.as_deref(), Some("checkout-database"));
         assert_eq!(s.metadata.namespace.as_deref(), Some("shop"));
         let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
@@ -329,7 +329,7 @@ mod tests {
 
     #[test]
     fn same_data_ignores_foreign_annotations_but_not_pending() {
-        let settled = desired(&app(), &class(), "d", "pw", false, None).unwrap();
+        let settled = desired(&subject(&app()), &class(), "d", "pw", false, None);
         let mut live = settled.clone();
         live.metadata
             .annotations
@@ -337,14 +337,14 @@ mod tests {
             .unwrap()
             .insert("someone/else".into(), "x".into());
         assert!(same_data(&live, &settled));
-        let other_pw = desired(&app(), &class(), "d", "pw2", false, None).unwrap();
+        let other_pw = desired(&subject(&app()), &class(), "d", "pw2", false, None);
         assert!(!same_data(&other_pw, &settled));
     }
 
     #[test]
     fn only_generated_shapes_are_trusted_whatever_the_hash_says() {
         let tenant_made = |pw: &str| {
-            let mut s = desired(&app(), &class(), "appsvc_x", pw, true, None).unwrap();
+            let mut s = desired(&subject(&app()), &class(), "appsvc_x", pw, true, None);
             s.data
                 .as_mut()
                 .unwrap()
@@ -383,7 +383,7 @@ mod tests {
 
     #[test]
     fn the_role_password_is_told_from_an_edited_one() {
-        let settled = desired(&app(), &class(), "appsvc_x", REAL, false, None).unwrap();
+        let settled = desired(&subject(&app()), &class(), "appsvc_x", REAL, false, None);
         assert_eq!(trusted_password(&settled).as_deref(), Some(REAL));
         let edit = |key: &str, value: &str| {
             let mut s = settled.clone();
@@ -427,7 +427,7 @@ mod tests {
 
     #[test]
     fn ours_without_an_owner_reference_but_never_anothers() {
-        let ours = desired(&app(), &class(), "appsvc_x", "pw", false, None).unwrap();
+        let ours = desired(&subject(&app()), &class(), "appsvc_x", "pw", false, None);
         assert!(is_ours(&ours, "u-1", "appsvc_x"));
         assert!(!is_ours(&ours, "u-2", "appsvc_y"));
         let mut orphan = ours.clone();
@@ -444,7 +444,7 @@ mod tests {
 
     #[test]
     fn metadata_drift_is_seen_and_others_metadata_kept() {
-        let want = desired(&app(), &class(), "d", "pw", false, None).unwrap();
+        let want = desired(&subject(&app()), &class(), "d", "pw", false, None);
         assert!(same_metadata(&want, &want));
         let mut old_version = want.clone();
         old_version.metadata.owner_references.as_mut().unwrap()[0].api_version =
@@ -502,14 +502,13 @@ mod tests {
         const PW: &str = "0123456789abcdefghijABCDEFGHIJkl";
         assert!(sql::is_generated_shape(PW));
         let s = desired(
-            &app(),
+            &subject(&app()),
             &class_in("verify-full"),
             "d",
             PW,
             false,
             Some("PEM"),
-        )
-        .unwrap();
+        );
         assert_eq!(
             value(&s, DATABASE_URL).unwrap(),
             format!(
@@ -526,7 +525,14 @@ mod tests {
         // The password is still found in the URL.
         assert_eq!(trusted_password(&s).as_deref(), Some(PW));
         for mode in ["require", "disable"] {
-            let s = desired(&app(), &class_in(mode), "d", PW, false, Some("PEM")).unwrap();
+            let s = desired(
+                &subject(&app()),
+                &class_in(mode),
+                "d",
+                PW,
+                false,
+                Some("PEM"),
+            );
             let url = value(&s, DATABASE_URL).unwrap();
             assert!(!url.contains("sslrootcert"), "{mode}: {url}");
             assert!(url.ends_with(&format!("?sslmode={mode}")), "{url}");
@@ -538,7 +544,14 @@ mod tests {
     #[test]
     fn the_revision_follows_the_password_the_ca_and_the_server_only() {
         let rev = |class: &DatabaseClass, pw: &str, ca: &str, pending: bool| {
-            revision(&desired(&app(), class, "d", pw, pending, Some(ca)).unwrap())
+            revision(&desired(
+                &subject(&app()),
+                class,
+                "d",
+                pw,
+                pending,
+                Some(ca),
+            ))
         };
         let vf = class_in("verify-full");
         let base = rev(&vf, "pw", "CA1", false);
@@ -552,7 +565,15 @@ mod tests {
         assert_ne!(base, rev(&moved, "pw", "CA1", false));
         assert_eq!(base.len(), 32);
         assert_eq!(
-            pod_database(&desired(&app(), &vf, "d", "pw", false, Some("CA1")).unwrap()).revision,
+            pod_database(&desired(
+                &subject(&app()),
+                &vf,
+                "d",
+                "pw",
+                false,
+                Some("CA1")
+            ))
+            .revision,
             base
         );
     }
