@@ -183,6 +183,23 @@ pub const DEFAULT_CLASS_ANNOTATION: &str = "databaseclass.platform.example.com/i
 /// login (or any other Secret of the operator's namespace) nobody offered.
 pub const ADMIN_SECRET_LABEL: &str = "platform.example.com/database-admin";
 
+/// The keys of the `<name>-database` Secret: what the controller writes and what the
+/// Deployment's Pods read (by these names, as libpq and most clients expect them).
+pub mod database_keys {
+    pub const DATABASE_URL: &str = "DATABASE_URL";
+    pub const PGHOST: &str = "PGHOST";
+    pub const PGPORT: &str = "PGPORT";
+    pub const PGDATABASE: &str = "PGDATABASE";
+    pub const PGUSER: &str = "PGUSER";
+    pub const PGPASSWORD: &str = "PGPASSWORD";
+    pub const PGSSLMODE: &str = "PGSSLMODE";
+    /// Where the Pod finds the CA (`verify-full` only): the path the Deployment mounts
+    /// [`CA_CRT`] at.
+    pub const PGSSLROOTCERT: &str = "PGSSLROOTCERT";
+    /// The CA of the server, for clients that verify it (`verify-full`).
+    pub const CA_CRT: &str = "ca.crt";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

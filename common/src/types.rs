@@ -161,6 +161,30 @@ pub(crate) fn replicas_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// A container's `ResourceRequirements` as Kubernetes defines it, with the bounds of
+/// [`LIST_BOUNDS`] on its maps and list: the API server holds them too.
+pub(crate) fn resources_schema(generator: &mut SchemaGenerator) -> Schema {
+    let mut schema =
+        generator.subschema_for::<Option<k8s_openapi::api::core::v1::ResourceRequirements>>();
+    for (field, keyword) in [
+        ("limits", "maxProperties"),
+        ("requests", "maxProperties"),
+        ("claims", "maxItems"),
+    ] {
+        let bound = list_bound(&format!("spec.resources.{field}"));
+        if let (Some(property), Some(bound)) = (
+            schema
+                .get_mut("properties")
+                .and_then(|p| p.get_mut(field))
+                .and_then(|p| p.as_object_mut()),
+            bound,
+        ) {
+            property.insert(keyword.to_owned(), bound.into());
+        }
+    }
+    schema
+}
+
 pub(crate) fn port_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "integer",
@@ -270,6 +294,7 @@ macro_rules! app_service_spec {
 
             /// Compute resources (CPU, memory) requested by and limited for the container.
             #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schemars(schema_with = "crate::types::resources_schema")]
             pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
 
             $(#[doc = $database_doc])*

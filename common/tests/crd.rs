@@ -344,3 +344,35 @@ fn database_class_is_cluster_scoped_with_status_and_columns() {
     undocumented("status", &schema["properties"]["status"], &mut missing);
     assert!(missing.is_empty(), "undocumented: {missing:?}");
 }
+
+/// Every bounded list or map of `common::types::LIST_BOUNDS` carries its bound in the
+/// schema of both versions (`maxItems` for a list, `maxProperties` for a map), so the API
+/// server holds what `validate` and the webhook hold.
+#[test]
+fn every_list_bound_is_in_the_schema_of_both_versions() {
+    for version in ["v1alpha1", "v1beta1"] {
+        let root = schema_of(version);
+        for &(path, max) in common::types::LIST_BOUNDS {
+            let Some(field) = path.strip_prefix("spec.") else {
+                panic!("{path}: LIST_BOUNDS holds spec paths");
+            };
+            if version == "v1alpha1" && field == "ports" {
+                continue; // v1alpha1 has one `port`, no list
+            }
+            let mut node = &root["properties"]["spec"];
+            for part in field.split('.') {
+                node = &node["properties"][part];
+            }
+            let keyword = match node["type"].as_str() {
+                Some("array") => "maxItems",
+                Some("object") => "maxProperties",
+                other => panic!("{version} {path}: a list or a map, not {other:?}"),
+            };
+            assert_eq!(
+                node[keyword].as_u64(),
+                Some(max as u64),
+                "{version} {path}: {keyword}"
+            );
+        }
+    }
+}

@@ -17,8 +17,8 @@
 use common::AppService;
 use common::types::{
     MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_ID, MAX_IMAGE_LEN, MAX_PORT,
-    MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MAX_ROLLOUT_PERCENT, MIN_CANARY_REPLICAS, MIN_ID,
-    MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS,
+    MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MAX_RESOURCE_ENTRIES, MAX_ROLLOUT_PERCENT,
+    MIN_CANARY_REPLICAS, MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS,
 };
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{Value, json};
@@ -60,6 +60,14 @@ fn env(n: usize) -> Value {
             .map(|i| json!({"name": format!("VAR_{i}"), "value": "x"}))
             .collect(),
     )
+}
+
+/// `resources` with `n` extended resources under `which` (`limits` or `requests`).
+fn resources(which: &str, n: usize) -> Value {
+    let entries: serde_json::Map<String, Value> = (0..n)
+        .map(|i| (format!("example.com/device-{i}"), json!("1")))
+        .collect();
+    json!({ which: entries })
 }
 
 /// A DNS subdomain of exactly `len` characters (labels of at most 63).
@@ -196,6 +204,16 @@ fn cases() -> Vec<(&'static str, Value, Verdict)> {
                 "ports",
                 json!([{"name": "a", "port": 80, "protocol": "HTTP"}]),
             ),
+            Neither,
+        ),
+        (
+            "the most resource limits",
+            with("resources", resources("limits", MAX_RESOURCE_ENTRIES)),
+            Both,
+        ),
+        (
+            "one resource request too many",
+            with("resources", resources("requests", MAX_RESOURCE_ENTRIES + 1)),
             Neither,
         ),
         ("the most env vars", with("env", env(MAX_ENV)), Both),

@@ -16,18 +16,7 @@ use super::{CLASS_ANNOTATION, PASSWORD_PENDING_ANNOTATION};
 use crate::desired::{PodDatabase, is_controlled_by, owner_reference};
 use crate::subject::Subject;
 
-pub const DATABASE_URL: &str = "DATABASE_URL";
-pub const PGHOST: &str = "PGHOST";
-pub const PGPORT: &str = "PGPORT";
-pub const PGDATABASE: &str = "PGDATABASE";
-pub const PGUSER: &str = "PGUSER";
-pub const PGPASSWORD: &str = "PGPASSWORD";
-pub const PGSSLMODE: &str = "PGSSLMODE";
-/// Where the Pod finds the CA (`verify-full` only): the path the Deployment mounts
-/// [`CA_CRT`] at.
-pub const PGSSLROOTCERT: &str = "PGSSLROOTCERT";
-/// The CA of the server, for clients that verify it (`verify-full`).
-pub const CA_CRT: &str = "ca.crt";
+pub use common::names::database_keys::*;
 
 pub use common::names::PASSWORD_HASH_ANNOTATION;
 
