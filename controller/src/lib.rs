@@ -263,22 +263,43 @@ pub async fn run_with(
     let background = ctx.external_background().map(tokio::spawn);
 
     follow_leadership_in_the_gauge(ctx.clone(), leading_rx.clone());
-    let mut ops = start_ops_server(&config, ctx.clone(), stop_rx.clone());
+    let ops = start_ops_server(&config, ctx.clone(), stop_rx.clone());
     let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
-    let mut elector = start_election(&config, &client, &identity, leading_tx, elector_stop_rx);
+    let elector = start_election(&config, &client, &identity, leading_tx, elector_stop_rx);
 
-    let mut stop_for_controller = stop_rx.clone();
-    let controller_ctx = ctx.clone();
+    let controller_task = spawn_controller(controller, ctx.clone(), queue, stop_rx.clone());
+    let mut tasks = Tasks {
+        controller: controller_task,
+        background,
+        elector,
+        elector_stop: elector_stop_tx,
+        ops,
+    };
+    let failure = tasks.until_stopped(shutdown).await;
+    tasks.stop(&stop_tx, &config).await;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Runs the controller's reconciles until `stop` turns true (in-flight ones finish).
+fn spawn_controller(
+    controller: Controller<AppService>,
+    ctx: Arc<Context>,
+    queue: Arc<queue::Queue>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
     let gone_ctx = ctx.clone();
-    let mut controller_task = tokio::spawn(
+    tokio::spawn(
         controller
             .graceful_shutdown_on(async move {
-                let _ = stop_for_controller.wait_for(|s| *s).await;
+                let _ = stop.wait_for(|s| *s).await;
             })
             .run(
                 queue::observe_reconcile(reconcile::reconcile),
                 queue::observe_error_policy(reconcile::error_policy),
-                controller_ctx,
+                ctx,
             )
             .for_each(move |result| {
                 // The object went away between event and reconcile: fine, and no longer queued.
@@ -299,57 +320,73 @@ pub async fn run_with(
                     }
                 }
             }),
-    );
+    )
+}
 
-    let shutdown = shutdown.fuse();
-    tokio::pin!(shutdown);
-    let mut failure: Option<RunError> = None;
-    tokio::select! {
-        _ = &mut shutdown => info!("shutting down"),
-        r = async { match elector.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
-            // Returned, not logged here: the caller reports it once.
-            failure = Some(RunError::LeaderElection(r.err()));
-        }
-        r = async { match ops.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
-            let e = match r {
-                Ok(Ok(())) => RunError::OpsStopped,
-                Ok(Err(e)) => RunError::Ops(e),
-                Err(e) => RunError::OpsTask(e),
-            };
-            failure = Some(e);
-            ops = None;
-        }
-        r = &mut controller_task => {
-            failure = Some(RunError::Stopped(r.err()));
+/// The tasks of a running controller.
+struct Tasks {
+    controller: tokio::task::JoinHandle<()>,
+    /// The external step's periodic work (the orphan scan).
+    background: Option<tokio::task::JoinHandle<()>>,
+    elector: Option<tokio::task::JoinHandle<()>>,
+    elector_stop: watch::Sender<bool>,
+    ops: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Tasks {
+    /// Until `shutdown` completes (`None`) or a task stops that must not (its error).
+    async fn until_stopped(
+        &mut self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Option<RunError> {
+        let shutdown = shutdown.fuse();
+        tokio::pin!(shutdown);
+        tokio::select! {
+            _ = &mut shutdown => {
+                info!("shutting down");
+                None
+            }
+            r = async { match self.elector.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
+                // Returned, not logged here: the caller reports it once.
+                Some(RunError::LeaderElection(r.err()))
+            }
+            r = async { match self.ops.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
+                self.ops = None;
+                Some(match r {
+                    Ok(Ok(())) => RunError::OpsStopped,
+                    Ok(Err(e)) => RunError::Ops(e),
+                    Err(e) => RunError::OpsTask(e),
+                })
+            }
+            r = &mut self.controller => Some(RunError::Stopped(r.err())),
         }
     }
 
-    // Stop reconciling first (in-flight reconciles get the grace period), then release
-    // the lease, so the next leader never overlaps with us.
-    let _ = stop_tx.send(true);
-    if !controller_task.is_finished()
-        && tokio::time::timeout(config.shutdown_grace, &mut controller_task)
-            .await
-            .is_err()
-    {
-        warn!("in-flight reconciles did not finish within the grace period; aborting them");
-        controller_task.abort();
-    }
-    if let Some(handle) = background {
-        handle.abort();
-    }
-    let _ = elector_stop_tx.send(true);
-    if let Some(handle) = elector
-        && !handle.is_finished()
-    {
-        let _ = tokio::time::timeout(config.renew_deadline, handle).await;
-    }
-    if let Some(handle) = ops {
-        let _ = handle.await;
-    }
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
+    /// Stops reconciling first (in-flight reconciles get the grace period), then the
+    /// background work, then releases the lease, so the next leader never overlaps with
+    /// us; the ops server last.
+    async fn stop(mut self, stop: &watch::Sender<bool>, config: &Config) {
+        let _ = stop.send(true);
+        if !self.controller.is_finished()
+            && tokio::time::timeout(config.shutdown_grace, &mut self.controller)
+                .await
+                .is_err()
+        {
+            warn!("in-flight reconciles did not finish within the grace period; aborting them");
+            self.controller.abort();
+        }
+        if let Some(handle) = self.background {
+            handle.abort();
+        }
+        let _ = self.elector_stop.send(true);
+        if let Some(handle) = self.elector
+            && !handle.is_finished()
+        {
+            let _ = tokio::time::timeout(config.renew_deadline, handle).await;
+        }
+        if let Some(handle) = self.ops {
+            let _ = handle.await;
+        }
     }
 }
 
