@@ -93,6 +93,15 @@ pub async fn converge<K: Child>(
     let api: Api<K::View> = Api::namespaced(ctx.client().clone(), &namespace);
 
     let Some(live) = live else {
+        // With sharding a create carries this shard's label (not in the hash: the label
+        // moves with the AppService, the hash only with its spec).
+        if let Some((label, shard)) = crate::shard::child_label(ctx.config()) {
+            desired
+                .meta_mut()
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(label, shard);
+        }
         let created = Api::<K>::namespaced(ctx.client().clone(), &namespace)
             .create(
                 &PostParams {
