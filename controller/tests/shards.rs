@@ -188,6 +188,16 @@ struct Write {
 
 /// The successful writes of shards and of the sharder, in the order the API server
 /// completed them (the audit log's order in blocking mode).
+/// Waits until the writer has made `more` edits beyond `now`: each phase runs under load.
+async fn under_load(edits: &AtomicU64, more: u64) -> anyhow::Result<()> {
+    let target = edits.load(Ordering::Relaxed) + more;
+    eventually("the writer's edits", Duration::from_secs(60), || async {
+        Ok::<_, harness::poll::Failure>((edits.load(Ordering::Relaxed) >= target).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
 fn writes(events: &[serde_json::Value]) -> Vec<Write> {
     events
         .iter()
@@ -378,6 +388,7 @@ async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() ->
         4000,
     );
 
+    under_load(&edits, 20).await?;
     let s1 = w.spawn("shard-1")?;
     let t = Instant::now();
     let two = w
@@ -395,6 +406,7 @@ async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() ->
         owned_by(&two)
     );
 
+    under_load(&edits, 20).await?;
     let s2 = w.spawn("shard-2")?;
     let t = Instant::now();
     let three = w
@@ -412,6 +424,7 @@ async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() ->
         owned_by(&three)
     );
 
+    under_load(&edits, 20).await?;
     // 3→2: a shard that is not the sharder stops (SIGTERM: it releases its Lease).
     let lead = leader(&w.leases).await?;
     let (gone, mut stays) = {
@@ -442,6 +455,7 @@ async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() ->
         owned_by(&back)
     );
 
+    under_load(&edits, 20).await?;
     stop.store(true, Ordering::Relaxed);
     editing.await?;
     eventually("every status current", Duration::from_secs(120), || async {
