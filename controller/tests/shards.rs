@@ -647,6 +647,10 @@ async fn a_killed_shard_is_taken_over_and_a_frozen_one_writes_nothing_after_it_r
         "{}",
         shards[frozen_i].log_tail()
     );
+    eprintln!(
+        "SIGCONT: {} writes the fence refused after resuming",
+        log.matches("shard fence closed").count()
+    );
     eventually("every status current", Duration::from_secs(60), || async {
         statuses_current(&w.apps)
             .await
