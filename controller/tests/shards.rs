@@ -480,6 +480,22 @@ async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() ->
         "3→2 moves exactly the leaving shard's objects"
     );
 
+    // The moves were announced on the AppServices.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(w.cp.client(), &w.ns);
+    let assigned = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ShardAssigned"))
+        .count();
+    eprintln!("ShardAssigned Events: {assigned}");
+    // One per AppService at least (a repeated move of one adds to its series).
+    assert!(
+        assigned >= N,
+        "{assigned} ShardAssigned Events for {N} AppServices"
+    );
+
     // The oracle, on what the API server recorded.
     let events = w.cp.audit_events()?;
     let recorded = writes(&events);
@@ -529,35 +545,14 @@ async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() ->
     Ok(())
 }
 
-/// Percentile `p` (0..=100) of `xs`, sorted in place.
-fn percentile(xs: &mut [Duration], p: usize) -> Duration {
-    xs.sort();
-    xs[(xs.len() - 1) * p / 100]
-}
-
-#[tokio::test]
-async fn a_killed_shard_is_taken_over_and_a_frozen_one_writes_nothing_after_it_resumes()
--> anyhow::Result<()> {
-    let w = world().await?;
-    const N: usize = 36;
-    let names: Vec<String> = (0..N).map(|i| format!("app-{i:02}")).collect();
-    let mut shards = vec![
-        w.spawn("shard-a")?,
-        w.spawn("shard-b")?,
-        w.spawn("shard-c")?,
-    ];
-    for name in &names {
-        create(&w.apps, &app(name, "nginx:1.27", 1)).await?;
-    }
-    let ids = ["shard-a", "shard-b", "shard-c"];
-    let refs: Vec<&Shard> = shards.iter().collect();
-    let before = w.settle(&ids, N, Duration::from_secs(120), &refs).await?;
-    let lead = leader(&w.leases).await?.context("no leader")?;
-
-    // SIGKILL a shard that is not the sharder: no release; its objects move once its
-    // Lease has expired on the sharder's clock.
-    let victim_i = shards.iter().position(|s| s.identity != lead).unwrap();
-    let victim = shards.remove(victim_i);
+/// SIGKILLs `victim` (no release) and measures, per AppService it owned in `before`, how
+/// long until another shard owns it: (p50, max, how many).
+async fn kill_and_measure(
+    w: &World,
+    victim: Shard,
+    before: &BTreeMap<String, String>,
+    shards: &[Shard],
+) -> anyhow::Result<(Duration, Duration, usize)> {
     let victim_id = victim.identity.clone();
     let victims: Vec<String> = before
         .iter()
@@ -592,11 +587,41 @@ async fn a_killed_shard_is_taken_over_and_a_frozen_one_writes_nothing_after_it_r
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let mut g: Vec<Duration> = gaps.values().copied().collect();
-    let (p50, max) = (percentile(&mut g, 50), percentile(&mut g, 100));
-    eprintln!(
-        "SIGKILL {victim_id}: {} objects taken over, gap p50 {p50:?} max {max:?}",
-        victims.len()
-    );
+    Ok((percentile(&mut g, 50), percentile(&mut g, 100), g.len()))
+}
+
+/// Percentile `p` (0..=100) of `xs`, sorted in place.
+fn percentile(xs: &mut [Duration], p: usize) -> Duration {
+    xs.sort();
+    xs[(xs.len() - 1) * p / 100]
+}
+
+#[tokio::test]
+async fn a_killed_shard_is_taken_over_and_a_frozen_one_writes_nothing_after_it_resumes()
+-> anyhow::Result<()> {
+    let w = world().await?;
+    const N: usize = 36;
+    let names: Vec<String> = (0..N).map(|i| format!("app-{i:02}")).collect();
+    let mut shards = vec![
+        w.spawn("shard-a")?,
+        w.spawn("shard-b")?,
+        w.spawn("shard-c")?,
+    ];
+    for name in &names {
+        create(&w.apps, &app(name, "nginx:1.27", 1)).await?;
+    }
+    let ids = ["shard-a", "shard-b", "shard-c"];
+    let refs: Vec<&Shard> = shards.iter().collect();
+    let before = w.settle(&ids, N, Duration::from_secs(120), &refs).await?;
+    let lead = leader(&w.leases).await?.context("no leader")?;
+
+    // SIGKILL a shard that is not the sharder: no release; its objects move once its
+    // Lease has expired on the sharder's clock.
+    let victim_i = shards.iter().position(|s| s.identity != lead).unwrap();
+    let victim = shards.remove(victim_i);
+    let victim_id = victim.identity.clone();
+    let (p50, max, taken) = kill_and_measure(&w, victim, &before, &shards).await?;
+    eprintln!("SIGKILL {victim_id}: {taken} objects taken over, gap p50 {p50:?} max {max:?}");
     assert!(max <= LEASE * 2, "taken over within 2× the lease: {max:?}");
     assert!(
         max >= LEASE - Duration::from_secs(2),
@@ -685,6 +710,62 @@ async fn a_killed_shard_is_taken_over_and_a_frozen_one_writes_nothing_after_it_r
         "the frozen shard wrote after it resumed: {after_freeze:?}"
     );
     let bad = interleavings(&writes(&events));
+    assert!(
+        bad.is_empty(),
+        "objects written by two shards at once: {bad:?}"
+    );
+    for s in &mut shards {
+        let _ = s.signal("TERM");
+        let _ = tokio::time::timeout(Duration::from_secs(40), s.child.wait()).await;
+    }
+    Ok(())
+}
+
+/// The shard that runs the sharder (the leader) is SIGKILLed: another replica must win
+/// the leader Lease (after it expires) and then see the dead member's Lease expire on its
+/// own clock, so its objects move within about twice the lease duration.
+#[tokio::test]
+async fn a_killed_sharder_is_replaced_and_its_objects_taken_over() -> anyhow::Result<()> {
+    let w = world().await?;
+    const N: usize = 30;
+    let mut shards = vec![
+        w.spawn("shard-a")?,
+        w.spawn("shard-b")?,
+        w.spawn("shard-c")?,
+    ];
+    for i in 0..N {
+        create(&w.apps, &app(&format!("app-{i:02}"), "nginx:1.27", 1)).await?;
+    }
+    let ids = ["shard-a", "shard-b", "shard-c"];
+    let refs: Vec<&Shard> = shards.iter().collect();
+    let before = w.settle(&ids, N, Duration::from_secs(120), &refs).await?;
+    let lead = leader(&w.leases).await?.context("no leader")?;
+    let i = shards.iter().position(|s| s.identity == lead).unwrap();
+    let victim = shards.remove(i);
+    let (p50, max, taken) = kill_and_measure(&w, victim, &before, &shards).await?;
+    eprintln!(
+        "SIGKILL of the sharder {lead}: {taken} objects taken over, gap p50 {p50:?} max {max:?}"
+    );
+    assert!(
+        max <= LEASE * 2 + Duration::from_secs(5),
+        "taken over within about 2× the lease: {max:?}"
+    );
+    let live: Vec<&str> = shards.iter().map(|s| s.identity.as_str()).collect();
+    let refs: Vec<&Shard> = shards.iter().collect();
+    w.settle(&live, N, Duration::from_secs(60), &refs).await?;
+    let new_leader = leader(&w.leases).await?;
+    assert!(
+        new_leader.as_deref().is_some_and(|l| live.contains(&l)),
+        "{new_leader:?}"
+    );
+    eventually("every status current", Duration::from_secs(60), || async {
+        statuses_current(&w.apps)
+            .await
+            .map(|done| done.then_some(()))
+            .map_err(failure)
+    })
+    .await?;
+    let bad = interleavings(&writes(&w.cp.audit_events()?));
     assert!(
         bad.is_empty(),
         "objects written by two shards at once: {bad:?}"

@@ -52,6 +52,9 @@ pub const SHARDER_FIELD_MANAGER: &str = "appservice-sharder";
 /// Writes the sharder has under way at once.
 const CONCURRENCY: usize = 16;
 
+/// A member Lease unchanged for this many of its lease durations is deleted.
+const STALE_AFTER: u32 = 20;
+
 /// What the sharder remembers of a member Lease's record, as leader.rs does of the
 /// leader Lease: when it was last seen to change, on this clock.
 #[derive(Debug)]
@@ -97,6 +100,28 @@ impl Liveness {
         }
         self.seen.retain(|name, _| present.contains(name));
         live
+    }
+
+    /// The Leases among `leases` whose record has not changed for [`STALE_AFTER`] lease
+    /// durations (at least a minute) at `now`: members long gone (Pods get new names), to
+    /// be deleted so the ring's Lease list does not grow with every rollout.
+    pub fn stale<'a>(&self, leases: &'a [Arc<Lease>], now: Instant) -> Vec<&'a Lease> {
+        leases
+            .iter()
+            .filter(|lease| {
+                let secs = lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.lease_duration_seconds)
+                    .unwrap_or(0);
+                let after = (Duration::from_secs(u64::try_from(secs).unwrap_or(0)) * STALE_AFTER)
+                    .max(Duration::from_secs(60));
+                self.seen
+                    .get(&lease.name_any())
+                    .is_some_and(|s| now.saturating_duration_since(s.since) >= after)
+            })
+            .map(|l| &**l)
+            .collect()
     }
 }
 
@@ -371,8 +396,12 @@ async fn pass(
     let ring_name = config.shard_ring.as_str();
     let owner_label = shard_label(ring_name);
     let drain = drain_label(ring_name);
-    let live = liveness.live(&caches.leases.state(), Instant::now());
+    let leases = caches.leases.state();
+    let live = liveness.live(&leases, Instant::now());
     let ring = Ring::new(live);
+    for lease in liveness.stale(&leases, Instant::now()) {
+        delete_lease(ctx, lease).await;
+    }
     ctx.metrics().shard().set_members(ring.len());
 
     // Children by their controller's uid.
@@ -558,6 +587,25 @@ where
     }
 }
 
+/// Deletes a member Lease long unchanged, on the condition that it still is the record
+/// the sharder saw (a member that came back meanwhile keeps its Lease).
+async fn delete_lease(ctx: &Context, lease: &Lease) {
+    let api: Api<Lease> = Api::namespaced(ctx.client().clone(), &ctx.config().lease_namespace);
+    let params = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: lease.metadata.uid.clone(),
+            resource_version: lease.metadata.resource_version.clone(),
+        }),
+        ..kube::api::DeleteParams::default()
+    };
+    match api.delete(&lease.name_any(), &params).await {
+        Ok(_) => info!(lease = %lease.name_any(), "deleted the Lease of a member long gone"),
+        Err(e) => {
+            debug!(lease = %lease.name_any(), error = %e, "could not delete a stale member Lease")
+        }
+    }
+}
+
 /// Labels each child with its new owner, with the resourceVersion the sharder read.
 async fn relabel_children(
     ctx: &Context,
@@ -634,6 +682,19 @@ mod tests {
         );
         let released = vec![lease(None, "3", 1)];
         assert!(l.live(&released, t0 + Duration::from_secs(17)).is_empty());
+    }
+
+    #[test]
+    fn a_lease_unchanged_for_twenty_durations_is_stale() {
+        let mut l = Liveness::default();
+        let t0 = Instant::now();
+        let gone = vec![lease(Some("a"), "1", 15)];
+        l.live(&gone, t0);
+        assert!(l.stale(&gone, t0 + Duration::from_secs(299)).is_empty());
+        assert_eq!(l.stale(&gone, t0 + Duration::from_secs(300)).len(), 1);
+        let renewed = vec![lease(Some("a"), "2", 15)];
+        l.live(&renewed, t0 + Duration::from_secs(300));
+        assert!(l.stale(&renewed, t0 + Duration::from_secs(301)).is_empty());
     }
 
     #[test]
