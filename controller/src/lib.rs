@@ -148,6 +148,11 @@ pub async fn run_with(
     if config.sharding && !shard::is_label_value(&identity) {
         return Err(RunError::ShardIdentity(identity));
     }
+    if config.sharding && !config.leader_election {
+        warn!(
+            "--sharding without --leader-election: this replica runs the sharder whatever the others do; run one replica only"
+        );
+    }
     let (leading_tx, leading_rx) = watch::channel(!config.leader_election);
     let (stop_tx, stop_rx) = watch::channel(false);
     // Without sharding, reconciles follow leadership; with it, this shard's membership.

@@ -776,3 +776,94 @@ async fn a_killed_sharder_is_replaced_and_its_objects_taken_over() -> anyhow::Re
     }
     Ok(())
 }
+
+/// The fence in the client path, against the real API server: open after a renewal, a
+/// write goes out; past the renew deadline (10 s, the shipped default) counted from the
+/// renewal's send, the write is refused without being sent, as the audit log shows.
+#[tokio::test]
+async fn the_fence_refuses_a_write_without_sending_it() -> anyhow::Result<()> {
+    let w = world().await?;
+    create(&w.apps, &app("fenced", "nginx:1.27", 1)).await?;
+    let deadline = Duration::from_secs(10);
+    let fence = controller::shard::Fence::default();
+    let mut config = w.cp.admin_config();
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(&controller::client::shard_user_agent(
+            "appservice-controller",
+            "fenced-shard",
+        ))?,
+    ));
+    let client = controller::shard::fenced(kube::Client::try_from(config)?, fence.clone());
+    let apps: Api<AppService> = Api::namespaced(client, &w.ns);
+    let patch = |v: &str| serde_json::json!({"metadata": {"annotations": {"fence": v}}});
+    let params = PatchParams::default();
+
+    // Not a member yet: refused.
+    let refused = apps
+        .patch("fenced", &params, &Patch::Merge(&patch("0")))
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    // Renewed just now: the write goes out; reads are never fenced.
+    let now = tokio::time::Instant::now();
+    fence.renewed(now, deadline, now);
+    apps.patch("fenced", &params, &Patch::Merge(&patch("1")))
+        .await?;
+    // A shard whose last renewal was sent 11 s ago (frozen since): shut, for good.
+    let lapsed = controller::shard::Fence::default();
+    let stale = now
+        .checked_sub(Duration::from_secs(11))
+        .context("clock too young")?;
+    lapsed.renewed(stale, deadline, stale);
+    let mut config = w.cp.admin_config();
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(&controller::client::shard_user_agent(
+            "appservice-controller",
+            "lapsed-shard",
+        ))?,
+    ));
+    let lapsed_apps: Api<AppService> = Api::namespaced(
+        controller::shard::fenced(kube::Client::try_from(config)?, lapsed.clone()),
+        &w.ns,
+    );
+    assert!(lapsed_apps.get("fenced").await.is_ok(), "reads pass");
+    let refused = lapsed_apps
+        .patch("fenced", &params, &Patch::Merge(&patch("2")))
+        .await;
+    let message = match &refused {
+        Err(kube::Error::Service(e)) => e.to_string(),
+        other => format!("{other:?}"),
+    };
+    assert!(message.contains("shard fence closed"), "{message}");
+    // A renewal that succeeds after the lapse does not reopen it.
+    let later = tokio::time::Instant::now();
+    lapsed.renewed(later, deadline, later);
+    assert!(
+        lapsed_apps
+            .patch("fenced", &params, &Patch::Merge(&patch("3")))
+            .await
+            .is_err()
+    );
+
+    let live = w.apps.get("fenced").await?;
+    assert_eq!(
+        live.annotations().get("fence").map(String::as_str),
+        Some("1"),
+        "only the write made while the fence was open landed"
+    );
+    let sent_by_lapsed =
+        w.cp.audit_events()?
+            .iter()
+            .filter(|e| {
+                e["userAgent"]
+                    .as_str()
+                    .is_some_and(|ua| ua.ends_with("shard/lapsed-shard"))
+            })
+            .count();
+    assert_eq!(
+        sent_by_lapsed, 0,
+        "a fenced write never reaches the API server"
+    );
+    Ok(())
+}
