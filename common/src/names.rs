@@ -13,6 +13,30 @@ pub const FIELD_MANAGER: &str = "appservice-controller";
 /// Name of the coordination.k8s.io Lease the controller replicas elect a leader on.
 pub const LEASE_NAME: &str = "appservice-controller";
 
+/// The ring of shards when `--shard-ring` is not given (`--sharding`).
+pub const DEFAULT_SHARD_RING: &str = "appservice-operator";
+/// Label on each member Lease of a ring: `platform.example.com/shard-ring: <ring>`.
+pub const LABEL_SHARD_RING: &str = "platform.example.com/shard-ring";
+/// Prefix of the owner label `shard.platform.example.com/<ring>: <identity>`.
+pub const SHARD_LABEL_PREFIX: &str = "shard.platform.example.com/";
+/// Prefix of the drain label `drain.shard.platform.example.com/<ring>: "true"`.
+pub const DRAIN_LABEL_PREFIX: &str = "drain.shard.platform.example.com/";
+
+/// The label saying which shard of `ring` owns an AppService and its children.
+pub fn shard_label(ring: &str) -> String {
+    format!("{SHARD_LABEL_PREFIX}{ring}")
+}
+
+/// The label the sharder puts on an AppService whose owner in `ring` must let it go.
+pub fn drain_label(ring: &str) -> String {
+    format!("{DRAIN_LABEL_PREFIX}{ring}")
+}
+
+/// The membership Lease of shard `identity` in `ring`.
+pub fn shard_lease_name(ring: &str, identity: &str) -> String {
+    format!("{ring}-shard-{identity}")
+}
+
 /// `app.kubernetes.io/name`: the application's name.
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 /// `app.kubernetes.io/instance`: the AppService a child belongs to.

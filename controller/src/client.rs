@@ -70,7 +70,34 @@ pub fn build_client_with_metrics(
     limit: RateLimit,
     metrics: ApiMetrics,
 ) -> Result<kube::Client, kube::Error> {
-    let builder = ClientBuilder::try_from(with_user_agent(config, "appservice-controller"))?;
+    build_client_as(config, limit, metrics, None)
+}
+
+/// The User-Agent of a shard: [`user_agent`] followed by `shard/<identity>`, so the API
+/// server's audit log tells which shard made each request.
+pub fn shard_user_agent(binary: &str, identity: &str) -> String {
+    format!("{} shard/{identity}", user_agent(binary))
+}
+
+/// Like [`build_client_with_metrics`]; with `shard` (`--sharding`), the User-Agent names
+/// the shard's identity too ([`shard_user_agent`]).
+pub fn build_client_as(
+    config: kube::Config,
+    limit: RateLimit,
+    metrics: ApiMetrics,
+    shard: Option<&str>,
+) -> Result<kube::Client, kube::Error> {
+    let mut config = with_user_agent(config, "appservice-controller");
+    if let Some(identity) = shard
+        && let Ok(value) =
+            http::HeaderValue::from_str(&shard_user_agent("appservice-controller", identity))
+    {
+        config
+            .headers
+            .retain(|(name, _)| name != http::header::USER_AGENT);
+        config.headers.push((http::header::USER_AGENT, value));
+    }
+    let builder = ClientBuilder::try_from(config)?;
     let pause = RetryAfter::default();
     Ok(builder
         .with_layer(&RateLimitLayer::new(limit).pausing_on(pause.clone()))

@@ -63,6 +63,19 @@ pub struct Config {
     #[arg(long, env = "LEASE_RETRY_PERIOD", value_parser = parse_duration, default_value = "2s")]
     pub retry_period: Duration,
 
+    /// Divide the AppServices among the replicas: each holds a membership Lease
+    /// (`<ring>-shard-<identity>`), owns the AppServices a rendezvous hash assigns it
+    /// (label `shard.platform.example.com/<ring>`), and watches only those; the
+    /// leader of the ring's Lease also runs the sharder that labels them. Off: one leader
+    /// reconciles everything, as without the flag.
+    #[arg(long, env = "SHARDING", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub sharding: bool,
+
+    /// The ring of shards (with `--sharding`): the name in the labels and Leases, so two
+    /// controller releases can shard side by side.
+    #[arg(long, env = "SHARD_RING", default_value = common::names::DEFAULT_SHARD_RING)]
+    pub shard_ring: String,
+
     /// Re-check an object that is still rolling out after this long (watch events on the
     /// Deployment usually come first).
     #[arg(long, env = "ROLLOUT_REQUEUE", value_parser = parse_duration, default_value = "10s")]
@@ -104,6 +117,8 @@ impl Config {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            sharding: false,
+            shard_ring: common::names::DEFAULT_SHARD_RING.to_owned(),
             rollout_requeue: Duration::from_secs(10),
             resync_interval: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(20),

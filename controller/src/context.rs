@@ -73,8 +73,12 @@ pub struct Context {
     /// External resources behind the finalizer.
     external: Arc<dyn External>,
     caches: Caches,
-    /// True while this replica may reconcile.
+    /// True while this replica may reconcile: it leads, or (with sharding) it is a live
+    /// member of the ring.
     leading: watch::Receiver<bool>,
+    /// True while this replica holds the leader Lease (the same flag without sharding):
+    /// what runs once per cluster (the orphan scan, the sharder) follows it.
+    leader: watch::Receiver<bool>,
     backoff_policy: BackoffPolicy,
     /// Consecutive failures per object; cleared by a successful reconcile.
     failures: Mutex<HashMap<ObjectRef<AppService>, u32>>,
@@ -162,6 +166,7 @@ impl Context {
             metrics: hooks.metrics,
             external: hooks.external,
             caches,
+            leader: leading.clone(),
             leading,
             backoff_policy: BackoffPolicy::default(),
             failures: Mutex::default(),
@@ -197,7 +202,14 @@ impl Context {
 
     /// The external step's periodic work, if it has any (see [`External::background`]).
     pub fn external_background(&self) -> Option<futures::future::BoxFuture<'static, ()>> {
-        self.external.clone().background(self.leading.clone())
+        self.external.clone().background(self.leader.clone())
+    }
+
+    /// With sharding, the leader Lease's flag, apart from the membership that gates
+    /// reconciles.
+    pub fn with_ring_leader(mut self, leader: watch::Receiver<bool>) -> Self {
+        self.leader = leader;
+        self
     }
 
     pub fn caches(&self) -> &Caches {

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::error::is_not_found;
+use crate::shard::Fence;
 
 #[derive(Clone, Debug)]
 pub struct ElectionConfig {
@@ -56,6 +57,10 @@ pub struct Elector {
     api: Api<Lease>,
     config: ElectionConfig,
     observed: Option<Observed>,
+    /// Opened by each successful renewal (a shard's membership Lease, `crate::shard`).
+    fence: Option<Fence>,
+    /// Labels of a Lease this candidate creates.
+    labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl Elector {
@@ -64,7 +69,22 @@ impl Elector {
             api,
             config,
             observed: None,
+            fence: None,
+            labels: None,
         }
+    }
+
+    /// Each successful acquire or renew opens `fence` until the renew deadline, counted
+    /// from when that request was sent.
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// The Lease, when this candidate creates it, carries `labels`.
+    pub fn with_labels(mut self, labels: std::collections::BTreeMap<String, String>) -> Self {
+        self.labels = Some(labels);
+        self
     }
 
     /// Runs the election until `shutdown` turns true, publishing leadership on `leading`.
@@ -83,10 +103,14 @@ impl Elector {
                 (true, Some(t)) => self.config.renew_deadline.saturating_sub(t.elapsed()),
                 _ => self.config.renew_deadline,
             };
+            let sent = Instant::now();
             let attempt = tokio::time::timeout(budget, self.try_acquire_or_renew()).await;
             match attempt {
                 Ok(Ok(Attempt::Leading)) => {
                     last_renew = Some(Instant::now());
+                    if let Some(fence) = &self.fence {
+                        fence.renewed(sent, self.config.renew_deadline, Instant::now());
+                    }
                     if !is_leader {
                         info!(identity = %id, lease = %self.config.lease_name, "acquired leadership");
                         leading.send_replace(true);
@@ -138,6 +162,7 @@ impl Elector {
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(self.config.lease_name.clone()),
+                        labels: self.labels.clone(),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {

@@ -20,6 +20,7 @@
 //! | [`database`] | PostgreSQL databases of AppServices (the [`external::External`] in use) |
 //! | [`error`](mod@error) | the error type, its retry classification, backoff |
 //! | [`leader`] | Lease leader election |
+//! | [`shard`] | sharding (`--sharding`): the ring, membership Leases, the fence, the sharder |
 //! | [`metrics`], [`ops`] | Prometheus metrics, `/healthz` `/readyz` `/metrics` |
 //! | [`queue`] | the work queue's metrics, observed around kube-runtime's scheduler |
 //! | [`client`] | the rate-limited client |
@@ -45,6 +46,7 @@ mod owners;
 pub mod queue;
 pub mod reconcile;
 pub mod report;
+pub mod shard;
 pub mod status;
 pub mod subject;
 pub mod view;
@@ -96,6 +98,14 @@ pub enum RunError {
     OpsTask(tokio::task::JoinError),
     #[error("controller stopped unexpectedly{}", panicked(.0))]
     Stopped(Option<tokio::task::JoinError>),
+    #[error(
+        "shard identity {0:?} is not a label value (at most 63 letters, digits, '-', '_', '.')"
+    )]
+    ShardIdentity(String),
+    #[error(
+        "this shard's membership Lease lapsed (not renewed within the renew deadline); restart to rejoin the ring"
+    )]
+    ShardLapsed,
 }
 
 /// `": <why>"` for a task that panicked or was cancelled; nothing for one that returned.
@@ -109,6 +119,9 @@ pub struct Hooks {
     pub clock: Box<dyn Clock>,
     pub metrics: Arc<metrics::Metrics>,
     pub external: Arc<dyn external::External>,
+    /// With sharding: the fence every write passes (`shard::fence`); give the same one to
+    /// any other client that writes for this controller (the databases' Secrets).
+    pub fence: shard::Fence,
 }
 
 impl Default for Hooks {
@@ -117,6 +130,7 @@ impl Default for Hooks {
             clock: Box::new(SystemClock),
             metrics: Arc::new(metrics::Metrics::default()),
             external: Arc::new(external::NoExternal),
+            fence: shard::Fence::default(),
         }
     }
 }
@@ -128,14 +142,46 @@ pub async fn run_with(
     hooks: Hooks,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    let mut config = config;
     let identity = config.identity();
+    // With sharding the identity is a label value and the same for the whole run.
+    config.identity = Some(identity.clone());
+    if config.sharding && !shard::is_label_value(&identity) {
+        return Err(RunError::ShardIdentity(identity));
+    }
+    if config.sharding && !config.leader_election {
+        warn!(
+            "--sharding without --leader-election: this replica runs the sharder whatever the others do; run one replica only"
+        );
+    }
     let (leading_tx, leading_rx) = watch::channel(!config.leader_election);
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Without sharding, reconciles follow leadership; with it, this shard's membership.
+    let (member_tx, member_rx) = watch::channel(false);
+    let gate_rx = if config.sharding {
+        member_rx.clone()
+    } else {
+        leading_rx.clone()
+    };
+    // With sharding every write but a Lease's passes the fence (the Leases' own client
+    // stays unfenced: they keep the fence open).
+    let lease_client = client.clone();
+    let client = if config.sharding {
+        shard::fenced(client, hooks.fence.clone())
+    } else {
+        client
+    };
+    let shard_selector = shard::selector(&config);
+    let selected = |labels: String| match &shard_selector {
+        Some(shard) => format!("{labels},{shard}"),
+        None => labels,
+    };
 
     // Caches of our children (only objects with our managed-by label), as views: only
     // what reconcile reads. Touched, not applied: a deleted child must wake its owner.
+    // With sharding, only this shard's.
     let child_config = watcher::Config::default()
-        .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
+        .labels(&selected(format!("{LABEL_MANAGED_BY}={MANAGED_BY}")))
         .any_semantic();
     let synced = Arc::new(CacheSync::default());
     let watch = Watch::new(&client, &config, &synced);
@@ -143,11 +189,14 @@ pub async fn run_with(
         watch.cached::<view::DeploymentView, _>(child_config.clone(), |_| {}, |s| &s.deployments);
     let (services, service_stream) =
         watch.cached::<view::ServiceView, _>(child_config.clone(), |_| {}, |s| &s.services);
-    let (apps, app_stream) = watch.cached::<AppService, _>(
-        watcher::Config::default().any_semantic(),
-        view::slim_app,
-        |s| &s.appservices,
-    );
+    let app_config = match &shard_selector {
+        Some(shard) => watcher::Config::default().labels(shard),
+        None => watcher::Config::default(),
+    };
+    let (apps, app_stream) =
+        watch.cached::<AppService, _>(app_config.any_semantic(), view::slim_app, |s| {
+            &s.appservices
+        });
     let (deployment_stream, service_stream, app_stream) = (
         deployment_stream.touched_objects(),
         service_stream.touched_objects(),
@@ -155,7 +204,7 @@ pub async fn run_with(
     );
 
     // Deployments and Services without our label, metadata only, and of those only the
-    // names: one named like an AppService is either a foreign object blocking it (its
+    // names (cluster-wide even with sharding: names are small): one named like an AppService is either a foreign object blocking it (its
     // deletion frees the name) or our own child whose label someone removed. Either way,
     // look again. Knowing every taken name also lets reconcile skip asking the API server
     // about a name nobody holds.
@@ -192,21 +241,25 @@ pub async fn run_with(
         controller: common::names::FIELD_MANAGER.to_owned(),
         instance: Some(identity.clone()),
     };
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        config.clone(),
-        Recorder::new(client.clone(), reporter),
-        hooks,
-        context::Caches {
-            deployments: deployments.clone(),
-            services: services.clone(),
-            other_deployments,
-            other_services,
-            synced,
-        },
-        leading_rx.clone(),
-    ));
-    ctx.metrics().set_leader(ctx.is_leader());
+    let fence = hooks.fence.clone();
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            config.clone(),
+            Recorder::new(client.clone(), reporter),
+            hooks,
+            context::Caches {
+                deployments: deployments.clone(),
+                services: services.clone(),
+                other_deployments,
+                other_services,
+                synced,
+            },
+            gate_rx.clone(),
+        )
+        .with_ring_leader(leading_rx.clone()),
+    );
+    ctx.metrics().set_leader(*leading_rx.borrow());
 
     // Each event of a child, or of an object named like one, wakes the AppService it
     // belongs to (`owners::owner_of`: by group, kind and uid, whatever version the owner
@@ -222,6 +275,7 @@ pub async fn run_with(
     let (other_deployment_owner, other_service_owner, other_secret_owner) =
         (wakes(&apps), wakes(&apps), wakes(&apps));
     let apps_for_queue = apps.clone();
+    let apps_for_shard = apps.clone();
 
     let controller = Controller::for_stream(app_stream, apps)
         .with_config(controller::Config::default().concurrency(config.concurrency))
@@ -252,9 +306,9 @@ pub async fn run_with(
             other_secret_owner(s.metadata)
         })
         // On gaining the lease, look at everything again: the previous leader may have died
-        // half-way, and as a standby we skipped every event.
+        // half-way, and as a standby we skipped every event. (With sharding: on joining.)
         .reconcile_all_on(queue::observe_reconcile_all(
-            leadership_gained(leading_rx.clone()),
+            leadership_gained(gate_rx.clone()),
             apps_for_queue,
             queue.clone(),
         ));
@@ -265,12 +319,42 @@ pub async fn run_with(
     follow_leadership_in_the_gauge(ctx.clone(), leading_rx.clone());
     let ops = start_ops_server(&config, ctx.clone(), stop_rx.clone());
     let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
-    let elector = start_election(&config, &client, &identity, leading_tx, elector_stop_rx);
+    let elector = start_election(
+        &config,
+        &lease_client,
+        &identity,
+        leading_tx,
+        elector_stop_rx.clone(),
+    );
+    let (membership, sharder) = if config.sharding {
+        let membership = shard::start_membership(
+            &config,
+            &lease_client,
+            &identity,
+            fence,
+            member_tx,
+            elector_stop_rx,
+        );
+        let sharder = tokio::spawn(shard::sharder::run(
+            ctx.clone(),
+            leading_rx.clone(),
+            stop_rx.clone(),
+        ));
+        shard::follow_owned(ctx.clone(), apps_for_shard, stop_rx.clone());
+        (Some(membership), Some(sharder))
+    } else {
+        drop((member_tx, fence, apps_for_shard));
+        (None, None)
+    };
+    let lapsed = Box::pin(shard::lapsed(member_rx));
 
     let controller_task = spawn_controller(controller, ctx.clone(), queue, stop_rx.clone());
     let mut tasks = Tasks {
         controller: controller_task,
         background,
+        sharder,
+        membership,
+        lapsed,
         elector,
         elector_stop: elector_stop_tx,
         ops,
@@ -328,6 +412,11 @@ struct Tasks {
     controller: tokio::task::JoinHandle<()>,
     /// The external step's periodic work (the orphan scan).
     background: Option<tokio::task::JoinHandle<()>>,
+    /// With sharding: the sharder (acting while this replica leads), the membership
+    /// Lease, and what completes once that membership lapsed.
+    sharder: Option<tokio::task::JoinHandle<()>>,
+    membership: Option<tokio::task::JoinHandle<()>>,
+    lapsed: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     elector: Option<tokio::task::JoinHandle<()>>,
     elector_stop: watch::Sender<bool>,
     ops: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -359,11 +448,12 @@ impl Tasks {
                 })
             }
             r = &mut self.controller => Some(RunError::Stopped(r.err())),
+            _ = &mut self.lapsed => Some(RunError::ShardLapsed),
         }
     }
 
     /// Stops reconciling first (in-flight reconciles get the grace period), then the
-    /// background work, then releases the lease, so the next leader never overlaps with
+    /// background work and the sharder, then releases the Leases, so the next leader never overlaps with
     /// us; the ops server last.
     async fn stop(mut self, stop: &watch::Sender<bool>, config: &Config) {
         let _ = stop.send(true);
@@ -378,7 +468,15 @@ impl Tasks {
         if let Some(handle) = self.background {
             handle.abort();
         }
+        if let Some(handle) = self.sharder {
+            let _ = handle.await;
+        }
         let _ = self.elector_stop.send(true);
+        if let Some(handle) = self.membership
+            && !handle.is_finished()
+        {
+            let _ = tokio::time::timeout(config.renew_deadline, handle).await;
+        }
         if let Some(handle) = self.elector
             && !handle.is_finished()
         {

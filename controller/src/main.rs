@@ -99,9 +99,17 @@ async fn run(args: Args) -> Result<(), Error> {
         .await
         .map_err(Error::Config)?;
     let metrics = Arc::new(Metrics::default());
-    let client =
-        controller::client::build_client_with_metrics(config, args.rate_limit, metrics.api())
-            .map_err(Error::Client)?;
+    let identity = args.config.identity();
+    let shard = args.config.sharding.then_some(identity.as_str());
+    let client = controller::client::build_client_as(config, args.rate_limit, metrics.api(), shard)
+        .map_err(Error::Client)?;
+    // With sharding the databases' writes (their Secrets) pass the same fence.
+    let fence = controller::shard::Fence::default();
+    let database_client = if args.config.sharding {
+        controller::shard::fenced(client.clone(), fence.clone())
+    } else {
+        client.clone()
+    };
     info!(
         namespace = args.config.watch_namespace.as_deref().unwrap_or("<all>"),
         qps = args.rate_limit.qps,
@@ -109,7 +117,7 @@ async fn run(args: Args) -> Result<(), Error> {
         "starting controller"
     );
     let databases = Databases::new(
-        client.clone(),
+        database_client,
         &args.database,
         &args.config.lease_namespace,
         metrics.clone(),
@@ -117,6 +125,7 @@ async fn run(args: Args) -> Result<(), Error> {
     let hooks = Hooks {
         metrics,
         external: Arc::new(databases),
+        fence,
         ..Hooks::default()
     };
     controller::run_with(args.config, client, hooks, telemetry::shutdown_signal())

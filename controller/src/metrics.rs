@@ -354,6 +354,8 @@ pub struct Metrics {
     held_by_key: Mutex<HashMap<ObjectRef<AppService>, i64>>,
     held: Gauge,
     oldest_held: Gauge,
+    /// `shard_*` (`--sharding`).
+    shard: crate::shard::ShardMetrics,
 }
 
 impl Default for Metrics {
@@ -452,6 +454,8 @@ impl Default for Metrics {
         for &resource in Written::ALL {
             let _ = writes.get_or_create(&WriteLabel { resource });
         }
+        let shard = crate::shard::ShardMetrics::default();
+        shard.register(registry);
         let database = DatabaseMetrics::default();
         for &operation in DatabaseOperation::ALL {
             for &result in Outcome::ALL {
@@ -522,6 +526,7 @@ impl Default for Metrics {
             held_by_key: Mutex::new(HashMap::new()),
             held,
             oldest_held,
+            shard,
         }
     }
 }
@@ -541,6 +546,11 @@ impl Metrics {
 
     pub fn error(&self, reason: ErrorReason) {
         self.errors.get_or_create(&ErrorLabel { reason }).inc();
+    }
+
+    /// The shard's own series (`--sharding`).
+    pub fn shard(&self) -> &crate::shard::ShardMetrics {
+        &self.shard
     }
 
     pub fn write(&self, resource: Written) {

@@ -38,12 +38,17 @@ pub async fn write_status(
         return Ok(());
     }
     let events = announcements(live, status);
-    let patch = json!({
+    let mut patch = json!({
         "apiVersion": AppService::api_version(&()),
         "kind": AppService::kind(&()),
         "metadata": {"name": app.name_any()},
         "status": status,
     });
+    // With sharding: on the condition that the AppService is still the one the pass
+    // read (a handover relabels it, so a status prepared before one fails with 409).
+    if ctx.config().sharding {
+        patch["metadata"]["resourceVersion"] = json!(app.metadata.resource_version);
+    }
     api.patch_status(
         &app.name_any(),
         &PatchParams::apply(FIELD_MANAGER).force(),

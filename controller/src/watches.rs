@@ -132,7 +132,7 @@ where
 /// This one starts at 100 ms, doubles to at most 5 s (so an outage costs one request
 /// every few seconds per watch) and is reset by the first event that comes through.
 #[derive(Clone, Debug)]
-struct WatchBackoff {
+pub(crate) struct WatchBackoff {
     next: std::time::Duration,
 }
 

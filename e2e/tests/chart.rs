@@ -2391,3 +2391,47 @@ async fn tenants_with_the_default_roles_work_in_their_namespace_and_nowhere_else
             .await
     ));
 }
+
+#[test]
+fn sharding_is_off_by_default_and_on_adds_its_flags_and_rbac() {
+    let env_names = |docs: &[Value]| -> Vec<String> {
+        find(docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .filter_map(|e| e["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let lease_rules = |docs: &[Value]| -> Vec<Value> {
+        find(docs, "Role", &format!("{CONTROLLER}-leader-election"))["rules"]
+            .as_array()
+            .expect("rules")
+            .clone()
+    };
+    let off = template("ops", &[]);
+    assert!(!env_names(&off).iter().any(|n| n.starts_with("SHARD")));
+    assert_eq!(lease_rules(&off).len(), 2, "only the leader Lease");
+
+    let on = template(
+        "ops",
+        &[
+            "controller.sharding.enabled=true".into(),
+            "controller.sharding.ring=blue".into(),
+        ],
+    );
+    let env =
+        &find(&on, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"];
+    let value = |name: &str| {
+        env.as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == name))
+            .map(|v| v["value"].clone())
+    };
+    assert_eq!(value("SHARDING"), Some(json!("true")));
+    assert_eq!(value("SHARD_RING"), Some(json!("blue")));
+    let rules = lease_rules(&on);
+    assert!(
+        rules.iter().any(|r| r["resourceNames"].is_null()
+            && r["verbs"] == json!(["get", "list", "watch", "update", "delete"])),
+        "membership Leases: {rules:?}"
+    );
+}

@@ -36,19 +36,56 @@ pub struct Options {
     /// Node, so that Deployments get ready Pods, namespaces are finalized and owned
     /// objects are garbage-collected.
     pub full: bool,
+    /// Also write the API server's audit log ([`AUDIT_POLICY`]: every write to
+    /// AppServices, Deployments, Services and Secrets, at Metadata level, JSON lines),
+    /// read with [`ControlPlane::audit_events`].
+    pub audit_log: bool,
 }
 
 impl Options {
     /// etcd + kube-apiserver only.
     pub fn plain() -> Self {
-        Self { full: false }
+        Self {
+            full: false,
+            audit_log: false,
+        }
     }
 
     /// With controllers, scheduler and a simulated node.
     pub fn full() -> Self {
-        Self { full: true }
+        Self {
+            full: true,
+            audit_log: false,
+        }
+    }
+
+    /// These options with the audit log on.
+    pub fn with_audit_log(self) -> Self {
+        Self {
+            audit_log: true,
+            ..self
+        }
     }
 }
+
+/// The audit policy of [`Options::audit_log`]: writes only (the response is what
+/// matters, so one event per request, at ResponseComplete), of the objects the
+/// controller writes, at Metadata level (who, what, when, the answer's code).
+pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+  resources:
+  - group: "platform.example.com"
+    resources: ["appservices", "appservices/status"]
+  - group: "apps"
+    resources: ["deployments"]
+  - group: ""
+    resources: ["services", "secrets"]
+- level: None
+"#;
 
 /// Files of one control plane.
 #[derive(Debug)]
@@ -219,6 +256,19 @@ impl ControlPlane {
             "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
         ];
+        let mut apiserver_args = apiserver_args;
+        if options.audit_log {
+            let policy = cp.paths.root.join("audit-policy.yaml");
+            write(&policy, AUDIT_POLICY)?;
+            apiserver_args.extend([
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", cp.audit_log_path().display()),
+                "--audit-log-format=json".into(),
+                // Each request's event is written before its response goes out.
+                "--audit-log-mode=blocking".into(),
+                "--audit-log-maxsize=0".into(),
+            ]);
+        }
         let apiserver = cp.spawn("kube-apiserver", &bin, apiserver_args.clone(), None)?;
         cp.apiserver = (apiserver, apiserver_args);
         cp.wait_for_apiserver().await?;
@@ -526,6 +576,27 @@ impl ControlPlane {
         serde_json::from_slice(&bytes.0)
             .map(Some)
             .map_err(|e| invalid(format!("{key} is not stored as JSON: {e}")))
+    }
+
+    /// Where the audit log is written (with [`Options::audit_log`]).
+    pub fn audit_log_path(&self) -> PathBuf {
+        self.paths.logs.join("audit.log")
+    }
+
+    /// Every event of the audit log so far, as JSON, in the order written (with
+    /// [`Options::audit_log`]; empty without). A line cut off by a write in progress is
+    /// skipped.
+    pub fn audit_events(&self) -> Result<Vec<serde_json::Value>> {
+        let path = self.audit_log_path();
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(format!("reading {}", path.display()))(e)),
+        };
+        Ok(text
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect())
     }
 
     /// Which components were started.

@@ -296,9 +296,12 @@ fn up(full: bool) -> Result<()> {
         .build()
         .doing("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let cp = harness::ControlPlane::start(harness::Options { full })
-            .await
-            .doing("starting the control plane")?;
+        let cp = harness::ControlPlane::start(harness::Options {
+            full,
+            audit_log: false,
+        })
+        .await
+        .doing("starting the control plane")?;
         let kubeconfig = cp.kubeconfig_path().display().to_string();
         let kubectl = bin.join("kubectl");
         println!(

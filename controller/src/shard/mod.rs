@@ -1,0 +1,286 @@
+//! Sharding (`--sharding`): the AppServices are divided among the controller replicas.
+//!
+//! | part | holds |
+//! | --- | --- |
+//! | [`ring`] | the pure assignment: rendezvous hashing of `namespace/name` over the live members |
+//! | [`fence`] | the check before every write: this shard's membership Lease is current |
+//! | [`sharder`] | run by the ring's leader: labels each AppService and its children with their shard, drains on handover |
+//! | here | the membership Lease, the drain acknowledgement in reconcile, the label on created children, the metrics |
+//!
+//! Each replica holds a membership Lease `<ring>-shard-<identity>` (labelled
+//! `platform.example.com/shard-ring: <ring>`), renewed by [`crate::leader::Elector`] with
+//! the same rules as the leader Lease, and watches only objects labelled
+//! `shard.platform.example.com/<ring>: <identity>`. Off (the default), none of this
+//! runs and the controller is the single leader it always was.
+
+pub mod fence;
+pub mod ring;
+pub mod sharder;
+
+use std::collections::BTreeMap;
+
+use common::AppService;
+use common::names::{LABEL_SHARD_RING, drain_label, shard_label, shard_lease_name};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::info;
+
+pub use fence::{Fence, fenced};
+
+use crate::config::Config;
+use crate::context::Context;
+use crate::error::Result;
+use crate::queue::Next;
+
+/// The label this shard puts on the children it creates, so a create already carries
+/// it: `(shard.platform.example.com/<ring>, <identity>)`; none without sharding.
+pub fn child_label(config: &Config) -> Option<(String, String)> {
+    config
+        .sharding
+        .then(|| (shard_label(&config.shard_ring), config.identity()))
+}
+
+/// The label selector of this shard's watches (`shard...=<identity>`), if sharding.
+pub fn selector(config: &Config) -> Option<String> {
+    child_label(config).map(|(k, v)| format!("{k}={v}"))
+}
+
+/// Whether `value` can be a label value (the shard's identity must be one).
+pub fn is_label_value(value: &str) -> bool {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    !value.is_empty()
+        && value.len() <= 63
+        && value.chars().all(ok_char)
+        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && value.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// Before a pass: with sharding on, an AppService this shard owns that the sharder asks
+/// to drain is let go here. kube-runtime runs one pass per object at a time, so none of
+/// ours is in flight on it: forget it and remove our label, the last write this shard
+/// makes on it (guarded by the resourceVersion we read). An object not labelled ours (a
+/// cache behind the label's move) is left alone. `None`: go on with the pass.
+pub async fn gate(app: &AppService, ctx: &Context) -> Result<Option<Next>> {
+    let config = ctx.config();
+    let Some((label, identity)) = child_label(config) else {
+        return Ok(None);
+    };
+    let labels = app.labels();
+    if labels.get(&label) != Some(&identity) {
+        return Ok(Some(Next::await_change()));
+    }
+    if !labels.contains_key(&drain_label(&config.shard_ring)) {
+        return Ok(None);
+    }
+    let key = ObjectRef::from_obj(app);
+    let namespace = app.namespace().unwrap_or_default();
+    let api: Api<AppService> = Api::namespaced(ctx.client().clone(), &namespace);
+    let patch = json!({"metadata": {
+        "resourceVersion": app.metadata.resource_version,
+        "labels": {label: null},
+    }});
+    let params = PatchParams {
+        field_manager: Some(common::names::FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch_metadata(&app.name_any(), &params, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.forget(&key);
+    ctx.metrics().set_ready(&key, None);
+    ctx.metrics().shard().handover(Direction::Out);
+    info!(object = %key, "drained: handed over to the sharder");
+    Ok(Some(Next::await_change()))
+}
+
+/// The membership Lease of this shard, renewed until `stop`; `member` is true while it is
+/// current, and each renewal opens `fence`.
+pub fn start_membership(
+    config: &Config,
+    client: &kube::Client,
+    identity: &str,
+    fence: Fence,
+    member: watch::Sender<bool>,
+    stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let lease_api: Api<Lease> = Api::namespaced(client.clone(), &config.lease_namespace);
+    let lease_name = shard_lease_name(&config.shard_ring, identity);
+    let elector = crate::leader::Elector::new(
+        lease_api,
+        crate::leader::ElectionConfig {
+            lease_name: lease_name.clone(),
+            identity: identity.to_owned(),
+            lease_duration: config.lease_duration,
+            renew_deadline: config.renew_deadline,
+            retry_period: config.retry_period,
+        },
+    )
+    .with_fence(fence)
+    .with_labels(BTreeMap::from([(
+        LABEL_SHARD_RING.to_owned(),
+        config.shard_ring.clone(),
+    )]));
+    info!(identity = %identity, lease = %lease_name, ring = %config.shard_ring, "sharding enabled: joining the ring");
+    tokio::spawn(elector.run(member, stop))
+}
+
+/// Completes when this shard's membership, once held, lapses: the process must stop
+/// (its fence is shut for good). Never completes without sharding.
+pub async fn lapsed(mut member: watch::Receiver<bool>) {
+    if member.wait_for(|m| *m).await.is_err() || member.wait_for(|m| !*m).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Keeps `shard_objects` on the size of this shard's AppService cache, and counts the
+/// AppServices that enter it after its initial list (`shard_handovers{direction="in"}`:
+/// handed over to this shard, or new).
+pub fn follow_owned(
+    ctx: std::sync::Arc<Context>,
+    apps: kube::runtime::reflector::Store<AppService>,
+    mut stop: watch::Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        let mut known: Option<std::collections::HashSet<ObjectRef<AppService>>> = None;
+        loop {
+            let now: std::collections::HashSet<_> = apps
+                .state()
+                .iter()
+                .map(|a| ObjectRef::from_obj(&**a))
+                .collect();
+            ctx.metrics().shard().set_objects(now.len());
+            if let Some(before) = &known {
+                for _ in now.difference(before) {
+                    ctx.metrics().shard().handover(Direction::In);
+                }
+            }
+            if ctx.is_ready() {
+                known = Some(now);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(ctx.config().retry_period) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    });
+}
+
+telemetry::label_values! {
+    /// Which way an AppService crossed this shard's boundary.
+    pub enum Direction { In => "in", Out => "out" }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    pub direction: Direction,
+}
+
+/// `appservice_controller_shard_*`.
+#[derive(Default)]
+pub struct ShardMetrics {
+    objects: Gauge,
+    handovers: Family<DirectionLabel, Counter>,
+    members: Gauge,
+    assignments: Counter,
+}
+
+impl ShardMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "shard_objects",
+            "AppServices this shard owns (in its label-selected cache)",
+            self.objects.clone(),
+        );
+        registry.register(
+            "shard_handovers",
+            "AppServices that entered (in) or left (out) this shard after its initial list",
+            self.handovers.clone(),
+        );
+        registry.register(
+            "shard_ring_members",
+            "Live members of the ring, as the sharder (the ring's leader) sees them",
+            self.members.clone(),
+        );
+        registry.register(
+            "shard_assignments",
+            "AppServices the sharder assigned or moved to a shard",
+            self.assignments.clone(),
+        );
+        for &direction in Direction::ALL {
+            let _ = self.handovers.get_or_create(&DirectionLabel { direction });
+        }
+    }
+
+    pub fn set_objects(&self, n: usize) {
+        self.objects.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn objects(&self) -> i64 {
+        self.objects.get()
+    }
+
+    pub fn handover(&self, direction: Direction) {
+        self.handovers
+            .get_or_create(&DirectionLabel { direction })
+            .inc();
+    }
+
+    pub fn handovers(&self, direction: Direction) -> u64 {
+        self.handovers
+            .get_or_create(&DirectionLabel { direction })
+            .get()
+    }
+
+    pub fn set_members(&self, n: usize) {
+        self.members.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn moved(&self) {
+        self.assignments.inc();
+    }
+
+    pub fn assignments(&self) -> u64 {
+        self.assignments.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_must_be_label_values() {
+        assert!(is_label_value("appservice-controller-7d9f8-abcde"));
+        assert!(is_label_value("host-1234"));
+        for bad in ["", "-a", "a-", "a/b", "a b", &"x".repeat(64)] {
+            assert!(!is_label_value(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn without_sharding_there_is_no_label_and_no_selector() {
+        let mut config = Config::for_namespace("ns");
+        assert_eq!(child_label(&config), None);
+        assert_eq!(selector(&config), None);
+        config.sharding = true;
+        config.identity = Some("pod-0".into());
+        assert_eq!(
+            selector(&config).as_deref(),
+            Some("shard.platform.example.com/appservice-operator=pod-0")
+        );
+    }
+}

@@ -1,0 +1,869 @@
+//! Sharding with real controller processes (`--sharding`, the shipped Lease timings: 15 s
+//! lease, 10 s renew deadline, 2 s retry; 10 min resync) on a control plane that writes
+//! an audit log. The oracle for "no object written by two shards at once" is the API
+//! server's own record: each shard's requests carry `shard/<identity>` in their
+//! User-Agent, and per object the shards that wrote it may change only across a write of
+//! the sharder (a relabel: `fieldManager=appservice-sharder`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context as _;
+use common::AppService;
+use common::names::{LEASE_NAME, drain_label, shard_label};
+use harness::{ControlPlane, Options, eventually};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use support::{app, create, init};
+use tokio::process::{Child, Command};
+
+const RING: &str = common::names::DEFAULT_SHARD_RING;
+const LEASE: Duration = Duration::from_secs(15);
+
+struct Shard {
+    identity: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Shard {
+    /// A controller process at its shipped defaults, with sharding on.
+    fn spawn(kubeconfig: &Path, ns: &str, identity: &str, dir: &Path) -> anyhow::Result<Shard> {
+        let ops_port = harness::process::free_port()?;
+        let log = dir.join(format!("{identity}.log"));
+        let out = std::fs::File::create(&log)?;
+        let child = Command::new(env!("CARGO_BIN_EXE_appservice-controller"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--watch-namespace", ns, "--lease-namespace", ns])
+            .args(["--identity", identity, "--sharding"])
+            .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
+            .args(["--log-format", "json"])
+            .env(
+                "RUST_LOG",
+                std::env::var("CONTROLLER_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(out)
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawning the controller binary")?;
+        Ok(Shard {
+            identity: identity.to_owned(),
+            child,
+            log,
+        })
+    }
+
+    fn signal(&self, sig: &str) -> anyhow::Result<()> {
+        let pid = self.child.id().context("process already reaped")?;
+        Ok(harness::process::signal(pid, sig)?)
+    }
+
+    fn log_tail(&self) -> String {
+        format!(
+            "--- {}:\n{}",
+            self.identity,
+            harness::process::tail(&self.log, 40)
+        )
+    }
+}
+
+fn tails(shards: &[&Shard]) -> String {
+    shards
+        .iter()
+        .map(|s| s.log_tail())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Who owns each AppService (its shard label), once every AppService is owned by one of
+/// `live`, none is draining, and its Deployment and Service carry the same label.
+async fn settled(
+    apps: &Api<AppService>,
+    deployments: &Api<Deployment>,
+    services: &Api<Service>,
+    live: &[&str],
+    expected: usize,
+) -> anyhow::Result<Option<BTreeMap<String, String>>> {
+    let (owner, drain) = (shard_label(RING), drain_label(RING));
+    let list = apps.list(&ListParams::default()).await?;
+    if list.items.len() != expected {
+        return Ok(None);
+    }
+    let children = |labels: &BTreeMap<String, String>| labels.get(&owner).cloned();
+    let deps: HashMap<String, Option<String>> = deployments
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|d| (d.name_any(), children(d.labels())))
+        .collect();
+    let svcs: HashMap<String, Option<String>> = services
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|s| (s.name_any(), children(s.labels())))
+        .collect();
+    let ring = controller::shard::ring::Ring::new(live.iter().copied());
+    let mut owners = BTreeMap::new();
+    for a in &list.items {
+        let labels = a.labels();
+        let Some(o) = labels.get(&owner) else {
+            return Ok(None);
+        };
+        let name = a.name_any();
+        // Where the ring puts it: the sharder has seen exactly these members.
+        let placed = ring.owner(&controller::shard::ring::key(
+            &a.namespace().unwrap_or_default(),
+            &name,
+        ));
+        if placed != Some(o.as_str()) || labels.contains_key(&drain) {
+            return Ok(None);
+        }
+        if deps.get(&name) != Some(&Some(o.clone())) || svcs.get(&name) != Some(&Some(o.clone())) {
+            return Ok(None);
+        }
+        owners.insert(name, o.clone());
+    }
+    Ok(Some(owners))
+}
+
+/// Every AppService's status is for its current generation.
+async fn statuses_current(apps: &Api<AppService>) -> anyhow::Result<bool> {
+    let list = apps.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .all(|a| a.status.as_ref().and_then(|s| s.observed_generation) == a.metadata.generation))
+}
+
+/// Edits AppServices (their replicas) one after another until stopped: the load under
+/// which shards come and go. Bounded: at most `max` edits.
+fn writer(
+    apps: Api<AppService>,
+    names: Vec<String>,
+    stop: Arc<AtomicBool>,
+    edits: Arc<AtomicU64>,
+    max: u64,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut i: u64 = 0;
+        while !stop.load(Ordering::Relaxed) && i < max {
+            let name = &names[(i as usize * 7) % names.len()];
+            let replicas = 1 + (i % 3) as i32;
+            let patch = serde_json::json!({"spec": {"replicas": replicas}});
+            if apps
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .is_ok()
+            {
+                edits.fetch_add(1, Ordering::Relaxed);
+            }
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    })
+}
+
+/// One write the audit log recorded.
+#[derive(Debug, Clone)]
+struct Write {
+    object: String,
+    /// `Some(identity)` for a shard's write, `None` for the sharder's relabel.
+    shard: Option<String>,
+}
+
+/// The successful writes of shards and of the sharder, in the order the API server
+/// completed them (the audit log's order in blocking mode).
+/// Waits until the writer has made `more` edits beyond `now`: each phase runs under load.
+async fn under_load(edits: &AtomicU64, more: u64) -> anyhow::Result<()> {
+    let target = edits.load(Ordering::Relaxed) + more;
+    eventually("the writer's edits", Duration::from_secs(60), || async {
+        Ok::<_, harness::poll::Failure>((edits.load(Ordering::Relaxed) >= target).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+fn writes(events: &[serde_json::Value]) -> Vec<Write> {
+    events
+        .iter()
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .filter(|e| {
+            e["responseStatus"]["code"]
+                .as_u64()
+                .is_some_and(|c| (200..300).contains(&c))
+        })
+        .filter_map(|e| {
+            let r = &e["objectRef"];
+            let name = r["name"].as_str().filter(|n| !n.is_empty())?;
+            let object = format!(
+                "{}/{}/{}/{name}",
+                r["apiGroup"].as_str().unwrap_or(""),
+                r["resource"].as_str().unwrap_or(""),
+                r["namespace"].as_str().unwrap_or("")
+            );
+            let uri = e["requestURI"].as_str().unwrap_or("");
+            let ua = e["userAgent"].as_str().unwrap_or("");
+            let shard = ua.split_once("shard/").map(|(_, id)| id.to_owned());
+            if uri.contains("fieldManager=appservice-sharder") {
+                Some(Write {
+                    object,
+                    shard: None,
+                })
+            } else {
+                shard.map(|s| Write {
+                    object,
+                    shard: Some(s),
+                })
+            }
+        })
+        .collect()
+}
+
+/// The oracle: per object, the shard that writes it changes only across a write of the
+/// sharder. Returns each violation (object, the earlier writer, the later one).
+fn interleavings(writes: &[Write]) -> Vec<(String, String, String)> {
+    #[derive(Default)]
+    struct State {
+        writer: Option<String>,
+        handed_over: bool,
+    }
+    let mut state: HashMap<&str, State> = HashMap::new();
+    let mut violations = Vec::new();
+    for w in writes {
+        let st = state.entry(w.object.as_str()).or_default();
+        match &w.shard {
+            None => st.handed_over = true,
+            Some(id) => {
+                if let Some(before) = &st.writer
+                    && before != id
+                    && !st.handed_over
+                {
+                    violations.push((w.object.clone(), before.clone(), id.clone()));
+                }
+                st.writer = Some(id.clone());
+                st.handed_over = false;
+            }
+        }
+    }
+    violations
+}
+
+async fn leader(leases: &Api<Lease>) -> anyhow::Result<Option<String>> {
+    Ok(leases
+        .get_opt(LEASE_NAME)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity))
+}
+
+/// An error as `eventually` keeps it.
+fn failure(e: impl Into<anyhow::Error>) -> Box<dyn std::error::Error + Send + Sync> {
+    e.into().into()
+}
+
+struct World {
+    _namespace: harness::TestNamespace,
+    cp: ControlPlane,
+    ns: String,
+    apps: Api<AppService>,
+    deployments: Api<Deployment>,
+    services: Api<Service>,
+    leases: Api<Lease>,
+    dir: tempfile::TempDir,
+}
+
+async fn world() -> anyhow::Result<World> {
+    init();
+    let cp = ControlPlane::start(Options::plain().with_audit_log()).await?;
+    let namespace = cp.namespace().await?;
+    let ns = namespace.to_string();
+    let client = cp.client();
+    Ok(World {
+        _namespace: namespace,
+        apps: Api::namespaced(client.clone(), &ns),
+        deployments: Api::namespaced(client.clone(), &ns),
+        services: Api::namespaced(client.clone(), &ns),
+        leases: Api::namespaced(client, &ns),
+        ns,
+        cp,
+        dir: tempfile::tempdir()?,
+    })
+}
+
+impl World {
+    fn spawn(&self, identity: &str) -> anyhow::Result<Shard> {
+        Shard::spawn(
+            self.cp.kubeconfig_path(),
+            &self.ns,
+            identity,
+            self.dir.path(),
+        )
+    }
+
+    async fn settle(
+        &self,
+        live: &[&str],
+        n: usize,
+        timeout: Duration,
+        shards: &[&Shard],
+    ) -> anyhow::Result<BTreeMap<String, String>> {
+        eventually(&format!("owned by {live:?}"), timeout, || async {
+            settled(&self.apps, &self.deployments, &self.services, live, n)
+                .await
+                .map_err(failure)
+        })
+        .await
+        .with_context(|| tails(shards))
+    }
+}
+
+/// How many AppServices changed owner between two settled states, and whether each move
+/// went only to `added` or from `removed`.
+fn moves(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+    added: Option<&str>,
+    removed: Option<&str>,
+) -> usize {
+    let mut moved = 0;
+    for (name, was) in before {
+        let now = &after[name];
+        if now != was {
+            moved += 1;
+            assert!(
+                added.is_some_and(|a| a == now) || removed.is_some_and(|r| r == was),
+                "{name} moved {was} → {now}, neither to the shard added ({added:?}) nor from the one removed ({removed:?})"
+            );
+        }
+    }
+    moved
+}
+
+fn owned_by(owners: &BTreeMap<String, String>) -> BTreeMap<&str, usize> {
+    let mut counts = BTreeMap::new();
+    for o in owners.values() {
+        *counts.entry(o.as_str()).or_default() += 1;
+    }
+    counts
+}
+
+#[tokio::test]
+async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() -> anyhow::Result<()>
+{
+    let w = world().await?;
+    const N: usize = 64;
+    let names: Vec<String> = (0..N).map(|i| format!("app-{i:02}")).collect();
+    let s0 = w.spawn("shard-0")?;
+    for name in &names {
+        create(&w.apps, &app(name, "nginx:1.27", 1)).await?;
+    }
+    let t = Instant::now();
+    let one = w
+        .settle(&["shard-0"], N, Duration::from_secs(120), &[&s0])
+        .await?;
+    eprintln!("1 shard: settled in {:?}", t.elapsed());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let edits = Arc::new(AtomicU64::new(0));
+    let editing = writer(
+        w.apps.clone(),
+        names.clone(),
+        stop.clone(),
+        edits.clone(),
+        4000,
+    );
+
+    under_load(&edits, 20).await?;
+    let s1 = w.spawn("shard-1")?;
+    let t = Instant::now();
+    let two = w
+        .settle(
+            &["shard-0", "shard-1"],
+            N,
+            Duration::from_secs(120),
+            &[&s0, &s1],
+        )
+        .await?;
+    let moved_12 = moves(&one, &two, Some("shard-1"), None);
+    eprintln!(
+        "1→2: settled in {:?}, moved {moved_12} of {N}, owned {:?}",
+        t.elapsed(),
+        owned_by(&two)
+    );
+
+    under_load(&edits, 20).await?;
+    let s2 = w.spawn("shard-2")?;
+    let t = Instant::now();
+    let three = w
+        .settle(
+            &["shard-0", "shard-1", "shard-2"],
+            N,
+            Duration::from_secs(120),
+            &[&s0, &s1, &s2],
+        )
+        .await?;
+    let moved_23 = moves(&two, &three, Some("shard-2"), None);
+    eprintln!(
+        "2→3: settled in {:?}, moved {moved_23} of {N}, owned {:?}",
+        t.elapsed(),
+        owned_by(&three)
+    );
+
+    under_load(&edits, 20).await?;
+    // 3→2: a shard that is not the sharder stops (SIGTERM: it releases its Lease).
+    let lead = leader(&w.leases).await?;
+    let (gone, mut stays) = {
+        let mut all = vec![s0, s1, s2];
+        let i = all
+            .iter()
+            .position(|s| Some(&s.identity) != lead.as_ref())
+            .unwrap();
+        let gone = all.remove(i);
+        (gone, all)
+    };
+    gone.signal("TERM")?;
+    let mut gone = gone;
+    let status = tokio::time::timeout(Duration::from_secs(40), gone.child.wait())
+        .await
+        .context("the stopped shard did not exit")??;
+    assert!(status.success(), "{status}: {}", gone.log_tail());
+    let live: Vec<&str> = stays.iter().map(|s| s.identity.as_str()).collect();
+    let t = Instant::now();
+    let back = w
+        .settle(&live, N, Duration::from_secs(120), &[&stays[0], &stays[1]])
+        .await?;
+    let moved_32 = moves(&three, &back, None, Some(&gone.identity));
+    eprintln!(
+        "3→2 ({} left): settled in {:?}, moved {moved_32} of {N}, owned {:?}",
+        gone.identity,
+        t.elapsed(),
+        owned_by(&back)
+    );
+
+    under_load(&edits, 20).await?;
+    stop.store(true, Ordering::Relaxed);
+    editing.await?;
+    eventually("every status current", Duration::from_secs(120), || async {
+        statuses_current(&w.apps)
+            .await
+            .map(|done| done.then_some(()))
+            .map_err(failure)
+    })
+    .await
+    .with_context(|| tails(&[&stays[0], &stays[1]]))?;
+    w.settle(&live, N, Duration::from_secs(30), &[&stays[0], &stays[1]])
+        .await?;
+    eprintln!("edits made: {}", edits.load(Ordering::Relaxed));
+
+    // Near 1/N moved per change: 1/2 of N, then 1/3, then the third that left.
+    let near = |moved: usize, fair: f64| (moved as f64 - fair).abs() <= N as f64 * 0.2;
+    assert!(near(moved_12, N as f64 / 2.0), "1→2 moved {moved_12}");
+    assert!(near(moved_23, N as f64 / 3.0), "2→3 moved {moved_23}");
+    assert_eq!(
+        moved_32,
+        three.values().filter(|o| **o == gone.identity).count(),
+        "3→2 moves exactly the leaving shard's objects"
+    );
+
+    // The moves were announced on the AppServices.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(w.cp.client(), &w.ns);
+    let assigned = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ShardAssigned"))
+        .count();
+    eprintln!("ShardAssigned Events: {assigned}");
+    // One per AppService at least (a repeated move of one adds to its series).
+    assert!(
+        assigned >= N,
+        "{assigned} ShardAssigned Events for {N} AppServices"
+    );
+
+    // The oracle, on what the API server recorded.
+    let events = w.cp.audit_events()?;
+    let recorded = writes(&events);
+    let by_shard = recorded.iter().filter(|w| w.shard.is_some()).count();
+    let by_sharder = recorded.len() - by_shard;
+    eprintln!("audit: {by_shard} shard writes, {by_sharder} sharder relabels");
+    assert!(by_shard > N, "the shards' writes are in the audit log");
+    assert!(
+        by_sharder > 0,
+        "the sharder's relabels are in the audit log"
+    );
+    let bad = interleavings(&recorded);
+    assert!(
+        bad.is_empty(),
+        "objects written by two shards at once: {bad:?}"
+    );
+
+    // And the oracle can fail: two identities writing one object with no handover.
+    let forger = |id: &str| -> anyhow::Result<Api<AppService>> {
+        let mut config = w.cp.admin_config();
+        config.headers.push((
+            http::header::USER_AGENT,
+            http::HeaderValue::from_str(&controller::client::shard_user_agent(
+                "appservice-controller",
+                id,
+            ))?,
+        ));
+        Ok(Api::namespaced(kube::Client::try_from(config)?, &w.ns))
+    };
+    let (x, y) = (forger("rogue-x")?, forger("rogue-y")?);
+    for (i, api) in [&x, &y, &x].iter().enumerate() {
+        let patch = serde_json::json!({"metadata": {"annotations": {"rogue": i.to_string()}}});
+        api.patch("app-00", &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let caught = interleavings(&writes(&w.cp.audit_events()?));
+    assert!(
+        caught
+            .iter()
+            .any(|(o, a, b)| o.ends_with("/app-00") && a == "rogue-x" && b == "rogue-y"),
+        "the oracle misses a deliberate interleaving: {caught:?}"
+    );
+    for s in &mut stays {
+        s.signal("TERM")?;
+        let _ = tokio::time::timeout(Duration::from_secs(40), s.child.wait()).await;
+    }
+    Ok(())
+}
+
+/// SIGKILLs `victim` (no release) and measures, per AppService it owned in `before`, how
+/// long until another shard owns it: (p50, max, how many).
+async fn kill_and_measure(
+    w: &World,
+    victim: Shard,
+    before: &BTreeMap<String, String>,
+    shards: &[Shard],
+) -> anyhow::Result<(Duration, Duration, usize)> {
+    let victim_id = victim.identity.clone();
+    let victims: Vec<String> = before
+        .iter()
+        .filter(|(_, o)| **o == victim_id)
+        .map(|(n, _)| n.clone())
+        .collect();
+    anyhow::ensure!(!victims.is_empty(), "{victim_id} owned nothing");
+    let killed = Instant::now();
+    victim.signal("KILL")?;
+    drop(victim);
+    let mut gaps: HashMap<String, Duration> = HashMap::new();
+    let owner = shard_label(RING);
+    // Polled by hand: each AppService's own moment of takeover is the measure.
+    let deadline = killed + Duration::from_secs(90);
+    while gaps.len() < victims.len() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the killed shard's AppServices not taken over within 90 s ({} of {}): {}",
+            gaps.len(),
+            victims.len(),
+            tails(&shards.iter().collect::<Vec<_>>())
+        );
+        for a in w.apps.list(&ListParams::default()).await?.items {
+            let name = a.name_any();
+            if victims.contains(&name)
+                && !gaps.contains_key(&name)
+                && a.labels().get(&owner).is_some_and(|o| *o != victim_id)
+            {
+                gaps.insert(name, killed.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut g: Vec<Duration> = gaps.values().copied().collect();
+    Ok((percentile(&mut g, 50), percentile(&mut g, 100), g.len()))
+}
+
+/// Percentile `p` (0..=100) of `xs`, sorted in place.
+fn percentile(xs: &mut [Duration], p: usize) -> Duration {
+    xs.sort();
+    xs[(xs.len() - 1) * p / 100]
+}
+
+#[tokio::test]
+async fn a_killed_shard_is_taken_over_and_a_frozen_one_writes_nothing_after_it_resumes()
+-> anyhow::Result<()> {
+    let w = world().await?;
+    const N: usize = 36;
+    let names: Vec<String> = (0..N).map(|i| format!("app-{i:02}")).collect();
+    let mut shards = vec![
+        w.spawn("shard-a")?,
+        w.spawn("shard-b")?,
+        w.spawn("shard-c")?,
+    ];
+    for name in &names {
+        create(&w.apps, &app(name, "nginx:1.27", 1)).await?;
+    }
+    let ids = ["shard-a", "shard-b", "shard-c"];
+    let refs: Vec<&Shard> = shards.iter().collect();
+    let before = w.settle(&ids, N, Duration::from_secs(120), &refs).await?;
+    let lead = leader(&w.leases).await?.context("no leader")?;
+
+    // SIGKILL a shard that is not the sharder: no release; its objects move once its
+    // Lease has expired on the sharder's clock.
+    let victim_i = shards.iter().position(|s| s.identity != lead).unwrap();
+    let victim = shards.remove(victim_i);
+    let victim_id = victim.identity.clone();
+    let (p50, max, taken) = kill_and_measure(&w, victim, &before, &shards).await?;
+    eprintln!("SIGKILL {victim_id}: {taken} objects taken over, gap p50 {p50:?} max {max:?}");
+    assert!(max <= LEASE * 2, "taken over within 2× the lease: {max:?}");
+    assert!(
+        max >= LEASE - Duration::from_secs(2),
+        "not before the Lease expired: {max:?}"
+    );
+    let live: Vec<&str> = shards.iter().map(|s| s.identity.as_str()).collect();
+    let refs: Vec<&Shard> = shards.iter().collect();
+    let two = w.settle(&live, N, Duration::from_secs(60), &refs).await?;
+
+    // SIGSTOP the shard that is not the sharder past its lease, edit its objects while
+    // it is frozen, then SIGCONT: it must write nothing, and leave.
+    let frozen_i = shards.iter().position(|s| s.identity != lead).unwrap();
+    let frozen_id = shards[frozen_i].identity.clone();
+    let its: Vec<String> = two
+        .iter()
+        .filter(|(_, o)| **o == frozen_id)
+        .map(|(n, _)| n.clone())
+        .collect();
+    anyhow::ensure!(!its.is_empty(), "{frozen_id} owned nothing");
+    shards[frozen_i].signal("STOP")?;
+    let stopped_at = SystemTime::now();
+    for (i, name) in its.iter().enumerate() {
+        let patch = serde_json::json!({"spec": {"replicas": 2 + (i % 2) as i32}});
+        w.apps
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let others: Vec<&str> = live.iter().copied().filter(|i| *i != frozen_id).collect();
+    let refs: Vec<&Shard> = shards.iter().collect();
+    let t = Instant::now();
+    w.settle(&others, N, Duration::from_secs(90), &refs).await?;
+    eprintln!(
+        "SIGSTOP {frozen_id}: its {} objects moved after {:?}",
+        its.len(),
+        t.elapsed()
+    );
+    // Well past the lease on every clock, then resume.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    shards[frozen_i].signal("CONT")?;
+    let resumed_at = SystemTime::now();
+    let status = tokio::time::timeout(Duration::from_secs(30), shards[frozen_i].child.wait())
+        .await
+        .context("the resumed shard did not stop")??;
+    assert!(!status.success(), "a lapsed shard exits with an error");
+    let log = std::fs::read_to_string(&shards[frozen_i].log)?;
+    assert!(
+        log.contains("membership Lease lapsed"),
+        "{}",
+        shards[frozen_i].log_tail()
+    );
+    eprintln!(
+        "SIGCONT: {} writes the fence refused after resuming",
+        log.matches("shard fence closed").count()
+    );
+    eventually("every status current", Duration::from_secs(60), || async {
+        statuses_current(&w.apps)
+            .await
+            .map(|done| done.then_some(()))
+            .map_err(failure)
+    })
+    .await?;
+
+    let events = w.cp.audit_events()?;
+    let stopped = k8s_openapi::jiff::Timestamp::try_from(stopped_at)?;
+    let after_freeze: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| {
+            e["userAgent"]
+                .as_str()
+                .is_some_and(|ua| ua.ends_with(&format!("shard/{frozen_id}")))
+        })
+        .filter(|e| {
+            e["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .is_some_and(|t| t > stopped)
+        })
+        .collect();
+    eprintln!(
+        "SIGCONT after {:?} frozen: {} write requests from {frozen_id} after the freeze",
+        resumed_at.duration_since(stopped_at).unwrap_or_default(),
+        after_freeze.len()
+    );
+    assert!(
+        after_freeze.is_empty(),
+        "the frozen shard wrote after it resumed: {after_freeze:?}"
+    );
+    let bad = interleavings(&writes(&events));
+    assert!(
+        bad.is_empty(),
+        "objects written by two shards at once: {bad:?}"
+    );
+    for s in &mut shards {
+        let _ = s.signal("TERM");
+        let _ = tokio::time::timeout(Duration::from_secs(40), s.child.wait()).await;
+    }
+    Ok(())
+}
+
+/// The shard that runs the sharder (the leader) is SIGKILLed: another replica must win
+/// the leader Lease (after it expires) and then see the dead member's Lease expire on its
+/// own clock, so its objects move within about twice the lease duration.
+#[tokio::test]
+async fn a_killed_sharder_is_replaced_and_its_objects_taken_over() -> anyhow::Result<()> {
+    let w = world().await?;
+    const N: usize = 30;
+    let mut shards = vec![
+        w.spawn("shard-a")?,
+        w.spawn("shard-b")?,
+        w.spawn("shard-c")?,
+    ];
+    for i in 0..N {
+        create(&w.apps, &app(&format!("app-{i:02}"), "nginx:1.27", 1)).await?;
+    }
+    let ids = ["shard-a", "shard-b", "shard-c"];
+    let refs: Vec<&Shard> = shards.iter().collect();
+    let before = w.settle(&ids, N, Duration::from_secs(120), &refs).await?;
+    let lead = leader(&w.leases).await?.context("no leader")?;
+    let i = shards.iter().position(|s| s.identity == lead).unwrap();
+    let victim = shards.remove(i);
+    let (p50, max, taken) = kill_and_measure(&w, victim, &before, &shards).await?;
+    eprintln!(
+        "SIGKILL of the sharder {lead}: {taken} objects taken over, gap p50 {p50:?} max {max:?}"
+    );
+    assert!(
+        max <= LEASE * 2 + Duration::from_secs(5),
+        "taken over within about 2× the lease: {max:?}"
+    );
+    let live: Vec<&str> = shards.iter().map(|s| s.identity.as_str()).collect();
+    let refs: Vec<&Shard> = shards.iter().collect();
+    w.settle(&live, N, Duration::from_secs(60), &refs).await?;
+    let new_leader = leader(&w.leases).await?;
+    assert!(
+        new_leader.as_deref().is_some_and(|l| live.contains(&l)),
+        "{new_leader:?}"
+    );
+    eventually("every status current", Duration::from_secs(60), || async {
+        statuses_current(&w.apps)
+            .await
+            .map(|done| done.then_some(()))
+            .map_err(failure)
+    })
+    .await?;
+    let bad = interleavings(&writes(&w.cp.audit_events()?));
+    assert!(
+        bad.is_empty(),
+        "objects written by two shards at once: {bad:?}"
+    );
+    for s in &mut shards {
+        let _ = s.signal("TERM");
+        let _ = tokio::time::timeout(Duration::from_secs(40), s.child.wait()).await;
+    }
+    Ok(())
+}
+
+/// The fence in the client path, against the real API server: open after a renewal, a
+/// write goes out; past the renew deadline (10 s, the shipped default) counted from the
+/// renewal's send, the write is refused without being sent, as the audit log shows.
+#[tokio::test]
+async fn the_fence_refuses_a_write_without_sending_it() -> anyhow::Result<()> {
+    let w = world().await?;
+    create(&w.apps, &app("fenced", "nginx:1.27", 1)).await?;
+    let deadline = Duration::from_secs(10);
+    let fence = controller::shard::Fence::default();
+    let mut config = w.cp.admin_config();
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(&controller::client::shard_user_agent(
+            "appservice-controller",
+            "fenced-shard",
+        ))?,
+    ));
+    let client = controller::shard::fenced(kube::Client::try_from(config)?, fence.clone());
+    let apps: Api<AppService> = Api::namespaced(client, &w.ns);
+    let patch = |v: &str| serde_json::json!({"metadata": {"annotations": {"fence": v}}});
+    let params = PatchParams::default();
+
+    // Not a member yet: refused.
+    let refused = apps
+        .patch("fenced", &params, &Patch::Merge(&patch("0")))
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    // Renewed just now: the write goes out; reads are never fenced.
+    let now = tokio::time::Instant::now();
+    fence.renewed(now, deadline, now);
+    apps.patch("fenced", &params, &Patch::Merge(&patch("1")))
+        .await?;
+    // A shard whose last renewal was sent 11 s ago (frozen since): shut, for good.
+    let lapsed = controller::shard::Fence::default();
+    let stale = now
+        .checked_sub(Duration::from_secs(11))
+        .context("clock too young")?;
+    lapsed.renewed(stale, deadline, stale);
+    let mut config = w.cp.admin_config();
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(&controller::client::shard_user_agent(
+            "appservice-controller",
+            "lapsed-shard",
+        ))?,
+    ));
+    let lapsed_apps: Api<AppService> = Api::namespaced(
+        controller::shard::fenced(kube::Client::try_from(config)?, lapsed.clone()),
+        &w.ns,
+    );
+    assert!(lapsed_apps.get("fenced").await.is_ok(), "reads pass");
+    let refused = lapsed_apps
+        .patch("fenced", &params, &Patch::Merge(&patch("2")))
+        .await;
+    let message = match &refused {
+        Err(kube::Error::Service(e)) => e.to_string(),
+        other => format!("{other:?}"),
+    };
+    assert!(message.contains("shard fence closed"), "{message}");
+    // A renewal that succeeds after the lapse does not reopen it.
+    let later = tokio::time::Instant::now();
+    lapsed.renewed(later, deadline, later);
+    assert!(
+        lapsed_apps
+            .patch("fenced", &params, &Patch::Merge(&patch("3")))
+            .await
+            .is_err()
+    );
+
+    let live = w.apps.get("fenced").await?;
+    assert_eq!(
+        live.annotations().get("fence").map(String::as_str),
+        Some("1"),
+        "only the write made while the fence was open landed"
+    );
+    let sent_by_lapsed =
+        w.cp.audit_events()?
+            .iter()
+            .filter(|e| {
+                e["userAgent"]
+                    .as_str()
+                    .is_some_and(|ua| ua.ends_with("shard/lapsed-shard"))
+            })
+            .count();
+    assert_eq!(
+        sent_by_lapsed, 0,
+        "a fenced write never reaches the API server"
+    );
+    Ok(())
+}
