@@ -302,10 +302,14 @@ async fn a_limit_range_defaults_the_pods_resources_and_its_maximum_is_reported()
         d.spec.template.spec.unwrap().containers[0].resources,
         Some(Default::default())
     );
-    let writes = ctl
-        .metrics
-        .writes_to(controller::metrics::Written::Deployments);
-    assert_eq!(writes, 1);
+    assert_eq!(
+        ctl.requests.writes_to("deployments"),
+        [format!(
+            "POST /apis/apps/v1/namespaces/{}/deployments",
+            f.ns.name()
+        )],
+        "the Deployment created, never written again"
+    );
 
     let mut greedy = app("greedy", "registry.example.com/greedy:v1", 1);
     greedy.spec.resources = Some(serde_json::from_value(json!({"limits": {"cpu": "1"}}))?);

@@ -377,9 +377,10 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
     let metrics = Arc::new(controller::metrics::Metrics::default());
     let config = controller::Config::for_namespace(&ns);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (recording, requests) = harness::recording(client.clone(), &ns);
     let running = tokio::spawn(controller::run_with(
         config,
-        client.clone(),
+        recording,
         controller::Hooks {
             metrics: metrics.clone(),
             ..controller::Hooks::default()
@@ -459,11 +460,22 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
             "{name}"
         );
     }
+    // One apply of each child of the three AppServices: the new controller's own.
+    let applies = |resource: &str| {
+        let mut writes = requests.writes_to(resource);
+        writes.sort();
+        writes
+    };
+    let one_apply_each = |group: &str, resource: &str| {
+        ["checkout", "legacy", "minimal"]
+            .map(|name| format!("PATCH {group}/namespaces/{}/{resource}/{name}", &*ns))
+            .to_vec()
+    };
     assert_eq!(
-        metrics.writes_to(controller::metrics::Written::Deployments),
-        3
+        applies("deployments"),
+        one_apply_each("/apis/apps/v1", "deployments")
     );
-    assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 3);
+    assert_eq!(applies("services"), one_apply_each("/api/v1", "services"));
     let before = repointed;
     // The one rollout finished and reported: from here on the controller has nothing
     // to write, so every resourceVersion that moves below is the migration's or the
@@ -558,10 +570,11 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
         "the migration caused a child write"
     );
     assert_eq!(
-        metrics.writes_to(controller::metrics::Written::Deployments),
-        3
+        applies("deployments"),
+        one_apply_each("/apis/apps/v1", "deployments"),
+        "the migration caused a child write"
     );
-    assert_eq!(metrics.writes_to(controller::metrics::Written::Services), 3);
+    assert_eq!(applies("services"), one_apply_each("/api/v1", "services"));
 
     // 4. Both versions, both ways. What v1alpha1 cannot say survives a v1alpha1 edit...
     let mut two_ports: v1beta1::AppService = serde_json::from_value(json!({

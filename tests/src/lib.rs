@@ -49,6 +49,7 @@ pub mod poll;
 pub mod postgres;
 pub mod pprof;
 pub mod process;
+pub mod recording;
 mod shared;
 mod webhooks;
 
@@ -63,6 +64,7 @@ pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use pod_view::PodView;
 pub use poll::eventually;
 pub use postgres::Postgres;
+pub use recording::{Requests, recording};
 pub use shared::{shared, shared_full, shared_with};
 pub use webhooks::{PROBE_LABEL, Webhooks, admission_rules};
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use common::{AppService, AppServiceSpec};
+use common::AppService;
 use controller::metrics::Metrics;
 use controller::{Config, Hooks};
 use harness::{ControlPlane, PodSecurityLevel, TestNamespace};
@@ -125,12 +125,9 @@ impl<'a> Setup<'a> {
     /// The fixture and a controller watching its namespace.
     pub async fn start(self) -> anyhow::Result<(Fixture, Running)> {
         let fixture = Fixture::on(self.control_plane, self.pod_security).await?;
-        let ctl = start_controller_with(
-            fixture.client.clone(),
-            &fixture.ns,
-            self.tweak,
-            self.external,
-        );
+        let (client, requests) = harness::recording(fixture.client.clone(), &fixture.ns);
+        let mut ctl = start_controller_with(client, &fixture.ns, self.tweak, self.external);
+        ctl.requests = requests;
         Ok((fixture, ctl))
     }
 }
@@ -160,6 +157,9 @@ pub struct Running {
     shutdown: Option<oneshot::Sender<()>>,
     handle: JoinHandle<Result<(), controller::RunError>>,
     pub metrics: Arc<Metrics>,
+    /// The writes the controller sent, where its fixture recorded them
+    /// ([`Setup::start`]); empty otherwise.
+    pub requests: harness::Requests,
 }
 
 /// Starts an in-process controller for `namespace`, without leader election.
@@ -211,6 +211,7 @@ pub fn start_controller_counted(
         shutdown: Some(tx),
         handle,
         metrics,
+        requests: harness::Requests::default(),
     }
 }
 
@@ -227,16 +228,10 @@ impl Running {
     }
 }
 
-/// An AppService named `name` running `image`.
+/// An AppService named `name` running `image` with `replicas`: the common builder's
+/// (`common::testing`), the shape most tests here create.
 pub fn app(name: &str, image: &str, replicas: i32) -> AppService {
-    AppService::new(
-        name,
-        AppServiceSpec {
-            image: image.to_owned(),
-            replicas: Some(replicas),
-            ..AppServiceSpec::default()
-        },
-    )
+    common::testing::app(name, image).replicas(replicas).build()
 }
 
 pub async fn create(api: &Api<AppService>, app: &AppService) -> anyhow::Result<AppService> {
