@@ -16,6 +16,8 @@ pub mod field_errors;
 pub mod image;
 pub mod names;
 pub mod quantity;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 pub mod types;
 pub mod v1alpha1;
 pub mod v1beta1;

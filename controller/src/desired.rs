@@ -369,18 +369,12 @@ mod tests {
     use super::*;
     use crate::subject::subject;
     use common::names::{LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY};
+    use common::testing::stored;
     use common::{AppPort, AppServiceSpec, EnvVar as AppEnvVar};
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use pretty_assertions::assert_eq;
     use std::collections::BTreeMap;
-
-    fn app(spec: AppServiceSpec) -> AppService {
-        let mut app = AppService::new("checkout", spec);
-        app.metadata.namespace = Some("shop".into());
-        app.metadata.uid = Some("uid-1".into());
-        app
-    }
 
     fn container(d: &Deployment) -> &Container {
         &d.spec.template.spec.as_ref().unwrap().containers[0]
@@ -389,10 +383,13 @@ mod tests {
     #[test]
     fn deployment_carries_spec_with_defaults() {
         let d = desired_deployment(
-            &subject(&app(AppServiceSpec {
-                image: "registry.example.com/checkout:v3".into(),
-                ..Default::default()
-            })),
+            &subject(&stored(
+                "checkout",
+                AppServiceSpec {
+                    image: "registry.example.com/checkout:v3".into(),
+                    ..Default::default()
+                },
+            )),
             None,
         );
         assert_eq!(d.metadata.name.as_deref(), Some("checkout"));
@@ -421,11 +418,14 @@ mod tests {
     #[test]
     fn deployment_labels_selector_and_owner() {
         let d = desired_deployment(
-            &subject(&app(AppServiceSpec {
-                image: "nginx:1.27".into(),
-                replicas: Some(4),
-                ..Default::default()
-            })),
+            &subject(&stored(
+                "checkout",
+                AppServiceSpec {
+                    image: "nginx:1.27".into(),
+                    replicas: Some(4),
+                    ..Default::default()
+                },
+            )),
             None,
         );
         let labels = d.metadata.labels.clone().unwrap();
@@ -456,11 +456,11 @@ mod tests {
         // garbage collector can always resolve it.
         assert_eq!(owner.api_version, "platform.example.com/v1beta1");
         assert_eq!(owner.api_version, AppService::api_version(&()));
-        assert_eq!(owner.uid, "uid-1");
+        assert_eq!(owner.uid, common::testing::UID);
         assert_eq!(owner.controller, Some(true));
         assert!(is_controlled_by(
             d.metadata.owner_references.as_deref(),
-            "uid-1"
+            common::testing::UID
         ));
         assert!(!is_controlled_by(
             d.metadata.owner_references.as_deref(),
@@ -475,17 +475,20 @@ mod tests {
             ..Default::default()
         };
         let d = desired_deployment(
-            &subject(&app(AppServiceSpec {
-                image: "nginx:1.27".into(),
-                ports: vec![AppPort::http(9090)],
-                env: vec![AppEnvVar {
-                    name: "LOG_LEVEL".into(),
-                    value: Some("info".into()),
-                    value_from: None,
-                }],
-                resources: Some(resources.clone()),
-                ..Default::default()
-            })),
+            &subject(&stored(
+                "checkout",
+                AppServiceSpec {
+                    image: "nginx:1.27".into(),
+                    ports: vec![AppPort::http(9090)],
+                    env: vec![AppEnvVar {
+                        name: "LOG_LEVEL".into(),
+                        value: Some("info".into()),
+                        value_from: None,
+                    }],
+                    resources: Some(resources.clone()),
+                    ..Default::default()
+                },
+            )),
             None,
         );
         let c = container(&d);
@@ -500,11 +503,14 @@ mod tests {
     #[test]
     fn empty_resources_are_left_out() {
         let d = desired_deployment(
-            &subject(&app(AppServiceSpec {
-                image: "nginx:1.27".into(),
-                resources: Some(ResourceRequirements::default()),
-                ..Default::default()
-            })),
+            &subject(&stored(
+                "checkout",
+                AppServiceSpec {
+                    image: "nginx:1.27".into(),
+                    resources: Some(ResourceRequirements::default()),
+                    ..Default::default()
+                },
+            )),
             None,
         );
         assert_eq!(container(&d).resources, None);
@@ -528,7 +534,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let d = desired_deployment(&subject(&app(spec.clone())), None);
+        let d = desired_deployment(&subject(&stored("checkout", spec.clone())), None);
         let ports: Vec<(Option<&str>, i32, Option<&str>)> = container(&d)
             .ports
             .as_ref()
@@ -545,7 +551,7 @@ mod tests {
         );
         let probe = container(&d).readiness_probe.clone().unwrap();
         assert_eq!(probe.tcp_socket.unwrap().port, IntOrString::Int(9090));
-        let s = desired_service(&subject(&app(spec)));
+        let s = desired_service(&subject(&stored("checkout", spec)));
         type Row<'a> = (Option<&'a str>, i32, Option<IntOrString>, Option<&'a str>);
         let ports: Vec<Row<'_>> = s
             .spec
@@ -580,11 +586,14 @@ mod tests {
 
     #[test]
     fn service_selects_pods_on_port() {
-        let s = desired_service(&subject(&app(AppServiceSpec {
-            image: "nginx:1.27".into(),
-            ports: vec![AppPort::http(9090)],
-            ..Default::default()
-        })));
+        let s = desired_service(&subject(&stored(
+            "checkout",
+            AppServiceSpec {
+                image: "nginx:1.27".into(),
+                ports: vec![AppPort::http(9090)],
+                ..Default::default()
+            },
+        )));
         let spec = s.spec.as_ref().unwrap();
         assert_eq!(spec.selector, Some(selector_labels("checkout")));
         let port = &spec.ports.as_ref().unwrap()[0];
@@ -593,17 +602,20 @@ mod tests {
         assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
         assert!(is_controlled_by(
             s.metadata.owner_references.as_deref(),
-            "uid-1"
+            common::testing::UID
         ));
     }
 
     #[test]
     fn serialized_deployment_has_only_owned_fields() {
         let d = desired_deployment(
-            &subject(&app(AppServiceSpec {
-                image: "nginx:1.27".into(),
-                ..Default::default()
-            })),
+            &subject(&stored(
+                "checkout",
+                AppServiceSpec {
+                    image: "nginx:1.27".into(),
+                    ..Default::default()
+                },
+            )),
             None,
         );
         let v = serde_json::to_value(&d).unwrap();
@@ -624,7 +636,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let d = desired_deployment(&subject(&app(spec.clone())), None);
+        let d = desired_deployment(&subject(&stored("checkout", spec.clone())), None);
         let strategy = d.spec.strategy.unwrap();
         assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
         let rolling = strategy.rolling_update.unwrap();
@@ -635,7 +647,7 @@ mod tests {
         );
         // Removing it gives the Deployment back to the API server's defaults.
         spec.rollout = None;
-        let d = desired_deployment(&subject(&app(spec)), None);
+        let d = desired_deployment(&subject(&stored("checkout", spec)), None);
         assert_eq!(d.spec.strategy, None);
     }
 
@@ -670,7 +682,7 @@ mod tests {
             ca: true,
             revision: "abc".into(),
         };
-        let a = app(canary_spec());
+        let a = stored("checkout", canary_spec());
         let stable = desired_deployment(&subject(&a), Some(&db));
         let canary = desired_canary_deployment(&subject(&a), Some(&db)).unwrap();
         assert_eq!(canary.metadata.name.as_deref(), Some("checkout-canary"));
@@ -748,7 +760,7 @@ mod tests {
     fn no_canary_without_spec_canary_and_the_stable_runs_every_replica() {
         let mut spec = canary_spec();
         spec.canary = None;
-        let a = app(spec);
+        let a = stored("checkout", spec);
         assert_eq!(desired_canary_deployment(&subject(&a), None), None);
         assert_eq!(
             desired_deployment(&subject(&a), None).spec.replicas,
@@ -760,7 +772,7 @@ mod tests {
             image: "registry.example.com/checkout:v4".into(),
             replicas: None,
         });
-        let a = app(spec);
+        let a = stored("checkout", spec);
         assert_eq!(
             desired_deployment(&subject(&a), None).spec.replicas,
             Some(4)
@@ -778,14 +790,13 @@ mod tests {
     /// was, byte for byte.
     #[test]
     fn a_plain_appservice_builds_the_same_deployment_as_before() {
-        let d = desired_deployment(
-            &subject(&app(AppServiceSpec {
-                image: "nginx:1.27".into(),
-                replicas: Some(3),
-                ..Default::default()
-            })),
-            None,
-        );
+        // The uid these golden values were taken with (the owner reference is hashed).
+        let app = common::testing::app("checkout", "nginx:1.27")
+            .replicas(3)
+            .stored()
+            .uid("uid-1")
+            .build();
+        let d = desired_deployment(&subject(&app), None);
         let json = serde_json::to_string(&d).unwrap();
         assert_eq!(json, PLAIN_DEPLOYMENT_JSON);
         assert_eq!(
@@ -831,7 +842,7 @@ mod tests {
             ca: true,
             revision: "abc".into(),
         };
-        let d = desired_deployment(&subject(&app(with_database())), Some(&db));
+        let d = desired_deployment(&subject(&stored("checkout", with_database())), Some(&db));
         let from = |k: &str| (k.to_owned(), None, Some(k.to_owned()));
         assert_eq!(
             env_of(&d),
@@ -889,7 +900,7 @@ mod tests {
             ca: false,
             revision: "abc".into(),
         };
-        let d = desired_deployment(&subject(&app(with_database())), Some(&db));
+        let d = desired_deployment(&subject(&stored("checkout", with_database())), Some(&db));
         assert!(d.spec.template.spec.as_ref().unwrap().volumes.is_none());
         assert!(container(&d).volume_mounts.is_none());
         assert!(!env_of(&d).iter().any(|(n, _, _)| n == "PGSSLROOTCERT"));
@@ -897,10 +908,13 @@ mod tests {
 
         // An AppService without a database: the same Deployment as before databases
         // reached the Pods, whatever the database step says.
-        let plain = app(AppServiceSpec {
-            image: "nginx:1.27".into(),
-            ..Default::default()
-        });
+        let plain = stored(
+            "checkout",
+            AppServiceSpec {
+                image: "nginx:1.27".into(),
+                ..Default::default()
+            },
+        );
         let with = desired_deployment(&subject(&plain), Some(&db));
         assert_eq!(with, desired_deployment(&subject(&plain), None));
         let template = serde_json::to_value(&with.spec.template).unwrap();

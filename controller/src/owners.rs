@@ -69,15 +69,14 @@ pub fn same_named_app(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::AppServiceSpec;
     use kube::runtime::reflector;
     use kube::runtime::watcher::Event;
 
     fn app(name: &str, uid: &str) -> AppService {
-        let mut app = AppService::new(name, AppServiceSpec::default());
-        app.metadata.namespace = Some("shop".into());
-        app.metadata.uid = Some(uid.into());
-        app
+        common::testing::app(name, "nginx:1.27")
+            .namespace("shop")
+            .uid(uid)
+            .build()
     }
 
     fn store(apps: &[AppService]) -> Store<AppService> {

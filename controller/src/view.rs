@@ -585,27 +585,15 @@ mod tests {
     use super::*;
     use crate::desired::{desired_deployment, desired_service};
     use crate::subject::subject;
-    use common::{AppService, AppServiceSpec};
+    use common::AppService;
+    use common::testing::{spec, stored};
     use serde_json::json;
-
-    fn app() -> AppService {
-        let mut app = AppService::new(
-            "web",
-            AppServiceSpec {
-                image: "nginx:1.27".into(),
-                ..AppServiceSpec::default()
-            },
-        );
-        app.metadata.namespace = Some("shop".into());
-        app.metadata.uid = Some("uid-1".into());
-        app
-    }
 
     /// Everything the desired builders set survives into the views: the comparison
     /// and the repair patches built from a desired view lose nothing of it.
     /// An AppService with several ports (the first one UDP), env and resources.
     fn multi_port_app() -> AppService {
-        let mut app = app();
+        let mut app = stored("web", spec("nginx:1.27"));
         app.spec = serde_json::from_value(json!({
             "image": "registry.example.com/dns:v2",
             "replicas": 3,
@@ -624,7 +612,7 @@ mod tests {
 
     #[test]
     fn desired_children_survive_the_view() {
-        for app in [app(), multi_port_app()] {
+        for app in [stored("web", spec("nginx:1.27")), multi_port_app()] {
             desired_children_survive_the_view_of(&app);
         }
     }

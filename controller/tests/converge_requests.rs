@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
 
 use common::names::ANNOTATION_DESIRED_HASH;
-use common::{AppService, AppServiceSpec};
+use common::AppService;
 use controller::children::converge;
 use controller::context::{CacheSync, Caches};
 use controller::desired::desired_deployment;
@@ -135,17 +135,10 @@ fn context(answer: Arc<Answer>) -> (Context, Arc<Mutex<Vec<Seen>>>) {
 }
 
 fn app() -> AppService {
-    let mut app = AppService::new(
-        "web",
-        AppServiceSpec {
-            image: "registry.example.com/web:v1".into(),
-            replicas: Some(2),
-            ..AppServiceSpec::default()
-        },
-    );
-    app.metadata.namespace = Some("shop".into());
-    app.metadata.uid = Some("0f3c2a1b-9d8e-4f7a-b6c5-d4e3f2a1b0c9".into());
-    app
+    common::testing::app("web", "registry.example.com/web:v1")
+        .replicas(2)
+        .stored()
+        .build()
 }
 
 /// The Deployment as the server stores it after a write of `body`: a new

@@ -64,11 +64,10 @@ impl World {
     }
 
     fn app(&self, name: &str) -> AppService {
-        let mut app = support::app(name, "registry.example.com/shop:v1", 1);
-        app.spec.database = Some(DatabaseSpec {
-            class: self.class.clone(),
-        });
-        app
+        common::testing::app(name, "registry.example.com/shop:v1")
+            .replicas(1)
+            .database(&self.class)
+            .build()
     }
 
     /// Names of the controller's databases and roles on the server.
@@ -314,8 +313,13 @@ async fn an_outage_during_delete_keeps_the_app_terminating_until_the_server_is_b
     })
     .await?;
     assert!(warned.note.unwrap_or_default().contains("unreachable"));
-    // Still there a while later: nothing releases the finalizer while the server is down.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Still there after the next attempts: nothing releases the finalizer while the
+    // server is down.
+    let failures = ctl.metrics.cleanup_failure_count();
+    eventually("two more cleanup attempts", WAIT, || async {
+        Ok((ctl.metrics.cleanup_failure_count() >= failures + 2).then_some(()))
+    })
+    .await?;
     assert!(apps.get_opt("shop").await?.is_some(), "stays Terminating");
 
     w.pg.start_again().await?;

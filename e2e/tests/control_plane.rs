@@ -7,7 +7,8 @@
 
 use std::process::Command;
 
-use common::{AppPort, AppService, AppServiceSpec, DatabaseSpec};
+use common::testing::{spec, written};
+use common::{AppPort, AppService, DatabaseSpec};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -17,17 +18,6 @@ use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-fn app(name: &str, spec: AppServiceSpec) -> AppService {
-    AppService::new(name, spec)
-}
-
-fn spec(image: &str) -> AppServiceSpec {
-    AppServiceSpec {
-        image: image.to_owned(),
-        ..AppServiceSpec::default()
-    }
-}
 
 /// The message of an API error, failing the test if the call succeeded.
 fn rejection<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
@@ -80,7 +70,7 @@ async fn an_appservice_is_created_read_back_and_defaulted_by_the_schema() -> Tes
     let api: Api<AppService> = Api::namespaced(cp.client(), &ns);
     api.create(
         &PostParams::default(),
-        &app("checkout", spec("registry.example.com/checkout:v3.4.0")),
+        &written("checkout", spec("registry.example.com/checkout:v3.4.0")),
     )
     .await?;
     let read = api.get("checkout").await?;
@@ -104,7 +94,10 @@ async fn a_database_without_class_is_rejected() -> TestResult {
     bad.database = Some(DatabaseSpec {
         class: String::new(),
     });
-    let (code, message) = rejection(api.create(&PostParams::default(), &app("db", bad)).await);
+    let (code, message) = rejection(
+        api.create(&PostParams::default(), &written("db", bad))
+            .await,
+    );
     assert_eq!(code, 422, "{message}");
     assert!(
         message.contains("spec.database.class"),
@@ -122,7 +115,7 @@ async fn schema_bounds_are_enforced() -> TestResult {
     bad.ports = vec![AppPort::http(70000)];
     bad.replicas = Some(-1);
     let (code, message) = rejection(
-        api.create(&PostParams::default(), &app("bounds", bad))
+        api.create(&PostParams::default(), &written("bounds", bad))
             .await,
     );
     assert_eq!(code, 422, "{message}");
@@ -139,7 +132,7 @@ async fn a_name_with_a_dot_is_rejected() -> TestResult {
     let (code, message) = rejection(
         api.create(
             &PostParams::default(),
-            &app("web.v2", spec("registry.example.com/web:v2")),
+            &written("web.v2", spec("registry.example.com/web:v2")),
         )
         .await,
     );
@@ -160,7 +153,7 @@ async fn database_class_cannot_change_while_enabled() -> TestResult {
     with_db.database = Some(DatabaseSpec {
         class: "small".into(),
     });
-    api.create(&PostParams::default(), &app("shop", with_db))
+    api.create(&PostParams::default(), &written("shop", with_db))
         .await?;
 
     let change = json!({"spec": {"database": {"class": "large"}}});
@@ -367,7 +360,7 @@ async fn users_from_client_certificates_and_impersonation_are_subject_to_rbac() 
         jane_api
             .create(
                 &PostParams::default(),
-                &app("nope", spec("registry.example.com/x:v1")),
+                &written("nope", spec("registry.example.com/x:v1")),
             )
             .await,
     );
@@ -393,7 +386,7 @@ async fn registered_webhooks_take_effect_only_in_their_namespace() -> TestResult
     let (code, message) = rejection(
         api.create(
             &PostParams::default(),
-            &app("hooked", spec("registry.example.com/h:v1")),
+            &written("hooked", spec("registry.example.com/h:v1")),
         )
         .await,
     );
@@ -411,7 +404,7 @@ async fn registered_webhooks_take_effect_only_in_their_namespace() -> TestResult
     Api::<AppService>::namespaced(cp.client(), &other)
         .create(
             &PostParams::default(),
-            &app("free", spec("registry.example.com/f:v1")),
+            &written("free", spec("registry.example.com/f:v1")),
         )
         .await?;
 

@@ -371,12 +371,7 @@ async fn test_namespace(cp: &ControlPlane) -> harness::TestNamespace {
 }
 
 fn app(name: &str) -> AppService {
-    serde_json::from_value(json!({
-        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
-        "metadata": {"name": name},
-        "spec": {"image": "registry.example.com/hello:v1.0.0"}
-    }))
-    .unwrap()
+    common::testing::app(name, "registry.example.com/hello:v1.0.0").build()
 }
 
 /// The API server's view, through our webhook: a create is defaulted by /mutate and

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use common::{AppService, AppServiceSpec};
+use common::AppService;
 use kube::Client;
 
 /// Write verbs of `apiserver_request_total`.
@@ -166,14 +166,12 @@ pub const CONTROLLER_RESOURCES: &[(&str, &str)] = &[
 
 /// The `i`-th AppService of a benchmark.
 pub fn app(i: usize, replicas: i32) -> AppService {
-    AppService::new(
+    common::testing::app(
         &format!("app-{i:05}"),
-        AppServiceSpec {
-            image: format!("registry.example.com/bench/app-{i}:v1"),
-            replicas: Some(replicas),
-            ..AppServiceSpec::default()
-        },
+        &format!("registry.example.com/bench/app-{i}:v1"),
     )
+    .replicas(replicas)
+    .build()
 }
 
 /// How a benchmark runs the controller binary.

@@ -6,7 +6,7 @@
 use controller::subject::Subject;
 use std::alloc::System;
 
-use common::{AppService, AppServiceSpec};
+use common::AppService;
 use controller::desired::{desired_deployment, desired_service};
 use kube::runtime::{reflector, watcher};
 use serde::de::DeserializeOwned;
@@ -69,17 +69,17 @@ fn server_metadata(v: &mut Value, i: usize, hash: bool) {
 }
 
 fn app(i: usize, env: usize) -> AppService {
-    let mut spec: AppServiceSpec = serde_json::from_value(json!({
-        "image": format!("registry.example.com/bench/app-{i}:v1"),
-        "replicas": 1,
-        "env": (0..env).map(|e| json!({"name": format!("VAR_{e}"), "value": format!("value-{e}")})).collect::<Vec<_>>(),
-    }))
-    .unwrap();
-    spec.ports.clear();
-    let mut a = AppService::new(&format!("app-{i:05}"), spec);
-    a.metadata.namespace = Some("scale".into());
-    a.metadata.uid = Some(format!("00000000-0000-4000-8000-{i:012}"));
-    a
+    let mut builder = common::testing::app(
+        &format!("app-{i:05}"),
+        &format!("registry.example.com/bench/app-{i}:v1"),
+    )
+    .replicas(1)
+    .namespace("scale")
+    .uid(&format!("00000000-0000-4000-8000-{i:012}"));
+    for e in 0..env {
+        builder = builder.env(&format!("VAR_{e}"), &format!("value-{e}"));
+    }
+    builder.build()
 }
 
 /// The three objects of AppService `i` as JSON, as a watch delivers them.

@@ -269,14 +269,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::subject::subject;
-    use common::{AppService, AppServiceSpec};
-
-    fn app() -> AppService {
-        let mut app = AppService::new("checkout", AppServiceSpec::default());
-        app.metadata.namespace = Some("shop".into());
-        app.metadata.uid = Some("u-1".into());
-        app
-    }
+    use common::AppServiceSpec;
+    use common::testing::{UID, stored};
 
     fn class() -> DatabaseClass {
         DatabaseClass::new(
@@ -291,11 +285,18 @@ mod tests {
 
     #[test]
     fn secret_has_every_key_and_is_owned() {
-        let s = desired(&subject(&app()), &class(), "appsvc_x", "pw", true, None);
+        let s = desired(
+            &subject(&stored("checkout", AppServiceSpec::default())),
+            &class(),
+            "appsvc_x",
+            "pw",
+            true,
+            None,
+        );
         assert_eq!(s.metadata.name.as_deref(), Some("checkout-database"));
         assert_eq!(s.metadata.namespace.as_deref(), Some("shop"));
         let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!(owner.uid, "u-1");
+        assert_eq!(owner.uid, UID);
         assert_eq!(owner.controller, Some(true));
         assert_eq!(
             value(&s, DATABASE_URL).unwrap(),
@@ -318,7 +319,14 @@ mod tests {
 
     #[test]
     fn same_data_ignores_foreign_annotations_but_not_pending() {
-        let settled = desired(&subject(&app()), &class(), "d", "pw", false, None);
+        let settled = desired(
+            &subject(&stored("checkout", AppServiceSpec::default())),
+            &class(),
+            "d",
+            "pw",
+            false,
+            None,
+        );
         let mut live = settled.clone();
         live.metadata
             .annotations
@@ -326,14 +334,28 @@ mod tests {
             .unwrap()
             .insert("someone/else".into(), "x".into());
         assert!(same_data(&live, &settled));
-        let other_pw = desired(&subject(&app()), &class(), "d", "pw2", false, None);
+        let other_pw = desired(
+            &subject(&stored("checkout", AppServiceSpec::default())),
+            &class(),
+            "d",
+            "pw2",
+            false,
+            None,
+        );
         assert!(!same_data(&other_pw, &settled));
     }
 
     #[test]
     fn only_generated_shapes_are_trusted_whatever_the_hash_says() {
         let tenant_made = |pw: &str| {
-            let mut s = desired(&subject(&app()), &class(), "appsvc_x", pw, true, None);
+            let mut s = desired(
+                &subject(&stored("checkout", AppServiceSpec::default())),
+                &class(),
+                "appsvc_x",
+                pw,
+                true,
+                None,
+            );
             s.data
                 .as_mut()
                 .unwrap()
@@ -372,7 +394,14 @@ mod tests {
 
     #[test]
     fn the_role_password_is_told_from_an_edited_one() {
-        let settled = desired(&subject(&app()), &class(), "appsvc_x", REAL, false, None);
+        let settled = desired(
+            &subject(&stored("checkout", AppServiceSpec::default())),
+            &class(),
+            "appsvc_x",
+            REAL,
+            false,
+            None,
+        );
         assert_eq!(trusted_password(&settled).as_deref(), Some(REAL));
         let edit = |key: &str, value: &str| {
             let mut s = settled.clone();
@@ -416,24 +445,38 @@ mod tests {
 
     #[test]
     fn ours_without_an_owner_reference_but_never_anothers() {
-        let ours = desired(&subject(&app()), &class(), "appsvc_x", "pw", false, None);
-        assert!(is_ours(&ours, "u-1", "appsvc_x"));
+        let ours = desired(
+            &subject(&stored("checkout", AppServiceSpec::default())),
+            &class(),
+            "appsvc_x",
+            "pw",
+            false,
+            None,
+        );
+        assert!(is_ours(&ours, UID, "appsvc_x"));
         assert!(!is_ours(&ours, "u-2", "appsvc_y"));
         let mut orphan = ours.clone();
         orphan.metadata.owner_references = None;
-        assert!(is_ours(&orphan, "u-1", "appsvc_x"));
-        assert!(!is_ours(&orphan, "u-1", "appsvc_other"));
+        assert!(is_ours(&orphan, UID, "appsvc_x"));
+        assert!(!is_ours(&orphan, UID, "appsvc_other"));
         let mut anothers = ours.clone();
         anothers.metadata.owner_references.as_mut().unwrap()[0].uid = "u-9".into();
-        assert!(!is_ours(&anothers, "u-1", "appsvc_x"));
+        assert!(!is_ours(&anothers, UID, "appsvc_x"));
         let mut foreign = Secret::default();
         foreign.metadata.name = Some("checkout-database".into());
-        assert!(!is_ours(&foreign, "u-1", "appsvc_x"));
+        assert!(!is_ours(&foreign, UID, "appsvc_x"));
     }
 
     #[test]
     fn metadata_drift_is_seen_and_others_metadata_kept() {
-        let want = desired(&subject(&app()), &class(), "d", "pw", false, None);
+        let want = desired(
+            &subject(&stored("checkout", AppServiceSpec::default())),
+            &class(),
+            "d",
+            "pw",
+            false,
+            None,
+        );
         assert!(same_metadata(&want, &want));
         let mut old_version = want.clone();
         old_version.metadata.owner_references.as_mut().unwrap()[0].api_version =
@@ -491,7 +534,7 @@ mod tests {
         const PW: &str = "0123456789abcdefghijABCDEFGHIJkl";
         assert!(sql::is_generated_shape(PW));
         let s = desired(
-            &subject(&app()),
+            &subject(&stored("checkout", AppServiceSpec::default())),
             &class_in("verify-full"),
             "d",
             PW,
@@ -515,7 +558,7 @@ mod tests {
         assert_eq!(trusted_password(&s).as_deref(), Some(PW));
         for mode in ["require", "disable"] {
             let s = desired(
-                &subject(&app()),
+                &subject(&stored("checkout", AppServiceSpec::default())),
                 &class_in(mode),
                 "d",
                 PW,
@@ -534,7 +577,7 @@ mod tests {
     fn the_revision_follows_the_password_the_ca_and_the_server_only() {
         let rev = |class: &DatabaseClass, pw: &str, ca: &str, pending: bool| {
             revision(&desired(
-                &subject(&app()),
+                &subject(&stored("checkout", AppServiceSpec::default())),
                 class,
                 "d",
                 pw,
@@ -544,7 +587,9 @@ mod tests {
         };
         let vf = class_in("verify-full");
         let base = rev(&vf, "pw", "CA1", false);
-        assert_eq!(base, rev(&vf, "pw", "CA1", false));
+        // Pods roll when the revision changes: the same inputs give the same revision in
+        // every release (a golden value), not only twice in one process.
+        assert_eq!(base, "1918ab39133316f1c63104095615612d");
         // Annotations (pending, foreign ones) are not what the Pods get.
         assert_eq!(base, rev(&vf, "pw", "CA1", true));
         assert_ne!(base, rev(&vf, "pw2", "CA1", false));
@@ -555,7 +600,7 @@ mod tests {
         assert_eq!(base.len(), 32);
         assert_eq!(
             pod_database(&desired(
-                &subject(&app()),
+                &subject(&stored("checkout", AppServiceSpec::default())),
                 &vf,
                 "d",
                 "pw",
