@@ -16,7 +16,7 @@ use tracing::{debug, warn};
 use crate::context::Context;
 use crate::error::Result;
 use crate::metrics::{Metrics, Ready, Written};
-use crate::status::{needs_write, ready_state};
+use crate::status::{self, needs_write, ready_state};
 
 /// Writes `status` through the status subresource if it differs from the live status,
 /// and publishes the Events of what moved.
@@ -49,13 +49,37 @@ pub async fn write_status(
     if ctx.config().sharding {
         patch["metadata"]["resourceVersion"] = json!(app.metadata.resource_version);
     }
-    api.patch_status(
-        &app.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    let written = api
+        .patch_status(
+            &app.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
     ctx.metrics().write(Written::AppServiceStatus);
+    let leftovers = status::leftovers(written.status.as_ref(), status);
+    if !leftovers.is_empty() {
+        // Fields another writer set that ours leaves out: removed by name, on the
+        // condition that the object is still the one our apply returned (a 409 retries).
+        let clear: serde_json::Map<String, serde_json::Value> = leftovers
+            .iter()
+            .map(|field| (field.clone(), serde_json::Value::Null))
+            .collect();
+        debug!(fields = ?leftovers, "removing status fields another writer set");
+        api.patch_status(
+            &app.name_any(),
+            &PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({
+                "metadata": {"resourceVersion": written.metadata.resource_version},
+                "status": clear,
+            })),
+        )
+        .await?;
+        ctx.metrics().write(Written::AppServiceStatus);
+    }
     if let Some(rv) = app.metadata.resource_version.clone() {
         ctx.remember_status_write(key, rv, status.clone());
     }

@@ -502,6 +502,26 @@ pub fn needs_write(live: Option<&AppServiceStatus>, desired: &AppServiceStatus) 
         || !conditions::same_set_ignoring_time(&live.conditions, &desired.conditions)
 }
 
+/// The top-level fields of `written` (the status the API server holds after our apply)
+/// that `desired` leaves out. Another writer set them, and an apply removes only what
+/// its own field manager set, so they outlive it: the caller removes them by name. A
+/// status edited by hand (`endpoint` pointing elsewhere) while ours has none would
+/// otherwise keep the foreign value for as long as ours stays empty.
+pub fn leftovers(written: Option<&AppServiceStatus>, desired: &AppServiceStatus) -> Vec<String> {
+    let fields = |status: &AppServiceStatus| match serde_json::to_value(status) {
+        Ok(serde_json::Value::Object(map)) => map.into_iter().map(|(k, _)| k).collect(),
+        _ => Vec::new(),
+    };
+    let Some(written) = written else {
+        return Vec::new();
+    };
+    let wanted = fields(desired);
+    fields(written)
+        .into_iter()
+        .filter(|field| !wanted.contains(field))
+        .collect()
+}
+
 /// The `(status, reason)` of the Ready condition, for transition Events and metrics.
 pub fn ready_state(status: Option<&AppServiceStatus>) -> Option<(String, String)> {
     let status = status?;

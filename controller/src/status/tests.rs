@@ -1,7 +1,6 @@
 //! Unit tests of the status computation.
 
 use super::*;
-use common::AppServiceSpec;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentCondition, DeploymentSpec, DeploymentStatus,
 };
@@ -100,18 +99,12 @@ fn at(secs: i64) -> Time {
 }
 
 fn app(replicas: i32, generation: i64) -> AppService {
-    let mut app = AppService::new(
-        "checkout",
-        AppServiceSpec {
-            image: "nginx:1.27".into(),
-            replicas: Some(replicas),
-            ports: vec![common::AppPort::http(8080)],
-            ..Default::default()
-        },
-    );
-    app.metadata.namespace = Some("shop".into());
-    app.metadata.generation = Some(generation);
-    app
+    common::testing::app("checkout", "nginx:1.27")
+        .replicas(replicas)
+        .port(8080)
+        .namespace("shop")
+        .generation(generation)
+        .build()
 }
 
 fn deployment(replicas: i32, generation: i64, st: DeploymentStatus) -> DeploymentView {
@@ -904,4 +897,27 @@ fn without_a_canary_nothing_changes_and_status_canary_goes() {
         "rolling out: 3/3 replicas ready"
     );
     assert_eq!(rollout_of(&rolling, None).1, None);
+}
+
+#[test]
+fn fields_another_writer_set_that_ours_leaves_out_are_leftovers() {
+    let ours = AppServiceStatus {
+        observed_generation: Some(2),
+        ready_replicas: Some(0),
+        ..AppServiceStatus::default()
+    };
+    let mut held = ours.clone();
+    held.endpoint = Some("http://elsewhere:1".into());
+    held.selector = Some("app=x".into());
+    assert_eq!(
+        super::leftovers(Some(&held), &ours),
+        ["endpoint", "selector"]
+    );
+    // What ours sets is not a leftover, whatever its value on the server.
+    held.ready_replicas = Some(99);
+    let mut with_endpoint = ours.clone();
+    with_endpoint.endpoint = Some("http://web.shop.svc:8080".into());
+    assert_eq!(super::leftovers(Some(&held), &with_endpoint), ["selector"]);
+    assert!(super::leftovers(Some(&ours), &ours).is_empty());
+    assert!(super::leftovers(None, &ours).is_empty());
 }
