@@ -665,7 +665,9 @@ async fn labels_and_annotations_added_by_users_are_kept_without_a_fight() -> any
         .await?;
     let s0 = f.services.patch("kept", &pp, &Patch::Merge(&extra)).await?;
     let writes = f.ctl.metrics.write_count();
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Three reconciles after events that follow the intruder's in each watch (the
+    // AppService, then the Deployment, then the Service poked): each saw its edits.
+    support::poke(&f, &f.ctl.metrics, &["kept".to_owned()], 3).await?;
     let d1 = f.deployments.get("kept").await?;
     let s1 = f.services.get("kept").await?;
     // Status updates by the Deployment controller move resourceVersions; what must not
@@ -750,9 +752,27 @@ async fn foreign_objects_block_until_they_go_away() -> anyhow::Result<()> {
                 status.endpoint, None,
                 "the endpoint would reach someone else"
             );
+            // Another writer sets one anyway: ours has none, and an apply of ours would
+            // leave a field it does not set; the controller removes it.
+            f.apps
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"endpoint": "http://elsewhere:1"}})),
+                )
+                .await?;
+            eventually("the foreign endpoint removed", WAIT, || async {
+                let a = f.apps.get(&name).await?;
+                Ok(a.status
+                    .unwrap_or_default()
+                    .endpoint
+                    .is_none()
+                    .then_some(()))
+            })
+            .await?;
         }
-        // Neither child was created: nothing half-built.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Neither child was created, not even by a later pass: nothing half-built.
+        support::poke(&f, &f.ctl.metrics, std::slice::from_ref(&name), 1).await?;
         let ours = |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
             refs.iter().any(|r| Some(&r.uid) == a.metadata.uid.as_ref())
         };
