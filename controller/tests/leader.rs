@@ -149,8 +149,10 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
     // Only the leader reconciles.
     create(&apps, &app("one", "nginx:1.27", 1)).await?;
     wait_deployment(&deployments, "one", Duration::from_secs(30)).await?;
-    // Give the standby every chance to (wrongly) reconcile too.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // More events the standby would see if it (wrongly) watched: a second AppService,
+    // which the leader reconciles.
+    create(&apps, &app("also-one", "nginx:1.27", 1)).await?;
+    wait_deployment(&deployments, "also-one", Duration::from_secs(30)).await?;
     assert!(
         a.metric("appservice_controller_reconciles_total{result=\"success\"}")
             .await?

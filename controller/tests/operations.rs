@@ -184,10 +184,35 @@ async fn a_reconcile_is_a_span_tree_with_its_api_calls() {
     assert!(urls.iter().any(|u| u.contains("/deployments")), "{urls:?}");
     assert!(urls.iter().any(|u| u.contains("/services")), "{urls:?}");
 
-    // Watches and other background requests are not traces of their own.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let orphans: Vec<_> = receiver
-        .spans()
+    // Watches and other background requests are not traces of their own. Spans are
+    // exported in the order they end: once the root of a later reconcile (after a poke)
+    // has arrived, every background request that ended before it has too.
+    let roots = |spans: &[harness::ReceivedSpan]| {
+        spans
+            .iter()
+            .filter(|s| s.name == "reconciling object")
+            .count()
+    };
+    let before = roots(&receiver.spans());
+    apps.patch(
+        "traced",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {"poked": "1"}}})),
+    )
+    .await
+    .unwrap();
+    let later = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            (roots(spans) > before).then(|| spans.to_vec())
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "no reconcile after the poke; received {:#?}",
+                receiver.spans()
+            )
+        });
+    let orphans: Vec<_> = later
         .into_iter()
         .filter(|s| s.kind == 3 && s.parent_span_id.is_empty())
         .collect();
@@ -324,7 +349,7 @@ fn render_monitoring(namespace: &str) -> Vec<Value> {
     let root = harness::assets::workspace_root();
     let helm = harness::assets::bin_dir().unwrap().join("helm");
     let home = std::env::temp_dir().join("aso-helm-ops");
-    let out = std::process::Command::new(helm)
+    let out = std::process::Command::new(&helm)
         .args(["template", "aso"])
         .arg(root.join("charts/appservice-operator"))
         .args(["--namespace", namespace])
@@ -334,7 +359,12 @@ fn render_monitoring(namespace: &str) -> Vec<Value> {
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_DATA_HOME", home.join("data"))
         .output()
-        .unwrap();
+        .unwrap_or_else(|e| {
+            panic!(
+                "running {}: {e} (the test assets are built by `cargo xtask assets`)",
+                helm.display()
+            )
+        });
     assert!(
         out.status.success(),
         "{}",

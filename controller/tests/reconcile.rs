@@ -366,8 +366,8 @@ async fn steady_state_reconcile_makes_no_writes() -> anyhow::Result<()> {
         Ok(f.services.get_opt("steady").await?)
     })
     .await?;
-    // Let the initial flurry settle.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The initial flurry over: a reconcile after a poke writes nothing.
+    support::settle(&f, &ctl.metrics).await?;
 
     let a0 = f.apps.get("steady").await?;
     let d0 = f.deployments.get("steady").await?;
@@ -489,7 +489,17 @@ async fn without_the_controller_nothing_is_removed_from_a_deleted_appservice() -
 #[derive(Default)]
 struct FlakyExternal {
     fail: std::sync::atomic::AtomicBool,
-    cleanups: std::sync::atomic::AtomicU32,
+    cleanups: std::sync::Mutex<Vec<std::time::Instant>>,
+}
+
+impl FlakyExternal {
+    /// When each cleanup was called, in order.
+    fn cleanups(&self) -> Vec<std::time::Instant> {
+        self.cleanups
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    }
 }
 
 impl controller::external::External for FlakyExternal {
@@ -507,7 +517,9 @@ impl controller::external::External for FlakyExternal {
     ) -> futures::future::BoxFuture<'a, controller::error::Result<controller::external::Step>> {
         use std::sync::atomic::Ordering;
         Box::pin(async move {
-            self.cleanups.fetch_add(1, Ordering::SeqCst);
+            if let Ok(mut calls) = self.cleanups.lock() {
+                calls.push(std::time::Instant::now());
+            }
             if self.fail.load(Ordering::SeqCst) {
                 Err(controller::error::Error::Cleanup(
                     controller::database::DatabaseError::Internal(
@@ -552,14 +564,22 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
             .2
             .contains("database server unreachable")
     );
-    // Retried with backoff, not in a hot loop.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let attempts = external.cleanups.load(Ordering::SeqCst);
-    assert!(
-        (2..=8).contains(&attempts),
-        "cleanup attempts in ~3s: {attempts}"
-    );
-    assert!(ctl.metrics.cleanup_failure_count() >= 2);
+    // Retried with backoff, not in a hot loop. The first failure's status write is an
+    // event and may bring one retry at once; from then on only the backoff schedules
+    // them, and a retry waits at least the policy's delay for its attempt (equal jitter
+    // never goes below half the nominal delay, which doubles per attempt): the fifth
+    // call comes at least `delay(attempt 1)` after the fourth.
+    let calls = eventually("five cleanup attempts", WAIT, || async {
+        let calls = external.cleanups();
+        Ok((calls.len() >= 5).then_some(calls))
+    })
+    .await?;
+    let gaps: Vec<Duration> = calls.windows(2).map(|w| w[1] - w[0]).collect();
+    let least = controller::error::BackoffPolicy::default()
+        .delay(controller::error::Retry::Transient, 1, 0.0)
+        .expect("a transient error is retried");
+    assert!(gaps[3] >= least, "cleanup retried too soon: gaps {gaps:?}");
+    assert!(ctl.metrics.cleanup_failure_count() >= 5);
     assert!(
         apps.get_opt("db").await?.is_some(),
         "the finalizer must hold the object"
@@ -616,6 +636,12 @@ async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() ->
             ..Default::default()
         }),
     }];
+    let invalid = || {
+        ctl.metrics
+            .errors_of(controller::metrics::ErrorReason::Invalid)
+    };
+    let invalid_before = invalid();
+    let created = std::time::Instant::now();
     create(&f.apps, &bad).await?;
     let a = eventually("Ready=False ApplyFailed", WAIT, || async {
         let a = f.apps.get("rejected").await?;
@@ -629,16 +655,24 @@ async fn a_child_the_api_server_rejects_is_reported_until_the_spec_is_fixed() ->
     assert!(message.contains("fieldPath"), "{message}");
     assert_eq!(condition(&a, DEGRADED).unwrap().0, TRUE);
     assert!(f.deployments.get_opt("rejected").await?.is_none());
-    // Not retried in a loop: the object stays as it is.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Retried with backoff, not in a loop, and the retries write nothing. The first
+    // failure's status write is an event and may bring the second attempt at once; the
+    // third waits for the backoff of at least the second attempt.
+    eventually("two retries of the rejected apply", WAIT, || async {
+        Ok((invalid() >= invalid_before + 3).then_some(()))
+    })
+    .await?;
+    let least = controller::error::BackoffPolicy::default()
+        .delay(controller::error::Retry::Rejected, 1, 0.0)
+        .expect("a rejected apply is retried");
+    assert!(
+        created.elapsed() >= least,
+        "three rejected applies within {:?}",
+        created.elapsed()
+    );
     assert_eq!(
         f.apps.get("rejected").await?.resource_version(),
         a.resource_version()
-    );
-    assert!(
-        ctl.metrics
-            .errors_of(controller::metrics::ErrorReason::Invalid)
-            <= 3
     );
 
     f.apps

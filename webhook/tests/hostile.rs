@@ -429,8 +429,21 @@ async fn the_ops_port_answers_when_the_connection_cap_is_reached() {
     // A review waits for a slot; freeing the flood lets it through.
     let client = certs.client();
     let addr = webhook.tls;
+    let queued = accept_queue(addr).expect("the listening socket in /proc/net");
     let review = tokio::spawn(async move { client.review(addr, "/validate", false).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The kernel shows the review's connection in the listener's backlog: made, and not
+    // accepted, since the webhook accepts only with a free slot.
+    tokio::time::timeout(GIVE_UP, async {
+        while accept_queue(addr).unwrap_or(0) <= queued {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the review's connection never reached the backlog");
+    assert_eq!(
+        webhook.metric("appservice_webhook_tls_connections ").await,
+        20.0
+    );
     assert!(
         !review.is_finished(),
         "a review got past a full connection cap"
@@ -443,6 +456,26 @@ async fn the_ops_port_answers_when_the_connection_cap_is_reached() {
         .unwrap();
     assert_eq!(reply.status, StatusCode::OK);
     webhook.terminate().await;
+}
+
+/// The connections waiting in the backlog of the socket listening on `addr`'s port
+/// (the `rx_queue` of a LISTEN socket in /proc/net/tcp), if it is found.
+fn accept_queue(addr: SocketAddr) -> Option<u64> {
+    let table = if addr.is_ipv4() {
+        "/proc/net/tcp"
+    } else {
+        "/proc/net/tcp6"
+    };
+    let text = std::fs::read_to_string(table).ok()?;
+    let port = format!(":{:04X}", addr.port());
+    text.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let listening = fields.get(1)?.ends_with(&port) && *fields.get(3)? == "0A";
+        let rx = fields.get(4)?.split(':').nth(1)?;
+        listening
+            .then(|| u64::from_str_radix(rx, 16).ok())
+            .flatten()
+    })
 }
 
 /// Rapid HTTP/2 resets (open a stream, cancel it at once, thousands of times) leave no

@@ -69,10 +69,24 @@ async fn cpu_and_heap_profiles_on_demand() {
         answered
     });
     let cpu = tokio::spawn(async move { get_bytes(ops, "/debug/pprof/profile?seconds=2").await });
-    // One profile at a time.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (status, body) = get(ops, "/debug/pprof/heap").await;
-    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    // One profile at a time: while the CPU profile runs (2 s from its start), a heap
+    // profile is refused. Until it has started, a heap profile is simply taken.
+    let mut answers = Vec::new();
+    let refused = loop {
+        let (status, _) = get(ops, "/debug/pprof/heap").await;
+        if status == StatusCode::CONFLICT {
+            break true;
+        }
+        answers.push(status);
+        if cpu.is_finished() || answers.len() > 200 {
+            break false;
+        }
+    };
+    assert!(
+        refused,
+        "no heap profile refused during the CPU profile: {answers:?}"
+    );
+    assert!(answers.iter().all(|s| *s == StatusCode::OK), "{answers:?}");
     let (status, body) = cpu.await.unwrap();
     let _ = stop.send(true);
     let answered = load.await.unwrap();
