@@ -12,8 +12,8 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
 
-use common::names::ANNOTATION_DESIRED_HASH;
 use common::AppService;
+use common::names::ANNOTATION_DESIRED_HASH;
 use controller::children::converge;
 use controller::context::{CacheSync, Caches};
 use controller::desired::desired_deployment;
