@@ -269,8 +269,25 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::subject::subject;
-    use common::AppServiceSpec;
     use common::testing::{UID, stored};
+    use common::{AppService, AppServiceSpec};
+
+    /// The AppService of these tests, as stored.
+    fn app() -> AppService {
+        stored("checkout", AppServiceSpec::default())
+    }
+
+    /// Our Secret for [`app`] on [`class`] without a CA: `database`, `password`, pending.
+    fn secret(database: &str, password: &str, pending: bool) -> Secret {
+        desired(
+            &subject(&app()),
+            &class(),
+            database,
+            password,
+            pending,
+            None,
+        )
+    }
 
     fn class() -> DatabaseClass {
         DatabaseClass::new(
@@ -285,14 +302,7 @@ mod tests {
 
     #[test]
     fn secret_has_every_key_and_is_owned() {
-        let s = desired(
-            &subject(&stored("checkout", AppServiceSpec::default())),
-            &class(),
-            "appsvc_x",
-            "pw",
-            true,
-            None,
-        );
+        let s = secret("appsvc_x", "pw", true);
         assert_eq!(s.metadata.name.as_deref(), Some("checkout-database"));
         assert_eq!(s.metadata.namespace.as_deref(), Some("shop"));
         let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
@@ -319,14 +329,7 @@ mod tests {
 
     #[test]
     fn same_data_ignores_foreign_annotations_but_not_pending() {
-        let settled = desired(
-            &subject(&stored("checkout", AppServiceSpec::default())),
-            &class(),
-            "d",
-            "pw",
-            false,
-            None,
-        );
+        let settled = secret("d", "pw", false);
         let mut live = settled.clone();
         live.metadata
             .annotations
@@ -334,28 +337,14 @@ mod tests {
             .unwrap()
             .insert("someone/else".into(), "x".into());
         assert!(same_data(&live, &settled));
-        let other_pw = desired(
-            &subject(&stored("checkout", AppServiceSpec::default())),
-            &class(),
-            "d",
-            "pw2",
-            false,
-            None,
-        );
+        let other_pw = secret("d", "pw2", false);
         assert!(!same_data(&other_pw, &settled));
     }
 
     #[test]
     fn only_generated_shapes_are_trusted_whatever_the_hash_says() {
         let tenant_made = |pw: &str| {
-            let mut s = desired(
-                &subject(&stored("checkout", AppServiceSpec::default())),
-                &class(),
-                "appsvc_x",
-                pw,
-                true,
-                None,
-            );
+            let mut s = secret("appsvc_x", pw, true);
             s.data
                 .as_mut()
                 .unwrap()
@@ -394,14 +383,7 @@ mod tests {
 
     #[test]
     fn the_role_password_is_told_from_an_edited_one() {
-        let settled = desired(
-            &subject(&stored("checkout", AppServiceSpec::default())),
-            &class(),
-            "appsvc_x",
-            REAL,
-            false,
-            None,
-        );
+        let settled = secret("appsvc_x", REAL, false);
         assert_eq!(trusted_password(&settled).as_deref(), Some(REAL));
         let edit = |key: &str, value: &str| {
             let mut s = settled.clone();
@@ -445,14 +427,7 @@ mod tests {
 
     #[test]
     fn ours_without_an_owner_reference_but_never_anothers() {
-        let ours = desired(
-            &subject(&stored("checkout", AppServiceSpec::default())),
-            &class(),
-            "appsvc_x",
-            "pw",
-            false,
-            None,
-        );
+        let ours = secret("appsvc_x", "pw", false);
         assert!(is_ours(&ours, UID, "appsvc_x"));
         assert!(!is_ours(&ours, "u-2", "appsvc_y"));
         let mut orphan = ours.clone();
@@ -469,14 +444,7 @@ mod tests {
 
     #[test]
     fn metadata_drift_is_seen_and_others_metadata_kept() {
-        let want = desired(
-            &subject(&stored("checkout", AppServiceSpec::default())),
-            &class(),
-            "d",
-            "pw",
-            false,
-            None,
-        );
+        let want = secret("d", "pw", false);
         assert!(same_metadata(&want, &want));
         let mut old_version = want.clone();
         old_version.metadata.owner_references.as_mut().unwrap()[0].api_version =
@@ -534,7 +502,7 @@ mod tests {
         const PW: &str = "0123456789abcdefghijABCDEFGHIJkl";
         assert!(sql::is_generated_shape(PW));
         let s = desired(
-            &subject(&stored("checkout", AppServiceSpec::default())),
+            &subject(&app()),
             &class_in("verify-full"),
             "d",
             PW,
@@ -558,7 +526,7 @@ mod tests {
         assert_eq!(trusted_password(&s).as_deref(), Some(PW));
         for mode in ["require", "disable"] {
             let s = desired(
-                &subject(&stored("checkout", AppServiceSpec::default())),
+                &subject(&app()),
                 &class_in(mode),
                 "d",
                 PW,
@@ -577,7 +545,7 @@ mod tests {
     fn the_revision_follows_the_password_the_ca_and_the_server_only() {
         let rev = |class: &DatabaseClass, pw: &str, ca: &str, pending: bool| {
             revision(&desired(
-                &subject(&stored("checkout", AppServiceSpec::default())),
+                &subject(&app()),
                 class,
                 "d",
                 pw,
@@ -600,7 +568,7 @@ mod tests {
         assert_eq!(base.len(), 32);
         assert_eq!(
             pod_database(&desired(
-                &subject(&stored("checkout", AppServiceSpec::default())),
+                &subject(&app()),
                 &vf,
                 "d",
                 "pw",
