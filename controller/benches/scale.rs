@@ -26,8 +26,6 @@
 mod support;
 
 use controller::subject::Subject;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -35,16 +33,17 @@ use common::AppService;
 use common::names::{FIELD_MANAGER, FINALIZER};
 use controller::RateLimit;
 use controller::desired::{desired_deployment, desired_service};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
+use support::converge::{burst, latencies, started_now, wait_done, watch_status};
 use support::{
-    CONTROLLER_RESOURCES, ControllerRun, apiserver_writes, app, delta, is_bench_run,
-    keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_all, wait_ready,
+    CONTROLLER_RESOURCES, ControllerRun, apiserver_writes, delta, is_bench_run, keep_logs_hint,
+    print_writes, rss_kib, stop, sum_for, wait_ready,
 };
 
 #[derive(Parser, Debug)]
@@ -88,101 +87,6 @@ struct Args {
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
-}
-
-/// Every object as if created now: for `--precreate`, where times count from the start
-/// of the controller (or of the floor's client).
-fn started_now(created: HashMap<String, Instant>) -> HashMap<String, Instant> {
-    let now = Instant::now();
-    created.into_keys().map(|name| (name, now)).collect()
-}
-
-/// When each AppService of a namespace first showed `status.observedGeneration`.
-type Done = Arc<Mutex<HashMap<String, Instant>>>;
-
-fn watch_status(client: Client, ns: &str) -> Done {
-    let done: Done = Arc::default();
-    let apps: Api<AppService> = Api::namespaced(client, ns);
-    let d = done.clone();
-    tokio::spawn(async move {
-        let stream = watcher(apps, watcher::Config::default()).applied_objects();
-        futures::pin_mut!(stream);
-        while let Some(Ok(a)) = stream.next().await {
-            let observed = a.status.as_ref().and_then(|s| s.observed_generation);
-            if observed.is_some() && observed == a.metadata.generation {
-                let now = Instant::now();
-                if let Ok(mut map) = d.lock() {
-                    map.entry(a.name_any()).or_insert(now);
-                }
-            }
-        }
-    });
-    done
-}
-
-/// Creates N AppServices in a burst, returning when each create request started.
-async fn burst(
-    apps: &Api<AppService>,
-    n: usize,
-    concurrency: usize,
-) -> anyhow::Result<HashMap<String, Instant>> {
-    let started = futures::stream::iter(0..n)
-        .map(|i| {
-            let apps = apps.clone();
-            async move {
-                let a = app(i, 1);
-                let at = Instant::now();
-                apps.create(&PostParams::default(), &a).await?;
-                anyhow::Ok((a.name_any(), at))
-            }
-        })
-        .buffer_unordered(concurrency)
-        .try_collect::<HashMap<_, _>>()
-        .await?;
-    Ok(started)
-}
-
-struct Latencies {
-    p50: Duration,
-    p99: Duration,
-    max: Duration,
-    total: Duration,
-}
-
-fn latencies(created: &HashMap<String, Instant>, done: &Done) -> Latencies {
-    let done = done.lock().map(|m| m.clone()).unwrap_or_default();
-    let mut each: Vec<Duration> = created
-        .iter()
-        .filter_map(|(name, at)| done.get(name).map(|d| d.saturating_duration_since(*at)))
-        .collect();
-    each.sort();
-    let pick = |q: f64| {
-        each.get(((each.len() as f64 * q) as usize).min(each.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
-    let first = created.values().min().copied();
-    let last = done.values().max().copied();
-    Latencies {
-        p50: pick(0.50),
-        p99: pick(0.99),
-        max: each.last().copied().unwrap_or_default(),
-        total: match (first, last) {
-            (Some(f), Some(l)) => l.saturating_duration_since(f),
-            _ => Duration::ZERO,
-        },
-    }
-}
-
-async fn wait_done(done: &Done, n: usize, timeout: Duration, what: &str) -> anyhow::Result<()> {
-    wait_all(
-        timeout,
-        what,
-        || async { Ok(done.lock().map(|m| m.len()).unwrap_or(0)) },
-        n,
-    )
-    .await
-    .map(|_| ())
 }
 
 fn start_controller(
@@ -243,7 +147,7 @@ async fn main() -> anyhow::Result<()> {
     let (rss_idle, _) = rss_kib(pid);
 
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &ns);
-    let done = watch_status(admin.clone(), &ns);
+    let done = watch_status(admin.clone(), &ns, 1);
     let before = apiserver_writes(&admin).await?;
     let (created, pid) = if args.precreate {
         stop(&mut ctl, pid).await;
@@ -303,7 +207,7 @@ async fn main() -> anyhow::Result<()> {
                 burst: args.burst,
             },
         )?;
-        let fdone = watch_status(admin.clone(), &fns);
+        let fdone = watch_status(admin.clone(), &fns, 1);
         let fapps: Api<AppService> = Api::namespaced(admin.clone(), &fns);
         let before = apiserver_writes(&admin).await?;
         eprintln!("floor: the same burst, a plain client making the same writes …");

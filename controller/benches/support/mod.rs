@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod converge;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};

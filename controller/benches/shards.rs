@@ -1,0 +1,329 @@
+//! Sharding benchmark (a command, not a test):
+//!
+//! ```text
+//! cargo bench -p appservice-controller --bench shards -- --n 20000 --shards 0,1,4
+//! cargo bench -p appservice-controller --bench shards -- --n 5000 --shards 0,1,4 \
+//!   --baseline-bin ~/.cache/appservice-operator/cr-baseline/appservice-cr-baseline
+//! ```
+//!
+//! On a private *plain* control plane (no Pods), for each entry of `--shards` (0: one
+//! leader, sharding off, the default; k ≥ 1: k controller processes with `--sharding`),
+//! and for the controller-runtime baseline when `--baseline-bin` is given, in the same run:
+//!
+//! 1. **Converge**: N AppServices are created first, then the controllers start; the time
+//!    until every one shows `status.observedGeneration` (read from a watch of our own),
+//!    and the API server's write requests per AppService.
+//! 2. **Memory**: each process's peak RSS (VmHWM) and its RSS after settling.
+//! 3. **Handover** (k ≥ 2): one shard that does not lead the ring is SIGKILLed, and every
+//!    AppService it owned gets a spec edit at once; per object, the time from its edit to
+//!    its new `observedGeneration` (p50/p99/max): how long an object waits for a
+//!    controller when its shard dies.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use common::AppService;
+use common::names::shard_label;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use support::converge::{Latencies, burst, latencies, started_now, wait_done, watch_status};
+use support::{
+    CONTROLLER_RESOURCES, ControllerRun, apiserver_writes, delta, is_bench_run, keep_logs_hint,
+    rss_kib, stop, sum_for, wait_ready,
+};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Number of AppServices per configuration.
+    #[arg(long, default_value_t = 20000)]
+    n: usize,
+    /// The configurations: 0 is one leader without sharding; k ≥ 1 is k shards.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,4")]
+    shards: Vec<usize>,
+    /// Client QPS of each controller process.
+    #[arg(long, default_value_t = 1000.0)]
+    qps: f64,
+    /// Client burst of each controller process.
+    #[arg(long, default_value_t = 2000)]
+    burst: u32,
+    /// Concurrency of each controller process.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u16,
+    /// Concurrent create requests (and edits) of the benchmark's client.
+    #[arg(long, default_value_t = 64)]
+    create_concurrency: usize,
+    /// Seconds to let things settle before reading steady-state memory.
+    #[arg(long, default_value_t = 20)]
+    settle_secs: u64,
+    /// Give up waiting after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    timeout_secs: u64,
+    /// A controller-runtime build of the same job (see `cargo xtask build-cr-baseline`),
+    /// measured as one more configuration (one process).
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// What one configuration measured.
+struct Run {
+    name: String,
+    converge: Latencies,
+    writes_per_app: f64,
+    /// Per process: (peak, steady) RSS in KiB.
+    rss: Vec<(u64, u64)>,
+    handover: Option<(usize, Latencies)>,
+}
+
+/// One running controller process.
+struct Process {
+    identity: String,
+    child: tokio::process::Child,
+    pid: u32,
+    ops_port: u16,
+}
+
+/// Starts the processes of one configuration: `bin` with `extra` arguments each, one
+/// process unless `shards` ≥ 1.
+fn spawn(
+    cp: &harness::ControlPlane,
+    args: &Args,
+    bin: &Path,
+    ns: &str,
+    shards: usize,
+    ring: &str,
+    log: &Path,
+) -> anyhow::Result<Vec<Process>> {
+    let mut processes = Vec::new();
+    for i in 0..shards.max(1) {
+        let identity = format!("{ring}-{i}");
+        let ops_port = harness::process::free_port()?;
+        let mut extra: Vec<String> = Vec::new();
+        if shards >= 1 {
+            extra.extend(
+                [
+                    "--sharding",
+                    "--shard-ring",
+                    ring,
+                    "--lease-name",
+                    ring,
+                    "--identity",
+                    &identity,
+                ]
+                .map(str::to_owned),
+            );
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let (child, pid) = ControllerRun {
+            bin,
+            cp,
+            ns,
+            ops_port,
+            qps: args.qps,
+            burst: args.burst,
+            concurrency: args.concurrency,
+            args: &extra,
+            log,
+        }
+        .spawn()?;
+        processes.push(Process {
+            identity,
+            child,
+            pid,
+            ops_port,
+        });
+    }
+    Ok(processes)
+}
+
+/// Edits every AppService of `names` (a new spec.replicas), returning when each edit
+/// was sent.
+async fn edit_all(
+    apps: &Api<AppService>,
+    names: Vec<String>,
+    concurrency: usize,
+) -> anyhow::Result<HashMap<String, Instant>> {
+    let edited = futures::stream::iter(names)
+        .map(|name| {
+            let apps = apps.clone();
+            async move {
+                let at = Instant::now();
+                apps.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": 2}})),
+                )
+                .await?;
+                anyhow::Ok((name, at))
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<_>>()
+        .await;
+    edited.into_iter().collect()
+}
+
+/// One configuration, on its own namespace: precreate, start, converge, settle, and for
+/// two shards or more the handover of a killed one.
+async fn measure(
+    cp: &harness::ControlPlane,
+    admin: &Client,
+    args: &Args,
+    name: &str,
+    bin: &Path,
+    shards: usize,
+) -> anyhow::Result<Run> {
+    let n = args.n;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let ring = format!("bench-{}", name.replace([' ', ','], "-"));
+    let ns = cp.namespace_with_prefix("shards").await?;
+    let apps: Api<AppService> = Api::namespaced(admin.clone(), &ns);
+    eprintln!("{name}: creating {n} AppServices with no controller running …");
+    let created = burst(&apps, n, args.create_concurrency).await?;
+    let done = watch_status(admin.clone(), &ns, 1);
+    let before = apiserver_writes(admin).await?;
+    let log = cp.log_dir().join(format!("{ring}.log"));
+    eprintln!("{name}: starting {} process(es) …", shards.max(1));
+    let started = started_now(created);
+    let mut processes = spawn(cp, args, bin, &ns, shards, &ring, &log)?;
+    wait_done(&done, n, timeout, &format!("{name}: converged")).await?;
+    let converge = latencies(&started, &done);
+    let writes = sum_for(
+        &delta(&apiserver_writes(admin).await?, &before),
+        CONTROLLER_RESOURCES,
+    );
+    for p in &processes {
+        wait_ready(p.ops_port, Duration::from_secs(60)).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
+    let rss = processes
+        .iter()
+        .map(|p| {
+            let (now, peak) = rss_kib(p.pid);
+            (peak, now)
+        })
+        .collect();
+
+    let handover = if shards >= 2 {
+        let leases: Api<Lease> = Api::namespaced(admin.clone(), "default");
+        let leader = leases
+            .get_opt(&ring)
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        let victim = processes
+            .iter()
+            .position(|p| p.identity != leader)
+            .expect("two shards or more: one does not lead");
+        let selector = format!("{}={}", shard_label(&ring), processes[victim].identity);
+        let owned: Vec<String> = apps
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await?
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        let edited_done = watch_status(admin.clone(), &ns, 2);
+        eprintln!(
+            "{name}: SIGKILL of {} (owns {}), then an edit of each of its AppServices …",
+            processes[victim].identity,
+            owned.len()
+        );
+        harness::process::signal(processes[victim].pid, "KILL")?;
+        let count = owned.len();
+        let edited = edit_all(&apps, owned, args.create_concurrency).await?;
+        wait_done(
+            &edited_done,
+            count,
+            timeout,
+            &format!("{name}: handed over"),
+        )
+        .await?;
+        Some((count, latencies(&edited, &edited_done)))
+    } else {
+        None
+    };
+    for p in &mut processes {
+        stop(&mut p.child, p.pid).await;
+    }
+    Ok(Run {
+        name: name.to_owned(),
+        converge,
+        writes_per_app: writes / n as f64,
+        rss,
+        handover,
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if !is_bench_run(args.bench, "sharding benchmark", "shards") {
+        return Ok(());
+    }
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    eprintln!("starting a plain control plane …");
+    let cp = harness::ControlPlane::start(harness::Options::plain()).await?;
+    let admin = cp.client();
+    let ours = PathBuf::from(env!("CARGO_BIN_EXE_appservice-controller"));
+    let mut runs = Vec::new();
+    for &shards in &args.shards {
+        let name = match shards {
+            0 => "one leader (no sharding)".to_owned(),
+            1 => "1 shard".to_owned(),
+            k => format!("{k} shards"),
+        };
+        runs.push(measure(&cp, &admin, &args, &name, &ours, shards).await?);
+    }
+    if let Some(bin) = &args.baseline_bin {
+        runs.push(measure(&cp, &admin, &args, "controller-runtime baseline", bin, 0).await?);
+    }
+
+    let secs = |d: Duration| d.as_secs_f64();
+    println!();
+    println!(
+        "sharding benchmark: N={} AppServices created first, then the controllers started; plain control plane (no Pods); per process {} QPS / burst {}, concurrency {}",
+        args.n, args.qps, args.burst, args.concurrency
+    );
+    let base = runs.first().map(|r| secs(r.converge.total)).unwrap_or(0.0);
+    for r in &runs {
+        let peak: Vec<String> = r
+            .rss
+            .iter()
+            .map(|(p, s)| format!("{:.0}/{:.0}", *p as f64 / 1024.0, *s as f64 / 1024.0))
+            .collect();
+        println!(
+            "  {:<30} converged in {:>7.1} s ({:.2}× the first); per object p50 {:.1} s, p99 {:.1} s; {:.2} writes per AppService; RSS MiB peak/steady per process: {}",
+            r.name,
+            secs(r.converge.total),
+            secs(r.converge.total) / base.max(0.001),
+            secs(r.converge.p50),
+            secs(r.converge.p99),
+            r.writes_per_app,
+            peak.join(", ")
+        );
+        if let Some((count, h)) = &r.handover {
+            println!(
+                "  {:<30} handover after SIGKILL of a shard ({count} AppServices edited at once): p50 {:.1} s, p99 {:.1} s, max {:.1} s",
+                "",
+                secs(h.p50),
+                secs(h.p99),
+                secs(h.max)
+            );
+        }
+    }
+    keep_logs_hint(cp.log_dir());
+    Ok(())
+}
