@@ -18,8 +18,8 @@ pub use crate::database::DatabaseErrorReason;
 pub use crate::error::ErrorReason;
 
 telemetry::label_values! {
-    /// How a reconcile, or a database operation, ended.
-    pub enum Outcome { Success => "success", Error => "error" }
+    /// How a reconcile, or a database operation, ended (the `result` label).
+    pub enum Ended { Success => "success", Error => "error" }
 
     /// Status of an AppService's Ready condition.
     pub enum Ready { True => "True", False => "False", Unknown => "Unknown" }
@@ -125,7 +125,7 @@ impl Ready {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
-    pub result: Outcome,
+    pub result: Ended,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -162,13 +162,13 @@ pub struct OrphanLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OrphanScanLabel {
-    pub result: Outcome,
+    pub result: Ended,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DatabaseOpLabel {
     pub operation: DatabaseOperation,
-    pub result: Outcome,
+    pub result: Ended,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -211,7 +211,7 @@ impl Default for DatabaseMetrics {
 
 impl DatabaseMetrics {
     fn record(&self, operation: DatabaseOperation, ok: bool, took: Duration) {
-        let result = Outcome::of(ok);
+        let result = Ended::of(ok);
         self.operations
             .get_or_create(&DatabaseOpLabel { operation, result })
             .inc();
@@ -291,7 +291,7 @@ impl DatabaseMetrics {
     pub fn orphan_scan(&self, ok: bool) {
         self.orphan_scans
             .get_or_create(&OrphanScanLabel {
-                result: Outcome::of(ok),
+                result: Ended::of(ok),
             })
             .inc();
     }
@@ -299,13 +299,13 @@ impl DatabaseMetrics {
     pub fn orphan_scans_of(&self, ok: bool) -> u64 {
         self.orphan_scans
             .get_or_create(&OrphanScanLabel {
-                result: Outcome::of(ok),
+                result: Ended::of(ok),
             })
             .get()
     }
 
     /// Attempts of `operation` with `result` so far.
-    pub fn count(&self, operation: DatabaseOperation, result: Outcome) -> u64 {
+    pub fn count(&self, operation: DatabaseOperation, result: Ended) -> u64 {
         self.operations
             .get_or_create(&DatabaseOpLabel { operation, result })
             .get()
@@ -315,8 +315,8 @@ impl DatabaseMetrics {
     pub fn summary(&self) -> String {
         let count = |operation| {
             (
-                self.count(operation, Outcome::Success),
-                self.count(operation, Outcome::Error),
+                self.count(operation, Ended::Success),
+                self.count(operation, Ended::Error),
             )
         };
         let (provisioned, provision_failed) = count(DatabaseOperation::Provision);
@@ -442,7 +442,7 @@ impl Default for Metrics {
         );
         // Every fixed series exists from the start, at 0: an alert on a rate of a series
         // that appears only with the first failure sees nothing until then.
-        for &result in Outcome::ALL {
+        for &result in Ended::ALL {
             let _ = reconciles.get_or_create(&ResultLabel { result });
         }
         for &reason in ErrorReason::ALL {
@@ -458,7 +458,7 @@ impl Default for Metrics {
         shard.register(registry);
         let database = DatabaseMetrics::default();
         for &operation in DatabaseOperation::ALL {
-            for &result in Outcome::ALL {
+            for &result in Ended::ALL {
                 let _ = database
                     .operations
                     .get_or_create(&DatabaseOpLabel { operation, result });
@@ -472,7 +472,7 @@ impl Default for Metrics {
                 .errors
                 .get_or_create(&DatabaseErrorLabel { reason });
         }
-        for &result in Outcome::ALL {
+        for &result in Ended::ALL {
             let _ = database
                 .orphan_scans
                 .get_or_create(&OrphanScanLabel { result });
@@ -531,15 +531,15 @@ impl Default for Metrics {
     }
 }
 
-impl Outcome {
-    pub fn of(ok: bool) -> Outcome {
-        if ok { Outcome::Success } else { Outcome::Error }
+impl Ended {
+    pub fn of(ok: bool) -> Ended {
+        if ok { Ended::Success } else { Ended::Error }
     }
 }
 
 impl Metrics {
     pub fn reconciled(&self, ok: bool, took: Duration) {
-        let result = Outcome::of(ok);
+        let result = Ended::of(ok);
         self.reconciles.get_or_create(&ResultLabel { result }).inc();
         self.duration.observe(took.as_secs_f64());
     }
@@ -602,7 +602,7 @@ impl Metrics {
 
     /// Reconciles run so far (both results).
     pub fn reconcile_count(&self) -> u64 {
-        Outcome::ALL
+        Ended::ALL
             .iter()
             .map(|&result| self.reconciles.get_or_create(&ResultLabel { result }).get())
             .sum()

@@ -15,7 +15,7 @@ use common::names::DATABASE_URL_ENV;
 use common::{AppService, DatabaseClass, DatabaseSpec};
 use controller::database::reasons;
 use controller::metrics::Metrics;
-use controller::metrics::{DatabaseOperation, Outcome};
+use controller::metrics::{DatabaseOperation, Ended};
 use harness::Postgres;
 use harness::eventually;
 use k8s_openapi::ByteString;
@@ -252,13 +252,13 @@ async fn create_provisions_a_usable_database_and_delete_drops_it() -> anyhow::Re
     assert!(
         metrics
             .database()
-            .count(DatabaseOperation::Provision, Outcome::Success)
+            .count(DatabaseOperation::Provision, Ended::Success)
             >= 1
     );
     assert!(
         metrics
             .database()
-            .count(DatabaseOperation::Cleanup, Outcome::Success)
+            .count(DatabaseOperation::Cleanup, Ended::Success)
             >= 1
     );
     ctl.stop().await?;
@@ -295,7 +295,7 @@ async fn an_outage_during_delete_keeps_the_app_terminating_until_the_server_is_b
     assert!(
         metrics
             .database()
-            .count(DatabaseOperation::Cleanup, Outcome::Error)
+            .count(DatabaseOperation::Cleanup, Ended::Error)
             >= 1
     );
     // A Warning Event says so too.
