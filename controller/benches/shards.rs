@@ -18,6 +18,9 @@
 //!    AppService it owned gets a spec edit at once; per object, the time from its edit to
 //!    its new `observedGeneration` (p50/p99/max): how long an object waits for a
 //!    controller when its shard dies.
+//!
+//! Each configuration deletes its objects before the next starts, so every one runs on
+//! the same control plane state.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -31,14 +34,16 @@ use clap::Parser;
 use common::AppService;
 use common::names::shard_label;
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use support::converge::{Latencies, burst, latencies, started_now, wait_done, watch_status};
 use support::{
     CONTROLLER_RESOURCES, ControllerRun, apiserver_writes, delta, is_bench_run, keep_logs_hint,
-    rss_kib, stop, sum_for, wait_ready,
+    rss_kib, stop, sum_for, wait_all, wait_ready,
 };
 
 #[derive(Parser, Debug)]
@@ -255,9 +260,38 @@ async fn measure(
     } else {
         None
     };
+    // Leave the control plane as it was for the next configuration (a plain control
+    // plane has no garbage collector or namespace controller): the AppServices go while
+    // their controllers run (they release the finalizers), then the children.
+    eprintln!("{name}: deleting its objects …");
+    let everything = DeleteParams::default();
+    apps.delete_collection(&everything, &ListParams::default())
+        .await?;
+    wait_all(
+        timeout,
+        &format!("{name}: AppServices deleted"),
+        || async {
+            let left = apps
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .len();
+            Ok(n - left.min(n))
+        },
+        n,
+    )
+    .await?;
     for p in &mut processes {
         stop(&mut p.child, p.pid).await;
     }
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(admin.clone(), &ns);
+    deployments
+        .delete_collection(&everything, &ListParams::default())
+        .await?;
+    services
+        .delete_collection(&everything, &ListParams::default())
+        .await?;
     Ok(Run {
         name: name.to_owned(),
         converge,
