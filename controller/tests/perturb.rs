@@ -682,7 +682,9 @@ async fn labels_and_annotations_added_by_users_are_kept_without_a_fight() -> any
     assert_eq!(d1.labels()["team"], "payments");
     assert_eq!(s1.annotations()["example.com/owner"], "payments");
     assert_eq!(f.ctl.metrics.write_count(), writes);
-    assert!(f.problems_of("kept").await?.is_empty());
+    // Still converged with the user's labels (the control plane may still be reporting a
+    // status change of its own, so within the bound, not at this instant).
+    f.converged_within("kept", WAIT).await?;
     f.ctl.stop().await?;
     Ok(())
 }
