@@ -51,21 +51,8 @@ struct Args {
     /// Number of AppServices.
     #[arg(long, default_value_t = 1000)]
     n: usize,
-    /// Client QPS of the controller and of the floor client.
-    #[arg(long, default_value_t = 1000.0)]
-    qps: f64,
-    /// Client burst of the controller and of the floor client.
-    #[arg(long, default_value_t = 2000)]
-    burst: u32,
-    /// Controller (and floor) concurrency.
-    #[arg(long, default_value_t = 16)]
-    concurrency: u16,
-    /// Concurrent create requests of the burst.
-    #[arg(long, default_value_t = 64)]
-    create_concurrency: usize,
-    /// Seconds to let things settle before reading steady-state memory.
-    #[arg(long, default_value_t = 20)]
-    settle_secs: u64,
+    #[command(flatten)]
+    load: support::Load,
     /// Give up waiting after this many seconds.
     #[arg(long, default_value_t = 1800)]
     timeout_secs: u64,
@@ -102,9 +89,9 @@ fn start_controller(
         cp,
         ns,
         ops_port,
-        qps: args.qps,
-        burst: args.burst,
-        concurrency: args.concurrency,
+        qps: args.load.qps,
+        burst: args.load.burst,
+        concurrency: args.load.concurrency,
         args: &[],
         log,
     }
@@ -131,7 +118,7 @@ async fn main() -> anyhow::Result<()> {
     let n = args.n;
     let nf = n as f64;
     let timeout = Duration::from_secs(args.timeout_secs);
-    let settle = Duration::from_secs(args.settle_secs);
+    let settle = Duration::from_secs(args.load.settle_secs);
 
     eprintln!("starting a plain control plane …");
     let cp = harness::ControlPlane::start(harness::Options::plain()).await?;
@@ -152,14 +139,14 @@ async fn main() -> anyhow::Result<()> {
     let (created, pid) = if args.precreate {
         stop(&mut ctl, pid).await;
         eprintln!("creating {n} AppServices with the controller stopped …");
-        let created = burst(&apps, n, args.create_concurrency).await?;
+        let created = burst(&apps, n, args.load.create_concurrency).await?;
         eprintln!("starting the controller …");
         let (ctl2, pid2) = start_controller(&cp, &args, &ns, ops_port, &log_path)?;
         ctl = ctl2;
         (started_now(created), pid2)
     } else {
         eprintln!("creating {n} AppServices in a burst …");
-        (burst(&apps, n, args.create_concurrency).await?, pid)
+        (burst(&apps, n, args.load.create_concurrency).await?, pid)
     };
     wait_done(&done, n, timeout, "AppServices with children and status").await?;
     let reaction = latencies(&created, &done);
@@ -203,8 +190,8 @@ async fn main() -> anyhow::Result<()> {
         let client = controller::client::build_client(
             cp.admin_config(),
             RateLimit {
-                qps: args.qps,
-                burst: args.burst,
+                qps: args.load.qps,
+                burst: args.load.burst,
             },
         )?;
         let fdone = watch_status(admin.clone(), &fns, 1);
@@ -212,13 +199,16 @@ async fn main() -> anyhow::Result<()> {
         let before = apiserver_writes(&admin).await?;
         eprintln!("floor: the same burst, a plain client making the same writes …");
         let (workers, fcreated) = if args.precreate {
-            let fcreated = burst(&fapps, n, args.create_concurrency).await?;
+            let fcreated = burst(&fapps, n, args.load.create_concurrency).await?;
             let fcreated = started_now(fcreated);
-            let workers = floor_workers(client, fns.to_string(), args.concurrency as usize);
+            let workers = floor_workers(client, fns.to_string(), args.load.concurrency as usize);
             (workers, fcreated)
         } else {
-            let workers = floor_workers(client, fns.to_string(), args.concurrency as usize);
-            (workers, burst(&fapps, n, args.create_concurrency).await?)
+            let workers = floor_workers(client, fns.to_string(), args.load.concurrency as usize);
+            (
+                workers,
+                burst(&fapps, n, args.load.create_concurrency).await?,
+            )
         };
         wait_done(&fdone, n, timeout, "floor AppServices with status").await?;
         let writes = sum_for(
@@ -239,9 +229,9 @@ async fn main() -> anyhow::Result<()> {
         } else {
             "in a burst"
         },
-        args.qps,
-        args.burst,
-        args.concurrency
+        args.load.qps,
+        args.load.burst,
+        args.load.concurrency
     );
     println!(
         "  controller: all converged in {:.1?}; per object p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",

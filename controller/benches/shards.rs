@@ -54,21 +54,8 @@ struct Args {
     /// The configurations: 0 is one leader without sharding; k ≥ 1 is k shards.
     #[arg(long, value_delimiter = ',', default_value = "0,1,4")]
     shards: Vec<usize>,
-    /// Client QPS of each controller process.
-    #[arg(long, default_value_t = 1000.0)]
-    qps: f64,
-    /// Client burst of each controller process.
-    #[arg(long, default_value_t = 2000)]
-    burst: u32,
-    /// Concurrency of each controller process.
-    #[arg(long, default_value_t = 16)]
-    concurrency: u16,
-    /// Concurrent create requests (and edits) of the benchmark's client.
-    #[arg(long, default_value_t = 64)]
-    create_concurrency: usize,
-    /// Seconds to let things settle before reading steady-state memory.
-    #[arg(long, default_value_t = 20)]
-    settle_secs: u64,
+    #[command(flatten)]
+    load: support::Load,
     /// Give up waiting after this many seconds.
     #[arg(long, default_value_t = 3600)]
     timeout_secs: u64,
@@ -99,8 +86,8 @@ struct Process {
     ops_port: u16,
 }
 
-/// Starts the processes of one configuration: `bin` with `extra` arguments each, one
-/// process unless `shards` ≥ 1.
+/// Starts the processes of one configuration: one `bin` process when `shards` is 0,
+/// else `shards` of them with `--sharding` on the ring `ring`.
 fn spawn(
     cp: &harness::ControlPlane,
     args: &Args,
@@ -135,9 +122,9 @@ fn spawn(
             cp,
             ns,
             ops_port,
-            qps: args.qps,
-            burst: args.burst,
-            concurrency: args.concurrency,
+            qps: args.load.qps,
+            burst: args.load.burst,
+            concurrency: args.load.concurrency,
             args: &extra,
             log,
         }
@@ -195,7 +182,7 @@ async fn measure(
     let ns = cp.namespace_with_prefix("shards").await?;
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &ns);
     eprintln!("{name}: creating {n} AppServices with no controller running …");
-    let created = burst(&apps, n, args.create_concurrency).await?;
+    let created = burst(&apps, n, args.load.create_concurrency).await?;
     let done = watch_status(admin.clone(), &ns, 1);
     let before = apiserver_writes(admin).await?;
     let log = cp.log_dir().join(format!("{ring}.log"));
@@ -211,7 +198,7 @@ async fn measure(
     for p in &processes {
         wait_ready(p.ops_port, Duration::from_secs(60)).await?;
     }
-    tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
+    tokio::time::sleep(Duration::from_secs(args.load.settle_secs)).await;
     let rss = processes
         .iter()
         .map(|p| {
@@ -248,7 +235,7 @@ async fn measure(
         );
         harness::process::signal(processes[victim].pid, "KILL")?;
         let count = owned.len();
-        let edited = edit_all(&apps, owned, args.create_concurrency).await?;
+        let edited = edit_all(&apps, owned, args.load.create_concurrency).await?;
         wait_done(
             &edited_done,
             count,
@@ -329,7 +316,7 @@ async fn main() -> anyhow::Result<()> {
     println!();
     println!(
         "sharding benchmark: N={} AppServices created first, then the controllers started; plain control plane (no Pods); per process {} QPS / burst {}, concurrency {}",
-        args.n, args.qps, args.burst, args.concurrency
+        args.n, args.load.qps, args.load.burst, args.load.concurrency
     );
     let base = runs.first().map(|r| secs(r.converge.total)).unwrap_or(0.0);
     for r in &runs {

@@ -176,6 +176,28 @@ pub fn app(i: usize, replicas: i32) -> AppService {
     .build()
 }
 
+/// The load settings of the scale and sharding benchmarks (the same flags and defaults
+/// in both): `#[command(flatten)]` into a benchmark's arguments.
+#[derive(clap::Args, Debug)]
+pub struct Load {
+    /// Client QPS of each controller process (and of scale's floor client).
+    #[arg(long, default_value_t = 1000.0)]
+    pub qps: f64,
+    /// Client burst of each controller process (and of scale's floor client).
+    #[arg(long, default_value_t = 2000)]
+    pub burst: u32,
+    /// Concurrency of each controller process (and of scale's floor).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: u16,
+    /// Concurrent create requests (and, in the sharding benchmark, edits) of the
+    /// benchmark's own client.
+    #[arg(long, default_value_t = 64)]
+    pub create_concurrency: usize,
+    /// Seconds to let things settle before reading steady-state memory.
+    #[arg(long, default_value_t = 20)]
+    pub settle_secs: u64,
+}
+
 /// How a benchmark runs the controller binary.
 pub struct ControllerRun<'a> {
     pub bin: &'a Path,
