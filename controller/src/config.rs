@@ -76,6 +76,14 @@ pub struct Config {
     #[arg(long, env = "SHARD_RING", default_value = common::names::DEFAULT_SHARD_RING)]
     pub shard_ring: String,
 
+    /// The namespaces this ring owns (with `--sharding`), as a label selector on the
+    /// Namespace (`operator-upgrade=canary`; `a!=b`, `k in (x,y)`, `k notin (x,y)`,
+    /// `k`, `!k`, comma-joined). Two releases split the cluster with complementary
+    /// selectors; an AppService whose namespace stops matching is drained and released
+    /// for the ring that matches it. Unset: every namespace.
+    #[arg(long, env = "NAMESPACE_SELECTOR", value_parser = crate::shard::namespaces::NamespaceSelector::parse)]
+    pub namespace_selector: Option<crate::shard::namespaces::NamespaceSelector>,
+
     /// Re-check an object that is still rolling out after this long (watch events on the
     /// Deployment usually come first).
     #[arg(long, env = "ROLLOUT_REQUEUE", value_parser = parse_duration, default_value = "10s")]
@@ -119,6 +127,7 @@ impl Config {
             retry_period: Duration::from_secs(2),
             sharding: false,
             shard_ring: common::names::DEFAULT_SHARD_RING.to_owned(),
+            namespace_selector: None,
             rollout_requeue: Duration::from_secs(10),
             resync_interval: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(20),

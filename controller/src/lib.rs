@@ -102,6 +102,8 @@ pub enum RunError {
         "shard identity {0:?} is not a label value (at most 63 letters, digits, '-', '_', '.')"
     )]
     ShardIdentity(String),
+    #[error("--namespace-selector needs --sharding: a ring owns the selected namespaces")]
+    SelectorWithoutSharding,
     #[error(
         "this shard's membership Lease lapsed (not renewed within the renew deadline); restart to rejoin the ring"
     )]
@@ -148,6 +150,9 @@ pub async fn run_with(
     config.identity = Some(identity.clone());
     if config.sharding && !shard::is_label_value(&identity) {
         return Err(RunError::ShardIdentity(identity));
+    }
+    if config.namespace_selector.is_some() && !config.sharding {
+        return Err(RunError::SelectorWithoutSharding);
     }
     if config.sharding && !config.leader_election {
         warn!(

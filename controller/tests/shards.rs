@@ -38,15 +38,21 @@ struct Shard {
 }
 
 impl Shard {
-    /// A controller process at its shipped defaults, with sharding on.
-    fn spawn(kubeconfig: &Path, ns: &str, identity: &str, dir: &Path) -> anyhow::Result<Shard> {
+    /// A controller process at its shipped defaults, with sharding on, scoped by `scope`
+    /// (`--watch-namespace` and `--lease-namespace`, or a ring's flags).
+    fn spawn(
+        kubeconfig: &Path,
+        scope: &[&str],
+        identity: &str,
+        dir: &Path,
+    ) -> anyhow::Result<Shard> {
         let ops_port = harness::process::free_port()?;
         let log = dir.join(format!("{identity}.log"));
         let out = std::fs::File::create(&log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_appservice-controller"))
             .arg("--kubeconfig")
             .arg(kubeconfig)
-            .args(["--watch-namespace", ns, "--lease-namespace", ns])
+            .args(scope)
             .args(["--identity", identity, "--sharding"])
             .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
             .args(["--log-format", "json"])
@@ -309,7 +315,7 @@ impl World {
     fn spawn(&self, identity: &str) -> anyhow::Result<Shard> {
         Shard::spawn(
             self.cp.kubeconfig_path(),
-            &self.ns,
+            &["--watch-namespace", &self.ns, "--lease-namespace", &self.ns],
             identity,
             self.dir.path(),
         )
@@ -377,6 +383,16 @@ async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() ->
         .settle(&["shard-0"], N, Duration::from_secs(120), &[&s0])
         .await?;
     eprintln!("1 shard: settled in {:?}", t.elapsed());
+    // First assignments are said by the label alone, with no Event each.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(w.cp.client(), &w.ns);
+    let first: Vec<_> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ShardAssigned"))
+        .collect();
+    assert!(first.is_empty(), "Events for first assignments: {first:?}");
 
     let stop = Arc::new(AtomicBool::new(false));
     let edits = Arc::new(AtomicU64::new(0));
@@ -480,20 +496,33 @@ async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() ->
         "3→2 moves exactly the leaving shard's objects"
     );
 
-    // The moves were announced on the AppServices.
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(w.cp.client(), &w.ns);
-    let assigned = events
+    // The moves were announced on the AppServices they moved.
+    let announced: std::collections::BTreeSet<String> = events
         .list(&ListParams::default())
         .await?
         .items
-        .iter()
+        .into_iter()
         .filter(|e| e.reason.as_deref() == Some("ShardAssigned"))
-        .count();
-    eprintln!("ShardAssigned Events: {assigned}");
-    // One per AppService at least (a repeated move of one adds to its series).
+        .filter_map(|e| e.regarding.and_then(|r| r.name))
+        .collect();
+    let moved: std::collections::BTreeSet<String> = [(&one, &two), (&two, &three), (&three, &back)]
+        .iter()
+        .flat_map(|(before, after)| {
+            before
+                .iter()
+                .filter(|(name, was)| after.get(*name) != Some(*was))
+                .map(|(name, _)| name.clone())
+        })
+        .collect();
+    eprintln!(
+        "ShardAssigned Events on {} AppServices; {} moved between settled states",
+        announced.len(),
+        moved.len()
+    );
+    let silent: Vec<&String> = moved.difference(&announced).collect();
     assert!(
-        assigned >= N,
-        "{assigned} ShardAssigned Events for {N} AppServices"
+        silent.is_empty(),
+        "moved without a ShardAssigned Event: {silent:?}"
     );
 
     // The oracle, on what the API server recorded.
@@ -865,5 +894,279 @@ async fn the_fence_refuses_a_write_without_sending_it() -> anyhow::Result<()> {
         sent_by_lapsed, 0,
         "a fenced write never reaches the API server"
     );
+    Ok(())
+}
+
+/// One ring of the split: its name, its lease namespace, its selector.
+struct RingOf {
+    name: &'static str,
+    lease_namespace: String,
+    selector: &'static str,
+}
+
+impl RingOf {
+    /// A member of this ring watching every namespace, as a release runs it.
+    fn spawn(&self, w: &World, identity: &str) -> anyhow::Result<Shard> {
+        Shard::spawn(
+            w.cp.kubeconfig_path(),
+            &[
+                "--shard-ring",
+                self.name,
+                "--lease-namespace",
+                &self.lease_namespace,
+                "--namespace-selector",
+                self.selector,
+            ],
+            identity,
+            w.dir.path(),
+        )
+    }
+}
+
+/// The shard and drain labels (of any ring) on an object.
+fn ring_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with(common::names::SHARD_LABEL_PREFIX)
+                || k.starts_with(common::names::DRAIN_LABEL_PREFIX)
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Whether every one of the `n` AppServices in `ns`, and each of their Deployments and
+/// Services, carries exactly one ring label: `ring`'s, naming one of `live`.
+async fn held_by(
+    client: &kube::Client,
+    ns: &str,
+    ring: &str,
+    live: &[&str],
+    n: usize,
+) -> anyhow::Result<bool> {
+    let apps: Api<AppService> = Api::namespaced(client.clone(), ns);
+    let list = apps.list(&ListParams::default()).await?.items;
+    if list.len() != n {
+        return Ok(false);
+    }
+    let key = shard_label(ring);
+    let good = |labels: &BTreeMap<String, String>| {
+        let mine = ring_labels(labels);
+        mine.len() == 1 && mine.get(&key).is_some_and(|o| live.contains(&o.as_str()))
+    };
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let deps = deployments.list(&ListParams::default()).await?.items;
+    let svcs = services.list(&ListParams::default()).await?.items;
+    Ok(list.iter().all(|a| good(a.labels()))
+        && deps.len() == n
+        && svcs.len() == n
+        && deps.iter().all(|d| good(d.labels()))
+        && svcs.iter().all(|s| good(s.labels())))
+}
+
+async fn label_namespace(client: &kube::Client, ns: &str, canary: bool) -> anyhow::Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let value = canary.then_some("canary");
+    let patch = serde_json::json!({"metadata": {"labels": {"operator-upgrade": value}}});
+    namespaces
+        .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Waits until `ns` is held by `ring` (one of `live`), within `secs`.
+async fn hold(
+    client: &kube::Client,
+    ns: String,
+    ring: &'static str,
+    live: Vec<&'static str>,
+    secs: u64,
+    procs: &[Shard],
+) -> anyhow::Result<()> {
+    eventually(
+        &format!("{ns} held by {ring} ({live:?})"),
+        Duration::from_secs(secs),
+        || {
+            let (ns, live) = (ns.clone(), live.clone());
+            async move {
+                held_by(client, &ns, ring, &live, N_PER_NAMESPACE)
+                    .await
+                    .map(|ok| ok.then_some(()))
+                    .map_err(failure)
+            }
+        },
+    )
+    .await
+    .with_context(|| tails(&procs.iter().collect::<Vec<_>>()))?;
+    Ok(())
+}
+
+/// AppServices in each namespace of the split.
+const N_PER_NAMESPACE: usize = 10;
+
+/// Two releases split the namespaces by a label (each its own ring, with complementary
+/// selectors, Leases in its own namespace, watching every namespace): a namespace moved
+/// to the canary and back under continuous edits is handed over each time, and once
+/// more when the canary is SIGKILLed (a dead ring's AppServices are taken over by the
+/// ring its namespace selects). The canary never writes outside its namespaces, and no
+/// object is ever written by two shards at once, on the API server's record.
+#[tokio::test]
+async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_overlap()
+-> anyhow::Result<()> {
+    let w = world().await?;
+    let client = w.cp.client();
+    let (main_system, canary_system) = (
+        w.cp.namespace_with_prefix("main-system").await?,
+        w.cp.namespace_with_prefix("canary-system").await?,
+    );
+    let (team_a, team_b) = (
+        w.cp.namespace_with_prefix("team-a").await?,
+        w.cp.namespace_with_prefix("team-b").await?,
+    );
+    let (a, b) = (team_a.to_string(), team_b.to_string());
+    let main = RingOf {
+        name: "main",
+        lease_namespace: main_system.to_string(),
+        selector: "operator-upgrade!=canary",
+    };
+    let canary = RingOf {
+        name: "canary",
+        lease_namespace: canary_system.to_string(),
+        selector: "operator-upgrade=canary",
+    };
+    const N: usize = N_PER_NAMESPACE;
+    let names: Vec<String> = (0..N).map(|i| format!("app-{i:02}")).collect();
+    let mut procs = vec![
+        main.spawn(&w, "main-0")?,
+        main.spawn(&w, "main-1")?,
+        canary.spawn(&w, "canary-0")?,
+    ];
+    for ns in [&a, &b] {
+        let apps: Api<AppService> = Api::namespaced(client.clone(), ns);
+        for name in &names {
+            create(&apps, &app(name, "nginx:1.27", 1)).await?;
+        }
+    }
+    let mains = ["main-0", "main-1"];
+    hold(&client, a.clone(), "main", mains.to_vec(), 120, &procs).await?;
+    hold(&client, b.clone(), "main", mains.to_vec(), 120, &procs).await?;
+
+    // Continuous edits in both namespaces from here on.
+    let stop = Arc::new(AtomicBool::new(false));
+    let edits = Arc::new(AtomicU64::new(0));
+    let editors = [&a, &b].map(|ns| {
+        writer(
+            Api::namespaced(client.clone(), ns),
+            names.clone(),
+            stop.clone(),
+            edits.clone(),
+            2000,
+        )
+    });
+    under_load(&edits, 10).await?;
+
+    // team-b to the canary, then back.
+    for (to_canary, ring, live) in [
+        (true, "canary", vec!["canary-0"]),
+        (false, "main", mains.to_vec()),
+    ] {
+        label_namespace(&client, &b, to_canary).await?;
+        let t = Instant::now();
+        hold(&client, b.clone(), ring, live, 90, &procs).await?;
+        eprintln!("{b} moved to {ring} in {:?}", t.elapsed());
+        assert!(
+            held_by(&client, &a, "main", &mains, N).await?,
+            "{a} stays with main while {b} moves"
+        );
+        under_load(&edits, 10).await?;
+    }
+
+    // To the canary once more, then the canary dies and the namespace comes back: the
+    // canary's labels stay behind, and main takes them over once the ring is dead.
+    label_namespace(&client, &b, true).await?;
+    hold(&client, b.clone(), "canary", vec!["canary-0"], 90, &procs).await?;
+    let mut dead = procs.pop().context("the canary process")?;
+    dead.signal("KILL")?;
+    let _ = dead.child.wait().await;
+    let killed = Instant::now();
+    label_namespace(&client, &b, false).await?;
+    hold(&client, b.clone(), "main", mains.to_vec(), 120, &procs).await?;
+    let gap = killed.elapsed();
+    eprintln!("dead canary ring taken over after {gap:?}");
+    assert!(
+        gap >= LEASE,
+        "taken from a ring whose member Lease had not expired yet: {gap:?}"
+    );
+
+    under_load(&edits, 10).await?;
+    stop.store(true, Ordering::Relaxed);
+    for e in editors {
+        e.await?;
+    }
+    for ns in [&a, &b] {
+        let apps: Api<AppService> = Api::namespaced(client.clone(), ns);
+        eventually("every status current", Duration::from_secs(90), || async {
+            statuses_current(&apps)
+                .await
+                .map(|done| done.then_some(()))
+                .map_err(failure)
+        })
+        .await
+        .with_context(|| tails(&procs.iter().collect::<Vec<_>>()))?;
+    }
+
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &b);
+    let reasons: Vec<String> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    let released = reasons.iter().filter(|r| *r == "ShardReleased").count();
+    assert!(
+        released >= N,
+        "{released} ShardReleased Events in {b} for {N} AppServices"
+    );
+
+    // The API server's record: no object written by two shards at once, and the canary
+    // wrote only in team-b (and its own lease namespace).
+    let audit = w.cp.audit_events()?;
+    let recorded = writes(&audit);
+    let bad = interleavings(&recorded);
+    assert!(
+        bad.is_empty(),
+        "objects written by two shards at once: {bad:?}"
+    );
+    let canary_writes: Vec<&Write> = recorded
+        .iter()
+        .filter(|w| w.shard.as_deref() == Some("canary-0"))
+        .collect();
+    assert!(
+        !canary_writes.is_empty(),
+        "the canary's writes are in the audit log"
+    );
+    let outside: Vec<&&Write> = canary_writes
+        .iter()
+        .filter(|w| {
+            !w.object.contains(&format!("/{b}/"))
+                && !w.object.contains(&format!("/{}/", canary.lease_namespace))
+        })
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "the canary wrote outside its namespaces: {outside:?}"
+    );
+    eprintln!(
+        "audit: {} canary writes, {} writes in all; edits made: {}",
+        canary_writes.len(),
+        recorded.len(),
+        edits.load(Ordering::Relaxed)
+    );
+    for s in &mut procs {
+        let _ = s.signal("TERM");
+        let _ = tokio::time::timeout(Duration::from_secs(40), s.child.wait()).await;
+    }
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! | --- | --- |
 //! | [`ring`] | the pure assignment: rendezvous hashing of `namespace/name` over the live members |
 //! | [`fence`] | the check before every write: this shard's membership Lease is current |
+//! | [`namespaces`] | `--namespace-selector`: the namespaces a ring owns (a canary release) |
 //! | [`sharder`] | run by the ring's leader: labels each AppService and its children with their shard, drains on handover |
 //! | here | the membership Lease, the drain acknowledgement in reconcile, the label on created children, the metrics |
 //!
@@ -14,6 +15,7 @@
 //! runs and the controller is the single leader it always was.
 
 pub mod fence;
+pub mod namespaces;
 pub mod ring;
 pub mod sharder;
 
@@ -196,6 +198,8 @@ pub struct ShardMetrics {
     handovers: Family<DirectionLabel, Counter>,
     members: Gauge,
     assignments: Counter,
+    releases: Counter,
+    foreign: Gauge,
 }
 
 impl ShardMetrics {
@@ -219,6 +223,16 @@ impl ShardMetrics {
             "shard_assignments",
             "AppServices the sharder assigned or moved to a shard",
             self.assignments.clone(),
+        );
+        registry.register(
+            "shard_releases",
+            "AppServices the sharder released to another ring (their namespace left this ring's selector, or another live ring held them too)",
+            self.releases.clone(),
+        );
+        registry.register(
+            "shard_foreign_objects",
+            "AppServices in namespaces this ring selects that another live ring holds (overlapping selectors, or a handover under way)",
+            self.foreign.clone(),
         );
         for &direction in Direction::ALL {
             let _ = self.handovers.get_or_create(&DirectionLabel { direction });
@@ -255,6 +269,18 @@ impl ShardMetrics {
 
     pub fn assignments(&self) -> u64 {
         self.assignments.get()
+    }
+
+    pub fn released(&self) {
+        self.releases.inc();
+    }
+
+    pub fn releases(&self) -> u64 {
+        self.releases.get()
+    }
+
+    pub fn set_foreign(&self, n: usize) {
+        self.foreign.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 }
 

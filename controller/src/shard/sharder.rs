@@ -17,18 +17,34 @@
 //! renew deadline, earlier). Every write here carries the resourceVersion the sharder
 //! read, and each relabel changes the object's resourceVersion, so a write another
 //! writer prepared before it fails with 409.
+//!
+//! Rings side by side (`--namespace-selector`, a canary release): each release is its
+//! own ring, and owns the AppServices of the namespaces its selector matches. The
+//! exclusion rests on the labels, not on the selectors being complementary:
+//! * a ring assigns an AppService only if no other ring's shard or drain label is on it;
+//! * an AppService of ours whose namespace stops matching is drained as above, then
+//!   released: our label leaves the children first and the AppService last (one write
+//!   with the resourceVersion read), after which the other ring may take it;
+//! * an AppService carrying our label and a live other ring's is released by us (never
+//!   both: the two rings then meet on a clean object, and the resourceVersion decides);
+//! * a ring none of whose member Leases has been live for twice the lease duration on
+//!   our clock is dead (its release uninstalled or down): its labels are removed in the
+//!   same writes that add ours. Its shards' fences closed long before.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::AppService;
-use common::names::{LABEL_MANAGED_BY, LABEL_SHARD_RING, MANAGED_BY, drain_label, shard_label};
+use common::names::{
+    DRAIN_LABEL_PREFIX, LABEL_MANAGED_BY, LABEL_SHARD_RING, MANAGED_BY, SHARD_LABEL_PREFIX,
+    drain_label, shard_label,
+};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use kube::api::{Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType};
@@ -63,23 +79,41 @@ struct Seen {
     since: Instant,
 }
 
-/// The members of the ring whose Lease record changed within its lease duration on
-/// this clock; a released Lease (no holder) is no member.
+/// A live member of a ring: the ring (its Lease's `platform.example.com/shard-ring`
+/// label), where its Lease is, and who holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub ring: String,
+    pub namespace: String,
+    pub holder: String,
+}
+
+/// The members, of every ring the sharder sees, whose Lease record changed within its
+/// lease duration on this clock; a released Lease (no holder) is no member.
 #[derive(Debug, Default)]
 pub struct Liveness {
+    /// By `namespace/name` of the Lease.
     seen: HashMap<String, Seen>,
 }
 
+fn lease_key(lease: &Lease) -> String {
+    format!(
+        "{}/{}",
+        lease.namespace().unwrap_or_default(),
+        lease.name_any()
+    )
+}
+
 impl Liveness {
-    /// The identities of the live members among `leases`, at `now`.
-    pub fn live(&mut self, leases: &[Arc<Lease>], now: Instant) -> Vec<String> {
+    /// The live members among `leases`, at `now`.
+    pub fn live(&mut self, leases: &[Arc<Lease>], now: Instant) -> Vec<Member> {
         let mut live = Vec::new();
         let mut present = Vec::new();
         for lease in leases {
-            let name = lease.name_any();
-            present.push(name.clone());
+            let key = lease_key(lease);
+            present.push(key.clone());
             let rv = lease.metadata.resource_version.clone();
-            let seen = self.seen.entry(name).or_insert_with(|| Seen {
+            let seen = self.seen.entry(key).or_insert_with(|| Seen {
                 resource_version: rv.clone(),
                 since: now,
             });
@@ -91,14 +125,21 @@ impl Liveness {
             let Some(holder) = spec.holder_identity.filter(|h| !h.is_empty()) else {
                 continue;
             };
+            let Some(ring) = lease.labels().get(LABEL_SHARD_RING).cloned() else {
+                continue;
+            };
             let duration = Duration::from_secs(
                 u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0),
             );
             if now.saturating_duration_since(seen.since) < duration {
-                live.push(holder);
+                live.push(Member {
+                    ring,
+                    namespace: lease.namespace().unwrap_or_default(),
+                    holder,
+                });
             }
         }
-        self.seen.retain(|name, _| present.contains(name));
+        self.seen.retain(|key, _| present.contains(key));
         live
     }
 
@@ -117,11 +158,41 @@ impl Liveness {
                 let after = (Duration::from_secs(u64::try_from(secs).unwrap_or(0)) * STALE_AFTER)
                     .max(Duration::from_secs(60));
                 self.seen
-                    .get(&lease.name_any())
+                    .get(&lease_key(lease))
                     .is_some_and(|s| now.saturating_duration_since(s.since) >= after)
             })
             .map(|l| &**l)
             .collect()
+    }
+}
+
+/// When each other ring last had a live member, on this clock, within this term: a ring
+/// with none for `grace` (the lease duration; its members' Leases had expired already,
+/// so about twice the lease duration after its last renewal) is dead, and its
+/// AppServices in our namespaces are ours to take.
+#[derive(Debug)]
+pub struct Peers {
+    since: Instant,
+    last_live: HashMap<String, Instant>,
+}
+
+impl Peers {
+    pub fn new(now: Instant) -> Self {
+        Peers {
+            since: now,
+            last_live: HashMap::new(),
+        }
+    }
+
+    pub fn saw(&mut self, members: &[Member], now: Instant) {
+        for m in members {
+            self.last_live.insert(m.ring.clone(), now);
+        }
+    }
+
+    pub fn dead(&self, ring: &str, now: Instant, grace: Duration) -> bool {
+        let last = self.last_live.get(ring).copied().unwrap_or(self.since);
+        now.saturating_duration_since(last.max(self.since)) >= grace
     }
 }
 
@@ -136,9 +207,20 @@ pub enum Step {
     AwaitAck,
     /// Drain no longer needed: its owner is the target again.
     Undrain,
-    /// Label children, then the AppService, with the new owner.
-    Move { to: String, from: Option<String> },
-    /// No live member: nothing to do.
+    /// Label children, then the AppService, with the new owner; the labels of the dead
+    /// rings in `takeover` go in the same writes.
+    Move {
+        to: String,
+        from: Option<String>,
+        takeover: BTreeSet<String>,
+    },
+    /// Not ours any more (its namespace is not selected, or a live other ring holds it
+    /// too) and its owner acknowledged or is dead: our label leaves the children, then
+    /// the AppService.
+    Release { from: Option<String> },
+    /// Held by another live ring, in a namespace we select: left to it.
+    Foreign(String),
+    /// No live member, or its namespace not known yet: nothing to do.
     Idle,
 }
 
@@ -161,19 +243,120 @@ pub fn step(
         from => Step::Move {
             to: target.to_owned(),
             from: from.map(str::to_owned),
+            takeover: BTreeSet::new(),
         },
     }
 }
 
-/// A child as the sharder keeps it: which kind, its name, its shard label, the uid of its
-/// controller.
+/// The shard and drain labels on an object, as one ring reads them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Claims {
+    /// Our ring's shard label.
+    pub owner: Option<String>,
+    /// Our ring's drain label.
+    pub draining: bool,
+    /// The other rings with a shard or drain label on it.
+    pub foreign: BTreeSet<String>,
+}
+
+impl Claims {
+    pub fn of(labels: &BTreeMap<String, String>, ring: &str) -> Claims {
+        let mut claims = Claims::default();
+        for (key, value) in labels {
+            let (other, is_owner) = if let Some(r) = key.strip_prefix(SHARD_LABEL_PREFIX) {
+                (r, true)
+            } else if let Some(r) = key.strip_prefix(DRAIN_LABEL_PREFIX) {
+                (r, false)
+            } else {
+                continue;
+            };
+            if other != ring {
+                claims.foreign.insert(other.to_owned());
+            } else if is_owner {
+                claims.owner = Some(value.clone());
+            } else {
+                claims.draining = true;
+            }
+        }
+        claims
+    }
+
+    fn ours(&self) -> bool {
+        self.owner.is_some() || self.draining
+    }
+}
+
+/// The step for an AppService with `claims`, whose namespace our selector matches
+/// (`selected`; `None`: the namespace is not known yet), placed on `target` by our ring,
+/// with `live` telling whether a member of our ring is live and `dead_ring` whether an
+/// other ring is dead.
+pub fn decide(
+    claims: &Claims,
+    selected: Option<bool>,
+    target: Option<&str>,
+    live: impl Fn(&str) -> bool,
+    dead_ring: impl Fn(&str) -> bool,
+) -> Step {
+    let Some(selected) = selected else {
+        return Step::Idle;
+    };
+    let live_other = claims.foreign.iter().find(|r| !dead_ring(r));
+    if !selected || (claims.ours() && live_other.is_some()) {
+        return match claims.owner.as_deref() {
+            Some(o) if live(o) && !claims.draining => Step::Drain,
+            Some(o) if live(o) => Step::AwaitAck,
+            _ if claims.ours() => Step::Release {
+                from: claims.owner.clone(),
+            },
+            _ => Step::Idle,
+        };
+    }
+    if let Some(other) = live_other {
+        return Step::Foreign(other.clone());
+    }
+    let base = step(claims.owner.as_deref(), claims.draining, target, live);
+    if claims.foreign.is_empty() {
+        return base;
+    }
+    // Only dead rings' labels besides ours: they go with our next write.
+    match base {
+        Step::Keep(o) => Step::Move {
+            to: o.clone(),
+            from: Some(o),
+            takeover: claims.foreign.clone(),
+        },
+        Step::Move { to, from, .. } => Step::Move {
+            to,
+            from,
+            takeover: claims.foreign.clone(),
+        },
+        other => other,
+    }
+}
+
+/// A child as the sharder keeps it: which kind, its name, its shard and drain labels
+/// (of every ring).
 #[derive(Clone, Debug)]
 struct ChildMeta {
     kind: ChildKind,
     namespace: String,
     name: String,
     resource_version: Option<String>,
-    shard: Option<String>,
+    labels: BTreeMap<String, String>,
+}
+
+impl ChildMeta {
+    /// The label changes that make this child carry `want` (key to value, or `None` to
+    /// remove), if any.
+    fn patch(&self, want: &BTreeMap<String, Option<String>>) -> Option<serde_json::Value> {
+        let differs = want.iter().any(|(k, v)| self.labels.get(k) != v.as_ref());
+        differs.then(|| {
+            json!({"metadata": {
+                "resourceVersion": self.resource_version,
+                "labels": want,
+            }})
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,7 +373,23 @@ struct Caches {
     deployments: Store<PartialObjectMeta<Deployment>>,
     services: Store<PartialObjectMeta<Service>>,
     secrets: Store<PartialObjectMeta<Secret>>,
-    synced: Arc<[AtomicBool; 5]>,
+    /// With `--namespace-selector`: the namespaces' labels.
+    namespaces: Option<Store<PartialObjectMeta<Namespace>>>,
+    synced: Arc<[AtomicBool; 6]>,
+}
+
+impl Caches {
+    /// Whether our selector matches the namespace `name`; `None` while it is not in the
+    /// cache (being created, or deleted).
+    fn selected(&self, ctx: &Context, name: &str) -> Option<bool> {
+        let (Some(selector), Some(namespaces)) =
+            (&ctx.config().namespace_selector, &self.namespaces)
+        else {
+            return Some(true);
+        };
+        let ns = namespaces.get(&reflector::ObjectRef::new(name))?;
+        Some(selector.matches(ns.metadata.labels.as_ref().unwrap_or(&BTreeMap::new())))
+    }
 }
 
 /// Runs the sharder whenever `leading` is true, until `stop` turns true.
@@ -209,13 +408,14 @@ pub async fn run(
         let notify = Arc::new(Notify::new());
         let caches = start_caches(&ctx, &mut tasks, &notify);
         let mut liveness = Liveness::default();
+        let mut peers = Peers::new(Instant::now());
         let mut announced_members = usize::MAX;
         loop {
             if *stop.borrow() || !*leading.borrow() {
                 break;
             }
             if caches.synced.iter().all(|f| f.load(Ordering::Relaxed)) {
-                let members = pass(&ctx, &caches, &mut liveness, &leading).await;
+                let members = pass(&ctx, &caches, &mut liveness, &mut peers, &leading).await;
                 if members != announced_members {
                     info!(members, "ring members");
                     announced_members = members;
@@ -235,55 +435,56 @@ pub async fn run(
     }
 }
 
+/// What the sharder keeps of an object's metadata: its identity, its controller
+/// reference and every ring's shard and drain labels (a ring's claims are read from all).
+fn keep_labels(meta: &mut kube::api::ObjectMeta) {
+    let labels = meta.labels.take().unwrap_or_default();
+    let kept: BTreeMap<String, String> = labels
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(SHARD_LABEL_PREFIX) || k.starts_with(DRAIN_LABEL_PREFIX))
+        .collect();
+    *meta = kube::api::ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        uid: meta.uid.take(),
+        resource_version: meta.resource_version.take(),
+        owner_references: meta.owner_references.take().map(|refs| {
+            refs.into_iter()
+                .filter(|r| r.controller == Some(true))
+                .collect()
+        }),
+        labels: Some(kept),
+        ..kube::api::ObjectMeta::default()
+    };
+}
+
 fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) -> Caches {
     let config = ctx.config();
     let client = ctx.client();
-    let synced: Arc<[AtomicBool; 5]> = Arc::new(Default::default());
+    let synced: Arc<[AtomicBool; 6]> = Arc::new(Default::default());
     let ns = config.watch_namespace.clone();
     let children = watcher::Config::default()
         .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
         .any_semantic();
-    let ring_label = shard_label(&config.shard_ring);
-    let drain = drain_label(&config.shard_ring);
-    let keep_labels = {
-        let (a, b) = (ring_label.clone(), drain.clone());
-        move |meta: &mut kube::api::ObjectMeta| {
-            let labels = meta.labels.take().unwrap_or_default();
-            let kept: BTreeMap<String, String> = labels
-                .into_iter()
-                .filter(|(k, _)| *k == a || *k == b)
-                .collect();
-            *meta = kube::api::ObjectMeta {
-                name: meta.name.take(),
-                namespace: meta.namespace.take(),
-                uid: meta.uid.take(),
-                resource_version: meta.resource_version.take(),
-                owner_references: meta.owner_references.take().map(|refs| {
-                    refs.into_iter()
-                        .filter(|r| r.controller == Some(true))
-                        .collect()
-                }),
-                labels: Some(kept),
-                ..kube::api::ObjectMeta::default()
-            };
-        }
-    };
     let apps = cache::<PartialObjectMeta<AppService>, _>(
         tasks,
         api(client, ns.as_deref()),
         watcher::Config::default().any_semantic(),
-        {
-            let k = keep_labels.clone();
-            move |o: &mut PartialObjectMeta<AppService>| k(&mut o.metadata)
-        },
+        |o: &mut PartialObjectMeta<AppService>| keep_labels(&mut o.metadata),
         (synced.clone(), 0),
         notify.clone(),
     );
+    // The member Leases of every ring (other releases' rings are in their own
+    // namespaces): whether another ring is alive decides whether its AppServices may be
+    // taken. Scoped to one namespace, only the rings whose Leases are in ours.
     let leases = cache::<Lease, _>(
         tasks,
-        Api::namespaced(client.clone(), &config.lease_namespace),
+        match &ns {
+            None => Api::all(client.clone()),
+            Some(_) => Api::namespaced(client.clone(), &config.lease_namespace),
+        },
         watcher::Config::default()
-            .labels(&format!("{LABEL_SHARD_RING}={}", config.shard_ring))
+            .labels(LABEL_SHARD_RING)
             .any_semantic(),
         |l: &mut Lease| l.metadata.managed_fields = None,
         (synced.clone(), 1),
@@ -293,10 +494,7 @@ fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) ->
         tasks,
         api(client, ns.as_deref()),
         children.clone(),
-        {
-            let k = keep_labels.clone();
-            move |o: &mut PartialObjectMeta<Deployment>| k(&mut o.metadata)
-        },
+        |o: &mut PartialObjectMeta<Deployment>| keep_labels(&mut o.metadata),
         (synced.clone(), 2),
         notify.clone(),
     );
@@ -304,10 +502,7 @@ fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) ->
         tasks,
         api(client, ns.as_deref()),
         children.clone(),
-        {
-            let k = keep_labels.clone();
-            move |o: &mut PartialObjectMeta<Service>| k(&mut o.metadata)
-        },
+        |o: &mut PartialObjectMeta<Service>| keep_labels(&mut o.metadata),
         (synced.clone(), 3),
         notify.clone(),
     );
@@ -315,16 +510,41 @@ fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) ->
         tasks,
         api(client, ns.as_deref()),
         children,
-        move |o: &mut PartialObjectMeta<Secret>| keep_labels(&mut o.metadata),
+        |o: &mut PartialObjectMeta<Secret>| keep_labels(&mut o.metadata),
         (synced.clone(), 4),
         notify.clone(),
     );
+    // Namespaces' labels, with a selector only (one namespace when scoped).
+    let namespaces = if config.namespace_selector.is_some() {
+        let watch = match &ns {
+            None => watcher::Config::default(),
+            Some(one) => watcher::Config::default().fields(&format!("metadata.name={one}")),
+        };
+        Some(cache::<PartialObjectMeta<Namespace>, _>(
+            tasks,
+            Api::all(client.clone()),
+            watch.any_semantic(),
+            |o: &mut PartialObjectMeta<Namespace>| {
+                o.metadata = kube::api::ObjectMeta {
+                    name: o.metadata.name.take(),
+                    labels: o.metadata.labels.take(),
+                    ..kube::api::ObjectMeta::default()
+                };
+            },
+            (synced.clone(), 5),
+            notify.clone(),
+        ))
+    } else {
+        synced[5].store(true, Ordering::Relaxed);
+        None
+    };
     Caches {
         apps,
         leases,
         deployments,
         services,
         secrets,
+        namespaces,
         synced,
     }
 }
@@ -347,7 +567,7 @@ fn cache<K, T>(
     api: Api<K>,
     config: watcher::Config,
     trim: T,
-    (synced, index): (Arc<[AtomicBool; 5]>, usize),
+    (synced, index): (Arc<[AtomicBool; 6]>, usize),
     notify: Arc<Notify>,
 ) -> Store<K>
 where
@@ -385,11 +605,12 @@ where
     store
 }
 
-/// One look at every AppService; returns the number of live members.
+/// One look at every AppService; returns the number of live members of our ring.
 async fn pass(
     ctx: &Context,
     caches: &Caches,
     liveness: &mut Liveness,
+    peers: &mut Peers,
     leading: &watch::Receiver<bool>,
 ) -> usize {
     let config = ctx.config();
@@ -397,12 +618,32 @@ async fn pass(
     let owner_label = shard_label(ring_name);
     let drain = drain_label(ring_name);
     let leases = caches.leases.state();
-    let live = liveness.live(&leases, Instant::now());
-    let ring = Ring::new(live);
-    for lease in liveness.stale(&leases, Instant::now()) {
+    let now = Instant::now();
+    let members = liveness.live(&leases, now);
+    let is_ours =
+        |ring: &str, namespace: &str| ring == ring_name && namespace == config.lease_namespace;
+    let ring = Ring::new(
+        members
+            .iter()
+            .filter(|m| is_ours(&m.ring, &m.namespace))
+            .map(|m| m.holder.clone()),
+    );
+    peers.saw(&members, now);
+    let ours: Vec<Arc<Lease>> = leases
+        .iter()
+        .filter(|l| {
+            is_ours(
+                l.labels().get(LABEL_SHARD_RING).map_or("", String::as_str),
+                &l.namespace().unwrap_or_default(),
+            )
+        })
+        .cloned()
+        .collect();
+    for lease in liveness.stale(&ours, now) {
         delete_lease(ctx, lease).await;
     }
     ctx.metrics().shard().set_members(ring.len());
+    let dead_ring = |r: &str| r != ring_name && peers.dead(r, now, config.lease_duration);
 
     // Children by their controller's uid.
     let mut children: HashMap<String, Vec<ChildMeta>> = HashMap::new();
@@ -420,11 +661,7 @@ async fn pass(
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
             resource_version: meta.resource_version.clone(),
-            shard: meta
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(&owner_label))
-                .cloned(),
+            labels: meta.labels.clone().unwrap_or_default(),
         });
     };
     for d in caches.deployments.state() {
@@ -438,6 +675,7 @@ async fn pass(
     }
 
     let mut work = Vec::new();
+    let mut foreign = 0usize;
     for app in caches.apps.state() {
         let (Some(namespace), Some(name)) =
             (app.metadata.namespace.clone(), app.metadata.name.clone())
@@ -447,11 +685,18 @@ async fn pass(
         if config.is_excluded(&namespace) {
             continue;
         }
-        let labels = app.metadata.labels.clone().unwrap_or_default();
-        let owner = labels.get(&owner_label).map(String::as_str);
-        let draining = labels.contains_key(&drain);
+        let claims = Claims::of(
+            app.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+            ring_name,
+        );
         let key = ring::key(&namespace, &name);
-        let step = step(owner, draining, ring.owner(&key), |m| ring.contains(m));
+        let step = decide(
+            &claims,
+            caches.selected(ctx, &namespace),
+            ring.owner(&key),
+            |m| ring.contains(m),
+            dead_ring,
+        );
         let kids = app
             .metadata
             .uid
@@ -462,13 +707,24 @@ async fn pass(
         match step {
             Step::Idle | Step::AwaitAck => {}
             Step::Keep(owner) => {
-                let lagging: Vec<ChildMeta> = kids
-                    .into_iter()
-                    .filter(|c| c.shard.as_deref() != Some(owner.as_str()))
-                    .collect();
+                // Ours alone: the children carry our label and no other ring's.
+                let want = labels_for(&owner_label, Some(&owner), &kids, ring_name);
+                let lagging = lagging(kids, &want);
                 if !lagging.is_empty() {
                     work.push(Work::Children {
-                        to: owner,
+                        want,
+                        children: lagging,
+                    });
+                }
+            }
+            Step::Foreign(_) => {
+                foreign += 1;
+                // Never touch the other ring's labels; only take ours off the children.
+                let want = BTreeMap::from([(owner_label.clone(), None)]);
+                let lagging = lagging(kids, &want);
+                if !lagging.is_empty() {
+                    work.push(Work::Children {
+                        want,
                         children: lagging,
                     });
                 }
@@ -480,6 +736,7 @@ async fn pass(
             }),
         }
     }
+    ctx.metrics().shard().set_foreign(foreign);
     if work.is_empty() {
         return ring.len();
     }
@@ -500,9 +757,35 @@ async fn pass(
     ring.len()
 }
 
+/// The labels children of an AppService owned by `owner` (or by no one of ours) carry:
+/// ours set (or removed), and every other ring's shard or drain label found on `kids`
+/// removed. Use only where no live other ring holds the AppService.
+fn labels_for(
+    owner_label: &str,
+    owner: Option<&str>,
+    kids: &[ChildMeta],
+    ring: &str,
+) -> BTreeMap<String, Option<String>> {
+    let mut want: BTreeMap<String, Option<String>> =
+        BTreeMap::from([(owner_label.to_owned(), owner.map(str::to_owned))]);
+    for kid in kids {
+        for other in Claims::of(&kid.labels, ring).foreign {
+            want.insert(shard_label(&other), None);
+            want.insert(drain_label(&other), None);
+        }
+    }
+    want
+}
+
+fn lagging(kids: Vec<ChildMeta>, want: &BTreeMap<String, Option<String>>) -> Vec<ChildMeta> {
+    kids.into_iter()
+        .filter(|c| c.patch(want).is_some())
+        .collect()
+}
+
 enum Work {
     Children {
-        to: String,
+        want: BTreeMap<String, Option<String>>,
         children: Vec<ChildMeta>,
     },
     App {
@@ -515,9 +798,7 @@ enum Work {
 impl Work {
     async fn run(self, ctx: &Context, owner_label: &str, drain: &str) -> Result<(), kube::Error> {
         match self {
-            Work::Children { to, children } => {
-                relabel_children(ctx, owner_label, &to, &children).await
-            }
+            Work::Children { want, children } => relabel_children(ctx, &want, &children).await,
             Work::App {
                 app,
                 step,
@@ -527,6 +808,7 @@ impl Work {
                 let namespace = app.namespace().unwrap_or_default();
                 let apps: Api<AppService> = Api::namespaced(ctx.client().clone(), &namespace);
                 let rv = app.metadata.resource_version.clone();
+                let ring = ctx.config().shard_ring.as_str();
                 match step {
                     Step::Drain => {
                         let patch =
@@ -539,34 +821,82 @@ impl Work {
                             json!({"metadata": {"resourceVersion": rv, "labels": {drain: null}}});
                         merge(&apps, &name, &patch).await?;
                     }
-                    Step::Move { to, from } => {
-                        relabel_children(ctx, owner_label, &to, &children).await?;
-                        let patch = json!({"metadata": {
-                            "resourceVersion": rv,
-                            "labels": {owner_label: to, drain: null},
-                        }});
+                    Step::Move { to, from, takeover } => {
+                        let mut want = labels_for(owner_label, Some(&to), &children, ring);
+                        relabel_children(ctx, &want, &children).await?;
+                        want.insert(drain.to_owned(), None);
+                        for other in &takeover {
+                            want.insert(shard_label(other), None);
+                            want.insert(drain_label(other), None);
+                        }
+                        let patch = json!({"metadata": {"resourceVersion": rv, "labels": want}});
                         merge(&apps, &name, &patch).await?;
                         ctx.metrics().shard().moved();
-                        info!(object = %format!("{namespace}/{name}"), to = %to, from = ?from, "assigned to shard");
-                        let note = match &from {
-                            Some(from) => format!("moved from shard {from} to shard {to}"),
-                            None => format!("assigned to shard {to}"),
+                        // A first assignment (no owner before, nothing drained) is said by
+                        // the label alone: an Event for each new AppService would double
+                        // the API writes of a burst of creates. Handovers are announced.
+                        let drained = app.labels().contains_key(drain);
+                        let note = match (&from, takeover.is_empty()) {
+                            (_, false) => Some(format!(
+                                "taken over by shard {to} of ring {ring} from ring(s) {} (no live member)",
+                                takeover.iter().cloned().collect::<Vec<_>>().join(", ")
+                            )),
+                            (Some(from), true) => {
+                                Some(format!("moved from shard {from} to shard {to}"))
+                            }
+                            (None, true) if drained => {
+                                Some(format!("handed over to shard {to} after a drain"))
+                            }
+                            (None, true) => None,
                         };
-                        let event = Event {
-                            type_: EventType::Normal,
-                            reason: "ShardAssigned".into(),
-                            note: Some(note),
-                            action: "Assign".into(),
-                            secondary: None,
-                        };
-                        crate::report::publish(ctx.recorder(), ctx.metrics(), &*app, &event).await;
+                        match note {
+                            Some(note) => {
+                                info!(object = %format!("{namespace}/{name}"), to = %to, from = ?from, taken_from_rings = ?takeover, "moved to shard");
+                                announce(ctx, &app, "ShardAssigned", "Assign", note).await;
+                            }
+                            None => {
+                                debug!(object = %format!("{namespace}/{name}"), to = %to, "assigned to shard")
+                            }
+                        }
                     }
-                    Step::Keep(_) | Step::AwaitAck | Step::Idle => {}
+                    Step::Release { from } => {
+                        let want = BTreeMap::from([(owner_label.to_owned(), None)]);
+                        relabel_children(ctx, &want, &children).await?;
+                        let patch = json!({"metadata": {
+                            "resourceVersion": rv,
+                            "labels": {owner_label: null, drain: null},
+                        }});
+                        merge(&apps, &name, &patch).await?;
+                        ctx.metrics().shard().released();
+                        info!(object = %format!("{namespace}/{name}"), from = ?from, "released by this ring");
+                        let note = format!(
+                            "released by ring {ring}: its namespace is not selected by this ring, or another ring holds it"
+                        );
+                        announce(ctx, &app, "ShardReleased", "Release", note).await;
+                    }
+                    Step::Keep(_) | Step::AwaitAck | Step::Idle | Step::Foreign(_) => {}
                 }
                 Ok(())
             }
         }
     }
+}
+
+async fn announce(
+    ctx: &Context,
+    app: &PartialObjectMeta<AppService>,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_: EventType::Normal,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    crate::report::publish(ctx.recorder(), ctx.metrics(), app, &event).await;
 }
 
 async fn merge<K>(api: &Api<K>, name: &str, patch: &serde_json::Value) -> Result<(), kube::Error>
@@ -606,15 +936,19 @@ async fn delete_lease(ctx: &Context, lease: &Lease) {
     }
 }
 
-/// Labels each child with its new owner, with the resourceVersion the sharder read.
+/// Gives each child the labels `want` (a value, or `None` to remove), with the
+/// resourceVersion the sharder read.
 async fn relabel_children(
     ctx: &Context,
-    owner_label: &str,
-    to: &str,
+    want: &BTreeMap<String, Option<String>>,
     children: &[ChildMeta],
 ) -> Result<(), kube::Error> {
-    for child in children.iter().filter(|c| c.shard.as_deref() != Some(to)) {
-        let patch = json!({"metadata": {"resourceVersion": child.resource_version, "labels": {owner_label: to}}});
+    let mut changed = 0usize;
+    for child in children {
+        let Some(patch) = child.patch(want) else {
+            continue;
+        };
+        changed += 1;
         let client = ctx.client().clone();
         let ns = child.namespace.as_str();
         match child.kind {
@@ -634,10 +968,10 @@ async fn relabel_children(
             }
         }
     }
-    if !children.is_empty() {
+    if changed > 0 {
         debug!(
-            to,
-            children = children.len(),
+            ?want,
+            children = changed,
             "children follow their AppService"
         );
     }
@@ -649,10 +983,19 @@ mod tests {
     use super::*;
 
     fn lease(holder: Option<&str>, rv: &str, secs: i32) -> Arc<Lease> {
+        ring_lease("ring", holder, rv, secs)
+    }
+
+    fn ring_lease(ring: &str, holder: Option<&str>, rv: &str, secs: i32) -> Arc<Lease> {
         Arc::new(Lease {
             metadata: kube::api::ObjectMeta {
-                name: Some(format!("ring-shard-{}", holder.unwrap_or("x"))),
+                name: Some(format!("{ring}-shard-{}", holder.unwrap_or("x"))),
+                namespace: Some(format!("{ring}-system")),
                 resource_version: Some(rv.into()),
+                labels: Some(BTreeMap::from([(
+                    LABEL_SHARD_RING.to_owned(),
+                    ring.to_owned(),
+                )])),
                 ..Default::default()
             },
             spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
@@ -663,20 +1006,24 @@ mod tests {
         })
     }
 
+    fn holders(members: Vec<Member>) -> Vec<String> {
+        members.into_iter().map(|m| m.holder).collect()
+    }
+
     #[test]
     fn a_member_is_live_while_its_record_changed_within_its_duration_on_our_clock() {
         let mut l = Liveness::default();
         let t0 = Instant::now();
         let a1 = vec![lease(Some("a"), "1", 15)];
-        assert_eq!(l.live(&a1, t0), ["a"], "first seen: fresh");
-        assert_eq!(l.live(&a1, t0 + Duration::from_secs(14)), ["a"]);
+        assert_eq!(holders(l.live(&a1, t0)), ["a"], "first seen: fresh");
+        assert_eq!(holders(l.live(&a1, t0 + Duration::from_secs(14))), ["a"]);
         assert!(
             l.live(&a1, t0 + Duration::from_secs(15)).is_empty(),
             "unchanged for 15 s"
         );
         let a2 = vec![lease(Some("a"), "2", 15)];
         assert_eq!(
-            l.live(&a2, t0 + Duration::from_secs(16)),
+            holders(l.live(&a2, t0 + Duration::from_secs(16))),
             ["a"],
             "renewed: live again"
         );
@@ -711,7 +1058,8 @@ mod tests {
             step(Some("dead"), false, Some("b"), live),
             Step::Move {
                 to: "b".into(),
-                from: Some("dead".into())
+                from: Some("dead".into()),
+                takeover: BTreeSet::new(),
             }
         );
         // Acknowledged (the owner removed its label) or new: assigned at once.
@@ -719,9 +1067,224 @@ mod tests {
             step(None, true, Some("b"), live),
             Step::Move {
                 to: "b".into(),
-                from: None
+                from: None,
+                takeover: BTreeSet::new(),
             }
         );
         assert_eq!(step(None, false, None, live), Step::Idle);
+    }
+
+    fn claims(pairs: &[(&str, &str)]) -> Claims {
+        let labels: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Claims::of(&labels, "main")
+    }
+
+    #[test]
+    fn claims_tell_our_ring_from_the_others() {
+        let c = claims(&[
+            ("shard.platform.example.com/main", "m-0"),
+            ("drain.shard.platform.example.com/main", "true"),
+            ("shard.platform.example.com/canary", "c-0"),
+            ("drain.shard.platform.example.com/old", "true"),
+            ("app", "x"),
+        ]);
+        assert_eq!(c.owner.as_deref(), Some("m-0"));
+        assert!(c.draining);
+        assert_eq!(
+            c.foreign.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["canary", "old"]
+        );
+        assert_eq!(claims(&[("app", "x")]), Claims::default());
+    }
+
+    #[test]
+    fn a_namespace_leaving_the_selector_is_drained_then_released() {
+        let live = |m: &str| m == "m-0";
+        let never_dead = |_: &str| false;
+        let owned = claims(&[("shard.platform.example.com/main", "m-0")]);
+        assert_eq!(
+            decide(&owned, Some(false), Some("m-0"), live, never_dead),
+            Step::Drain
+        );
+        let asked = claims(&[
+            ("shard.platform.example.com/main", "m-0"),
+            ("drain.shard.platform.example.com/main", "true"),
+        ]);
+        assert_eq!(
+            decide(&asked, Some(false), Some("m-0"), live, never_dead),
+            Step::AwaitAck
+        );
+        let acked = claims(&[("drain.shard.platform.example.com/main", "true")]);
+        assert_eq!(
+            decide(&acked, Some(false), Some("m-0"), live, never_dead),
+            Step::Release { from: None }
+        );
+        // A dead owner cannot answer: released directly (its fence closed).
+        let dead_owner = claims(&[("shard.platform.example.com/main", "gone")]);
+        assert_eq!(
+            decide(&dead_owner, Some(false), Some("m-0"), live, never_dead),
+            Step::Release {
+                from: Some("gone".into())
+            }
+        );
+        // Nothing of ours on it: nothing to do.
+        assert_eq!(
+            decide(
+                &Claims::default(),
+                Some(false),
+                Some("m-0"),
+                live,
+                never_dead
+            ),
+            Step::Idle
+        );
+        // A namespace not known yet: wait.
+        assert_eq!(
+            decide(&owned, None, Some("m-0"), live, never_dead),
+            Step::Idle
+        );
+    }
+
+    #[test]
+    fn a_live_other_rings_object_is_never_taken_and_a_dead_rings_is() {
+        let live = |m: &str| m == "m-0";
+        let other = claims(&[("shard.platform.example.com/canary", "c-0")]);
+        assert_eq!(
+            decide(&other, Some(true), Some("m-0"), live, |_| false),
+            Step::Foreign("canary".into())
+        );
+        // Still releasing it (only its drain label left): still its.
+        let releasing = claims(&[("drain.shard.platform.example.com/canary", "true")]);
+        assert_eq!(
+            decide(&releasing, Some(true), Some("m-0"), live, |_| false),
+            Step::Foreign("canary".into())
+        );
+        assert_eq!(
+            decide(&other, Some(true), Some("m-0"), live, |r| r == "canary"),
+            Step::Move {
+                to: "m-0".into(),
+                from: None,
+                takeover: BTreeSet::from(["canary".to_owned()]),
+            }
+        );
+        // Ours and a live other ring's at once: we let go (never both).
+        let both = claims(&[
+            ("shard.platform.example.com/main", "m-0"),
+            ("shard.platform.example.com/canary", "c-0"),
+        ]);
+        assert_eq!(
+            decide(&both, Some(true), Some("m-0"), live, |_| false),
+            Step::Drain
+        );
+        // Ours and a dead ring's: its label goes with a relabel to our owner.
+        assert_eq!(
+            decide(&both, Some(true), Some("m-0"), live, |r| r == "canary"),
+            Step::Move {
+                to: "m-0".into(),
+                from: Some("m-0".into()),
+                takeover: BTreeSet::from(["canary".to_owned()]),
+            }
+        );
+        // Selected and clean: the ring's own rules.
+        assert_eq!(
+            decide(&Claims::default(), Some(true), Some("m-0"), live, |_| false),
+            Step::Move {
+                to: "m-0".into(),
+                from: None,
+                takeover: BTreeSet::new()
+            }
+        );
+    }
+
+    #[test]
+    fn a_ring_is_dead_once_no_member_was_live_for_the_grace_within_this_term() {
+        let t0 = Instant::now();
+        let grace = Duration::from_secs(15);
+        let mut peers = Peers::new(t0);
+        assert!(
+            !peers.dead("canary", t0 + Duration::from_secs(14), grace),
+            "not before the grace from the term's start"
+        );
+        assert!(
+            peers.dead("canary", t0 + grace, grace),
+            "never seen: dead after the grace"
+        );
+        let member = Member {
+            ring: "canary".into(),
+            namespace: "c".into(),
+            holder: "c-0".into(),
+        };
+        peers.saw(&[member], t0 + Duration::from_secs(20));
+        assert!(!peers.dead("canary", t0 + Duration::from_secs(34), grace));
+        assert!(peers.dead("canary", t0 + Duration::from_secs(35), grace));
+    }
+
+    #[test]
+    fn members_are_told_apart_by_ring_and_lease_namespace() {
+        let mut l = Liveness::default();
+        let t0 = Instant::now();
+        let leases = vec![
+            ring_lease("main", Some("m-0"), "1", 15),
+            ring_lease("canary", Some("c-0"), "1", 15),
+        ];
+        let live = l.live(&leases, t0);
+        assert_eq!(
+            live,
+            [
+                Member {
+                    ring: "main".into(),
+                    namespace: "main-system".into(),
+                    holder: "m-0".into()
+                },
+                Member {
+                    ring: "canary".into(),
+                    namespace: "canary-system".into(),
+                    holder: "c-0".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_child_patch_names_only_the_labels_that_differ() {
+        let kid = ChildMeta {
+            kind: ChildKind::Service,
+            namespace: "ns".into(),
+            name: "web".into(),
+            resource_version: Some("7".into()),
+            labels: BTreeMap::from([
+                (
+                    "shard.platform.example.com/main".to_owned(),
+                    "m-0".to_owned(),
+                ),
+                (
+                    "shard.platform.example.com/canary".to_owned(),
+                    "c-0".to_owned(),
+                ),
+            ]),
+        };
+        let keep = BTreeMap::from([(
+            "shard.platform.example.com/main".to_owned(),
+            Some("m-0".to_owned()),
+        )]);
+        assert_eq!(kid.patch(&keep), None);
+        let want = labels_for(
+            "shard.platform.example.com/main",
+            Some("m-0"),
+            std::slice::from_ref(&kid),
+            "main",
+        );
+        let patch = kid.patch(&want).unwrap();
+        assert_eq!(
+            patch,
+            json!({"metadata": {"resourceVersion": "7", "labels": {
+                "shard.platform.example.com/main": "m-0",
+                "shard.platform.example.com/canary": null,
+                "drain.shard.platform.example.com/canary": null,
+            }}})
+        );
     }
 }
