@@ -355,6 +355,8 @@ fn render_monitoring(namespace: &str) -> Vec<Value> {
         .args(["--namespace", namespace])
         .args(["--set", "metrics.prometheusRule.enabled=true"])
         .args(["--set", "metrics.grafanaDashboard.enabled=true"])
+        // The sharding alerts render only with sharding on.
+        .args(["--set", "controller.sharding.enabled=true"])
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_DATA_HOME", home.join("data"))
@@ -420,6 +422,8 @@ async fn alerts_and_dashboard_query_only_exported_metrics() {
         "AppServiceQueueDepth",
         "AppServiceQueueWait",
         "AppServiceControllerNoLeader",
+        "AppServiceControllerShardsMissing",
+        "AppServiceShardForeignObjects",
         "AppServiceCleanupFailing",
         "AppServiceWebhookErrors",
         "AppServiceWebhookLatency",

@@ -2134,6 +2134,25 @@ fn impersonating(cp: &harness::ControlPlane, user: &str) -> Client {
     Client::try_from(config).expect("impersonating client")
 }
 
+/// `result` is the shard-labels policy's refusal (403, its name and its reason).
+fn shard_label_refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{what}: {status:?}");
+            assert!(
+                status.message.contains(&format!(
+                    "ValidatingAdmissionPolicy '{CONTROLLER}-shard-labels'"
+                )) && status
+                    .message
+                    .contains("they decide which controller shard writes it"),
+                "{what}: not refused by the shard-labels policy: {}",
+                status.message
+            );
+        }
+        other => panic!("{what}: expected the shard-labels policy to refuse it, got {other:?}"),
+    }
+}
+
 /// Whether `result` is the API server's 403.
 fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
     matches!(result, Err(kube::Error::Api(ref s)) if s.code == 403)
@@ -2311,6 +2330,63 @@ async fn tenants_with_the_default_roles_work_in_their_namespace_and_nowhere_else
             "{user} must not write status"
         );
 
+        // The shard and drain labels decide which controller shard writes an object:
+        // a tenant can neither set, change nor remove them (on the AppService or on a
+        // Secret or Service of theirs), while any other label is theirs.
+        apps.patch(
+            &user,
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {"team": "shop"}}})),
+        )
+        .await
+        .expect("an ordinary label");
+        for key in [
+            "shard.platform.example.com/appservice-operator",
+            "drain.shard.platform.example.com/canary",
+        ] {
+            let set = apps
+                .patch(
+                    &user,
+                    &PatchParams::default(),
+                    &merge(json!({"metadata": {"labels": {key: "shard-x"}}})),
+                )
+                .await;
+            shard_label_refused(set, &format!("{user} set {key}"));
+            let created = Api::<Secret>::namespaced(client.clone(), own)
+                .create(
+                    &post,
+                    &serde_json::from_value(json!({
+                        "metadata": {"name": format!("{user}-labelled"), "labels": {key: "shard-x"}}
+                    }))
+                    .unwrap(),
+                )
+                .await;
+            shard_label_refused(created, &format!("{user} created a Secret with {key}"));
+        }
+        // Set by someone allowed (cluster-admin here), a tenant may not remove it either.
+        let admins_apps: Api<AppService> = Api::namespaced(admin.clone(), own);
+        let ring_label = json!({"metadata": {"labels": {"shard.platform.example.com/appservice-operator": "shard-0"}}});
+        admins_apps
+            .patch(&user, &PatchParams::default(), &merge(ring_label))
+            .await
+            .expect("cluster-admin sets the shard label");
+        let removed = apps
+            .patch(
+                &user,
+                &PatchParams::default(),
+                &merge(json!({"metadata": {"labels": {"shard.platform.example.com/appservice-operator": null}}})),
+            )
+            .await;
+        shard_label_refused(removed, &format!("{user} removed the shard label"));
+        // Edits that leave the label as it is go through.
+        apps.patch(
+            &user,
+            &PatchParams::default(),
+            &merge(json!({"spec": {"replicas": 1}, "metadata": {"labels": {"team": "shop-2"}}})),
+        )
+        .await
+        .expect("an edit keeping the shard label");
+
         // Nothing of another namespace, nothing cluster-scoped of ours.
         let theirs: Api<AppService> = Api::namespaced(client.clone(), other);
         assert!(
@@ -2346,6 +2422,75 @@ async fn tenants_with_the_default_roles_work_in_their_namespace_and_nowhere_else
         apps.delete(&user, &DeleteParams::default())
             .await
             .expect("delete own AppService");
+    }
+
+    // Whoever holds the verb `shard` on appservices in the namespace (as the sharding
+    // controller's role grants it) may write the labels.
+    {
+        use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+        let role = Role {
+            metadata: ObjectMeta {
+                name: Some("ring-writer".into()),
+                ..Default::default()
+            },
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec!["platform.example.com".into()]),
+                resources: Some(vec!["appservices".into()]),
+                verbs: vec![
+                    "get".into(),
+                    "create".into(),
+                    "patch".into(),
+                    "shard".into(),
+                ],
+                ..Default::default()
+            }]),
+        };
+        Api::<Role>::namespaced(admin.clone(), own)
+            .create(&post, &role)
+            .await
+            .expect("Role");
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some("ring-writer".into()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: "ring-writer".into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "User".into(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                name: "ring-writer".into(),
+                ..Default::default()
+            }]),
+        };
+        Api::<RoleBinding>::namespaced(admin.clone(), own)
+            .create(&post, &binding)
+            .await
+            .expect("RoleBinding");
+        let writer: Api<AppService> = Api::namespaced(impersonating(cp, "ring-writer"), own);
+        let mut labelled = tenant_app("ring-labelled");
+        labelled.metadata.labels = Some(BTreeMap::from([(
+            "shard.platform.example.com/appservice-operator".to_owned(),
+            "shard-0".to_owned(),
+        )]));
+        writer
+            .create(&post, &labelled)
+            .await
+            .expect("created with the shard label by a holder of `shard`");
+        writer
+            .patch(
+                "ring-labelled",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {
+                    "shard.platform.example.com/appservice-operator": "shard-1",
+                    "drain.shard.platform.example.com/appservice-operator": "true",
+                }}})),
+            )
+            .await
+            .expect("moved by a holder of `shard`");
     }
 
     // `view`: reads AppServices and their scale, writes nothing, reads no Secret.
@@ -2427,11 +2572,168 @@ fn sharding_is_off_by_default_and_on_adds_its_flags_and_rbac() {
             .map(|v| v["value"].clone())
     };
     assert_eq!(value("SHARDING"), Some(json!("true")));
+    // The verb the shard-labels admission policy asks for, only with sharding.
+    let app_verbs =
+        |docs: &[Value]| find(docs, "ClusterRole", CONTROLLER)["rules"][0]["verbs"].clone();
+    assert_eq!(
+        app_verbs(&on),
+        json!(["get", "list", "watch", "patch", "shard"])
+    );
+    assert_eq!(app_verbs(&off), json!(["get", "list", "watch", "patch"]));
     assert_eq!(value("SHARD_RING"), Some(json!("blue")));
     let rules = lease_rules(&on);
     assert!(
         rules.iter().any(|r| r["resourceNames"].is_null()
             && r["verbs"] == json!(["get", "list", "watch", "update", "delete"])),
         "membership Leases: {rules:?}"
+    );
+}
+
+/// A canary release and the main one split the namespaces: the chart turns
+/// `controller.sharding.namespaceSelector` into the controller's `--namespace-selector`
+/// (which the controller's own parser reads back to the same split), gives the webhook
+/// configurations the same selector, and adds the RBAC the sharder then needs (the Leases
+/// of every ring, read only; the namespaces' labels).
+#[test]
+fn a_namespace_split_renders_the_same_selector_for_the_controller_and_the_webhook() {
+    let split = |operator: &str, values: &[&str], extra: &[&str]| -> Vec<Value> {
+        let mut sets = vec![
+            "controller.sharding.enabled=true".to_owned(),
+            "controller.sharding.ring=canary".to_owned(),
+            "controller.sharding.namespaceSelector[0].key=operator-upgrade".to_owned(),
+            format!("controller.sharding.namespaceSelector[0].operator={operator}"),
+        ];
+        for (i, v) in values.iter().enumerate() {
+            sets.push(format!(
+                "controller.sharding.namespaceSelector[0].values[{i}]={v}"
+            ));
+        }
+        sets.extend(extra.iter().map(|s| (*s).to_owned()));
+        template("ops", &sets)
+    };
+    let selector_env = |docs: &[Value]| -> Option<String> {
+        find(docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()?
+            .iter()
+            .find(|e| e["name"] == "NAMESPACE_SELECTOR")
+            .and_then(|e| e["value"].as_str().map(str::to_owned))
+    };
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    let canary_ns = labels(&[("operator-upgrade", "canary")]);
+    let plain_ns = labels(&[("team", "a")]);
+    for (operator, values, text, canary_selected, plain_selected) in [
+        (
+            "In",
+            &["canary"][..],
+            "operator-upgrade in (canary)",
+            true,
+            false,
+        ),
+        (
+            "NotIn",
+            &["canary", "beta"][..],
+            "operator-upgrade notin (canary,beta)",
+            false,
+            true,
+        ),
+        ("Exists", &[][..], "operator-upgrade", true, false),
+        ("DoesNotExist", &[][..], "!operator-upgrade", false, true),
+    ] {
+        let docs = split(operator, values, &[]);
+        let rendered = selector_env(&docs).expect("NAMESPACE_SELECTOR");
+        assert_eq!(rendered, text);
+        // The consumer of the flag reads it back to the split it means.
+        let parsed = controller::shard::namespaces::NamespaceSelector::parse(&rendered)
+            .unwrap_or_else(|e| panic!("the controller refuses {rendered:?}: {e}"));
+        assert_eq!(parsed.matches(&canary_ns), canary_selected, "{operator}");
+        assert_eq!(parsed.matches(&plain_ns), plain_selected, "{operator}");
+
+        // Both webhook configurations select the same namespaces (besides the exclusions).
+        let mut expected = json!({"key": "operator-upgrade", "operator": operator});
+        if !values.is_empty() {
+            expected["values"] = json!(values);
+        }
+        for kind in [
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+        ] {
+            let exprs =
+                &find(&docs, kind, WEBHOOK)["webhooks"][0]["namespaceSelector"]["matchExpressions"];
+            assert!(
+                exprs.as_array().unwrap().contains(&expected),
+                "{kind}: {exprs}"
+            );
+        }
+    }
+
+    let docs = split("In", &["canary"], &[]);
+    assert_eq!(
+        find(&docs, "ClusterRole", &format!("{CONTROLLER}-shard-peers"))["rules"],
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch"]}])
+    );
+    assert_eq!(
+        find(
+            &docs,
+            "ClusterRole",
+            &format!("{CONTROLLER}-databaseclasses")
+        )["rules"][2],
+        json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]})
+    );
+
+    // The webhook can keep every namespace.
+    let all = split("In", &["canary"], &["webhook.followShardNamespaces=false"]);
+    let exprs = &find(&all, "ValidatingWebhookConfiguration", WEBHOOK)["webhooks"][0]["namespaceSelector"]
+        ["matchExpressions"];
+    assert!(
+        !serde_json::to_string(exprs)
+            .unwrap()
+            .contains("operator-upgrade"),
+        "{exprs}"
+    );
+
+    // Without sharding there is no selector, no cross-namespace Lease read and no
+    // namespace watch, whatever namespaceSelector says.
+    let off = template(
+        "ops",
+        &[
+            "controller.sharding.namespaceSelector[0].key=operator-upgrade".to_owned(),
+            "controller.sharding.namespaceSelector[0].operator=Exists".to_owned(),
+        ],
+    );
+    assert_eq!(selector_env(&off), None);
+    assert!(
+        !off.iter()
+            .any(|d| d["metadata"]["name"] == format!("{CONTROLLER}-shard-peers"))
+    );
+    assert_eq!(
+        find(
+            &off,
+            "ClusterRole",
+            &format!("{CONTROLLER}-databaseclasses")
+        )["rules"][2]["verbs"],
+        json!(["get"])
+    );
+
+    // A set operator without values is refused by the chart, with the reason.
+    let (ok, _, stderr) = run_helm(&[
+        "template",
+        RELEASE,
+        chart_dir().to_str().unwrap(),
+        "--set",
+        "controller.sharding.enabled=true",
+        "--set",
+        "controller.sharding.namespaceSelector[0].key=operator-upgrade",
+        "--set",
+        "controller.sharding.namespaceSelector[0].operator=In",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("operator-upgrade In needs values"),
+        "{stderr}"
     );
 }

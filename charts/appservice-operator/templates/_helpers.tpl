@@ -103,6 +103,32 @@ matchExpressions:
 {{- with .Values.webhook.namespaceSelectorExpressions }}
 {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- if and (dig "followShardNamespaces" true .Values.webhook) (dig "sharding" "enabled" false .Values.controller) }}
+{{- with (dig "sharding" "namespaceSelector" list .Values.controller) }}
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* controller.sharding.namespaceSelector (matchExpressions) in the label selector
+syntax of --namespace-selector: `k in (a,b)`, `k notin (a,b)`, `k`, `!k`. */}}
+{{- define "aso.controller.namespaceSelector" -}}
+{{- $parts := list -}}
+{{- range (dig "sharding" "namespaceSelector" list .Values.controller) -}}
+{{- $values := .values | default list -}}
+{{- if eq .operator "In" -}}
+{{- if not $values }}{{ fail (printf "controller.sharding.namespaceSelector: %s In needs values" .key) }}{{ end -}}
+{{- $parts = append $parts (printf "%s in (%s)" .key (join "," $values)) -}}
+{{- else if eq .operator "NotIn" -}}
+{{- if not $values }}{{ fail (printf "controller.sharding.namespaceSelector: %s NotIn needs values" .key) }}{{ end -}}
+{{- $parts = append $parts (printf "%s notin (%s)" .key (join "," $values)) -}}
+{{- else if eq .operator "Exists" -}}
+{{- $parts = append $parts .key -}}
+{{- else if eq .operator "DoesNotExist" -}}
+{{- $parts = append $parts (printf "!%s" .key) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $parts -}}
 {{- end }}
 
 {{/* The Secret the webhook keeps its CA in (selfSigned mode). */}}
