@@ -279,6 +279,21 @@ async fn measure(
     services
         .delete_collection(&everything, &ListParams::default())
         .await?;
+    // Each configuration's figures as soon as it is done (a long run can be read early).
+    eprintln!(
+        "{name}: converged in {:.1} s, {:.2} writes per AppService, RSS KiB (peak, steady) {rss:?}{}",
+        converge.total.as_secs_f64(),
+        writes / n as f64,
+        handover
+            .as_ref()
+            .map(|(count, h)| format!(
+                "; handover of {count}: p50 {:.1} s, p99 {:.1} s, max {:.1} s",
+                h.p50.as_secs_f64(),
+                h.p99.as_secs_f64(),
+                h.max.as_secs_f64()
+            ))
+            .unwrap_or_default()
+    );
     Ok(Run {
         name: name.to_owned(),
         converge,
