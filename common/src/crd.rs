@@ -6,6 +6,7 @@ use kube::CustomResourceExt;
 use kube::core::crd::merge_crds;
 
 use crate::database_class::DatabaseClass;
+use crate::image_policy::ImagePolicy;
 use crate::{v1alpha1, v1beta1};
 
 /// Where the generated AppService CRD lives, relative to the repository root.
@@ -60,6 +61,12 @@ impl From<serde_saphyr::ser::Error> for Error {
 /// The DatabaseClass CRD.
 pub fn database_class_crd() -> CustomResourceDefinition {
     DatabaseClass::crd()
+}
+
+/// The ImagePolicy CRD. Not in the chart yet: until the controller enforces policies, an
+/// installed CRD would let an admin write an `Enforce` policy that nothing enforces.
+pub fn image_policy_crd() -> CustomResourceDefinition {
+    ImagePolicy::crd()
 }
 
 /// The AppService CRD as the YAML document committed under [`CRD_PATH`].

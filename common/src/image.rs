@@ -101,6 +101,41 @@ pub fn parse(image: &str) -> Result<ImageRef<'_>, ImageError> {
     })
 }
 
+/// Docker Hub, as image references name it when they name no registry.
+pub const DOCKER_HUB: &str = "docker.io";
+
+/// Whether the first component of a name is a registry host rather than a path (the
+/// distribution project's rule: it has a dot or a port, or is `localhost`).
+pub fn is_registry_host(component: &str) -> bool {
+    component.contains('.') || component.contains(':') || component == "localhost"
+}
+
+/// The repository `image` is pulled from, normalized as the kubelet does: the registry
+/// host always present and in lower case (`nginx` → `docker.io/library/nginx`,
+/// `index.docker.io/x/y` → `docker.io/x/y`, `Registry.Example.com/a` →
+/// `registry.example.com/a`), tag and digest dropped. Image policies match on this, so
+/// no spelling of a reference escapes them.
+pub fn repository(image: &str) -> Result<String, ImageError> {
+    let name = parse(image)?.name;
+    let (host, path) = match name.split_once('/') {
+        Some((first, rest))
+            if is_registry_host(first) || first.bytes().any(|b| b.is_ascii_uppercase()) =>
+        {
+            (first.to_ascii_lowercase(), rest)
+        }
+        _ => (DOCKER_HUB.to_owned(), name),
+    };
+    let host = if host == "index.docker.io" {
+        DOCKER_HUB.to_owned()
+    } else {
+        host
+    };
+    if host == DOCKER_HUB && !path.contains('/') {
+        return Ok(format!("{host}/library/{path}"));
+    }
+    Ok(format!("{host}/{path}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +172,32 @@ mod tests {
         let r = parse(&pinned).unwrap();
         assert_eq!(r.tag, Some("v1"));
         assert_eq!(r.digest, Some(format!("sha256:{sha}").as_str()));
+    }
+
+    #[test]
+    fn repositories_are_normalized() {
+        let sha = "a".repeat(64);
+        for (image, repo) in [
+            ("nginx", "docker.io/library/nginx"),
+            ("nginx:1.27", "docker.io/library/nginx"),
+            ("library/nginx", "docker.io/library/nginx"),
+            ("docker.io/nginx", "docker.io/library/nginx"),
+            ("index.docker.io/bitnami/nginx:1", "docker.io/bitnami/nginx"),
+            ("bitnami/nginx", "docker.io/bitnami/nginx"),
+            ("localhost/app", "localhost/app"),
+            ("localhost:5000/team/app:v1", "localhost:5000/team/app"),
+            (
+                "Registry.Example.com/team/app",
+                "registry.example.com/team/app",
+            ),
+            ("REGISTRY/app", "registry/app"),
+            ("[::1]:5000/app", "[::1]:5000/app"),
+        ] {
+            assert_eq!(repository(image).unwrap(), repo, "{image}");
+        }
+        let pinned = format!("registry.example.com/app@sha256:{sha}");
+        assert_eq!(repository(&pinned).unwrap(), "registry.example.com/app");
+        assert_eq!(repository("app:"), Err(ImageError::InvalidFormat));
     }
 
     #[test]

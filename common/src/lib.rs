@@ -14,6 +14,7 @@ pub mod defaults;
 pub mod duration;
 pub mod field_errors;
 pub mod image;
+pub mod image_policy;
 pub mod names;
 pub mod quantity;
 #[cfg(any(test, feature = "test-util"))]

@@ -18,6 +18,7 @@
 //! | [`view`] | what the caches keep of a child |
 //! | [`external`] | external resources behind the finalizer |
 //! | [`database`] | PostgreSQL databases of AppServices (the [`external::External`] in use) |
+//! | [`images`] | image signature verification (cosign) for `ImagePolicy` |
 //! | [`error`](mod@error) | the error type, its retry classification, backoff |
 //! | [`leader`] | Lease leader election |
 //! | [`shard`] | sharding (`--sharding`): the ring, membership Leases, the fence, the sharder |
@@ -37,6 +38,7 @@ pub mod drift;
 pub mod error;
 pub mod external;
 mod finalizer;
+pub mod images;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;

@@ -1,0 +1,522 @@
+//! The `ImagePolicy` API (`platform.example.com/v1alpha1`, cluster-scoped): which images
+//! must be signed, by which keys, in which namespaces.
+//!
+//! A policy names images by glob patterns on their repository ([`Pattern`]), optionally
+//! only in namespaces whose labels match `namespaceSelector`, and lists cosign ECDSA P-256
+//! public keys, inline or from a Secret in the operator's namespace. An image is governed
+//! by every policy that matches it; it passes when, for each `Enforce` policy among them,
+//! one of that policy's keys verifies a signature of its digest (keys are alternatives
+//! within a policy, policies add up). `Audit` policies are verified and reported the
+//! same way and never hold a rollout back.
+//!
+//! The verification itself (registry, signatures, keys) is the controller's; this module
+//! holds the API, its bounds and the pure matching rules, so the webhook can answer from
+//! the same rules without calling out.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::core::{Selector, SelectorExt};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::image;
+
+/// Bounds of a policy: image patterns, keys, a pattern's length, a PEM key's length (a
+/// P-256 public key is 178 bytes of PEM; 4 KiB leaves room for comments and CRLFs).
+pub const MAX_IMAGE_PATTERNS: usize = 64;
+pub const MAX_KEYS: usize = 16;
+pub const MAX_PATTERN_LEN: usize = 512;
+pub const MAX_PUBLIC_KEY_LEN: usize = 4096;
+/// Key of the public key in a Secret unless the policy says otherwise (cosign's file name).
+pub const DEFAULT_PUBLIC_KEY_KEY: &str = "cosign.pub";
+/// Condition type on a policy: every key parsed and every Secret it names was read.
+pub const READY: &str = "Ready";
+
+/// Images that must be signed, and the keys that may sign them.
+// Several printer columns share a type; clippy reads them as one repeated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "platform.example.com",
+    version = "v1alpha1",
+    kind = "ImagePolicy",
+    plural = "imagepolicies",
+    shortname = "imgpol",
+    category = "platform",
+    status = "ImagePolicyStatus",
+    derive = "PartialEq",
+    doc = "Images that AppServices may run only when signed by one of the listed cosign keys (cluster-scoped, configured by cluster admins).",
+    printcolumn(
+        name = "Mode",
+        type_ = "string",
+        description = "Enforce holds unsigned images back; Audit only reports them",
+        json_path = ".spec.mode"
+    ),
+    printcolumn(
+        name = "Images",
+        type_ = "string",
+        description = "The first image pattern",
+        json_path = ".spec.images[0].glob"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        description = "Status of the Ready condition (keys parsed)",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ImagePolicySpec {
+    /// The images the policy governs: glob patterns on the repository, registry host
+    /// included (`registry.example.com/team-*/**`, `docker.io/library/nginx`). `*`
+    /// matches within one path component, `**` across components; tags and digests are
+    /// not part of a pattern.
+    #[schemars(length(min = 1, max = MAX_IMAGE_PATTERNS))]
+    pub images: Vec<ImagePattern>,
+
+    /// Only AppServices in namespaces whose labels match are governed. Absent: every
+    /// namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+
+    /// `Enforce` (the default): an image without a valid signature does not run, and the
+    /// last verified digest keeps running. `Audit`: it runs, and status and metrics say it
+    /// failed verification.
+    #[serde(default)]
+    pub mode: PolicyMode,
+
+    /// The keys whose signature is accepted (any one of them suffices).
+    #[schemars(length(min = 1, max = MAX_KEYS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub keys: Vec<PolicyKey>,
+}
+
+/// One image pattern.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ImagePattern {
+    /// Glob on the repository, registry host first (a port only after the host; no tag,
+    /// no digest).
+    #[schemars(length(min = 1, max = MAX_PATTERN_LEN), regex(pattern = r"^[a-z0-9._*-]+(:[0-9*]+)?(/[a-z0-9._*-]+)*$"))]
+    pub glob: String,
+}
+
+/// What a failed verification does.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PolicyMode {
+    #[default]
+    Enforce,
+    Audit,
+}
+
+/// A cosign public key: exactly one of `publicKey` and `secretRef`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.publicKey) != has(self.secretRef)").message("set exactly one of publicKey and secretRef"))]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyKey {
+    /// Name of the key, as status reports which key verified an image.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// The PEM public key (`-----BEGIN PUBLIC KEY-----`, ECDSA P-256, as `cosign
+    /// generate-key-pair` writes `cosign.pub`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_PUBLIC_KEY_LEN))]
+    pub public_key: Option<String>,
+    /// The key from a Secret in the operator's namespace (for keys rotated by another
+    /// system).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<PublicKeySecretRef>,
+}
+
+/// A key of a Secret in the operator's namespace.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicKeySecretRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = crate::types::MAX_SUBDOMAIN_LEN))]
+    pub name: String,
+    /// Key holding the PEM public key. Defaults to `cosign.pub`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl PublicKeySecretRef {
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(DEFAULT_PUBLIC_KEY_KEY)
+    }
+}
+
+/// What the controller last observed of the policy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImagePolicyStatus {
+    /// The `metadata.generation` the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`: whether every key parsed (and every Secret named was read), and if not,
+    /// which key and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Why a pattern is not usable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error("the pattern is empty")]
+    Empty,
+    #[error("the pattern is longer than {MAX_PATTERN_LEN} characters")]
+    TooLong,
+    #[error(
+        "{0:?} may not appear in a pattern (a repository glob: [a-z0-9._-], '/', '*', and a port after the host)"
+    )]
+    Character(char),
+    #[error("'***' is not a glob: use '*' within a path component or '**' across them")]
+    TripleStar,
+    #[error("an empty path component")]
+    EmptyComponent,
+    #[error(
+        "the first component {0:?} is not a registry host: write the registry, as in docker.io/library/nginx"
+    )]
+    NoRegistry(String),
+}
+
+/// A parsed repository glob.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pattern(String);
+
+impl Pattern {
+    /// Parses a pattern of `spec.images[].glob`.
+    pub fn parse(glob: &str) -> Result<Self, PatternError> {
+        if glob.is_empty() {
+            return Err(PatternError::Empty);
+        }
+        if glob.len() > MAX_PATTERN_LEN {
+            return Err(PatternError::TooLong);
+        }
+        if let Some(c) = glob.chars().find(|c| {
+            !(c.is_ascii_lowercase()
+                || c.is_ascii_digit()
+                || matches!(c, '.' | '_' | '-' | '/' | '*' | ':'))
+        }) {
+            return Err(PatternError::Character(c));
+        }
+        if glob.contains("***") {
+            return Err(PatternError::TripleStar);
+        }
+        let mut components = glob.split('/');
+        let host = components.next().unwrap_or_default();
+        if components.clone().any(|c| c.is_empty()) || host.is_empty() {
+            return Err(PatternError::EmptyComponent);
+        }
+        if let Some(c) = components.clone().flat_map(str::chars).find(|c| *c == ':') {
+            return Err(PatternError::Character(c));
+        }
+        if !(image::is_registry_host(host) || host.contains('*')) {
+            return Err(PatternError::NoRegistry(host.to_owned()));
+        }
+        Ok(Pattern(glob.to_owned()))
+    }
+
+    /// Whether the normalized repository `repo` (as [`image::repository`] gives it)
+    /// matches: `*` is any run of characters but `/`, `**` any run at all.
+    pub fn matches(&self, repo: &str) -> bool {
+        glob_match(self.0.as_bytes(), repo.as_bytes())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Glob matching by dynamic programming over (pattern, text) positions: linear space,
+/// `O(pattern × text)` time, both bounded (512 × 255), and no backtracking blow-up.
+fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    // Tokens: a literal byte, `*` (no '/'), `**` (anything).
+    #[derive(Clone, Copy)]
+    enum Token {
+        Byte(u8),
+        Star,
+        DoubleStar,
+    }
+    let mut tokens = Vec::with_capacity(pattern.len());
+    let mut i = 0;
+    while i < pattern.len() {
+        if pattern[i] == b'*' {
+            if pattern.get(i + 1) == Some(&b'*') {
+                tokens.push(Token::DoubleStar);
+                i += 2;
+            } else {
+                tokens.push(Token::Star);
+                i += 1;
+            }
+        } else {
+            tokens.push(Token::Byte(pattern[i]));
+            i += 1;
+        }
+    }
+    // reach[j]: the tokens so far can consume exactly text[..j].
+    let mut reach = vec![false; text.len() + 1];
+    reach[0] = true;
+    for token in tokens {
+        let mut next = vec![false; text.len() + 1];
+        match token {
+            Token::Byte(b) => {
+                for j in 0..text.len() {
+                    next[j + 1] = reach[j] && text[j] == b;
+                }
+            }
+            Token::Star | Token::DoubleStar => {
+                let crosses = matches!(token, Token::DoubleStar);
+                for j in 0..=text.len() {
+                    next[j] =
+                        reach[j] || (j > 0 && next[j - 1] && (crosses || text[j - 1] != b'/'));
+                }
+            }
+        }
+        reach = next;
+    }
+    reach[text.len()]
+}
+
+/// Why a policy may not be used at all, or `None`. The API server holds the bounds and
+/// the key's one-of for new writes (the CRD's schema and CEL rules); the controller
+/// applies this to every policy it reads, including ones stored before a rule existed.
+/// Keys are parsed by the controller (it is the one that verifies).
+pub fn refusal(spec: &ImagePolicySpec) -> Option<String> {
+    for (i, p) in spec.images.iter().enumerate() {
+        if let Err(e) = Pattern::parse(&p.glob) {
+            return Some(format!("images[{i}].glob {:?}: {e}", p.glob));
+        }
+    }
+    if let Some(selector) = spec.namespace_selector.clone()
+        && let Err(e) = Selector::try_from(selector)
+    {
+        return Some(format!("namespaceSelector is not valid: {e}"));
+    }
+    for (i, k) in spec.keys.iter().enumerate() {
+        if k.public_key.is_some() == k.secret_ref.is_some() {
+            return Some(format!(
+                "keys[{i}] ({}): set exactly one of publicKey and secretRef",
+                k.name
+            ));
+        }
+    }
+    None
+}
+
+impl ImagePolicy {
+    /// Whether the policy governs `image` (any reference form) run in a namespace with
+    /// `labels`. A policy that [`refusal`] refuses governs nothing here: the controller
+    /// reports it on the policy and, for `Enforce`, holds matching images back itself
+    /// (fail closed is its decision, not this function's).
+    pub fn governs(&self, image: &str, labels: &BTreeMap<String, String>) -> bool {
+        let Ok(repo) = image::repository(image) else {
+            return false;
+        };
+        if let Some(selector) = &self.spec.namespace_selector {
+            match Selector::try_from(selector.clone()) {
+                Ok(s) if s.matches(labels) => {}
+                _ => return false,
+            }
+        }
+        self.spec
+            .images
+            .iter()
+            .filter_map(|p| Pattern::parse(&p.glob).ok())
+            .any(|p| p.matches(&repo))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn policy(spec: serde_json::Value) -> ImagePolicy {
+        ImagePolicy::new("p", serde_json::from_value(spec).unwrap())
+    }
+
+    const KEY: &str = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
+
+    #[test]
+    fn defaults_of_a_minimal_spec() {
+        let p = policy(json!({
+            "images": [{"glob": "registry.example.com/**"}],
+            "keys": [{"name": "release", "secretRef": {"name": "signing"}}]
+        }));
+        assert_eq!(p.spec.mode, PolicyMode::Enforce);
+        assert_eq!(
+            p.spec.keys[0].secret_ref.as_ref().unwrap().key(),
+            DEFAULT_PUBLIC_KEY_KEY
+        );
+        assert!(p.spec.namespace_selector.is_none());
+        assert_eq!(refusal(&p.spec), None);
+    }
+
+    #[test]
+    fn patterns_match_components_and_across() {
+        for (glob, repo, want) in [
+            (
+                "registry.example.com/team/app",
+                "registry.example.com/team/app",
+                true,
+            ),
+            (
+                "registry.example.com/team/app",
+                "registry.example.com/team/app2",
+                false,
+            ),
+            (
+                "registry.example.com/team/*",
+                "registry.example.com/team/app",
+                true,
+            ),
+            (
+                "registry.example.com/team/*",
+                "registry.example.com/team/a/b",
+                false,
+            ),
+            (
+                "registry.example.com/team/**",
+                "registry.example.com/team/a/b",
+                true,
+            ),
+            (
+                "registry.example.com/team-*/*",
+                "registry.example.com/team-x/app",
+                true,
+            ),
+            (
+                "registry.example.com/team-*/*",
+                "registry.example.com/teamx/app",
+                false,
+            ),
+            (
+                "registry.example.com/**",
+                "registry.example.com.evil.io/app",
+                false,
+            ),
+            ("*.example.com/**", "registry.example.com/app", true),
+            ("*.example.com/**", "a.b.example.com/app", true),
+            ("**", "docker.io/library/nginx", true),
+            ("localhost:5000/*", "localhost:5000/app", true),
+            ("localhost:5000/*", "localhost:5001/app", false),
+            ("docker.io/library/nginx", "docker.io/library/nginx", true),
+        ] {
+            let p = Pattern::parse(glob).unwrap_or_else(|e| panic!("{glob}: {e}"));
+            assert_eq!(p.matches(repo), want, "{glob} ~ {repo}");
+        }
+    }
+
+    #[test]
+    fn refused_patterns() {
+        let long = format!("registry.example.com/{}", "a".repeat(MAX_PATTERN_LEN));
+        for (glob, err) in [
+            ("", PatternError::Empty),
+            (long.as_str(), PatternError::TooLong),
+            ("Registry.example.com/app", PatternError::Character('R')),
+            ("registry.example.com/app:v1", PatternError::Character(':')),
+            (
+                "registry.example.com/app@sha256",
+                PatternError::Character('@'),
+            ),
+            ("registry.example.com/a?", PatternError::Character('?')),
+            ("registry.example.com/***", PatternError::TripleStar),
+            ("registry.example.com//app", PatternError::EmptyComponent),
+            ("registry.example.com/", PatternError::EmptyComponent),
+            ("nginx", PatternError::NoRegistry("nginx".into())),
+            ("library/nginx", PatternError::NoRegistry("library".into())),
+        ] {
+            assert_eq!(Pattern::parse(glob), Err(err), "{glob:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_hostile_pattern_stays_linear() {
+        // 256 stars against a 255-byte name that almost matches: a backtracking matcher
+        // would explore an exponential number of splits.
+        let glob = format!("registry.example.com/{}b", "*a".repeat(200));
+        let p = Pattern::parse(&glob).unwrap();
+        let repo = format!("registry.example.com/{}", "a".repeat(230));
+        assert!(!p.matches(&repo));
+    }
+
+    #[test]
+    fn governs_by_repository_and_namespace() {
+        let p = policy(json!({
+            "images": [{"glob": "docker.io/library/*"}, {"glob": "registry.example.com/shop/**"}],
+            "namespaceSelector": {"matchLabels": {"tier": "prod"}},
+            "keys": [{"name": "k", "publicKey": KEY}]
+        }));
+        let prod = BTreeMap::from([("tier".to_owned(), "prod".to_owned())]);
+        let dev = BTreeMap::from([("tier".to_owned(), "dev".to_owned())]);
+        let sha = "a".repeat(64);
+        assert!(
+            p.governs("nginx", &prod),
+            "short names are Docker Hub's library"
+        );
+        assert!(p.governs("nginx:1.27", &prod));
+        assert!(p.governs("docker.io/library/nginx", &prod));
+        assert!(
+            p.governs(&format!("nginx@sha256:{sha}"), &prod),
+            "a digest does not bypass"
+        );
+        assert!(p.governs("registry.example.com/shop/a/b:v1", &prod));
+        assert!(!p.governs("nginx", &dev), "another namespace");
+        assert!(
+            !p.governs("bitnami/nginx", &prod),
+            "docker.io/bitnami/nginx"
+        );
+        assert!(!p.governs("registry.example.com/other:v1", &prod));
+        assert!(!p.governs("not a reference", &prod));
+
+        let everywhere = policy(json!({
+            "images": [{"glob": "**"}], "keys": [{"name": "k", "publicKey": KEY}]
+        }));
+        assert!(everywhere.governs("anything.io/x", &BTreeMap::new()));
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let bad_glob = policy(json!({
+            "images": [{"glob": "registry.example.com/ok"}, {"glob": "nginx"}],
+            "keys": [{"name": "k", "publicKey": KEY}]
+        }));
+        assert!(
+            refusal(&bad_glob.spec)
+                .unwrap()
+                .starts_with("images[1].glob")
+        );
+        assert!(!bad_glob.governs("registry.example.com/nginx", &BTreeMap::new()));
+
+        let both = policy(json!({
+            "images": [{"glob": "**"}],
+            "keys": [{"name": "k", "publicKey": KEY, "secretRef": {"name": "s"}}]
+        }));
+        assert!(refusal(&both.spec).unwrap().contains("exactly one"));
+        let neither = policy(json!({"images": [{"glob": "**"}], "keys": [{"name": "k"}]}));
+        assert!(refusal(&neither.spec).unwrap().contains("keys[0] (k)"));
+
+        let bad_selector = policy(json!({
+            "images": [{"glob": "**"}],
+            "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Sometimes"}]},
+            "keys": [{"name": "k", "publicKey": KEY}]
+        }));
+        assert!(
+            refusal(&bad_selector.spec)
+                .unwrap()
+                .contains("namespaceSelector")
+        );
+        assert!(!bad_selector.governs("x.io/a", &BTreeMap::new()));
+    }
+}
