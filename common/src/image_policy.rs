@@ -98,7 +98,9 @@ pub struct ImagePolicySpec {
 }
 
 /// One image pattern.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!self.glob.contains('***')").message("'***' is not a glob: use '*' within a path component or '**' across them"))]
+#[x_kube(validation = Rule::new("self.glob.split('/')[0].contains('.') || self.glob.split('/')[0].contains(':') || self.glob.split('/')[0].contains('*') || self.glob.split('/')[0] == 'localhost'").message("the first component is not a registry host: write the registry, as in docker.io/library/nginx"))]
 pub struct ImagePattern {
     /// Glob on the repository, registry host first (a port only after the host; no tag,
     /// no digest).
