@@ -36,7 +36,10 @@ pub const MAX_LAYERS: usize = 64;
 pub fn signature_tag(digest: &str) -> Result<String, Refusal> {
     match digest.split_once(':') {
         Some(("sha256", hex))
-            if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+            if hex.len() == 64
+                && hex
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
         {
             Ok(format!("sha256-{hex}.sig"))
         }
@@ -155,7 +158,11 @@ pub fn verify<'k>(
     Err(worst)
 }
 
-fn verify_layer<'k>(digest: &str, layer: &SignatureLayer, keys: &'k [Key]) -> Result<&'k str, Refusal> {
+fn verify_layer<'k>(
+    digest: &str,
+    layer: &SignatureLayer,
+    keys: &'k [Key],
+) -> Result<&'k str, Refusal> {
     if layer.media_type != SIMPLE_SIGNING_MEDIA_TYPE {
         return Err(Refusal::Malformed(format!(
             "media type {:?}",
@@ -236,7 +243,7 @@ mod tests {
         }
     }
 
-    fn pem(public: &aws_lc_rs::signature::PublicKey) -> String {
+    fn pem(public: &aws_lc_rs::signature::EcdsaPublicKey) -> String {
         let der = public.as_der().unwrap();
         let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
         let lines: Vec<&str> = b64
@@ -279,7 +286,10 @@ mod tests {
             format!("sha256:{}/x", "a".repeat(61)),
             "latest".to_owned(),
         ] {
-            assert!(matches!(signature_tag(&bad), Err(Refusal::Digest(_))), "{bad}");
+            assert!(
+                matches!(signature_tag(&bad), Err(Refusal::Digest(_))),
+                "{bad}"
+            );
         }
     }
 
@@ -288,7 +298,10 @@ mod tests {
         let (release, other) = (Signer::new(), Signer::new());
         let keys = [other.key("old"), release.key("release")];
         let d = digest('a');
-        assert_eq!(verify(&d, &[release.layer(&payload(&d))], &keys), Ok("release"));
+        assert_eq!(
+            verify(&d, &[release.layer(&payload(&d))], &keys),
+            Ok("release")
+        );
         // A manifest may hold several signatures; one valid one is enough.
         let stranger = Signer::new();
         let layers = [stranger.layer(&payload(&d)), other.layer(&payload(&d))];
@@ -311,7 +324,9 @@ mod tests {
         // A genuine signature of another image (a signature copied to this digest's tag).
         assert_eq!(
             verify(&d, &[release.layer(&payload(&digest('b')))], &keys),
-            Err(Refusal::OtherDigest { signed: digest('b') })
+            Err(Refusal::OtherDigest {
+                signed: digest('b')
+            })
         );
         assert_eq!(verify(&d, &[], &keys), Err(Refusal::Unsigned));
     }
@@ -324,22 +339,34 @@ mod tests {
         let good = release.layer(&payload(&d));
         let cases: Vec<(SignatureLayer, &str)> = vec![
             (
-                SignatureLayer { media_type: "application/octet-stream".into(), ..good.clone() },
+                SignatureLayer {
+                    media_type: "application/octet-stream".into(),
+                    ..good.clone()
+                },
                 "media type",
             ),
-            (SignatureLayer { signature: None, ..good.clone() }, "annotation"),
             (
-                SignatureLayer { signature: Some("not base64!".into()), ..good.clone() },
+                SignatureLayer {
+                    signature: None,
+                    ..good.clone()
+                },
+                "annotation",
+            ),
+            (
+                SignatureLayer {
+                    signature: Some("not base64!".into()),
+                    ..good.clone()
+                },
                 "base64",
             ),
             (
-                SignatureLayer { signature: Some("A".repeat(MAX_SIGNATURE_B64 + 1)), ..good.clone() },
+                SignatureLayer {
+                    signature: Some("A".repeat(MAX_SIGNATURE_B64 + 1)),
+                    ..good.clone()
+                },
                 "characters",
             ),
-            (
-                release.layer(&vec![b' '; MAX_PAYLOAD_BYTES + 1]),
-                "bytes",
-            ),
+            (release.layer(&vec![b' '; MAX_PAYLOAD_BYTES + 1]), "bytes"),
             (release.layer(b"{\"critical\": 1}"), "not cosign's"),
             (
                 release.layer(
@@ -382,11 +409,17 @@ mod tests {
             Key::from_pem("k", &pem(p384.public_key())).unwrap_err(),
             KeyError::Algorithm
         );
-        assert!(matches!(Key::from_pem("k", "not a key"), Err(KeyError::Pem(_))));
+        assert!(matches!(
+            Key::from_pem("k", "not a key"),
+            Err(KeyError::Pem(_))
+        ));
         let private = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
         assert!(matches!(Key::from_pem("k", private), Err(KeyError::Pem(_))));
         let garbage = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
-        assert_eq!(Key::from_pem("k", garbage).unwrap_err(), KeyError::Algorithm);
+        assert_eq!(
+            Key::from_pem("k", garbage).unwrap_err(),
+            KeyError::Algorithm
+        );
         // CRLF line ends and text around the block, as keys pasted into YAML have.
         let signer = Signer::new();
         let crlf = format!("comment\r\n{}", signer.public_pem().replace('\n', "\r\n"));

@@ -5,3 +5,5 @@
 //! | module | holds |
 //! | --- | --- |
 //! | [`cosign`] | cosign's tag-based signature layout and the pure check of a signature against keys |
+
+pub mod cosign;
