@@ -166,6 +166,41 @@ async fn edit_all(
     edited.into_iter().collect()
 }
 
+/// Deletes every object of `api` by name, `concurrency` at a time, each retried a few
+/// times: one collection delete of 20,000 AppServices outlasts the client's timeout.
+async fn delete_all<K>(api: &Api<K>, concurrency: usize) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let names: Vec<String> = api
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    let results = futures::stream::iter(names)
+        .map(|name| async move {
+            let mut attempt = 0;
+            loop {
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => return anyhow::Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                    Err(e) if attempt < 5 => {
+                        attempt += 1;
+                        eprintln!("  deleting {name} (attempt {attempt}): {e}");
+                        tokio::time::sleep(Duration::from_secs(attempt)).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<_>>()
+        .await;
+    results.into_iter().collect()
+}
+
 /// One configuration, on its own namespace: precreate, start, converge, settle, and for
 /// two shards or more the handover of a killed one.
 async fn measure(
@@ -247,13 +282,27 @@ async fn measure(
     } else {
         None
     };
+    // Each configuration's figures as soon as they are measured, before the clean-up (a
+    // long run can be read early, and a clean-up that fails loses nothing).
+    eprintln!(
+        "{name}: converged in {:.1} s, {:.2} writes per AppService, RSS KiB (peak, steady) {rss:?}{}",
+        converge.total.as_secs_f64(),
+        writes / n as f64,
+        handover
+            .as_ref()
+            .map(|(count, h)| format!(
+                "; handover of {count}: p50 {:.1} s, p99 {:.1} s, max {:.1} s",
+                h.p50.as_secs_f64(),
+                h.p99.as_secs_f64(),
+                h.max.as_secs_f64()
+            ))
+            .unwrap_or_default()
+    );
     // Leave the control plane as it was for the next configuration (a plain control
     // plane has no garbage collector or namespace controller): the AppServices go while
     // their controllers run (they release the finalizers), then the children.
     eprintln!("{name}: deleting its objects …");
-    let everything = DeleteParams::default();
-    apps.delete_collection(&everything, &ListParams::default())
-        .await?;
+    delete_all(&apps, args.load.create_concurrency).await?;
     wait_all(
         timeout,
         &format!("{name}: AppServices deleted"),
@@ -273,27 +322,8 @@ async fn measure(
     }
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &ns);
     let services: Api<Service> = Api::namespaced(admin.clone(), &ns);
-    deployments
-        .delete_collection(&everything, &ListParams::default())
-        .await?;
-    services
-        .delete_collection(&everything, &ListParams::default())
-        .await?;
-    // Each configuration's figures as soon as it is done (a long run can be read early).
-    eprintln!(
-        "{name}: converged in {:.1} s, {:.2} writes per AppService, RSS KiB (peak, steady) {rss:?}{}",
-        converge.total.as_secs_f64(),
-        writes / n as f64,
-        handover
-            .as_ref()
-            .map(|(count, h)| format!(
-                "; handover of {count}: p50 {:.1} s, p99 {:.1} s, max {:.1} s",
-                h.p50.as_secs_f64(),
-                h.p99.as_secs_f64(),
-                h.max.as_secs_f64()
-            ))
-            .unwrap_or_default()
-    );
+    delete_all(&deployments, args.load.create_concurrency).await?;
+    delete_all(&services, args.load.create_concurrency).await?;
     Ok(Run {
         name: name.to_owned(),
         converge,
