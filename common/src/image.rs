@@ -105,9 +105,13 @@ pub fn parse(image: &str) -> Result<ImageRef<'_>, ImageError> {
 pub const DOCKER_HUB: &str = "docker.io";
 
 /// Whether the first component of a name is a registry host rather than a path (the
-/// distribution project's rule: it has a dot or a port, or is `localhost`).
+/// distribution project's rule: it has a dot, a port or an upper-case letter, or is
+/// `localhost`).
 pub fn is_registry_host(component: &str) -> bool {
-    component.contains('.') || component.contains(':') || component == "localhost"
+    component.contains('.')
+        || component.contains(':')
+        || component == "localhost"
+        || component.bytes().any(|b| b.is_ascii_uppercase())
 }
 
 /// The repository `image` is pulled from, normalized as the kubelet does: the registry
@@ -118,11 +122,7 @@ pub fn is_registry_host(component: &str) -> bool {
 pub fn repository(image: &str) -> Result<String, ImageError> {
     let name = parse(image)?.name;
     let (host, path) = match name.split_once('/') {
-        Some((first, rest))
-            if is_registry_host(first) || first.bytes().any(|b| b.is_ascii_uppercase()) =>
-        {
-            (first.to_ascii_lowercase(), rest)
-        }
+        Some((first, rest)) if is_registry_host(first) => (first.to_ascii_lowercase(), rest),
         _ => (DOCKER_HUB.to_owned(), name),
     };
     let host = if host == "index.docker.io" {
