@@ -185,6 +185,8 @@ pub enum PatternError {
     TripleStar,
     #[error("an empty path component")]
     EmptyComponent,
+    #[error("{0:?}: a port after the host is digits")]
+    Port(String),
     #[error(
         "the first component {0:?} is not a registry host: write the registry, as in docker.io/library/nginx"
     )]
@@ -221,6 +223,12 @@ impl Pattern {
         }
         if let Some(c) = components.clone().flat_map(str::chars).find(|c| *c == ':') {
             return Err(PatternError::Character(c));
+        }
+        // A port is digits (or a glob) after the host's one ':', as the schema's pattern says.
+        if let Some((_, port)) = host.split_once(':')
+            && (port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit() || b == b'*'))
+        {
+            return Err(PatternError::Port(host.to_owned()));
         }
         if !(image::is_registry_host(host) || host.contains('*')) {
             return Err(PatternError::NoRegistry(host.to_owned()));
@@ -436,6 +444,12 @@ mod tests {
             ("registry.example.com/***", PatternError::TripleStar),
             ("registry.example.com//app", PatternError::EmptyComponent),
             ("registry.example.com/", PatternError::EmptyComponent),
+            ("localhost:/app", PatternError::Port("localhost:".into())),
+            (
+                "registry.example.com:abc/app",
+                PatternError::Port("registry.example.com:abc".into()),
+            ),
+            ("a:1:2/app", PatternError::Port("a:1:2".into())),
             ("nginx", PatternError::NoRegistry("nginx".into())),
             ("library/nginx", PatternError::NoRegistry("library".into())),
         ] {

@@ -89,6 +89,10 @@ async fn the_api_server_and_common_agree_on_patterns() -> TestResult {
         "registry.example.com/",
         "registry.example.com/***",
         "registry.example.com/a?",
+        "localhost:/app",
+        "registry.example.com:abc/app",
+        "a:1:2/app",
+        "localhost:5*/app",
         long.as_str(),
     ];
     for (i, glob) in globs.iter().enumerate() {
