@@ -21,6 +21,9 @@ pub const RECONCILING: &str = "Reconciling";
 pub const STALLED: &str = "Stalled";
 /// Condition type: the database exists and its credentials are in place.
 pub const DATABASE_READY: &str = "DatabaseReady";
+/// Condition type: the images an `ImagePolicy` governs are verified (present only while
+/// one governs the AppService's images).
+pub const IMAGE_VERIFIED: &str = "ImageVerified";
 
 /// Condition status values.
 pub const TRUE: &str = "True";
@@ -45,6 +48,22 @@ pub mod reasons {
     /// The API server rejected a child the controller built (e.g. a field `validate`
     /// does not check); retried when the AppService changes.
     pub const APPLY_FAILED: &str = "ApplyFailed";
+    /// `ImageVerified`: each governed image is signed by a key of each policy.
+    pub const VERIFIED: &str = "Verified";
+    /// No signature at all for the image's digest.
+    pub const IMAGE_UNSIGNED: &str = "ImageUnsigned";
+    /// Signatures exist but none is valid for a policy's keys (or signs another image).
+    pub const SIGNATURE_INVALID: &str = "SignatureInvalid";
+    /// The registry has no such image or tag.
+    pub const IMAGE_NOT_FOUND: &str = "ImageNotFound";
+    /// The registry refused the controller's credentials.
+    pub const REGISTRY_DENIED: &str = "RegistryDenied";
+    /// The registry did not answer in time or failed; retried with backoff.
+    pub const REGISTRY_UNAVAILABLE: &str = "RegistryUnavailable";
+    /// A governing policy cannot be used (a key that does not parse, its Secret missing).
+    pub const IMAGE_POLICY_NOT_USABLE: &str = "ImagePolicyNotUsable";
+    /// The controller has not listed the ImagePolicies yet (just started).
+    pub const IMAGE_POLICIES_LOADING: &str = "ImagePoliciesLoading";
 }
 
 /// Builds a condition stamped with `now` and the generation it describes.

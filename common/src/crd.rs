@@ -17,6 +17,10 @@ pub const CRD_PATH: &str = "charts/appservice-operator/files/appservices.platfor
 pub const DATABASE_CLASS_CRD_PATH: &str =
     "charts/appservice-operator/crds/databaseclasses.platform.example.com.yaml";
 
+/// Where the generated ImagePolicy CRD lives, relative to the repository root.
+pub const IMAGE_POLICY_CRD_PATH: &str =
+    "charts/appservice-operator/crds/imagepolicies.platform.example.com.yaml";
+
 fn header(source: &str) -> String {
     format!(
         "# Generated from {source} by `cargo xtask crd`. Do not edit by hand:\n\
@@ -63,8 +67,7 @@ pub fn database_class_crd() -> CustomResourceDefinition {
     DatabaseClass::crd()
 }
 
-/// The ImagePolicy CRD. Not in the chart yet: until the controller enforces policies, an
-/// installed CRD would let an admin write an `Enforce` policy that nothing enforces.
+/// The ImagePolicy CRD, installed with the chart (the controller enforces it).
 pub fn image_policy_crd() -> CustomResourceDefinition {
     ImagePolicy::crd()
 }
@@ -85,6 +88,15 @@ pub fn generated() -> Result<Vec<(&'static str, String, &'static str)>, Error> {
             CRD_PATH,
             crd_yaml()?,
             "common/src/v1alpha1.rs and v1beta1.rs",
+        ),
+        (
+            IMAGE_POLICY_CRD_PATH,
+            format!(
+                "{}{}",
+                header("common/src/image_policy.rs"),
+                serde_saphyr::to_string(&image_policy_crd())?
+            ),
+            "common/src/image_policy.rs",
         ),
         (
             DATABASE_CLASS_CRD_PATH,

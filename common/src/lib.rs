@@ -29,5 +29,5 @@ pub use database_class::{
 };
 pub use types::{
     AppPort, AppService, AppServiceSpec, AppServiceStatus, CanarySpec, CanaryStatus, DatabaseSpec,
-    EnvVar, PodSecurity, Protocol, RolloutSpec, SecurityProfile,
+    EnvVar, ImageStatus, ImageVerification, PodSecurity, Protocol, RolloutSpec, SecurityProfile,
 };

@@ -133,6 +133,15 @@ pub struct AppServiceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<CanaryStatus>,
 
+    /// The image the Deployment runs, as verified under the `ImagePolicy`s that govern
+    /// it: present only while at least one does (see README, "Image verification").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageStatus>,
+
+    /// The same for the canary's image, while a canary runs and a policy governs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_image: Option<ImageStatus>,
+
     /// Current state: `Ready`, `Progressing` and `Degraded`, one entry per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -149,6 +158,40 @@ pub struct CanaryStatus {
     pub replicas: i32,
     /// Pods of the canary Deployment that are ready.
     pub ready_replicas: i32,
+}
+
+/// What an image reference was verified as: the digest that runs (the Deployment says
+/// `image@digest`), and which policy's key verified it, under which generation.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageStatus {
+    /// The reference as the spec writes it.
+    pub reference: String,
+    /// The manifest digest it resolved to and that runs (`sha256:<hex>`).
+    pub digest: String,
+    /// When the digest was last verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// One entry per governing policy, in name order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["policy"]))]
+    pub verified_by: Vec<ImageVerification>,
+}
+
+/// One policy's verdict on an image.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageVerification {
+    /// The ImagePolicy's name.
+    pub policy: String,
+    /// Its `metadata.generation` when it verified.
+    pub generation: i64,
+    /// `Enforce` or `Audit`.
+    pub mode: String,
+    /// The name of the key (`keys[].name`) whose signature verified, or none when the
+    /// image is not signed by any of the policy's keys (then only under `Audit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 pub(crate) fn replicas_schema(_: &mut SchemaGenerator) -> Schema {

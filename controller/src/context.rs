@@ -72,6 +72,8 @@ pub struct Context {
     metrics: Arc<Metrics>,
     /// External resources behind the finalizer.
     external: Arc<dyn External>,
+    /// Image verification, when enabled.
+    images: Option<Arc<crate::images::Verifier>>,
     caches: Caches,
     /// True while this replica may reconcile: it leads, or (with sharding) it is a live
     /// member of the ring.
@@ -165,6 +167,7 @@ impl Context {
             clock: hooks.clock,
             metrics: hooks.metrics,
             external: hooks.external,
+            images: hooks.images,
             caches,
             leader: leading.clone(),
             leading,
@@ -198,6 +201,11 @@ impl Context {
 
     pub fn external(&self) -> &dyn External {
         self.external.as_ref()
+    }
+
+    /// Image verification, when enabled.
+    pub fn images(&self) -> Option<&crate::images::Verifier> {
+        self.images.as_deref()
     }
 
     /// The external step's periodic work, if it has any (see [`External::background`]).

@@ -53,6 +53,10 @@ pub enum Error {
     #[error("database: {0}")]
     Database(crate::database::DatabaseError),
 
+    /// Image verification waits on a registry (or on the ImagePolicies being listed).
+    #[error("image verification: {0}")]
+    Registry(String),
+
     #[error("leadership lost while reconciling")]
     NotLeader,
 }
@@ -86,6 +90,7 @@ impl Error {
             Error::Drift { .. } => Retry::Rejected,
             // The server is down or failing: back off (waiting states are not errors).
             Error::Database(_) => Retry::Transient,
+            Error::Registry(_) => Retry::Transient,
             // Not retried by us: the new leader reconciles everything.
             Error::NotLeader => Retry::Permanent,
         }
@@ -109,6 +114,7 @@ impl Error {
             Error::Cleanup(_) => ErrorReason::Cleanup,
             Error::Drift { .. } => ErrorReason::Drift,
             Error::Database(_) => ErrorReason::Database,
+            Error::Registry(_) => ErrorReason::Registry,
             Error::NotLeader => ErrorReason::NotLeader,
         }
     }
@@ -131,6 +137,7 @@ telemetry::label_values! {
         Cleanup => "cleanup",
         Drift => "drift",
         Database => "database",
+        Registry => "registry",
         NotLeader => "not_leader",
     }
 }

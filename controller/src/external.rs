@@ -57,6 +57,9 @@ pub struct Report {
     /// What the Pods get from the database's Secret, once it is provisioned
     /// ([`crate::desired::desired_deployment`] mounts and stamps it).
     pub database: Option<PodDatabase>,
+    /// What image verification found ([`crate::images`]): the images' status, the
+    /// digests the children run. None when no policy governs the AppService's images.
+    pub images: Option<crate::images::Images>,
 }
 
 impl Report {
@@ -67,6 +70,7 @@ impl Report {
             conditions: vec![],
             absent: vec![],
             database: None,
+            images: None,
         }
     }
 

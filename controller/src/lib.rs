@@ -126,6 +126,8 @@ pub struct Hooks {
     /// With sharding: the fence every write passes (`shard::fence`); give the same one to
     /// any other client that writes for this controller (the databases' Secrets).
     pub fence: shard::Fence,
+    /// Image verification (`ImagePolicy`); none: images run as written.
+    pub images: Option<Arc<images::Verifier>>,
 }
 
 impl Default for Hooks {
@@ -135,6 +137,7 @@ impl Default for Hooks {
             metrics: Arc::new(metrics::Metrics::default()),
             external: Arc::new(external::NoExternal),
             fence: shard::Fence::default(),
+            images: None,
         }
     }
 }
@@ -249,6 +252,7 @@ pub async fn run_with(
         instance: Some(identity.clone()),
     };
     let fence = hooks.fence.clone();
+    let verifier = hooks.images.clone();
     let ctx = Arc::new(
         Context::new(
             client.clone(),
@@ -282,6 +286,7 @@ pub async fn run_with(
     let (other_deployment_owner, other_service_owner, other_secret_owner) =
         (wakes(&apps), wakes(&apps), wakes(&apps));
     let apps_for_queue = apps.clone();
+    let apps_for_images = apps.clone();
     let apps_for_shard = apps.clone();
 
     let controller = Controller::for_stream(app_stream, apps)
@@ -319,6 +324,25 @@ pub async fn run_with(
             apps_for_queue,
             queue.clone(),
         ));
+    // Image verification: a policy's change reconciles every AppService, a Namespace's
+    // label change those in it.
+    let controller = match &verifier {
+        Some(verifier) => {
+            let (policy_changes, namespace_changes) =
+                images::watch::watch(&client, verifier, apps_for_images.clone());
+            controller
+                .reconcile_all_on(queue::observe_reconcile_all(
+                    policy_changes,
+                    apps_for_images,
+                    queue.clone(),
+                ))
+                .reconcile_on(namespace_changes)
+        }
+        None => {
+            drop(apps_for_images);
+            controller
+        }
+    };
 
     // The external step's periodic work (the orphan scan), stopped with the controller.
     let background = ctx.external_background().map(tokio::spawn);

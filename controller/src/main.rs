@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use controller::database::{DatabaseConfig, Databases};
+use controller::images::{ImageConfig, Verifier};
 use controller::metrics::Metrics;
 use controller::{Config, Hooks, RateLimit};
 use std::sync::Arc;
@@ -30,6 +31,9 @@ struct Args {
     #[command(flatten)]
     database: DatabaseConfig,
 
+    #[command(flatten)]
+    images: ImageConfig,
+
     /// Kubeconfig file; in-cluster configuration or $KUBECONFIG when unset.
     #[arg(long, env = "KUBECONFIG_PATH")]
     kubeconfig: Option<PathBuf>,
@@ -54,6 +58,8 @@ enum Error {
     Client(kube::Error),
     #[error("{0}")]
     Run(controller::RunError),
+    #[error("image verification: {0}")]
+    Images(controller::images::SetupError),
 }
 
 fn init_logging(args: &Args) -> Result<telemetry::Telemetry, telemetry::logs::Error> {
@@ -122,10 +128,23 @@ async fn run(args: Args) -> Result<(), Error> {
         &args.config.lease_namespace,
         metrics.clone(),
     );
+    let images = if args.images.enabled {
+        let verifier = Verifier::new(
+            client.clone(),
+            args.images.clone(),
+            &args.config.lease_namespace,
+            metrics.images().clone(),
+        )
+        .map_err(Error::Images)?;
+        Some(Arc::new(verifier))
+    } else {
+        None
+    };
     let hooks = Hooks {
         metrics,
         external: Arc::new(databases),
         fence,
+        images,
         ..Hooks::default()
     };
     controller::run_with(args.config, client, hooks, telemetry::shutdown_signal())

@@ -174,7 +174,11 @@ async fn converge_app(app: &Subject<'_>, ctx: &Context) -> Result<Outcome> {
 
     // External resources (the database) before the children: the Deployment must not
     // point at a credentials Secret that does not exist yet.
-    let report = ctx.external().ensure(app).await?;
+    let mut report = ctx.external().ensure(app).await?;
+    // Image verification next: it holds the children as the database does.
+    if let Some(images) = ctx.images() {
+        images.check(app, &mut report, &ctx.clock().now()).await;
+    }
     if matches!(report.outcome, External::Done) {
         return converge_children(app, ctx, &report).await;
     }
@@ -196,11 +200,20 @@ async fn converge_app(app: &Subject<'_>, ctx: &Context) -> Result<Outcome> {
 async fn converge_children(app: &Subject<'_>, ctx: &Context, report: &Report) -> Result<Outcome> {
     let owner = app.key();
     let namespace = app.namespace();
+    // The children run the verified digests (`image@digest`), never the spec rewritten.
+    let pinned;
+    let render = match report.images.as_ref().map(|i| &i.pins) {
+        Some(pins) if !pins.is_empty() => {
+            pinned = pins.apply(app);
+            Subject::of(&pinned)?
+        }
+        _ => *app,
+    };
     // Every name is checked before any child is written: a half-built AppService
     // (Pods without a Service, or the reverse) would look like progress.
-    let want_deployment = desired_deployment(app, report.database.as_ref());
+    let want_deployment = desired_deployment(&render, report.database.as_ref());
     let want_service = desired_service(app);
-    let want_canary = desired_canary_deployment(app, report.database.as_ref());
+    let want_canary = desired_canary_deployment(&render, report.database.as_ref());
     let canary_name = canary_deployment_name(app.name());
     let deployment_name = deployment_name(app.name());
     let service_name = service_name(app.name());
@@ -385,6 +398,11 @@ async fn converge_children(app: &Subject<'_>, ctx: &Context, report: &Report) ->
         // A stuck rollout moves when the Deployment does (its status wakes us): the
         // ReplicaSet controller creates the Pods once the cause is gone.
         Rollout::Complete { .. } | Rollout::Stuck { .. } => ctx.config().resync_interval,
+    };
+    // A governed image's tag is resolved again this often: a new signed digest rolls out.
+    let next = match report.images.as_ref().and_then(|i| i.recheck) {
+        Some(recheck) => next.min(recheck),
+        None => next,
     };
     Ok(Outcome::status(status, Ok(Next::requeue(next))))
 }

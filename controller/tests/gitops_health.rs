@@ -580,6 +580,7 @@ fn every_verdict_of_the_controller_reads_alike_in_argo_cd_and_kstatus() -> anyho
         }],
         absent: vec![],
         database: None,
+        images: None,
     };
 
     let applied = |replicas: i32, d: Option<DeploymentView>| {

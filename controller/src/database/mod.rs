@@ -194,6 +194,7 @@ impl Databases {
             conditions: vec![],
             absent: vec![DATABASE_READY],
             database: None,
+            images: None,
         };
         // Only an AppService that ever mentioned a database can have one: the others
         // (most of them) cost no API request here.
@@ -283,6 +284,7 @@ impl Databases {
             conditions: vec![condition],
             absent: vec![],
             database: None,
+            images: None,
         }
     }
 
@@ -303,6 +305,7 @@ impl Databases {
                 }],
                 absent: vec![],
                 database: Some(pod),
+                images: None,
             },
             // API errors go to the error policy like any other (409 retried soon, ...).
             Err(DatabaseError::Kube(e)) => return Err(Error::Kube(e)),

@@ -207,34 +207,33 @@ fn verify_layer<'k>(
     Ok(&key.name)
 }
 
+/// Signatures made in unit tests as `cosign sign` makes them.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use aws_lc_rs::encoding::AsDer;
     use aws_lc_rs::rand::SystemRandom;
-    use aws_lc_rs::signature::{
-        ECDSA_P256_SHA256_ASN1_SIGNING, ECDSA_P384_SHA384_ASN1_SIGNING, EcdsaKeyPair, KeyPair,
-    };
+    use aws_lc_rs::signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair};
 
     /// A key pair made for the test, as `cosign generate-key-pair` would.
-    struct Signer(EcdsaKeyPair);
+    pub struct Signer(EcdsaKeyPair);
 
     impl Signer {
-        fn new() -> Self {
+        pub fn new() -> Self {
             Signer(EcdsaKeyPair::generate(&ECDSA_P256_SHA256_ASN1_SIGNING).unwrap())
         }
-        fn public_pem(&self) -> String {
+        pub fn public_pem(&self) -> String {
             pem(self.0.public_key())
         }
-        fn key(&self, name: &str) -> Key {
+        pub fn key(&self, name: &str) -> Key {
             Key::from_pem(name, &self.public_pem()).unwrap()
         }
-        fn sign(&self, payload: &[u8]) -> String {
+        pub fn sign(&self, payload: &[u8]) -> String {
             let sig = self.0.sign(&SystemRandom::new(), payload).unwrap();
             base64::engine::general_purpose::STANDARD.encode(sig.as_ref())
         }
-        fn layer(&self, payload: &[u8]) -> SignatureLayer {
+        pub fn layer(&self, payload: &[u8]) -> SignatureLayer {
             SignatureLayer {
                 media_type: SIMPLE_SIGNING_MEDIA_TYPE.to_owned(),
                 signature: Some(self.sign(payload)),
@@ -243,7 +242,7 @@ mod tests {
         }
     }
 
-    fn pem(public: &aws_lc_rs::signature::EcdsaPublicKey) -> String {
+    pub fn pem(public: &aws_lc_rs::signature::EcdsaPublicKey) -> String {
         let der = public.as_der().unwrap();
         let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
         let lines: Vec<&str> = b64
@@ -257,11 +256,11 @@ mod tests {
         )
     }
 
-    fn digest(c: char) -> String {
+    pub fn digest(c: char) -> String {
         format!("sha256:{}", c.to_string().repeat(64))
     }
 
-    fn payload(digest: &str) -> Vec<u8> {
+    pub fn payload(digest: &str) -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!({
             "critical": {
                 "identity": {"docker-reference": "registry.example.com/shop/app"},
@@ -272,6 +271,14 @@ mod tests {
         }))
         .unwrap()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::testing::*;
+    use super::*;
+    use aws_lc_rs::signature::{ECDSA_P384_SHA384_ASN1_SIGNING, EcdsaKeyPair, KeyPair};
 
     #[test]
     fn the_signature_tag_of_a_digest() {

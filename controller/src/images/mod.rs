@@ -5,5 +5,484 @@
 //! | module | holds |
 //! | --- | --- |
 //! | [`cosign`] | cosign's tag-based signature layout and the pure check of a signature against keys |
+//! | [`registry`] | the registry client: resolve a tag, fetch signature layers, bounded, timed, classified |
+//! | [`cache`] | the bounded single-flight caches of tags, signatures and Secrets |
+//! | [`verdict`] | the pure decision per image from what was fetched |
+//! | [`watch`] | the ImagePolicy and Namespace caches, and what their changes wake |
+//!
+//! One step of a pass ([`Verifier::check`]), after the database and before the children:
+//! every image of the AppService (the stable one and the canary's) that a policy governs
+//! is resolved and verified, and the children are rendered with `image@digest`
+//! ([`Pins`]); the spec is never rewritten. An image that fails an `Enforce` policy holds
+//! the pass before the children, so what ran keeps running.
 
+pub mod cache;
 pub mod cosign;
+pub mod registry;
+pub mod verdict;
+pub mod watch;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use common::image_policy::{ImagePolicy, PolicyKey};
+use common::{AppService, ImageStatus};
+use futures::FutureExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client};
+
+use crate::config::parse_duration;
+use crate::external::{ConditionReport, Readiness, Report};
+use crate::metrics::{ImageCache, ImageMetrics, Verification};
+use crate::subject::Subject;
+use cosign::{Key, SignatureLayer};
+use registry::{Credentials, Registry, RegistryError};
+use verdict::{Fetched, PolicyKeys, Verdict};
+
+/// A tag's or signature's failed fetch is tried again after this long at the earliest:
+/// a storm of passes during an outage makes one request per key per interval.
+const FAILURE_TTL: Duration = Duration::from_secs(5);
+/// Signatures that did not verify are fetched again after this long (one may be added).
+const UNVERIFIED_TTL: Duration = Duration::from_secs(30);
+/// Key Secrets and the credentials Secret are read at most this often.
+const SECRET_TTL: Duration = Duration::from_secs(30);
+/// A held image is looked at again this often (besides every change of the AppService,
+/// of a policy and of the Secrets' TTL).
+pub const HOLD_RECHECK: Duration = Duration::from_secs(60);
+/// The first pass waits this long at most for the ImagePolicies to be listed.
+const LIST_WAIT: Duration = Duration::from_secs(10);
+
+/// Flags of image verification.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ImageConfig {
+    /// Verify the images ImagePolicies govern. Off: policies are not read.
+    #[arg(long = "image-verification", env = "IMAGE_VERIFICATION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// PEM CA certificates trusted for registries, besides the system's.
+    #[arg(long, env = "REGISTRY_CA_FILE")]
+    pub registry_ca_file: Option<PathBuf>,
+    /// A `kubernetes.io/dockerconfigjson` Secret in the lease namespace with registry
+    /// credentials, matched by host.
+    #[arg(long, env = "REGISTRY_CREDENTIALS_SECRET")]
+    pub registry_credentials_secret: Option<String>,
+    /// Timeout of one registry operation.
+    #[arg(long, env = "REGISTRY_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub registry_timeout: Duration,
+    /// How long a tag's digest is trusted before it is resolved again (and how often a
+    /// governed AppService is looked at again).
+    #[arg(long, env = "IMAGE_RESOLVE_INTERVAL", value_parser = parse_duration, default_value = "1m")]
+    pub resolve_interval: Duration,
+    /// Digests whose signatures are cached (and tags whose digests are).
+    #[arg(long, env = "SIGNATURE_CACHE_SIZE", default_value_t = 4096)]
+    pub signature_cache_size: usize,
+}
+
+impl ImageConfig {
+    /// The shipped defaults (what the binary runs with no flag).
+    pub fn defaults() -> Self {
+        ImageConfig {
+            enabled: true,
+            registry_ca_file: None,
+            registry_credentials_secret: None,
+            registry_timeout: Duration::from_secs(10),
+            resolve_interval: Duration::from_secs(60),
+            signature_cache_size: 4096,
+        }
+    }
+}
+
+/// Why the verifier could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("reading --registry-ca-file {path}: {error}")]
+    CaFile {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+/// What the step found, for the report of the pass.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Images {
+    pub image: Option<ImageStatus>,
+    pub canary_image: Option<ImageStatus>,
+    pub pins: Pins,
+    /// Look again this soon at the latest (a tag may move).
+    pub recheck: Option<Duration>,
+}
+
+/// The references the children run instead of the spec's: `image@digest`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pins {
+    pub image: Option<String>,
+    pub canary: Option<String>,
+}
+
+impl Pins {
+    pub fn is_empty(&self) -> bool {
+        self.image.is_none() && self.canary.is_none()
+    }
+
+    /// `app` with its images replaced by the pinned ones, for rendering the children.
+    pub fn apply(&self, app: &AppService) -> AppService {
+        let mut pinned = app.clone();
+        if let Some(image) = &self.image {
+            pinned.spec.image = image.clone();
+        }
+        if let (Some(image), Some(canary)) = (&self.canary, pinned.spec.canary.as_mut()) {
+            canary.image = image.clone();
+        }
+        pinned
+    }
+}
+
+/// The caches the verifier reads, cluster-wide: set once by `run_with`.
+pub struct Stores {
+    pub policies: Store<ImagePolicy>,
+    pub namespaces: Store<PartialObjectMeta<Namespace>>,
+}
+
+type Secrets = Option<Arc<BTreeMap<String, ByteString>>>;
+
+/// The image step: registry client, caches, and the policies' and namespaces' stores.
+pub struct Verifier {
+    registry: Arc<Registry>,
+    tags: Arc<cache::Cache<Result<String, RegistryError>>>,
+    signatures: Arc<cache::Cache<Result<Arc<Vec<SignatureLayer>>, RegistryError>>>,
+    secrets: Arc<cache::Cache<Result<Secrets, String>>>,
+    client: Client,
+    secret_namespace: String,
+    config: ImageConfig,
+    stores: OnceLock<Stores>,
+    metrics: Arc<ImageMetrics>,
+}
+
+impl Verifier {
+    /// The verifier of a controller whose Secrets (keys, registry credentials) live in
+    /// `secret_namespace` (the lease namespace).
+    pub fn new(
+        client: Client,
+        config: ImageConfig,
+        secret_namespace: &str,
+        metrics: Arc<ImageMetrics>,
+    ) -> Result<Self, SetupError> {
+        let ca = match &config.registry_ca_file {
+            Some(path) => Some(std::fs::read(path).map_err(|error| SetupError::CaFile {
+                path: path.clone(),
+                error,
+            })?),
+            None => None,
+        };
+        Ok(Verifier {
+            registry: Arc::new(Registry::new(
+                ca.as_deref(),
+                config.registry_timeout,
+                metrics.clone(),
+            )),
+            tags: cache::Cache::new(config.signature_cache_size),
+            signatures: cache::Cache::new(config.signature_cache_size),
+            secrets: cache::Cache::new(256),
+            client,
+            secret_namespace: secret_namespace.to_owned(),
+            config,
+            stores: OnceLock::new(),
+            metrics,
+        })
+    }
+
+    pub fn config(&self) -> &ImageConfig {
+        &self.config
+    }
+
+    /// Hands the verifier its stores (once; a second call is ignored).
+    pub fn set_stores(&self, stores: Stores) {
+        let _ = self.stores.set(stores);
+    }
+
+    /// The policies governing `image` in `namespace`, by name.
+    fn governing(&self, stores: &Stores, image: &str, namespace: &str) -> Vec<Arc<ImagePolicy>> {
+        let labels = stores
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .map(|ns| ns.metadata.labels.clone().unwrap_or_default())
+            .unwrap_or_default();
+        let mut policies: Vec<_> = stores
+            .policies
+            .state()
+            .into_iter()
+            .filter(|p| p.governs(image, &labels))
+            .collect();
+        policies.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        policies
+    }
+
+    /// The step: adds `ImageVerified` and the images' status to `report`, and holds the
+    /// pass (its outcome) when an image may not run. Nothing when no policy governs the
+    /// AppService's images (the condition is then absent).
+    pub async fn check(&self, app: &Subject<'_>, report: &mut Report, now: &Time) {
+        let Some(stores) = self.stores.get() else {
+            return absent(report);
+        };
+        // At once when listed; only the first passes after a start wait.
+        if tokio::time::timeout(LIST_WAIT, stores.policies.wait_until_ready())
+            .await
+            .is_err()
+        {
+            report.conditions.push(ConditionReport {
+                type_: common::conditions::IMAGE_VERIFIED,
+                status: common::conditions::UNKNOWN,
+                reason: common::conditions::reasons::IMAGE_POLICIES_LOADING,
+                message: "the ImagePolicies are not listed yet".into(),
+            });
+            if matches!(report.outcome, Readiness::Done) {
+                report.outcome = Readiness::Failed(crate::error::Error::Registry(
+                    "the ImagePolicies are not listed yet".into(),
+                ));
+            }
+            return;
+        }
+        let prior = app.status.as_ref();
+        let stable = self
+            .image(
+                stores,
+                app,
+                &app.spec.image,
+                prior.and_then(|s| s.image.as_ref()),
+            )
+            .await;
+        let canary = match &app.spec.canary {
+            Some(canary) => {
+                self.image(
+                    stores,
+                    app,
+                    &canary.image,
+                    prior.and_then(|s| s.canary_image.as_ref()),
+                )
+                .await
+            }
+            None => None,
+        };
+        if stable.is_none() && canary.is_none() {
+            return absent(report);
+        }
+        let verdicts: Vec<&Verdict> = [stable.as_ref(), canary.as_ref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        for v in &verdicts {
+            self.metrics.verification(v.metric());
+        }
+        let condition = verdict::condition(&verdicts);
+        let hold = verdicts.iter().any(|v| v.holds());
+        let transient = verdicts.iter().find_map(|v| v.transient());
+        report.conditions.push(condition);
+        let images = Images {
+            image: stable.as_ref().and_then(|v| v.status(now)),
+            canary_image: canary.as_ref().and_then(|v| v.status(now)),
+            pins: Pins {
+                image: stable.as_ref().and_then(|v| v.pin()),
+                canary: canary.as_ref().and_then(|v| v.pin()),
+            },
+            recheck: Some(self.config.resolve_interval),
+        };
+        report.images = Some(images);
+        if !matches!(report.outcome, Readiness::Done) {
+            return;
+        }
+        if hold {
+            report.outcome = Readiness::NotReady(HOLD_RECHECK);
+        } else if let Some(message) = transient {
+            report.outcome = Readiness::Failed(crate::error::Error::Registry(message));
+        }
+    }
+
+    /// The verdict on one image, or `None` when no policy governs it.
+    async fn image(
+        &self,
+        stores: &Stores,
+        app: &Subject<'_>,
+        image: &str,
+        prior: Option<&ImageStatus>,
+    ) -> Option<Verdict> {
+        let policies = self.governing(stores, image, app.namespace());
+        if policies.is_empty() {
+            return None;
+        }
+        let mut keyed = Vec::with_capacity(policies.len());
+        for policy in &policies {
+            keyed.push(PolicyKeys {
+                keys: self.keys(policy).await,
+                policy: policy.clone(),
+            });
+        }
+        let fetched = self.fetch(image, &keyed).await;
+        Some(verdict::decide(image, &keyed, fetched, prior))
+    }
+
+    /// The digest and signature layers of `image`, from the caches or the registry.
+    async fn fetch(&self, image: &str, keyed: &[PolicyKeys]) -> Fetched {
+        let reference = match registry::reference(image) {
+            Ok(r) => r,
+            Err(e) => return Fetched::failed(None, e),
+        };
+        let auth = self.credentials(reference.resolve_registry()).await;
+        let digest = match reference.digest() {
+            Some(digest) => digest.to_owned(),
+            None => {
+                let resolve_interval = self.config.resolve_interval;
+                let (registry, r, a) = (self.registry_handle(), reference.clone(), auth.clone());
+                let got = self
+                    .tags
+                    .get(
+                        &reference.whole(),
+                        |age, v| match v {
+                            Ok(_) => age < resolve_interval,
+                            Err(_) => age < FAILURE_TTL,
+                        },
+                        move || async move { registry.resolve(&r, &a).await }.boxed(),
+                    )
+                    .await;
+                self.metrics.lookup(ImageCache::Tags, got.hit);
+                match got.value {
+                    Ok(digest) => digest,
+                    Err(e) => return Fetched::failed(None, e),
+                }
+            }
+        };
+        let verifies_all = |layers: &[SignatureLayer]| {
+            keyed.iter().all(|p| match &p.keys {
+                Ok(keys) => cosign::verify(&digest, layers, keys).is_ok(),
+                Err(_) => true,
+            })
+        };
+        let (registry, r, a, d) = (
+            self.registry_handle(),
+            reference.clone(),
+            auth,
+            digest.clone(),
+        );
+        let got = self
+            .signatures
+            .get(
+                &format!("{}@{digest}", reference.repository()),
+                |age, v| match v {
+                    Ok(layers) => age < UNVERIFIED_TTL || verifies_all(layers),
+                    Err(_) => age < FAILURE_TTL,
+                },
+                move || async move { registry.signatures(&r, &d, &a).await.map(Arc::new) }.boxed(),
+            )
+            .await;
+        self.metrics.lookup(ImageCache::Signatures, got.hit);
+        self.metrics.set_signature_entries(self.signatures.len());
+        match got.value {
+            Ok(layers) => Fetched::Signed { digest, layers },
+            Err(e) => Fetched::failed(Some(digest), e),
+        }
+    }
+
+    /// A handle on the registry for a `'static` fetch (the client is cheap to clone).
+    fn registry_handle(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+
+    /// The credentials for `host` from the credentials Secret, if one is configured.
+    async fn credentials(&self, host: &str) -> oci_client::secrets::RegistryAuth {
+        let Some(name) = self.config.registry_credentials_secret.clone() else {
+            return oci_client::secrets::RegistryAuth::Anonymous;
+        };
+        match self.secret(&name).await {
+            Ok(Some(data)) => match data.get(".dockerconfigjson") {
+                Some(json) => match Credentials::parse(&json.0) {
+                    Ok(c) => c.for_host(host),
+                    Err(e) => {
+                        tracing::warn!(secret = %name, error = %e, "registry credentials Secret is malformed; pulling anonymously");
+                        oci_client::secrets::RegistryAuth::Anonymous
+                    }
+                },
+                None => oci_client::secrets::RegistryAuth::Anonymous,
+            },
+            _ => oci_client::secrets::RegistryAuth::Anonymous,
+        }
+    }
+
+    /// A Secret's data in the controller's namespace, read at most every [`SECRET_TTL`].
+    async fn secret(&self, name: &str) -> Result<Secrets, String> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.secret_namespace);
+        let owned = name.to_owned();
+        self.secrets
+            .get(
+                name,
+                |age, _| age < SECRET_TTL,
+                move || {
+                    async move {
+                        match api.get_opt(&owned).await {
+                            Ok(secret) => Ok(secret.and_then(|s| s.data).map(Arc::new)),
+                            Err(e) => Err(e.to_string()),
+                        }
+                    }
+                    .boxed()
+                },
+            )
+            .await
+            .value
+    }
+
+    /// The parsed keys of `policy`, or why it cannot be used.
+    async fn keys(&self, policy: &ImagePolicy) -> Result<Vec<Key>, String> {
+        if let Some(refusal) = common::image_policy::refusal(&policy.spec) {
+            return Err(refusal);
+        }
+        let mut keys = Vec::with_capacity(policy.spec.keys.len());
+        for key in &policy.spec.keys {
+            keys.push(self.key(key).await?);
+        }
+        Ok(keys)
+    }
+
+    async fn key(&self, key: &PolicyKey) -> Result<Key, String> {
+        let pem = match (&key.public_key, &key.secret_ref) {
+            (Some(pem), _) => pem.clone(),
+            (None, Some(r)) => {
+                let data = self
+                    .secret(&r.name)
+                    .await
+                    .map_err(|e| format!("key {}: reading Secret {}: {e}", key.name, r.name))?
+                    .ok_or_else(|| {
+                        format!(
+                            "key {}: Secret {}/{} not found",
+                            key.name, self.secret_namespace, r.name
+                        )
+                    })?;
+                let bytes = data.get(r.key()).ok_or_else(|| {
+                    format!(
+                        "key {}: Secret {} has no key {:?}",
+                        key.name,
+                        r.name,
+                        r.key()
+                    )
+                })?;
+                String::from_utf8(bytes.0.clone())
+                    .map_err(|_| format!("key {}: not UTF-8 PEM", key.name))?
+            }
+            (None, None) => return Err(format!("key {}: no publicKey nor secretRef", key.name)),
+        };
+        Key::from_pem(&key.name, &pem).map_err(|e| format!("key {}: {e}", key.name))
+    }
+}
+
+/// No policy governs the AppService: the condition and the images' status go.
+fn absent(report: &mut Report) {
+    report.absent.push(common::conditions::IMAGE_VERIFIED);
+}
+
+impl Verdict {
+    fn metric(&self) -> Verification {
+        self.result
+    }
+}

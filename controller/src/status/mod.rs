@@ -441,6 +441,10 @@ fn apply_external(
     for type_ in &report.absent {
         conditions::remove(&mut status.conditions, type_);
     }
+    // What the Deployment runs, as verified; gone with the last governing policy.
+    let images = report.images.as_ref();
+    status.image = images.and_then(|i| i.image.clone());
+    status.canary_image = images.and_then(|i| i.canary_image.clone());
 }
 
 /// Whether applying `report` would change the conditions of the AppService's status.
@@ -499,6 +503,8 @@ pub fn needs_write(live: Option<&AppServiceStatus>, desired: &AppServiceStatus) 
         || live.selector != desired.selector
         || live.endpoint != desired.endpoint
         || live.canary != desired.canary
+        || live.image != desired.image
+        || live.canary_image != desired.canary_image
         || !conditions::same_set_ignoring_time(&live.conditions, &desired.conditions)
 }
 

@@ -391,6 +391,7 @@ fn db_report(status: &'static str, reason: &'static str) -> Report {
         }],
         absent: vec![],
         database: None,
+        images: None,
     }
 }
 
@@ -542,6 +543,7 @@ fn external_conditions_block_ready_and_clear_again() {
         conditions: vec![],
         absent: vec![conditions::DATABASE_READY],
         database: None,
+        images: None,
     };
     assert!(external_changes(&a, &gone));
     let mut st = a.status.clone().unwrap();

@@ -1,0 +1,360 @@
+//! The decision on one image, pure: from the policies that govern it (their keys parsed,
+//! or why not), what the registry gave (a digest and its signature layers, or an error),
+//! and what the status recorded last, decide whether the image runs pinned to a digest,
+//! is held (the previous digest keeps running), or waits on the registry.
+//!
+//! * Policies add up: each `Enforce` policy must verify; the keys within one policy are
+//!   alternatives (any one suffices). An `Audit` policy that fails is reported, never
+//!   holds, and the digest is still pinned.
+//! * A registry that is down (`Unavailable`) is transient: when the status recorded this
+//!   very reference verified under the same policy generations, its digest stands in and
+//!   keeps running; otherwise the pass waits, with backoff, and nothing new runs.
+//! * Missing images and refused credentials hold like a bad signature: no retry helps
+//!   until someone acts (they are looked at again every [`super::HOLD_RECHECK`]).
+
+use std::sync::Arc;
+
+use common::conditions::{FALSE, IMAGE_VERIFIED, TRUE, UNKNOWN, reasons};
+use common::image_policy::{ImagePolicy, PolicyMode};
+use common::{ImageStatus, ImageVerification};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::cosign::{self, Key, Refusal, SignatureLayer};
+use super::registry::RegistryError;
+use crate::external::ConditionReport;
+use crate::metrics::Verification;
+
+/// A governing policy and its keys, parsed (or why they cannot be).
+pub struct PolicyKeys {
+    pub policy: Arc<ImagePolicy>,
+    pub keys: Result<Vec<Key>, String>,
+}
+
+impl PolicyKeys {
+    fn name(&self) -> &str {
+        self.policy.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    fn generation(&self) -> i64 {
+        self.policy.metadata.generation.unwrap_or_default()
+    }
+
+    fn enforces(&self) -> bool {
+        self.policy.spec.mode == PolicyMode::Enforce
+    }
+
+    fn mode(&self) -> &'static str {
+        if self.enforces() { "Enforce" } else { "Audit" }
+    }
+}
+
+/// What the registry gave for an image.
+pub enum Fetched {
+    Signed {
+        digest: String,
+        layers: Arc<Vec<SignatureLayer>>,
+    },
+    Failed {
+        digest: Option<String>,
+        error: RegistryError,
+    },
+}
+
+impl Fetched {
+    pub fn failed(digest: Option<String>, error: RegistryError) -> Self {
+        Fetched::Failed { digest, error }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Runs, pinned to `digest` when there is one.
+    Run,
+    /// May not run: the pass stops before the children.
+    Hold,
+    /// Waiting for the registry, with backoff; the message says why.
+    Transient(String),
+}
+
+/// The decision on one image.
+#[derive(Clone, Debug)]
+pub struct Verdict {
+    image: String,
+    pub(crate) result: Verification,
+    kind: Kind,
+    /// The digest the children run, when the image runs pinned.
+    digest: Option<String>,
+    verified_by: Vec<ImageVerification>,
+    /// `ImageVerified`'s status and reason for this image.
+    status: &'static str,
+    reason: &'static str,
+    message: String,
+    /// The status to keep as it is (held, or the recorded digest standing in).
+    keep: Option<ImageStatus>,
+}
+
+impl Verdict {
+    pub fn holds(&self) -> bool {
+        self.kind == Kind::Hold
+    }
+
+    pub fn transient(&self) -> Option<String> {
+        match &self.kind {
+            Kind::Transient(m) => Some(m.clone()),
+            _ => None,
+        }
+    }
+
+    /// The reference the children run: `image@digest` (the tag kept for people; the
+    /// kubelet pulls by the digest), or none to run the spec's as written.
+    pub fn pin(&self) -> Option<String> {
+        if self.kind != Kind::Run {
+            return None;
+        }
+        let digest = self.digest.as_ref()?;
+        if self.image.contains('@') {
+            return Some(self.image.clone());
+        }
+        Some(format!("{}@{digest}", self.image))
+    }
+
+    /// `status.image` (or `canaryImage`) after this verdict. `verifiedAt` moves only
+    /// when what was verified changed, so a steady state writes no status.
+    pub fn status(&self, now: &Time) -> Option<ImageStatus> {
+        if self.kind != Kind::Run {
+            return self.keep.clone();
+        }
+        if let Some(keep) = &self.keep {
+            return Some(keep.clone());
+        }
+        let digest = self.digest.clone()?;
+        Some(ImageStatus {
+            reference: self.image.clone(),
+            digest,
+            verified_at: Some(now.clone()),
+            verified_by: self.verified_by.clone(),
+        })
+    }
+}
+
+/// Decides the fate of `image` under `policies` (at least one), from what was fetched
+/// and the status recorded last (`prior`).
+pub fn decide(
+    image: &str,
+    policies: &[PolicyKeys],
+    fetched: Fetched,
+    prior: Option<&ImageStatus>,
+) -> Verdict {
+    let enforced = policies.iter().any(PolicyKeys::enforces);
+    let prior_same = prior.filter(|p| p.reference == image);
+    match fetched {
+        Fetched::Signed { digest, layers } => {
+            let mut verified_by = Vec::with_capacity(policies.len());
+            let mut failures: Vec<(&PolicyKeys, Verification, &'static str, String)> = Vec::new();
+            for p in policies {
+                let key = match &p.keys {
+                    Err(e) => {
+                        failures.push((
+                            p,
+                            Verification::PolicyNotUsable,
+                            reasons::IMAGE_POLICY_NOT_USABLE,
+                            e.clone(),
+                        ));
+                        None
+                    }
+                    Ok(keys) => match cosign::verify(&digest, &layers, keys) {
+                        Ok(name) => Some(name.to_owned()),
+                        Err(refusal) => {
+                            let (result, reason) = match refusal {
+                                Refusal::Unsigned => {
+                                    (Verification::Unsigned, reasons::IMAGE_UNSIGNED)
+                                }
+                                _ => (Verification::Invalid, reasons::SIGNATURE_INVALID),
+                            };
+                            failures.push((p, result, reason, refusal.to_string()));
+                            None
+                        }
+                    },
+                };
+                verified_by.push(ImageVerification {
+                    policy: p.name().to_owned(),
+                    generation: p.generation(),
+                    mode: p.mode().to_owned(),
+                    key,
+                });
+            }
+            let short = short_digest(&digest);
+            let blocking = failures.iter().find(|(p, ..)| p.enforces());
+            if let Some((p, result, reason, why)) = blocking {
+                let then = match prior {
+                    Some(prior) => format!("{} keeps running", short_digest(&prior.digest)),
+                    None => "nothing runs until it verifies".to_owned(),
+                };
+                return Verdict {
+                    image: image.to_owned(),
+                    result: *result,
+                    kind: Kind::Hold,
+                    digest: Some(digest.clone()),
+                    verified_by,
+                    status: FALSE,
+                    reason,
+                    message: format!(
+                        "{image} ({short}) fails ImagePolicy {}: {why}; {then}",
+                        p.name()
+                    ),
+                    keep: prior.cloned(),
+                };
+            }
+            // Runs pinned; an Audit failure is reported.
+            let keep = prior_same
+                .filter(|p| p.digest == digest && p.verified_by == verified_by)
+                .cloned();
+            if let Some((p, result, reason, why)) = failures.first() {
+                return Verdict {
+                    image: image.to_owned(),
+                    result: *result,
+                    kind: Kind::Run,
+                    digest: Some(digest.clone()),
+                    verified_by,
+                    status: FALSE,
+                    reason,
+                    message: format!(
+                        "{image} ({short}) fails ImagePolicy {} (Audit: it runs): {why}",
+                        p.name()
+                    ),
+                    keep,
+                };
+            }
+            let by: Vec<String> = verified_by
+                .iter()
+                .map(|v| format!("{}/{}", v.policy, v.key.as_deref().unwrap_or_default()))
+                .collect();
+            Verdict {
+                image: image.to_owned(),
+                result: Verification::Verified,
+                kind: Kind::Run,
+                digest: Some(digest.clone()),
+                verified_by,
+                status: TRUE,
+                reason: reasons::VERIFIED,
+                message: format!("{image} runs as {short}, verified by {}", by.join(", ")),
+                keep,
+            }
+        }
+        Fetched::Failed { digest, error } => {
+            let (result, reason) = match &error {
+                RegistryError::NotFound(_) => (Verification::NotFound, reasons::IMAGE_NOT_FOUND),
+                RegistryError::Denied(_) => (Verification::Denied, reasons::REGISTRY_DENIED),
+                RegistryError::Unavailable(_) | RegistryError::Invalid(_) => {
+                    (Verification::Unavailable, reasons::REGISTRY_UNAVAILABLE)
+                }
+            };
+            let transient = matches!(
+                error,
+                RegistryError::Unavailable(_) | RegistryError::Invalid(_)
+            );
+            let base = Verdict {
+                image: image.to_owned(),
+                result,
+                kind: Kind::Run,
+                digest: None,
+                verified_by: Vec::new(),
+                status: if transient { UNKNOWN } else { FALSE },
+                reason,
+                message: String::new(),
+                keep: prior.cloned(),
+            };
+            // The digest verified last for this very reference, under the same policy
+            // generations, stands in for a registry that is down.
+            let standing = prior_same.filter(|p| {
+                transient
+                    && digest.as_ref().is_none_or(|d| *d == p.digest)
+                    && policies.iter().all(|pk| {
+                        p.verified_by.iter().any(|v| {
+                            v.policy == pk.name()
+                                && v.generation == pk.generation()
+                                && (v.key.is_some() || !pk.enforces())
+                        })
+                    })
+            });
+            if let Some(standing) = standing {
+                return Verdict {
+                    digest: Some(standing.digest.clone()),
+                    message: format!(
+                        "{error}; {} verified before keeps running",
+                        short_digest(&standing.digest)
+                    ),
+                    ..base
+                };
+            }
+            if !enforced {
+                return Verdict {
+                    message: format!("{error} (Audit only: {image} runs as written)"),
+                    keep: None,
+                    ..base
+                };
+            }
+            let then = match prior {
+                Some(prior) => format!("{} keeps running", short_digest(&prior.digest)),
+                None => "nothing runs until it verifies".to_owned(),
+            };
+            let message = format!("{image}: {error}; {then}");
+            Verdict {
+                kind: if transient {
+                    Kind::Transient(message.clone())
+                } else {
+                    Kind::Hold
+                },
+                message,
+                ..base
+            }
+        }
+    }
+}
+
+/// `sha256:0123456789ab…` for messages.
+fn short_digest(digest: &str) -> String {
+    match digest.get(..19) {
+        Some(head) if digest.len() > 19 => format!("{head}…"),
+        _ => digest.to_owned(),
+    }
+}
+
+/// `ImageVerified` for the AppService's verdicts (the stable image first): the worst
+/// one's status and reason, every image's message.
+pub fn condition(verdicts: &[&Verdict]) -> ConditionReport {
+    let rank = |v: &Verdict| match (&v.kind, v.status) {
+        (Kind::Hold, _) => 0,
+        (Kind::Transient(_), _) => 1,
+        (_, FALSE) => 2,
+        (_, UNKNOWN) => 3,
+        _ => 4,
+    };
+    let worst = verdicts
+        .iter()
+        .min_by_key(|v| rank(v))
+        .copied()
+        .filter(|_| !verdicts.is_empty());
+    let message = verdicts
+        .iter()
+        .map(|v| v.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    match worst {
+        Some(w) => ConditionReport {
+            type_: IMAGE_VERIFIED,
+            status: w.status,
+            reason: w.reason,
+            message,
+        },
+        None => ConditionReport {
+            type_: IMAGE_VERIFIED,
+            status: TRUE,
+            reason: reasons::VERIFIED,
+            message,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,255 @@
+#![allow(clippy::unwrap_used)]
+use super::*;
+use crate::images::cosign::testing::{Signer, digest, payload};
+use common::image_policy::{ImagePattern, ImagePolicySpec, PolicyKey};
+
+const IMAGE: &str = "registry.example.com/shop/app:v1";
+
+fn policy(
+    name: &str,
+    generation: i64,
+    mode: PolicyMode,
+    keys: Result<Vec<Key>, String>,
+) -> PolicyKeys {
+    let mut p = ImagePolicy::new(
+        name,
+        ImagePolicySpec {
+            images: vec![ImagePattern {
+                glob: "registry.example.com/**".into(),
+            }],
+            namespace_selector: None,
+            mode,
+            keys: vec![PolicyKey {
+                name: "k".into(),
+                public_key: Some("unused".into()),
+                secret_ref: None,
+            }],
+        },
+    );
+    p.metadata.generation = Some(generation);
+    PolicyKeys {
+        policy: Arc::new(p),
+        keys,
+    }
+}
+
+fn signed(d: &str, layers: Vec<SignatureLayer>) -> Fetched {
+    Fetched::Signed {
+        digest: d.to_owned(),
+        layers: Arc::new(layers),
+    }
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+}
+
+#[test]
+fn a_signed_image_runs_pinned_and_records_who_verified_it() {
+    let signer = Signer::new();
+    let d = digest('a');
+    let p = [policy(
+        "prod",
+        3,
+        PolicyMode::Enforce,
+        Ok(vec![signer.key("release")]),
+    )];
+    let v = decide(
+        IMAGE,
+        &p,
+        signed(&d, vec![signer.layer(&payload(&d))]),
+        None,
+    );
+    assert!(!v.holds() && v.transient().is_none());
+    assert_eq!(v.pin(), Some(format!("{IMAGE}@{d}")));
+    let status = v.status(&now()).unwrap();
+    assert_eq!(status.digest, d);
+    assert_eq!(
+        status.verified_by,
+        vec![ImageVerification {
+            policy: "prod".into(),
+            generation: 3,
+            mode: "Enforce".into(),
+            key: Some("release".into()),
+        }]
+    );
+    let c = condition(&[&v]);
+    assert_eq!((c.status, c.reason), (TRUE, reasons::VERIFIED));
+    // A second pass with that status recorded keeps verifiedAt: no status write.
+    let again = decide(
+        IMAGE,
+        &p,
+        signed(&d, vec![signer.layer(&payload(&d))]),
+        Some(&status),
+    );
+    let later = Time(k8s_openapi::jiff::Timestamp::from_second(100).unwrap());
+    assert_eq!(again.status(&later), Some(status));
+}
+
+#[test]
+fn unsigned_wrong_key_and_other_image_hold_with_their_reason() {
+    let (signer, stranger) = (Signer::new(), Signer::new());
+    let (d, other) = (digest('a'), digest('b'));
+    let p = [policy(
+        "prod",
+        1,
+        PolicyMode::Enforce,
+        Ok(vec![signer.key("release")]),
+    )];
+    let prior = ImageStatus {
+        reference: IMAGE.into(),
+        digest: digest('c'),
+        verified_at: None,
+        verified_by: vec![],
+    };
+    for (layers, reason, result) in [
+        (vec![], reasons::IMAGE_UNSIGNED, Verification::Unsigned),
+        (
+            vec![stranger.layer(&payload(&d))],
+            reasons::SIGNATURE_INVALID,
+            Verification::Invalid,
+        ),
+        (
+            vec![signer.layer(&payload(&other))],
+            reasons::SIGNATURE_INVALID,
+            Verification::Invalid,
+        ),
+    ] {
+        let v = decide(IMAGE, &p, signed(&d, layers), Some(&prior));
+        assert!(v.holds(), "{reason}");
+        assert_eq!(v.result, result);
+        assert_eq!(v.pin(), None);
+        // What ran keeps running, and the status keeps saying so.
+        assert_eq!(v.status(&now()), Some(prior.clone()));
+        let c = condition(&[&v]);
+        assert_eq!((c.status, c.reason), (FALSE, reason));
+        assert!(c.message.contains("keeps running"), "{}", c.message);
+    }
+}
+
+#[test]
+fn policies_add_up_keys_are_alternatives_and_audit_never_holds() {
+    let (a, b) = (Signer::new(), Signer::new());
+    let d = digest('a');
+    let by_a = vec![a.layer(&payload(&d))];
+    // Keys within one policy: either suffices (rotation with both keys listed).
+    let rotating = [policy(
+        "prod",
+        1,
+        PolicyMode::Enforce,
+        Ok(vec![b.key("new"), a.key("old")]),
+    )];
+    let v = decide(IMAGE, &rotating, signed(&d, by_a.clone()), None);
+    assert_eq!(
+        v.status(&now()).unwrap().verified_by[0].key.as_deref(),
+        Some("old")
+    );
+    // Two Enforce policies: both must verify.
+    let two = [
+        policy("a", 1, PolicyMode::Enforce, Ok(vec![a.key("a")])),
+        policy("b", 1, PolicyMode::Enforce, Ok(vec![b.key("b")])),
+    ];
+    assert!(decide(IMAGE, &two, signed(&d, by_a.clone()), None).holds());
+    let both = vec![a.layer(&payload(&d)), b.layer(&payload(&d))];
+    assert!(!decide(IMAGE, &two, signed(&d, both), None).holds());
+    // Audit: runs pinned, reported as failed.
+    let audit = [policy("watch", 1, PolicyMode::Audit, Ok(vec![b.key("b")]))];
+    let v = decide(IMAGE, &audit, signed(&d, by_a), None);
+    assert!(!v.holds());
+    assert_eq!(v.pin(), Some(format!("{IMAGE}@{d}")));
+    let c = condition(&[&v]);
+    assert_eq!((c.status, c.reason), (FALSE, reasons::SIGNATURE_INVALID));
+    assert!(c.message.contains("Audit"), "{}", c.message);
+}
+
+#[test]
+fn a_policy_that_cannot_be_used_holds_only_when_it_enforces() {
+    let d = digest('a');
+    let broken = || Err("key k: Secret ops/keys not found".to_owned());
+    let v = decide(
+        IMAGE,
+        &[policy("p", 1, PolicyMode::Enforce, broken())],
+        signed(&d, vec![]),
+        None,
+    );
+    assert!(v.holds());
+    assert_eq!(condition(&[&v]).reason, reasons::IMAGE_POLICY_NOT_USABLE);
+    let v = decide(
+        IMAGE,
+        &[policy("p", 1, PolicyMode::Audit, broken())],
+        signed(&d, vec![]),
+        None,
+    );
+    assert!(!v.holds());
+}
+
+#[test]
+fn a_registry_outage_keeps_what_was_verified_for_the_same_reference_and_generations() {
+    let d = digest('a');
+    let p = [policy("prod", 2, PolicyMode::Enforce, Ok(vec![]))];
+    let verified = ImageStatus {
+        reference: IMAGE.into(),
+        digest: d.clone(),
+        verified_at: None,
+        verified_by: vec![ImageVerification {
+            policy: "prod".into(),
+            generation: 2,
+            mode: "Enforce".into(),
+            key: Some("k".into()),
+        }],
+    };
+    let down = || {
+        Fetched::failed(
+            None,
+            RegistryError::Unavailable("connection refused".into()),
+        )
+    };
+    let v = decide(IMAGE, &p, down(), Some(&verified));
+    assert!(!v.holds() && v.transient().is_none());
+    assert_eq!(v.pin(), Some(format!("{IMAGE}@{d}")));
+    assert_eq!(condition(&[&v]).status, UNKNOWN);
+    // Another reference, or the policy at another generation: nothing stands in.
+    let other = ImageStatus {
+        reference: "registry.example.com/shop/app:v2".into(),
+        ..verified.clone()
+    };
+    let v = decide(IMAGE, &p, down(), Some(&other));
+    assert!(v.transient().is_some());
+    assert_eq!(v.pin(), None);
+    let moved = [policy("prod", 3, PolicyMode::Enforce, Ok(vec![]))];
+    assert!(
+        decide(IMAGE, &moved, down(), Some(&verified))
+            .transient()
+            .is_some()
+    );
+    // Missing and refused are not transient: held.
+    for e in [
+        RegistryError::NotFound("tag".into()),
+        RegistryError::Denied("401".into()),
+    ] {
+        assert!(decide(IMAGE, &p, Fetched::failed(None, e), Some(&verified)).holds());
+    }
+}
+
+#[test]
+fn a_digest_reference_is_pinned_as_written_and_the_worst_image_decides() {
+    let signer = Signer::new();
+    let d = digest('a');
+    let by_digest = format!("registry.example.com/shop/app@{d}");
+    let p = [policy(
+        "prod",
+        1,
+        PolicyMode::Enforce,
+        Ok(vec![signer.key("k")]),
+    )];
+    let good = decide(
+        &by_digest,
+        &p,
+        signed(&d, vec![signer.layer(&payload(&d))]),
+        None,
+    );
+    assert_eq!(good.pin(), Some(by_digest.clone()));
+    let bad = decide(IMAGE, &p, signed(&d, vec![]), None);
+    let c = condition(&[&good, &bad]);
+    assert_eq!((c.status, c.reason), (FALSE, reasons::IMAGE_UNSIGNED));
+}
