@@ -95,10 +95,15 @@ pub fn error_policy(app: Arc<AppService>, error: &Error, ctx: Arc<Context>) -> N
     ctx.metrics().error(error.metric_label());
     let retry = error.retry();
     let attempt = ctx.record_failure(&key);
-    match ctx
+    let delay = ctx
         .backoff_policy()
         .delay(retry, attempt, rand::random::<f64>())
-    {
+        // A registry that is back is seen within a hold's recheck, not a 5-minute backoff.
+        .map(|d| match error {
+            Error::Registry(_) => d.min(crate::images::HOLD_RECHECK),
+            _ => d,
+        });
+    match delay {
         Some(delay) => {
             warn!(object = %key, %error, ?retry, attempt, delay_ms = delay.as_millis() as u64, "reconcile failed; retrying");
             Next::requeue(delay)

@@ -583,6 +583,14 @@ fn every_verdict_of_the_controller_reads_alike_in_argo_cd_and_kstatus() -> anyho
         images: None,
     };
 
+    // Image verification reports through the same step report: a hold waits for someone
+    // to sign the image (Stalled), a registry outage is retried (Reconciling).
+    let image = |reason: &'static str, waiting: bool| {
+        let mut r = database(reason, waiting);
+        r.conditions[0].type_ = common::conditions::IMAGE_VERIFIED;
+        r.conditions[0].message = format!("registry.example.com/web:v1: {reason}");
+        r
+    };
     let applied = |replicas: i32, d: Option<DeploymentView>| {
         let observed = Observed::new(&Observation::Applied).deployments(d.as_ref(), None);
         status_of(&object(replicas), &observed, &now)
@@ -694,6 +702,21 @@ fn every_verdict_of_the_controller_reads_alike_in_argo_cd_and_kstatus() -> anyho
         (
             "server unreachable, retried",
             blocked_by(&database("DatabaseServerUnreachable", false)),
+            "Progressing",
+            "InProgress",
+        ),
+        (
+            "image unsigned, held",
+            blocked_by(&image(common::conditions::reasons::IMAGE_UNSIGNED, true)),
+            "Degraded",
+            "Failed",
+        ),
+        (
+            "registry unavailable, retried",
+            blocked_by(&image(
+                common::conditions::reasons::REGISTRY_UNAVAILABLE,
+                false,
+            )),
             "Progressing",
             "InProgress",
         ),

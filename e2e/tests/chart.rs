@@ -778,6 +778,26 @@ fn rbac_is_exactly_what_the_controller_uses() {
         json!([
             {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses"], "verbs": ["get"]},
             {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses/status"], "verbs": ["patch"]},
+            // list + watch: image verification caches the namespaces' labels (a
+            // policy's namespaceSelector) and the ImagePolicies.
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["platform.example.com"], "resources": ["imagepolicies"], "verbs": ["get", "list", "watch"]},
+        ])
+    );
+    // Without image verification: a namespace is only read by name, no policy at all.
+    let off = template(
+        "ops",
+        &["controller.imageVerification.enabled=false".to_owned()],
+    );
+    assert_eq!(
+        find(
+            &off,
+            "ClusterRole",
+            &format!("{CONTROLLER}-databaseclasses")
+        )["rules"],
+        json!([
+            {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses"], "verbs": ["get"]},
+            {"apiGroups": ["platform.example.com"], "resources": ["databaseclasses/status"], "verbs": ["patch"]},
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
         ])
     );
@@ -2697,10 +2717,12 @@ fn a_namespace_split_renders_the_same_selector_for_the_controller_and_the_webhoo
     );
 
     // Without sharding there is no selector, no cross-namespace Lease read and no
-    // namespace watch, whatever namespaceSelector says.
+    // namespace watch, whatever namespaceSelector says (image verification, which
+    // watches namespaces too, off here).
     let off = template(
         "ops",
         &[
+            "controller.imageVerification.enabled=false".to_owned(),
             "controller.sharding.namespaceSelector[0].key=operator-upgrade".to_owned(),
             "controller.sharding.namespaceSelector[0].operator=Exists".to_owned(),
         ],
@@ -2736,4 +2758,56 @@ fn a_namespace_split_renders_the_same_selector_for_the_controller_and_the_webhoo
         stderr.contains("operator-upgrade In needs values"),
         "{stderr}"
     );
+}
+
+#[test]
+fn image_verification_is_on_by_default_and_its_values_reach_the_controller() {
+    let env = |docs: &[Value], name: &str| -> Option<String> {
+        find(docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()?
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str().map(str::to_owned))
+    };
+    let default = template("ops", &[]);
+    assert_eq!(env(&default, "IMAGE_VERIFICATION").as_deref(), Some("true"));
+    assert_eq!(
+        env(&default, "IMAGE_RESOLVE_INTERVAL").as_deref(),
+        Some("1m")
+    );
+    assert_eq!(env(&default, "REGISTRY_TIMEOUT").as_deref(), Some("10s"));
+    assert_eq!(env(&default, "REGISTRY_CA_FILE"), None);
+    assert_eq!(env(&default, "REGISTRY_CREDENTIALS_SECRET"), None);
+    assert!(
+        find(&default, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["volumes"].is_null(),
+        "no registry CA volume unless one is named"
+    );
+
+    let set = template(
+        "ops",
+        &[
+            "controller.imageVerification.credentialsSecret=registry-pull".to_owned(),
+            "controller.imageVerification.caConfigMap=registry-ca".to_owned(),
+            "controller.imageVerification.resolveInterval=5m".to_owned(),
+        ],
+    );
+    assert_eq!(
+        env(&set, "REGISTRY_CREDENTIALS_SECRET").as_deref(),
+        Some("registry-pull")
+    );
+    assert_eq!(env(&set, "IMAGE_RESOLVE_INTERVAL").as_deref(), Some("5m"));
+    let ca = env(&set, "REGISTRY_CA_FILE").expect("REGISTRY_CA_FILE");
+    let pod = &find(&set, "Deployment", CONTROLLER)["spec"]["template"]["spec"];
+    assert_eq!(pod["volumes"][0]["configMap"]["name"], "registry-ca");
+    let mount = pod["containers"][0]["volumeMounts"][0]["mountPath"]
+        .as_str()
+        .expect("mountPath");
+    assert!(ca.starts_with(mount), "{ca} is under the mount {mount}");
+
+    let off = template(
+        "ops",
+        &["controller.imageVerification.enabled=false".to_owned()],
+    );
+    assert_eq!(env(&off, "IMAGE_VERIFICATION").as_deref(), Some("false"));
+    assert_eq!(env(&off, "IMAGE_RESOLVE_INTERVAL"), None);
 }

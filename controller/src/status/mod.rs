@@ -447,7 +447,8 @@ fn apply_external(
     status.canary_image = images.and_then(|i| i.canary_image.clone());
 }
 
-/// Whether applying `report` would change the conditions of the AppService's status.
+/// Whether applying `report` would change the AppService's status: its conditions, or
+/// what it says the images were verified as.
 pub fn external_changes(app: &AppService, report: &Report) -> bool {
     let live = app.status.clone().unwrap_or_default();
     let mut applied = live.clone();
@@ -455,6 +456,8 @@ pub fn external_changes(app: &AppService, report: &Report) -> bool {
     let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
     apply_external(&mut applied, report, app.metadata.generation, &now);
     !conditions::same_set_ignoring_time(&live.conditions, &applied.conditions)
+        || live.image != applied.image
+        || live.canary_image != applied.canary_image
 }
 
 /// Status while an external step (the database) blocks the children: the verdict of

@@ -199,10 +199,16 @@ pub fn start_controller_counted(
     metrics: Arc<Metrics>,
 ) -> Running {
     let hooks = Hooks {
-        metrics: metrics.clone(),
+        metrics,
         external,
         ..Hooks::default()
     };
+    start_controller_hooks(client, config, hooks)
+}
+
+/// A controller with `config` and `hooks` as they are.
+pub fn start_controller_hooks(client: Client, config: Config, hooks: Hooks) -> Running {
+    let metrics = hooks.metrics.clone();
     let (tx, rx) = oneshot::channel::<()>();
     let handle = tokio::spawn(controller::run_with(config, client, hooks, async move {
         let _ = rx.await;
