@@ -215,6 +215,11 @@ impl Context {
 
     /// With sharding, the leader Lease's flag, apart from the membership that gates
     /// reconciles.
+    /// True while this replica holds the leader Lease: what runs once per cluster.
+    pub fn ring_leader(&self) -> watch::Receiver<bool> {
+        self.leader.clone()
+    }
+
     pub fn with_ring_leader(mut self, leader: watch::Receiver<bool>) -> Self {
         self.leader = leader;
         self

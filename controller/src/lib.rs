@@ -346,6 +346,13 @@ pub async fn run_with(
 
     // The external step's periodic work (the orphan scan), stopped with the controller.
     let background = ctx.external_background().map(tokio::spawn);
+    if let Some(verifier) = verifier {
+        tokio::spawn(images::policy_status::run(
+            verifier,
+            ctx.clone(),
+            stop_rx.clone(),
+        ));
+    }
 
     follow_leadership_in_the_gauge(ctx.clone(), leading_rx.clone());
     let ops = start_ops_server(&config, ctx.clone(), stop_rx.clone());

@@ -33,6 +33,7 @@ telemetry::label_values! {
         Events => "events",
         Secrets => "secrets",
         DatabaseClassStatus => "databaseclasses/status",
+        ImagePolicyStatus => "imagepolicies/status",
     }
 
     /// A registry operation of image verification.

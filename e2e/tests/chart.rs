@@ -782,6 +782,7 @@ fn rbac_is_exactly_what_the_controller_uses() {
             // policy's namespaceSelector) and the ImagePolicies.
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["platform.example.com"], "resources": ["imagepolicies"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["platform.example.com"], "resources": ["imagepolicies/status"], "verbs": ["patch"]},
         ])
     );
     // Without image verification: a namespace is only read by name, no policy at all.

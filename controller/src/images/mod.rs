@@ -8,6 +8,7 @@
 //! | [`registry`] | the registry client: resolve a tag, fetch signature layers, bounded, timed, classified |
 //! | [`cache`] | the bounded single-flight caches of tags, signatures and Secrets |
 //! | [`verdict`] | the pure decision per image from what was fetched |
+//! | [`policy_status`] | the ImagePolicy's `Ready`, written by the leader |
 //! | [`watch`] | the ImagePolicy and Namespace caches, and what their changes wake |
 //!
 //! One step of a pass ([`Verifier::check`]), after the database and before the children:
@@ -18,6 +19,7 @@
 
 pub mod cache;
 pub mod cosign;
+pub mod policy_status;
 pub mod registry;
 pub mod verdict;
 pub mod watch;
@@ -159,7 +161,7 @@ pub struct Verifier {
     client: Client,
     secret_namespace: String,
     config: ImageConfig,
-    stores: OnceLock<Stores>,
+    pub(crate) stores: OnceLock<Stores>,
     metrics: Arc<ImageMetrics>,
 }
 
@@ -434,7 +436,7 @@ impl Verifier {
     }
 
     /// The parsed keys of `policy`, or why it cannot be used.
-    async fn keys(&self, policy: &ImagePolicy) -> Result<Vec<Key>, String> {
+    pub(crate) async fn keys(&self, policy: &ImagePolicy) -> Result<Vec<Key>, String> {
         if let Some(refusal) = common::image_policy::refusal(&policy.spec) {
             return Err(refusal);
         }
