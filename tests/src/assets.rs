@@ -21,8 +21,10 @@ pub const PLAIN_BINARIES: &[&str] = &["etcd", "kube-apiserver", "kubectl"];
 pub const FULL_BINARIES: &[&str] = &["kube-controller-manager", "kube-scheduler", "kwok"];
 
 /// Test tools built by the same script but not needed by every control plane: the Argo CD
-/// health-script evaluator and the kstatus evaluator. [`tool`] builds one on first use.
-pub const TOOL_BINARIES: &[&str] = &["argocd-health", "kstatus"];
+/// health-script evaluator, the kstatus evaluator, and for the image tests the CNCF
+/// distribution registry, crane (pushes images) and cosign (signs them).
+/// [`tool`] builds one on first use.
+pub const TOOL_BINARIES: &[&str] = &["argocd-health", "kstatus", "registry", "crane", "cosign"];
 
 /// The path of a tool from [`TOOL_BINARIES`] (or any binary the build script makes),
 /// running the build script first when it is missing from [`bin_dir`].

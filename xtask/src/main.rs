@@ -37,7 +37,8 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Build (or reuse from the cache) kube-apiserver, etcd, kwok, kubectl, helm, argocd-health and kstatus.
+    /// Build (or reuse from the cache) kube-apiserver, etcd, kwok, kubectl, helm, argocd-health,
+    /// kstatus, and the registry, crane and cosign of the image tests.
     Assets {
         /// Rebuild even when the cache is current.
         #[arg(long)]

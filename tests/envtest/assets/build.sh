@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the control-plane binaries the integration tests run (kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, the Argo CD
-# health-script evaluator argocd-health and the kstatus evaluator kstatus) from their
-# published Go modules, pinned by the wrapper modules next to this script.
+# health-script evaluator argocd-health, the kstatus evaluator kstatus, and for the
+# image tests the CNCF distribution registry, crane and cosign) from their published Go
+# modules, pinned by the wrapper modules next to this script.
 #
 # Output: $APPSERVICE_ASSETS_DIR (default ~/.cache/appservice-operator/k8s-1.37.2)/bin.
 # Idempotent: a binary is rebuilt only when its wrapper module (go.mod/go.sum) or
@@ -99,5 +100,10 @@ build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 build argocd-health argocd-health appservice-operator/envtest/argocd-health
 # The kstatus evaluator (sigs.k8s.io/cli-utils' status.Compute, as Flux and Helm --wait).
 build kstatus kstatus appservice-operator/envtest/kstatus
+# A real OCI registry (CNCF distribution), crane to push images to it and cosign to sign
+# them and to give the reference verdict for signature verification.
+build registry registry github.com/distribution/distribution/v3/cmd/registry
+build crane crane github.com/google/go-containerregistry/cmd/crane
+build cosign cosign github.com/sigstore/cosign/v2/cmd/cosign
 log "all assets ready in $bin ($((SECONDS - total))s)"
 echo "$bin"
