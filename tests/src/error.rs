@@ -87,6 +87,11 @@ pub enum Error {
     #[error("pod view: {0}")]
     PodView(String),
 
+    /// The test OCI registry, crane or cosign failed (the message names the command and
+    /// what it printed).
+    #[error("registry: {0}")]
+    Registry(String),
+
     /// Building a client configuration failed.
     #[error("client configuration: {0}")]
     Config(String),

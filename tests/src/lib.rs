@@ -32,6 +32,9 @@
 //!   Secret and ConfigMap references resolved, its mounted files) and runs a real client
 //!   with only that: kwok runs no container, so this stands in for the Pod.
 //! * [`OtlpReceiver`] receives the traces a binary under test exports over OTLP/gRPC.
+//! * [`Registry`] is a real OCI registry (CNCF distribution, TLS, optional basic auth)
+//!   behind a proxy that can fail or slow it down; it pushes images with crane, signs
+//!   them with cosign ([`KeyPair`]) and counts the requests it served.
 //! * Binaries: `APPSERVICE_ASSETS_BIN`, else the cache that `cargo xtask assets` fills
 //!   (built on demand when missing; needs `go`).
 
@@ -50,6 +53,7 @@ pub mod postgres;
 pub mod pprof;
 pub mod process;
 pub mod recording;
+pub mod registry;
 mod shared;
 mod webhooks;
 
@@ -65,6 +69,7 @@ pub use pod_view::PodView;
 pub use poll::eventually;
 pub use postgres::Postgres;
 pub use recording::{Requests, recording};
+pub use registry::{KeyPair, Registry, RegistryOptions, RegistryRequest};
 pub use shared::{shared, shared_full, shared_with};
 pub use webhooks::{PROBE_LABEL, Webhooks, admission_rules};
 
