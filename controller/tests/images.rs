@@ -1,0 +1,686 @@
+//! Image verification on a real API server against a real OCI registry (CNCF
+//! distribution over TLS), with images pushed by crane and signed by cosign in the test,
+//! with keys made for this run. The controller runs at its shipped defaults
+//! (`ImageConfig::defaults()`: resolve interval 1 min, registry timeout 10 s; resync
+//! 10 min): waits are bounded by those intervals, never shortened for the test.
+//!
+//! Each test has its own registry (its own host and port) and its policies select only
+//! the test's namespace, so tests sharing the control plane never govern each other.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use common::conditions::{IMAGE_VERIFIED, READY, STALLED, reasons};
+use common::image_policy::ImagePolicy;
+use common::{AppService, ImageStatus};
+use controller::images::{ImageConfig, Verifier};
+use controller::metrics::{Metrics, RegistryOperation, RegistryOutcome};
+use controller::{Config, Hooks};
+use futures::{StreamExt, TryStreamExt};
+use harness::{KeyPair, Registry, RegistryOptions};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{Fixture, Running, condition, create};
+
+/// One pass after a hold's recheck (60 s) or a tag's resolve interval (1 min), with room
+/// for a busy machine.
+const RECHECK: Duration = Duration::from_secs(150);
+/// What a first pass needs.
+const FIRST: Duration = Duration::from_secs(60);
+
+struct World {
+    f: Fixture,
+    ctl: Running,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    policies: Api<ImagePolicy>,
+    names: Vec<String>,
+}
+
+impl World {
+    async fn start(registry: Registry) -> anyhow::Result<World> {
+        let f = Fixture::setup().without_controller().await?;
+        let config = Config::for_namespace(&f.ns);
+        let metrics = Arc::new(Metrics::default());
+        let images = ImageConfig {
+            registry_ca_file: Some(registry.ca_file()),
+            ..ImageConfig::defaults()
+        };
+        let verifier = Verifier::new(
+            f.client.clone(),
+            images,
+            &config.lease_namespace,
+            metrics.images().clone(),
+        )?;
+        let hooks = Hooks {
+            metrics: metrics.clone(),
+            images: Some(Arc::new(verifier)),
+            ..Hooks::default()
+        };
+        let ctl = support::start_controller_hooks(f.client.clone(), config, hooks);
+        Ok(World {
+            policies: Api::all(f.client.clone()),
+            f,
+            ctl,
+            registry,
+            metrics,
+            names: Vec::new(),
+        })
+    }
+
+    fn image(&self, repo: &str, tag: &str) -> String {
+        format!("{}/{repo}:{tag}", self.registry.host())
+    }
+
+    /// A policy governing every image of this registry in this test's namespace.
+    async fn policy(
+        &mut self,
+        name: &str,
+        mode: &str,
+        keys: serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let name = format!("{}-{name}", self.f.ns.name());
+        let policy: ImagePolicy = serde_json::from_value(json!({
+            "apiVersion": "platform.example.com/v1alpha1", "kind": "ImagePolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "images": [{"glob": format!("{}/**", self.registry.host())}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.f.ns.name()}},
+                "mode": mode,
+                "keys": keys,
+            }
+        }))?;
+        self.policies
+            .create(&PostParams::default(), &policy)
+            .await?;
+        self.names.push(name);
+        Ok(())
+    }
+
+    async fn edit_policy(&self, name: &str, spec: serde_json::Value) -> anyhow::Result<i64> {
+        let name = format!("{}-{name}", self.f.ns.name());
+        let p = self
+            .policies
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": spec})),
+            )
+            .await?;
+        Ok(p.metadata.generation.unwrap_or_default())
+    }
+
+    async fn delete_policy(&mut self, name: &str) -> anyhow::Result<()> {
+        let name = format!("{}-{name}", self.f.ns.name());
+        self.policies
+            .delete(&name, &DeleteParams::default())
+            .await?;
+        self.names.retain(|n| *n != name);
+        Ok(())
+    }
+
+    async fn app(&self, name: &str, image: &str) -> anyhow::Result<()> {
+        create(
+            &self.f.apps,
+            &common::testing::app(name, image).replicas(1).build(),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Waits until `pick` finds what it looks for in the AppService and its Deployment.
+    async fn until<T>(
+        &self,
+        name: &str,
+        what: &str,
+        bound: Duration,
+        pick: impl Fn(&AppService, Option<&Deployment>) -> Option<T>,
+    ) -> anyhow::Result<T> {
+        let what = format!("{name}: {what}");
+        Ok(harness::eventually(&what, bound, || async {
+            let app = self.f.apps.get(name).await?;
+            let deployment = self.f.deployments.get_opt(name).await?;
+            Ok(pick(&app, deployment.as_ref()))
+        })
+        .await?)
+    }
+
+    /// Waits for `ImageVerified` with `status` and `reason`, and returns the AppService.
+    async fn verdict(
+        &self,
+        name: &str,
+        status: &str,
+        reason: &str,
+        bound: Duration,
+    ) -> anyhow::Result<AppService> {
+        self.until(
+            name,
+            &format!("ImageVerified={status} {reason}"),
+            bound,
+            |app, _| {
+                let (s, r, _) = condition(app, IMAGE_VERIFIED)?;
+                (s == status && r == reason).then(|| app.clone())
+            },
+        )
+        .await
+    }
+
+    /// Waits until the Deployment runs `image`.
+    async fn runs(&self, name: &str, image: &str, bound: Duration) -> anyhow::Result<AppService> {
+        // ... and the status, written at the end of the same pass, says so: the digest
+        // pinned, or no status.image when the image runs as written.
+        let digest = image.split_once('@').map(|(_, d)| d);
+        self.until(
+            name,
+            &format!("its Deployment runs {image}"),
+            bound,
+            |app, d| {
+                let said = recorded(app).map(|i| i.digest.as_str());
+                let agrees = match digest {
+                    Some(digest) => said == Some(digest),
+                    None => said.is_none(),
+                };
+                (d.and_then(image_of).as_deref() == Some(image) && agrees).then(|| app.clone())
+            },
+        )
+        .await
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        for name in &self.names {
+            let _ = self.policies.delete(name, &DeleteParams::default()).await;
+        }
+        self.ctl.stop().await
+    }
+}
+
+fn image_of(d: &Deployment) -> Option<String> {
+    d.spec
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
+}
+
+fn recorded(app: &AppService) -> Option<&ImageStatus> {
+    app.status.as_ref()?.image.as_ref()
+}
+
+fn inline(name: &str, key: &KeyPair) -> serde_json::Value {
+    json!({"name": name, "publicKey": key.public_pem()})
+}
+
+/// The registry's resolves of tags (HEAD of a manifest by tag, signatures left out) and
+/// signature manifests fetched, from its access log.
+fn counts(registry: &Registry) -> anyhow::Result<(usize, usize)> {
+    let requests = registry.requests()?;
+    let resolves = requests
+        .iter()
+        .filter(|r| r.method == "HEAD" && r.is_manifest() && !r.is_signature())
+        .count();
+    let signatures = requests
+        .iter()
+        .filter(|r| r.method == "GET" && r.is_signature())
+        .count();
+    Ok((resolves, signatures))
+}
+
+#[tokio::test]
+async fn signed_unsigned_foreign_and_digest_references_get_their_verdicts() -> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let (ours, theirs) = (KeyPair::generate().await?, KeyPair::generate().await?);
+    let host = registry.host();
+    let signed = registry.push_image("shop/signed", "v1", "signed").await?;
+    let unsigned = registry
+        .push_image("shop/unsigned", "v1", "unsigned")
+        .await?;
+    let foreign = registry.push_image("shop/foreign", "v1", "foreign").await?;
+    registry
+        .sign(&ours, &format!("{host}/shop/signed@{signed}"))
+        .await?;
+    registry
+        .sign(&theirs, &format!("{host}/shop/foreign@{foreign}"))
+        .await?;
+    let mut w = World::start(registry).await?;
+    w.policy("release", "Enforce", json!([inline("release", &ours)]))
+        .await?;
+
+    let by_digest = format!("{host}/shop/signed@{signed}");
+    let unsigned_by_digest = format!("{host}/shop/unsigned@{unsigned}");
+    w.app("signed", &w.image("shop/signed", "v1")).await?;
+    w.app("unsigned", &w.image("shop/unsigned", "v1")).await?;
+    w.app("foreign", &w.image("shop/foreign", "v1")).await?;
+    w.app("by-digest", &by_digest).await?;
+    w.app("unsigned-by-digest", &unsigned_by_digest).await?;
+
+    // Signed: runs pinned to the digest, status says by which key, under which policy.
+    let app = w
+        .runs(
+            "signed",
+            &format!("{}@{signed}", w.image("shop/signed", "v1")),
+            FIRST,
+        )
+        .await?;
+    let image = recorded(&app).context("status.image")?;
+    assert_eq!(image.digest, signed);
+    assert_eq!(image.reference, w.image("shop/signed", "v1"));
+    assert_eq!(image.verified_by.len(), 1);
+    assert_eq!(image.verified_by[0].key.as_deref(), Some("release"));
+    assert_eq!(image.verified_by[0].mode, "Enforce");
+    assert!(image.verified_at.is_some());
+    assert_eq!(
+        condition(&app, IMAGE_VERIFIED).map(|c| c.1),
+        Some(reasons::VERIFIED.to_owned())
+    );
+    // The user's spec is never rewritten.
+    assert_eq!(app.spec.image, w.image("shop/signed", "v1"));
+    // A digest reference runs as written, verified like a tag.
+    w.runs("by-digest", &by_digest, FIRST).await?;
+
+    // Unsigned, and signed by another key: held, Stalled, not Ready, nothing created.
+    for (name, reason) in [
+        ("unsigned", reasons::IMAGE_UNSIGNED),
+        ("foreign", reasons::SIGNATURE_INVALID),
+        ("unsigned-by-digest", reasons::IMAGE_UNSIGNED),
+    ] {
+        let app = w.verdict(name, "False", reason, FIRST).await?;
+        assert_eq!(
+            condition(&app, STALLED).map(|c| c.0).as_deref(),
+            Some("True"),
+            "{name}"
+        );
+        assert_eq!(
+            condition(&app, READY).map(|c| c.1).as_deref(),
+            Some(reason),
+            "{name}"
+        );
+        assert!(
+            w.f.deployments.get_opt(name).await?.is_none(),
+            "{name}: held, nothing runs"
+        );
+    }
+
+    // cosign agrees with every verdict.
+    let host = w.registry.host();
+    assert!(
+        w.registry
+            .cosign_verify(&ours, &format!("{host}/shop/signed@{signed}"))
+            .await?
+    );
+    assert!(
+        !w.registry
+            .cosign_verify(&ours, &format!("{host}/shop/unsigned@{unsigned}"))
+            .await?
+    );
+    assert!(
+        !w.registry
+            .cosign_verify(&ours, &format!("{host}/shop/foreign@{foreign}"))
+            .await?
+    );
+    w.stop().await
+}
+
+#[tokio::test]
+async fn a_repushed_tag_keeps_the_verified_digest_until_the_new_one_is_signed() -> anyhow::Result<()>
+{
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let host = registry.host();
+    let first = registry.push_image("shop/app", "stable", "first").await?;
+    registry
+        .sign(&key, &format!("{host}/shop/app@{first}"))
+        .await?;
+    let mut w = World::start(registry).await?;
+    w.policy("release", "Enforce", json!([inline("k", &key)]))
+        .await?;
+    let tag = w.image("shop/app", "stable");
+    w.app("app", &tag).await?;
+    w.runs("app", &format!("{tag}@{first}"), FIRST).await?;
+
+    // The tag now points at an unsigned image: the verified digest keeps running.
+    let second = w
+        .registry
+        .push_image("shop/app", "stable", "second")
+        .await?;
+    assert_ne!(first, second);
+    let app = w
+        .verdict("app", "False", reasons::IMAGE_UNSIGNED, RECHECK)
+        .await?;
+    let (_, _, message) = condition(&app, IMAGE_VERIFIED).unwrap();
+    assert!(message.contains("keeps running"), "{message}");
+    let d = w.f.deployments.get("app").await?;
+    assert_eq!(image_of(&d), Some(format!("{tag}@{first}")));
+    assert_eq!(
+        recorded(&app).map(|i| i.digest.as_str()),
+        Some(first.as_str())
+    );
+
+    // Signed: it rolls out.
+    w.registry
+        .sign(&key, &format!("{host}/shop/app@{second}"))
+        .await?;
+    let app = w.runs("app", &format!("{tag}@{second}"), RECHECK).await?;
+    assert_eq!(
+        recorded(&app).map(|i| i.digest.as_str()),
+        Some(second.as_str())
+    );
+    w.stop().await
+}
+
+#[tokio::test]
+async fn a_registry_outage_or_a_slow_registry_never_stops_what_runs() -> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let host = registry.host();
+    let running = registry.push_image("shop/running", "v1", "running").await?;
+    let fresh = registry.push_image("shop/fresh", "v1", "fresh").await?;
+    for (repo, digest) in [("shop/running", &running), ("shop/fresh", &fresh)] {
+        registry
+            .sign(&key, &format!("{host}/{repo}@{digest}"))
+            .await?;
+    }
+    let mut w = World::start(registry).await?;
+    w.policy("release", "Enforce", json!([inline("k", &key)]))
+        .await?;
+    let pinned = format!("{}@{running}", w.image("shop/running", "v1"));
+    w.app("running", &w.image("shop/running", "v1")).await?;
+    w.runs("running", &pinned, FIRST).await?;
+
+    w.registry.stop().await;
+    let down = Instant::now();
+    // A new image cannot be verified: it waits, Reconciling, and nothing runs.
+    w.app("fresh", &w.image("shop/fresh", "v1")).await?;
+    let app = w
+        .verdict("fresh", "Unknown", reasons::REGISTRY_UNAVAILABLE, FIRST)
+        .await?;
+    assert_eq!(
+        condition(&app, "Reconciling").map(|c| c.0).as_deref(),
+        Some("True")
+    );
+    assert_eq!(
+        condition(&app, STALLED).map(|c| c.0).as_deref(),
+        Some("False")
+    );
+    assert!(w.f.deployments.get_opt("fresh").await?.is_none());
+
+    // Past the tag's resolve interval, a spec change of the running AppService still
+    // reaches its Deployment, with the digest verified before standing in.
+    harness::eventually("the tag's resolve interval to pass", RECHECK, || async {
+        down.elapsed() > Duration::from_secs(65)
+    })
+    .await?;
+    w.f.apps
+        .patch(
+            "running",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await?;
+    w.until(
+        "running",
+        "3 replicas of the verified digest",
+        FIRST,
+        |_, d| {
+            let d = d?;
+            (d.spec.replicas == Some(3) && image_of(d).as_deref() == Some(pinned.as_str()))
+                .then_some(())
+        },
+    )
+    .await?;
+    w.verdict("running", "Unknown", reasons::REGISTRY_UNAVAILABLE, FIRST)
+        .await?;
+    assert!(
+        w.metrics
+            .images()
+            .requests_of(RegistryOperation::Resolve, RegistryOutcome::Unavailable)
+            > 0
+    );
+
+    // Slower than the timeout is as good as down; back and fast, the new image runs.
+    w.registry.start_again()?;
+    w.registry.set_delay(Duration::from_secs(15));
+    w.app("slow", &w.image("shop/fresh", "v1")).await?;
+    w.verdict("slow", "Unknown", reasons::REGISTRY_UNAVAILABLE, FIRST)
+        .await?;
+    w.registry.set_delay(Duration::ZERO);
+    w.runs(
+        "fresh",
+        &format!("{}@{fresh}", w.image("shop/fresh", "v1")),
+        RECHECK,
+    )
+    .await?;
+    w.verdict("running", "True", reasons::VERIFIED, RECHECK)
+        .await?;
+    w.stop().await
+}
+
+#[tokio::test]
+async fn a_policy_added_to_running_workloads_audits_then_enforces_then_goes() -> anyhow::Result<()>
+{
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let host = registry.host();
+    let digest = registry.push_image("shop/legacy", "v1", "legacy").await?;
+    let mut w = World::start(registry).await?;
+    let tag = w.image("shop/legacy", "v1");
+    w.app("legacy", &tag).await?;
+    // No policy: the image runs as written and nothing is said about it.
+    let app = w.runs("legacy", &tag, FIRST).await?;
+    assert!(condition(&app, IMAGE_VERIFIED).is_none());
+
+    // Audit: reported, pinned, and it keeps running; not Stalled.
+    w.policy("watch", "Audit", json!([inline("k", &key)]))
+        .await?;
+    let pinned = format!("{tag}@{digest}");
+    w.runs("legacy", &pinned, RECHECK).await?;
+    let app = w
+        .verdict("legacy", "False", reasons::IMAGE_UNSIGNED, FIRST)
+        .await?;
+    assert_eq!(
+        condition(&app, STALLED).map(|c| c.0).as_deref(),
+        Some("False")
+    );
+    assert_eq!(
+        recorded(&app).and_then(|i| i.verified_by[0].key.clone()),
+        None
+    );
+
+    // Enforce: held; what runs keeps running.
+    w.edit_policy("watch", json!({"mode": "Enforce"})).await?;
+    let app = w
+        .until("legacy", "held and Stalled", RECHECK, |app, _| {
+            (condition(app, STALLED)?.0 == "True").then(|| app.clone())
+        })
+        .await?;
+    assert_eq!(
+        condition(&app, IMAGE_VERIFIED).map(|c| c.1).as_deref(),
+        Some(reasons::IMAGE_UNSIGNED)
+    );
+    assert_eq!(
+        image_of(&w.f.deployments.get("legacy").await?),
+        Some(pinned.clone())
+    );
+
+    // Signed: verified, Ready again as far as the image goes.
+    w.registry
+        .sign(&key, &format!("{host}/shop/legacy@{digest}"))
+        .await?;
+    w.verdict("legacy", "True", reasons::VERIFIED, RECHECK)
+        .await?;
+
+    // The policy goes: so do the condition and status.image; the image runs as written.
+    w.delete_policy("watch").await?;
+    let app = w.runs("legacy", &tag, FIRST).await?;
+    w.until("legacy", "no ImageVerified", FIRST, |app, _| {
+        (condition(app, IMAGE_VERIFIED).is_none() && recorded(app).is_none()).then_some(())
+    })
+    .await?;
+    drop(app);
+    w.stop().await
+}
+
+#[tokio::test]
+async fn keys_rotate_through_a_secret_and_two_policies_add_up() -> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let (old, new, audit) = (
+        KeyPair::generate().await?,
+        KeyPair::generate().await?,
+        KeyPair::generate().await?,
+    );
+    let host = registry.host();
+    let digest = registry.push_image("shop/app", "v1", "app").await?;
+    let reference = format!("{host}/shop/app@{digest}");
+    registry.sign(&old, &reference).await?;
+    let mut w = World::start(registry).await?;
+    let secrets: Api<Secret> = w.f.api();
+    let key_secret = |pem: &str| -> Secret {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "signing-key"},
+            "stringData": {"cosign.pub": pem}
+        }))
+        .unwrap()
+    };
+    secrets
+        .create(&PostParams::default(), &key_secret(old.public_pem()))
+        .await?;
+    w.policy(
+        "release",
+        "Enforce",
+        json!([{"name": "release", "secretRef": {"name": "signing-key"}}]),
+    )
+    .await?;
+    let tag = w.image("shop/app", "v1");
+    w.app("app", &tag).await?;
+    w.runs("app", &format!("{tag}@{digest}"), FIRST).await?;
+
+    // The Secret now holds the new key only: the image signed by the old one is held.
+    secrets
+        .replace(
+            "signing-key",
+            &PostParams::default(),
+            &key_secret(new.public_pem()),
+        )
+        .await?;
+    w.verdict("app", "False", reasons::SIGNATURE_INVALID, RECHECK)
+        .await?;
+    // Signed with the new key: verified by it.
+    w.registry.sign(&new, &reference).await?;
+    let app = w.verdict("app", "True", reasons::VERIFIED, RECHECK).await?;
+    assert_eq!(
+        recorded(&app).unwrap().verified_by[0].key.as_deref(),
+        Some("release")
+    );
+
+    // A second policy on the same image: both must verify. Its generation is recorded.
+    w.policy("second", "Enforce", json!([inline("second", &audit)]))
+        .await?;
+    w.verdict("app", "False", reasons::SIGNATURE_INVALID, RECHECK)
+        .await?;
+    w.registry.sign(&audit, &reference).await?;
+    let generation = w
+        .edit_policy(
+            "second",
+            json!({"keys": [inline("second", &audit), inline("spare", &old)]}),
+        )
+        .await?;
+    let app = w
+        .until(
+            "app",
+            "verified by both at the new generation",
+            RECHECK,
+            |app, _| {
+                let by = &recorded(app)?.verified_by;
+                (by.len() == 2
+                    && by.iter().all(|v| v.key.is_some())
+                    && by
+                        .iter()
+                        .any(|v| v.generation == generation && v.policy.ends_with("-second")))
+                .then(|| app.clone())
+            },
+        )
+        .await?;
+    assert_eq!(
+        condition(&app, IMAGE_VERIFIED).map(|c| c.0).as_deref(),
+        Some("True")
+    );
+    w.stop().await
+}
+
+#[tokio::test]
+async fn a_thousand_appservices_on_ten_images_resolve_each_tag_once() -> anyhow::Result<()> {
+    const APPS: usize = 1000;
+    const IMAGES: usize = 10;
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let host = registry.host();
+    let mut digests = Vec::new();
+    for i in 0..IMAGES {
+        let digest = registry
+            .push_image(&format!("fleet/svc{i}"), "v1", &format!("svc{i}"))
+            .await?;
+        registry
+            .sign(&key, &format!("{host}/fleet/svc{i}@{digest}"))
+            .await?;
+        digests.push(digest);
+    }
+    let (resolves_before, signatures_before) = counts(&registry)?;
+    let mut w = World::start(registry).await?;
+    w.policy("fleet", "Enforce", json!([inline("k", &key)]))
+        .await?;
+    let started = Instant::now();
+    let apps: Vec<AppService> = (0..APPS)
+        .map(|i| {
+            let image = w.image(&format!("fleet/svc{}", i % IMAGES), "v1");
+            common::testing::app(&format!("app-{i}"), &image)
+                .replicas(1)
+                .build()
+        })
+        .collect();
+    futures::stream::iter(apps.iter().map(|app| create(&w.f.apps, app)))
+        .buffer_unordered(50)
+        .try_collect::<Vec<_>>()
+        .await?;
+    harness::eventually(
+        "every Deployment pinned to its digest",
+        Duration::from_secs(300),
+        || async {
+            let list = w.f.deployments.list(&Default::default()).await?;
+            let pinned = list
+                .items
+                .iter()
+                .filter(|d| {
+                    image_of(d).is_some_and(|i| digests.iter().any(|dg| i.ends_with(dg.as_str())))
+                })
+                .count();
+            Ok((pinned == APPS).then_some(()))
+        },
+    )
+    .await?;
+    let took = started.elapsed();
+    let (resolves, signatures) = counts(&w.registry)?;
+    let (resolves, signatures) = (resolves - resolves_before, signatures - signatures_before);
+    // Each tag resolved once per resolve interval (1 min) that the run spans, and each
+    // digest's signatures fetched once.
+    let intervals = 1 + (took.as_secs() / 60) as usize;
+    println!(
+        "{APPS} AppServices on {IMAGES} images in {took:?}: {resolves} resolves, {signatures} signature manifests"
+    );
+    assert!(
+        resolves >= IMAGES && resolves <= IMAGES * intervals,
+        "{resolves} resolves"
+    );
+    assert_eq!(signatures, IMAGES, "signatures are cached per digest");
+    w.stop().await
+}
