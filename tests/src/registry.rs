@@ -13,7 +13,10 @@
 //! cosign never leaves the machine: it signs with a local key, uploads nothing to a
 //! transparency log, gets an empty `TUF_ROOT` and `HOME`, and a proxy that does not
 //! exist for every host but the loopback registry, so an attempt to reach Sigstore's
-//! public services fails at once instead of going out.
+//! public services fails at once instead of going out. (cosign v2.6.5 does try: sign and
+//! verify fetch `https://tuf-repo-cdn.sigstore.dev/<n>.root.json`, fail at the dead
+//! proxy on 127.0.0.1:9, warn "Could not fetch trusted_root.json" and go on with the
+//! key; strace sees no connection to any address but 127.0.0.1.)
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -41,10 +44,13 @@ const DIR_PREFIX: &str = "appservice-registry-";
 /// Where cosign's and crane's traffic to anything but the loopback registry goes: a port
 /// nothing listens on (Go never proxies loopback addresses).
 const NOWHERE_PROXY: &str = "http://127.0.0.1:9";
+/// The manifest types [`Registry::get`] accepts: without them the registry answers 404
+/// for an OCI manifest, as it does for a client that could not read it.
+const MANIFEST_TYPES: &str = "application/vnd.oci.image.manifest.v1+json, \
+     application/vnd.oci.image.index.v1+json, \
+     application/vnd.docker.distribution.manifest.v2+json, \
+     application/vnd.docker.distribution.manifest.list.v2+json";
 /// The password of every [`KeyPair`]'s private key: throw-away keys of one test run.
-/// What a client of manifests accepts: without it the registry answers 404 for an OCI
-/// manifest (it would have to convert it to a schema it no longer serves).
-const MANIFEST_TYPES: &str = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.docker.distribution.manifest.list.v2+json";
 const KEY_PASSWORD: &str = "appservice-tests";
 
 /// How to start a [`Registry`].
@@ -147,8 +153,15 @@ impl Registry {
             .map_err(io("writing the registry configuration"))?;
             let mut component = Component::spawn(Spec {
                 name: "registry",
-                program: &registry_bin,
-                args: vec!["serve".to_owned(), config.display().to_string()],
+                // The registry exports OpenTelemetry traces to localhost:4318 by default.
+                program: Path::new("env"),
+                args: vec![
+                    "OTEL_TRACES_EXPORTER=none".to_owned(),
+                    "OTEL_SDK_DISABLED=true".to_owned(),
+                    registry_bin.display().to_string(),
+                    "serve".to_owned(),
+                    config.display().to_string(),
+                ],
                 log_dir: &log_dir,
                 remove_after_exit: None,
             })?;
@@ -643,7 +656,8 @@ async fn https_get(
             .unwrap_or_default();
         tls.write_all(
             format!(
-                "GET {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}Accept: {MANIFEST_TYPES}\r\nConnection: close\r\n\r\n"
+                "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: {MANIFEST_TYPES}\r\n\
+                 {authorization}Connection: close\r\n\r\n"
             )
             .as_bytes(),
         )
