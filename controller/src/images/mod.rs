@@ -488,3 +488,41 @@ impl Verdict {
         self.result
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_replace_only_the_images_they_name_and_never_the_spec_itself() {
+        let app = common::testing::app("web", "registry.example.com/web:v1")
+            .spec(|s| {
+                s.canary = Some(common::CanarySpec {
+                    image: "registry.example.com/web:v2".into(),
+                    replicas: Some(1),
+                })
+            })
+            .build();
+        let stable = Pins {
+            image: Some("registry.example.com/web:v1@sha256:aa".into()),
+            canary: None,
+        };
+        let pinned = stable.apply(&app);
+        assert_eq!(pinned.spec.image, "registry.example.com/web:v1@sha256:aa");
+        assert_eq!(
+            pinned.spec.canary.as_ref().map(|c| c.image.as_str()),
+            Some("registry.example.com/web:v2")
+        );
+        let both = Pins {
+            canary: Some("registry.example.com/web:v2@sha256:bb".into()),
+            ..stable
+        };
+        let pinned = both.apply(&app);
+        assert_eq!(
+            pinned.spec.canary.as_ref().map(|c| c.image.as_str()),
+            Some("registry.example.com/web:v2@sha256:bb")
+        );
+        assert_eq!(app.spec.image, "registry.example.com/web:v1");
+        assert!(Pins::default().is_empty() && !both.is_empty());
+    }
+}
