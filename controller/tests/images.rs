@@ -684,3 +684,87 @@ async fn a_thousand_appservices_on_ten_images_resolve_each_tag_once() -> anyhow:
     assert_eq!(signatures, IMAGES, "signatures are cached per digest");
     w.stop().await
 }
+
+#[tokio::test]
+async fn without_the_imagepolicy_crd_nothing_waits_and_its_install_is_seen() -> anyhow::Result<()> {
+    // Helm installs `crds/` only on install: after an upgrade from a release without
+    // ImagePolicies the CRD is missing. A private control plane, since the CRD goes.
+    let cp = harness::ControlPlane::start(harness::Options::plain()).await?;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(cp.client());
+    crds.delete(
+        "imagepolicies.platform.example.com",
+        &DeleteParams::default(),
+    )
+    .await?;
+    harness::eventually("the ImagePolicy CRD gone", FIRST, || async {
+        Ok(crds
+            .get_opt("imagepolicies.platform.example.com")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    let f = Fixture::setup().on(&cp).without_controller().await?;
+    let config = Config::for_namespace(&f.ns);
+    let metrics = Arc::new(Metrics::default());
+    let verifier = Verifier::new(
+        f.client.clone(),
+        ImageConfig::defaults(),
+        &config.lease_namespace,
+        metrics.images().clone(),
+    )?;
+    let hooks = Hooks {
+        metrics,
+        images: Some(Arc::new(verifier)),
+        ..Hooks::default()
+    };
+    let ctl = support::start_controller_hooks(f.client.clone(), config, hooks);
+    let image = "registry.example.com/shop/app:v1";
+    create(
+        &f.apps,
+        &common::testing::app("app", image).replicas(1).build(),
+    )
+    .await?;
+    harness::eventually(
+        "the image running as written, unverified",
+        FIRST,
+        || async {
+            let app = f.apps.get("app").await?;
+            let d = f.deployments.get_opt("app").await?;
+            let done = d.as_ref().and_then(image_of).as_deref() == Some(image)
+                && app.status.as_ref().and_then(|s| s.observed_generation) == Some(1)
+                && condition(&app, IMAGE_VERIFIED).is_none();
+            Ok(done.then_some(()))
+        },
+    )
+    .await?;
+
+    // The CRD installed and a policy written at once: the controller lists them and
+    // the AppService is governed (this registry does not exist: it waits on it).
+    cp.apply_crd(&common::crd::image_policy_crd()).await?;
+    let policies: Api<ImagePolicy> = Api::all(cp.client());
+    let key = KeyPair::generate().await?;
+    let policy: ImagePolicy = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1alpha1", "kind": "ImagePolicy",
+        "metadata": {"name": "everything"},
+        "spec": {"images": [{"glob": "registry.example.com/**"}], "keys": [inline("k", &key)]}
+    }))?;
+    harness::eventually("the ImagePolicy created", FIRST, || async {
+        Ok(policies
+            .create(&PostParams::default(), &policy)
+            .await
+            .ok()
+            .map(|_| ()))
+    })
+    .await?;
+    harness::eventually("the AppService governed", RECHECK, || async {
+        let app = f.apps.get("app").await?;
+        Ok(condition(&app, IMAGE_VERIFIED).map(|_| ()))
+    })
+    .await?;
+    // What ran before the policy keeps running while the registry is out of reach.
+    let d = f.deployments.get("app").await?;
+    assert_eq!(image_of(&d).as_deref(), Some(image));
+    ctl.stop().await
+}

@@ -148,6 +148,10 @@ impl Pins {
 pub struct Stores {
     pub policies: Store<ImagePolicy>,
     pub namespaces: Store<PartialObjectMeta<Namespace>>,
+    /// The API server does not serve ImagePolicies (404): the CRD is not installed, as
+    /// after a `helm upgrade` from a release without it (Helm installs `crds/` only on
+    /// install). No policy can exist then, so none governs; set and cleared by the watch.
+    pub not_served: std::sync::atomic::AtomicBool,
 }
 
 type Secrets = Option<Arc<BTreeMap<String, ByteString>>>;
@@ -231,11 +235,23 @@ impl Verifier {
         let Some(stores) = self.stores.get() else {
             return absent(report);
         };
-        // At once when listed; only the first passes after a start wait.
-        if tokio::time::timeout(LIST_WAIT, stores.policies.wait_until_ready())
-            .await
-            .is_err()
-        {
+        // At once when listed; only the first passes after a start wait, and not for a
+        // CRD that is not installed.
+        let deadline = tokio::time::Instant::now() + LIST_WAIT;
+        let listed = loop {
+            if stores.not_served.load(std::sync::atomic::Ordering::Relaxed) {
+                return absent(report);
+            }
+            let poll = Duration::from_millis(200);
+            match tokio::time::timeout(poll, stores.policies.wait_until_ready()).await {
+                Ok(Ok(())) => break true,
+                // The watch is gone (the controller is stopping): never listed.
+                Ok(Err(_)) => break false,
+                Err(_) if tokio::time::Instant::now() < deadline => {}
+                Err(_) => break false,
+            }
+        };
+        if !listed {
             report.conditions.push(ConditionReport {
                 type_: common::conditions::IMAGE_VERIFIED,
                 status: common::conditions::UNKNOWN,

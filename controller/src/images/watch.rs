@@ -6,6 +6,9 @@
 //!   reconciles every AppService (a status write of the policy does not);
 //! * a Namespace whose labels changed reconciles the AppServices in it.
 //!
+//! A 404 from the API server (the ImagePolicy CRD not installed) means no policy exists
+//! ([`Stores::not_served`]): AppServices are not kept waiting for a list that cannot come.
+//!
 //! The first list wakes nothing: every AppService is reconciled at start anyway. A
 //! relist after a watch error wakes everything once (changes may have been missed).
 
@@ -19,6 +22,8 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{Stores, Verifier};
 
@@ -26,7 +31,7 @@ use super::{Stores, Verifier};
 /// `()` for every AppService, or one AppService of a Namespace that changed.
 pub fn watch(
     client: &Client,
-    verifier: &Verifier,
+    verifier: &Arc<Verifier>,
     apps: Store<AppService>,
 ) -> (
     impl Stream<Item = ()> + Send + 'static,
@@ -37,7 +42,14 @@ pub fn watch(
     verifier.set_stores(Stores {
         policies,
         namespaces,
+        not_served: AtomicBool::new(false),
     });
+    let owner = Arc::clone(verifier);
+    let not_served = move |served: bool| {
+        if let Some(stores) = owner.stores.get() {
+            stores.not_served.store(!served, Ordering::Relaxed);
+        }
+    };
     let policy_events = reflector::reflector(
         policy_writer,
         watcher::watcher(
@@ -47,7 +59,7 @@ pub fn watch(
     )
     .default_backoff();
     let mut generations: HashMap<String, i64> = HashMap::new();
-    let mut listed = false;
+    let (mut listed, mut missing) = (false, false);
     let policy_changes = policy_events.filter_map(move |event| {
         let changed = match event {
             Ok(Event::Apply(p)) => {
@@ -67,8 +79,21 @@ pub fn watch(
                 );
                 false
             }
-            Ok(Event::InitDone) => std::mem::replace(&mut listed, true),
-            Err(_) => false,
+            Ok(Event::InitDone) => {
+                not_served(true);
+                // A relist, or the first list of a CRD installed since: what was decided
+                // without these policies is decided again.
+                let wake = listed || missing;
+                (listed, missing) = (true, false);
+                wake
+            }
+            Err(e) => {
+                if is_not_found(&e) {
+                    not_served(false);
+                    missing = true;
+                }
+                false
+            }
         };
         future::ready(changed.then_some(()))
     });
@@ -104,6 +129,16 @@ pub fn watch(
             futures::stream::iter(apps)
         });
     (policy_changes, namespace_changes)
+}
+
+/// Whether a watch error is the API server not serving the resource at all.
+fn is_not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => crate::error::is_not_found(e),
+        _ => false,
+    }
 }
 
 /// The namespace's name when its labels differ from what was seen last.
