@@ -18,7 +18,6 @@ use common::names::{
     LABEL_TRACK, TRACK_CANARY, canary_deployment_name, canary_labels, selector_labels,
 };
 use common::{AppService, AppServiceSpec, CanarySpec, CanaryStatus, RolloutSpec};
-use controller::desired::CONTAINER_NAME;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -26,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use support::{Fixture, ROLLOUT, Running, condition, start_controller};
+use support::{Fixture, ROLLOUT, Running, condition, image_of, start_controller};
 
 const V1: &str = "registry.example.com/web:v1";
 const V2: &str = "registry.example.com/web:v2";
@@ -67,18 +66,6 @@ fn spec(replicas: i32, canary: Option<(&str, i32)>) -> AppServiceSpec {
         }),
         ..AppServiceSpec::default()
     }
-}
-
-fn image_of(d: &Deployment) -> Option<String> {
-    d.spec
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .iter()
-        .find(|c| c.name == CONTAINER_NAME)?
-        .image
-        .clone()
 }
 
 /// Whether `d` has rolled out `replicas` Pods of its current template, all ready.

@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::{Fixture, Running, condition, create};
+use support::{Fixture, Running, condition, create, image_of};
 
 /// One pass after a hold's recheck (60 s) or a tag's resolve interval (1 min), with room
 /// for a busy machine.
@@ -200,17 +200,6 @@ impl World {
         }
         self.ctl.stop().await
     }
-}
-
-fn image_of(d: &Deployment) -> Option<String> {
-    d.spec
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .first()?
-        .image
-        .clone()
 }
 
 fn recorded(app: &AppService) -> Option<&ImageStatus> {

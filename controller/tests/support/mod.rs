@@ -240,6 +240,19 @@ pub fn app(name: &str, image: &str, replicas: i32) -> AppService {
     common::testing::app(name, image).replicas(replicas).build()
 }
 
+/// The image our container of `d` runs.
+pub fn image_of(d: &Deployment) -> Option<String> {
+    d.spec
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == controller::desired::CONTAINER_NAME)?
+        .image
+        .clone()
+}
+
 pub async fn create(api: &Api<AppService>, app: &AppService) -> anyhow::Result<AppService> {
     Ok(api.create(&PostParams::default(), app).await?)
 }
