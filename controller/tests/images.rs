@@ -757,3 +757,75 @@ async fn without_the_imagepolicy_crd_nothing_waits_and_its_install_is_seen() -> 
     assert_eq!(image_of(&d).as_deref(), Some(image));
     ctl.stop().await
 }
+
+#[tokio::test]
+async fn a_private_registry_is_read_with_the_credentials_secret_and_refused_without()
+-> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions {
+        auth: Some(("robot".to_owned(), "pull-only".to_owned())),
+    })
+    .await?;
+    let key = KeyPair::generate().await?;
+    let host = registry.host();
+    let digest = registry.push_image("private/app", "v1", "private").await?;
+    registry
+        .sign(&key, &format!("{host}/private/app@{digest}"))
+        .await?;
+    let f = Fixture::setup().without_controller().await?;
+    let config = Config::for_namespace(&f.ns);
+    let metrics = Arc::new(Metrics::default());
+    let images = ImageConfig {
+        registry_ca_file: Some(registry.ca_file()),
+        registry_credentials_secret: Some("registry-pull".into()),
+        ..ImageConfig::defaults()
+    };
+    let verifier = Verifier::new(
+        f.client.clone(),
+        images,
+        &config.lease_namespace,
+        metrics.images().clone(),
+    )?;
+    let hooks = Hooks {
+        metrics: metrics.clone(),
+        images: Some(Arc::new(verifier)),
+        ..Hooks::default()
+    };
+    let ctl = support::start_controller_hooks(f.client.clone(), config, hooks);
+    let mut w = World {
+        policies: Api::all(f.client.clone()),
+        f,
+        ctl,
+        registry,
+        metrics,
+        names: Vec::new(),
+    };
+    w.policy("private", "Enforce", json!([inline("k", &key)]))
+        .await?;
+    let tag = w.image("private/app", "v1");
+
+    // No credentials Secret yet: the registry refuses, and that holds.
+    w.app("app", &tag).await?;
+    let app = w
+        .verdict("app", "False", reasons::REGISTRY_DENIED, FIRST)
+        .await?;
+    assert_eq!(
+        condition(&app, STALLED).map(|c| c.0).as_deref(),
+        Some("True")
+    );
+
+    // The Secret as `kubectl create secret docker-registry` makes it, keyed by host.
+    use base64::Engine as _;
+    let auth = base64::engine::general_purpose::STANDARD.encode("robot:pull-only");
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "registry-pull"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": json!({"auths": {host.clone(): {"auth": auth}}}).to_string()}
+    }))?;
+    w.f.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await?;
+    w.runs("app", &format!("{tag}@{digest}"), RECHECK).await?;
+    w.verdict("app", "True", reasons::VERIFIED, FIRST).await?;
+    w.stop().await
+}

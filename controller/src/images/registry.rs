@@ -207,35 +207,70 @@ fn normalize_host(key: &str) -> String {
     }
 }
 
-/// The client of every registry, shared by every pass.
+/// The clients of the registries, shared by every pass: one per registry host and
+/// credentials. oci-client keeps the credentials (and the tokens they got) of the first
+/// call to a registry for the life of a client, so a Secret created or rotated later
+/// would never be used by the same client.
 pub struct Registry {
-    client: Client,
+    ca_pem: Option<Vec<u8>>,
     timeout: Duration,
     metrics: Arc<ImageMetrics>,
+    clients: std::sync::Mutex<HashMap<String, Client>>,
 }
+
+/// Clients kept at most (registries × credential versions); the map starts again past it.
+const MAX_CLIENTS: usize = 64;
 
 impl Registry {
     /// `ca_pem`: CA certificates trusted besides the system's.
     pub fn new(ca_pem: Option<&[u8]>, timeout: Duration, metrics: Arc<ImageMetrics>) -> Self {
+        Registry {
+            ca_pem: ca_pem.map(<[u8]>::to_vec),
+            timeout,
+            metrics,
+            clients: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The client for `image`'s registry with `auth`.
+    fn client(&self, image: &Reference, auth: &RegistryAuth) -> Client {
+        let who = match auth {
+            RegistryAuth::Anonymous => "anonymous".to_owned(),
+            RegistryAuth::Basic(user, password) => {
+                format!("basic:{user}:{:x}", Sha256::digest(password.as_bytes()))
+            }
+            RegistryAuth::Bearer(token) => format!("bearer:{:x}", Sha256::digest(token.as_bytes())),
+        };
+        let key = format!("{}\n{who}", image.resolve_registry());
+        let mut clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(client) = clients.get(&key) {
+            return client.clone();
+        }
+        if clients.len() >= MAX_CLIENTS {
+            clients.clear();
+        }
         let config = ClientConfig {
             protocol: ClientProtocol::Https,
-            extra_root_certificates: ca_pem
+            extra_root_certificates: self
+                .ca_pem
+                .as_ref()
                 .map(|pem| {
                     vec![Certificate {
                         encoding: CertificateEncoding::Pem,
-                        data: pem.to_vec(),
+                        data: pem.clone(),
                     }]
                 })
                 .unwrap_or_default(),
-            connect_timeout: Some(timeout),
-            read_timeout: Some(timeout),
+            connect_timeout: Some(self.timeout),
+            read_timeout: Some(self.timeout),
             ..ClientConfig::default()
         };
-        Registry {
-            client: Client::new(config),
-            timeout,
-            metrics,
-        }
+        let client = Client::new(config);
+        clients.insert(key, client.clone());
+        client
     }
 
     /// Runs one registry operation under the timeout, counting its outcome.
@@ -271,7 +306,7 @@ impl Registry {
     ) -> Result<String, RegistryError> {
         self.call(RegistryOperation::Resolve, async {
             let digest = self
-                .client
+                .client(image, auth)
                 .fetch_manifest_digest(image, auth)
                 .await
                 .map_err(classify)?;
@@ -302,7 +337,7 @@ impl Registry {
         );
         let manifest = self
             .call(RegistryOperation::SignatureManifest, async {
-                match self.client.pull_manifest(&sig, auth).await {
+                match self.client(&sig, auth).pull_manifest(&sig, auth).await {
                     Ok((manifest, _)) => Ok(Some(manifest)),
                     Err(e) => match classify(e) {
                         RegistryError::NotFound(_) => Ok(None),
@@ -341,8 +376,11 @@ impl Registry {
                 // Refused by the check as too large; never fetched.
                 vec![0; MAX_PAYLOAD_BYTES + 1]
             } else {
-                self.call(RegistryOperation::SignatureBlob, self.blob(&sig, &layer))
-                    .await?
+                self.call(
+                    RegistryOperation::SignatureBlob,
+                    self.blob(&sig, &layer, auth),
+                )
+                .await?
             };
             out.push(SignatureLayer {
                 media_type: layer.media_type,
@@ -358,9 +396,10 @@ impl Registry {
         &self,
         image: &Reference,
         layer: &oci_client::manifest::OciDescriptor,
+        auth: &RegistryAuth,
     ) -> Result<Vec<u8>, RegistryError> {
         let mut stream = self
-            .client
+            .client(image, auth)
             .pull_blob_stream(image, layer)
             .await
             .map_err(classify)?
