@@ -829,3 +829,86 @@ async fn a_private_registry_is_read_with_the_credentials_secret_and_refused_with
     w.verdict("app", "True", reasons::VERIFIED, FIRST).await?;
     w.stop().await
 }
+
+#[tokio::test]
+async fn hostile_signature_manifests_are_refused_within_their_bounds() -> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let host = registry.host();
+    let key = KeyPair::generate().await?;
+    let many = registry.push_image("hostile/many", "v1", "many").await?;
+    let big = registry.push_image("hostile/big", "v1", "big").await?;
+    let tag_of = |digest: &str| format!("sha256-{}.sig", digest.trim_start_matches("sha256:"));
+    let files = tempfile::tempdir()?;
+    // 65 layers under the signature tag: one more than is ever looked at.
+    let mut layers = Vec::new();
+    for i in 0..65 {
+        let path = files.path().join(format!("layer-{i}.tar"));
+        std::fs::write(
+            &path,
+            harness::registry::tar_with_one_file("x", format!("{i}").as_bytes()),
+        )?;
+        layers.push(path.display().to_string());
+    }
+    let mut args = vec!["append", "--oci-empty-base"];
+    for layer in &layers {
+        args.extend(["--new_layer", layer.as_str()]);
+    }
+    let many_sig = format!("{host}/hostile/many:{}", tag_of(&many));
+    args.extend(["--new_tag", many_sig.as_str()]);
+    registry.crane(&args).await?;
+    // One layer of 100 KiB (random: crane gzips layers): larger than any payload read.
+    let path = files.path().join("big.tar");
+    std::fs::write(
+        &path,
+        harness::registry::tar_with_one_file(
+            "x",
+            &(0..100 * 1024)
+                .map(|_| rand::random::<u8>())
+                .collect::<Vec<_>>(),
+        ),
+    )?;
+    let big_layer = path.display().to_string();
+    let big_sig = format!("{host}/hostile/big:{}", tag_of(&big));
+    registry
+        .crane(&[
+            "append",
+            "--oci-empty-base",
+            "--new_layer",
+            &big_layer,
+            "--new_tag",
+            &big_sig,
+        ])
+        .await?;
+    let blob_reads = |registry: &Registry| -> anyhow::Result<usize> {
+        Ok(registry
+            .requests()?
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && r.path.starts_with("/v2/hostile/")
+                    && r.path.contains("/blobs/")
+            })
+            .count())
+    };
+    let before = blob_reads(&registry)?;
+
+    let mut w = World::start(registry).await?;
+    w.policy("release", "Enforce", json!([inline("k", &key)]))
+        .await?;
+    w.app("many", &w.image("hostile/many", "v1")).await?;
+    w.app("big", &w.image("hostile/big", "v1")).await?;
+    let app = w
+        .verdict("many", "False", reasons::SIGNATURE_INVALID, FIRST)
+        .await?;
+    let (_, _, message) = condition(&app, IMAGE_VERIFIED).unwrap();
+    assert!(message.contains("more than 64 layers"), "{message}");
+    let app = w
+        .verdict("big", "False", reasons::SIGNATURE_INVALID, FIRST)
+        .await?;
+    let (_, _, message) = condition(&app, IMAGE_VERIFIED).unwrap();
+    // (Refused as a layer that is no signature: its media type is checked first.)
+    assert!(message.contains("malformed"), "{message}");
+    // Neither the 65 layers nor the large one were downloaded.
+    assert_eq!(blob_reads(&w.registry)? - before, 0);
+    w.stop().await
+}
