@@ -912,3 +912,122 @@ async fn hostile_signature_manifests_are_refused_within_their_bounds() -> anyhow
     assert_eq!(blob_reads(&w.registry)? - before, 0);
     w.stop().await
 }
+
+#[tokio::test]
+async fn the_canary_image_is_verified_and_pinned_on_its_own() -> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let host = registry.host();
+    let stable = registry.push_image("shop/web", "v1", "v1").await?;
+    let canary = registry.push_image("shop/web", "v2", "v2").await?;
+    registry
+        .sign(&key, &format!("{host}/shop/web@{stable}"))
+        .await?;
+    let mut w = World::start(registry).await?;
+    w.policy("release", "Enforce", json!([inline("k", &key)]))
+        .await?;
+    let (v1, v2) = (w.image("shop/web", "v1"), w.image("shop/web", "v2"));
+    let app = common::testing::app("web", &v1)
+        .replicas(2)
+        .spec(|s| {
+            s.canary = Some(common::CanarySpec {
+                image: v2.clone(),
+                replicas: Some(1),
+            })
+        })
+        .build();
+    create(&w.f.apps, &app).await?;
+    // The canary's image is unsigned: the whole AppService is held before any child,
+    // and status says it is the canary's image.
+    let held = w
+        .verdict("web", "False", reasons::IMAGE_UNSIGNED, FIRST)
+        .await?;
+    let (_, _, message) = condition(&held, IMAGE_VERIFIED).unwrap();
+    assert!(message.contains(&v2), "{message}");
+    assert!(w.f.deployments.get_opt("web").await?.is_none());
+    // Signed: both run pinned, each recorded.
+    w.registry
+        .sign(&key, &format!("{host}/shop/web@{canary}"))
+        .await?;
+    let canary_name = common::names::canary_deployment_name("web");
+    let app = w
+        .until("web", "the canary Deployment pinned", RECHECK, |app, _| {
+            let canary_image = app.status.as_ref()?.canary_image.as_ref()?;
+            (canary_image.digest == canary).then(|| app.clone())
+        })
+        .await?;
+    assert_eq!(
+        recorded(&app).map(|i| i.digest.as_str()),
+        Some(stable.as_str())
+    );
+    let d = w.f.deployments.get(&canary_name).await?;
+    assert_eq!(image_of(&d), Some(format!("{v2}@{canary}")));
+    let d = w.f.deployments.get("web").await?;
+    assert_eq!(image_of(&d), Some(format!("{v1}@{stable}")));
+    // status.canary names the canary's image as the spec writes it.
+    assert_eq!(
+        app.status
+            .as_ref()
+            .and_then(|s| s.canary.as_ref())
+            .map(|c| c.image.as_str()),
+        Some(v2.as_str())
+    );
+    w.stop().await
+}
+
+#[tokio::test]
+async fn a_policy_whose_key_secret_is_missing_holds_and_says_so_on_itself() -> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let host = registry.host();
+    let digest = registry.push_image("shop/app", "v1", "app").await?;
+    registry
+        .sign(&key, &format!("{host}/shop/app@{digest}"))
+        .await?;
+    let mut w = World::start(registry).await?;
+    w.policy(
+        "release",
+        "Enforce",
+        json!([{"name": "release", "secretRef": {"name": "release-key"}}]),
+    )
+    .await?;
+    let policy_name = format!("{}-release", w.f.ns.name());
+    let policy_ready = |want: &'static str| {
+        let policies = w.policies.clone();
+        let name = policy_name.clone();
+        async move {
+            harness::eventually(&format!("ImagePolicy Ready={want}"), FIRST, || async {
+                let p = policies.get(&name).await?;
+                let status = p.status.unwrap_or_default();
+                let ready = common::conditions::find(&status.conditions, "Ready")
+                    .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+                Ok(ready.filter(|r| r.0 == want))
+            })
+            .await
+        }
+    };
+    let (_, reason, message) = policy_ready("False").await?;
+    assert_eq!(reason, reasons::IMAGE_POLICY_NOT_USABLE);
+    assert!(message.contains("release-key"), "{message}");
+    w.app("app", &w.image("shop/app", "v1")).await?;
+    w.verdict("app", "False", reasons::IMAGE_POLICY_NOT_USABLE, FIRST)
+        .await?;
+    assert!(w.f.deployments.get_opt("app").await?.is_none());
+
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "release-key"},
+        "stringData": {"cosign.pub": key.public_pem()}
+    }))?;
+    w.f.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await?;
+    policy_ready("True").await?;
+    w.runs(
+        "app",
+        &format!("{}@{digest}", w.image("shop/app", "v1")),
+        RECHECK,
+    )
+    .await?;
+    w.stop().await
+}
