@@ -45,27 +45,43 @@ struct World {
     names: Vec<String>,
 }
 
+/// A controller verifying images with `images`, at every other shipped default, watching
+/// `f`'s namespace.
+fn verifying(f: &Fixture, images: ImageConfig) -> anyhow::Result<(Running, Arc<Metrics>)> {
+    let config = Config::for_namespace(&f.ns);
+    let metrics = Arc::new(Metrics::default());
+    let verifier = Verifier::new(
+        f.client.clone(),
+        images,
+        &config.lease_namespace,
+        metrics.images().clone(),
+    )?;
+    let hooks = Hooks {
+        metrics: metrics.clone(),
+        images: Some(Arc::new(verifier)),
+        ..Hooks::default()
+    };
+    let ctl = support::start_controller_hooks(f.client.clone(), config, hooks);
+    Ok((ctl, metrics))
+}
+
 impl World {
     async fn start(registry: Registry) -> anyhow::Result<World> {
+        World::start_with(registry, |_| {}).await
+    }
+
+    /// With `tweak` applied to the image flags (the registry's CA is always trusted).
+    async fn start_with(
+        registry: Registry,
+        tweak: impl FnOnce(&mut ImageConfig),
+    ) -> anyhow::Result<World> {
         let f = Fixture::setup().without_controller().await?;
-        let config = Config::for_namespace(&f.ns);
-        let metrics = Arc::new(Metrics::default());
-        let images = ImageConfig {
+        let mut images = ImageConfig {
             registry_ca_file: Some(registry.ca_file()),
             ..ImageConfig::defaults()
         };
-        let verifier = Verifier::new(
-            f.client.clone(),
-            images,
-            &config.lease_namespace,
-            metrics.images().clone(),
-        )?;
-        let hooks = Hooks {
-            metrics: metrics.clone(),
-            images: Some(Arc::new(verifier)),
-            ..Hooks::default()
-        };
-        let ctl = support::start_controller_hooks(f.client.clone(), config, hooks);
+        tweak(&mut images);
+        let (ctl, metrics) = verifying(&f, images)?;
         Ok(World {
             policies: Api::all(f.client.clone()),
             f,
@@ -695,20 +711,7 @@ async fn without_the_imagepolicy_crd_nothing_waits_and_its_install_is_seen() -> 
     })
     .await?;
     let f = Fixture::setup().on(&cp).without_controller().await?;
-    let config = Config::for_namespace(&f.ns);
-    let metrics = Arc::new(Metrics::default());
-    let verifier = Verifier::new(
-        f.client.clone(),
-        ImageConfig::defaults(),
-        &config.lease_namespace,
-        metrics.images().clone(),
-    )?;
-    let hooks = Hooks {
-        metrics,
-        images: Some(Arc::new(verifier)),
-        ..Hooks::default()
-    };
-    let ctl = support::start_controller_hooks(f.client.clone(), config, hooks);
+    let (ctl, _) = verifying(&f, ImageConfig::defaults())?;
     let image = "registry.example.com/shop/app:v1";
     create(
         &f.apps,
@@ -771,34 +774,10 @@ async fn a_private_registry_is_read_with_the_credentials_secret_and_refused_with
     registry
         .sign(&key, &format!("{host}/private/app@{digest}"))
         .await?;
-    let f = Fixture::setup().without_controller().await?;
-    let config = Config::for_namespace(&f.ns);
-    let metrics = Arc::new(Metrics::default());
-    let images = ImageConfig {
-        registry_ca_file: Some(registry.ca_file()),
-        registry_credentials_secret: Some("registry-pull".into()),
-        ..ImageConfig::defaults()
-    };
-    let verifier = Verifier::new(
-        f.client.clone(),
-        images,
-        &config.lease_namespace,
-        metrics.images().clone(),
-    )?;
-    let hooks = Hooks {
-        metrics: metrics.clone(),
-        images: Some(Arc::new(verifier)),
-        ..Hooks::default()
-    };
-    let ctl = support::start_controller_hooks(f.client.clone(), config, hooks);
-    let mut w = World {
-        policies: Api::all(f.client.clone()),
-        f,
-        ctl,
-        registry,
-        metrics,
-        names: Vec::new(),
-    };
+    let mut w = World::start_with(registry, |images| {
+        images.registry_credentials_secret = Some("registry-pull".into());
+    })
+    .await?;
     w.policy("private", "Enforce", json!([inline("k", &key)]))
         .await?;
     let tag = w.image("private/app", "v1");

@@ -41,7 +41,7 @@ use kube::{Api, Client};
 
 use crate::config::parse_duration;
 use crate::external::{ConditionReport, Readiness, Report};
-use crate::metrics::{ImageCache, ImageMetrics, Verification};
+use crate::metrics::{ImageCache, ImageMetrics};
 use crate::subject::Subject;
 use cosign::{Key, SignatureLayer};
 use registry::{Credentials, Registry, RegistryError};
@@ -294,7 +294,7 @@ impl Verifier {
             .flatten()
             .collect();
         for v in &verdicts {
-            self.metrics.verification(v.metric());
+            self.metrics.verification(v.result);
         }
         let condition = verdict::condition(&verdicts);
         let hold = verdicts.iter().any(|v| v.holds());
@@ -354,7 +354,7 @@ impl Verifier {
             Some(digest) => digest.to_owned(),
             None => {
                 let resolve_interval = self.config.resolve_interval;
-                let (registry, r, a) = (self.registry_handle(), reference.clone(), auth.clone());
+                let (registry, r, a) = (self.registry.clone(), reference.clone(), auth.clone());
                 let got = self
                     .tags
                     .get(
@@ -380,7 +380,7 @@ impl Verifier {
             })
         };
         let (registry, r, a, d) = (
-            self.registry_handle(),
+            self.registry.clone(),
             reference.clone(),
             auth,
             digest.clone(),
@@ -402,11 +402,6 @@ impl Verifier {
             Ok(layers) => Fetched::Signed { digest, layers },
             Err(e) => Fetched::failed(Some(digest), e),
         }
-    }
-
-    /// A handle on the registry for a `'static` fetch (the client is cheap to clone).
-    fn registry_handle(&self) -> Arc<Registry> {
-        self.registry.clone()
     }
 
     /// The credentials for `host` from the credentials Secret, if one is configured.
@@ -497,12 +492,6 @@ impl Verifier {
 /// No policy governs the AppService: the condition and the images' status go.
 fn absent(report: &mut Report) {
     report.absent.push(common::conditions::IMAGE_VERIFIED);
-}
-
-impl Verdict {
-    fn metric(&self) -> Verification {
-        self.result
-    }
 }
 
 #[cfg(test)]
