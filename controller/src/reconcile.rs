@@ -26,7 +26,7 @@ use common::names::FINALIZER;
 use common::validation::validate;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use tracing::{debug, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use crate::children::{converge, delete, lookup};
 use crate::context::Context;
@@ -326,9 +326,50 @@ async fn converge_children(app: &Subject<'_>, ctx: &Context, report: &Report) ->
             want_deployment,
             live_deployment.clone()
         ),
-        converge(ctx, &owner, Service::KIND, want_service, live_service),
+        converge(ctx, &owner, Service::KIND, want_service, live_service.clone()),
         canary_step,
     );
+    // A create refused because the name exists: someone took it after our caches last
+    // heard (their object was not listed yet). What this pass created beside it goes
+    // again, so nothing half-built stays while the name is held; the 409 is retried
+    // soon, and by then the foreign object is known and reported as a conflict.
+    let refused = [
+        (Deployment::KIND, live_deployment.is_none(), deployment.as_ref().err()),
+        (Service::KIND, live_service.is_none(), service.as_ref().err()),
+        (CANARY_SLOT, live_canary.is_none(), canary.as_ref().err()),
+    ]
+    .into_iter()
+    .find_map(|(slot, created, error)| match error {
+        Some(Error::Kube(kube::Error::Api(status))) if created && status.is_already_exists() => {
+            Some((slot, status.clone()))
+        }
+        _ => None,
+    });
+    if let Some((refused_slot, status)) = refused {
+        // The next pass asks the API server for that name instead of the caches.
+        ctx.created((refused_slot, owner.clone()));
+        let mut undo = Vec::new();
+        if let (None, Ok(d)) = (&live_deployment, &deployment) {
+            undo.push((Deployment::KIND, &deployment_name, d.metadata.uid.clone()));
+        }
+        if let (None, Ok(s)) = (&live_service, &service) {
+            undo.push((Service::KIND, &service_name, s.metadata.uid.clone()));
+        }
+        if let (None, Ok(Some(c))) = (&live_canary, &canary) {
+            undo.push((CANARY_SLOT, &canary_name, c.metadata.uid.clone()));
+        }
+        for (slot, name, uid) in undo {
+            let Some(uid) = uid else { continue };
+            info!(child = %name, "removing a child created beside a name someone else took");
+            let name = (name.as_str(), namespace);
+            if slot == Service::KIND {
+                delete::<Service>(ctx, &owner, slot, name, &uid, false).await?;
+            } else {
+                delete::<Deployment>(ctx, &owner, slot, name, &uid, false).await?;
+            }
+        }
+        return Err(Error::Kube(kube::Error::Api(status)));
+    }
     let deployment = match deployment {
         Ok(d) => d,
         Err(e) => {

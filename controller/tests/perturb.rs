@@ -805,6 +805,129 @@ async fn foreign_objects_block_until_they_go_away() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A name taken right before its AppService is created, while the controller's caches
+/// of foreign objects have not heard of it (their watches are held back, so the timing
+/// is made, not hoped for): the first create of that child fails with AlreadyExists,
+/// and what the same pass created beside it is removed again. Each ends in
+/// `ResourceConflict` with no child of ours beside the foreign one, and converges once
+/// the foreign object is gone.
+#[tokio::test]
+async fn a_name_taken_before_the_caches_heard_leaves_nothing_half_built() -> anyhow::Result<()> {
+    // A controller that reconciles before its caches are listed asks the API server
+    // and never gets to the race: try again with new names until it has.
+    const ATTEMPTS: usize = 10;
+    let f = Fixture::setup().full().without_controller().await?;
+    let (client, hold) = harness::holding(f.client.clone(), &f.ns, |r| {
+        let (path, query) = (r.uri().path(), r.uri().query().unwrap_or_default());
+        (path.ends_with("/deployments") || path.ends_with("/services"))
+            && query.contains("watch=true")
+            && query.contains("%21%3D")
+    });
+    let (client, requests) = harness::recording(client, &f.ns);
+    let ctl = support::start_controller(client, &f.ns, |_| {});
+    let labels = BTreeMap::from([("app".to_owned(), "legacy".to_owned())]);
+    let mut raced = None;
+    for attempt in 0..ATTEMPTS {
+        let (by_deployment, by_service) =
+            (format!("taken-d{attempt}"), format!("taken-s{attempt}"));
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": by_deployment, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "legacy", "image": "legacy:1"}]}
+                }
+            }
+        }))?;
+        f.deployments.create(&PostParams::default(), &d).await?;
+        let s: Service = serde_json::from_value(json!({
+            "metadata": {"name": by_service, "labels": labels},
+            "spec": {"selector": labels, "ports": [{"port": 80}]}
+        }))?;
+        f.services.create(&PostParams::default(), &s).await?;
+        for name in [&by_deployment, &by_service] {
+            f.apps
+                .create(
+                    &PostParams::default(),
+                    &AppService::new(name, spec("registry.example.com/web:v1", 1)),
+                )
+                .await?;
+        }
+        for (name, other) in [(&by_deployment, "Service"), (&by_service, "Deployment")] {
+            eventually(&format!("ResourceConflict of {name}"), WAIT, || async {
+                let a = f.apps.get(name).await?;
+                Ok(condition(&a, READY)
+                    .is_some_and(|(_, r, _)| r == reasons::RESOURCE_CONFLICT)
+                    .then_some(()))
+            })
+            .await?;
+            let left = beside_taken(&f, name, other).await?;
+            assert!(!left, "{name}: our {other} was left beside the taken name");
+        }
+        let writes = requests.writes();
+        let undone = |resource: &str, name: &str| {
+            writes
+                .iter()
+                .any(|w| w.starts_with("DELETE") && w.ends_with(&format!("/{resource}/{name}")))
+        };
+        if undone("services", &by_deployment) && undone("deployments", &by_service) {
+            println!("the race made at attempt {attempt}");
+            raced = Some([by_deployment, by_service]);
+            break;
+        }
+    }
+    let Some(names) = raced else {
+        bail!(
+            "in {ATTEMPTS} attempts the controller never created a child beside a name its caches had not heard of; held: {:?}",
+            hold.held()
+        );
+    };
+    // More passes: none builds half of them later either.
+    support::poke(&f, &ctl.metrics, &names, 4).await?;
+    for (name, other) in names.iter().zip(["Service", "Deployment"]) {
+        assert!(
+            !beside_taken(&f, name, other).await?,
+            "{name}: our {other} exists after more passes"
+        );
+    }
+    hold.release();
+    f.deployments
+        .delete(&names[0], &DeleteParams::default())
+        .await?;
+    f.services
+        .delete(&names[1], &DeleteParams::default())
+        .await?;
+    let world = World { fixture: f, ctl };
+    for name in &names {
+        world.recovers(name, "the foreign object gone").await?;
+    }
+    world.ctl.stop().await?;
+    Ok(())
+}
+
+/// Whether `name`'s `other` child ("Service" or "Deployment") exists and is controlled by
+/// the AppService `name`.
+async fn beside_taken(f: &Fixture, name: &str, other: &str) -> anyhow::Result<bool> {
+    let uid = f.apps.get(name).await?.metadata.uid;
+    let ours = |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
+        refs.iter().any(|r| Some(&r.uid) == uid.as_ref())
+    };
+    Ok(match other {
+        "Service" => f
+            .services
+            .get_opt(name)
+            .await?
+            .is_some_and(|s| ours(s.owner_references())),
+        _ => f
+            .deployments
+            .get_opt(name)
+            .await?
+            .is_some_and(|d| ours(d.owner_references())),
+    })
+}
+
 /// Every optional field empty or zero-like: converged, then not a single write.
 #[tokio::test]
 async fn zero_like_specs_converge_and_stay_quiet() -> anyhow::Result<()> {

@@ -68,7 +68,7 @@ pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use pod_view::PodView;
 pub use poll::eventually;
 pub use postgres::Postgres;
-pub use recording::{Requests, recording};
+pub use recording::{Hold, Requests, holding, recording};
 pub use registry::{KeyPair, Registry, RegistryOptions, RegistryRequest};
 pub use shared::{shared, shared_full, shared_with};
 pub use webhooks::{PROBE_LABEL, Webhooks, admission_rules};

@@ -98,3 +98,85 @@ pub fn recording(client: Client, default_namespace: &str) -> (Client, Requests) 
     };
     (Client::new(recorder, default_namespace), requests)
 }
+
+/// Which requests a [`holding`] client holds back.
+pub type HoldIf = fn(&Request<Body>) -> bool;
+
+/// The requests a [`holding`] client held, and the switch that lets them go.
+#[derive(Clone, Debug)]
+pub struct Hold {
+    released: Arc<tokio::sync::watch::Sender<bool>>,
+    held: Arc<Mutex<Vec<String>>>,
+}
+
+impl Hold {
+    /// Lets every held request (and every later one) go.
+    pub fn release(&self) {
+        self.released.send_replace(true);
+    }
+
+    /// `METHOD path?query` of each request held so far (released ones included), at
+    /// most [`MAX_RECORDED`].
+    pub fn held(&self) -> Vec<String> {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+#[derive(Clone)]
+struct Holder {
+    client: Client,
+    hold_if: HoldIf,
+    hold: Hold,
+}
+
+impl tower::Service<Request<Body>> for Holder {
+    type Response = Response<Body>;
+    type Error = kube::Error;
+    type Future = BoxFuture<'static, Result<Response<Body>, kube::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let client = self.client.clone();
+        let mut released = (!*self.hold.released.borrow() && (self.hold_if)(&request)).then(|| {
+            let mut held = self
+                .hold
+                .held
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if held.len() < MAX_RECORDED {
+                held.push(format!("{} {}", request.method(), request.uri()));
+            }
+            self.hold.released.subscribe()
+        });
+        Box::pin(async move {
+            if let Some(released) = released.as_mut() {
+                // The sender lives in the `Hold`; dropped, nothing can release: send.
+                let _ = released.wait_for(|r| *r).await;
+            }
+            client.send(request).await
+        })
+    }
+}
+
+/// A client that sends through `client`, except that requests for which `hold_if` is
+/// true wait until [`Hold::release`]: to make the world slow in one exact place (a
+/// watch that does not deliver yet, a write that arrives late) without timing.
+pub fn holding(client: Client, default_namespace: &str, hold_if: HoldIf) -> (Client, Hold) {
+    let (released, _) = tokio::sync::watch::channel(false);
+    let hold = Hold {
+        released: Arc::new(released),
+        held: Arc::default(),
+    };
+    let holder = Holder {
+        client,
+        hold_if,
+        hold: hold.clone(),
+    };
+    (Client::new(holder, default_namespace), hold)
+}
