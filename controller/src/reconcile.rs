@@ -326,7 +326,13 @@ async fn converge_children(app: &Subject<'_>, ctx: &Context, report: &Report) ->
             want_deployment,
             live_deployment.clone()
         ),
-        converge(ctx, &owner, Service::KIND, want_service, live_service.clone()),
+        converge(
+            ctx,
+            &owner,
+            Service::KIND,
+            want_service,
+            live_service.clone()
+        ),
         canary_step,
     );
     // A create refused because the name exists: someone took it after our caches last
@@ -334,8 +340,16 @@ async fn converge_children(app: &Subject<'_>, ctx: &Context, report: &Report) ->
     // again, so nothing half-built stays while the name is held; the 409 is retried
     // soon, and by then the foreign object is known and reported as a conflict.
     let refused = [
-        (Deployment::KIND, live_deployment.is_none(), deployment.as_ref().err()),
-        (Service::KIND, live_service.is_none(), service.as_ref().err()),
+        (
+            Deployment::KIND,
+            live_deployment.is_none(),
+            deployment.as_ref().err(),
+        ),
+        (
+            Service::KIND,
+            live_service.is_none(),
+            service.as_ref().err(),
+        ),
         (CANARY_SLOT, live_canary.is_none(), canary.as_ref().err()),
     ]
     .into_iter()

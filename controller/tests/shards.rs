@@ -1170,3 +1170,189 @@ async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_ov
     }
     Ok(())
 }
+
+/// The AppService whose pass is held in the middle.
+const HELD: &str = "held";
+
+/// A drain arriving while the owner's pass of `held` is stopped in the middle, at the
+/// write `hold_if` picks (the owner runs in this process behind a client that holds that
+/// request until released: the timing is made, not hoped for). The pass cannot be
+/// acknowledged while it runs, so the sharder must leave `held` with its owner, and hand
+/// over the rest of the move meanwhile; once the write goes out and the pass ends, the
+/// owner acknowledges and the new shard converges it with the edit. The audit log
+/// shows no object written by two shards at once.
+async fn a_drain_in_the_middle_of_a_pass(
+    hold_if: harness::recording::HoldIf,
+) -> anyhow::Result<()> {
+    let w = world().await?;
+    let others: Vec<String> = (0..6).map(|i| format!("other-{i}")).collect();
+    for name in others.iter().map(String::as_str).chain([HELD]) {
+        create(&w.apps, &app(name, "nginx:1.27", 1)).await?;
+    }
+    // The owner "a", in process, with the User-Agent of a shard (for the audit oracle).
+    let mut config = w.cp.admin_config();
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(&controller::client::shard_user_agent(
+            "appservice-controller",
+            "a",
+        ))?,
+    ));
+    let (client, hold) = harness::holding(kube::Client::try_from(config)?, &w.ns, hold_if);
+    let mut a_config = controller::Config::for_namespace(&w.ns);
+    a_config.sharding = true;
+    a_config.leader_election = true;
+    a_config.identity = Some("a".to_owned());
+    // Held only from the edit on: first a converges everything.
+    hold.release();
+    let a = support::start_controller_hooks(client, a_config, controller::Hooks::default());
+    w.settle(&["a"], 7, Duration::from_secs(120), &[]).await?;
+    eventually("statuses current", Duration::from_secs(60), || async {
+        Ok::<_, harness::poll::Failure>(
+            statuses_current(&w.apps)
+                .await
+                .map_err(failure)?
+                .then_some(()),
+        )
+    })
+    .await?;
+    assert!(
+        hold.held().is_empty(),
+        "held before the edit: {:?}",
+        hold.held()
+    );
+
+    // The edit: a's pass of `held` stops at the held write.
+    hold.arm();
+    w.apps
+        .patch(
+            HELD,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 2}})),
+        )
+        .await?;
+    eventually(
+        "the pass of held at its held write",
+        Duration::from_secs(60),
+        || async { Ok::<_, harness::poll::Failure>((!hold.held().is_empty()).then_some(())) },
+    )
+    .await?;
+
+    // A second shard whose share includes `held` and at least one other.
+    let key = |name: &str| controller::shard::ring::key(&w.ns, name);
+    let b = (0..1000)
+        .map(|i| format!("b-{i}"))
+        .find(|b| {
+            let ring = controller::shard::ring::Ring::new(["a", b.as_str()]);
+            ring.owner(&key(HELD)) == Some(b.as_str())
+                && others
+                    .iter()
+                    .any(|o| ring.owner(&key(o)) == Some(b.as_str()))
+        })
+        .context("no identity takes held and another")?;
+    let ring = controller::shard::ring::Ring::new(["a", b.as_str()]);
+    let moving: Vec<&String> = others
+        .iter()
+        .filter(|o| ring.owner(&key(o)) == Some(b.as_str()))
+        .collect();
+    let shard_b = w.spawn(&b)?;
+    let (owner, drain) = (shard_label(RING), drain_label(RING));
+    // The rest of the move is handed over (b owns them and their children) while `held`
+    // is drained and waits for its owner.
+    eventually(
+        "the others moved while held waits",
+        Duration::from_secs(120),
+        || async {
+            for name in &moving {
+                let app = w.apps.get(name).await.map_err(failure)?;
+                let d = w.deployments.get(name).await.map_err(failure)?;
+                let current = app.status.as_ref().and_then(|s| s.observed_generation)
+                    == app.metadata.generation;
+                if app.labels().get(&owner) != Some(&b)
+                    || d.labels().get(&owner) != Some(&b)
+                    || !current
+                {
+                    return Ok(None);
+                }
+            }
+            let held = w.apps.get(HELD).await.map_err(failure)?;
+            Ok(held.labels().contains_key(&drain).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| tails(&[&shard_b]))?;
+    let held = w.apps.get(HELD).await?;
+    assert_eq!(
+        held.labels().get(&owner).map(String::as_str),
+        Some("a"),
+        "moved during a's pass"
+    );
+    let d = w.deployments.get(HELD).await?;
+    assert_eq!(
+        d.labels().get(&owner).map(String::as_str),
+        Some("a"),
+        "its Deployment moved during a's pass"
+    );
+    let by_b: Vec<Write> = writes(&w.cp.audit_events()?)
+        .into_iter()
+        .filter(|x| {
+            x.shard.as_deref() == Some(b.as_str()) && x.object.ends_with(&format!("/{HELD}"))
+        })
+        .collect();
+    assert!(
+        by_b.is_empty(),
+        "{b} wrote {HELD} during a's pass: {by_b:?}"
+    );
+
+    // The write goes out, the pass ends, a acknowledges, b converges the edit.
+    hold.release();
+    w.settle(&["a", &b], 7, Duration::from_secs(120), &[&shard_b])
+        .await?;
+    eventually(
+        "held converged by its new shard",
+        Duration::from_secs(120),
+        || async {
+            let app = w.apps.get(HELD).await.map_err(failure)?;
+            let d = w.deployments.get(HELD).await.map_err(failure)?;
+            let current =
+                app.status.as_ref().and_then(|s| s.observed_generation) == app.metadata.generation;
+            Ok((current && d.spec.replicas == Some(2)).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| tails(&[&shard_b]))?;
+    let all = writes(&w.cp.audit_events()?);
+    assert!(
+        all.iter()
+            .any(|x| x.shard.as_deref() == Some(b.as_str())
+                && x.object.ends_with(&format!("/{HELD}"))),
+        "{b} never wrote {HELD}: the handover was not exercised"
+    );
+    let violations = interleavings(&all);
+    assert!(
+        violations.is_empty(),
+        "written by two shards at once: {violations:?}"
+    );
+    a.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_drain_while_the_owner_applies_a_child_waits_for_the_pass() -> anyhow::Result<()> {
+    a_drain_in_the_middle_of_a_pass(|r| {
+        r.method() == http::Method::PATCH
+            && r.uri().path().ends_with(&format!("/deployments/{HELD}"))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_drain_while_the_owner_writes_status_waits_for_the_pass() -> anyhow::Result<()> {
+    a_drain_in_the_middle_of_a_pass(|r| {
+        r.method() == http::Method::PATCH
+            && r.uri()
+                .path()
+                .ends_with(&format!("/appservices/{HELD}/status"))
+    })
+    .await
+}

@@ -115,6 +115,11 @@ impl Hold {
         self.released.send_replace(true);
     }
 
+    /// Holds the matching requests again from now on (a hold starts armed).
+    pub fn arm(&self) {
+        self.released.send_replace(false);
+    }
+
     /// `METHOD path?query` of each request held so far (released ones included), at
     /// most [`MAX_RECORDED`].
     pub fn held(&self) -> Vec<String> {
