@@ -40,6 +40,10 @@ pub struct Options {
     /// AppServices, Deployments, Services and Secrets, at Metadata level, JSON lines),
     /// read with [`ControlPlane::audit_events`].
     pub audit_log: bool,
+    /// Turn on the alpha feature gate `ShardedListAndWatch` (lists and watches filtered by
+    /// a hash range, `shardSelector`). With the audit log, it also records every Lease
+    /// write with its request body (the claims of `--sharded-watch` are in the Leases).
+    pub sharded_watch: bool,
 }
 
 impl Options {
@@ -48,6 +52,7 @@ impl Options {
         Self {
             full: false,
             audit_log: false,
+            sharded_watch: false,
         }
     }
 
@@ -56,6 +61,15 @@ impl Options {
         Self {
             full: true,
             audit_log: false,
+            sharded_watch: false,
+        }
+    }
+
+    /// These options with the gate `ShardedListAndWatch` on.
+    pub fn with_sharded_watch(self) -> Self {
+        Self {
+            sharded_watch: true,
+            ..self
         }
     }
 
@@ -85,6 +99,15 @@ rules:
   - group: ""
     resources: ["services", "secrets"]
 - level: None
+"#;
+
+/// The rule [`Options::sharded_watch`] adds before the others: Lease writes with their
+/// request body.
+pub const AUDIT_LEASES_RULE: &str = r#"- level: Request
+  verbs: ["create", "update", "patch"]
+  resources:
+  - group: "coordination.k8s.io"
+    resources: ["leases"]
 "#;
 
 /// Files of one control plane.
@@ -259,7 +282,12 @@ impl ControlPlane {
         let mut apiserver_args = apiserver_args;
         if options.audit_log {
             let policy = cp.paths.root.join("audit-policy.yaml");
-            write(&policy, AUDIT_POLICY)?;
+            let text = if options.sharded_watch {
+                AUDIT_POLICY.replacen("rules:\n", &format!("rules:\n{AUDIT_LEASES_RULE}"), 1)
+            } else {
+                AUDIT_POLICY.to_owned()
+            };
+            write(&policy, &text)?;
             apiserver_args.extend([
                 format!("--audit-policy-file={}", policy.display()),
                 format!("--audit-log-path={}", cp.audit_log_path().display()),
@@ -268,6 +296,9 @@ impl ControlPlane {
                 "--audit-log-mode=blocking".into(),
                 "--audit-log-maxsize=0".into(),
             ]);
+        }
+        if options.sharded_watch {
+            apiserver_args.push("--feature-gates=ShardedListAndWatch=true".into());
         }
         let apiserver = cp.spawn("kube-apiserver", &bin, apiserver_args.clone(), None)?;
         cp.apiserver = (apiserver, apiserver_args);

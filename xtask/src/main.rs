@@ -300,6 +300,7 @@ fn up(full: bool) -> Result<()> {
         let cp = harness::ControlPlane::start(harness::Options {
             full,
             audit_log: false,
+            sharded_watch: false,
         })
         .await
         .doing("starting the control plane")?;
