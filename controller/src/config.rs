@@ -71,6 +71,14 @@ pub struct Config {
     #[arg(long, env = "SHARDING", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub sharding: bool,
 
+    /// With `--sharding`: divide by namespace with the API server's sharded list and watch
+    /// (the alpha feature gate `ShardedListAndWatch`, Kubernetes 1.37+) instead of labels.
+    /// Each member claims hash buckets of namespaces in its Lease and watches only those;
+    /// no sharder runs and no label is written. Coarser (one namespace is one unit), one
+    /// write less per AppService. Not with `--namespace-selector`.
+    #[arg(long, env = "SHARDED_WATCH", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub sharded_watch: bool,
+
     /// The ring of shards (with `--sharding`): the name in the labels and Leases, so two
     /// controller releases can shard side by side.
     #[arg(long, env = "SHARD_RING", default_value = common::names::DEFAULT_SHARD_RING)]
@@ -126,6 +134,7 @@ impl Config {
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
             sharding: false,
+            sharded_watch: false,
             shard_ring: common::names::DEFAULT_SHARD_RING.to_owned(),
             namespace_selector: None,
             rollout_requeue: Duration::from_secs(10),

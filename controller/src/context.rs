@@ -91,6 +91,8 @@ pub struct Context {
     /// Per child, the view our last write of it returned and the resourceVersion that
     /// write replaced, until the cache moves past that version.
     child_writes: Mutex<WrittenOver<ChildKey>>,
+    /// With `--sharded-watch`: the namespace buckets this shard serves.
+    served: Option<Arc<crate::shard::served::Served>>,
 }
 
 /// Writes whose result the cache has not shown yet: per key, the resourceVersion the
@@ -176,7 +178,18 @@ impl Context {
             written: Mutex::default(),
             created: Mutex::default(),
             child_writes: Mutex::default(),
+            served: None,
         }
+    }
+
+    /// With `--sharded-watch`: the buckets this shard serves gate its passes.
+    pub fn with_served(mut self, served: Option<Arc<crate::shard::served::Served>>) -> Self {
+        self.served = served;
+        self
+    }
+
+    pub fn served(&self) -> Option<&Arc<crate::shard::served::Served>> {
+        self.served.as_ref()
     }
 
     pub fn client(&self) -> &Client {

@@ -61,6 +61,14 @@ pub struct Elector {
     fence: Option<Fence>,
     /// Labels of a Lease this candidate creates.
     labels: Option<std::collections::BTreeMap<String, String>>,
+    annotations: Option<Annotations>,
+}
+
+/// Annotations the Lease carries, set by another task: each acquire or renewal writes
+/// the latest `wanted`, and afterwards `written` holds what it wrote.
+pub struct Annotations {
+    pub wanted: watch::Receiver<std::collections::BTreeMap<String, String>>,
+    pub written: watch::Sender<std::collections::BTreeMap<String, String>>,
 }
 
 impl Elector {
@@ -71,6 +79,7 @@ impl Elector {
             observed: None,
             fence: None,
             labels: None,
+            annotations: None,
         }
     }
 
@@ -89,6 +98,19 @@ impl Elector {
 
     /// Runs the election until `shutdown` turns true, publishing leadership on `leading`.
     /// Releases the Lease on shutdown when leading. Returns only on shutdown.
+    /// The Lease carries `annotations` (see [`Annotations`]); a change of the wanted ones
+    /// is written at once rather than at the next renewal.
+    pub fn with_annotations(mut self, annotations: Annotations) -> Self {
+        self.annotations = Some(annotations);
+        self
+    }
+
+    fn wanted_annotations(&mut self) -> Option<std::collections::BTreeMap<String, String>> {
+        self.annotations
+            .as_mut()
+            .map(|a| a.wanted.borrow_and_update().clone())
+    }
+
     pub async fn run(mut self, leading: watch::Sender<bool>, mut shutdown: watch::Receiver<bool>) {
         let id = self.config.identity.clone();
         let mut last_renew: Option<Instant> = None;
@@ -104,9 +126,14 @@ impl Elector {
                 _ => self.config.renew_deadline,
             };
             let sent = Instant::now();
-            let attempt = tokio::time::timeout(budget, self.try_acquire_or_renew()).await;
+            let annotations = self.wanted_annotations();
+            let attempt =
+                tokio::time::timeout(budget, self.try_acquire_or_renew(annotations.as_ref())).await;
             match attempt {
                 Ok(Ok(Attempt::Leading)) => {
+                    if let (Some(a), Some(sent)) = (&self.annotations, annotations) {
+                        a.written.send_replace(sent);
+                    }
                     last_renew = Some(Instant::now());
                     if let Some(fence) = &self.fence {
                         fence.renewed(sent, self.config.renew_deadline, Instant::now());
@@ -137,6 +164,16 @@ impl Elector {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.changed() => {}
+                _ = async {
+                    match self.annotations.as_mut() {
+                        Some(a) => {
+                            if a.wanted.changed().await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending().await,
+                    }
+                } => {}
             }
         }
         if *leading.borrow() {
@@ -151,7 +188,10 @@ impl Elector {
         }
     }
 
-    async fn try_acquire_or_renew(&mut self) -> Result<Attempt, kube::Error> {
+    async fn try_acquire_or_renew(
+        &mut self,
+        annotations: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Result<Attempt, kube::Error> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let id = self.config.identity.clone();
         let duration_secs =
@@ -163,6 +203,7 @@ impl Elector {
                     metadata: ObjectMeta {
                         name: Some(self.config.lease_name.clone()),
                         labels: self.labels.clone(),
+                        annotations: annotations.cloned(),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {
@@ -220,6 +261,13 @@ impl Elector {
             new_spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
         }
         let mut updated = lease;
+        if let Some(wanted) = annotations {
+            updated
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .extend(wanted.clone());
+        }
         updated.spec = Some(new_spec);
         // `replace` sends the resourceVersion we read: if anyone wrote in between, 409.
         match self

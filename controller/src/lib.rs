@@ -106,6 +106,12 @@ pub enum RunError {
     ShardIdentity(String),
     #[error("--namespace-selector needs --sharding: a ring owns the selected namespaces")]
     SelectorWithoutSharding,
+    #[error("--sharded-watch needs --sharding")]
+    ShardedWatchWithoutSharding,
+    #[error(
+        "--sharded-watch does not combine with --namespace-selector yet: run the canary ring with label sharding"
+    )]
+    ShardedWatchWithSelector,
     #[error(
         "this shard's membership Lease lapsed (not renewed within the renew deadline); restart to rejoin the ring"
     )]
@@ -126,6 +132,9 @@ pub struct Hooks {
     /// With sharding: the fence every write passes (`shard::fence`); give the same one to
     /// any other client that writes for this controller (the databases' Secrets).
     pub fence: shard::Fence,
+    /// With `--sharded-watch`: the buckets this shard serves; give the same one to any
+    /// other client that writes for this controller (`shard::served::bounded`).
+    pub served: Arc<shard::served::Served>,
     /// Image verification (`ImagePolicy`); none: images run as written.
     pub images: Option<Arc<images::Verifier>>,
 }
@@ -137,6 +146,7 @@ impl Default for Hooks {
             metrics: Arc::new(metrics::Metrics::default()),
             external: Arc::new(external::NoExternal),
             fence: shard::Fence::default(),
+            served: Arc::default(),
             images: None,
         }
     }
@@ -158,6 +168,12 @@ pub async fn run_with(
     }
     if config.namespace_selector.is_some() && !config.sharding {
         return Err(RunError::SelectorWithoutSharding);
+    }
+    if config.sharded_watch && !config.sharding {
+        return Err(RunError::ShardedWatchWithoutSharding);
+    }
+    if config.sharded_watch && config.namespace_selector.is_some() {
+        return Err(RunError::ShardedWatchWithSelector);
     }
     if config.sharding && !config.leader_election {
         warn!(
@@ -181,6 +197,12 @@ pub async fn run_with(
     } else {
         client
     };
+    // With the sharded watch every write also stays within the buckets this shard serves.
+    let served = (config.sharding && config.sharded_watch).then(|| hooks.served.clone());
+    let client = match &served {
+        Some(served) => shard::served::bounded(client, served.clone(), &config.lease_namespace),
+        None => client,
+    };
     let shard_selector = shard::selector(&config);
     let selected = |labels: String| match &shard_selector {
         Some(shard) => format!("{labels},{shard}"),
@@ -194,7 +216,7 @@ pub async fn run_with(
         .labels(&selected(format!("{LABEL_MANAGED_BY}={MANAGED_BY}")))
         .any_semantic();
     let synced = Arc::new(CacheSync::default());
-    let watch = Watch::new(&client, &config, &synced);
+    let watch = Watch::new(&client, &config, &synced).following(served.clone());
     let (deployments, deployment_stream) =
         watch.cached::<view::DeploymentView, _>(child_config.clone(), |_| {}, |s| &s.deployments);
     let (services, service_stream) =
@@ -268,7 +290,8 @@ pub async fn run_with(
             },
             gate_rx.clone(),
         )
-        .with_ring_leader(leading_rx.clone()),
+        .with_ring_leader(leading_rx.clone())
+        .with_served(served.clone()),
     );
     ctx.metrics().set_leader(*leading_rx.borrow());
 
@@ -324,6 +347,16 @@ pub async fn run_with(
             apps_for_queue,
             queue.clone(),
         ));
+    // With the sharded watch: buckets become usable once every cache has listed them;
+    // their AppServices (and, cheaply, the rest) get a pass then.
+    let controller = match &served {
+        Some(served) => controller.reconcile_all_on(queue::observe_reconcile_all(
+            shard::served::gained(served.subscribe_usable()),
+            apps_for_shard.clone(),
+            queue.clone(),
+        )),
+        None => controller,
+    };
     // Image verification: a policy's change reconciles every AppService, a Namespace's
     // label change those in it.
     let controller = match &verifier {
@@ -365,19 +398,46 @@ pub async fn run_with(
         elector_stop_rx.clone(),
     );
     let (membership, sharder) = if config.sharding {
+        // The sharded watch: the Lease carries this member's claims, and the claims task
+        // (in place of the sharder) follows the ring.
+        let (wanted, written) = (
+            watch::channel(shard::claims::annotations(shard::buckets::Buckets::NONE)).0,
+            watch::channel(std::collections::BTreeMap::new()).0,
+        );
+        let annotations = served.as_ref().map(|_| leader::Annotations {
+            wanted: wanted.subscribe(),
+            written: written.clone(),
+        });
         let membership = shard::start_membership(
             &config,
             &lease_client,
             &identity,
             fence,
+            annotations,
             member_tx,
             elector_stop_rx,
         );
-        let sharder = tokio::spawn(shard::sharder::run(
-            ctx.clone(),
-            leading_rx.clone(),
-            stop_rx.clone(),
-        ));
+        let sharder = match &served {
+            Some(served) => tokio::spawn(
+                shard::claims::Claims {
+                    ctx: ctx.clone(),
+                    lease_client: lease_client.clone(),
+                    identity: identity.clone(),
+                    served: served.clone(),
+                    apps: apps_for_shard.clone(),
+                    wanted,
+                    written: written.subscribe(),
+                    member: member_rx.clone(),
+                    stop: stop_rx.clone(),
+                }
+                .run(),
+            ),
+            None => tokio::spawn(shard::sharder::run(
+                ctx.clone(),
+                leading_rx.clone(),
+                stop_rx.clone(),
+            )),
+        };
         shard::follow_owned(ctx.clone(), apps_for_shard, stop_rx.clone());
         (Some(membership), Some(sharder))
     } else {

@@ -110,11 +110,22 @@ async fn run(args: Args) -> Result<(), Error> {
     let client = controller::client::build_client_as(config, args.rate_limit, metrics.api(), shard)
         .map_err(Error::Client)?;
     // With sharding the databases' writes (their Secrets) pass the same fence.
+    // With the sharded watch they also stay within the namespaces this shard serves.
     let fence = controller::shard::Fence::default();
+    let served = Arc::new(controller::shard::served::Served::default());
     let database_client = if args.config.sharding {
         controller::shard::fenced(client.clone(), fence.clone())
     } else {
         client.clone()
+    };
+    let database_client = if args.config.sharding && args.config.sharded_watch {
+        controller::shard::served::bounded(
+            database_client,
+            served.clone(),
+            &args.config.lease_namespace,
+        )
+    } else {
+        database_client
     };
     info!(
         namespace = args.config.watch_namespace.as_deref().unwrap_or("<all>"),
@@ -144,6 +155,7 @@ async fn run(args: Args) -> Result<(), Error> {
         metrics,
         external: Arc::new(databases),
         fence,
+        served,
         images,
         ..Hooks::default()
     };

@@ -3,8 +3,9 @@
 //! is a metadata-only watch with the same backoff and no cache.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
@@ -15,6 +16,7 @@ use tracing::info;
 
 use crate::config::Config;
 use crate::context::CacheSync;
+use crate::shard::served::{Served, following};
 
 /// Starts the caches of one controller: the client, the watched namespace (or all) and
 /// the flags their initial lists set.
@@ -22,6 +24,8 @@ pub(crate) struct Watch<'a> {
     client: &'a Client,
     config: &'a Config,
     synced: &'a Arc<CacheSync>,
+    /// With `--sharded-watch`: every watch follows the buckets this shard serves.
+    served: Option<Arc<Served>>,
 }
 
 impl<'a> Watch<'a> {
@@ -30,6 +34,44 @@ impl<'a> Watch<'a> {
             client,
             config,
             synced,
+            served: None,
+        }
+    }
+
+    pub(crate) fn following(mut self, served: Option<Arc<Served>>) -> Self {
+        self.served = served;
+        self
+    }
+
+    /// The watch of `K` selected by `watch`, with our backoff: one watch, or with the
+    /// sharded watch one per generation of served buckets.
+    fn watcher<K>(
+        &self,
+        watch: watcher::Config,
+        listed: &Arc<AtomicU64>,
+    ) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + DeserializeOwned
+            + Clone
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let namespace = self.config.watch_namespace.clone();
+        let make = move |client: Client| {
+            watcher(
+                scoped_api::<K>(&client, namespace.as_deref()),
+                watch.clone(),
+            )
+            .backoff(WatchBackoff::default())
+        };
+        match &self.served {
+            Some(served) => {
+                following(served.clone(), self.client.clone(), make, listed.clone()).boxed()
+            }
+            None => make(self.client.clone()).boxed(),
         }
     }
 
@@ -56,14 +98,20 @@ impl<'a> Watch<'a> {
         T: FnMut(&mut K) + Send + 'static,
     {
         let (store, writer) = reflector::store::<K>();
-        let stream = reflector::reflector(
-            writer,
-            watcher(scoped_api::<K>(self.client, self.config), watch)
-                .modify(trim)
-                .backoff(WatchBackoff::default()),
-        )
-        // Marked after the reflector: the store holds the list once the flag says so.
-        .inspect(mark_synced(self.synced.clone(), flag));
+        let listed = Arc::new(AtomicU64::new(0));
+        let cache = std::any::type_name::<K>();
+        if let Some(served) = &self.served {
+            served.register(cache);
+        }
+        let served = self.served.clone();
+        let stream = reflector::reflector(writer, self.watcher(watch, &listed).modify(trim))
+            // Marked after the reflector: the store holds the list once the flag says so.
+            .inspect(mark_synced(self.synced.clone(), flag))
+            .inspect(move |event| {
+                if let (Some(served), Ok(watcher::Event::InitDone)) = (&served, event) {
+                    served.synced(cache, listed.load(Ordering::Acquire));
+                }
+            });
         (store, stream)
     }
 }
@@ -86,12 +134,8 @@ impl Watch<'_> {
             + Sync
             + 'static,
     {
-        watcher(
-            scoped_api::<PartialObjectMeta<K>>(self.client, self.config),
-            watch,
-        )
-        .backoff(WatchBackoff::default())
-        .touched_objects()
+        self.watcher::<PartialObjectMeta<K>>(watch, &Arc::new(AtomicU64::new(0)))
+            .touched_objects()
     }
 }
 
@@ -113,14 +157,14 @@ fn mark_synced<K>(
 }
 
 /// An Api scoped to the watched namespace, or to all namespaces.
-fn scoped_api<K>(client: &Client, config: &Config) -> Api<K>
+fn scoped_api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + DeserializeOwned
         + Clone
         + std::fmt::Debug,
 {
-    match &config.watch_namespace {
+    match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     }

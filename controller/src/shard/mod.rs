@@ -6,17 +6,23 @@
 //! | [`fence`] | the check before every write: this shard's membership Lease is current |
 //! | [`namespaces`] | `--namespace-selector`: the namespaces a ring owns (a canary release) |
 //! | [`sharder`] | run by the ring's leader: labels each AppService and its children with their shard, drains on handover |
+//! | [`buckets`], [`served`], [`claims`] | `--sharded-watch`: namespace hash buckets claimed in the Leases, served through the API server's sharded watch |
 //! | here | the membership Lease, the drain acknowledgement in reconcile, the label on created children, the metrics |
 //!
 //! Each replica holds a membership Lease `<ring>-shard-<identity>` (labelled
 //! `platform.example.com/shard-ring: <ring>`), renewed by [`crate::leader::Elector`] with
 //! the same rules as the leader Lease, and watches only objects labelled
 //! `shard.platform.example.com/<ring>: <identity>`. Off (the default), none of this
-//! runs and the controller is the single leader it always was.
+//! runs and the controller is the single leader it always was. With `--sharded-watch` no
+//! label is used: each member claims buckets of namespaces in its Lease ([`claims`]) and
+//! the API server filters its watches by them ([`served`]).
 
+pub mod buckets;
+pub mod claims;
 pub mod fence;
 pub mod namespaces;
 pub mod ring;
+pub mod served;
 pub mod sharder;
 
 use std::collections::BTreeMap;
@@ -44,10 +50,10 @@ use crate::error::Result;
 use crate::queue::Next;
 
 /// The label this shard puts on the children it creates, so a create already carries
-/// it: `(shard.platform.example.com/<ring>, <identity>)`; none without sharding.
+/// it: `(shard.platform.example.com/<ring>, <identity>)`; none without sharding, and none
+/// with the server-side sharded watch (which selects by namespace, not by label).
 pub fn child_label(config: &Config) -> Option<(String, String)> {
-    config
-        .sharding
+    (config.sharding && !config.sharded_watch)
         .then(|| (shard_label(&config.shard_ring), config.identity()))
 }
 
@@ -72,6 +78,13 @@ pub fn is_label_value(value: &str) -> bool {
 /// makes on it (guarded by the resourceVersion we read). An object not labelled ours (a
 /// cache behind the label's move) is left alone. `None`: go on with the pass.
 pub async fn gate(app: &AppService, ctx: &Context) -> Result<Option<Next>> {
+    // The sharded watch: a pass runs only for a namespace this shard serves, and whose
+    // objects every cache has listed; the claims task lets a bucket go only between
+    // writes, so there is nothing to acknowledge.
+    if let Some(served) = ctx.served() {
+        let namespace = app.namespace().unwrap_or_default();
+        return Ok((!served.usable(&namespace)).then(Next::await_change));
+    }
     let config = ctx.config();
     let Some((label, identity)) = child_label(config) else {
         return Ok(None);
@@ -116,6 +129,7 @@ pub fn start_membership(
     client: &kube::Client,
     identity: &str,
     fence: Fence,
+    annotations: Option<crate::leader::Annotations>,
     member: watch::Sender<bool>,
     stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
@@ -131,8 +145,12 @@ pub fn start_membership(
             retry_period: config.retry_period,
         },
     )
-    .with_fence(fence)
-    .with_labels(BTreeMap::from([(
+    .with_fence(fence);
+    let elector = match annotations {
+        Some(a) => elector.with_annotations(a),
+        None => elector,
+    };
+    let elector = elector.with_labels(BTreeMap::from([(
         LABEL_SHARD_RING.to_owned(),
         config.shard_ring.clone(),
     )]));

@@ -1,0 +1,320 @@
+//! With `--sharded-watch`: which namespace buckets this member serves, agreed with the
+//! other members through their Leases alone.
+//!
+//! Each member's Lease carries the buckets it claims ([`ANNOTATION`], written by its own
+//! renewals). The ring of live members ([`super::buckets::assigned`]) says which buckets
+//! each should serve; a member
+//!
+//! * **lets go** of a bucket the ring gives to another at once: [`Served::release`] shuts
+//!   its writes and waits for those in flight, then the claim leaves the Lease;
+//! * **takes** a bucket the ring gives it only once no live member claims it: it writes
+//!   the claim, then reads every member's Lease again (a quorum read, so it sees any claim
+//!   written before its own), and serves only the buckets nobody else claimed. Of two
+//!   members claiming at once the later always sees the earlier and withdraws.
+//!
+//! A member is live while its Lease has a holder and its record changed within the lease
+//! duration on this process's clock (as the leader election counts it); the claims of a
+//! dead member are void, because its fence ([`super::fence`]) shut its writes before that.
+//! So a bucket is written by at most one member at a time; what it rests on is the fence's
+//! condition, `lease duration > renew deadline + the longest a request takes`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::names::LABEL_SHARD_RING;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::ListParams;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, ResourceExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::buckets::{Buckets, assigned};
+use super::ring::Ring;
+use super::served::Served;
+use crate::context::Context;
+
+/// The annotation of a member's Lease that lists the buckets it claims
+/// ([`Buckets::to_hex`]).
+pub const ANNOTATION: &str = "shard.platform.example.com/buckets";
+
+/// The annotations a member's Lease carries when it claims `buckets`.
+pub fn annotations(buckets: Buckets) -> BTreeMap<String, String> {
+    BTreeMap::from([(ANNOTATION.to_owned(), buckets.to_hex())])
+}
+
+/// What this member knows of one other member.
+#[derive(Debug, Clone)]
+struct Peer {
+    identity: Option<String>,
+    claims: Buckets,
+    version: Option<String>,
+    /// When this process saw the record change last.
+    since: Instant,
+}
+
+/// The other members of the ring, from their Leases, and since when each was seen
+/// unchanged (a record unchanged for the lease duration is a dead member's).
+#[derive(Debug, Default)]
+struct Peers {
+    by_lease: HashMap<String, Peer>,
+}
+
+impl Peers {
+    fn observe(&mut self, leases: &[Arc<Lease>], ours: &str, now: Instant) {
+        let mut seen = HashMap::new();
+        for lease in leases {
+            let name = lease.name_any();
+            if name == ours {
+                continue;
+            }
+            let spec = lease.spec.clone().unwrap_or_default();
+            let identity = spec.holder_identity.filter(|h| !h.is_empty());
+            let claims = claims_of(lease);
+            let version = lease.resource_version();
+            let since = match self.by_lease.get(&name) {
+                Some(p) if p.version == version => p.since,
+                _ => now,
+            };
+            seen.insert(
+                name,
+                Peer {
+                    identity,
+                    claims,
+                    version,
+                    since,
+                },
+            );
+        }
+        self.by_lease = seen;
+    }
+
+    /// The live members and what they claim.
+    fn live(&self, lease_duration: Duration, now: Instant) -> Vec<(&str, Buckets)> {
+        self.by_lease
+            .values()
+            .filter(|p| now.duration_since(p.since) < lease_duration)
+            .filter_map(|p| p.identity.as_deref().map(|id| (id, p.claims)))
+            .collect()
+    }
+}
+
+/// The buckets a Lease claims. One that cannot be read claims every bucket: a member that
+/// does not say what it serves must be assumed to serve everything.
+fn claims_of(lease: &Lease) -> Buckets {
+    match lease.annotations().get(ANNOTATION) {
+        None => Buckets::NONE,
+        Some(v) => Buckets::from_hex(v).unwrap_or_else(|| {
+            warn!(lease = %lease.name_any(), value = %v, "unreadable bucket claim: taken as a claim on every bucket");
+            (0..super::buckets::BUCKETS).fold(Buckets::NONE, Buckets::with)
+        }),
+    }
+}
+
+/// What the claims task needs.
+pub struct Claims {
+    pub ctx: Arc<Context>,
+    pub lease_client: kube::Client,
+    pub identity: String,
+    pub served: Arc<Served>,
+    /// This shard's AppServices (to count those a release hands over).
+    pub apps: reflector::Store<common::AppService>,
+    /// The annotations this member's Lease should carry, and what its last renewal wrote.
+    pub wanted: watch::Sender<BTreeMap<String, String>>,
+    pub written: watch::Receiver<BTreeMap<String, String>>,
+    pub member: watch::Receiver<bool>,
+    pub stop: watch::Receiver<bool>,
+}
+
+impl Claims {
+    /// Follows the ring until `stop`.
+    pub async fn run(mut self) {
+        let config = self.ctx.config().clone();
+        let api: Api<Lease> = Api::namespaced(self.lease_client.clone(), &config.lease_namespace);
+        let selector = format!("{LABEL_SHARD_RING}={}", config.shard_ring);
+        let ours = common::names::shard_lease_name(&config.shard_ring, &self.identity);
+        let (store, writer) = reflector::store();
+        let leases = reflector::reflector(
+            writer,
+            watcher(api.clone(), watcher::Config::default().labels(&selector)).default_backoff(),
+        )
+        .touched_objects()
+        .boxed();
+        let mut leases = leases;
+        let mut peers = Peers::default();
+        // What this member's Lease was last seen to carry (`None`: not known).
+        let mut published: Option<Buckets> = None;
+        loop {
+            tokio::select! {
+                _ = self.stop.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(config.retry_period) => {}
+                event = leases.next() => {
+                    if let Some(Err(e)) = event {
+                        warn!(error = %e, "watching the ring's Leases");
+                    }
+                }
+            }
+            if !*self.member.borrow() || store.wait_until_ready().now_or_never().is_none() {
+                continue;
+            }
+            let now = Instant::now();
+            peers.observe(&store.state(), &ours, now);
+            let live = peers.live(config.lease_duration, now);
+            let ring = Ring::new(
+                live.iter()
+                    .map(|(id, _)| *id)
+                    .chain([self.identity.as_str()]),
+            );
+            self.ctx.metrics().shard().set_members(ring.len());
+            let desired = assigned(&ring, &self.identity);
+
+            let lose = self.served.allowed().minus(desired);
+            if !lose.is_empty() {
+                info!(
+                    buckets = lose.len(),
+                    "letting buckets go: the ring gave them to another member"
+                );
+                self.served.release(lose).await;
+                let handed = self
+                    .apps
+                    .state()
+                    .iter()
+                    .filter(|a| lose.contains_namespace(&a.namespace().unwrap_or_default()))
+                    .count();
+                for _ in 0..handed {
+                    self.ctx.metrics().shard().handover(super::Direction::Out);
+                }
+            }
+            // The Lease says what we serve: after a release, after a contested claim was
+            // withdrawn, or after a write of the claims that did not go through.
+            let serving = self.served.allowed();
+            if published != Some(serving) {
+                published = self.publish(serving, &config).await.then_some(serving);
+                if published.is_none() {
+                    continue;
+                }
+            }
+
+            let others = live.iter().fold(Buckets::NONE, |a, (_, b)| a.union(*b));
+            let take = desired.minus(serving).minus(others);
+            if take.is_empty() {
+                continue;
+            }
+            let claim = serving.union(take);
+            published = self.publish(claim, &config).await.then_some(claim);
+            if published.is_none() {
+                continue;
+            }
+            // A quorum read of every claim written before ours.
+            let contested = match api.list(&ListParams::default().labels(&selector)).await {
+                Ok(list) => {
+                    let fresh: Vec<Arc<Lease>> = list.items.into_iter().map(Arc::new).collect();
+                    let now = Instant::now();
+                    peers.observe(&fresh, &ours, now);
+                    peers
+                        .live(config.lease_duration, now)
+                        .iter()
+                        .fold(Buckets::NONE, |a, (_, b)| a.union(*b))
+                }
+                Err(e) => {
+                    warn!(error = %e, "reading the ring's Leases after a claim; not taking the buckets yet");
+                    continue;
+                }
+            };
+            let won = take.minus(contested);
+            if won != take {
+                info!(
+                    buckets = take.minus(won).len(),
+                    "another member claimed the same buckets at the same time; withdrawing"
+                );
+            }
+            if !won.is_empty() {
+                info!(
+                    buckets = won.len(),
+                    serving = serving.union(won).len(),
+                    "taking buckets no live member claims"
+                );
+                self.served.acquire(won);
+            }
+        }
+    }
+
+    /// Writes `claims` into this member's Lease and waits for a renewal that carried them
+    /// (at most the renew deadline: past it the fence has lapsed anyway).
+    async fn publish(&mut self, claims: Buckets, config: &crate::config::Config) -> bool {
+        let wanted = annotations(claims);
+        self.wanted.send_replace(wanted.clone());
+        let written = tokio::time::timeout(
+            config.renew_deadline,
+            self.written.wait_for(|w| *w == wanted),
+        )
+        .await;
+        matches!(written, Ok(Ok(_)))
+    }
+}
+
+use futures::FutureExt as _;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use kube::api::ObjectMeta;
+
+    fn lease(name: &str, holder: Option<&str>, claims: Option<&str>, rv: &str) -> Arc<Lease> {
+        Arc::new(Lease {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(rv.into()),
+                annotations: claims
+                    .map(|c| BTreeMap::from([(ANNOTATION.to_owned(), c.to_owned())])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(Into::into),
+                ..LeaseSpec::default()
+            }),
+        })
+    }
+
+    #[test]
+    fn a_member_whose_record_stopped_changing_is_dead_and_its_claims_void() {
+        let d = Duration::from_secs(15);
+        let t0 = Instant::now();
+        let mut peers = Peers::default();
+        let b = lease("r-shard-b", Some("b"), Some("0000000000000003"), "1");
+        let ours = lease("r-shard-a", Some("a"), None, "1");
+        peers.observe(&[b.clone(), ours], "r-shard-a", t0);
+        let live = peers.live(d, t0 + Duration::from_secs(14));
+        assert_eq!(
+            live,
+            vec![("b", Buckets::NONE.with(0).with(1))],
+            "ours is not a peer"
+        );
+        // Unchanged for a lease duration: dead.
+        peers.observe(
+            std::slice::from_ref(&b),
+            "r-shard-a",
+            t0 + Duration::from_secs(10),
+        );
+        assert!(peers.live(d, t0 + Duration::from_secs(15)).is_empty());
+        // Renewed: live again, counted from when we saw the change.
+        let renewed = lease("r-shard-b", Some("b"), Some("0000000000000003"), "2");
+        peers.observe(&[renewed], "r-shard-a", t0 + Duration::from_secs(16));
+        assert_eq!(peers.live(d, t0 + Duration::from_secs(30)).len(), 1);
+        // Released (no holder): not a member.
+        let released = lease("r-shard-b", None, Some("0000000000000003"), "3");
+        peers.observe(&[released], "r-shard-a", t0 + Duration::from_secs(31));
+        assert!(peers.live(d, t0 + Duration::from_secs(31)).is_empty());
+    }
+
+    #[test]
+    fn an_unreadable_claim_claims_every_bucket() {
+        let l = lease("x", Some("x"), Some("not-hex"), "1");
+        assert_eq!(claims_of(&l).len(), super::super::buckets::BUCKETS);
+        assert_eq!(claims_of(&lease("x", Some("x"), None, "1")), Buckets::NONE);
+    }
+}

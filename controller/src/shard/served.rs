@@ -1,0 +1,447 @@
+//! What one shard serves with `--sharded-watch`: the namespace buckets its watches select
+//! and its writes may touch ([`super::buckets`]), shared by the claims task
+//! ([`super::claims`]) that changes them, the watches that follow them, the fence that
+//! checks every write against them, and the gate at the top of each pass.
+//!
+//! The order of a release is what makes a handover safe: first the buckets leave
+//! `allowed` (the fence refuses every later write to them and the gate every later pass),
+//! then [`Served::release`] waits until no write to them is in flight, and only then does
+//! the claims task take them out of the Lease, where another member may see them free. An
+//! acquired bucket is usable by passes only once every cache has listed it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::{Stream, StreamExt};
+use http::{Method, Request};
+use kube::client::Body;
+use kube::runtime::watcher;
+use tokio::sync::{Notify, watch};
+
+use super::buckets::{BUCKETS, Buckets, bucket};
+
+/// One generation of watches: every change of the watched buckets starts a new one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Generation {
+    pub number: u64,
+    pub buckets: Buckets,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Writes (and passes) may touch these buckets.
+    allowed: Buckets,
+    /// Writes under way, per bucket.
+    in_flight: Vec<u32>,
+    /// The buckets of each generation not yet listed by every cache.
+    generations: BTreeMap<u64, Buckets>,
+    /// Per cache, the last generation whose initial list is in its store.
+    synced: BTreeMap<&'static str, u64>,
+}
+
+/// Shared by everything that follows the served buckets.
+#[derive(Debug)]
+pub struct Served {
+    inner: Mutex<Inner>,
+    drained: Notify,
+    watched: watch::Sender<Generation>,
+    /// The buckets passes may run for: allowed, and listed by every cache.
+    usable: watch::Sender<Buckets>,
+}
+
+impl Default for Served {
+    fn default() -> Self {
+        Served {
+            inner: Mutex::new(Inner {
+                in_flight: vec![0; BUCKETS as usize],
+                generations: BTreeMap::from([(0, Buckets::NONE)]),
+                ..Inner::default()
+            }),
+            drained: Notify::new(),
+            watched: watch::channel(Generation::default()).0,
+            usable: watch::channel(Buckets::NONE).0,
+        }
+    }
+}
+
+impl Served {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The buckets writes may touch now.
+    pub fn allowed(&self) -> Buckets {
+        self.lock().allowed
+    }
+
+    /// The buckets the watches select now.
+    pub fn watched(&self) -> Buckets {
+        self.watched.borrow().buckets
+    }
+
+    /// Whether a pass may run for an object in `namespace`.
+    pub fn usable(&self, namespace: &str) -> bool {
+        self.usable.borrow().contains_namespace(namespace)
+    }
+
+    /// Changes of [`Self::usable`]: each time buckets become usable, their objects need a
+    /// pass (the caches listed them before the gate let passes through).
+    pub fn subscribe_usable(&self) -> watch::Receiver<Buckets> {
+        self.usable.subscribe()
+    }
+
+    pub(crate) fn subscribe_watched(&self) -> watch::Receiver<Generation> {
+        self.watched.subscribe()
+    }
+
+    /// Takes `buckets` on: writes to them are allowed at once, the watches switch to the
+    /// new set, and passes run for them once every cache has listed them.
+    pub fn acquire(&self, buckets: Buckets) {
+        let mut inner = self.lock();
+        inner.allowed = inner.allowed.union(buckets);
+        let next = self.watched().union(buckets);
+        self.switch(&mut inner, next);
+    }
+
+    /// Lets `buckets` go: from now on the fence refuses writes to them and the gate
+    /// passes; completes once no write to them is in flight any more. The watches then
+    /// drop them.
+    pub async fn release(&self, buckets: Buckets) {
+        {
+            let mut inner = self.lock();
+            inner.allowed = inner.allowed.minus(buckets);
+            self.update_usable(&mut inner);
+        }
+        loop {
+            let drained = self.drained.notified();
+            let busy = {
+                let inner = self.lock();
+                buckets
+                    .iter()
+                    .any(|b| inner.in_flight.get(b as usize).is_some_and(|n| *n > 0))
+            };
+            if !busy {
+                break;
+            }
+            drained.await;
+        }
+        let mut inner = self.lock();
+        let next = self.watched().minus(buckets);
+        self.switch(&mut inner, next);
+    }
+
+    fn switch(&self, inner: &mut Inner, buckets: Buckets) {
+        let number = self.watched.borrow().number + 1;
+        inner.generations.insert(number, buckets);
+        self.watched.send_replace(Generation { number, buckets });
+        self.update_usable(inner);
+    }
+
+    /// A cache (each registers once, before its first list) has listed `generation`.
+    pub(crate) fn synced(&self, cache: &'static str, generation: u64) {
+        let mut inner = self.lock();
+        inner.synced.insert(cache, generation);
+        self.update_usable(&mut inner);
+    }
+
+    pub(crate) fn register(&self, cache: &'static str) {
+        self.lock().synced.entry(cache).or_insert(0);
+    }
+
+    fn update_usable(&self, inner: &mut Inner) {
+        // What every cache has listed: the buckets of each one's last listed generation.
+        let listed = inner
+            .synced
+            .values()
+            .map(|g| inner.generations.get(g).copied().unwrap_or(Buckets::NONE))
+            .reduce(Buckets::intersection)
+            .unwrap_or(Buckets::NONE);
+        let usable = inner.allowed.intersection(listed);
+        // Generations older than every cache's are done with.
+        if let Some(oldest) = inner.synced.values().min().copied() {
+            inner.generations = inner.generations.split_off(&oldest);
+        }
+        self.usable.send_if_modified(|u| {
+            let changed = *u != usable;
+            *u = usable;
+            changed
+        });
+    }
+
+    /// Counts a write to `namespace` as in flight while the guard lives; `None` if the
+    /// bucket is not allowed (the write must not be sent).
+    pub fn begin_write(self: &Arc<Self>, namespace: &str) -> Option<WriteGuard> {
+        let b = bucket(namespace);
+        let mut inner = self.lock();
+        if !inner.allowed.contains(b) {
+            return None;
+        }
+        if let Some(n) = inner.in_flight.get_mut(b as usize) {
+            *n += 1;
+        }
+        Some(WriteGuard {
+            served: self.clone(),
+            bucket: b,
+        })
+    }
+}
+
+/// A write in flight (see [`Served::begin_write`]).
+pub struct WriteGuard {
+    served: Arc<Served>,
+    bucket: u32,
+}
+
+impl Drop for WriteGuard {
+    fn drop(&mut self) {
+        let mut inner = self.served.lock();
+        if let Some(n) = inner.in_flight.get_mut(self.bucket as usize) {
+            *n = n.saturating_sub(1);
+        }
+        drop(inner);
+        self.served.drained.notify_waiters();
+    }
+}
+
+/// The namespace a request's path names (`/api/v1/namespaces/<ns>/…` or
+/// `/apis/<group>/<version>/namespaces/<ns>/…`), if it names an object in one. A request
+/// for the Namespace object itself names none.
+pub fn namespace_of(path: &str) -> Option<&str> {
+    let mut parts = path.trim_start_matches('/').split('/');
+    let skip = match parts.next()? {
+        "api" => 1,
+        "apis" => 2,
+        _ => return None,
+    };
+    let mut parts = parts.skip(skip);
+    if parts.next()? != "namespaces" {
+        return None;
+    }
+    let namespace = parts.next()?;
+    parts.next()?;
+    Some(namespace).filter(|n| !n.is_empty())
+}
+
+/// Why a write was not sent.
+#[derive(Debug, thiserror::Error)]
+#[error("namespace {0:?} is not served by this shard (its bucket was handed over); write not sent")]
+pub struct NotServed(pub String);
+
+/// `client` with every write to a namespaced object checked against the served buckets
+/// right before it is sent, and counted while in flight (reads pass untouched). Writes in
+/// `own` (the operator's namespace: its Leases, the databases' admin Secrets) are not
+/// AppServices' and pass.
+pub fn bounded(client: kube::Client, served: Arc<Served>, own: &str) -> kube::Client {
+    let namespace = client.default_namespace().to_owned();
+    let own = own.to_owned();
+    let service = tower::service_fn(move |req: Request<Body>| {
+        let client = client.clone();
+        let served = served.clone();
+        let own = own.clone();
+        async move {
+            let write = super::fence::guarded(&req);
+            let guard = match namespace_of(req.uri().path()) {
+                Some(ns) if write && ns != own => match served.begin_write(ns) {
+                    Some(guard) => Some(guard),
+                    None => return Err(kube::Error::Service(Box::new(NotServed(ns.to_owned())))),
+                },
+                _ => None,
+            };
+            let response = client.send(req).await;
+            drop(guard);
+            response
+        }
+    });
+    kube::Client::new(service, namespace)
+}
+
+/// `client` with `shardSelector` added to every list and watch: the API server sends only
+/// objects whose namespace is in `buckets` (which must not be empty).
+pub fn selecting(client: kube::Client, selector: String) -> kube::Client {
+    let namespace = client.default_namespace().to_owned();
+    let encoded: String = form_urlencoded::byte_serialize(selector.as_bytes()).collect();
+    let service = tower::service_fn(move |mut req: Request<Body>| {
+        let client = client.clone();
+        if req.method() == Method::GET
+            && let Some(uri) = with_selector(req.uri(), &encoded)
+        {
+            *req.uri_mut() = uri;
+        }
+        async move { client.send(req).await }
+    });
+    kube::Client::new(service, namespace)
+}
+
+fn with_selector(uri: &http::Uri, encoded: &str) -> Option<http::Uri> {
+    let joined = match uri.query() {
+        Some(q) => format!("{}?{q}&shardSelector={encoded}", uri.path()),
+        None => format!("{}?shardSelector={encoded}", uri.path()),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = joined.parse().ok();
+    http::Uri::from_parts(parts).ok()
+}
+
+/// A watch that follows the served buckets: `make(client)` is started for each
+/// generation with a client selecting its buckets, and replaced (a fresh list, so the
+/// reflector's store holds exactly the new set) when they change. No bucket: an empty
+/// list, then nothing. `listed` receives each generation's number just before its
+/// `InitDone` goes out.
+pub(crate) fn following<K, S, F>(
+    served: Arc<Served>,
+    client: kube::Client,
+    make: F,
+    listed: Arc<std::sync::atomic::AtomicU64>,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: Send + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    F: Fn(kube::Client) -> S + Send + 'static,
+{
+    type Current<K> =
+        futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+    let rx = served.subscribe_watched();
+    let start = move |generation: Generation| -> Current<K> {
+        match generation.buckets.selector() {
+            Some(selector) => make(selecting(client.clone(), selector)).boxed(),
+            None => futures::stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
+                .chain(futures::stream::pending())
+                .boxed(),
+        }
+    };
+    // The state holds `served`, so the sender of `rx` outlives the stream.
+    let state = (rx, None::<(u64, Current<K>)>, start, (listed, served));
+    futures::stream::unfold(
+        state,
+        |(mut rx, mut current, start, (listed, served))| async move {
+            loop {
+                let (number, stream) = match current.as_mut() {
+                    Some((n, s)) => (*n, s),
+                    None => {
+                        let generation = *rx.borrow_and_update();
+                        let stream = current.insert((generation.number, start(generation)));
+                        (stream.0, &mut stream.1)
+                    }
+                };
+                tokio::select! {
+                    item = stream.next() => {
+                        let item = item?;
+                        if let Ok(watcher::Event::InitDone) = item {
+                            listed.store(number, std::sync::atomic::Ordering::Release);
+                        }
+                        return Some((item, (rx, current, start, (listed, served))));
+                    }
+                    changed = rx.changed() => {
+                        if changed.is_ok() {
+                            current = None;
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// Yields each time buckets become usable.
+pub fn gained(usable: watch::Receiver<Buckets>) -> impl Stream<Item = ()> + Send {
+    futures::stream::unfold((usable, Buckets::NONE), |(mut rx, mut before)| async move {
+        loop {
+            rx.changed().await.ok()?;
+            let now = *rx.borrow_and_update();
+            let more = !now.minus(before).is_empty();
+            before = now;
+            if more {
+                return Some(((), (rx, before)));
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_namespace_of_a_path() {
+        assert_eq!(namespace_of("/api/v1/namespaces/a/services/x"), Some("a"));
+        assert_eq!(namespace_of("/api/v1/namespaces/a/events"), Some("a"));
+        assert_eq!(
+            namespace_of("/apis/platform.example.com/v1beta1/namespaces/t-1/appservices/x/status"),
+            Some("t-1")
+        );
+        assert_eq!(
+            namespace_of("/api/v1/namespaces/a"),
+            None,
+            "the Namespace itself"
+        );
+        assert_eq!(
+            namespace_of("/apis/platform.example.com/v1beta1/imagepolicies/p"),
+            None
+        );
+        assert_eq!(namespace_of("/healthz"), None);
+    }
+
+    #[test]
+    fn the_selector_joins_the_query() {
+        let uri: http::Uri = "/apis/apps/v1/deployments?watch=true&labelSelector=a%3Db"
+            .parse()
+            .unwrap();
+        let got = with_selector(&uri, "x%27").unwrap();
+        assert_eq!(
+            got.to_string(),
+            "/apis/apps/v1/deployments?watch=true&labelSelector=a%3Db&shardSelector=x%27"
+        );
+        let bare: http::Uri = "/api/v1/secrets".parse().unwrap();
+        assert_eq!(
+            with_selector(&bare, "y").unwrap().to_string(),
+            "/api/v1/secrets?shardSelector=y"
+        );
+    }
+
+    fn served_with_caches() -> Arc<Served> {
+        let s = Arc::new(Served::default());
+        s.register("a");
+        s.register("b");
+        s
+    }
+
+    #[test]
+    fn acquired_buckets_are_usable_once_every_cache_listed_them() {
+        let s = served_with_caches();
+        let b = Buckets::NONE.with(bucket("team-a"));
+        s.acquire(b);
+        assert!(
+            s.begin_write("team-a").is_some(),
+            "writes are allowed at once"
+        );
+        assert!(!s.usable("team-a"));
+        s.synced("a", 1);
+        assert!(!s.usable("team-a"), "cache b has not listed it");
+        s.synced("b", 1);
+        assert!(s.usable("team-a"));
+    }
+
+    #[tokio::test]
+    async fn a_release_shuts_writes_at_once_and_waits_for_those_in_flight() {
+        let s = served_with_caches();
+        let b = Buckets::NONE.with(bucket("team-a"));
+        s.acquire(b);
+        s.synced("a", 1);
+        s.synced("b", 1);
+        let guard = s.begin_write("team-a").unwrap();
+        let release = tokio::spawn({
+            let s = s.clone();
+            async move { s.release(b).await }
+        });
+        while s.allowed().contains_namespace("team-a") {
+            tokio::task::yield_now().await;
+        }
+        assert!(s.begin_write("team-a").is_none(), "no new write");
+        assert!(!s.usable("team-a"), "no new pass");
+        assert!(!release.is_finished());
+        assert!(s.watched().contains_namespace("team-a"), "still watched");
+        drop(guard);
+        release.await.unwrap();
+        assert!(!s.watched().contains_namespace("team-a"));
+    }
+}
