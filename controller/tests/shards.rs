@@ -1356,3 +1356,442 @@ async fn a_drain_while_the_owner_writes_status_waits_for_the_pass() -> anyhow::R
     })
     .await
 }
+
+// --- The server-side sharded watch (`--sharded-watch`, gate `ShardedListAndWatch`) ---
+//
+// Shards by namespace: each member claims hash buckets in its Lease and the API server
+// filters its watches. No label marks a handover, so the oracle reads the claims from
+// the audit log (Lease writes with their bodies) and requires, per bucket, that every
+// shard's write fell inside a claim of that shard, and that the claims under which two
+// shards wrote never overlapped in time.
+
+use controller::shard::buckets::{Buckets, assigned, bucket};
+use controller::shard::claims::ANNOTATION;
+use k8s_openapi::jiff::Timestamp;
+
+const SW_NAMESPACES: usize = 16;
+const SW_PER_NAMESPACE: usize = 3;
+/// The shipped renew deadline: a member's writes end within it after its last renewal.
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+
+struct ShardedWorld {
+    cp: ControlPlane,
+    leases: harness::TestNamespace,
+    namespaces: Vec<harness::TestNamespace>,
+    dir: tempfile::TempDir,
+}
+
+impl ShardedWorld {
+    async fn start() -> anyhow::Result<ShardedWorld> {
+        init();
+        let cp =
+            ControlPlane::start(Options::plain().with_audit_log().with_sharded_watch()).await?;
+        let leases = cp.namespace_with_prefix("sw-leases").await?;
+        let mut namespaces = Vec::new();
+        for i in 0..SW_NAMESPACES {
+            namespaces.push(cp.namespace_with_prefix(&format!("sw{i:02}")).await?);
+        }
+        Ok(ShardedWorld {
+            cp,
+            leases,
+            namespaces,
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    /// A shard watching every namespace, its Lease in the lease namespace.
+    fn spawn(&self, identity: &str) -> anyhow::Result<Shard> {
+        Shard::spawn(
+            self.cp.kubeconfig_path(),
+            &["--sharded-watch", "--lease-namespace", self.leases.as_ref()],
+            identity,
+            self.dir.path(),
+        )
+    }
+
+    fn apps(&self) -> Vec<(Api<AppService>, String)> {
+        self.namespaces
+            .iter()
+            .flat_map(|ns| {
+                (0..SW_PER_NAMESPACE).map(move |i| {
+                    (
+                        Api::namespaced(self.cp.client(), ns.as_ref()),
+                        format!("app-{i}"),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Once the live members' Leases claim exactly what the ring gives each (every
+    /// bucket claimed once) and every AppService is converged: the claims.
+    async fn settle(
+        &self,
+        live: &[&str],
+        timeout: Duration,
+        shards: &[&Shard],
+    ) -> anyhow::Result<BTreeMap<String, Buckets>> {
+        let leases: Api<Lease> = Api::namespaced(self.cp.client(), self.leases.as_ref());
+        let apps = self.apps();
+        eventually(
+            &format!("claimed by {live:?} and converged"),
+            timeout,
+            || async {
+                let ring = controller::shard::ring::Ring::new(live.iter().copied());
+                let mut claims = BTreeMap::new();
+                for id in live {
+                    let lease = leases
+                        .get_opt(&common::names::shard_lease_name(RING, id))
+                        .await
+                        .map_err(failure)?;
+                    let claimed = lease
+                        .as_ref()
+                        .and_then(|l| l.annotations().get(ANNOTATION))
+                        .and_then(|v| Buckets::from_hex(v));
+                    if claimed != Some(assigned(&ring, id)) {
+                        return Ok(None);
+                    }
+                    claims.insert((*id).to_owned(), assigned(&ring, id));
+                }
+                for (api, name) in &apps {
+                    let app = api.get(name).await.map_err(failure)?;
+                    let current = app.status.as_ref().and_then(|s| s.observed_generation)
+                        == app.metadata.generation;
+                    let deployments: Api<Deployment> =
+                        Api::namespaced(self.cp.client(), &app.namespace().unwrap_or_default());
+                    let replicas = deployments
+                        .get_opt(name)
+                        .await
+                        .map_err(failure)?
+                        .map(|d| d.spec)
+                        .and_then(|s| s.replicas);
+                    if !current || replicas != app.spec.replicas {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(claims))
+            },
+        )
+        .await
+        .with_context(|| tails(shards))
+    }
+}
+
+/// Edits AppServices across namespaces until stopped (at most `max` edits).
+fn editing(
+    apps: Vec<(Api<AppService>, String)>,
+    stop: Arc<AtomicBool>,
+    edits: Arc<AtomicU64>,
+    max: u64,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut i: u64 = 0;
+        while !stop.load(Ordering::Relaxed) && i < max {
+            let (api, name) = &apps[(i as usize * 7) % apps.len()];
+            let patch = serde_json::json!({"spec": {"replicas": 1 + (i % 3) as i32}});
+            if api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .is_ok()
+            {
+                edits.fetch_add(1, Ordering::Relaxed);
+            }
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    })
+}
+
+fn stamp(e: &serde_json::Value, field: &str) -> Option<Timestamp> {
+    e[field].as_str()?.parse().ok()
+}
+
+fn shard_of(e: &serde_json::Value) -> Option<String> {
+    let ua = e["userAgent"].as_str()?;
+    ua.split_once("shard/").map(|(_, id)| id.to_owned())
+}
+
+/// A span of time one member claimed one bucket, from the Lease writes the API server
+/// recorded: from the end of the write that added it to the start of the one that
+/// removed it (or released the Lease); still claimed at the end of the log, until the
+/// renew deadline after its last renewal (its fence shut its writes by then).
+#[derive(Debug, Clone)]
+struct ClaimSpan {
+    member: String,
+    bucket: u32,
+    from: Timestamp,
+    until: Timestamp,
+}
+
+fn claim_spans(events: &[serde_json::Value], lease_ns: &str) -> Vec<ClaimSpan> {
+    let mut by_member: BTreeMap<String, Vec<(Timestamp, Timestamp, Option<Buckets>)>> =
+        BTreeMap::new();
+    for e in events {
+        let r = &e["objectRef"];
+        if r["resource"] != "leases" || r["namespace"] != lease_ns {
+            continue;
+        }
+        if !e["responseStatus"]["code"]
+            .as_u64()
+            .is_some_and(|c| (200..300).contains(&c))
+        {
+            continue;
+        }
+        let (Some(member), Some(received), Some(done)) = (
+            shard_of(e),
+            stamp(e, "requestReceivedTimestamp"),
+            stamp(e, "stageTimestamp"),
+        ) else {
+            continue;
+        };
+        if r["name"].as_str() != Some(&common::names::shard_lease_name(RING, &member)) {
+            continue;
+        }
+        let body = &e["requestObject"];
+        let held = body["spec"]["holderIdentity"].as_str() == Some(member.as_str());
+        let claims = body["metadata"]["annotations"][ANNOTATION]
+            .as_str()
+            .and_then(Buckets::from_hex)
+            .filter(|_| held);
+        by_member
+            .entry(member)
+            .or_default()
+            .push((received, done, claims));
+    }
+    let mut spans = Vec::new();
+    for (member, mut writes) in by_member {
+        writes.sort_by_key(|w| w.1);
+        let last = writes.last().map(|w| w.0);
+        let mut open: BTreeMap<u32, Timestamp> = BTreeMap::new();
+        for (received, done, claims) in &writes {
+            let claims = claims.unwrap_or(Buckets::NONE);
+            for b in open.keys().copied().collect::<Vec<_>>() {
+                if !claims.contains(b) {
+                    let from = open.remove(&b).unwrap();
+                    spans.push(ClaimSpan {
+                        member: member.clone(),
+                        bucket: b,
+                        from,
+                        until: *received,
+                    });
+                }
+            }
+            for b in claims.iter() {
+                open.entry(b).or_insert(*done);
+            }
+        }
+        let end = last.unwrap() + RENEW_DEADLINE;
+        for (b, from) in open {
+            spans.push(ClaimSpan {
+                member: member.clone(),
+                bucket: b,
+                from,
+                until: end,
+            });
+        }
+    }
+    spans
+}
+
+/// The oracle on the API server's record. Returns (writes checked, violations).
+fn claim_violations(events: &[serde_json::Value], lease_ns: &str) -> (usize, Vec<String>) {
+    let spans = claim_spans(events, lease_ns);
+    let mut violations = Vec::new();
+    let mut checked = 0;
+    // The spans under which each member wrote, per bucket.
+    let mut used: BTreeMap<(u32, String), Vec<(Timestamp, Timestamp)>> = BTreeMap::new();
+    for e in events {
+        let r = &e["objectRef"];
+        if r["resource"] == "leases" || e["stage"] != "ResponseComplete" {
+            continue;
+        }
+        if !e["responseStatus"]["code"]
+            .as_u64()
+            .is_some_and(|c| (200..300).contains(&c))
+        {
+            continue;
+        }
+        let (Some(member), Some(ns), Some(received), Some(done)) = (
+            shard_of(e),
+            r["namespace"]
+                .as_str()
+                .filter(|n| !n.is_empty() && *n != lease_ns),
+            stamp(e, "requestReceivedTimestamp"),
+            stamp(e, "stageTimestamp"),
+        ) else {
+            continue;
+        };
+        checked += 1;
+        let b = bucket(ns);
+        let span = spans
+            .iter()
+            .find(|s| s.member == member && s.bucket == b && s.from <= received && done <= s.until);
+        match span {
+            Some(s) => used.entry((b, member)).or_default().push((s.from, s.until)),
+            None => violations.push(format!(
+                "{member} wrote {}/{ns}/{} at {received} outside its claims on bucket {b}",
+                r["resource"].as_str().unwrap_or(""),
+                r["name"].as_str().unwrap_or("")
+            )),
+        }
+    }
+    for ((b, x), xs) in &used {
+        for ((b2, y), ys) in &used {
+            if b != b2 || x >= y {
+                continue;
+            }
+            for (xf, xu) in xs {
+                for (yf, yu) in ys {
+                    if xf < yu && yf < xu {
+                        violations.push(format!(
+                            "bucket {b}: {x} wrote under a claim {xf}..{xu} overlapping {y}'s {yf}..{yu}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    violations.sort();
+    violations.dedup();
+    (checked, violations)
+}
+
+#[tokio::test]
+async fn the_sharded_watch_hands_namespaces_over_through_joins_a_kill_and_a_freeze()
+-> anyhow::Result<()> {
+    let w = ShardedWorld::start().await?;
+    let lease_ns = w.leases.to_string();
+    let apps = w.apps();
+    for (api, name) in &apps {
+        create(api, &app(name, "nginx:1.27", 1)).await?;
+    }
+
+    // The API server filters by the hash we compute: the AppServices of one bucket are
+    // exactly those of the namespaces in it.
+    let first = w.namespaces[0].to_string();
+    let one = Buckets::NONE.with(bucket(&first));
+    let selected = controller::shard::served::selecting(w.cp.client(), one.selector().unwrap());
+    let listed: Vec<String> = Api::<AppService>::all(selected)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|a| a.namespace().unwrap_or_default())
+        .collect();
+    let expected = w
+        .namespaces
+        .iter()
+        .filter(|n| bucket(n.as_ref()) == bucket(&first))
+        .count()
+        * SW_PER_NAMESPACE;
+    assert_eq!(listed.len(), expected, "{listed:?}");
+    assert!(
+        listed.iter().all(|n| bucket(n) == bucket(&first)),
+        "{listed:?}"
+    );
+    let used: std::collections::BTreeSet<u32> =
+        w.namespaces.iter().map(|n| bucket(n.as_ref())).collect();
+    eprintln!("{SW_NAMESPACES} namespaces in {} buckets", used.len());
+
+    let a = w.spawn("shard-a")?;
+    let t = Instant::now();
+    w.settle(&["shard-a"], Duration::from_secs(120), &[&a])
+        .await?;
+    eprintln!("1 shard: settled in {:?}", t.elapsed());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let edits = Arc::new(AtomicU64::new(0));
+    let editor = editing(apps.clone(), stop.clone(), edits.clone(), 4000);
+
+    under_load(&edits, 20).await?;
+    let b = w.spawn("shard-b")?;
+    let t = Instant::now();
+    let two = w
+        .settle(&["shard-a", "shard-b"], Duration::from_secs(120), &[&a, &b])
+        .await?;
+    eprintln!(
+        "1→2: settled in {:?}, buckets {:?}",
+        t.elapsed(),
+        two.values().map(|b| b.len()).collect::<Vec<_>>()
+    );
+
+    under_load(&edits, 20).await?;
+    let c = w.spawn("shard-c")?;
+    let t = Instant::now();
+    w.settle(
+        &["shard-a", "shard-b", "shard-c"],
+        Duration::from_secs(120),
+        &[&a, &b, &c],
+    )
+    .await?;
+    eprintln!("2→3: settled in {:?}", t.elapsed());
+
+    // SIGKILL b: no release; its buckets are taken once its Lease expired.
+    under_load(&edits, 20).await?;
+    let mut b = b;
+    b.signal("KILL")?;
+    let _ = b.child.wait().await;
+    let t = Instant::now();
+    w.settle(&["shard-a", "shard-c"], Duration::from_secs(120), &[&a, &c])
+        .await?;
+    let taken = t.elapsed();
+    eprintln!("SIGKILL shard-b: settled in {taken:?}");
+    assert!(
+        taken <= LEASE * 2 + Duration::from_secs(10),
+        "taken over in {taken:?}"
+    );
+
+    // SIGSTOP c past its lease: a takes everything; on SIGCONT c writes nothing and leaves.
+    under_load(&edits, 20).await?;
+    let mut c = c;
+    c.signal("STOP")?;
+    let stopped_at = Timestamp::try_from(SystemTime::now())?;
+    w.settle(&["shard-a"], Duration::from_secs(120), &[&a])
+        .await?;
+    c.signal("CONT")?;
+    let status = tokio::time::timeout(Duration::from_secs(40), c.child.wait())
+        .await
+        .context("the resumed shard did not stop")??;
+    assert!(!status.success(), "a lapsed shard exits with an error");
+
+    stop.store(true, Ordering::Relaxed);
+    editor.await?;
+    w.settle(&["shard-a"], Duration::from_secs(120), &[&a])
+        .await?;
+
+    let events = w.cp.audit_events()?;
+    let after_freeze: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["objectRef"]["resource"] != "leases")
+        .filter(|e| shard_of(e).as_deref() == Some("shard-c"))
+        .filter(|e| stamp(e, "requestReceivedTimestamp").is_some_and(|t| t > stopped_at))
+        .collect();
+    assert!(
+        after_freeze.is_empty(),
+        "the frozen shard wrote after it resumed: {after_freeze:?}"
+    );
+    let (checked, violations) = claim_violations(&events, &lease_ns);
+    eprintln!("oracle: {checked} shard writes checked against the claims");
+    assert!(
+        checked > apps.len() * 3,
+        "the shards' writes are in the audit log"
+    );
+    for id in ["shard-b", "shard-c"] {
+        assert!(
+            events
+                .iter()
+                .any(|e| e["objectRef"]["resource"] != "leases"
+                    && shard_of(e).as_deref() == Some(id)),
+            "{id} never wrote: no handover was exercised"
+        );
+    }
+    assert!(
+        violations.is_empty(),
+        "{} violations: {violations:#?}",
+        violations.len()
+    );
+    let mut a = a;
+    a.signal("TERM")?;
+    let _ = tokio::time::timeout(Duration::from_secs(40), a.child.wait()).await;
+    Ok(())
+}
