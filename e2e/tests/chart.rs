@@ -2602,6 +2602,35 @@ fn sharding_is_off_by_default_and_on_adds_its_flags_and_rbac() {
     );
     assert_eq!(app_verbs(&off), json!(["get", "list", "watch", "patch"]));
     assert_eq!(value("SHARD_RING"), Some(json!("blue")));
+    // The label mode unless the server-side sharded watch is asked for.
+    assert_eq!(value("SHARDED_WATCH"), None);
+    let watch = template(
+        "ops",
+        &[
+            "controller.sharding.enabled=true".into(),
+            "controller.sharding.shardedWatch=true".into(),
+        ],
+    );
+    assert!(env_names(&watch).contains(&"SHARDED_WATCH".to_owned()));
+    // It divides namespaces by hash, so it cannot also follow a namespace selector.
+    let (ok, _, stderr) = run_helm(&[
+        "template",
+        RELEASE,
+        chart_dir().to_str().unwrap(),
+        "--set",
+        "controller.sharding.enabled=true",
+        "--set",
+        "controller.sharding.shardedWatch=true",
+        "--set",
+        "controller.sharding.namespaceSelector[0].key=operator-upgrade",
+        "--set",
+        "controller.sharding.namespaceSelector[0].operator=Exists",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("cannot follow controller.sharding.namespaceSelector"),
+        "{stderr}"
+    );
     let rules = lease_rules(&on);
     assert!(
         rules.iter().any(|r| r["resourceNames"].is_null()
