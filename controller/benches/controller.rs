@@ -170,7 +170,8 @@ async fn main() -> anyhow::Result<()> {
     } else {
         // Free the first run's Service IPs (the harness's service range is small) and
         // its Pods before measuring the floor on the same control plane. The controller
-        // still runs: it removes its finalizers, so the namespace can go.
+        // still runs: it removes the finalizers of any AppService that has one, so the
+        // namespace can go.
         eprintln!("deleting the controller's namespace …");
         let ctl_services: Api<Service> = Api::namespaced(admin.clone(), &ns);
         let ns_name = ns.to_string();

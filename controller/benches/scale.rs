@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use common::AppService;
-use common::names::{FIELD_MANAGER, FINALIZER};
+use common::names::FIELD_MANAGER;
 use controller::RateLimit;
 use controller::desired::{desired_deployment, desired_service};
 use futures::StreamExt;
@@ -301,12 +301,7 @@ fn floor_workers(client: Client, ns: String, concurrency: usize) -> tokio::task:
                     let name = a.name_any();
                     let apply = PatchParams::apply(FIELD_MANAGER).force();
                     let r = async {
-                        apps.patch(
-                            &name,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"metadata": {"finalizers": [FINALIZER]}})),
-                        )
-                        .await?;
+                        // No finalizer: these AppServices have no database.
                         deployments
                             .patch(
                                 &name,

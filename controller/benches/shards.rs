@@ -301,7 +301,7 @@ async fn measure(
     );
     // Leave the control plane as it was for the next configuration (a plain control
     // plane has no garbage collector or namespace controller): the AppServices go while
-    // their controllers run (they release the finalizers), then the children.
+    // their controllers run (they release any finalizer), then the children.
     eprintln!("{name}: deleting its objects …");
     delete_all(&apps, args.load.create_concurrency).await?;
     wait_all(

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::conditions::{DATABASE_READY, DEGRADED, READY, TRUE};
-use common::names::DATABASE_URL_ENV;
+use common::names::{DATABASE_URL_ENV, FINALIZER};
 use common::{AppService, DatabaseClass, DatabaseSpec};
 use controller::database::reasons;
 use controller::metrics::Metrics;
@@ -109,6 +109,8 @@ impl World {
             .create(&PostParams::default(), &self.app(name))
             .await?;
         let app = self.wait_database_ready(name).await?;
+        // A database exists: its deletion must wait for the cleanup.
+        assert!(app.finalizers().iter().any(|f| f == FINALIZER), "{name}");
         let db = db_name(&app);
         Ok((app, db))
     }
@@ -525,6 +527,12 @@ async fn disabling_or_deleting_follows_the_deletion_policy() -> anyhow::Result<(
     })
     .await?;
     assert!(!w.catalog().await?.1.contains(&db));
+    // Nothing external left: the finalizer goes, so deleting it needs no controller.
+    eventually("the finalizer released", WAIT, || async {
+        let app = apps.get("shop").await?;
+        Ok((!app.finalizers().iter().any(|f| f == FINALIZER)).then_some(()))
+    })
+    .await?;
 
     // Retain: deleting keeps database and role, and an Event says so.
     let classes: Api<DatabaseClass> = Api::all(w.client.clone());

@@ -522,36 +522,54 @@ async fn requests_carry_the_binarys_name_and_are_counted_by_verb_and_code() {
     support::init();
     let cp = harness::shared().await.unwrap();
     let ns = cp.namespace().await.unwrap();
-    let mut ctl = Controller::start(cp, &ns, &[], &[]).await;
+    let ctl = Controller::start(cp, &ns, &[], &[]).await;
     let apps: Api<AppService> = Api::namespaced(cp.client(), &ns);
-    create(&apps, &app("agent", "registry.example.com/agent:v1", 1))
-        .await
-        .unwrap();
-    ctl.wait_log(|l| l["message"] == "created" && l["kind"] == "Deployment")
-        .await;
+    // A database requested (of a class that does not exist): the finalizer goes on first.
+    let mut agent = app("agent", "registry.example.com/agent:v1", 1);
+    agent.spec.database = Some(common::DatabaseSpec {
+        class: "absent".into(),
+    });
+    create(&apps, &agent).await.unwrap();
 
-    let app = apps.get("agent").await.unwrap();
-    let managers: Vec<(String, String)> = app
-        .metadata
-        .managed_fields
-        .unwrap_or_default()
-        .into_iter()
-        .map(|m| {
-            (
-                m.manager.unwrap_or_default(),
-                m.operation.unwrap_or_default(),
-            )
-        })
-        .collect();
+    let managers_of = |app: AppService| -> Vec<(String, String)> {
+        app.metadata
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| {
+                (
+                    m.manager.unwrap_or_default(),
+                    m.operation.unwrap_or_default(),
+                )
+            })
+            .collect()
+    };
+    let ours = ("appservice-controller".to_owned(), "Update".to_owned());
+    let found = harness::eventually("the finalizer's patch", Duration::from_secs(30), || async {
+        let managers = managers_of(apps.get("agent").await.ok()?);
+        managers.contains(&ours).then_some(())
+    })
+    .await;
     assert!(
-        managers.contains(&("appservice-controller".to_owned(), "Update".to_owned())),
+        found.is_ok(),
         "the finalizer's patch names no field manager: the API server derives it from the \
-         User-Agent; managers: {managers:?}"
+         User-Agent; managers: {:?}",
+        managers_of(apps.get("agent").await.unwrap())
     );
 
-    let (status, body) = get(ctl.ops, "/metrics").await;
-    assert_eq!(status, 200);
-    let scrape = String::from_utf8(body).unwrap();
+    // The client counts a request once its response is in, which may come just after
+    // the API server's write is visible.
+    let patched = r#"appservice_controller_api_requests_total{verb="patch",code="200"}"#;
+    let scrape = harness::eventually("the patch counted", Duration::from_secs(10), || async {
+        let (status, body) = get(ctl.ops, "/metrics").await;
+        assert_eq!(status, 200);
+        let scrape = String::from_utf8(body).ok()?;
+        series(&scrape, patched)
+            .is_some_and(|n| n >= 1.0)
+            .then_some(scrape)
+    })
+    .await
+    .unwrap();
     let count = |labels: &str| {
         series(
             &scrape,

@@ -102,8 +102,13 @@ impl World {
         let uid = app.uid().context("uid")?;
         let generation = app.metadata.generation;
 
-        if !app.finalizers().iter().any(|f| f == FINALIZER) {
-            p.push("no finalizer".to_owned());
+        // The finalizer holds exactly the AppServices with a database.
+        let finalized = app.finalizers().iter().any(|f| f == FINALIZER);
+        if finalized != spec.database.is_some() {
+            p.push(format!(
+                "finalizer {finalized} with a database requested {}",
+                spec.database.is_some()
+            ));
         }
         let status = app.status.clone().unwrap_or_default();
         if status.observed_generation != generation {
@@ -379,7 +384,9 @@ enum Perturbation {
     ForceApplyDeployment,
     ForceApplyService,
     EditStatus,
-    RemoveFinalizer,
+    /// Another writer puts our finalizer on an AppService with nothing to clean up (or a
+    /// backup restores it from an earlier version): released again.
+    AddFinalizer,
 }
 
 impl Perturbation {
@@ -401,7 +408,7 @@ impl Perturbation {
         Perturbation::ForceApplyDeployment,
         Perturbation::ForceApplyService,
         Perturbation::EditStatus,
-        Perturbation::RemoveFinalizer,
+        Perturbation::AddFinalizer,
     ];
 
     /// The JSON patch another field manager sends, for the perturbations that are one:
@@ -537,12 +544,12 @@ impl Perturbation {
                     )
                     .await?;
             }
-            Perturbation::RemoveFinalizer => {
+            Perturbation::AddFinalizer => {
                 f.apps
                     .patch(
                         name,
                         &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                        &Patch::Merge(json!({"metadata": {"finalizers": [FINALIZER]}})),
                     )
                     .await?;
             }
@@ -617,7 +624,7 @@ async fn service_edits_by_another_manager_are_put_back() -> anyhow::Result<()> {
 async fn status_and_finalizer_edits_are_put_back() -> anyhow::Result<()> {
     one_by_one(
         "meta",
-        &[Perturbation::EditStatus, Perturbation::RemoveFinalizer],
+        &[Perturbation::EditStatus, Perturbation::AddFinalizer],
     )
     .await
 }

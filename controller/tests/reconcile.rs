@@ -71,7 +71,8 @@ async fn create_makes_owned_children_and_status() -> anyhow::Result<()> {
         Ok(condition(&a, READY).is_some().then_some(a))
     })
     .await?;
-    assert!(a.finalizers().iter().any(|f| f == FINALIZER));
+    // Nothing external to clean up: no finalizer, and no write for one.
+    assert!(a.finalizers().is_empty(), "{:?}", a.finalizers());
     let status = a.status.clone().unwrap();
     assert_eq!(status.observed_generation, Some(1));
     assert_eq!(status.ready_replicas, Some(0));
@@ -425,7 +426,9 @@ async fn steady_state_reconcile_makes_no_writes() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn delete_runs_finalizer_and_removes_the_appservice() -> anyhow::Result<()> {
-    let (f, ctl) = Fixture::start().await?;
+    // External resources behind the finalizer, whose cleanup succeeds.
+    let external = std::sync::Arc::new(FlakyExternal::default());
+    let (f, ctl) = Fixture::setup().external(external.clone()).start().await?;
 
     let created = create(&f.apps, &app("gone", "nginx:1.27", 1)).await?;
     eventually("the finalizer", WAIT, || async {
@@ -447,6 +450,7 @@ async fn delete_runs_finalizer_and_removes_the_appservice() -> anyhow::Result<()
         Ok(f.apps.get_opt("gone").await?.is_none().then_some(()))
     })
     .await?;
+    assert_eq!(external.cleanups().len(), 1, "one cleanup, then released");
     // Plain mode has no garbage collector: check the children would be collected, i.e.
     // they are controlled by the deleted AppService.
     for refs in [d.owner_references(), s.owner_references()] {
@@ -461,8 +465,10 @@ async fn delete_runs_finalizer_and_removes_the_appservice() -> anyhow::Result<()
 #[tokio::test]
 async fn without_the_controller_nothing_is_removed_from_a_deleted_appservice() -> anyhow::Result<()>
 {
-    // The finalizer is real: while no controller runs, a deleted AppService stays.
-    let (f, ctl) = Fixture::start().await?;
+    // The finalizer is real: while no controller runs, a deleted AppService with external
+    // resources stays.
+    let external = std::sync::Arc::new(FlakyExternal::default());
+    let (f, ctl) = Fixture::setup().external(external.clone()).start().await?;
     create(&f.apps, &app("held", "nginx:1.27", 1)).await?;
     eventually("the finalizer", WAIT, || async {
         let a = f.apps.get("held").await?;
@@ -475,13 +481,56 @@ async fn without_the_controller_nothing_is_removed_from_a_deleted_appservice() -
     // Accepted, and held: with no controller running, nothing can release it.
     let held = f.apps.get("held").await?;
     assert!(held.metadata.deletion_timestamp.is_some());
+    assert!(external.cleanups().is_empty());
 
-    let ctl = start_controller(f.client.clone(), &f.ns, |_| {});
+    let ctl = support::start_controller_with(f.client.clone(), &f.ns, |_| {}, external.clone());
     eventually("the AppService to be gone", WAIT, || async {
         Ok(f.apps.get_opt("held").await?.is_none().then_some(()))
     })
     .await?;
+    assert_eq!(external.cleanups().len(), 1);
     ctl.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_appservice_without_external_resources_needs_no_controller_to_be_deleted()
+-> anyhow::Result<()> {
+    let (f, ctl) = Fixture::start().await?;
+    create(&f.apps, &app("plain", "nginx:1.27", 1)).await?;
+    // One that an earlier version left with the finalizer it put on every AppService.
+    let mut legacy = app("legacy", "nginx:1.27", 1);
+    legacy.metadata.finalizers = Some(vec![FINALIZER.to_owned(), "example.com/keep".into()]);
+    create(&f.apps, &legacy).await?;
+    for name in ["plain", "legacy"] {
+        eventually("status", WAIT, || async {
+            let a = f.apps.get(name).await?;
+            Ok(a.status.and_then(|s| s.observed_generation).map(drop))
+        })
+        .await?;
+    }
+    // Released from the legacy one, leaving the other party's finalizer alone.
+    let legacy = eventually("the finalizer released", WAIT, || async {
+        let a = f.apps.get("legacy").await?;
+        Ok((!a.finalizers().iter().any(|f| f == FINALIZER)).then_some(a))
+    })
+    .await?;
+    assert_eq!(legacy.finalizers(), ["example.com/keep".to_owned()]);
+    let plain = f.apps.get("plain").await?;
+    assert!(plain.finalizers().is_empty(), "{:?}", plain.finalizers());
+    // The controller never patched `plain`: children and status only.
+    let patched: Vec<_> = ctl
+        .requests
+        .writes()
+        .into_iter()
+        .filter(|w| w.ends_with("/appservices/plain"))
+        .collect();
+    assert!(patched.is_empty(), "{patched:?}");
+    ctl.stop().await?;
+
+    // No controller runs: the API server deletes it at once.
+    f.apps.delete("plain", &DeleteParams::default()).await?;
+    assert!(f.apps.get_opt("plain").await?.is_none());
     Ok(())
 }
 

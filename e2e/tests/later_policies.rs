@@ -20,6 +20,27 @@ fn install_provider() {
     ONCE.call_once(webhook::tls::install_crypto_provider);
 }
 
+/// External resources behind the finalizer (a database stands for them in production):
+/// nothing to make or remove, but every AppService carries the finalizer for them.
+struct Held;
+
+impl controller::external::External for Held {
+    fn ensure<'a>(
+        &'a self,
+        _app: &'a controller::subject::Subject<'a>,
+    ) -> futures::future::BoxFuture<'a, controller::error::Result<controller::external::Report>>
+    {
+        Box::pin(async { Ok(controller::external::Report::done()) })
+    }
+
+    fn cleanup<'a>(
+        &'a self,
+        _app: &'a controller::subject::Subject<'a>,
+    ) -> futures::future::BoxFuture<'a, controller::error::Result<controller::external::Step>> {
+        Box::pin(async { Ok(controller::external::Step::Done) })
+    }
+}
+
 #[tokio::test]
 async fn an_appservice_violating_a_later_policy_is_still_finalized_and_deleted() {
     install_provider();
@@ -50,12 +71,15 @@ async fn an_appservice_violating_a_later_policy_is_still_finalized_and_deleted()
         .await
         .expect("webhooks in effect");
 
-    // The controller at its production defaults.
+    // The controller at its production defaults, with external resources to clean up.
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(controller::run_with(
         controller::Config::for_namespace(&ns),
         cp.client(),
-        controller::Hooks::default(),
+        controller::Hooks {
+            external: std::sync::Arc::new(Held),
+            ..controller::Hooks::default()
+        },
         async move {
             let _ = stopped.await;
         },

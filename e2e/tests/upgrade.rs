@@ -503,6 +503,17 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
     )
     .await
     .unwrap();
+    // The previous controller's finalizer on AppServices without a database: released.
+    for app in beta.list(&ListParams::default()).await.unwrap() {
+        assert!(
+            !app.finalizers()
+                .iter()
+                .any(|f| f == common::names::FINALIZER),
+            "{}: {:?}",
+            app.name_any(),
+            app.finalizers()
+        );
+    }
 
     // 3. Storage migration while the controller runs and a user keeps annotating every
     //    object in v1alpha1 (writes that conflict with the migration's).

@@ -39,6 +39,7 @@ pub mod sql;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::AppService;
 use common::conditions::{DATABASE_READY, FALSE, TRUE};
 use common::names::{FIELD_MANAGER, database_secret_name};
 use futures::future::BoxFuture;
@@ -198,12 +199,7 @@ impl Databases {
         };
         // Only an AppService that ever mentioned a database can have one: the others
         // (most of them) cost no API request here.
-        let mentioned = app.spec.database.is_some()
-            || app
-                .status
-                .as_ref()
-                .is_some_and(|s| common::conditions::find(&s.conditions, DATABASE_READY).is_some());
-        if !mentioned {
+        if !mentions_database(app.app()) {
             return Ok(absent);
         }
         let Some(live) = secrets.get_opt(&secret_name).await? else {
@@ -376,6 +372,19 @@ impl Databases {
     }
 }
 
+/// Whether `app` may have a database: its spec asks for one, or its status still reports
+/// one (the spec dropped it and the removal has not been reported done). A database is
+/// only ever created for a spec that asks for it, after the finalizer is on, and its
+/// `DatabaseReady` condition goes only once it is removed; the orphan scan is the net for
+/// a status cleared by another writer.
+fn mentions_database(app: &AppService) -> bool {
+    app.spec.database.is_some()
+        || app
+            .status
+            .as_ref()
+            .is_some_and(|s| common::conditions::find(&s.conditions, DATABASE_READY).is_some())
+}
+
 impl External for Databases {
     fn ensure<'a>(&'a self, app: &'a Subject<'a>) -> BoxFuture<'a, Result<Report>> {
         Box::pin(async move {
@@ -388,6 +397,10 @@ impl External for Databases {
 
     fn cleanup<'a>(&'a self, app: &'a Subject<'a>) -> BoxFuture<'a, Result<Step>> {
         Box::pin(self.cleanup_app(app))
+    }
+
+    fn holds(&self, app: &AppService) -> bool {
+        mentions_database(app)
     }
 
     fn background(
@@ -404,7 +417,36 @@ impl External for Databases {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::AppService;
+
+    #[test]
+    fn only_an_appservice_that_may_have_a_database_is_held_by_the_finalizer() {
+        let app = |value: serde_json::Value| -> AppService {
+            serde_json::from_value(value).expect("an AppService")
+        };
+        let meta = serde_json::json!({"name": "shop", "namespace": "team"});
+        let plain = app(serde_json::json!({
+            "metadata": meta, "spec": {"image": "nginx:1.27"}
+        }));
+        assert!(!mentions_database(&plain));
+        let requested = app(serde_json::json!({
+            "metadata": meta, "spec": {"image": "nginx:1.27", "database": {"class": "main"}}
+        }));
+        assert!(mentions_database(&requested));
+        // The request dropped, the removal not reported yet: still held.
+        let removing = app(serde_json::json!({
+            "metadata": meta, "spec": {"image": "nginx:1.27"},
+            "status": {"conditions": [{"type": DATABASE_READY, "status": "True",
+                "reason": "Provisioned", "message": "", "lastTransitionTime": "2026-12-04T00:00:00Z"}]}
+        }));
+        assert!(mentions_database(&removing));
+        // Other conditions alone do not hold it.
+        let ready = app(serde_json::json!({
+            "metadata": meta, "spec": {"image": "nginx:1.27"},
+            "status": {"conditions": [{"type": "Ready", "status": "True",
+                "reason": "Available", "message": "", "lastTransitionTime": "2026-12-04T00:00:00Z"}]}
+        }));
+        assert!(!mentions_database(&ready));
+    }
 
     #[test]
     fn an_appservice_without_a_uuid_gets_no_database_name() {
