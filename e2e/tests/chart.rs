@@ -105,6 +105,16 @@ fn template(namespace: &str, sets: &[String]) -> Vec<Value> {
     docs.into_iter().filter(|d| d.is_object()).collect()
 }
 
+/// `helm template` with `sets`, which the chart must refuse: its error output.
+fn template_refused(sets: &[&str]) -> String {
+    let chart = chart_dir();
+    let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
+    let args = with_sets(&["template", RELEASE, chart.to_str().unwrap()], &sets);
+    let (ok, _, stderr) = run_helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!ok, "{sets:?} must be rejected");
+    stderr
+}
+
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
     docs.iter()
         .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
@@ -480,11 +490,7 @@ fn schema_and_required_values_reject_bad_input() {
         ),
     ];
     for (sets, expected) in cases {
-        let chart = chart_dir();
-        let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
-        let args = with_sets(&["template", RELEASE, chart.to_str().unwrap()], &sets);
-        let (ok, _, stderr) = run_helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(!ok, "{sets:?} must be rejected");
+        let stderr = template_refused(sets);
         assert!(
             stderr.contains(expected),
             "{sets:?}: expected {expected:?} in: {stderr}"
@@ -2619,20 +2625,12 @@ fn sharding_is_off_by_default_and_on_adds_its_flags_and_rbac() {
     );
     assert!(env_names(&watch).contains(&"SHARDED_WATCH".to_owned()));
     // It divides namespaces by hash, so it cannot also follow a namespace selector.
-    let (ok, _, stderr) = run_helm(&[
-        "template",
-        RELEASE,
-        chart_dir().to_str().unwrap(),
-        "--set",
+    let stderr = template_refused(&[
         "controller.sharding.enabled=true",
-        "--set",
         "controller.sharding.shardedWatch=true",
-        "--set",
         "controller.sharding.namespaceSelector[0].key=operator-upgrade",
-        "--set",
         "controller.sharding.namespaceSelector[0].operator=Exists",
     ]);
-    assert!(!ok);
     assert!(
         stderr.contains("cannot follow controller.sharding.namespaceSelector"),
         "{stderr}"
@@ -2778,18 +2776,11 @@ fn a_namespace_split_renders_the_same_selector_for_the_controller_and_the_webhoo
     );
 
     // A set operator without values is refused by the chart, with the reason.
-    let (ok, _, stderr) = run_helm(&[
-        "template",
-        RELEASE,
-        chart_dir().to_str().unwrap(),
-        "--set",
+    let stderr = template_refused(&[
         "controller.sharding.enabled=true",
-        "--set",
         "controller.sharding.namespaceSelector[0].key=operator-upgrade",
-        "--set",
         "controller.sharding.namespaceSelector[0].operator=In",
     ]);
-    assert!(!ok);
     assert!(
         stderr.contains("operator-upgrade In needs values"),
         "{stderr}"
