@@ -177,6 +177,29 @@ async fn installed() -> &'static Installed {
             )
             .await
             .expect("pointing the conversion webhook at the test");
+            // The API server loads new admission policies a moment after they are
+            // written: installed means the chart's policies are in effect, here the one
+            // that limits the webhook's Secret writes (a dry run writes nothing).
+            let probe: Secret =
+                serde_json::from_value(json!({"metadata": {"name": "policy-probe"}})).unwrap();
+            let dry_run = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            let as_webhook = Api::<Secret>::namespaced(webhook_identity(&cp), NAMESPACE);
+            eventually("the chart's admission policies in effect", Duration::from_secs(30), || {
+                let (as_webhook, probe, dry_run) = (&as_webhook, &probe, &dry_run);
+                async move {
+                    matches!(
+                        as_webhook.create(dry_run, probe).await,
+                        Err(kube::Error::Api(s)) if s.code == 403
+                            && s.message.contains("may only write its CA Secret")
+                    )
+                    .then_some(())
+                }
+            })
+            .await
+            .expect("the webhook's Secret policy takes effect");
             Installed { cp, port }
         })
         .await
