@@ -6,6 +6,7 @@ use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use common::{AppService, AppServiceStatus};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -93,7 +94,44 @@ pub struct Context {
     child_writes: Mutex<WrittenOver<ChildKey>>,
     /// With `--sharded-watch`: the namespace buckets this shard serves.
     served: Option<Arc<crate::shard::served::Served>>,
+    /// AppServices whose finalizer we released: the resourceVersion it was released
+    /// from, and when. Kept apart from what [`Context::forget`] clears, since a release
+    /// ends the pass with the object forgotten, while the cache may still show it.
+    released: Mutex<Releases<ObjectRef<AppService>>>,
 }
+
+/// Finalizer releases the cache may not show yet: per key, the resourceVersion released
+/// from and when. Entries older than [`RELEASE_MEMORY`] go on the next insert, so the
+/// map is bounded by the releases of that long.
+struct Releases<K> {
+    map: HashMap<K, (String, Instant)>,
+}
+
+impl<K> Default for Releases<K> {
+    fn default() -> Self {
+        Self {
+            map: HashMap::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Releases<K> {
+    fn remember(&mut self, key: K, resource_version: String, now: Instant) {
+        self.map
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < RELEASE_MEMORY);
+        self.map.insert(key, (resource_version, now));
+    }
+
+    fn released_from(&self, key: &K, resource_version: Option<&str>) -> bool {
+        self.map
+            .get(key)
+            .is_some_and(|(rv, _)| Some(rv.as_str()) == resource_version)
+    }
+}
+
+/// How long a release is remembered: far longer than a cache takes to show it, and short
+/// enough to bound the memory by the deletions of that long.
+const RELEASE_MEMORY: Duration = Duration::from_secs(300);
 
 /// Writes whose result the cache has not shown yet: per key, the resourceVersion the
 /// write replaced and what it returned. One mechanism for the status (keyed by the
@@ -179,6 +217,7 @@ impl Context {
             created: Mutex::default(),
             child_writes: Mutex::default(),
             served: None,
+            released: Mutex::default(),
         }
     }
 
@@ -305,6 +344,22 @@ impl Context {
         lock(&self.written).insert(key, resource_version, status);
     }
 
+    /// Records that we released our finalizer from `key` at `resource_version`.
+    pub fn remember_release(&self, key: ObjectRef<AppService>, resource_version: String) {
+        lock(&self.released).remember(key, resource_version, Instant::now());
+    }
+
+    /// Whether the cached `key` at `resource_version` is the object we released our
+    /// finalizer from: a cache that has not heard of the release yet, whose pass must not
+    /// clean up a second time.
+    pub fn released_from(
+        &self,
+        key: &ObjectRef<AppService>,
+        resource_version: Option<&str>,
+    ) -> bool {
+        lock(&self.released).released_from(key, resource_version)
+    }
+
     /// Forgets everything about `key` (it is gone).
     pub fn forget(&self, key: &ObjectRef<AppService>) {
         self.reset_failures(key);
@@ -357,7 +412,34 @@ impl Context {
 
 #[cfg(test)]
 mod tests {
-    use super::WrittenOver;
+    use super::{RELEASE_MEMORY, Releases, WrittenOver};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_release_is_known_for_the_version_released_from_and_forgotten_in_time() {
+        let t0 = Instant::now();
+        let mut r = Releases::<&str>::default();
+        assert!(!r.released_from(&"app", Some("5")));
+        r.remember("app", "5".to_owned(), t0);
+        assert!(
+            r.released_from(&"app", Some("5")),
+            "the cache still shows it"
+        );
+        assert!(!r.released_from(&"app", Some("6")), "a later version");
+        assert!(!r.released_from(&"app", None));
+        assert!(!r.released_from(&"other", Some("5")));
+        // Bounded: an insert past the memory drops what is older.
+        r.remember(
+            "other",
+            "9".to_owned(),
+            t0 + RELEASE_MEMORY - Duration::from_secs(1),
+        );
+        assert!(r.released_from(&"app", Some("5")));
+        r.remember("third", "1".to_owned(), t0 + RELEASE_MEMORY);
+        assert!(!r.released_from(&"app", Some("5")));
+        assert!(r.released_from(&"other", Some("9")));
+        assert_eq!(r.map.len(), 2);
+    }
 
     #[test]
     fn a_write_stands_in_for_the_cache_until_the_cache_moves_on() {

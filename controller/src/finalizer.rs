@@ -7,6 +7,7 @@ use crate::queue::Next;
 use common::AppService;
 use common::names::FINALIZER;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info};
@@ -80,6 +81,13 @@ pub(crate) async fn finalize(
     if !app.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Outcome::gone());
     }
+    // A pass queued while the last one released the finalizer sees the object as it was
+    // then until the cache hears of the release: its cleanup is done already.
+    let key = ObjectRef::from_obj(&**app);
+    if ctx.released_from(&key, app.metadata.resource_version.as_deref()) {
+        debug!("finalizer already released from this version; nothing to clean up");
+        return Ok(Outcome::gone());
+    }
     match ctx.external().cleanup(app).await {
         Ok(Step::Done) => {}
         Ok(Step::NotReady(after)) => return Ok(Outcome::next(Ok(Next::requeue(after)))),
@@ -105,6 +113,9 @@ pub(crate) async fn finalize(
         Err(e) => return Err(e.into()),
     }
     ctx.metrics().write(Written::AppServices);
+    if let Some(rv) = app.metadata.resource_version.clone() {
+        ctx.remember_release(key, rv);
+    }
     info!("cleanup done, finalizer removed");
     Ok(Outcome::gone())
 }
