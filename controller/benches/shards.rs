@@ -13,7 +13,10 @@
 //!
 //! 1. **Converge**: N AppServices are created first, then the controllers start; the time
 //!    until every one shows `status.observedGeneration` (read from a watch of our own),
-//!    and the API server's write requests per AppService.
+//!    the API server's write requests per AppService (each configuration's breakdown by
+//!    resource and verb is printed as it ends), and the CPU time the API server and etcd
+//!    spent until then, and the controllers: on a machine whose cores they share, the
+//!    cost of a configuration that wall-clock time alone hides.
 //! 2. **Memory**: each process's peak RSS (VmHWM) and its RSS after settling.
 //! 3. **Handover** (k ≥ 2): one shard that does not lead the ring is SIGKILLed, and every
 //!    AppService it owned gets a spec edit at once; per object, the time from its edit to
@@ -43,8 +46,8 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use support::converge::{Latencies, burst, latencies, started_now, wait_done, watch_status};
 use support::{
-    CONTROLLER_RESOURCES, ControllerRun, apiserver_writes, delta, is_bench_run, keep_logs_hint,
-    rss_kib, stop, sum_for, wait_all, wait_ready,
+    CONTROLLER_RESOURCES, ControllerRun, apiserver_writes, control_plane_pids, cpu_of, delta,
+    is_bench_run, keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_all, wait_ready,
 };
 
 #[derive(Parser, Debug)]
@@ -76,6 +79,10 @@ struct Run {
     writes_per_app: f64,
     /// Per process: (peak, steady) RSS in KiB.
     rss: Vec<(u64, u64)>,
+    /// CPU seconds per 1,000 AppServices until converged: the API server and etcd
+    /// together, and the controller processes together.
+    cpu_control_plane: f64,
+    cpu_controllers: f64,
     handover: Option<(usize, Latencies)>,
 }
 
@@ -221,15 +228,24 @@ async fn measure(
     let created = burst(&apps, n, args.load.create_concurrency).await?;
     let done = watch_status(admin.clone(), &ns, 1);
     let before = apiserver_writes(admin).await?;
+    let control_plane = control_plane_pids(cp);
+    let cpu_before = cpu_of(&control_plane);
     let log = cp.log_dir().join(format!("{ring}.log"));
     eprintln!("{name}: starting {} process(es) …", shards.max(1));
     let started = started_now(created);
     let mut processes = spawn(cp, args, bin, &ns, shards, &ring, &log)?;
     wait_done(&done, n, timeout, &format!("{name}: converged")).await?;
     let converge = latencies(&started, &done);
-    let writes = sum_for(
-        &delta(&apiserver_writes(admin).await?, &before),
-        CONTROLLER_RESOURCES,
+    let per_thousand = 1000.0 / n as f64;
+    let cpu_control_plane = (cpu_of(&control_plane) - cpu_before) * per_thousand;
+    let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+    let cpu_controllers = cpu_of(&pids) * per_thousand;
+    let written = delta(&apiserver_writes(admin).await?, &before);
+    let writes = sum_for(&written, CONTROLLER_RESOURCES);
+    print_writes(
+        &format!("{name}: API writes until converged"),
+        &written,
+        n as f64,
     );
     for p in &processes {
         wait_ready(p.ops_port, Duration::from_secs(60)).await?;
@@ -286,7 +302,7 @@ async fn measure(
     // Each configuration's figures as soon as they are measured, before the clean-up (a
     // long run can be read early, and a clean-up that fails loses nothing).
     eprintln!(
-        "{name}: converged in {:.1} s, {:.2} writes per AppService, RSS KiB (peak, steady) {rss:?}{}",
+        "{name}: converged in {:.1} s, {:.2} writes per AppService, CPU s per 1,000 AppServices: control plane {cpu_control_plane:.1}, controllers {cpu_controllers:.1}; RSS KiB (peak, steady) {rss:?}{}",
         converge.total.as_secs_f64(),
         writes / n as f64,
         handover
@@ -330,6 +346,8 @@ async fn measure(
         converge,
         writes_per_app: writes / n as f64,
         rss,
+        cpu_control_plane,
+        cpu_controllers,
         handover,
     })
 }
@@ -367,6 +385,7 @@ async fn main() -> anyhow::Result<()> {
         args.n, args.load.qps, args.load.burst, args.load.concurrency
     );
     let base = runs.first().map(|r| secs(r.converge.total)).unwrap_or(0.0);
+    let base_cpu = runs.first().map(|r| r.cpu_control_plane).unwrap_or(0.0);
     for r in &runs {
         let peak: Vec<String> = r
             .rss
@@ -374,13 +393,16 @@ async fn main() -> anyhow::Result<()> {
             .map(|(p, s)| format!("{:.0}/{:.0}", *p as f64 / 1024.0, *s as f64 / 1024.0))
             .collect();
         println!(
-            "  {:<30} converged in {:>7.1} s ({:.2}× the first run); per object p50 {:.1} s, p99 {:.1} s; {:.2} writes per AppService; RSS MiB peak/steady per process: {}",
+            "  {:<30} converged in {:>7.1} s ({:.2}× the first run); per object p50 {:.1} s, p99 {:.1} s; {:.2} writes per AppService; CPU s per 1,000 AppServices: control plane {:.1} ({:.2}× the first run), controllers {:.1}; RSS MiB peak/steady per process: {}",
             r.name,
             secs(r.converge.total),
             secs(r.converge.total) / base.max(0.001),
             secs(r.converge.p50),
             secs(r.converge.p99),
             r.writes_per_app,
+            r.cpu_control_plane,
+            r.cpu_control_plane / base_cpu.max(0.001),
+            r.cpu_controllers,
             peak.join(", ")
         );
         if let Some((count, h)) = &r.handover {

@@ -277,7 +277,12 @@ impl ControlPlane {
             // One apiserver, no aggregated APIs: fewer goroutines on small machines.
             "--enable-priority-and-fairness=false".into(),
             "--endpoint-reconciler-type=none".into(),
-            "--profiling=false".into(),
+            // `APPSERVICE_APISERVER_PROFILING` set: /debug/pprof on, to profile the API
+            // server during a benchmark (`kubectl get --raw /debug/pprof/profile`).
+            format!(
+                "--profiling={}",
+                std::env::var_os("APPSERVICE_APISERVER_PROFILING").is_some()
+            ),
         ];
         let mut apiserver_args = apiserver_args;
         if options.audit_log {
