@@ -23,8 +23,10 @@
 //!    its new `observedGeneration` (p50/p99/max): how long an object waits for a
 //!    controller when its shard dies.
 //!
-//! Each configuration deletes its objects before the next starts, so every one runs on
-//! the same control plane state.
+//! Each configuration runs on a control plane of its own, started fresh for it and stopped
+//! after it: none inherits another's history (the API server's watch cache and heap,
+//! etcd's revisions), which made the first configuration the cheapest when they shared
+//! one, and none waits for another's objects to be deleted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -38,16 +40,14 @@ use clap::Parser;
 use common::AppService;
 use common::names::shard_label;
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::converge::{Latencies, burst, latencies, started_now, wait_done, watch_status};
 use support::{
     CONTROLLER_RESOURCES, ControllerRun, apiserver_writes, control_plane_pids, cpu_of, delta,
-    is_bench_run, keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_all, wait_ready,
+    is_bench_run, keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_ready,
 };
 
 #[derive(Parser, Debug)]
@@ -174,51 +174,12 @@ async fn edit_all(
     edited.into_iter().collect()
 }
 
-/// Deletes every object of `api` by name, `concurrency` at a time, each retried a few
-/// times: one collection delete of 20,000 AppServices outlasts the client's timeout.
-async fn delete_all<K>(api: &Api<K>, concurrency: usize) -> anyhow::Result<()>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    let names: Vec<String> = api
-        .list_metadata(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
-    let results = futures::stream::iter(names)
-        .map(|name| async move {
-            let mut attempt = 0;
-            loop {
-                match api.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => return anyhow::Ok(()),
-                    Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-                    Err(e) if attempt < 5 => {
-                        attempt += 1;
-                        eprintln!("  deleting {name} (attempt {attempt}): {e}");
-                        tokio::time::sleep(Duration::from_secs(attempt)).await;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        })
-        .buffer_unordered(concurrency)
-        .collect::<Vec<_>>()
-        .await;
-    results.into_iter().collect()
-}
-
-/// One configuration, on its own namespace: precreate, start, converge, settle, and for
-/// two shards or more the handover of a killed one.
-async fn measure(
-    cp: &harness::ControlPlane,
-    admin: &Client,
-    args: &Args,
-    name: &str,
-    bin: &Path,
-    shards: usize,
-) -> anyhow::Result<Run> {
+/// One configuration, on a fresh control plane of its own: precreate, start, converge,
+/// settle, and for two shards or more the handover of a killed one.
+async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::Result<Run> {
+    eprintln!("{name}: starting a plain control plane …");
+    let cp = &harness::ControlPlane::start(harness::Options::plain()).await?;
+    let admin = &cp.client();
     let n = args.n;
     let timeout = Duration::from_secs(args.timeout_secs);
     let ring = format!("bench-{}", name.replace([' ', ','], "-"));
@@ -315,32 +276,10 @@ async fn measure(
             ))
             .unwrap_or_default()
     );
-    // Leave the control plane as it was for the next configuration (a plain control
-    // plane has no garbage collector or namespace controller): the AppServices go while
-    // their controllers run (they release any finalizer), then the children.
-    eprintln!("{name}: deleting its objects …");
-    delete_all(&apps, args.load.create_concurrency).await?;
-    wait_all(
-        timeout,
-        &format!("{name}: AppServices deleted"),
-        || async {
-            let left = apps
-                .list_metadata(&ListParams::default())
-                .await?
-                .items
-                .len();
-            Ok(n - left.min(n))
-        },
-        n,
-    )
-    .await?;
     for p in &mut processes {
         stop(&mut p.child, p.pid).await;
     }
-    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(admin.clone(), &ns);
-    delete_all(&deployments, args.load.create_concurrency).await?;
-    delete_all(&services, args.load.create_concurrency).await?;
+    keep_logs_hint(cp.log_dir());
     Ok(Run {
         name: name.to_owned(),
         converge,
@@ -359,15 +298,12 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    eprintln!("starting a plain control plane …");
-    let cp = harness::ControlPlane::start(harness::Options::plain()).await?;
-    let admin = cp.client();
     let ours = PathBuf::from(env!("CARGO_BIN_EXE_appservice-controller"));
     let mut runs = Vec::new();
     // The baseline first: the ratios below are against it, and a run cut short still
     // has it.
     if let Some(bin) = &args.baseline_bin {
-        runs.push(measure(&cp, &admin, &args, "controller-runtime baseline", bin, 0).await?);
+        runs.push(measure(&args, "controller-runtime baseline", bin, 0).await?);
     }
     for &shards in &args.shards {
         let name = match shards {
@@ -375,7 +311,7 @@ async fn main() -> anyhow::Result<()> {
             1 => "1 shard".to_owned(),
             k => format!("{k} shards"),
         };
-        runs.push(measure(&cp, &admin, &args, &name, &ours, shards).await?);
+        runs.push(measure(&args, &name, &ours, shards).await?);
     }
 
     let secs = |d: Duration| d.as_secs_f64();
@@ -415,6 +351,5 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     }
-    keep_logs_hint(cp.log_dir());
     Ok(())
 }
