@@ -535,6 +535,74 @@ async fn an_appservice_without_external_resources_needs_no_controller_to_be_dele
 }
 
 /// External resources whose cleanup fails until told otherwise, counting its calls.
+#[tokio::test]
+async fn a_pass_that_still_sees_the_released_appservice_cleans_up_nothing() -> anyhow::Result<()> {
+    // A pass queued while the deleting pass ran sees the AppService as it was until the
+    // cache hears that it is gone. The race is made, not hoped for: the controller's
+    // AppService watch is held, so its cache never hears, and a foreign Deployment named
+    // like the AppService wakes it once more.
+    let external = std::sync::Arc::new(FlakyExternal::default());
+    let f = Fixture::setup().without_controller().await?;
+    let mut held = app("held", "nginx:1.27", 1);
+    held.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
+    create(&f.apps, &held).await?;
+    f.apps.delete("held", &DeleteParams::default()).await?;
+    // The controller's first list is served from the API server's watch cache: wait
+    // until that shows the deletion, so the held watch hides only what comes after.
+    eventually("the watch cache to show the deletion", WAIT, || async {
+        let listed = f
+            .apps
+            .list(&kube::api::ListParams::default().match_any())
+            .await?;
+        Ok(listed
+            .items
+            .iter()
+            .any(|a| a.metadata.deletion_timestamp.is_some())
+            .then_some(()))
+    })
+    .await?;
+    let (client, _hold) = harness::holding(f.client.clone(), &f.ns, |r| {
+        r.uri().path().ends_with("/appservices")
+            && r.uri().query().unwrap_or_default().contains("watch=true")
+    });
+    let metrics = std::sync::Arc::new(controller::metrics::Metrics::default());
+    let ctl = support::start_controller_counted(
+        client,
+        controller::config::Config::for_namespace(&f.ns),
+        external.clone(),
+        metrics.clone(),
+    );
+    eventually("the AppService to be gone", WAIT, || async {
+        Ok(f.apps.get_opt("held").await?.is_none().then_some(()))
+    })
+    .await?;
+    assert_eq!(external.cleanups().len(), 1);
+
+    let before = metrics.reconcile_count();
+    let foreign: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "held", "labels": {"app": "someone-else"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "someone-else"}},
+            "template": {
+                "metadata": {"labels": {"app": "someone-else"}},
+                "spec": {"containers": [{"name": "c", "image": "nginx:1.27"}]}
+            }
+        }
+    }))?;
+    f.deployments
+        .create(&PostParams::default(), &foreign)
+        .await?;
+    support::reconciled_since(&metrics, before, "a pass on the released AppService").await?;
+    assert_eq!(
+        external.cleanups().len(),
+        1,
+        "a pass on the version the finalizer was released from cleaned up again"
+    );
+    ctl.stop().await?;
+    Ok(())
+}
+
 #[derive(Default)]
 struct FlakyExternal {
     fail: std::sync::atomic::AtomicBool,
