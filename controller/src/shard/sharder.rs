@@ -71,6 +71,22 @@ const CONCURRENCY: usize = 16;
 /// A member Lease unchanged for this many of its lease durations is deleted.
 const STALE_AFTER: u32 = 20;
 
+/// The pause before a pass that a change woke: at least 100 ms (it gathers a burst of
+/// events), and at least this many times the last pass's reading of the caches, which
+/// visits every AppService and child: without it a ring of 20,000 AppServices, whose
+/// events never stop while it converges, kept the sharder busy for most of a core,
+/// taken from the API server on a small machine. Never longer than the retry period,
+/// which bounds how late a Lease's expiry is seen anyway.
+const PAUSE_PER_PASS: u32 = 4;
+
+/// The pause before the next pass woken by a change, after a pass whose reading of the
+/// caches took `read` (see [`PAUSE_PER_PASS`]).
+fn pause_after(read: Duration, retry_period: Duration) -> Duration {
+    (read * PAUSE_PER_PASS)
+        .max(Duration::from_millis(100))
+        .min(retry_period.max(Duration::from_millis(100)))
+}
+
 /// What the sharder remembers of a member Lease's record, as leader.rs does of the
 /// leader Lease: when it was last seen to change, on this clock.
 #[derive(Debug)]
@@ -410,21 +426,27 @@ pub async fn run(
         let mut liveness = Liveness::default();
         let mut peers = Peers::new(Instant::now());
         let mut announced_members = usize::MAX;
+        let mut last_read = Duration::ZERO;
         loop {
             if *stop.borrow() || !*leading.borrow() {
                 break;
             }
             if caches.synced.iter().all(|f| f.load(Ordering::Relaxed)) {
-                let members = pass(&ctx, &caches, &mut liveness, &mut peers, &leading).await;
+                let (members, read) =
+                    pass(&ctx, &caches, &mut liveness, &mut peers, &leading).await;
+                last_read = read;
                 if members != announced_members {
                     info!(members, "ring members");
                     announced_members = members;
                 }
             }
-            // Changes wake the next pass at once (after a short pause that gathers a
-            // burst of events); the retry period bounds how late a Lease's expiry is seen.
+            // Changes wake the next pass soon (after a pause that gathers a burst of events
+            // and keeps the passes' share of a core small); the retry period bounds how
+            // late a Lease's expiry is seen.
             tokio::select! {
-                _ = notify.notified() => tokio::time::sleep(Duration::from_millis(100)).await,
+                _ = notify.notified() => {
+                    tokio::time::sleep(pause_after(last_read, ctx.config().retry_period)).await;
+                }
                 _ = tokio::time::sleep(ctx.config().retry_period) => {}
                 _ = leading.changed() => {}
                 _ = stop.changed() => {}
@@ -612,7 +634,8 @@ async fn pass(
     liveness: &mut Liveness,
     peers: &mut Peers,
     leading: &watch::Receiver<bool>,
-) -> usize {
+) -> (usize, Duration) {
+    let started = Instant::now();
     let config = ctx.config();
     let ring_name = config.shard_ring.as_str();
     let owner_label = shard_label(ring_name);
@@ -737,8 +760,9 @@ async fn pass(
         }
     }
     ctx.metrics().shard().set_foreign(foreign);
+    let read = started.elapsed();
     if work.is_empty() {
-        return ring.len();
+        return (ring.len(), read);
     }
     debug!(actions = work.len(), "sharder pass");
     let (owner_label, drain) = (owner_label.as_str(), drain.as_str());
@@ -754,7 +778,7 @@ async fn pass(
         })
         .buffer_unordered(CONCURRENCY);
     done.collect::<()>().await;
-    ring.len()
+    (ring.len(), read)
 }
 
 /// The labels children of an AppService owned by `owner` (or by no one of ours) carry:
@@ -1197,6 +1221,26 @@ mod tests {
                 takeover: BTreeSet::new()
             }
         );
+    }
+
+    #[test]
+    fn the_pause_between_passes_grows_with_their_cost_within_bounds() {
+        let retry = Duration::from_secs(2);
+        let ms = Duration::from_millis;
+        assert_eq!(
+            pause_after(Duration::ZERO, retry),
+            ms(100),
+            "a burst is gathered"
+        );
+        assert_eq!(pause_after(ms(10), retry), ms(100));
+        // A pass that reads for 150 ms is followed by 600 ms: at most a fifth of a core.
+        assert_eq!(pause_after(ms(150), retry), ms(600));
+        assert_eq!(
+            pause_after(ms(900), retry),
+            retry,
+            "never past the retry period"
+        );
+        assert_eq!(pause_after(ms(900), ms(10)), ms(100));
     }
 
     #[test]
