@@ -41,18 +41,12 @@ pub fn sample() -> Sample {
         s.virtual_memory_bytes = fields.next().flatten().map(|p| p * page);
         s.resident_memory_bytes = fields.next().flatten().map(|p| p * page);
     }
-    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
-        // The command name (field 2) may hold spaces; fields count from after its ')'.
-        if let Some((_, rest)) = stat.rsplit_once(')') {
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            // rest[0] is field 3 (state): utime is field 14, stime 15, starttime 22.
-            let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
-            if let (Some(utime), Some(stime)) = (field(14), field(15)) {
-                s.cpu_seconds = Some((utime + stime) as f64 / ticks);
-            }
-            if let (Some(start), Some(boot)) = (field(22), boot_time()) {
-                s.start_time_seconds = Some(boot as f64 + start as f64 / ticks);
-            }
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat")
+        && let Some(stat) = Stat::of(&stat)
+    {
+        s.cpu_seconds = stat.cpu_seconds(ticks);
+        if let (Some(start), Some(boot)) = (stat.field(22), boot_time()) {
+            s.start_time_seconds = Some(boot as f64 + start as f64 / ticks);
         }
     }
     if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
@@ -61,6 +55,34 @@ pub fn sample() -> Sample {
     }
     s.max_fds = getrlimit(Resource::Nofile).current;
     s
+}
+
+/// CPU seconds (user and system) process `pid` has used so far, from `/proc/<pid>/stat`;
+/// `None` once it is gone (or off Linux).
+pub fn cpu_seconds_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Stat::of(&stat)?.cpu_seconds(rustix::param::clock_ticks_per_second() as f64)
+}
+
+/// The fields of a `/proc/<pid>/stat` line after the command name (field 2), which may
+/// hold spaces: they are counted from after its last ')'.
+struct Stat<'a>(Vec<&'a str>);
+
+impl<'a> Stat<'a> {
+    fn of(stat: &'a str) -> Option<Self> {
+        let (_, rest) = stat.rsplit_once(')')?;
+        Some(Stat(rest.split_whitespace().collect()))
+    }
+
+    /// Field `n` as proc(5) numbers them (the first after the name is field 3).
+    fn field(&self, n: usize) -> Option<u64> {
+        self.0.get(n.checked_sub(3)?).and_then(|f| f.parse().ok())
+    }
+
+    /// utime (field 14) and stime (15), in seconds.
+    fn cpu_seconds(&self, ticks: f64) -> Option<f64> {
+        Some((self.field(14)? + self.field(15)?) as f64 / ticks)
+    }
 }
 
 /// `btime` of `/proc/stat`: boot time as a Unix timestamp. Read once.
@@ -194,6 +216,19 @@ mod tests {
             start <= now + 1.0 && start > now - 86_400.0 * 365.0,
             "{start}"
         );
+    }
+
+    #[test]
+    fn another_process_cpu_is_read_by_pid() {
+        let ours = cpu_seconds_of(std::process::id()).unwrap();
+        assert!(ours >= 0.0);
+        assert!(cpu_seconds_of(u32::MAX).is_none(), "no such process");
+        // A command name with spaces and a ')' does not shift the fields.
+        let line = "42 (a b) c) S 1 2 3 4 5 6 7 8 9 10 250 150 0 0 20 0 1 0 77";
+        let stat = Stat::of(line).unwrap();
+        assert_eq!(stat.cpu_seconds(100.0), Some(4.0));
+        assert_eq!(stat.field(22), Some(77));
+        assert_eq!(stat.field(2), None);
     }
 
     #[test]

@@ -267,39 +267,6 @@ pub async fn wait_ready(ops_port: u16, timeout: Duration) -> anyhow::Result<Dura
     .await
 }
 
-/// CPU seconds (user and system) that process `pid` has used so far; 0 once it is gone.
-/// CPU time, unlike wall-clock time, is what a configuration costs the machine: on a
-/// machine whose cores the API server and the controllers share, it says who paid.
-pub fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command name (which may hold spaces) follow its last ')'; utime
-    // and stime are fields 14 and 15 of proc(5), the 12th and 13th after the name.
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / clock_ticks()
-}
-
-fn clock_ticks() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
-}
-
 /// The pids of `cp`'s kube-apiserver and etcd: the processes whose command line names
 /// the control plane's own directory.
 pub fn control_plane_pids(cp: &harness::ControlPlane) -> Vec<u32> {
@@ -326,7 +293,11 @@ pub fn control_plane_pids(cp: &harness::ControlPlane) -> Vec<u32> {
         .collect()
 }
 
-/// The CPU seconds `pids` have used so far, together.
+/// The CPU seconds `pids` have used so far, together (a process gone counts 0). CPU
+/// time, unlike wall-clock time, is what a configuration costs the machine: on a machine
+/// whose cores the API server and the controllers share, it says who paid.
 pub fn cpu_of(pids: &[u32]) -> f64 {
-    pids.iter().map(|&pid| cpu_secs(pid)).sum()
+    pids.iter()
+        .filter_map(|&pid| telemetry::process::cpu_seconds_of(pid))
+        .sum()
 }
