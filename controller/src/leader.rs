@@ -118,6 +118,23 @@ impl Elector {
             if *shutdown.borrow() {
                 break;
             }
+            // A leader past its renew deadline (its renewals failed, or the process was
+            // frozen) steps down before it writes again. A fenced member's lapse is for
+            // good: it never writes its Lease again, because the other members may have
+            // taken its objects meanwhile without writing this Lease, so a renewal now
+            // would claim them a second time; the process stops (`shard::lapsed`) and a
+            // fresh one joins.
+            let fence_lapsed = self.fence.as_ref().is_some_and(Fence::lapsed);
+            if *leading.borrow()
+                && (fence_lapsed
+                    || last_renew.is_none_or(|t| t.elapsed() >= self.config.renew_deadline))
+            {
+                warn!(identity = %id, "lost leadership: could not renew within the renew deadline");
+                leading.send_replace(false);
+            }
+            if fence_lapsed {
+                break;
+            }
             let is_leader = *leading.borrow();
             // A request must not outlive the renew deadline: a leader that cannot
             // confirm its lease in time steps down.
@@ -199,6 +216,9 @@ impl Elector {
         let lease = match self.api.get(&self.config.lease_name).await {
             Ok(l) => l,
             Err(e) if is_not_found(&e) => {
+                if self.fence.as_ref().is_some_and(Fence::lapsed) {
+                    return Ok(Attempt::Following(None));
+                }
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(self.config.lease_name.clone()),
@@ -259,6 +279,11 @@ impl Elector {
         if !held_by_us {
             new_spec.acquire_time = Some(now);
             new_spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        // The last moment to refuse: a fenced member whose fence lapsed while this
+        // attempt waited for the read must not write.
+        if self.fence.as_ref().is_some_and(Fence::lapsed) {
+            return Ok(Attempt::Following(holder));
         }
         let mut updated = lease;
         if let Some(wanted) = annotations {
