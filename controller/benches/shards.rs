@@ -46,8 +46,8 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::converge::{Latencies, burst, latencies, started_now, wait_done, watch_status};
 use support::{
-    CONTROLLER_RESOURCES, ControllerRun, apiserver_writes, control_plane_pids, cpu_of, delta,
-    is_bench_run, keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_ready,
+    CONTROLLER_RESOURCES, ControllerRun, apiserver_reads, apiserver_writes, control_plane_pids,
+    cpu_of, delta, is_bench_run, keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_ready,
 };
 
 #[derive(Parser, Debug)]
@@ -147,6 +147,45 @@ fn spawn(
     Ok(processes)
 }
 
+/// With `APPSERVICE_APISERVER_PROFILING` set (the harness then turns on the API server's
+/// `/debug/pprof`): a CPU profile of the API server over `seconds`, taken once half the
+/// AppServices have converged, written to `path` (read it with `go tool pprof -top`).
+/// The same point of every configuration's convergence, so their profiles compare.
+fn profile_midway(
+    client: kube::Client,
+    done: support::converge::Done,
+    n: usize,
+    seconds: u64,
+    path: PathBuf,
+) -> Option<tokio::task::JoinHandle<()>> {
+    std::env::var_os("APPSERVICE_APISERVER_PROFILING")?;
+    Some(tokio::spawn(async move {
+        while done.lock().map(|d| d.len()).unwrap_or(0) < n / 2 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let taken = async {
+            use futures::AsyncReadExt as _;
+            let req = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
+                .body(Vec::new())?;
+            let mut body = Vec::new();
+            client
+                .request_stream(req)
+                .await?
+                .read_to_end(&mut body)
+                .await?;
+            std::fs::write(&path, &body)?;
+            anyhow::Ok(body.len())
+        };
+        match taken.await {
+            Ok(bytes) => eprintln!(
+                "API server CPU profile ({seconds} s from half converged, {bytes} bytes): go tool pprof -top {}",
+                path.display()
+            ),
+            Err(e) => eprintln!("API server CPU profile not taken: {e:#}"),
+        }
+    }))
+}
+
 /// Edits every AppService of `names` (a new spec.replicas), returning when each edit
 /// was sent.
 async fn edit_all(
@@ -189,12 +228,20 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
     let created = burst(&apps, n, args.load.create_concurrency).await?;
     let done = watch_status(admin.clone(), &ns, 1);
     let before = apiserver_writes(admin).await?;
+    let reads_before = apiserver_reads(admin).await?;
     let control_plane = control_plane_pids(cp);
     let cpu_before = cpu_of(&control_plane);
     let log = cp.log_dir().join(format!("{ring}.log"));
     eprintln!("{name}: starting {} process(es) …", shards.max(1));
     let started = started_now(created);
     let mut processes = spawn(cp, args, bin, &ns, shards, &ring, &log)?;
+    let profile = profile_midway(
+        admin.clone(),
+        done.clone(),
+        n,
+        30,
+        cp.log_dir().join(format!("apiserver-{ring}.pprof")),
+    );
     wait_done(&done, n, timeout, &format!("{name}: converged")).await?;
     let converge = latencies(&started, &done);
     let per_thousand = 1000.0 / n as f64;
@@ -208,6 +255,14 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
         &written,
         n as f64,
     );
+    print_writes(
+        &format!("{name}: API reads until converged (WATCH: when one starts)"),
+        &delta(&apiserver_reads(admin).await?, &reads_before),
+        n as f64,
+    );
+    if let Some(profile) = profile {
+        let _ = profile.await;
+    }
     for p in &processes {
         wait_ready(p.ops_port, Duration::from_secs(60)).await?;
     }

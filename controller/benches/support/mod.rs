@@ -23,10 +23,23 @@ const WRITE_VERBS: &[&str] = &[
     "DELETECOLLECTION",
 ];
 
-/// `(resource, subresource, verb) -> count` of write requests.
+/// Read verbs of `apiserver_request_total` (a WATCH counts once, when it starts).
+const READ_VERBS: &[&str] = &["GET", "LIST", "WATCH"];
+
+/// `(resource, subresource, verb) -> count` of requests.
 pub type Writes = BTreeMap<(String, String, String), f64>;
 
+/// The API server's write requests so far.
 pub async fn apiserver_writes(client: &Client) -> anyhow::Result<Writes> {
+    apiserver_requests(client, WRITE_VERBS).await
+}
+
+/// The API server's read requests so far (GET, LIST, and WATCH starts).
+pub async fn apiserver_reads(client: &Client) -> anyhow::Result<Writes> {
+    apiserver_requests(client, READ_VERBS).await
+}
+
+async fn apiserver_requests(client: &Client, verbs: &[&str]) -> anyhow::Result<Writes> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(req).await?;
     let mut out = Writes::new();
@@ -44,7 +57,7 @@ pub async fn apiserver_writes(client: &Client) -> anyhow::Result<Writes> {
             }
         }
         let verb = l.get("verb").copied().unwrap_or_default();
-        if !WRITE_VERBS.contains(&verb) {
+        if !verbs.contains(&verb) {
             continue;
         }
         let key = (
