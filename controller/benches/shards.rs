@@ -67,6 +67,12 @@ struct Args {
     /// measured as one more configuration (one process).
     #[arg(long)]
     baseline_bin: Option<PathBuf>,
+    /// Every control plane with the alpha gate `ShardedListAndWatch`, and the shards with
+    /// `--sharded-watch` (they select by namespace bucket: no labels written). The
+    /// AppServices share one namespace, so one bucket: the handover is measured only
+    /// without it.
+    #[arg(long)]
+    sharded_watch: bool,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
@@ -110,6 +116,9 @@ fn spawn(
         let identity = format!("{ring}-{i}");
         let ops_port = harness::process::free_port()?;
         let mut extra: Vec<String> = Vec::new();
+        if shards >= 1 && args.sharded_watch {
+            extra.push("--sharded-watch".to_owned());
+        }
         if shards >= 1 {
             extra.extend(
                 [
@@ -217,7 +226,12 @@ async fn edit_all(
 /// settle, and for two shards or more the handover of a killed one.
 async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::Result<Run> {
     eprintln!("{name}: starting a plain control plane …");
-    let cp = &harness::ControlPlane::start(harness::Options::plain()).await?;
+    let options = if args.sharded_watch {
+        harness::Options::plain().with_sharded_watch()
+    } else {
+        harness::Options::plain()
+    };
+    let cp = &harness::ControlPlane::start(options).await?;
     let admin = &cp.client();
     let n = args.n;
     let timeout = Duration::from_secs(args.timeout_secs);
@@ -275,7 +289,7 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
         })
         .collect();
 
-    let handover = if shards >= 2 {
+    let handover = if shards >= 2 && !args.sharded_watch {
         let leases: Api<Lease> = Api::namespaced(admin.clone(), "default");
         let leader = leases
             .get_opt(&ring)
@@ -372,8 +386,16 @@ async fn main() -> anyhow::Result<()> {
     let secs = |d: Duration| d.as_secs_f64();
     println!();
     println!(
-        "sharding benchmark: N={} AppServices created first, then the controllers started; plain control plane (no Pods); per process {} QPS / burst {}, concurrency {}",
-        args.n, args.load.qps, args.load.burst, args.load.concurrency
+        "sharding benchmark: N={} AppServices created first, then the controllers started; plain control plane (no Pods){}; per process {} QPS / burst {}, concurrency {}",
+        args.n,
+        if args.sharded_watch {
+            " with ShardedListAndWatch, shards with --sharded-watch"
+        } else {
+            ""
+        },
+        args.load.qps,
+        args.load.burst,
+        args.load.concurrency
     );
     let base = runs.first().map(|r| secs(r.converge.total)).unwrap_or(0.0);
     let base_cpu = runs.first().map(|r| r.cpu_control_plane).unwrap_or(0.0);
