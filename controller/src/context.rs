@@ -98,6 +98,11 @@ pub struct Context {
     /// from, and when. Kept apart from what [`Context::forget`] clears, since a release
     /// ends the pass with the object forgotten, while the cache may still show it.
     released: Mutex<Releases<ObjectRef<AppService>>>,
+    /// AppServices (by uid) being deleted whose external cleanup succeeded: a deletion
+    /// is never undone and no pass of a deleting object creates external state, so a
+    /// later pass (after the finalizer's removal failed, say on a conflict) only has
+    /// the finalizer left to remove. Bounded as `released` is.
+    cleaned: Mutex<Releases<String>>,
 }
 
 /// Finalizer releases the cache may not show yet: per key, the resourceVersion released
@@ -120,6 +125,10 @@ impl<K: std::hash::Hash + Eq> Releases<K> {
         self.map
             .retain(|_, (_, at)| now.saturating_duration_since(*at) < RELEASE_MEMORY);
         self.map.insert(key, (resource_version, now));
+    }
+
+    fn remembers(&self, key: &K) -> bool {
+        self.map.contains_key(key)
     }
 
     fn released_from(&self, key: &K, resource_version: Option<&str>) -> bool {
@@ -218,6 +227,7 @@ impl Context {
             child_writes: Mutex::default(),
             served: None,
             released: Mutex::default(),
+            cleaned: Mutex::default(),
         }
     }
 
@@ -360,6 +370,16 @@ impl Context {
         lock(&self.released).released_from(key, resource_version)
     }
 
+    /// Records that the external cleanup of the deleting AppService `uid` succeeded.
+    pub fn remember_cleanup(&self, uid: String) {
+        lock(&self.cleaned).remember(uid, String::new(), Instant::now());
+    }
+
+    /// Whether the external cleanup of the deleting AppService `uid` succeeded already.
+    pub fn cleaned_up(&self, uid: &str) -> bool {
+        lock(&self.cleaned).remembers(&uid.to_owned())
+    }
+
     /// Forgets everything about `key` (it is gone).
     pub fn forget(&self, key: &ObjectRef<AppService>) {
         self.reset_failures(key);
@@ -428,6 +448,8 @@ mod tests {
         assert!(!r.released_from(&"app", Some("6")), "a later version");
         assert!(!r.released_from(&"app", None));
         assert!(!r.released_from(&"other", Some("5")));
+        assert!(r.remembers(&"app"), "whatever the version");
+        assert!(!r.remembers(&"other"));
         // Bounded: an insert past the memory drops what is older.
         r.remember(
             "other",

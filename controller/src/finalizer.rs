@@ -88,16 +88,26 @@ pub(crate) async fn finalize(
         debug!("finalizer already released from this version; nothing to clean up");
         return Ok(Outcome::gone());
     }
-    match ctx.external().cleanup(app).await {
-        Ok(Step::Done) => {}
-        Ok(Step::NotReady(after)) => return Ok(Outcome::next(Ok(Next::requeue(after)))),
-        Err(e) => {
-            ctx.metrics().cleanup_failed();
-            let message = e.to_string();
-            // Announced once by the status it writes (`report::announcements`).
-            let found = Observation::CleanupFailed(message);
-            let status = status_of(app, &Observed::new(&found), &ctx.clock().now());
-            return Ok(Outcome::status(status, Err(e)));
+    // A pass after a cleanup whose finalizer removal failed (a conflict: the object
+    // changed meanwhile) has only the removal left.
+    let uid = app.metadata.uid.clone();
+    if uid.as_deref().is_some_and(|u| ctx.cleaned_up(u)) {
+        debug!("external cleanup already done; removing the finalizer");
+    } else {
+        match ctx.external().cleanup(app).await {
+            Ok(Step::Done) => {}
+            Ok(Step::NotReady(after)) => return Ok(Outcome::next(Ok(Next::requeue(after)))),
+            Err(e) => {
+                ctx.metrics().cleanup_failed();
+                let message = e.to_string();
+                // Announced once by the status it writes (`report::announcements`).
+                let found = Observation::CleanupFailed(message);
+                let status = status_of(app, &Observed::new(&found), &ctx.clock().now());
+                return Ok(Outcome::status(status, Err(e)));
+            }
+        }
+        if let Some(uid) = uid {
+            ctx.remember_cleanup(uid);
         }
     }
     let finalizers: Vec<String> = app

@@ -603,10 +603,42 @@ async fn a_pass_that_still_sees_the_released_appservice_cleans_up_nothing() -> a
     Ok(())
 }
 
+#[tokio::test]
+async fn a_finalizer_removal_that_conflicts_after_the_cleanup_does_not_clean_up_again()
+-> anyhow::Result<()> {
+    let external = std::sync::Arc::new(FlakyExternal::default());
+    let (f, ctl) = Fixture::setup().external(external.clone()).start().await?;
+    create(&f.apps, &app("edited", "nginx:1.27", 1)).await?;
+    eventually("the finalizer", WAIT, || async {
+        let a = f.apps.get("edited").await?;
+        Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
+    })
+    .await?;
+    if let Ok(mut edit) = external.edit_during_cleanup.lock() {
+        *edit = Some((f.apps.clone(), "edited".to_owned()));
+    }
+    f.apps.delete("edited", &DeleteParams::default()).await?;
+    eventually("the AppService to be gone", WAIT, || async {
+        Ok(f.apps.get_opt("edited").await?.is_none().then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        external.cleanups().len(),
+        1,
+        "the pass after the conflicting removal cleaned up again"
+    );
+    ctl.stop().await?;
+    Ok(())
+}
+
 #[derive(Default)]
 struct FlakyExternal {
     fail: std::sync::atomic::AtomicBool,
     cleanups: std::sync::Mutex<Vec<std::time::Instant>>,
+    /// Another writer labels this AppService during the next cleanup, so the
+    /// finalizer's removal that follows it (guarded by the version the pass read)
+    /// conflicts.
+    edit_during_cleanup: std::sync::Mutex<Option<(Api<common::AppService>, String)>>,
 }
 
 impl FlakyExternal {
@@ -636,6 +668,18 @@ impl controller::external::External for FlakyExternal {
         Box::pin(async move {
             if let Ok(mut calls) = self.cleanups.lock() {
                 calls.push(std::time::Instant::now());
+            }
+            let edit = self
+                .edit_during_cleanup
+                .lock()
+                .ok()
+                .and_then(|mut e| e.take());
+            if let Some((api, name)) = edit {
+                let patch =
+                    serde_json::json!({"metadata": {"labels": {"edited": "during-cleanup"}}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(controller::error::Error::from)?;
             }
             if self.fail.load(Ordering::SeqCst) {
                 Err(controller::error::Error::Cleanup(
