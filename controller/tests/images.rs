@@ -121,6 +121,32 @@ impl World {
         Ok(())
     }
 
+    /// [`Self::policy`], then waits until the controller reports it observed (its
+    /// status's `observedGeneration`, written from the cache the verifier reads, at the
+    /// shipped interval): an AppService created after that is judged by it. One created
+    /// before may be judged without it (the caches are eventually consistent), and its
+    /// children may then exist before the verdict.
+    async fn policy_in_force(
+        &mut self,
+        name: &str,
+        mode: &str,
+        keys: serde_json::Value,
+    ) -> anyhow::Result<()> {
+        self.policy(name, mode, keys).await?;
+        let name = format!("{}-{name}", self.f.ns.name());
+        harness::eventually(
+            &format!("{name} observed by the controller"),
+            Duration::from_secs(60),
+            || async {
+                let p = self.policies.get(&name).await?;
+                let observed = p.status.as_ref().and_then(|s| s.observed_generation);
+                Ok((observed.is_some() && observed == p.metadata.generation).then_some(()))
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn edit_policy(&self, name: &str, spec: serde_json::Value) -> anyhow::Result<i64> {
         let name = format!("{}-{name}", self.f.ns.name());
         let p = self
@@ -258,7 +284,7 @@ async fn signed_unsigned_foreign_and_digest_references_get_their_verdicts() -> a
         .sign(&theirs, &format!("{host}/shop/foreign@{foreign}"))
         .await?;
     let mut w = World::start(registry).await?;
-    w.policy("release", "Enforce", json!([inline("release", &ours)]))
+    w.policy_in_force("release", "Enforce", json!([inline("release", &ours)]))
         .await?;
 
     let by_digest = format!("{host}/shop/signed@{signed}");
@@ -396,7 +422,7 @@ async fn a_registry_outage_or_a_slow_registry_never_stops_what_runs() -> anyhow:
             .await?;
     }
     let mut w = World::start(registry).await?;
-    w.policy("release", "Enforce", json!([inline("k", &key)]))
+    w.policy_in_force("release", "Enforce", json!([inline("k", &key)]))
         .await?;
     let pinned = format!("{}@{running}", w.image("shop/running", "v1"));
     w.app("running", &w.image("shop/running", "v1")).await?;
@@ -903,7 +929,7 @@ async fn the_canary_image_is_verified_and_pinned_on_its_own() -> anyhow::Result<
         .sign(&key, &format!("{host}/shop/web@{stable}"))
         .await?;
     let mut w = World::start(registry).await?;
-    w.policy("release", "Enforce", json!([inline("k", &key)]))
+    w.policy_in_force("release", "Enforce", json!([inline("k", &key)]))
         .await?;
     let (v1, v2) = (w.image("shop/web", "v1"), w.image("shop/web", "v2"));
     let app = common::testing::app("web", &v1)
@@ -964,7 +990,7 @@ async fn a_policy_whose_key_secret_is_missing_holds_and_says_so_on_itself() -> a
         .sign(&key, &format!("{host}/shop/app@{digest}"))
         .await?;
     let mut w = World::start(registry).await?;
-    w.policy(
+    w.policy_in_force(
         "release",
         "Enforce",
         json!([{"name": "release", "secretRef": {"name": "release-key"}}]),
