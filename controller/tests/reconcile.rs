@@ -431,11 +431,7 @@ async fn delete_runs_finalizer_and_removes_the_appservice() -> anyhow::Result<()
     let (f, ctl) = Fixture::setup().external(external.clone()).start().await?;
 
     let created = create(&f.apps, &app("gone", "nginx:1.27", 1)).await?;
-    eventually("the finalizer", WAIT, || async {
-        let a = f.apps.get("gone").await?;
-        Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
-    })
-    .await?;
+    finalizer_on(&f.apps, "gone").await?;
     let d = eventually("the Deployment", WAIT, || async {
         Ok(get_deployment(&f.deployments, "gone").await?)
     })
@@ -470,11 +466,7 @@ async fn without_the_controller_nothing_is_removed_from_a_deleted_appservice() -
     let external = std::sync::Arc::new(FlakyExternal::default());
     let (f, ctl) = Fixture::setup().external(external.clone()).start().await?;
     create(&f.apps, &app("held", "nginx:1.27", 1)).await?;
-    eventually("the finalizer", WAIT, || async {
-        let a = f.apps.get("held").await?;
-        Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
-    })
-    .await?;
+    finalizer_on(&f.apps, "held").await?;
     ctl.stop().await?;
 
     f.apps.delete("held", &DeleteParams::default()).await?;
@@ -609,11 +601,7 @@ async fn a_finalizer_removal_that_conflicts_after_the_cleanup_does_not_clean_up_
     let external = std::sync::Arc::new(FlakyExternal::default());
     let (f, ctl) = Fixture::setup().external(external.clone()).start().await?;
     create(&f.apps, &app("edited", "nginx:1.27", 1)).await?;
-    eventually("the finalizer", WAIT, || async {
-        let a = f.apps.get("edited").await?;
-        Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
-    })
-    .await?;
+    finalizer_on(&f.apps, "edited").await?;
     if let Ok(mut edit) = external.edit_during_cleanup.lock() {
         *edit = Some((f.apps.clone(), "edited".to_owned()));
     }
@@ -628,6 +616,16 @@ async fn a_finalizer_removal_that_conflicts_after_the_cleanup_does_not_clean_up_
         "the pass after the conflicting removal cleaned up again"
     );
     ctl.stop().await?;
+    Ok(())
+}
+
+/// Waits until the AppService `name` carries our finalizer.
+async fn finalizer_on(apps: &Api<common::AppService>, name: &str) -> anyhow::Result<()> {
+    eventually("the finalizer", WAIT, || async {
+        let a = apps.get(name).await?;
+        Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
+    })
+    .await?;
     Ok(())
 }
 
@@ -704,11 +702,7 @@ async fn failing_cleanup_keeps_the_finalizer_and_is_visible_until_it_succeeds() 
     let apps = &fixture.apps;
 
     create(apps, &app("db", "nginx:1.27", 1)).await?;
-    eventually("the finalizer", WAIT, || async {
-        let a = apps.get("db").await?;
-        Ok(a.finalizers().iter().any(|f| f == FINALIZER).then_some(()))
-    })
-    .await?;
+    finalizer_on(apps, "db").await?;
     apps.delete("db", &DeleteParams::default()).await?;
 
     let a = eventually("Degraded=True CleanupFailed", WAIT, || async {
