@@ -97,22 +97,23 @@ pub struct Context {
     /// AppServices whose finalizer we released: the resourceVersion it was released
     /// from, and when. Kept apart from what [`Context::forget`] clears, since a release
     /// ends the pass with the object forgotten, while the cache may still show it.
-    released: Mutex<Releases<ObjectRef<AppService>>>,
+    released: Mutex<Recent<ObjectRef<AppService>, String>>,
     /// AppServices (by uid) being deleted whose external cleanup succeeded: a deletion
     /// is never undone and no pass of a deleting object creates external state, so a
     /// later pass (after the finalizer's removal failed, say on a conflict) only has
     /// the finalizer left to remove. Bounded as `released` is.
-    cleaned: Mutex<Releases<String>>,
+    cleaned: Mutex<Recent<String, ()>>,
 }
 
-/// Finalizer releases the cache may not show yet: per key, the resourceVersion released
-/// from and when. Entries older than [`RELEASE_MEMORY`] go on the next insert, so the
-/// map is bounded by the releases of that long.
-struct Releases<K> {
-    map: HashMap<K, (String, Instant)>,
+/// What the finalizer did lately that the cache may not show yet: per key, a value
+/// (the resourceVersion a release was made from, or nothing) and when. Entries older
+/// than [`RELEASE_MEMORY`] go on the next insert, so the map is bounded by the
+/// deletions of that long.
+struct Recent<K, V> {
+    map: HashMap<K, (V, Instant)>,
 }
 
-impl<K> Default for Releases<K> {
+impl<K, V> Default for Recent<K, V> {
     fn default() -> Self {
         Self {
             map: HashMap::new(),
@@ -120,21 +121,27 @@ impl<K> Default for Releases<K> {
     }
 }
 
-impl<K: std::hash::Hash + Eq> Releases<K> {
-    fn remember(&mut self, key: K, resource_version: String, now: Instant) {
+impl<K: std::hash::Hash + Eq, V> Recent<K, V> {
+    fn remember(&mut self, key: K, value: V, now: Instant) {
         self.map
             .retain(|_, (_, at)| now.saturating_duration_since(*at) < RELEASE_MEMORY);
-        self.map.insert(key, (resource_version, now));
+        self.map.insert(key, (value, now));
     }
 
-    fn remembers(&self, key: &K) -> bool {
-        self.map.contains_key(key)
+    fn get<Q>(&self, key: &Q) -> Option<&V>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        self.map.get(key).map(|(v, _)| v)
     }
+}
 
+impl<K: std::hash::Hash + Eq> Recent<K, String> {
+    /// Whether `key` was released from exactly `resource_version`.
     fn released_from(&self, key: &K, resource_version: Option<&str>) -> bool {
-        self.map
-            .get(key)
-            .is_some_and(|(rv, _)| Some(rv.as_str()) == resource_version)
+        self.get(key)
+            .is_some_and(|rv| Some(rv.as_str()) == resource_version)
     }
 }
 
@@ -372,12 +379,12 @@ impl Context {
 
     /// Records that the external cleanup of the deleting AppService `uid` succeeded.
     pub fn remember_cleanup(&self, uid: String) {
-        lock(&self.cleaned).remember(uid, String::new(), Instant::now());
+        lock(&self.cleaned).remember(uid, (), Instant::now());
     }
 
     /// Whether the external cleanup of the deleting AppService `uid` succeeded already.
     pub fn cleaned_up(&self, uid: &str) -> bool {
-        lock(&self.cleaned).remembers(&uid.to_owned())
+        lock(&self.cleaned).get(uid).is_some()
     }
 
     /// Forgets everything about `key` (it is gone).
@@ -432,13 +439,13 @@ impl Context {
 
 #[cfg(test)]
 mod tests {
-    use super::{RELEASE_MEMORY, Releases, WrittenOver};
+    use super::{RELEASE_MEMORY, Recent, WrittenOver};
     use std::time::{Duration, Instant};
 
     #[test]
     fn a_release_is_known_for_the_version_released_from_and_forgotten_in_time() {
         let t0 = Instant::now();
-        let mut r = Releases::<&str>::default();
+        let mut r = Recent::<&str, String>::default();
         assert!(!r.released_from(&"app", Some("5")));
         r.remember("app", "5".to_owned(), t0);
         assert!(
@@ -448,8 +455,8 @@ mod tests {
         assert!(!r.released_from(&"app", Some("6")), "a later version");
         assert!(!r.released_from(&"app", None));
         assert!(!r.released_from(&"other", Some("5")));
-        assert!(r.remembers(&"app"), "whatever the version");
-        assert!(!r.remembers(&"other"));
+        assert!(r.get(&"app").is_some(), "whatever the version");
+        assert!(r.get(&"other").is_none());
         // Bounded: an insert past the memory drops what is older.
         r.remember(
             "other",

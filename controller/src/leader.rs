@@ -124,15 +124,9 @@ impl Elector {
             // taken its objects meanwhile without writing this Lease, so a renewal now
             // would claim them a second time; the process stops (`shard::lapsed`) and a
             // fresh one joins.
-            let fence_lapsed = self.fence.as_ref().is_some_and(Fence::lapsed);
-            if *leading.borrow()
-                && (fence_lapsed
-                    || last_renew.is_none_or(|t| t.elapsed() >= self.config.renew_deadline))
-            {
-                warn!(identity = %id, "lost leadership: could not renew within the renew deadline");
-                leading.send_replace(false);
-            }
-            if fence_lapsed {
+            let lapsed = self.fence_lapsed();
+            self.step_down_past_deadline(&leading, last_renew, lapsed);
+            if lapsed {
                 break;
             }
             let is_leader = *leading.borrow();
@@ -171,12 +165,7 @@ impl Elector {
                 }
                 Err(_) => warn!(identity = %id, "lease request timed out"),
             }
-            if *leading.borrow()
-                && last_renew.is_none_or(|t| t.elapsed() >= self.config.renew_deadline)
-            {
-                warn!(identity = %id, "lost leadership: could not renew within the renew deadline");
-                leading.send_replace(false);
-            }
+            self.step_down_past_deadline(&leading, last_renew, self.fence_lapsed());
             let pause = jittered(self.config.retry_period, !*leading.borrow());
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
@@ -205,6 +194,29 @@ impl Elector {
         }
     }
 
+    /// Whether this member's fence (if any) has lapsed for good.
+    fn fence_lapsed(&self) -> bool {
+        self.fence.as_ref().is_some_and(Fence::lapsed)
+    }
+
+    /// A leader whose last renewal is older than the renew deadline, or whose fence
+    /// lapsed (`fence_lapsed`, read once by the caller, which acts on the same reading),
+    /// steps down.
+    fn step_down_past_deadline(
+        &self,
+        leading: &watch::Sender<bool>,
+        last_renew: Option<Instant>,
+        fence_lapsed: bool,
+    ) {
+        if *leading.borrow()
+            && (fence_lapsed
+                || last_renew.is_none_or(|t| t.elapsed() >= self.config.renew_deadline))
+        {
+            warn!(identity = %self.config.identity, "lost leadership: could not renew within the renew deadline");
+            leading.send_replace(false);
+        }
+    }
+
     async fn try_acquire_or_renew(
         &mut self,
         annotations: Option<&std::collections::BTreeMap<String, String>>,
@@ -216,7 +228,7 @@ impl Elector {
         let lease = match self.api.get(&self.config.lease_name).await {
             Ok(l) => l,
             Err(e) if is_not_found(&e) => {
-                if self.fence.as_ref().is_some_and(Fence::lapsed) {
+                if self.fence_lapsed() {
                     return Ok(Attempt::Following(None));
                 }
                 let lease = Lease {
@@ -282,7 +294,7 @@ impl Elector {
         }
         // The last moment to refuse: a fenced member whose fence lapsed while this
         // attempt waited for the read must not write.
-        if self.fence.as_ref().is_some_and(Fence::lapsed) {
+        if self.fence_lapsed() {
             return Ok(Attempt::Following(holder));
         }
         let mut updated = lease;
