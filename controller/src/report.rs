@@ -37,6 +37,7 @@ pub async fn write_status(
     if !needs_write(live, status) {
         return Ok(());
     }
+    debug!(object = %key, from = ?live, to = ?status, "status changed");
     let events = announcements(live, status);
     let mut patch = json!({
         "apiVersion": AppService::api_version(&()),
