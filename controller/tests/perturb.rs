@@ -1024,9 +1024,14 @@ async fn restart_with_100_converged_appservices_writes_nothing() -> anyhow::Resu
         f.converged_within(name, WAIT).await?;
     }
     let World {
-        fixture: Fixture {
-            client, ns, apps, ..
-        },
+        fixture:
+            Fixture {
+                client,
+                ns,
+                apps,
+                rollouts,
+                ..
+            },
         ctl,
     } = f;
     ctl.stop().await?;
@@ -1050,6 +1055,7 @@ async fn restart_with_100_converged_appservices_writes_nothing() -> anyhow::Resu
             services: Api::namespaced(client.clone(), &ns),
             apps: apps.clone(),
             client: client.clone(),
+            rollouts,
             ns,
         },
         ctl: again,

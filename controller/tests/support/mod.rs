@@ -43,6 +43,9 @@ pub struct Fixture {
     pub apps: Api<AppService>,
     pub deployments: Api<Deployment>,
     pub services: Api<Service>,
+    /// Whether the control plane runs the Deployment controller (and Pods for it), so
+    /// that Deployments roll out: [`settle`] waits for them then.
+    pub rollouts: bool,
 }
 
 impl Fixture {
@@ -146,6 +149,7 @@ impl Fixture {
             apps: Api::namespaced(client.clone(), &ns),
             deployments: Api::namespaced(client.clone(), &ns),
             services: Api::namespaced(client.clone(), &ns),
+            rollouts: cp.options().full,
             ns,
             client,
         })
@@ -468,10 +472,11 @@ pub fn writes_by_resource(metrics: &Metrics) -> Vec<(&'static str, u64)> {
 }
 
 /// Waits until the world has settled, and returns the names of the namespace's
-/// AppServices. Settled means one reconcile of each wrote nothing: the control plane may
-/// still be finishing what a perturbation started (the Deployment controller's last
-/// status update after the Pods of a scale-up put back have gone), and status follows it
-/// with one write. A controller that writes on every reconcile never settles and fails.
+/// AppServices. Settled means, first, that the control plane finished what a
+/// perturbation started: every Deployment of these AppServices has rolled out (or is
+/// stuck, by its own conditions), so status has nothing left to follow; then that one
+/// reconcile of each AppService wrote nothing (status follows the last rollout step with
+/// one write). A controller that writes on every reconcile never settles and fails.
 pub async fn settle(f: &Fixture, metrics: &Metrics) -> anyhow::Result<Vec<String>> {
     let names: Vec<String> = f
         .apps
@@ -480,17 +485,90 @@ pub async fn settle(f: &Fixture, metrics: &Metrics) -> anyhow::Result<Vec<String
         .into_iter()
         .map(|a| kube::ResourceExt::name_any(&a))
         .collect();
+    if f.rollouts {
+        for name in &names {
+            rollouts_done(f, name).await?;
+        }
+    }
+    let rounds = u64::try_from(names.len())?;
     let mut history = Vec::new();
     for _ in 0..SETTLE_ATTEMPTS {
         let before = writes_by_resource(metrics);
-        poke(f, metrics, &names, 1).await?;
+        poke(f, metrics, &names, rounds).await?;
         let after = writes_by_resource(metrics);
         if after == before {
             return Ok(names);
         }
         history.push(after);
     }
-    anyhow::bail!("still writing after {SETTLE_ATTEMPTS} reconciles: {history:?}")
+    anyhow::bail!("still writing after {SETTLE_ATTEMPTS} reconciles of each: {history:?}")
+}
+
+/// How long the Deployment controller may take to finish a rollout in a test.
+const ROLLOUT_BOUND: Duration = Duration::from_secs(60);
+
+/// Waits until the Deployments `name`'s AppService controls (its own and its canary's)
+/// are done rolling out: the Deployment controller saw the current generation, every
+/// replica is updated, ready and available and no old one is left, or the Deployment
+/// says it is stuck (`ReplicaFailure`, `ProgressDeadlineExceeded`). Until then the
+/// control plane still moves, and status rightly follows it.
+pub async fn rollouts_done(f: &Fixture, name: &str) -> anyhow::Result<()> {
+    let Some(app) = f.apps.get_opt(name).await? else {
+        return Ok(());
+    };
+    if app.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let uid = app
+        .metadata
+        .uid
+        .clone()
+        .context("AppService without a uid")?;
+    for deployment in [name.to_owned(), common::names::canary_deployment_name(name)] {
+        let what = format!("the Deployment {deployment} to finish rolling out");
+        harness::eventually(&what, ROLLOUT_BOUND, || async {
+            let Some(d) = f.deployments.get_opt(&deployment).await? else {
+                return Ok(Some(()));
+            };
+            let ours = d
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| r.uid == uid && r.controller == Some(true));
+            if !ours || d.metadata.deletion_timestamp.is_some() || rollout_done(&d) {
+                return Ok(Some(()));
+            }
+            // Kept as the reason if the wait times out.
+            Err::<Option<()>, harness::poll::Failure>(
+                format!("{deployment}: {:?}", d.status).into(),
+            )
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Whether the Deployment controller is done with `d`, by the Deployment's own status.
+fn rollout_done(d: &Deployment) -> bool {
+    let Some(status) = d.status.as_ref() else {
+        return false;
+    };
+    if status.observed_generation < d.metadata.generation {
+        return false;
+    }
+    let stuck = status.conditions.iter().flatten().any(|c| {
+        let (kind, reason) = (c.type_.as_deref(), c.reason.as_deref());
+        (kind == Some("ReplicaFailure") && c.status.as_deref() == Some("True"))
+            || (kind == Some("Progressing") && reason == Some("ProgressDeadlineExceeded"))
+    });
+    let desired = d.spec.replicas.unwrap_or(1);
+    let count = |n: Option<i32>| n.unwrap_or(0);
+    stuck
+        || (count(status.updated_replicas) == desired
+            && count(status.replicas) == desired
+            && count(status.ready_replicas) == desired
+            && count(status.available_replicas) == desired)
 }
 
 /// Prefix of the problems that are about Pods' progress rather than the children's
