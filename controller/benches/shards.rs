@@ -160,6 +160,9 @@ fn spawn(
 /// `/debug/pprof`): a CPU profile of the API server over `seconds`, taken once half the
 /// AppServices have converged, written to `path` (read it with `go tool pprof -top`).
 /// The same point of every configuration's convergence, so their profiles compare.
+/// With `APPSERVICE_APISERVER_PROFILING=whole`: back-to-back profiles of `seconds` from
+/// the start until every AppService converged, `path` with `-<i>` before its extension
+/// (merge them with `go tool pprof -proto`), so the whole run's cost compares.
 fn profile_midway(
     client: kube::Client,
     done: support::converge::Done,
@@ -167,25 +170,30 @@ fn profile_midway(
     seconds: u64,
     path: PathBuf,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    std::env::var_os("APPSERVICE_APISERVER_PROFILING")?;
+    let mode = std::env::var("APPSERVICE_APISERVER_PROFILING").ok()?;
+    let converged = move || done.lock().map(|d| d.len()).unwrap_or(0);
+    if mode == "whole" {
+        return Some(tokio::spawn(async move {
+            let mut window = 0;
+            while converged() < n {
+                let part = path.with_extension(format!("{window}.pprof"));
+                if let Err(e) = take_profile(&client, seconds, &part).await {
+                    eprintln!("API server CPU profile {window} not taken: {e:#}");
+                    return;
+                }
+                window += 1;
+            }
+            eprintln!(
+                "API server CPU profiles ({window} × {seconds} s from the start): {}",
+                path.with_extension("*.pprof").display()
+            );
+        }));
+    }
     Some(tokio::spawn(async move {
-        while done.lock().map(|d| d.len()).unwrap_or(0) < n / 2 {
+        while converged() < n / 2 {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        let taken = async {
-            use futures::AsyncReadExt as _;
-            let req = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
-                .body(Vec::new())?;
-            let mut body = Vec::new();
-            client
-                .request_stream(req)
-                .await?
-                .read_to_end(&mut body)
-                .await?;
-            std::fs::write(&path, &body)?;
-            anyhow::Ok(body.len())
-        };
-        match taken.await {
+        match take_profile(&client, seconds, &path).await {
             Ok(bytes) => eprintln!(
                 "API server CPU profile ({seconds} s from half converged, {bytes} bytes): go tool pprof -top {}",
                 path.display()
@@ -193,6 +201,21 @@ fn profile_midway(
             Err(e) => eprintln!("API server CPU profile not taken: {e:#}"),
         }
     }))
+}
+
+/// One CPU profile of the API server over `seconds`, written to `path`; its size.
+async fn take_profile(client: &kube::Client, seconds: u64, path: &Path) -> anyhow::Result<usize> {
+    use futures::AsyncReadExt as _;
+    let req =
+        http::Request::get(format!("/debug/pprof/profile?seconds={seconds}")).body(Vec::new())?;
+    let mut body = Vec::new();
+    client
+        .request_stream(req)
+        .await?
+        .read_to_end(&mut body)
+        .await?;
+    std::fs::write(path, &body)?;
+    Ok(body.len())
 }
 
 /// Edits every AppService of `names` (a new spec.replicas), returning when each edit
