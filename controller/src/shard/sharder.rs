@@ -18,6 +18,12 @@
 //! read, and each relabel changes the object's resourceVersion, so a write another
 //! writer prepared before it fails with 409.
 //!
+//! A pass looks at the AppServices that had an event (their own or a child's) since the
+//! last pass, and at every AppService when the live members of a ring changed, after a
+//! relist or a namespace's event, and at least once per retry period (time alone moves
+//! a Lease past its expiry): work in proportion to what changed, while the shard
+//! converges thousands of AppServices whose events never stop.
+//!
 //! Rings side by side (`--namespace-selector`, a canary release): each release is its
 //! own ring, and owns the AppServices of the namespaces its selector matches. The
 //! exclusion rests on the labels, not on the selectors being complementary:
@@ -31,9 +37,9 @@
 //!   our clock is dead (its release uninstalled or down): its labels are removed in the
 //!   same writes that add ours. Its shards' fences closed long before.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use common::AppService;
@@ -72,8 +78,8 @@ const CONCURRENCY: usize = 16;
 const STALE_AFTER: u32 = 20;
 
 /// The pause before a pass that a change woke: at least 100 ms (it gathers a burst of
-/// events), and at least this many times the last pass's reading of the caches, which
-/// visits every AppService and child: without it a ring of 20,000 AppServices, whose
+/// events), and at least this many times the last pass's reading of the caches (a full
+/// pass visits every AppService and child): without it a ring of 20,000 AppServices, whose
 /// events never stop while it converges, kept the sharder busy for most of a core,
 /// taken from the API server on a small machine. Never longer than the retry period,
 /// which bounds how late a Lease's expiry is seen anyway.
@@ -97,7 +103,7 @@ struct Seen {
 
 /// A live member of a ring: the ring (its Lease's `platform.example.com/shard-ring`
 /// label), where its Lease is, and who holds it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Member {
     pub ring: String,
     pub namespace: String,
@@ -362,6 +368,25 @@ struct ChildMeta {
 }
 
 impl ChildMeta {
+    /// The child of `meta` and its controller's uid; `None` without a controller.
+    fn of(kind: ChildKind, meta: &kube::api::ObjectMeta) -> Option<(String, ChildMeta)> {
+        let uid = meta
+            .owner_references
+            .as_ref()?
+            .iter()
+            .find(|r| r.controller == Some(true))?
+            .uid
+            .clone();
+        let child = ChildMeta {
+            kind,
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone(),
+            labels: meta.labels.clone().unwrap_or_default(),
+        };
+        Some((uid, child))
+    }
+
     /// The label changes that make this child carry `want` (key to value, or `None` to
     /// remove), if any.
     fn patch(&self, want: &BTreeMap<String, Option<String>>) -> Option<serde_json::Value> {
@@ -408,6 +433,64 @@ impl Caches {
     }
 }
 
+/// What a watch event can change about the sharder's decisions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Affects {
+    /// The AppService `namespace/name` (its own event, or one of its children's).
+    App(String, String),
+    /// Possibly any AppService: a relist, a namespace's labels.
+    All,
+    /// Nothing by itself: a Lease renewed (a change of the ring is seen in the pass,
+    /// which compares the members), a child without an AppService controller.
+    Nothing,
+}
+
+/// The AppServices whose decision may have changed since the last pass, gathered by the
+/// caches' tasks: a pass looks at these only, unless everything may have changed. At
+/// most one entry per AppService in the cache.
+#[derive(Debug, Default)]
+struct Changes {
+    dirty: Mutex<Dirty>,
+}
+
+#[derive(Debug, Default)]
+struct Dirty {
+    all: bool,
+    apps: HashSet<(String, String)>,
+}
+
+impl Changes {
+    fn mark(&self, affects: Affects) {
+        let mut dirty = self.dirty.lock().unwrap_or_else(PoisonError::into_inner);
+        match affects {
+            Affects::App(namespace, name) if !dirty.all => {
+                dirty.apps.insert((namespace, name));
+            }
+            Affects::App(..) | Affects::Nothing => {}
+            Affects::All => {
+                dirty.all = true;
+                dirty.apps = HashSet::new();
+            }
+        }
+    }
+
+    /// What changed since the last call, and forgets it.
+    fn take(&self) -> Dirty {
+        std::mem::take(&mut *self.dirty.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// Which AppServices a pass looks at.
+#[derive(Debug)]
+enum Scope {
+    /// Every one: after a relist, a change of a ring's members or of the namespaces, and
+    /// at least once per retry period (time alone moves a Lease past its expiry, or
+    /// another ring past its grace).
+    All,
+    /// Those of `namespace/name` only: nothing else changed since the last pass.
+    Apps(HashSet<(String, String)>),
+}
+
 /// Runs the sharder whenever `leading` is true, until `stop` turns true.
 pub async fn run(
     ctx: Arc<Context>,
@@ -422,9 +505,14 @@ pub async fn run(
         info!("sharder started (this replica leads the ring)");
         let mut tasks = JoinSet::new();
         let notify = Arc::new(Notify::new());
-        let caches = start_caches(&ctx, &mut tasks, &notify);
-        let mut liveness = Liveness::default();
-        let mut peers = Peers::new(Instant::now());
+        let changes = Arc::new(Changes::default());
+        let caches = start_caches(&ctx, &mut tasks, &notify, &changes);
+        let mut state = PassState {
+            liveness: Liveness::default(),
+            peers: Peers::new(Instant::now()),
+            members: None,
+            last_full: None,
+        };
         let mut announced_members = usize::MAX;
         let mut last_read = Duration::ZERO;
         loop {
@@ -432,8 +520,18 @@ pub async fn run(
                 break;
             }
             if caches.synced.iter().all(|f| f.load(Ordering::Relaxed)) {
-                let (members, read) =
-                    pass(&ctx, &caches, &mut liveness, &mut peers, &leading).await;
+                // Taken before the pass reads the caches: what changes during it is
+                // looked at by the next one.
+                let dirty = changes.take();
+                let due = state
+                    .last_full
+                    .is_none_or(|t| t.elapsed() >= ctx.config().retry_period);
+                let scope = if dirty.all || due {
+                    Scope::All
+                } else {
+                    Scope::Apps(dirty.apps)
+                };
+                let (members, read) = pass(&ctx, &caches, &mut state, scope, &leading).await;
                 last_read = read;
                 if members != announced_members {
                     info!(members, "ring members");
@@ -480,7 +578,12 @@ fn keep_labels(meta: &mut kube::api::ObjectMeta) {
     };
 }
 
-fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) -> Caches {
+fn start_caches(
+    ctx: &Context,
+    tasks: &mut JoinSet<()>,
+    notify: &Arc<Notify>,
+    changes: &Arc<Changes>,
+) -> Caches {
     let config = ctx.config();
     let client = ctx.client();
     let synced: Arc<[AtomicBool; 6]> = Arc::new(Default::default());
@@ -494,7 +597,16 @@ fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) ->
         watcher::Config::default().any_semantic(),
         |o: &mut PartialObjectMeta<AppService>| keep_labels(&mut o.metadata),
         (synced.clone(), 0),
-        notify.clone(),
+        OnEvent {
+            notify: notify.clone(),
+            changes: changes.clone(),
+            affects: |o| {
+                Affects::App(
+                    o.metadata.namespace.clone().unwrap_or_default(),
+                    o.metadata.name.clone().unwrap_or_default(),
+                )
+            },
+        },
     );
     // The member Leases of every ring (other releases' rings are in their own
     // namespaces): whether another ring is alive decides whether its AppServices may be
@@ -510,7 +622,11 @@ fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) ->
             .any_semantic(),
         |l: &mut Lease| l.metadata.managed_fields = None,
         (synced.clone(), 1),
-        notify.clone(),
+        OnEvent {
+            notify: notify.clone(),
+            changes: changes.clone(),
+            affects: |_| Affects::Nothing,
+        },
     );
     let deployments = cache::<PartialObjectMeta<Deployment>, _>(
         tasks,
@@ -518,7 +634,11 @@ fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) ->
         children.clone(),
         |o: &mut PartialObjectMeta<Deployment>| keep_labels(&mut o.metadata),
         (synced.clone(), 2),
-        notify.clone(),
+        OnEvent {
+            notify: notify.clone(),
+            changes: changes.clone(),
+            affects: |o| child_affects(&o.metadata),
+        },
     );
     let services = cache::<PartialObjectMeta<Service>, _>(
         tasks,
@@ -526,7 +646,11 @@ fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) ->
         children.clone(),
         |o: &mut PartialObjectMeta<Service>| keep_labels(&mut o.metadata),
         (synced.clone(), 3),
-        notify.clone(),
+        OnEvent {
+            notify: notify.clone(),
+            changes: changes.clone(),
+            affects: |o| child_affects(&o.metadata),
+        },
     );
     let secrets = cache::<PartialObjectMeta<Secret>, _>(
         tasks,
@@ -534,7 +658,11 @@ fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) ->
         children,
         |o: &mut PartialObjectMeta<Secret>| keep_labels(&mut o.metadata),
         (synced.clone(), 4),
-        notify.clone(),
+        OnEvent {
+            notify: notify.clone(),
+            changes: changes.clone(),
+            affects: |o| child_affects(&o.metadata),
+        },
     );
     // Namespaces' labels, with a selector only (one namespace when scoped).
     let namespaces = if config.namespace_selector.is_some() {
@@ -554,7 +682,11 @@ fn start_caches(ctx: &Context, tasks: &mut JoinSet<()>, notify: &Arc<Notify>) ->
                 };
             },
             (synced.clone(), 5),
-            notify.clone(),
+            OnEvent {
+                notify: notify.clone(),
+                changes: changes.clone(),
+                affects: |_| Affects::All,
+            },
         ))
     } else {
         synced[5].store(true, Ordering::Relaxed);
@@ -582,15 +714,40 @@ where
     }
 }
 
-/// A reflector driven by its own task: every event wakes `notify`; the flag `synced.1`
-/// of `synced.0` turns true once the initial list is in the store.
+/// What a cache's task does on each event: wake `notify`, and mark in `changes` what
+/// the object `affects`.
+struct OnEvent<K> {
+    notify: Arc<Notify>,
+    changes: Arc<Changes>,
+    affects: fn(&K) -> Affects,
+}
+
+/// The AppService a child's event concerns: its controller's, if that is one.
+fn child_affects(meta: &kube::api::ObjectMeta) -> Affects {
+    let owner = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true) && r.kind == AppService::kind(&()));
+    match owner {
+        Some(owner) => Affects::App(
+            meta.namespace.clone().unwrap_or_default(),
+            owner.name.clone(),
+        ),
+        None => Affects::Nothing,
+    }
+}
+
+/// A reflector driven by its own task, doing `on_event` on each event (a relist affects
+/// everything); the flag `synced.1` of `synced.0` turns true once the initial list is in
+/// the store.
 fn cache<K, T>(
     tasks: &mut JoinSet<()>,
     api: Api<K>,
     config: watcher::Config,
     trim: T,
     (synced, index): (Arc<[AtomicBool; 6]>, usize),
-    notify: Arc<Notify>,
+    on_event: OnEvent<K>,
 ) -> Store<K>
 where
     K: Resource<DynamicType = ()>
@@ -602,6 +759,11 @@ where
         + 'static,
     T: FnMut(&mut K) + Send + 'static,
 {
+    let OnEvent {
+        notify,
+        changes,
+        affects,
+    } = on_event;
     let (store, writer) = reflector::store::<K>();
     let stream = reflector::reflector(
         writer,
@@ -614,8 +776,15 @@ where
         loop {
             match stream.try_next().await {
                 Ok(Some(event)) => {
-                    if matches!(event, watcher::Event::InitDone) {
-                        synced[index].store(true, Ordering::Relaxed);
+                    match &event {
+                        watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                            changes.mark(affects(o));
+                        }
+                        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+                        watcher::Event::InitDone => {
+                            changes.mark(Affects::All);
+                            synced[index].store(true, Ordering::Relaxed);
+                        }
                     }
                     notify.notify_one();
                 }
@@ -627,12 +796,25 @@ where
     store
 }
 
-/// One look at every AppService; returns the number of live members of our ring.
+/// What the sharder carries from one pass to the next within a leadership term.
+struct PassState {
+    liveness: Liveness,
+    peers: Peers,
+    /// The live members (of every ring, sorted) the last pass saw: when they change,
+    /// the pass looks at every AppService.
+    members: Option<Vec<Member>>,
+    /// When the last pass that looked at every AppService started.
+    last_full: Option<Instant>,
+}
+
+/// One look at the AppServices of `scope` (at every one when the members of a ring
+/// changed); returns the number of live members of our ring and how long reading the
+/// caches took.
 async fn pass(
     ctx: &Context,
     caches: &Caches,
-    liveness: &mut Liveness,
-    peers: &mut Peers,
+    state: &mut PassState,
+    scope: Scope,
     leading: &watch::Receiver<bool>,
 ) -> (usize, Duration) {
     let started = Instant::now();
@@ -642,7 +824,17 @@ async fn pass(
     let drain = drain_label(ring_name);
     let leases = caches.leases.state();
     let now = Instant::now();
-    let members = liveness.live(&leases, now);
+    let mut members = state.liveness.live(&leases, now);
+    members.sort();
+    let scope = if state.members.as_ref() == Some(&members) {
+        scope
+    } else {
+        Scope::All
+    };
+    let full = matches!(scope, Scope::All);
+    if full {
+        state.last_full = Some(started);
+    }
     let is_ours =
         |ring: &str, namespace: &str| ring == ring_name && namespace == config.lease_namespace;
     let ring = Ring::new(
@@ -651,7 +843,8 @@ async fn pass(
             .filter(|m| is_ours(&m.ring, &m.namespace))
             .map(|m| m.holder.clone()),
     );
-    peers.saw(&members, now);
+    state.peers.saw(&members, now);
+    state.members = Some(members);
     let ours: Vec<Arc<Lease>> = leases
         .iter()
         .filter(|l| {
@@ -662,44 +855,28 @@ async fn pass(
         })
         .cloned()
         .collect();
-    for lease in liveness.stale(&ours, now) {
+    for lease in state.liveness.stale(&ours, now) {
         delete_lease(ctx, lease).await;
     }
     ctx.metrics().shard().set_members(ring.len());
+    let peers = &state.peers;
     let dead_ring = |r: &str| r != ring_name && peers.dead(r, now, config.lease_duration);
 
-    // Children by their controller's uid.
-    let mut children: HashMap<String, Vec<ChildMeta>> = HashMap::new();
-    let mut add = |kind: ChildKind, meta: &kube::api::ObjectMeta| {
-        let Some(uid) = meta
-            .owner_references
-            .as_ref()
-            .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)))
-            .map(|r| r.uid.clone())
-        else {
-            return;
-        };
-        children.entry(uid).or_default().push(ChildMeta {
-            kind,
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone(),
-            labels: meta.labels.clone().unwrap_or_default(),
-        });
+    let (apps, children) = match scope {
+        Scope::All => (caches.apps.state(), all_children(caches)),
+        Scope::Apps(keys) => {
+            let apps: Vec<_> = keys
+                .iter()
+                .filter_map(|(namespace, name)| caches.apps.get(&at(name, namespace)))
+                .collect();
+            let children = children_of(caches, &apps);
+            (apps, children)
+        }
     };
-    for d in caches.deployments.state() {
-        add(ChildKind::Deployment, &d.metadata);
-    }
-    for s in caches.services.state() {
-        add(ChildKind::Service, &s.metadata);
-    }
-    for s in caches.secrets.state() {
-        add(ChildKind::Secret, &s.metadata);
-    }
 
     let mut work = Vec::new();
     let mut foreign = 0usize;
-    for app in caches.apps.state() {
+    for app in apps {
         let (Some(namespace), Some(name)) =
             (app.metadata.namespace.clone(), app.metadata.name.clone())
         else {
@@ -759,7 +936,10 @@ async fn pass(
             }),
         }
     }
-    ctx.metrics().shard().set_foreign(foreign);
+    // Counted over every AppService only.
+    if full {
+        ctx.metrics().shard().set_foreign(foreign);
+    }
     let read = started.elapsed();
     if work.is_empty() {
         return (ring.len(), read);
@@ -779,6 +959,64 @@ async fn pass(
         .buffer_unordered(CONCURRENCY);
     done.collect::<()>().await;
     (ring.len(), read)
+}
+
+/// Every child in the caches, by its controller's uid.
+fn all_children(caches: &Caches) -> HashMap<String, Vec<ChildMeta>> {
+    let mut children: HashMap<String, Vec<ChildMeta>> = HashMap::new();
+    let mut add = |kind, meta: &kube::api::ObjectMeta| {
+        if let Some((uid, child)) = ChildMeta::of(kind, meta) {
+            children.entry(uid).or_default().push(child);
+        }
+    };
+    for d in caches.deployments.state() {
+        add(ChildKind::Deployment, &d.metadata);
+    }
+    for s in caches.services.state() {
+        add(ChildKind::Service, &s.metadata);
+    }
+    for s in caches.secrets.state() {
+        add(ChildKind::Secret, &s.metadata);
+    }
+    children
+}
+
+/// The children of `apps` in the caches, by their controller's uid: found by the names
+/// the controller gives them, so without reading every child.
+fn children_of(
+    caches: &Caches,
+    apps: &[Arc<PartialObjectMeta<AppService>>],
+) -> HashMap<String, Vec<ChildMeta>> {
+    use common::names::{
+        canary_deployment_name, database_secret_name, deployment_name, service_name,
+    };
+    let mut children: HashMap<String, Vec<ChildMeta>> = HashMap::new();
+    let mut add = |kind, meta: Option<&kube::api::ObjectMeta>| {
+        if let Some((uid, child)) = meta.and_then(|m| ChildMeta::of(kind, m)) {
+            children.entry(uid).or_default().push(child);
+        }
+    };
+    for app in apps {
+        let (Some(namespace), Some(name)) = (&app.metadata.namespace, &app.metadata.name) else {
+            continue;
+        };
+        for deployment in [deployment_name(name), canary_deployment_name(name)] {
+            let d = caches.deployments.get(&at(&deployment, namespace));
+            add(ChildKind::Deployment, d.as_ref().map(|d| &d.metadata));
+        }
+        let s = caches.services.get(&at(&service_name(name), namespace));
+        add(ChildKind::Service, s.as_ref().map(|s| &s.metadata));
+        let s = caches
+            .secrets
+            .get(&at(&database_secret_name(name), namespace));
+        add(ChildKind::Secret, s.as_ref().map(|s| &s.metadata));
+    }
+    children
+}
+
+/// The cache key of `namespace/name`.
+fn at<K: Resource<DynamicType = ()>>(name: &str, namespace: &str) -> reflector::ObjectRef<K> {
+    reflector::ObjectRef::new(name).within(namespace)
 }
 
 /// The labels children of an AppService owned by `owner` (or by no one of ours) carry:
@@ -1329,6 +1567,168 @@ mod tests {
                 "shard.platform.example.com/canary": null,
                 "drain.shard.platform.example.com/canary": null,
             }}})
+        );
+    }
+
+    fn meta(
+        namespace: &str,
+        name: &str,
+        owner: Option<(&str, &str, &str)>,
+    ) -> kube::api::ObjectMeta {
+        kube::api::ObjectMeta {
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            resource_version: Some("1".into()),
+            owner_references: owner.map(|(kind, name, uid)| {
+                vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: "platform.example.com/v1beta1".into(),
+                        kind: kind.into(),
+                        name: name.into(),
+                        uid: uid.into(),
+                        controller: Some(true),
+                        ..Default::default()
+                    },
+                ]
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn app_key(namespace: &str, name: &str) -> (String, String) {
+        (namespace.to_owned(), name.to_owned())
+    }
+
+    #[test]
+    fn changes_gather_the_appservices_until_everything_changed() {
+        let changes = Changes::default();
+        changes.mark(Affects::App("ns".into(), "a".into()));
+        changes.mark(Affects::App("ns".into(), "b".into()));
+        changes.mark(Affects::App("ns".into(), "a".into()));
+        changes.mark(Affects::Nothing);
+        let dirty = changes.take();
+        assert!(!dirty.all);
+        assert_eq!(
+            dirty.apps,
+            HashSet::from([app_key("ns", "a"), app_key("ns", "b")])
+        );
+        // Taken: forgotten.
+        let dirty = changes.take();
+        assert!(!dirty.all && dirty.apps.is_empty());
+        // Everything: the single AppServices are not kept besides.
+        changes.mark(Affects::App("ns".into(), "a".into()));
+        changes.mark(Affects::All);
+        changes.mark(Affects::App("ns".into(), "c".into()));
+        let dirty = changes.take();
+        assert!(dirty.all);
+        assert!(dirty.apps.is_empty());
+    }
+
+    #[test]
+    fn a_child_event_concerns_the_appservice_that_controls_it() {
+        let kind = AppService::kind(&());
+        assert_eq!(
+            child_affects(&meta("ns", "web", Some((kind.as_ref(), "web", "u1")))),
+            Affects::App("ns".into(), "web".into())
+        );
+        assert_eq!(
+            child_affects(&meta("ns", "web", Some(("ReplicaSet", "web", "u1")))),
+            Affects::Nothing
+        );
+        assert_eq!(child_affects(&meta("ns", "web", None)), Affects::Nothing);
+        let mut not_controller = meta("ns", "web", Some((kind.as_ref(), "web", "u1")));
+        if let Some(refs) = not_controller.owner_references.as_mut() {
+            refs[0].controller = None;
+        }
+        assert_eq!(child_affects(&not_controller), Affects::Nothing);
+    }
+
+    /// A store holding `objects`.
+    fn store<K>(objects: Vec<K>) -> Store<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    {
+        let (store, mut writer) = reflector::store::<K>();
+        for o in objects {
+            writer.apply_watcher_event(&watcher::Event::Apply(o));
+        }
+        store
+    }
+
+    fn partial<K: Resource<DynamicType = ()>>(meta: kube::api::ObjectMeta) -> PartialObjectMeta<K> {
+        use kube::api::PartialObjectMetaExt as _;
+        meta.into_request_partial::<K>()
+    }
+
+    /// What an incremental pass finds of an AppService's children by their names is
+    /// what a full pass finds by their controller's uid: the same children, and no
+    /// foreign object of the same name.
+    #[test]
+    fn children_found_by_name_are_the_children_found_by_uid() {
+        use common::names::{
+            canary_deployment_name, database_secret_name, deployment_name, service_name,
+        };
+        let kind = AppService::kind(&());
+        let owned =
+            |name: &str, app: &str, uid: &str| meta("ns", name, Some((kind.as_ref(), app, uid)));
+        let apps = store(vec![
+            partial::<AppService>(meta("ns", "web", None)),
+            partial::<AppService>(meta("ns", "db", None)),
+        ]);
+        let with_uid = |name: &str, uid: &str| {
+            apps.get(&at(name, "ns")).map(|a| {
+                let mut a = (*a).clone();
+                a.metadata.uid = Some(uid.into());
+                Arc::new(a)
+            })
+        };
+        let (web, db) = (
+            with_uid("web", "uid-web").unwrap(),
+            with_uid("db", "uid-db").unwrap(),
+        );
+        let caches = Caches {
+            apps: apps.clone(),
+            leases: store(Vec::<Lease>::new()),
+            deployments: store(vec![
+                partial::<Deployment>(owned(&deployment_name("web"), "web", "uid-web")),
+                partial::<Deployment>(owned(&canary_deployment_name("web"), "web", "uid-web")),
+                // Someone else's, of the name of db's Deployment.
+                partial::<Deployment>(meta("ns", &deployment_name("db"), None)),
+            ]),
+            services: store(vec![
+                partial::<Service>(owned(&service_name("web"), "web", "uid-web")),
+                partial::<Service>(owned(&service_name("db"), "db", "uid-db")),
+            ]),
+            secrets: store(vec![partial::<Secret>(owned(
+                &database_secret_name("db"),
+                "db",
+                "uid-db",
+            ))]),
+            namespaces: None,
+            synced: Arc::new(Default::default()),
+        };
+        let names = |m: &HashMap<String, Vec<ChildMeta>>, uid: &str| {
+            let mut kids: Vec<String> = m
+                .get(uid)
+                .into_iter()
+                .flatten()
+                .map(|c| format!("{:?}/{}", c.kind, c.name))
+                .collect();
+            kids.sort();
+            kids
+        };
+        let by_uid = all_children(&caches);
+        let by_name = children_of(&caches, &[web, db]);
+        for uid in ["uid-web", "uid-db"] {
+            assert_eq!(names(&by_name, uid), names(&by_uid, uid), "{uid}");
+        }
+        assert_eq!(
+            names(&by_name, "uid-web"),
+            ["Deployment/web", "Deployment/web-canary", "Service/web"]
+        );
+        assert_eq!(
+            names(&by_name, "uid-db"),
+            ["Secret/db-database", "Service/db"]
         );
     }
 }
