@@ -161,8 +161,8 @@ fn spawn(
 /// AppServices have converged, written to `path` (read it with `go tool pprof -top`).
 /// The same point of every configuration's convergence, so their profiles compare.
 /// With `APPSERVICE_APISERVER_PROFILING=whole`: back-to-back profiles of `seconds` from
-/// the start until every AppService converged, `path` with `-<i>` before its extension
-/// (merge them with `go tool pprof -proto`), so the whole run's cost compares.
+/// the start until every AppService converged, to `path` with `.<i>` before its
+/// extension (merge them with `go tool pprof -proto`), so the whole run's cost compares.
 fn profile_midway(
     client: kube::Client,
     done: support::converge::Done,
