@@ -509,9 +509,10 @@ const ROLLOUT_BOUND: Duration = Duration::from_secs(60);
 
 /// Waits until the Deployments `name`'s AppService controls (its own and its canary's)
 /// are done rolling out: the Deployment controller saw the current generation, every
-/// replica is updated, ready and available and no old one is left, or the Deployment
-/// says it is stuck (`ReplicaFailure`, `ProgressDeadlineExceeded`). Until then the
-/// control plane still moves, and status rightly follows it.
+/// replica is updated, ready and available and no old one is left, and each of its
+/// ReplicaSets has the Pods it asks for; or the Deployment says it is stuck
+/// (`ReplicaFailure`, `ProgressDeadlineExceeded`). Until then the control plane still
+/// moves, and status rightly follows it.
 pub async fn rollouts_done(f: &Fixture, name: &str) -> anyhow::Result<()> {
     let Some(app) = f.apps.get_opt(name).await? else {
         return Ok(());
@@ -536,26 +537,43 @@ pub async fn rollouts_done(f: &Fixture, name: &str) -> anyhow::Result<()> {
                 .iter()
                 .flatten()
                 .any(|r| r.uid == uid && r.controller == Some(true));
-            if !ours || d.metadata.deletion_timestamp.is_some() || rollout_done(&d) {
+            if !ours || d.metadata.deletion_timestamp.is_some() {
                 return Ok(Some(()));
             }
-            // Kept as the reason if the wait times out.
-            Err::<Option<()>, harness::poll::Failure>(
-                format!("{deployment}: {:?}", d.status).into(),
-            )
+            // The reasons are kept for the message if the wait times out.
+            match rollout(&d) {
+                Rollout::Stuck => Ok(Some(())),
+                Rollout::Done => {
+                    let unsettled = replica_sets_unsettled(f, &d).await?;
+                    if unsettled.is_empty() {
+                        Ok(Some(()))
+                    } else {
+                        Err(format!("{deployment}'s ReplicaSets: {unsettled:?}").into())
+                    }
+                }
+                Rollout::Going => Err::<Option<()>, harness::poll::Failure>(
+                    format!("{deployment}: {:?}", d.status).into(),
+                ),
+            }
         })
         .await?;
     }
     Ok(())
 }
 
-/// Whether the Deployment controller is done with `d`, by the Deployment's own status.
-fn rollout_done(d: &Deployment) -> bool {
+/// Where the Deployment controller is with a Deployment, by the Deployment's own status.
+enum Rollout {
+    Going,
+    Done,
+    Stuck,
+}
+
+fn rollout(d: &Deployment) -> Rollout {
     let Some(status) = d.status.as_ref() else {
-        return false;
+        return Rollout::Going;
     };
     if status.observed_generation < d.metadata.generation {
-        return false;
+        return Rollout::Going;
     }
     let stuck = status.conditions.iter().flatten().any(|c| {
         let (kind, reason) = (c.type_.as_deref(), c.reason.as_deref());
@@ -564,11 +582,59 @@ fn rollout_done(d: &Deployment) -> bool {
     });
     let desired = d.spec.replicas.unwrap_or(1);
     let count = |n: Option<i32>| n.unwrap_or(0);
-    stuck
-        || (count(status.updated_replicas) == desired
-            && count(status.replicas) == desired
-            && count(status.ready_replicas) == desired
-            && count(status.available_replicas) == desired)
+    if stuck {
+        Rollout::Stuck
+    } else if count(status.updated_replicas) == desired
+        && count(status.replicas) == desired
+        && count(status.ready_replicas) == desired
+        && count(status.available_replicas) == desired
+    {
+        Rollout::Done
+    } else {
+        Rollout::Going
+    }
+}
+
+/// The ReplicaSets of `d` whose own controller is not done with them: it has not seen
+/// their current generation, or they do not have the Pods they ask for yet (or still
+/// have Pods they no longer ask for). A Deployment's status is the sum of its
+/// ReplicaSets' statuses, so it can read "rolled out" while a ReplicaSet scaled away by
+/// a put-back template still creates the Pods of its earlier size; the Deployment's
+/// status then moves again, and the AppService's status rightly follows it.
+async fn replica_sets_unsettled(f: &Fixture, d: &Deployment) -> anyhow::Result<Vec<String>> {
+    use k8s_openapi::api::apps::v1::ReplicaSet;
+    let uid = d
+        .metadata
+        .uid
+        .as_deref()
+        .context("Deployment without a uid")?;
+    let sets: Api<ReplicaSet> = f.api();
+    Ok(sets
+        .list(&kube::api::ListParams::default())
+        .await?
+        .into_iter()
+        .filter(|rs| {
+            rs.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| r.uid == uid && r.controller == Some(true))
+        })
+        .filter_map(|rs| {
+            let wanted = rs.spec.replicas.unwrap_or(1);
+            let status = rs.status.as_ref();
+            let has = status.map_or(0, |s| s.replicas);
+            let seen = status.and_then(|s| s.observed_generation);
+            let settled = seen >= rs.metadata.generation && has == wanted;
+            (!settled).then(|| {
+                format!(
+                    "{}: wants {wanted}, has {has}, saw generation {seen:?} of {:?}",
+                    kube::ResourceExt::name_any(&rs),
+                    rs.metadata.generation
+                )
+            })
+        })
+        .collect())
 }
 
 /// Prefix of the problems that are about Pods' progress rather than the children's
