@@ -478,18 +478,13 @@ pub fn writes_by_resource(metrics: &Metrics) -> Vec<(&'static str, u64)> {
 /// reconcile of each AppService wrote nothing (status follows the last rollout step with
 /// one write). A controller that writes on every reconcile never settles and fails.
 pub async fn settle(f: &Fixture, metrics: &Metrics) -> anyhow::Result<Vec<String>> {
-    let names: Vec<String> = f
-        .apps
-        .list(&kube::api::ListParams::default())
-        .await?
-        .into_iter()
-        .map(|a| kube::ResourceExt::name_any(&a))
-        .collect();
+    let apps = f.apps.list(&kube::api::ListParams::default()).await?.items;
     if f.rollouts {
-        for name in &names {
-            rollouts_done(f, name).await?;
+        for app in &apps {
+            rollouts_done(f, app).await?;
         }
     }
+    let names: Vec<String> = apps.iter().map(kube::ResourceExt::name_any).collect();
     let rounds = u64::try_from(names.len())?;
     let mut history = Vec::new();
     for _ in 0..SETTLE_ATTEMPTS {
@@ -507,25 +502,23 @@ pub async fn settle(f: &Fixture, metrics: &Metrics) -> anyhow::Result<Vec<String
 /// How long the Deployment controller may take to finish a rollout in a test.
 const ROLLOUT_BOUND: Duration = Duration::from_secs(60);
 
-/// Waits until the Deployments `name`'s AppService controls (its own and its canary's)
+/// Waits until the Deployments `app` controls (its own and its canary's)
 /// are done rolling out: the Deployment controller saw the current generation, every
 /// replica is updated, ready and available and no old one is left, and each of its
 /// ReplicaSets has the Pods it asks for; or the Deployment says it is stuck
 /// (`ReplicaFailure`, `ProgressDeadlineExceeded`). Until then the control plane still
 /// moves, and status rightly follows it.
-pub async fn rollouts_done(f: &Fixture, name: &str) -> anyhow::Result<()> {
-    let Some(app) = f.apps.get_opt(name).await? else {
-        return Ok(());
-    };
+async fn rollouts_done(f: &Fixture, app: &AppService) -> anyhow::Result<()> {
     if app.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
+    let name = kube::ResourceExt::name_any(app);
     let uid = app
         .metadata
         .uid
         .clone()
         .context("AppService without a uid")?;
-    for deployment in [name.to_owned(), common::names::canary_deployment_name(name)] {
+    for deployment in [name.clone(), common::names::canary_deployment_name(&name)] {
         let what = format!("the Deployment {deployment} to finish rolling out");
         harness::eventually(&what, ROLLOUT_BOUND, || async {
             let Some(d) = f.deployments.get_opt(&deployment).await? else {
