@@ -222,7 +222,8 @@ pub struct ControllerRun<'a> {
     pub concurrency: u16,
     /// Extra arguments.
     pub args: &'a [&'a str],
-    /// Where its (JSON, warnings only) log is appended.
+    /// Where its JSON log is appended: warnings only, or the filter in
+    /// `APPSERVICE_BENCH_CONTROLLER_LOG` (a `RUST_LOG` value) to see what it did when.
     pub log: &'a Path,
 }
 
@@ -251,7 +252,10 @@ impl ControllerRun<'_> {
             ])
             .args(["--log-format", "json"])
             .args(self.args)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("APPSERVICE_BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .kill_on_drop(true)
