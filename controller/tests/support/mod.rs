@@ -509,6 +509,7 @@ const ROLLOUT_BOUND: Duration = Duration::from_secs(60);
 /// (`ReplicaFailure`, `ProgressDeadlineExceeded`). Until then the control plane still
 /// moves, and status rightly follows it.
 async fn rollouts_done(f: &Fixture, app: &AppService) -> anyhow::Result<()> {
+    use controller::desired::is_controlled_by;
     if app.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
@@ -524,12 +525,7 @@ async fn rollouts_done(f: &Fixture, app: &AppService) -> anyhow::Result<()> {
             let Some(d) = f.deployments.get_opt(&deployment).await? else {
                 return Ok(Some(()));
             };
-            let ours = d
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|r| r.uid == uid && r.controller == Some(true));
+            let ours = is_controlled_by(d.metadata.owner_references.as_deref(), &uid);
             if !ours || d.metadata.deletion_timestamp.is_some() {
                 return Ok(Some(()));
             }
@@ -595,6 +591,7 @@ fn rollout(d: &Deployment) -> Rollout {
 /// a put-back template still creates the Pods of its earlier size; the Deployment's
 /// status then moves again, and the AppService's status rightly follows it.
 async fn replica_sets_unsettled(f: &Fixture, d: &Deployment) -> anyhow::Result<Vec<String>> {
+    use controller::desired::is_controlled_by;
     use k8s_openapi::api::apps::v1::ReplicaSet;
     let uid = d
         .metadata
@@ -606,13 +603,7 @@ async fn replica_sets_unsettled(f: &Fixture, d: &Deployment) -> anyhow::Result<V
         .list(&kube::api::ListParams::default())
         .await?
         .into_iter()
-        .filter(|rs| {
-            rs.metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|r| r.uid == uid && r.controller == Some(true))
-        })
+        .filter(|rs| is_controlled_by(rs.metadata.owner_references.as_deref(), uid))
         .filter_map(|rs| {
             let wanted = rs.spec.replicas.unwrap_or(1);
             let status = rs.status.as_ref();
