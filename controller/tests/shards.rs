@@ -2,8 +2,9 @@
 //! lease, 10 s renew deadline, 2 s retry; 10 min resync) on a control plane that writes
 //! an audit log. The oracle for "no object written by two shards at once" is the API
 //! server's own record: each shard's requests carry `shard/<identity>` in their
-//! User-Agent, and per object the shards that wrote it may change only across a write of
-//! the sharder (a relabel: `fieldManager=appservice-sharder`).
+//! User-Agent, and per object, in the order storage took the writes (the revision each
+//! answer carries), the shards that wrote it may change only across a write of the
+//! sharder (a relabel: `fieldManager=appservice-sharder`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -206,10 +207,17 @@ async fn under_load(edits: &AtomicU64, more: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The successful writes of shards and of the sharder, in the order the API server
-/// completed them (the audit log's order in blocking mode).
+/// The successful writes of shards and of the sharder, in the order storage took them:
+/// by the revision each answer carries (`metadata.resourceVersion`, the etcd revision of
+/// the write; one object's revisions grow with each change). The audit log's own order is
+/// the order the answers were completed, which is not it: the sharder's relabel can be
+/// stored, reach the new shard's watch and be followed by the new shard's write before
+/// the relabel's answer is complete. A write answered without a revision (a Status)
+/// keeps its place after the writes completed before it; equal revisions (a write that
+/// changed nothing answers with the object as it was) keep the log's order.
 fn writes(events: &[serde_json::Value]) -> Vec<Write> {
-    events
+    let mut last = 0;
+    let mut recorded: Vec<(u64, Write)> = events
         .iter()
         .filter(|e| e["stage"] == "ResponseComplete")
         .filter(|e| {
@@ -226,22 +234,30 @@ fn writes(events: &[serde_json::Value]) -> Vec<Write> {
                 r["resource"].as_str().unwrap_or(""),
                 r["namespace"].as_str().unwrap_or("")
             );
+            let revision = e["responseObject"]["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(last);
+            last = last.max(revision);
             let uri = e["requestURI"].as_str().unwrap_or("");
             let ua = e["userAgent"].as_str().unwrap_or("");
             let shard = ua.split_once("shard/").map(|(_, id)| id.to_owned());
-            if uri.contains("fieldManager=appservice-sharder") {
-                Some(Write {
+            let write = if uri.contains("fieldManager=appservice-sharder") {
+                Write {
                     object,
                     shard: None,
-                })
+                }
             } else {
-                shard.map(|s| Write {
+                Write {
                     object,
-                    shard: Some(s),
-                })
-            }
+                    shard: Some(shard?),
+                }
+            };
+            Some((revision, write))
         })
-        .collect()
+        .collect();
+    recorded.sort_by_key(|(revision, _)| *revision);
+    recorded.into_iter().map(|(_, w)| w).collect()
 }
 
 /// The oracle: per object, the shard that writes it changes only across a write of the
@@ -271,6 +287,64 @@ fn interleavings(writes: &[Write]) -> Vec<(String, String, String)> {
         }
     }
     violations
+}
+
+/// One audit event of a successful write of `app`, answered at `revision`.
+fn recorded(app: &str, shard: Option<&str>, revision: Option<u64>) -> serde_json::Value {
+    let (manager, agent) = match shard {
+        Some(id) => (
+            "appservice-controller",
+            format!("appservice-controller/0 shard/{id}"),
+        ),
+        None => (
+            "appservice-sharder",
+            "appservice-controller/0 shard/x".to_owned(),
+        ),
+    };
+    serde_json::json!({
+        "stage": "ResponseComplete",
+        "responseStatus": {"code": 200},
+        "objectRef": {"apiGroup": "platform.example.com", "resource": "appservices",
+                      "namespace": "ns", "name": app},
+        "requestURI": format!("/apis/platform.example.com/v1beta1/namespaces/ns/appservices/{app}?fieldManager={manager}"),
+        "userAgent": agent,
+        "responseObject": revision.map(|r| serde_json::json!({"metadata": {"resourceVersion": r.to_string()}})),
+    })
+}
+
+#[test]
+fn the_oracle_orders_writes_as_storage_took_them() {
+    // The relabel (revision 20) is answered after the new owner's write that followed it
+    // (21): in the log's order b wrote before the handover, in storage's it did not.
+    let log = [
+        recorded("x", Some("a"), Some(10)),
+        recorded("x", Some("b"), Some(21)),
+        recorded("x", None, Some(20)),
+    ];
+    assert!(interleavings(&writes(&log)).is_empty());
+    // The same three in storage's order with b before the relabel: a violation.
+    let log = [
+        recorded("x", Some("a"), Some(10)),
+        recorded("x", Some("b"), Some(19)),
+        recorded("x", None, Some(20)),
+    ];
+    assert_eq!(
+        interleavings(&writes(&log)),
+        [(
+            "platform.example.com/appservices/ns/x".to_owned(),
+            "a".to_owned(),
+            "b".to_owned()
+        )]
+    );
+    // An answer without a revision (a Status) stays after what was completed before it:
+    // here after the relabel, not before a's write.
+    let log = [
+        recorded("x", Some("a"), Some(10)),
+        recorded("x", None, Some(20)),
+        recorded("x", Some("b"), None),
+        recorded("x", Some("b"), Some(25)),
+    ];
+    assert!(interleavings(&writes(&log)).is_empty());
 }
 
 async fn leader(leases: &Api<Lease>) -> anyhow::Result<Option<String>> {

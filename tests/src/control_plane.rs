@@ -37,7 +37,7 @@ pub struct Options {
     /// objects are garbage-collected.
     pub full: bool,
     /// Also write the API server's audit log ([`AUDIT_POLICY`]: every write to
-    /// AppServices, Deployments, Services and Secrets, at Metadata level, JSON lines),
+    /// AppServices, Deployments, Services and Secrets, with request and answer, JSON lines),
     /// read with [`ControlPlane::audit_events`].
     pub audit_log: bool,
     /// Turn on the alpha feature gate `ShardedListAndWatch` (lists and watches filtered by
@@ -84,12 +84,16 @@ impl Options {
 
 /// The audit policy of [`Options::audit_log`]: writes only (the response is what
 /// matters, so one event per request, at ResponseComplete), of the objects the
-/// controller writes, at Metadata level (who, what, when, the answer's code).
+/// controller writes, with their request and answer (`RequestResponse`): the answer's
+/// `metadata.resourceVersion` is the revision the write was stored at, which orders the
+/// writes of one object as storage did. The log's own order is the order the answers
+/// were completed, and a write can be stored, seen by a watcher and answered by another
+/// write before its own answer is complete.
 pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived", "ResponseStarted"]
 rules:
-- level: Metadata
+- level: RequestResponse
   verbs: ["create", "update", "patch", "delete", "deletecollection"]
   resources:
   - group: "platform.example.com"
