@@ -122,6 +122,11 @@ fn unprivileged_user() -> Result<Option<(u32, u32)>> {
     ))
 }
 
+/// Whether a server's startup log says another process had bound its port.
+fn lost_the_port(log: &str) -> bool {
+    log.to_ascii_lowercase().contains("address already in use")
+}
+
 fn chown_tree(path: &Path, uid: u32, gid: u32) -> Result<()> {
     std::os::unix::fs::chown(path, Some(uid), Some(gid))
         .map_err(io(format!("chown {}", path.display())))?;
@@ -194,21 +199,34 @@ impl Postgres {
         if let Some((uid, gid)) = run_as {
             chown_tree(&data, uid, gid)?;
         }
-        let port = free_port()?;
         let mut pg = Postgres {
             bin,
             root,
             data,
             log_dir,
-            port,
+            port: free_port()?,
             password,
             ca_pem: ca.cert_pem().to_owned(),
             run_as,
             component: None,
             starts: 0,
         };
-        pg.start_again().await?;
-        Ok(pg)
+        // The port was free a moment ago; another process may have bound it since.
+        // Then the server exits at once, having changed nothing: try another port.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match pg.start_again().await {
+                Err(Error::Startup { tail, .. }) if attempt < 3 && lost_the_port(&tail) => {
+                    eprintln!(
+                        "harness: PostgreSQL's port {} was taken meanwhile; starting again",
+                        pg.port
+                    );
+                    pg.port = free_port()?;
+                }
+                other => return other.map(|()| pg),
+            }
+        }
     }
 
     /// Starts the server again on the same data and port after [`Postgres::stop`]
@@ -486,5 +504,22 @@ impl Drop for Postgres {
         if std::env::var_os("APPSERVICE_KEEP_LOGS").is_none() {
             let _ = std::fs::remove_dir_all(&self.data);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_taken_meanwhile_is_told_from_other_startup_failures() {
+        // PostgreSQL 15's words when its port is bound already.
+        assert!(lost_the_port(
+            "LOG:  could not bind IPv4 address \"127.0.0.1\": Address already in use\n\
+             FATAL:  could not create any TCP/IP sockets"
+        ));
+        assert!(!lost_the_port(
+            "FATAL:  data directory \"/x\" has invalid permissions"
+        ));
     }
 }

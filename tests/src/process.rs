@@ -238,7 +238,8 @@ pub async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago. Another process may take it
-/// before the component binds it; [`crate::ControlPlane::start`] retries on that.
+/// before the component binds it; [`crate::ControlPlane::start`] and
+/// [`crate::postgres::Postgres::start`] retry on that.
 pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
     let port = listener
