@@ -197,14 +197,24 @@ pub async fn run_with(
     } else {
         client
     };
-    // With the sharded watch every write also stays within the buckets this shard serves.
-    let served = (config.sharding && config.sharded_watch).then(|| hooks.served.clone());
+    // With the sharded watch every write also stays within the buckets this shard serves;
+    // in a ring of one, within them or the label rules.
+    let ring_of_one = shard::ring_of_one(&config);
+    hooks.served.set_ring_of_one(ring_of_one);
+    let served = shard::bucketed(&config).then(|| hooks.served.clone());
     let client = match &served {
         Some(served) => shard::served::bounded(client, served.clone(), &config.lease_namespace),
         None => client,
     };
     let shard_selector = shard::selector(&config);
-    let selected = |labels: String| match &shard_selector {
+    // A ring of one adds the shard selector per watch generation, only while another
+    // member shares the ring; otherwise it is part of every watch of this shard's objects.
+    let (baked, labelled) = if ring_of_one {
+        (None, shard_selector)
+    } else {
+        (shard_selector, None)
+    };
+    let selected = |labels: String| match &baked {
         Some(shard) => format!("{labels},{shard}"),
         None => labels,
     };
@@ -216,12 +226,18 @@ pub async fn run_with(
         .labels(&selected(format!("{LABEL_MANAGED_BY}={MANAGED_BY}")))
         .any_semantic();
     let synced = Arc::new(CacheSync::default());
-    let watch = Watch::new(&client, &config, &synced).following(served.clone());
+    let watch = Watch::new(&client, &config, &synced)
+        .following(served.clone())
+        .labelled(labelled);
+    // What no shard selects (objects named like ours): followed by the sharded watch's
+    // buckets only, never by a ring of one's labels.
+    let watch_others =
+        Watch::new(&client, &config, &synced).following(served.clone().filter(|_| !ring_of_one));
     let (deployments, deployment_stream) =
         watch.cached::<view::DeploymentView, _>(child_config.clone(), |_| {}, |s| &s.deployments);
     let (services, service_stream) =
         watch.cached::<view::ServiceView, _>(child_config.clone(), |_| {}, |s| &s.services);
-    let app_config = match &shard_selector {
+    let app_config = match &baked {
         Some(shard) => watcher::Config::default().labels(shard),
         None => watcher::Config::default(),
     };
@@ -243,12 +259,12 @@ pub async fn run_with(
     let others_config = watcher::Config::default()
         .labels(&format!("{LABEL_MANAGED_BY}!={MANAGED_BY}"))
         .any_semantic();
-    let (other_deployments, other_deployment_stream) = watch
+    let (other_deployments, other_deployment_stream) = watch_others
         .cached::<PartialObjectMeta<Deployment>, _>(others_config.clone(), name_only, |s| {
             &s.other_deployments
         });
-    let (other_services, other_service_stream) =
-        watch.cached::<PartialObjectMeta<Service>, _>(others_config.clone(), name_only, |s| {
+    let (other_services, other_service_stream) = watch_others
+        .cached::<PartialObjectMeta<Service>, _>(others_config.clone(), name_only, |s| {
             &s.other_services
         });
     let (other_deployment_stream, other_service_stream) = (
@@ -262,7 +278,7 @@ pub async fn run_with(
     // Any change of ours (deleted, a key edited, its owner reference or a label changed)
     // or of a foreign one blocking the name wakes the AppService.
     let secret_stream = watch.triggers::<Secret>(child_config);
-    let other_secret_stream = watch.triggers::<Secret>(others_config);
+    let other_secret_stream = watch_others.triggers::<Secret>(others_config);
 
     // The work queue is observed around the Controller: each trigger stream counts.
     let queue = hooks.metrics.queue().clone();
@@ -418,8 +434,8 @@ pub async fn run_with(
             elector_stop_rx,
         );
         let sharder = match &served {
-            Some(served) => tokio::spawn(
-                shard::claims::Claims {
+            Some(served) => {
+                let claims = shard::claims::Claims {
                     ctx: ctx.clone(),
                     lease_client: lease_client.clone(),
                     identity: identity.clone(),
@@ -430,8 +446,19 @@ pub async fn run_with(
                     member: member_rx.clone(),
                     stop: stop_rx.clone(),
                 }
-                .run(),
-            ),
+                .run();
+                // A ring of one labels too, once its members are more than one.
+                let sharder = ring_of_one
+                    .then(|| shard::sharder::run(ctx.clone(), leading_rx.clone(), stop_rx.clone()));
+                tokio::spawn(async move {
+                    match sharder {
+                        Some(sharder) => {
+                            tokio::join!(claims, sharder);
+                        }
+                        None => claims.await,
+                    }
+                })
+            }
             None => tokio::spawn(shard::sharder::run(
                 ctx.clone(),
                 leading_rx.clone(),

@@ -118,7 +118,7 @@ async fn run(args: Args) -> Result<(), Error> {
     } else {
         client.clone()
     };
-    let database_client = if args.config.sharding && args.config.sharded_watch {
+    let database_client = if controller::shard::bucketed(&args.config) {
         controller::shard::served::bounded(
             database_client,
             served.clone(),

@@ -70,9 +70,10 @@ pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Next> 
         return Ok(Next::await_change());
     }
     // With sharding: an object the sharder drains is let go here, between passes.
-    if let Some(next) = crate::shard::gate(&app, &ctx).await? {
-        return Ok(next);
-    }
+    let _pass = match crate::shard::gate(&app, &ctx).await? {
+        crate::shard::Gate::Stop(next) => return Ok(next),
+        crate::shard::Gate::Go(pass) => pass,
+    };
     // A status we wrote that the cache has caught up with is no longer needed: drop it
     // here, not only when writing status, which a pass may never reach.
     ctx.drop_stale_status_write(&key, app.metadata.resource_version.as_deref());

@@ -16,7 +16,8 @@ use tracing::info;
 
 use crate::config::Config;
 use crate::context::CacheSync;
-use crate::shard::served::{Served, following};
+use crate::shard::buckets::Buckets;
+use crate::shard::served::{Generation, Served, following, selecting_buckets};
 
 /// Starts the caches of one controller: the client, the watched namespace (or all) and
 /// the flags their initial lists set.
@@ -24,8 +25,11 @@ pub(crate) struct Watch<'a> {
     client: &'a Client,
     config: &'a Config,
     synced: &'a Arc<CacheSync>,
-    /// With `--sharded-watch`: every watch follows the buckets this shard serves.
+    /// With `--sharded-watch`: every watch follows the buckets this shard serves. With a
+    /// ring of one ([`Served::ring_of_one`]): every watch of this shard's objects is
+    /// unfiltered while it serves every bucket, else selects the shard label (`labels`).
     served: Option<Arc<Served>>,
+    labels: Option<String>,
 }
 
 impl<'a> Watch<'a> {
@@ -35,11 +39,19 @@ impl<'a> Watch<'a> {
             config,
             synced,
             served: None,
+            labels: None,
         }
     }
 
     pub(crate) fn following(mut self, served: Option<Arc<Served>>) -> Self {
         self.served = served;
+        self
+    }
+
+    /// With a ring of one: the shard label selector the watches add while this shard
+    /// does not serve every bucket.
+    pub(crate) fn labelled(mut self, labels: Option<String>) -> Self {
+        self.labels = labels;
         self
     }
 
@@ -60,18 +72,37 @@ impl<'a> Watch<'a> {
             + 'static,
     {
         let namespace = self.config.watch_namespace.clone();
-        let make = move |client: Client| {
+        let make = move |client: Client, watch: &watcher::Config| {
             watcher(
                 scoped_api::<K>(&client, namespace.as_deref()),
                 watch.clone(),
             )
             .backoff(WatchBackoff::default())
+            .boxed()
         };
-        match &self.served {
-            Some(served) => {
-                following(served.clone(), self.client.clone(), make, listed.clone()).boxed()
+        match (&self.served, &self.labels) {
+            (Some(served), Some(labels)) if served.is_ring_of_one() => {
+                let (client, labels) = (self.client.clone(), labels.clone());
+                let start = move |generation: Generation| {
+                    if generation.buckets == Buckets::ALL {
+                        return make(client.clone(), &watch);
+                    }
+                    let mut selected = watch.clone();
+                    selected.label_selector = Some(match selected.label_selector.take() {
+                        Some(l) => format!("{l},{labels}"),
+                        None => labels.clone(),
+                    });
+                    make(client.clone(), &selected)
+                };
+                following(served.clone(), start, listed.clone()).boxed()
             }
-            None => make(self.client.clone()).boxed(),
+            (Some(served), _) => following(
+                served.clone(),
+                selecting_buckets(self.client.clone(), move |c| make(c, &watch)),
+                listed.clone(),
+            )
+            .boxed(),
+            (None, _) => make(self.client.clone(), &watch),
         }
     }
 

@@ -125,10 +125,16 @@ async fn settled(
         .map(|s| (s.name_any(), children(s.labels())))
         .collect();
     let ring = controller::shard::ring::Ring::new(live.iter().copied());
+    // A shard alone in its ring serves the AppServices without a label (and labels the
+    // children it creates).
+    let alone = match live {
+        [one] => Some((*one).to_owned()),
+        _ => None,
+    };
     let mut owners = BTreeMap::new();
     for a in &list.items {
         let labels = a.labels();
-        let Some(o) = labels.get(&owner) else {
+        let Some(o) = labels.get(&owner).or(alone.as_ref()) else {
             return Ok(None);
         };
         let name = a.name_any();
@@ -225,6 +231,7 @@ fn writes(events: &[serde_json::Value]) -> Vec<Write> {
                 .as_u64()
                 .is_some_and(|c| (200..300).contains(&c))
         })
+        .filter(|e| e["objectRef"]["resource"] != "leases")
         .filter_map(|e| {
             let r = &e["objectRef"];
             let name = r["name"].as_str().filter(|n| !n.is_empty())?;
@@ -391,12 +398,14 @@ async fn world() -> anyhow::Result<World> {
 
 impl World {
     fn spawn(&self, identity: &str) -> anyhow::Result<Shard> {
-        Shard::spawn(
-            self.cp.kubeconfig_path(),
-            &["--watch-namespace", &self.ns, "--lease-namespace", &self.ns],
-            identity,
-            self.dir.path(),
-        )
+        self.spawn_with(identity, &[])
+    }
+
+    /// A shard with `extra` flags.
+    fn spawn_with(&self, identity: &str, extra: &[&str]) -> anyhow::Result<Shard> {
+        let mut scope = vec!["--watch-namespace", &self.ns, "--lease-namespace", &self.ns];
+        scope.extend_from_slice(extra);
+        Shard::spawn(self.cp.kubeconfig_path(), &scope, identity, self.dir.path())
     }
 
     async fn settle(
@@ -1253,15 +1262,36 @@ async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_ov
 /// The AppService whose pass is held in the middle.
 const HELD: &str = "held";
 
-/// A drain arriving while the owner's pass of `held` is stopped in the middle, at the
-/// write `hold_if` picks (the owner runs in this process behind a client that holds that
-/// request until released: the timing is made, not hoped for). The pass cannot be
-/// acknowledged while it runs, so the sharder must leave `held` with its owner, and hand
-/// over the rest of the move meanwhile; once the write goes out and the pass ends, the
-/// owner acknowledges and the new shard converges it with the edit. The audit log
-/// shows no object written by two shards at once.
+/// How the ring of the mid-pass tests divides AppServices while its owner is alone.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Alone {
+    /// By labels from the start: a ring with a namespace selector (one that matches the
+    /// test's namespace) never serves without labels.
+    Labelled,
+    /// A ring of one: the member alone serves without labels.
+    RingOfOne,
+}
+
+/// The selector of the `Labelled` rings: every namespace not labelled for a canary.
+const EVERY_NAMESPACE: &str = "operator-upgrade notin (canary)";
+
+/// A second member joining while the owner's pass of `held` is stopped in the middle, at
+/// the write `hold_if` picks (the owner runs in this process behind a client that holds
+/// that request until released: the timing is made, not hoped for).
+///
+/// * `Labelled`: a drain arrives. The pass cannot be acknowledged while it runs, so the
+///   sharder must leave `held` with its owner, and hand over the rest of the move
+///   meanwhile; once the write goes out and the pass ends, the owner acknowledges and the
+///   new shard converges it with the edit.
+/// * `RingOfOne`: the owner served everything without labels. It lets its buckets go at
+///   once, but keeps its claim until the held write is no longer in flight; meanwhile
+///   nothing is labelled and the new member writes nothing at all. Then the sharder
+///   labels, and the new shard converges `held` with the edit.
+///
+/// Either way the audit log shows no object written by two shards at once.
 async fn a_drain_in_the_middle_of_a_pass(
     hold_if: harness::recording::HoldIf,
+    alone: Alone,
 ) -> anyhow::Result<()> {
     let w = world().await?;
     let others: Vec<String> = (0..6).map(|i| format!("other-{i}")).collect();
@@ -1282,9 +1312,24 @@ async fn a_drain_in_the_middle_of_a_pass(
     a_config.sharding = true;
     a_config.leader_election = true;
     a_config.identity = Some("a".to_owned());
+    let extra: &[&str] = match alone {
+        Alone::Labelled => {
+            a_config.namespace_selector = Some(
+                controller::shard::namespaces::NamespaceSelector::parse(EVERY_NAMESPACE)
+                    .map_err(anyhow::Error::msg)?,
+            );
+            &["--namespace-selector", EVERY_NAMESPACE]
+        }
+        Alone::RingOfOne => &[],
+    };
+    let served = Arc::new(controller::shard::served::Served::default());
+    let hooks = controller::Hooks {
+        served: served.clone(),
+        ..controller::Hooks::default()
+    };
     // Held only from the edit on: first a converges everything.
     hold.release();
-    let a = support::start_controller_hooks(client, a_config, controller::Hooks::default());
+    let a = support::start_controller_hooks(client, a_config, hooks);
     w.settle(&["a"], 7, Duration::from_secs(120), &[]).await?;
     eventually("statuses current", Duration::from_secs(60), || async {
         Ok::<_, harness::poll::Failure>(
@@ -1334,56 +1379,88 @@ async fn a_drain_in_the_middle_of_a_pass(
         .iter()
         .filter(|o| ring.owner(&key(o)) == Some(b.as_str()))
         .collect();
-    let shard_b = w.spawn(&b)?;
+    let shard_b = w.spawn_with(&b, extra)?;
     let (owner, drain) = (shard_label(RING), drain_label(RING));
-    // The rest of the move is handed over (b owns them and their children) while `held`
-    // is drained and waits for its owner.
-    eventually(
-        "the others moved while held waits",
-        Duration::from_secs(120),
-        || async {
-            for name in &moving {
-                let app = w.apps.get(name).await.map_err(failure)?;
-                let d = w.deployments.get(name).await.map_err(failure)?;
-                let current = app.status.as_ref().and_then(|s| s.observed_generation)
-                    == app.metadata.generation;
-                if app.labels().get(&owner) != Some(&b)
-                    || d.labels().get(&owner) != Some(&b)
-                    || !current
-                {
-                    return Ok(None);
+    if alone == Alone::RingOfOne {
+        // a lets every bucket go as soon as it sees b (no pass runs for them any more, no
+        // write is sent), but its claim stays until the held write is no longer in flight.
+        eventually(
+            "a letting its buckets go",
+            Duration::from_secs(60),
+            || async {
+                Ok::<_, harness::poll::Failure>(
+                    (served.allowed().is_empty() && !served.labels_open()).then_some(()),
+                )
+            },
+        )
+        .await
+        .with_context(|| tails(&[&shard_b]))?;
+        // The claim stands while the held write is in flight: released only after it.
+        let a_lease = w
+            .leases
+            .get(&common::names::shard_lease_name(RING, "a"))
+            .await?;
+        assert_eq!(
+            a_lease
+                .annotations()
+                .get(controller::shard::claims::ANNOTATION)
+                .map(String::as_str),
+            Some(Buckets::ALL.to_hex().as_str()),
+            "a's claim left while its held write is in flight"
+        );
+        assert!(!hold.held().is_empty(), "the write is still held");
+    }
+    if alone == Alone::Labelled {
+        // The rest of the move is handed over (b owns them and their children) while `held`
+        // is drained and waits for its owner.
+        eventually(
+            "the others moved while held waits",
+            Duration::from_secs(120),
+            || async {
+                for name in &moving {
+                    let app = w.apps.get(name).await.map_err(failure)?;
+                    let d = w.deployments.get(name).await.map_err(failure)?;
+                    let current = app.status.as_ref().and_then(|s| s.observed_generation)
+                        == app.metadata.generation;
+                    if app.labels().get(&owner) != Some(&b)
+                        || d.labels().get(&owner) != Some(&b)
+                        || !current
+                    {
+                        return Ok(None);
+                    }
                 }
-            }
-            let held = w.apps.get(HELD).await.map_err(failure)?;
-            Ok(held.labels().contains_key(&drain).then_some(()))
-        },
-    )
-    .await
-    .with_context(|| tails(&[&shard_b]))?;
-    let held = w.apps.get(HELD).await?;
-    assert_eq!(
-        held.labels().get(&owner).map(String::as_str),
-        Some("a"),
-        "moved during a's pass"
-    );
-    let d = w.deployments.get(HELD).await?;
-    assert_eq!(
-        d.labels().get(&owner).map(String::as_str),
-        Some("a"),
-        "its Deployment moved during a's pass"
-    );
-    let by_b: Vec<Write> = writes(&w.cp.audit_events()?)
-        .into_iter()
-        .filter(|x| {
-            x.shard.as_deref() == Some(b.as_str()) && x.object.ends_with(&format!("/{HELD}"))
-        })
-        .collect();
-    assert!(
-        by_b.is_empty(),
-        "{b} wrote {HELD} during a's pass: {by_b:?}"
-    );
+                let held = w.apps.get(HELD).await.map_err(failure)?;
+                Ok(held.labels().contains_key(&drain).then_some(()))
+            },
+        )
+        .await
+        .with_context(|| tails(&[&shard_b]))?;
+        let held = w.apps.get(HELD).await?;
+        assert_eq!(
+            held.labels().get(&owner).map(String::as_str),
+            Some("a"),
+            "moved during a's pass"
+        );
+        let d = w.deployments.get(HELD).await?;
+        assert_eq!(
+            d.labels().get(&owner).map(String::as_str),
+            Some("a"),
+            "its Deployment moved during a's pass"
+        );
+        let by_b: Vec<Write> = writes(&w.cp.audit_events()?)
+            .into_iter()
+            .filter(|x| {
+                x.shard.as_deref() == Some(b.as_str()) && x.object.ends_with(&format!("/{HELD}"))
+            })
+            .collect();
+        assert!(
+            by_b.is_empty(),
+            "{b} wrote {HELD} during a's pass: {by_b:?}"
+        );
+    }
 
-    // The write goes out, the pass ends, a acknowledges, b converges the edit.
+    // The write goes out, the pass ends, a acknowledges (or lets its claim go), b
+    // converges the edit.
     hold.release();
     w.settle(&["a", &b], 7, Duration::from_secs(120), &[&shard_b])
         .await?;
@@ -1400,6 +1477,30 @@ async fn a_drain_in_the_middle_of_a_pass(
     )
     .await
     .with_context(|| tails(&[&shard_b]))?;
+    if alone == Alone::RingOfOne {
+        // a's held write may have finished the edit's work before it let go: one more
+        // edit, for the new shard.
+        w.apps
+            .patch(
+                HELD,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+            )
+            .await?;
+        eventually(
+            "the next edit of held converged by its new shard",
+            Duration::from_secs(120),
+            || async {
+                let app = w.apps.get(HELD).await.map_err(failure)?;
+                let d = w.deployments.get(HELD).await.map_err(failure)?;
+                let current = app.status.as_ref().and_then(|s| s.observed_generation)
+                    == app.metadata.generation;
+                Ok((current && d.spec.replicas == Some(3)).then_some(()))
+            },
+        )
+        .await
+        .with_context(|| tails(&[&shard_b]))?;
+    }
     let all = writes(&w.cp.audit_events()?);
     assert!(
         all.iter()
@@ -1412,28 +1513,117 @@ async fn a_drain_in_the_middle_of_a_pass(
         violations.is_empty(),
         "written by two shards at once: {violations:?}"
     );
+    if alone == Alone::RingOfOne {
+        // Neither b nor the sharder wrote while a claimed every bucket.
+        let events = w.cp.audit_events()?;
+        let during = writes_during_claims(&events, &w.ns, "a")?;
+        assert!(
+            during.is_empty(),
+            "written while a claimed every bucket: {during:?}"
+        );
+    }
     a.stop().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn a_drain_while_the_owner_applies_a_child_waits_for_the_pass() -> anyhow::Result<()> {
-    a_drain_in_the_middle_of_a_pass(|r| {
-        r.method() == http::Method::PATCH
-            && r.uri().path().ends_with(&format!("/deployments/{HELD}"))
-    })
+    a_drain_in_the_middle_of_a_pass(
+        |r| {
+            r.method() == http::Method::PATCH
+                && r.uri().path().ends_with(&format!("/deployments/{HELD}"))
+        },
+        Alone::Labelled,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_member_joining_while_the_one_alone_applies_a_child_writes_nothing_until_its_claim_went()
+-> anyhow::Result<()> {
+    a_drain_in_the_middle_of_a_pass(
+        |r| {
+            r.method() == http::Method::PATCH
+                && r.uri().path().ends_with(&format!("/deployments/{HELD}"))
+        },
+        Alone::RingOfOne,
+    )
     .await
 }
 
 #[tokio::test]
 async fn a_drain_while_the_owner_writes_status_waits_for_the_pass() -> anyhow::Result<()> {
-    a_drain_in_the_middle_of_a_pass(|r| {
-        r.method() == http::Method::PATCH
-            && r.uri()
-                .path()
-                .ends_with(&format!("/appservices/{HELD}/status"))
-    })
-    .await
+    a_drain_in_the_middle_of_a_pass(holds_the_status_write, Alone::Labelled).await
+}
+
+#[tokio::test]
+async fn a_member_joining_while_the_one_alone_writes_status_writes_nothing_until_its_claim_went()
+-> anyhow::Result<()> {
+    a_drain_in_the_middle_of_a_pass(holds_the_status_write, Alone::RingOfOne).await
+}
+
+fn holds_the_status_write(r: &http::Request<kube::client::Body>) -> bool {
+    r.method() == http::Method::PATCH
+        && r.uri()
+            .path()
+            .ends_with(&format!("/appservices/{HELD}/status"))
+}
+
+/// The writes in `namespace` (other than Leases) by another member than `member`, or by
+/// the sharder, while `member` claimed the namespace's bucket (from the audit log's
+/// claim spans); an error if `member` never claimed it.
+fn writes_during_claims(
+    events: &[serde_json::Value],
+    namespace: &str,
+    member: &str,
+) -> anyhow::Result<Vec<String>> {
+    let b = bucket(namespace);
+    let spans: Vec<ClaimSpan> = claim_spans(events, namespace)
+        .into_iter()
+        .filter(|s| s.member == member && s.bucket == b)
+        .collect();
+    anyhow::ensure!(
+        !spans.is_empty(),
+        "{member} never claimed the bucket of {namespace}"
+    );
+    let mut during = Vec::new();
+    for e in events {
+        let r = &e["objectRef"];
+        if r["resource"] == "leases"
+            || r["namespace"] != namespace
+            || e["stage"] != "ResponseComplete"
+        {
+            continue;
+        }
+        if !matches!(
+            e["verb"].as_str(),
+            Some("create" | "update" | "patch" | "delete")
+        ) {
+            continue;
+        }
+        if !e["responseStatus"]["code"]
+            .as_u64()
+            .is_some_and(|c| (200..300).contains(&c))
+        {
+            continue;
+        }
+        let uri = e["requestURI"].as_str().unwrap_or("");
+        let writer = shard_of(e);
+        let sharder = uri.contains("fieldManager=appservice-sharder");
+        if writer.is_none() || (writer.as_deref() == Some(member) && !sharder) {
+            continue;
+        }
+        let (Some(received), Some(done)) = (
+            stamp(e, "requestReceivedTimestamp"),
+            stamp(e, "stageTimestamp"),
+        ) else {
+            continue;
+        };
+        if spans.iter().any(|s| received < s.until && done > s.from) {
+            during.push(format!("{} {uri} by {writer:?}", e["verb"]));
+        }
+    }
+    Ok(during)
 }
 
 // --- The server-side sharded watch (`--sharded-watch`, gate `ShardedListAndWatch`) ---

@@ -105,8 +105,8 @@ rules:
 - level: None
 "#;
 
-/// The rule [`Options::sharded_watch`] adds before the others: Lease writes with their
-/// request body.
+/// The rule added before the others: Lease writes with their request body (the claims
+/// of the sharded watch and of a ring of one).
 pub const AUDIT_LEASES_RULE: &str = r#"- level: Request
   verbs: ["create", "update", "patch"]
   resources:
@@ -291,11 +291,8 @@ impl ControlPlane {
         let mut apiserver_args = apiserver_args;
         if options.audit_log {
             let policy = cp.paths.root.join("audit-policy.yaml");
-            let text = if options.sharded_watch {
-                AUDIT_POLICY.replacen("rules:\n", &format!("rules:\n{AUDIT_LEASES_RULE}"), 1)
-            } else {
-                AUDIT_POLICY.to_owned()
-            };
+            let text =
+                AUDIT_POLICY.replacen("rules:\n", &format!("rules:\n{AUDIT_LEASES_RULE}"), 1);
             write(&policy, &text)?;
             apiserver_args.extend([
                 format!("--audit-policy-file={}", policy.display()),

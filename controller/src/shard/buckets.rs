@@ -31,6 +31,12 @@ pub struct Buckets(u64);
 
 impl Buckets {
     pub const NONE: Buckets = Buckets(0);
+    /// Every bucket: the whole hash space.
+    pub const ALL: Buckets = Buckets(if BUCKETS == 64 {
+        u64::MAX
+    } else {
+        (1 << BUCKETS) - 1
+    });
 
     pub fn contains(self, bucket: u32) -> bool {
         bucket < BUCKETS && self.0 & (1 << bucket) != 0

@@ -104,7 +104,7 @@ impl Peers {
 
 /// The buckets a Lease claims. One that cannot be read claims every bucket: a member that
 /// does not say what it serves must be assumed to serve everything.
-fn claims_of(lease: &Lease) -> Buckets {
+pub(crate) fn claims_of(lease: &Lease) -> Buckets {
     match lease.annotations().get(ANNOTATION) {
         None => Buckets::NONE,
         Some(v) => Buckets::from_hex(v).unwrap_or_else(|| {
@@ -169,7 +169,16 @@ impl Claims {
                     .chain([self.identity.as_str()]),
             );
             self.ctx.metrics().shard().set_members(ring.len());
-            let desired = assigned(&ring, &self.identity);
+            let others = live.iter().fold(Buckets::NONE, |a, (_, b)| a.union(*b));
+            let alone = live.is_empty();
+            // A ring of one: every bucket while no other member is live, none otherwise
+            // (then the shard labels divide the AppServices).
+            let ring_of_one = self.served.is_ring_of_one();
+            let desired = match (ring_of_one, alone) {
+                (true, true) => Buckets::ALL,
+                (true, false) => Buckets::NONE,
+                (false, _) => assigned(&ring, &self.identity),
+            };
 
             let lose = self.served.allowed().minus(desired);
             if !lose.is_empty() {
@@ -178,14 +187,19 @@ impl Claims {
                     "letting buckets go: the ring gave them to another member"
                 );
                 self.served.release(lose).await;
-                let handed = self
-                    .apps
-                    .state()
-                    .iter()
-                    .filter(|a| lose.contains_namespace(&a.namespace().unwrap_or_default()))
-                    .count();
-                for _ in 0..handed {
-                    self.ctx.metrics().shard().handover(super::Direction::Out);
+                if ring_of_one {
+                    // Nothing is handed over yet: the sharder labels the AppServices now.
+                    info!("another member joined the ring: serving by shard labels from now on");
+                } else {
+                    let handed = self
+                        .apps
+                        .state()
+                        .iter()
+                        .filter(|a| lose.contains_namespace(&a.namespace().unwrap_or_default()))
+                        .count();
+                    for _ in 0..handed {
+                        self.ctx.metrics().shard().handover(super::Direction::Out);
+                    }
                 }
             }
             // The Lease says what we serve: after a release, after a contested claim was
@@ -197,8 +211,39 @@ impl Claims {
                     continue;
                 }
             }
+            if ring_of_one && serving.is_empty() && desired.is_empty() {
+                // Writes by the shard labels only while no other live member serves every
+                // bucket: checked against a quorum read before they open, and shut at once
+                // when a claim shows up (which a renewing member never sees: a member
+                // claims only once every other one has stopped renewing).
+                if !others.is_empty() {
+                    if self.served.labels_open() {
+                        warn!("another member serves every bucket: writes by shard label shut");
+                        self.served.close_labels();
+                    }
+                } else if !self.served.labels_open() {
+                    match api.list(&ListParams::default().labels(&selector)).await {
+                        Ok(list) => {
+                            let fresh: Vec<Arc<Lease>> =
+                                list.items.into_iter().map(Arc::new).collect();
+                            let now = Instant::now();
+                            peers.observe(&fresh, &ours, now);
+                            let claimed = peers
+                                .live(config.lease_duration, now)
+                                .iter()
+                                .any(|(_, b)| !b.is_empty());
+                            if !claimed {
+                                self.served.open_labels().await;
+                                info!("serving the AppServices labelled for this shard");
+                            }
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "reading the ring's Leases; writes by shard label stay shut");
+                        }
+                    }
+                }
+            }
 
-            let others = live.iter().fold(Buckets::NONE, |a, (_, b)| a.union(*b));
             let take = desired.minus(serving).minus(others);
             if take.is_empty() {
                 continue;
@@ -214,10 +259,13 @@ impl Claims {
                     let fresh: Vec<Arc<Lease>> = list.items.into_iter().map(Arc::new).collect();
                     let now = Instant::now();
                     peers.observe(&fresh, &ours, now);
-                    peers
-                        .live(config.lease_duration, now)
-                        .iter()
-                        .fold(Buckets::NONE, |a, (_, b)| a.union(*b))
+                    let live = peers.live(config.lease_duration, now);
+                    if ring_of_one && !live.is_empty() {
+                        // Not alone after all: a ring of one serves by labels then.
+                        Buckets::ALL
+                    } else {
+                        live.iter().fold(Buckets::NONE, |a, (_, b)| a.union(*b))
+                    }
                 }
                 Err(e) => {
                     warn!(error = %e, "reading the ring's Leases after a claim; not taking the buckets yet");

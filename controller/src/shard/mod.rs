@@ -57,6 +57,21 @@ pub fn child_label(config: &Config) -> Option<(String, String)> {
         .then(|| (shard_label(&config.shard_ring), config.identity()))
 }
 
+/// Label sharding where a member alone in its ring serves without labels (every ring
+/// without `--namespace-selector`): it claims every namespace bucket in its Lease, as the
+/// sharded watch does, and watches everything; when another member joins it lets them go
+/// and the sharder labels the AppServices. A canary ring always labels: the namespaces
+/// it shares the cluster with belong to another ring.
+pub fn ring_of_one(config: &Config) -> bool {
+    config.sharding && !config.sharded_watch && config.namespace_selector.is_none()
+}
+
+/// Whether this shard's writes are checked against namespace buckets it claims (the
+/// sharded watch, or a ring of one).
+pub fn bucketed(config: &Config) -> bool {
+    config.sharding && (config.sharded_watch || ring_of_one(config))
+}
+
 /// The label selector of this shard's watches (`shard...=<identity>`), if sharding.
 pub fn selector(config: &Config) -> Option<String> {
     child_label(config).map(|(k, v)| format!("{k}={v}"))
@@ -72,32 +87,55 @@ pub fn is_label_value(value: &str) -> bool {
         && value.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
+/// What [`gate`] says about a pass.
+pub enum Gate {
+    /// Not this shard's to reconcile now.
+    Stop(Next),
+    /// Go on; a pass that serves by the buckets keeps its guard until it ends.
+    Go(Option<served::PassGuard>),
+}
+
 /// Before a pass: with sharding on, an AppService this shard owns that the sharder asks
 /// to drain is let go here. kube-runtime runs one pass per object at a time, so none of
 /// ours is in flight on it: forget it and remove our label, the last write this shard
 /// makes on it (guarded by the resourceVersion we read). An object not labelled ours (a
-/// cache behind the label's move) is left alone. `None`: go on with the pass.
-pub async fn gate(app: &AppService, ctx: &Context) -> Result<Option<Next>> {
-    // The sharded watch: a pass runs only for a namespace this shard serves, and whose
-    // objects every cache has listed; the claims task lets a bucket go only between
-    // writes, so there is nothing to acknowledge.
+/// cache behind the label's move) is left alone.
+pub async fn gate(app: &AppService, ctx: &Context) -> Result<Gate> {
+    let namespace = app.namespace().unwrap_or_default();
     if let Some(served) = ctx.served() {
-        let namespace = app.namespace().unwrap_or_default();
-        return Ok((!served.usable(&namespace)).then(Next::await_change));
+        if !served.is_ring_of_one() {
+            // The sharded watch: a pass runs only for a namespace this shard serves, and
+            // whose objects every cache has listed; the claims task lets a bucket go only
+            // between writes, so there is nothing to acknowledge.
+            return Ok(if served.usable(&namespace) {
+                Gate::Go(None)
+            } else {
+                Gate::Stop(Next::await_change())
+            });
+        }
+        // A ring of one: an AppService without any shard or drain label is served by
+        // the bucket rules (only by a member alone in its ring, which serves every
+        // bucket); a labelled one by the label rules below.
+        let claims = sharder::Claims::of(app.labels(), &ctx.config().shard_ring);
+        if claims.owner.is_none() && !claims.draining && claims.foreign.is_empty() {
+            return Ok(match served.begin_pass(&namespace) {
+                Some(pass) => Gate::Go(Some(pass)),
+                None => Gate::Stop(Next::await_change()),
+            });
+        }
     }
     let config = ctx.config();
     let Some((label, identity)) = child_label(config) else {
-        return Ok(None);
+        return Ok(Gate::Go(None));
     };
     let labels = app.labels();
     if labels.get(&label) != Some(&identity) {
-        return Ok(Some(Next::await_change()));
+        return Ok(Gate::Stop(Next::await_change()));
     }
     if !labels.contains_key(&drain_label(&config.shard_ring)) {
-        return Ok(None);
+        return Ok(Gate::Go(None));
     }
     let key = ObjectRef::from_obj(app);
-    let namespace = app.namespace().unwrap_or_default();
     let api: Api<AppService> = Api::namespaced(ctx.client().clone(), &namespace);
     let patch = json!({"metadata": {
         "resourceVersion": app.metadata.resource_version,
@@ -119,7 +157,7 @@ pub async fn gate(app: &AppService, ctx: &Context) -> Result<Option<Next>> {
     ctx.metrics().set_ready(&key, None);
     ctx.metrics().shard().handover(Direction::Out);
     info!(object = %key, "drained: handed over to the sharder");
-    Ok(Some(Next::await_change()))
+    Ok(Gate::Stop(Next::await_change()))
 }
 
 /// The membership Lease of this shard, renewed until `stop`; `member` is true while it is

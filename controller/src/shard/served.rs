@@ -10,6 +10,7 @@
 //! acquired bucket is usable by passes only once every cache has listed it.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{Stream, StreamExt};
@@ -37,6 +38,12 @@ struct Inner {
     generations: BTreeMap<u64, Buckets>,
     /// Per cache, the last generation whose initial list is in its store.
     synced: BTreeMap<&'static str, u64>,
+    /// A ring of one ([`Served::ring_of_one`]): writes outside the served buckets go out
+    /// too (those the label rules allow: this shard's labelled objects). Shut from the
+    /// start of a release until the passes that the served buckets let run have ended.
+    labels_open: bool,
+    /// A ring of one: passes under way that the served buckets let run.
+    passes: usize,
 }
 
 /// Shared by everything that follows the served buckets.
@@ -47,6 +54,9 @@ pub struct Served {
     watched: watch::Sender<Generation>,
     /// The buckets passes may run for: allowed, and listed by every cache.
     usable: watch::Sender<Buckets>,
+    /// Label sharding, where a member alone in its ring serves every bucket (see
+    /// [`Served::set_ring_of_one`]); otherwise the sharded watch.
+    ring_of_one: AtomicBool,
 }
 
 impl Default for Served {
@@ -60,6 +70,7 @@ impl Default for Served {
             drained: Notify::new(),
             watched: watch::channel(Generation::default()).0,
             usable: watch::channel(Buckets::NONE).0,
+            ring_of_one: AtomicBool::new(false),
         }
     }
 }
@@ -67,6 +78,20 @@ impl Default for Served {
 impl Served {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Label sharding with a ring of one (set before anything uses it): a member alone in
+    /// its ring claims every bucket (as the sharded watch would) and serves its
+    /// AppServices without labels, through unfiltered watches; with others it serves by
+    /// its shard label, once the claims task saw that no other member serves every bucket
+    /// ([`Served::open_labels`]). Writes are shut while a release is under way.
+    pub fn set_ring_of_one(&self, on: bool) {
+        self.ring_of_one.store(on, Ordering::Release);
+    }
+
+    /// Whether this is label sharding with a ring of one ([`Served::set_ring_of_one`]).
+    pub fn is_ring_of_one(&self) -> bool {
+        self.ring_of_one.load(Ordering::Acquire)
     }
 
     /// The buckets writes may touch now.
@@ -110,6 +135,7 @@ impl Served {
         {
             let mut inner = self.lock();
             inner.allowed = inner.allowed.minus(buckets);
+            inner.labels_open = false;
             self.update_usable(&mut inner);
         }
         loop {
@@ -128,6 +154,46 @@ impl Served {
         let mut inner = self.lock();
         let next = self.watched().minus(buckets);
         self.switch(&mut inner, next);
+    }
+
+    /// A ring of one, after a release: once no pass that the served buckets let run is
+    /// under way any more, writes by the label rules open again.
+    pub async fn open_labels(&self) {
+        loop {
+            let drained = self.drained.notified();
+            {
+                let mut inner = self.lock();
+                if inner.passes == 0 {
+                    inner.labels_open = true;
+                    return;
+                }
+            }
+            drained.await;
+        }
+    }
+
+    /// A ring of one: shuts writes by the label rules (another member serves every
+    /// bucket).
+    pub fn close_labels(&self) {
+        self.lock().labels_open = false;
+    }
+
+    /// Whether writes by the label rules are open (a ring of one, not releasing).
+    pub fn labels_open(&self) -> bool {
+        self.lock().labels_open
+    }
+
+    /// A ring of one: counts a pass of an AppService in `namespace` that the served
+    /// buckets let run, while the guard lives; `None` if its bucket is not usable.
+    pub fn begin_pass(self: &Arc<Self>, namespace: &str) -> Option<PassGuard> {
+        let mut inner = self.lock();
+        if !self.usable.borrow().contains_namespace(namespace) {
+            return None;
+        }
+        inner.passes += 1;
+        Some(PassGuard {
+            served: self.clone(),
+        })
     }
 
     fn switch(&self, inner: &mut Inner, buckets: Buckets) {
@@ -174,7 +240,11 @@ impl Served {
         let b = bucket(namespace);
         let mut inner = self.lock();
         if !inner.allowed.contains(b) {
-            return None;
+            // A ring of one serving by labels: the label rules decide, nothing to count.
+            return inner.labels_open.then(|| WriteGuard {
+                served: self.clone(),
+                bucket: BUCKETS,
+            });
         }
         if let Some(n) = inner.in_flight.get_mut(b as usize) {
             *n += 1;
@@ -203,6 +273,45 @@ impl Drop for WriteGuard {
     }
 }
 
+/// One generation's watch (see [`following`]).
+pub(crate) type Current<K> =
+    futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+
+/// The sharded watch's generation: `make(client)` with a client selecting its buckets;
+/// no bucket: an empty list, then nothing.
+pub(crate) fn selecting_buckets<K, S, F>(
+    client: kube::Client,
+    make: F,
+) -> impl Fn(Generation) -> Current<K> + Send + 'static
+where
+    K: Send + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    F: Fn(kube::Client) -> S + Send + 'static,
+{
+    move |generation: Generation| -> Current<K> {
+        match generation.buckets.selector() {
+            Some(selector) => make(selecting(client.clone(), selector)).boxed(),
+            None => futures::stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
+                .chain(futures::stream::pending())
+                .boxed(),
+        }
+    }
+}
+
+/// A pass in flight (see [`Served::begin_pass`]).
+pub struct PassGuard {
+    served: Arc<Served>,
+}
+
+impl Drop for PassGuard {
+    fn drop(&mut self) {
+        let mut inner = self.served.lock();
+        inner.passes = inner.passes.saturating_sub(1);
+        drop(inner);
+        self.served.drained.notify_waiters();
+    }
+}
+
 /// The namespace a request's path names (`/api/v1/namespaces/<ns>/…` or
 /// `/apis/<group>/<version>/namespaces/<ns>/…`), if it names an object in one. A request
 /// for the Namespace object itself names none.
@@ -222,6 +331,9 @@ pub fn namespace_of(path: &str) -> Option<&str> {
     Some(namespace).filter(|n| !n.is_empty())
 }
 
+/// The path of the Lease API, whose writes keep the fence open.
+const LEASES: &str = "/apis/coordination.k8s.io/";
+
 /// Why a write was not sent.
 #[derive(Debug, thiserror::Error)]
 #[error("namespace {0:?} is not served by this shard (its bucket was handed over); write not sent")]
@@ -230,7 +342,8 @@ pub struct NotServed(pub String);
 /// `client` with every write to a namespaced object checked against the served buckets
 /// right before it is sent, and counted while in flight (reads pass untouched). Writes in
 /// `own` (the operator's namespace: its Leases, the databases' admin Secrets) are not
-/// AppServices' and pass.
+/// AppServices' and pass; in a ring of one, whose buckets are all or none, only its
+/// Leases pass (the operator's namespace may hold AppServices too).
 pub fn bounded(client: kube::Client, served: Arc<Served>, own: &str) -> kube::Client {
     let namespace = client.default_namespace().to_owned();
     let own = own.to_owned();
@@ -240,8 +353,11 @@ pub fn bounded(client: kube::Client, served: Arc<Served>, own: &str) -> kube::Cl
         let own = own.clone();
         async move {
             let write = super::fence::guarded(&req);
-            let guard = match namespace_of(req.uri().path()) {
-                Some(ns) if write && ns != own => match served.begin_write(ns) {
+            let path = req.uri().path();
+            let exempt =
+                |ns: &str| ns == own && (!served.is_ring_of_one() || path.starts_with(LEASES));
+            let guard = match namespace_of(path) {
+                Some(ns) if write && !exempt(ns) => match served.begin_write(ns) {
                     Some(guard) => Some(guard),
                     None => return Err(kube::Error::Service(Box::new(NotServed(ns.to_owned())))),
                 },
@@ -282,33 +398,20 @@ fn with_selector(uri: &http::Uri, encoded: &str) -> Option<http::Uri> {
     http::Uri::from_parts(parts).ok()
 }
 
-/// A watch that follows the served buckets: `make(client)` is started for each
-/// generation with a client selecting its buckets, and replaced (a fresh list, so the
-/// reflector's store holds exactly the new set) when they change. No bucket: an empty
-/// list, then nothing. `listed` receives each generation's number just before its
-/// `InitDone` goes out.
-pub(crate) fn following<K, S, F>(
+/// A watch that follows the served buckets: `start` is started for each generation
+/// and replaced (a fresh list, so the reflector's store holds exactly the new set) when
+/// they change. `listed` receives each generation's number just before its `InitDone`
+/// goes out.
+pub(crate) fn following<K, F>(
     served: Arc<Served>,
-    client: kube::Client,
-    make: F,
+    start: F,
     listed: Arc<std::sync::atomic::AtomicU64>,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
 where
     K: Send + 'static,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    F: Fn(kube::Client) -> S + Send + 'static,
+    F: Fn(Generation) -> Current<K> + Send + 'static,
 {
-    type Current<K> =
-        futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
     let rx = served.subscribe_watched();
-    let start = move |generation: Generation| -> Current<K> {
-        match generation.buckets.selector() {
-            Some(selector) => make(selecting(client.clone(), selector)).boxed(),
-            None => futures::stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
-                .chain(futures::stream::pending())
-                .boxed(),
-        }
-    };
     // The state holds `served`, so the sender of `rx` outlives the stream.
     let state = (rx, None::<(u64, Current<K>)>, start, (listed, served));
     futures::stream::unfold(
@@ -443,5 +546,50 @@ mod tests {
         drop(guard);
         release.await.unwrap();
         assert!(!s.watched().contains_namespace("team-a"));
+    }
+
+    #[tokio::test]
+    async fn a_ring_of_one_opens_writes_by_label_only_after_its_passes_ended() {
+        let s = served_with_caches();
+        s.set_ring_of_one(true);
+        assert!(
+            s.begin_write("team-a").is_none(),
+            "nothing is written before the claims task opened either way"
+        );
+        s.acquire(Buckets::ALL);
+        assert!(s.begin_pass("team-a").is_none(), "not listed yet");
+        s.synced("a", 1);
+        s.synced("b", 1);
+        let pass = s
+            .begin_pass("team-a")
+            .expect("alone: every bucket is usable");
+        let write = s
+            .begin_write("team-a")
+            .expect("alone: every write goes out");
+        let release = tokio::spawn({
+            let s = s.clone();
+            async move { s.release(Buckets::ALL).await }
+        });
+        while !s.allowed().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert!(s.begin_write("team-b").is_none(), "shut while releasing");
+        assert!(s.begin_pass("team-b").is_none());
+        assert!(!release.is_finished(), "a write is in flight");
+        drop(write);
+        release.await.unwrap();
+        assert_eq!(s.watched(), Buckets::NONE, "the watches select the label");
+        let open = tokio::spawn({
+            let s = s.clone();
+            async move { s.open_labels().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!s.labels_open(), "a pass of the buckets is under way");
+        assert!(s.begin_write("team-a").is_none());
+        drop(pass);
+        open.await.unwrap();
+        assert!(s.begin_write("team-a").is_some(), "by the label rules");
+        s.close_labels();
+        assert!(s.begin_write("team-a").is_none());
     }
 }

@@ -859,6 +859,21 @@ async fn pass(
         delete_lease(ctx, lease).await;
     }
     ctx.metrics().shard().set_members(ring.len());
+    // A ring of one with one live member, or with a live member that serves every bucket
+    // (it was alone, or believes so): the AppServices without a label are that member's,
+    // and a live owner is not asked to drain (its acknowledgement would leave the
+    // AppService without a label). Moves from dead owners go on: that member serves only
+    // AppServices without labels or with its own.
+    let alone = super::ring_of_one(config)
+        && (ring.len() == 1
+            || ours.iter().any(|lease| {
+                let holder = lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.holder_identity.as_deref());
+                holder.is_some_and(|h| ring.contains(h))
+                    && !super::claims::claims_of(lease).is_empty()
+            }));
     let peers = &state.peers;
     let dead_ring = |r: &str| r != ring_name && peers.dead(r, now, config.lease_duration);
 
@@ -897,6 +912,12 @@ async fn pass(
             |m| ring.contains(m),
             dead_ring,
         );
+        let unlabelled = claims.owner.is_none() && !claims.draining && claims.foreign.is_empty();
+        if alone
+            && (matches!(step, Step::Drain) || (unlabelled && matches!(step, Step::Move { .. })))
+        {
+            continue;
+        }
         let kids = app
             .metadata
             .uid
