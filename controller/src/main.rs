@@ -107,11 +107,19 @@ async fn run(args: Args) -> Result<(), Error> {
     let metrics = Arc::new(Metrics::default());
     let identity = args.config.identity();
     let shard = args.config.sharding.then_some(identity.as_str());
-    let client = controller::client::build_client_as(config, args.rate_limit, metrics.api(), shard)
-        .map_err(Error::Client)?;
-    // With sharding the databases' writes (their Secrets) pass the same fence.
-    // With the sharded watch they also stay within the namespaces this shard serves.
+    // With sharding every write passes the fence as it leaves the rate limit's queue (and
+    // once more on joining it, `controller::run_with`), the databases' writes (their
+    // Secrets) included. With the sharded watch they also stay within the namespaces this
+    // shard serves.
     let fence = controller::shard::Fence::default();
+    let client = controller::client::build_client_as(
+        config,
+        args.rate_limit,
+        metrics.api(),
+        shard,
+        shard.map(|_| fence.clone()),
+    )
+    .map_err(Error::Client)?;
     let served = Arc::new(controller::shard::served::Served::default());
     let database_client = if args.config.sharding {
         controller::shard::fenced(client.clone(), fence.clone())

@@ -82,6 +82,60 @@ pub fn guarded<B>(req: &Request<B>) -> bool {
 )]
 pub struct Fenced;
 
+/// The fence as a layer of the client's own stack, below its rate limit: a write is
+/// checked when it leaves the rate limit's queue, right before it goes on the wire, not
+/// when it joins the queue (a write that waited there, or whose process was frozen while
+/// it waited, is checked again on its way out). [`fenced`] around a client built without
+/// it checks at the top of the stack.
+#[derive(Clone, Debug)]
+pub struct FenceLayer(pub Fence);
+
+impl<S> tower::Layer<S> for FenceLayer {
+    type Service = FenceService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        FenceService {
+            inner,
+            fence: self.0.clone(),
+        }
+    }
+}
+
+/// See [`FenceLayer`].
+#[derive(Clone, Debug)]
+pub struct FenceService<S> {
+    inner: S,
+    fence: Fence,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<S, B> tower::Service<Request<B>> for FenceService<S>
+where
+    S: tower::Service<Request<B>>,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if guarded(&req) && !self.fence.allows(Instant::now()) {
+            return Box::pin(std::future::ready(Err(Box::new(Fenced) as BoxError)));
+        }
+        let sent = self.inner.call(req);
+        Box::pin(async move { sent.await.map_err(Into::into) })
+    }
+}
+
 /// `client` with every guarded write checked against `fence` right before it is sent.
 /// Reads and watches pass untouched.
 pub fn fenced(client: kube::Client, fence: Fence) -> kube::Client {
@@ -149,5 +203,44 @@ mod tests {
         let lease = "/apis/coordination.k8s.io/v1/namespaces/a/leases/x";
         assert!(!guarded(&req(Method::PUT, lease)));
         assert!(!guarded(&req(Method::POST, lease)));
+    }
+
+    #[tokio::test]
+    async fn the_layer_checks_a_write_when_it_is_called_not_before() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tower::{Layer, Service, ServiceExt};
+        let sent = Arc::new(AtomicUsize::new(0));
+        let inner = tower::service_fn({
+            let sent = sent.clone();
+            move |_: Request<()>| {
+                sent.fetch_add(1, Ordering::Relaxed);
+                async { Ok::<_, BoxError>(()) }
+            }
+        });
+        let fence = Fence::default();
+        let mut service = FenceLayer(fence.clone()).layer(inner);
+        let req = |m: Method, p: &str| Request::builder().method(m).uri(p).body(()).unwrap();
+        let write = || req(Method::PATCH, "/api/v1/namespaces/a/services/x");
+        // Ready (its turn in the rate limit came) while the fence is open ...
+        let now = Instant::now();
+        fence.renewed(now, DEADLINE, now);
+        let ready = service.ready().await.unwrap();
+        assert!(ready.call(write()).await.is_ok());
+        // ... and called once it has lapsed: refused, never sent.
+        fence.renewed(now, Duration::ZERO, now);
+        let ready = service.ready().await.unwrap();
+        let refused = ready.call(write()).await.unwrap_err();
+        assert!(refused.is::<Fenced>(), "{refused}");
+        assert!(
+            ready
+                .call(req(Method::GET, "/api/v1/services"))
+                .await
+                .is_ok()
+        );
+        assert_eq!(
+            sent.load(Ordering::Relaxed),
+            2,
+            "the write refused was not sent"
+        );
     }
 }

@@ -503,56 +503,91 @@ pub async fn run(
             _ = stop.wait_for(|s| *s) => return,
         }
         info!("sharder started (this replica leads the ring)");
-        let mut tasks = JoinSet::new();
-        let notify = Arc::new(Notify::new());
-        let changes = Arc::new(Changes::default());
-        let caches = start_caches(&ctx, &mut tasks, &notify, &changes);
         let mut state = PassState {
             liveness: Liveness::default(),
             peers: Peers::new(Instant::now()),
             members: None,
             last_full: None,
         };
-        let mut announced_members = usize::MAX;
-        let mut last_read = Duration::ZERO;
+        // A ring of one starts narrow: most likely this member is alone.
+        let mut narrow = super::ring_of_one(ctx.config()).then(|| ctx.config().identity());
         loop {
-            if *stop.borrow() || !*leading.borrow() {
+            let Some(next) = lead(&ctx, &mut state, narrow.as_deref(), &leading, &stop).await
+            else {
                 break;
-            }
-            if caches.synced.iter().all(|f| f.load(Ordering::Relaxed)) {
-                // Taken before the pass reads the caches: what changes during it is
-                // looked at by the next one.
-                let dirty = changes.take();
-                let due = state
-                    .last_full
-                    .is_none_or(|t| t.elapsed() >= ctx.config().retry_period);
-                let scope = if dirty.all || due {
-                    Scope::All
-                } else {
-                    Scope::Apps(dirty.apps)
-                };
-                let (members, read) = pass(&ctx, &caches, &mut state, scope, &leading).await;
-                last_read = read;
-                if members != announced_members {
-                    info!(members, "ring members");
-                    announced_members = members;
-                }
-            }
-            // Changes wake the next pass soon (after a pause that gathers a burst of events
-            // and keeps the passes' share of a core small); the retry period bounds how
-            // late a Lease's expiry is seen.
-            tokio::select! {
-                _ = notify.notified() => {
-                    tokio::time::sleep(pause_after(last_read, ctx.config().retry_period)).await;
-                }
-                _ = tokio::time::sleep(ctx.config().retry_period) => {}
-                _ = leading.changed() => {}
-                _ = stop.changed() => {}
-            }
+            };
+            narrow = next;
         }
-        tasks.abort_all();
         info!("sharder stopped");
     }
+}
+
+/// Leads with one set of caches, until `stop`, the end of leadership (`None`), or until
+/// the caches must change: `Some(narrow)`, what [`start_caches`] should narrow to.
+async fn lead(
+    ctx: &Arc<Context>,
+    state: &mut PassState,
+    narrow: Option<&str>,
+    leading: &watch::Receiver<bool>,
+    stop: &watch::Receiver<bool>,
+) -> Option<Option<String>> {
+    let (mut leading, mut stop) = (leading.clone(), stop.clone());
+    let mut tasks = JoinSet::new();
+    let notify = Arc::new(Notify::new());
+    let changes = Arc::new(Changes::default());
+    let caches = start_caches(ctx, &mut tasks, &notify, &changes, narrow);
+    // Everything is new to these caches.
+    state.members = None;
+    let mut announced_members = usize::MAX;
+    let mut last_read = Duration::ZERO;
+    let next = loop {
+        if *stop.borrow() || !*leading.borrow() {
+            break None;
+        }
+        if caches.synced.iter().all(|f| f.load(Ordering::Relaxed)) {
+            // Taken before the pass reads the caches: what changes during it is
+            // looked at by the next one.
+            let dirty = changes.take();
+            let due = state
+                .last_full
+                .is_none_or(|t| t.elapsed() >= ctx.config().retry_period);
+            let scope = if dirty.all || due {
+                Scope::All
+            } else {
+                Scope::Apps(dirty.apps)
+            };
+            let (members, read, alone) = pass(ctx, &caches, state, scope, &leading).await;
+            last_read = read;
+            if members != announced_members {
+                info!(members, "ring members");
+                announced_members = members;
+            }
+            if super::ring_of_one(ctx.config()) && alone.as_deref() != narrow {
+                match &alone {
+                    Some(member) => {
+                        info!(member = %member, "one member alone in the ring: the sharder watches only what it does not serve")
+                    }
+                    None => info!(
+                        "more than one member in the ring: the sharder watches every AppService"
+                    ),
+                }
+                break Some(alone);
+            }
+        }
+        // Changes wake the next pass soon (after a pause that gathers a burst of events
+        // and keeps the passes' share of a core small); the retry period bounds how
+        // late a Lease's expiry is seen.
+        tokio::select! {
+            _ = notify.notified() => {
+                tokio::time::sleep(pause_after(last_read, ctx.config().retry_period)).await;
+            }
+            _ = tokio::time::sleep(ctx.config().retry_period) => {}
+            _ = leading.changed() => {}
+            _ = stop.changed() => {}
+        }
+    };
+    tasks.abort_all();
+    next
 }
 
 /// What the sharder keeps of an object's metadata: its identity, its controller
@@ -578,23 +613,38 @@ fn keep_labels(meta: &mut kube::api::ObjectMeta) {
     };
 }
 
+/// Starts the sharder's caches. `narrow` (a ring of one whose member is alone): only
+/// the AppServices that carry this ring's shard label, and the children labelled for
+/// another member than `alone` (the one the member alone serves without labels and the
+/// children it labelled itself are not the sharder's to move).
 fn start_caches(
     ctx: &Context,
     tasks: &mut JoinSet<()>,
     notify: &Arc<Notify>,
     changes: &Arc<Changes>,
+    narrow: Option<&str>,
 ) -> Caches {
     let config = ctx.config();
     let client = ctx.client();
     let synced: Arc<[AtomicBool; 6]> = Arc::new(Default::default());
     let ns = config.watch_namespace.clone();
+    let key = shard_label(&config.shard_ring);
+    let (app_labels, child_labels) = match narrow {
+        Some(alone) => (
+            key.clone(),
+            format!("{LABEL_MANAGED_BY}={MANAGED_BY},{key},{key} notin ({alone})"),
+        ),
+        None => (String::new(), format!("{LABEL_MANAGED_BY}={MANAGED_BY}")),
+    };
     let children = watcher::Config::default()
-        .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
+        .labels(&child_labels)
         .any_semantic();
     let apps = cache::<PartialObjectMeta<AppService>, _>(
         tasks,
         api(client, ns.as_deref()),
-        watcher::Config::default().any_semantic(),
+        watcher::Config::default()
+            .labels(&app_labels)
+            .any_semantic(),
         |o: &mut PartialObjectMeta<AppService>| keep_labels(&mut o.metadata),
         (synced.clone(), 0),
         OnEvent {
@@ -816,7 +866,7 @@ async fn pass(
     state: &mut PassState,
     scope: Scope,
     leading: &watch::Receiver<bool>,
-) -> (usize, Duration) {
+) -> (usize, Duration, Option<String>) {
     let started = Instant::now();
     let config = ctx.config();
     let ring_name = config.shard_ring.as_str();
@@ -874,6 +924,17 @@ async fn pass(
                 holder.is_some_and(|h| ring.contains(h))
                     && !super::claims::claims_of(lease).is_empty()
             }));
+    // The member alone, if one: the sharder's caches narrow to what it does not serve.
+    let alone_member = if alone && ring.len() == 1 {
+        state
+            .members
+            .iter()
+            .flatten()
+            .find(|m| is_ours(&m.ring, &m.namespace))
+            .map(|m| m.holder.clone())
+    } else {
+        None
+    };
     let peers = &state.peers;
     let dead_ring = |r: &str| r != ring_name && peers.dead(r, now, config.lease_duration);
 
@@ -963,7 +1024,7 @@ async fn pass(
     }
     let read = started.elapsed();
     if work.is_empty() {
-        return (ring.len(), read);
+        return (ring.len(), read, alone_member);
     }
     debug!(actions = work.len(), "sharder pass");
     let (owner_label, drain) = (owner_label.as_str(), drain.as_str());
@@ -979,7 +1040,7 @@ async fn pass(
         })
         .buffer_unordered(CONCURRENCY);
     done.collect::<()>().await;
-    (ring.len(), read)
+    (ring.len(), read, alone_member)
 }
 
 /// Every child in the caches, by its controller's uid.
