@@ -214,7 +214,15 @@ pub fn follow_owned(
 ) {
     tokio::spawn(async move {
         let mut known: Option<std::collections::HashSet<ObjectRef<AppService>>> = None;
+        // A new generation of watches (a ring of one, or the sharded watch, changed what
+        // it serves) lists everything again: a new baseline, not handovers one by one.
+        let generation = || ctx.served().map(|s| s.listed_generation());
+        let mut listed = generation();
         loop {
+            if generation() != listed {
+                listed = generation();
+                known = None;
+            }
             let now: std::collections::HashSet<_> = apps
                 .state()
                 .iter()

@@ -99,6 +99,11 @@ impl Served {
         self.lock().allowed
     }
 
+    /// The last generation of watches every cache has listed.
+    pub fn listed_generation(&self) -> u64 {
+        self.lock().synced.values().min().copied().unwrap_or(0)
+    }
+
     /// The buckets the watches select now.
     pub fn watched(&self) -> Buckets {
         self.watched.borrow().buckets
