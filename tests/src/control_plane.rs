@@ -171,7 +171,7 @@ impl ControlPlane {
             attempt += 1;
             match Self::start_once(options).await {
                 Err(Error::Startup { tail, .. })
-                    if attempt < 3 && tail.contains("address already in use") =>
+                    if attempt < 3 && crate::process::lost_the_port(&tail) =>
                 {
                     eprintln!("harness: a port was taken meanwhile; starting again");
                 }

@@ -17,7 +17,7 @@ use rand::distr::{Alphanumeric, SampleString};
 use tokio_postgres::config::SslMode;
 
 use crate::error::{Error, Result, io};
-use crate::process::{Component, Spec, free_port, tail};
+use crate::process::{Component, Spec, free_port, lost_the_port, tail};
 
 /// Environment variable naming a directory with `initdb`, `postgres` and `pg_ctl`.
 pub const PG_BIN_ENV: &str = "APPSERVICE_PG_BIN";
@@ -120,11 +120,6 @@ fn unprivileged_user() -> Result<Option<(u32, u32)>> {
         "running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as"
             .to_owned(),
     ))
-}
-
-/// Whether a server's startup log says another process had bound its port.
-fn lost_the_port(log: &str) -> bool {
-    log.to_ascii_lowercase().contains("address already in use")
 }
 
 fn chown_tree(path: &Path, uid: u32, gid: u32) -> Result<()> {
@@ -504,22 +499,5 @@ impl Drop for Postgres {
         if std::env::var_os("APPSERVICE_KEEP_LOGS").is_none() {
             let _ = std::fs::remove_dir_all(&self.data);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_port_taken_meanwhile_is_told_from_other_startup_failures() {
-        // PostgreSQL 15's words when its port is bound already.
-        assert!(lost_the_port(
-            "LOG:  could not bind IPv4 address \"127.0.0.1\": Address already in use\n\
-             FATAL:  could not create any TCP/IP sockets"
-        ));
-        assert!(!lost_the_port(
-            "FATAL:  data directory \"/x\" has invalid permissions"
-        ));
     }
 }

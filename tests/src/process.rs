@@ -237,9 +237,15 @@ pub async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
     Ok(response)
 }
 
+/// Whether a component's startup log says another process had bound its port (Go's
+/// "bind: address already in use", PostgreSQL's "Address already in use").
+pub fn lost_the_port(log: &str) -> bool {
+    log.to_ascii_lowercase().contains("address already in use")
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago. Another process may take it
-/// before the component binds it; [`crate::ControlPlane::start`] and
-/// [`crate::postgres::Postgres::start`] retry on that.
+/// before the component binds it; [`crate::ControlPlane::start`], the OCI registry and
+/// [`crate::postgres::Postgres::start`] start again when [`lost_the_port`] says so.
 pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
     let port = listener
@@ -254,6 +260,22 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_port_taken_meanwhile_is_told_from_other_startup_failures() {
+        // PostgreSQL 15's words when its port is bound already.
+        assert!(lost_the_port(
+            "LOG:  could not bind IPv4 address \"127.0.0.1\": Address already in use\n\
+             FATAL:  could not create any TCP/IP sockets"
+        ));
+        // Go's (kube-apiserver, etcd, the registry).
+        assert!(lost_the_port(
+            "listen tcp 127.0.0.1:2379: bind: address already in use"
+        ));
+        assert!(!lost_the_port(
+            "FATAL:  data directory \"/x\" has invalid permissions"
+        ));
+    }
 
     #[test]
     fn tail_returns_the_last_lines() {

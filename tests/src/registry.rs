@@ -178,7 +178,7 @@ impl Registry {
                         auth: opts.auth,
                     });
                 }
-                Err(e) if tail(component.log(), 20).contains("address already in use") => {
+                Err(e) if crate::process::lost_the_port(&tail(component.log(), 20)) => {
                     last = Some(e);
                 }
                 Err(e) => return Err(e),
