@@ -401,6 +401,33 @@ impl World {
         self.spawn_with(identity, &[])
     }
 
+    /// Sets the replicas of the AppService `held`.
+    async fn edit_held(&self, replicas: i32) -> anyhow::Result<()> {
+        let edit = serde_json::json!({"spec": {"replicas": replicas}});
+        self.apps
+            .patch(HELD, &PatchParams::default(), &Patch::Merge(&edit))
+            .await?;
+        Ok(())
+    }
+
+    /// Waits until `held`'s status is for its generation and its Deployment has
+    /// `replicas`.
+    async fn held_converged(&self, replicas: i32) -> anyhow::Result<()> {
+        eventually(
+            &format!("held converged with {replicas} replicas"),
+            Duration::from_secs(120),
+            || async {
+                let app = self.apps.get(HELD).await.map_err(failure)?;
+                let d = self.deployments.get(HELD).await.map_err(failure)?;
+                let current = app.status.as_ref().and_then(|s| s.observed_generation)
+                    == app.metadata.generation;
+                Ok((current && d.spec.replicas == Some(replicas)).then_some(()))
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
     /// A shard with `extra` flags.
     fn spawn_with(&self, identity: &str, extra: &[&str]) -> anyhow::Result<Shard> {
         let mut scope = vec!["--watch-namespace", &self.ns, "--lease-namespace", &self.ns];
@@ -1348,13 +1375,7 @@ async fn a_drain_in_the_middle_of_a_pass(
 
     // The edit: a's pass of `held` stops at the held write.
     hold.arm();
-    w.apps
-        .patch(
-            HELD,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"replicas": 2}})),
-        )
-        .await?;
+    w.edit_held(2).await?;
     eventually(
         "the pass of held at its held write",
         Duration::from_secs(60),
@@ -1464,42 +1485,16 @@ async fn a_drain_in_the_middle_of_a_pass(
     hold.release();
     w.settle(&["a", &b], 7, Duration::from_secs(120), &[&shard_b])
         .await?;
-    eventually(
-        "held converged by its new shard",
-        Duration::from_secs(120),
-        || async {
-            let app = w.apps.get(HELD).await.map_err(failure)?;
-            let d = w.deployments.get(HELD).await.map_err(failure)?;
-            let current =
-                app.status.as_ref().and_then(|s| s.observed_generation) == app.metadata.generation;
-            Ok((current && d.spec.replicas == Some(2)).then_some(()))
-        },
-    )
-    .await
-    .with_context(|| tails(&[&shard_b]))?;
+    w.held_converged(2)
+        .await
+        .with_context(|| tails(&[&shard_b]))?;
     if alone == Alone::RingOfOne {
         // a's held write may have finished the edit's work before it let go: one more
         // edit, for the new shard.
-        w.apps
-            .patch(
-                HELD,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
-            )
-            .await?;
-        eventually(
-            "the next edit of held converged by its new shard",
-            Duration::from_secs(120),
-            || async {
-                let app = w.apps.get(HELD).await.map_err(failure)?;
-                let d = w.deployments.get(HELD).await.map_err(failure)?;
-                let current = app.status.as_ref().and_then(|s| s.observed_generation)
-                    == app.metadata.generation;
-                Ok((current && d.spec.replicas == Some(3)).then_some(()))
-            },
-        )
-        .await
-        .with_context(|| tails(&[&shard_b]))?;
+        w.edit_held(3).await?;
+        w.held_converged(3)
+            .await
+            .with_context(|| tails(&[&shard_b]))?;
     }
     let all = writes(&w.cp.audit_events()?);
     assert!(
