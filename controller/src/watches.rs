@@ -26,7 +26,7 @@ pub(crate) struct Watch<'a> {
     config: &'a Config,
     synced: &'a Arc<CacheSync>,
     /// With `--sharded-watch`: every watch follows the buckets this shard serves. With a
-    /// ring of one ([`Served::ring_of_one`]): every watch of this shard's objects is
+    /// ring of one ([`Served::set_ring_of_one`]): every watch of this shard's objects is
     /// unfiltered while it serves every bucket, else selects the shard label (`labels`).
     served: Option<Arc<Served>>,
     labels: Option<String>,

@@ -92,6 +92,22 @@ impl Peers {
         self.by_lease = seen;
     }
 
+    /// A quorum read of the ring's Leases (a list, not the watch's cache: it holds every
+    /// record written before it), observed now; the live members and what they claim.
+    async fn reread(
+        &mut self,
+        api: &Api<Lease>,
+        selector: &str,
+        ours: &str,
+        lease_duration: Duration,
+    ) -> Result<Vec<(&str, Buckets)>, kube::Error> {
+        let list = api.list(&ListParams::default().labels(selector)).await?;
+        let fresh: Vec<Arc<Lease>> = list.items.into_iter().map(Arc::new).collect();
+        let now = Instant::now();
+        self.observe(&fresh, ours, now);
+        Ok(self.live(lease_duration, now))
+    }
+
     /// The live members and what they claim.
     fn live(&self, lease_duration: Duration, now: Instant) -> Vec<(&str, Buckets)> {
         self.by_lease
@@ -222,16 +238,12 @@ impl Claims {
                         self.served.close_labels();
                     }
                 } else if !self.served.labels_open() {
-                    match api.list(&ListParams::default().labels(&selector)).await {
-                        Ok(list) => {
-                            let fresh: Vec<Arc<Lease>> =
-                                list.items.into_iter().map(Arc::new).collect();
-                            let now = Instant::now();
-                            peers.observe(&fresh, &ours, now);
-                            let claimed = peers
-                                .live(config.lease_duration, now)
-                                .iter()
-                                .any(|(_, b)| !b.is_empty());
+                    match peers
+                        .reread(&api, &selector, &ours, config.lease_duration)
+                        .await
+                    {
+                        Ok(live) => {
+                            let claimed = live.iter().any(|(_, b)| !b.is_empty());
                             if !claimed {
                                 self.served.open_labels().await;
                                 info!("serving the AppServices labelled for this shard");
@@ -254,12 +266,11 @@ impl Claims {
                 continue;
             }
             // A quorum read of every claim written before ours.
-            let contested = match api.list(&ListParams::default().labels(&selector)).await {
-                Ok(list) => {
-                    let fresh: Vec<Arc<Lease>> = list.items.into_iter().map(Arc::new).collect();
-                    let now = Instant::now();
-                    peers.observe(&fresh, &ours, now);
-                    let live = peers.live(config.lease_duration, now);
+            let contested = match peers
+                .reread(&api, &selector, &ours, config.lease_duration)
+                .await
+            {
+                Ok(live) => {
                     if ring_of_one && !live.is_empty() {
                         // Not alone after all: a ring of one serves by labels then.
                         Buckets::ALL

@@ -38,7 +38,7 @@ struct Inner {
     generations: BTreeMap<u64, Buckets>,
     /// Per cache, the last generation whose initial list is in its store.
     synced: BTreeMap<&'static str, u64>,
-    /// A ring of one ([`Served::ring_of_one`]): writes outside the served buckets go out
+    /// A ring of one ([`Served::set_ring_of_one`]): writes outside the served buckets go out
     /// too (those the label rules allow: this shard's labelled objects). Shut from the
     /// start of a release until the passes that the served buckets let run have ended.
     labels_open: bool,
