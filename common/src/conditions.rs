@@ -60,6 +60,15 @@ pub mod reasons {
     pub const REGISTRY_DENIED: &str = "RegistryDenied";
     /// The registry did not answer in time or failed; retried with backoff.
     pub const REGISTRY_UNAVAILABLE: &str = "RegistryUnavailable";
+    /// The registry sent more than the controller reads of one answer (a manifest, a
+    /// signature manifest, a token): the message names the bound. Held until it changes.
+    pub const REGISTRY_RESPONSE_TOO_LARGE: &str = "RegistryResponseTooLarge";
+    /// The registry answered something the protocol does not allow (a redirect loop, a
+    /// digest that does not match the bytes, malformed JSON). Held until it changes.
+    pub const REGISTRY_RESPONSE_INVALID: &str = "RegistryResponseInvalid";
+    /// A signature that verified before no longer does (deleted or replaced at the
+    /// registry): what runs keeps running, nothing new rolls out.
+    pub const SIGNATURE_REVOKED: &str = "SignatureRevoked";
     /// A governing policy cannot be used (a key that does not parse, its Secret missing).
     pub const IMAGE_POLICY_NOT_USABLE: &str = "ImagePolicyNotUsable";
     /// The controller has not listed the ImagePolicies yet (just started).

@@ -50,6 +50,7 @@ telemetry::label_values! {
         Denied => "denied",
         Unavailable => "unavailable",
         Invalid => "invalid",
+        TooLarge => "too_large",
     }
 
     /// A verdict on one image under its policies (`image_verifications`).
@@ -60,6 +61,9 @@ telemetry::label_values! {
         NotFound => "not_found",
         Denied => "denied",
         Unavailable => "unavailable",
+        TooLarge => "too_large",
+        InvalidAnswer => "invalid_answer",
+        Revoked => "revoked",
         PolicyNotUsable => "policy_not_usable",
     }
 

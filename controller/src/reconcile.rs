@@ -182,12 +182,35 @@ async fn converge_app(app: &Subject<'_>, ctx: &Context) -> Result<Outcome> {
     // External resources (the database) before the children: the Deployment must not
     // point at a credentials Secret that does not exist yet.
     let mut report = ctx.external().ensure(app).await?;
-    // Image verification next: it holds the children as the database does.
+    let database_done = matches!(report.outcome, External::Done);
+    // Image verification next: an image that may not run holds the spec back, and the
+    // children converge to what ran before (or none are made, when nothing ran).
     if let Some(images) = ctx.images() {
-        images.check(app, &mut report, &ctx.clock().now()).await;
+        let live = live_images(ctx, app);
+        images
+            .check(app, &live, &mut report, &ctx.clock().now())
+            .await;
     }
     if matches!(report.outcome, External::Done) {
-        return converge_children(app, ctx, &report).await;
+        return converge_children(app, ctx, &report, None).await;
+    }
+    let held = report
+        .images
+        .as_ref()
+        .and_then(|i| i.hold.as_ref())
+        .and_then(|hold| hold.apply(app));
+    if database_done && let Some(held) = held {
+        let mut outcome = converge_children(app, ctx, &report, Some(&held)).await?;
+        // The hold decides when to look again (or the backoff of a registry that is
+        // down), unless converging the children failed.
+        if outcome.next.is_ok() {
+            outcome.next = match report.outcome {
+                External::Failed(e) => Err(e),
+                External::NotReady(after) => Ok(Next::requeue(after)),
+                External::Done => outcome.next,
+            };
+        }
+        return Ok(outcome);
     }
     let deployment = cached_deployment(ctx, app);
     let observed = Observed::new(&Observation::Blocked)
@@ -203,14 +226,21 @@ async fn converge_app(app: &Subject<'_>, ctx: &Context) -> Result<Outcome> {
 }
 
 /// The Deployment and the Service (and the canary Deployment while `spec.canary` asks
-/// for one), once nothing blocks them.
-async fn converge_children(app: &Subject<'_>, ctx: &Context, report: &Report) -> Result<Outcome> {
+/// for one), once nothing blocks them; or, while an image is held (`held`: the
+/// AppService rendered with what ran before), converged to that, with the hold's verdict.
+async fn converge_children(
+    app: &Subject<'_>,
+    ctx: &Context,
+    report: &Report,
+    held: Option<&AppService>,
+) -> Result<Outcome> {
     let owner = app.key();
     let namespace = app.namespace();
     // The children run the verified digests (`image@digest`), never the spec rewritten.
     let pinned;
-    let render = match report.images.as_ref().map(|i| &i.pins) {
-        Some(pins) if !pins.is_empty() => {
+    let render = match (held, report.images.as_ref().map(|i| &i.pins)) {
+        (Some(held), _) => Subject::of(held)?,
+        (None, Some(pins)) if !pins.is_empty() => {
             pinned = pins.apply(app);
             Subject::of(&pinned)?
         }
@@ -448,7 +478,12 @@ async fn converge_children(app: &Subject<'_>, ctx: &Context, report: &Report) ->
         ))));
     }
 
-    let observed = Observed::new(&Observation::Applied)
+    let found = if held.is_some() {
+        Observation::Held
+    } else {
+        Observation::Applied
+    };
+    let observed = Observed::new(&found)
         .external(report)
         .deployments(Some(&deployment), canary.as_ref());
     let status = status_of(app, &observed, &now);
@@ -505,6 +540,33 @@ fn rejected(
         .external(report)
         .deployments(deployment, None);
     Outcome::status(status_of(app, &observed, now), Err(error))
+}
+
+/// What our Deployments of `app` run, from the cache: what keeps running when an image
+/// is held and status records nothing.
+fn live_images(ctx: &Context, app: &Subject) -> crate::images::Live {
+    let image = |d: Option<Arc<DeploymentView>>| {
+        d.and_then(|d| {
+            d.spec
+                .template
+                .spec
+                .as_ref()?
+                .containers
+                .iter()
+                .find(|c| c.name == crate::desired::CONTAINER_NAME)?
+                .image
+                .clone()
+        })
+    };
+    let canary = ctx
+        .caches()
+        .deployments
+        .get(&ObjectRef::new(&canary_deployment_name(app.name())).within(app.namespace()))
+        .filter(|d| is_controlled_by(d.metadata.owner_references.as_deref(), app.uid()));
+    crate::images::Live {
+        image: image(cached_deployment(ctx, app)),
+        canary: image(canary),
+    }
 }
 
 /// Our Deployment of `app` from the cache, for the ready count of a blocked status.

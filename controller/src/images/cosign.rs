@@ -25,12 +25,12 @@ pub const SIMPLE_SIGNING_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesi
 pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 /// `critical.type` of a cosign payload.
 pub const PAYLOAD_TYPE: &str = "cosign container image signature";
-/// Bounds of what is looked at: a payload (cosign's are a few hundred bytes; annotations
-/// make them longer), a base64 signature (a DER P-256 signature is at most 72 bytes), and
-/// the layers of one signature manifest.
-pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
-pub const MAX_SIGNATURE_B64: usize = 512;
-pub const MAX_LAYERS: usize = 64;
+/// Bounds of what is looked at (their table is [`super::bounds`]): a payload (cosign's
+/// are a few hundred bytes; annotations make them longer), a base64 signature, and the
+/// layers of one signature manifest.
+pub const MAX_PAYLOAD_BYTES: usize = super::bounds::SIGNATURE_LAYER.bytes;
+pub const MAX_SIGNATURE_B64: usize = super::bounds::MAX_SIGNATURE_B64;
+pub const MAX_LAYERS: usize = super::bounds::MAX_LAYERS;
 
 /// The tag of the signatures of `digest` (`sha256:<hex>` → `sha256-<hex>.sig`).
 pub fn signature_tag(digest: &str) -> Result<String, Refusal> {

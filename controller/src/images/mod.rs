@@ -5,6 +5,7 @@
 //! | module | holds |
 //! | --- | --- |
 //! | [`cosign`] | cosign's tag-based signature layout and the pure check of a signature against keys |
+//! | [`bounds`] | every bound of what a registry may make the controller read, hold and wait for |
 //! | [`registry`] | the registry client: resolve a tag, fetch signature layers, bounded, timed, classified |
 //! | [`cache`] | the bounded single-flight caches of tags, signatures and Secrets |
 //! | [`verdict`] | the pure decision per image from what was fetched |
@@ -14,9 +15,12 @@
 //! One step of a pass ([`Verifier::check`]), after the database and before the children:
 //! every image of the AppService (the stable one and the canary's) that a policy governs
 //! is resolved and verified, and the children are rendered with `image@digest`
-//! ([`Pins`]); the spec is never rewritten. An image that fails an `Enforce` policy holds
-//! the pass before the children, so what ran keeps running.
+//! ([`Pins`]); the spec is never rewritten. An image that fails an `Enforce` policy (or
+//! waits for a registry that is down) holds the spec back: the children are converged to
+//! what ran before ([`Hold`]), so what ran keeps running and is repaired like any
+//! other child, and nothing is created when nothing ran.
 
+pub mod bounds;
 pub mod cache;
 pub mod cosign;
 pub mod policy_status;
@@ -44,7 +48,7 @@ use crate::external::{ConditionReport, Readiness, Report};
 use crate::metrics::{ImageCache, ImageMetrics};
 use crate::subject::Subject;
 use cosign::{Key, SignatureLayer};
-use registry::{Credentials, Registry, RegistryError};
+use registry::{Auth, Credentials, Registry, RegistryError, Target};
 use verdict::{Fetched, PolicyKeys, Verdict};
 
 /// A tag's or signature's failed fetch is tried again after this long at the earliest:
@@ -80,6 +84,11 @@ pub struct ImageConfig {
     /// governed AppService is looked at again).
     #[arg(long, env = "IMAGE_RESOLVE_INTERVAL", value_parser = parse_duration, default_value = "1m")]
     pub resolve_interval: Duration,
+    /// How long a verified signature is trusted before it is fetched and verified again
+    /// (a revocation at the registry is honoured within this long), in the background of
+    /// the passes a governed AppService gets every resolve interval.
+    #[arg(long, env = "IMAGE_REVERIFY_INTERVAL", value_parser = parse_duration, default_value = "5m")]
+    pub reverify_interval: Duration,
     /// Digests whose signatures are cached (and tags whose digests are).
     #[arg(long, env = "SIGNATURE_CACHE_SIZE", default_value_t = 4096)]
     pub signature_cache_size: usize,
@@ -94,6 +103,7 @@ impl ImageConfig {
             registry_credentials_secret: None,
             registry_timeout: Duration::from_secs(10),
             resolve_interval: Duration::from_secs(60),
+            reverify_interval: Duration::from_secs(300),
             signature_cache_size: 4096,
         }
     }
@@ -107,6 +117,8 @@ pub enum SetupError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error("--registry-ca-file {path}: {error}")]
+    Client { path: String, error: String },
 }
 
 /// What the step found, for the report of the pass.
@@ -117,6 +129,40 @@ pub struct Images {
     pub pins: Pins,
     /// Look again this soon at the latest (a tag may move).
     pub recheck: Option<Duration>,
+    /// Set while an image is held or waits for the registry: what the children converge
+    /// to meanwhile (what ran before), so a held AppService's children are repaired like
+    /// any other's.
+    pub hold: Option<Hold>,
+}
+
+/// What the children run while an image is held: the images that ran before.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hold {
+    /// The stable Deployment's image; none when nothing ran: then no child is created.
+    pub image: Option<String>,
+    /// The canary's; none when no canary ran (or none is asked for): then none runs.
+    pub canary: Option<String>,
+}
+
+impl Hold {
+    /// `app` rendered with what runs while held, or none when nothing may run.
+    pub fn apply(&self, app: &AppService) -> Option<AppService> {
+        let mut held = app.clone();
+        held.spec.image = self.image.clone()?;
+        match (&self.canary, held.spec.canary.as_mut()) {
+            (Some(image), Some(canary)) => canary.image = image.clone(),
+            _ => held.spec.canary = None,
+        }
+        Some(held)
+    }
+}
+
+/// What our live Deployments of an AppService run, from the controller's caches: what
+/// keeps running when an image is held and status records nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    pub image: Option<String>,
+    pub canary: Option<String>,
 }
 
 /// The references the children run instead of the spec's: `image@digest`.
@@ -185,12 +231,17 @@ impl Verifier {
             })?),
             None => None,
         };
+        let registry = Registry::new(ca.as_deref(), config.registry_timeout, metrics.clone())
+            .map_err(|error| SetupError::Client {
+                path: config
+                    .registry_ca_file
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                error,
+            })?;
         Ok(Verifier {
-            registry: Arc::new(Registry::new(
-                ca.as_deref(),
-                config.registry_timeout,
-                metrics.clone(),
-            )),
+            registry: Arc::new(registry),
             tags: cache::Cache::new(config.signature_cache_size),
             signatures: cache::Cache::new(config.signature_cache_size),
             secrets: cache::Cache::new(256),
@@ -231,7 +282,7 @@ impl Verifier {
     /// The step: adds `ImageVerified` and the images' status to `report`, and holds the
     /// pass (its outcome) when an image may not run. Nothing when no policy governs the
     /// AppService's images (the condition is then absent).
-    pub async fn check(&self, app: &Subject<'_>, report: &mut Report, now: &Time) {
+    pub async fn check(&self, app: &Subject<'_>, live: &Live, report: &mut Report, now: &Time) {
         let Some(stores) = self.stores.get() else {
             return absent(report);
         };
@@ -272,6 +323,7 @@ impl Verifier {
                 app,
                 &app.spec.image,
                 prior.and_then(|s| s.image.as_ref()),
+                live.image.as_deref(),
             )
             .await;
         let canary = match &app.spec.canary {
@@ -281,6 +333,7 @@ impl Verifier {
                     app,
                     &canary.image,
                     prior.and_then(|s| s.canary_image.as_ref()),
+                    live.canary.as_deref(),
                 )
                 .await
             }
@@ -297,9 +350,19 @@ impl Verifier {
             self.metrics.verification(v.result);
         }
         let condition = verdict::condition(&verdicts);
-        let hold = verdicts.iter().any(|v| v.holds());
+        let holds = verdicts.iter().any(|v| v.holds());
         let transient = verdicts.iter().find_map(|v| v.transient());
         report.conditions.push(condition);
+        let hold = (holds || transient.is_some()).then(|| Hold {
+            image: match &stable {
+                Some(v) => v.runs(),
+                None => Some(app.spec.image.clone()),
+            },
+            canary: app.spec.canary.as_ref().and_then(|c| match &canary {
+                Some(v) => v.runs(),
+                None => Some(c.image.clone()),
+            }),
+        });
         let images = Images {
             image: stable.as_ref().and_then(|v| v.status(now)),
             canary_image: canary.as_ref().and_then(|v| v.status(now)),
@@ -308,12 +371,13 @@ impl Verifier {
                 canary: canary.as_ref().and_then(|v| v.pin()),
             },
             recheck: Some(self.config.resolve_interval),
+            hold,
         };
         report.images = Some(images);
         if !matches!(report.outcome, Readiness::Done) {
             return;
         }
-        if hold {
+        if holds {
             report.outcome = Readiness::NotReady(HOLD_RECHECK);
         } else if let Some(message) = transient {
             report.outcome = Readiness::Failed(crate::error::Error::Registry(message));
@@ -327,6 +391,7 @@ impl Verifier {
         app: &Subject<'_>,
         image: &str,
         prior: Option<&ImageStatus>,
+        live: Option<&str>,
     ) -> Option<Verdict> {
         let policies = self.governing(stores, image, app.namespace());
         if policies.is_empty() {
@@ -340,16 +405,16 @@ impl Verifier {
             });
         }
         let fetched = self.fetch(image, &keyed).await;
-        Some(verdict::decide(image, &keyed, fetched, prior))
+        Some(verdict::decide(image, &keyed, fetched, prior, live))
     }
 
     /// The digest and signature layers of `image`, from the caches or the registry.
     async fn fetch(&self, image: &str, keyed: &[PolicyKeys]) -> Fetched {
-        let reference = match registry::reference(image) {
+        let reference = match Target::parse(image) {
             Ok(r) => r,
             Err(e) => return Fetched::failed(None, e),
         };
-        let auth = self.credentials(reference.resolve_registry()).await;
+        let auth = self.credentials(reference.registry()).await;
         let digest = match reference.digest() {
             Some(digest) => digest.to_owned(),
             None => {
@@ -379,6 +444,7 @@ impl Verifier {
                 Err(_) => true,
             })
         };
+        let reverify_interval = self.config.reverify_interval;
         let (registry, r, a, d) = (
             self.registry.clone(),
             reference.clone(),
@@ -388,9 +454,15 @@ impl Verifier {
         let got = self
             .signatures
             .get(
-                &format!("{}@{digest}", reference.repository()),
+                &format!(
+                    "{}/{}@{digest}",
+                    reference.registry(),
+                    reference.repository()
+                ),
                 |age, v| match v {
-                    Ok(layers) => age < UNVERIFIED_TTL || verifies_all(layers),
+                    Ok(layers) => {
+                        age < UNVERIFIED_TTL || (age < reverify_interval && verifies_all(layers))
+                    }
                     Err(_) => age < FAILURE_TTL,
                 },
                 move || async move { registry.signatures(&r, &d, &a).await.map(Arc::new) }.boxed(),
@@ -405,9 +477,9 @@ impl Verifier {
     }
 
     /// The credentials for `host` from the credentials Secret, if one is configured.
-    async fn credentials(&self, host: &str) -> oci_client::secrets::RegistryAuth {
+    async fn credentials(&self, host: &str) -> Auth {
         let Some(name) = self.config.registry_credentials_secret.clone() else {
-            return oci_client::secrets::RegistryAuth::Anonymous;
+            return Auth::Anonymous;
         };
         match self.secret(&name).await {
             Ok(Some(data)) => match data.get(".dockerconfigjson") {
@@ -415,12 +487,12 @@ impl Verifier {
                     Ok(c) => c.for_host(host),
                     Err(e) => {
                         tracing::warn!(secret = %name, error = %e, "registry credentials Secret is malformed; pulling anonymously");
-                        oci_client::secrets::RegistryAuth::Anonymous
+                        Auth::Anonymous
                     }
                 },
-                None => oci_client::secrets::RegistryAuth::Anonymous,
+                None => Auth::Anonymous,
             },
-            _ => oci_client::secrets::RegistryAuth::Anonymous,
+            _ => Auth::Anonymous,
         }
     }
 

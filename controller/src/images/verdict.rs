@@ -9,8 +9,18 @@
 //! * A registry that is down (`Unavailable`) is transient: when the status recorded this
 //!   very reference verified under the same policy generations, its digest stands in and
 //!   keeps running; otherwise the pass waits, with backoff, and nothing new runs.
-//! * Missing images and refused credentials hold like a bad signature: no retry helps
-//!   until someone acts (they are looked at again every [`super::HOLD_RECHECK`]).
+//! * Missing images, refused credentials and answers the protocol does not allow or
+//!   larger than their bound hold like a bad signature: no retry helps until someone
+//!   acts (they are looked at again every [`super::HOLD_RECHECK`]).
+//! * What keeps running while an image is held or waits ([`Verdict::runs`]): the
+//!   reference status recorded last (`status.image`, the digest a pass let run), or, when
+//!   none is recorded (the image ran before any policy governed it, or status was
+//!   edited), what the live Deployment runs, then recorded. The children are converged
+//!   to it like to any desired state: drift and foreign edits are repaired while held.
+//!   Nothing, when nothing ran: then nothing is created.
+//! * A digest that verified before and no longer does (its signature deleted or
+//!   replaced at the registry: a revocation) holds the same way, with its own reason:
+//!   what runs keeps running, nothing new rolls out.
 
 use std::sync::Arc;
 
@@ -91,6 +101,9 @@ pub struct Verdict {
     message: String,
     /// The status to keep as it is (held, or the recorded digest standing in).
     keep: Option<ImageStatus>,
+    /// What the children run while this image is held or waits: `keep`'s reference, or
+    /// the live Deployment's when nothing was recorded; none when nothing ran.
+    held: Option<String>,
 }
 
 impl Verdict {
@@ -118,6 +131,16 @@ impl Verdict {
         Some(format!("{}@{digest}", self.image))
     }
 
+    /// The reference the children run after this verdict: the pin, or the image as
+    /// written, when it runs; what ran before when it is held or waits; none when nothing
+    /// may run.
+    pub fn runs(&self) -> Option<String> {
+        match self.kind {
+            Kind::Run => Some(self.pin().unwrap_or_else(|| self.image.clone())),
+            Kind::Hold | Kind::Transient(_) => self.held.clone(),
+        }
+    }
+
     /// `status.image` (or `canaryImage`) after this verdict. `verifiedAt` moves only
     /// when what was verified changed, so a steady state writes no status.
     pub fn status(&self, now: &Time) -> Option<ImageStatus> {
@@ -137,16 +160,75 @@ impl Verdict {
     }
 }
 
-/// Decides the fate of `image` under `policies` (at least one), from what was fetched
-/// and the status recorded last (`prior`).
+/// The reference `status` records as running: `reference@digest` (or the reference alone
+/// when it names its digest, or when no digest was ever resolved for it).
+pub fn pinned(status: &ImageStatus) -> String {
+    if status.reference.contains('@') || status.digest.is_empty() {
+        status.reference.clone()
+    } else {
+        format!("{}@{}", status.reference, status.digest)
+    }
+}
+
+/// What runs of `image`'s slot when no status records it: the live Deployment's image,
+/// recorded with its digest (its own, or the one the tag resolved to now when it is
+/// `image` as written). A live image of another tag is recorded without a digest.
+fn live_record(image: &str, live: Option<&str>, digest: Option<&str>) -> Option<ImageStatus> {
+    let live = live?;
+    let (reference, digest) = match live.split_once('@') {
+        Some((_, digest)) if image.contains('@') && live == image => {
+            (live.to_owned(), digest.to_owned())
+        }
+        Some((reference, digest)) => (reference.to_owned(), digest.to_owned()),
+        None if live == image => (live.to_owned(), digest.unwrap_or_default().to_owned()),
+        None => (live.to_owned(), String::new()),
+    };
+    Some(ImageStatus {
+        reference,
+        digest,
+        verified_at: None,
+        verified_by: Vec::new(),
+    })
+}
+
+/// `registry/app:v1 (sha256:0123…)`, or the reference alone when it names its digest.
+fn describe(status: &ImageStatus) -> String {
+    if status.digest.is_empty() || status.reference.contains('@') {
+        status.reference.clone()
+    } else {
+        format!("{} ({})", status.reference, short_digest(&status.digest))
+    }
+}
+
+/// What the message says of a held image: what keeps running, if anything does.
+fn then(keep: Option<&ImageStatus>) -> String {
+    match keep {
+        Some(keep) => format!("{} keeps running", describe(keep)),
+        None => "nothing runs until it verifies".to_owned(),
+    }
+}
+
+/// Decides the fate of `image` under `policies` (at least one), from what was fetched,
+/// the status recorded last (`prior`) and what the live Deployment of its slot runs
+/// (`live`).
 pub fn decide(
     image: &str,
     policies: &[PolicyKeys],
     fetched: Fetched,
     prior: Option<&ImageStatus>,
+    live: Option<&str>,
 ) -> Verdict {
     let enforced = policies.iter().any(PolicyKeys::enforces);
     let prior_same = prior.filter(|p| p.reference == image);
+    let fetched_digest = match &fetched {
+        Fetched::Signed { digest, .. } => Some(digest.clone()),
+        Fetched::Failed { digest, .. } => digest.clone(),
+    };
+    // What keeps running if this image may not: recorded, else read from the live object.
+    let kept = prior
+        .cloned()
+        .or_else(|| live_record(image, live, fetched_digest.as_deref()));
+    let held = kept.as_ref().map(pinned);
     match fetched {
         Fetched::Signed { digest, layers } => {
             let mut verified_by = Vec::with_capacity(policies.len());
@@ -186,23 +268,49 @@ pub fn decide(
             let short = short_digest(&digest);
             let blocking = failures.iter().find(|(p, ..)| p.enforces());
             if let Some((p, result, reason, why)) = blocking {
-                let then = match prior {
-                    Some(prior) => format!("{} keeps running", short_digest(&prior.digest)),
-                    None => "nothing runs until it verifies".to_owned(),
+                // The very digest verified under this policy before: its signature was
+                // deleted or replaced since.
+                let revoked_key = prior_same
+                    .filter(|prior| prior.digest == digest)
+                    .and_then(|prior| {
+                        prior
+                            .verified_by
+                            .iter()
+                            .find(|v| v.policy == p.name())
+                            .and_then(|v| v.key.clone())
+                    })
+                    .filter(|_| *result != Verification::PolicyNotUsable);
+                let (result, reason, message) = match revoked_key {
+                    Some(key) => (
+                        Verification::Revoked,
+                        reasons::SIGNATURE_REVOKED,
+                        format!(
+                            "{image} ({short}) verified with key {key} of ImagePolicy {} before and no longer does: {why}; {}, and nothing new rolls out with it",
+                            p.name(),
+                            then(kept.as_ref())
+                        ),
+                    ),
+                    None => (
+                        *result,
+                        *reason,
+                        format!(
+                            "{image} ({short}) fails ImagePolicy {}: {why}; {}",
+                            p.name(),
+                            then(kept.as_ref())
+                        ),
+                    ),
                 };
                 return Verdict {
                     image: image.to_owned(),
-                    result: *result,
+                    result,
                     kind: Kind::Hold,
                     digest: Some(digest.clone()),
                     verified_by,
                     status: FALSE,
                     reason,
-                    message: format!(
-                        "{image} ({short}) fails ImagePolicy {}: {why}; {then}",
-                        p.name()
-                    ),
-                    keep: prior.cloned(),
+                    message,
+                    keep: kept,
+                    held,
                 };
             }
             // Runs pinned; an Audit failure is reported.
@@ -223,6 +331,7 @@ pub fn decide(
                         p.name()
                     ),
                     keep,
+                    held: None,
                 };
             }
             let by: Vec<String> = verified_by
@@ -239,20 +348,25 @@ pub fn decide(
                 reason: reasons::VERIFIED,
                 message: format!("{image} runs as {short}, verified by {}", by.join(", ")),
                 keep,
+                held: None,
             }
         }
         Fetched::Failed { digest, error } => {
             let (result, reason) = match &error {
                 RegistryError::NotFound(_) => (Verification::NotFound, reasons::IMAGE_NOT_FOUND),
                 RegistryError::Denied(_) => (Verification::Denied, reasons::REGISTRY_DENIED),
-                RegistryError::Unavailable(_) | RegistryError::Invalid(_) => {
+                RegistryError::Unavailable(_) => {
                     (Verification::Unavailable, reasons::REGISTRY_UNAVAILABLE)
                 }
+                RegistryError::Invalid(_) => (
+                    Verification::InvalidAnswer,
+                    reasons::REGISTRY_RESPONSE_INVALID,
+                ),
+                RegistryError::TooLarge(_) => {
+                    (Verification::TooLarge, reasons::REGISTRY_RESPONSE_TOO_LARGE)
+                }
             };
-            let transient = matches!(
-                error,
-                RegistryError::Unavailable(_) | RegistryError::Invalid(_)
-            );
+            let transient = error.is_transient();
             let base = Verdict {
                 image: image.to_owned(),
                 result,
@@ -262,12 +376,14 @@ pub fn decide(
                 status: if transient { UNKNOWN } else { FALSE },
                 reason,
                 message: String::new(),
-                keep: prior.cloned(),
+                keep: kept.clone(),
+                held: held.clone(),
             };
             // The digest verified last for this very reference, under the same policy
             // generations, stands in for a registry that is down.
             let standing = prior_same.filter(|p| {
                 transient
+                    && !p.digest.is_empty()
                     && digest.as_ref().is_none_or(|d| *d == p.digest)
                     && policies.iter().all(|pk| {
                         p.verified_by.iter().any(|v| {
@@ -284,6 +400,8 @@ pub fn decide(
                         "{error}; {} verified before keeps running",
                         short_digest(&standing.digest)
                     ),
+                    keep: Some(standing.clone()),
+                    held: None,
                     ..base
                 };
             }
@@ -291,14 +409,11 @@ pub fn decide(
                 return Verdict {
                     message: format!("{error} (Audit only: {image} runs as written)"),
                     keep: None,
+                    held: None,
                     ..base
                 };
             }
-            let then = match prior {
-                Some(prior) => format!("{} keeps running", short_digest(&prior.digest)),
-                None => "nothing runs until it verifies".to_owned(),
-            };
-            let message = format!("{image}: {error}; {then}");
+            let message = format!("{image}: {error}; {}", then(kept.as_ref()));
             Verdict {
                 kind: if transient {
                     Kind::Transient(message.clone())

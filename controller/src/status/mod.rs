@@ -67,6 +67,10 @@ pub enum Observation {
     Rejected(String),
     /// The children of this generation are applied and converged.
     Applied,
+    /// An external step holds the spec back (an image that may not run), and the
+    /// children were converged to what ran before: they report what runs, the external
+    /// step's blocking condition is the verdict.
+    Held,
     /// The external cleanup of a terminating AppService failed; the message says why.
     /// Only Degraded moves: the rest of the status stays as it was.
     CleanupFailed(String),
@@ -126,6 +130,14 @@ pub fn status_of(app: &AppService, observed: &Observed, now: &Time) -> AppServic
     let mut status = match observed.found {
         Observation::CleanupFailed(message) => return cleanup_failed(app, message, now),
         Observation::Blocked => blocked_by_external(app, observed, now),
+        Observation::Held => {
+            let applied = Observed {
+                found: &Observation::Applied,
+                ..*observed
+            };
+            let status = children_status(app, &applied, now);
+            external_verdict(status, app, observed, now)
+        }
         _ => children_status(app, observed, now),
     };
     if let Some(report) = observed.external {
@@ -193,7 +205,9 @@ fn children_status(app: &AppService, observed: &Observed, now: &Time) -> AppServ
             )
         }
         // Decided by `status_of` before this function is called.
-        Observation::Blocked | Observation::CleanupFailed(_) => return status,
+        Observation::Blocked | Observation::Held | Observation::CleanupFailed(_) => {
+            return status;
+        }
         Observation::Applied => {
             let Some(deployment) = deployment else {
                 status.ready_replicas = Some(0);
@@ -466,10 +480,20 @@ pub fn external_changes(app: &AppService, report: &Report) -> bool {
 /// retried with backoff (a server unreachable: `Failed`), Degraded meanwhile. The report's
 /// own conditions are set by [`status_of`].
 fn blocked_by_external(app: &AppService, observed: &Observed, now: &Time) -> AppServiceStatus {
-    let generation = app.metadata.generation;
     let mut status = app.status.clone().unwrap_or_default();
-    status.observed_generation = generation;
+    status.observed_generation = app.metadata.generation;
     status.ready_replicas = Some(ready_pods(observed.deployment));
+    external_verdict(status, app, observed, now)
+}
+
+/// `status` with the verdict of the external step's blocking condition, if one blocks.
+fn external_verdict(
+    status: AppServiceStatus,
+    app: &AppService,
+    observed: &Observed,
+    now: &Time,
+) -> AppServiceStatus {
+    let generation = app.metadata.generation;
     let Some(report) = observed.external else {
         return status;
     };

@@ -923,3 +923,52 @@ fn fields_another_writer_set_that_ours_leaves_out_are_leftovers() {
     assert!(super::leftovers(Some(&ours), &ours).is_empty());
     assert!(super::leftovers(None, &ours).is_empty());
 }
+
+#[test]
+fn a_held_appservice_reports_what_runs_with_the_holds_verdict() {
+    let a = app(3, 2);
+    let report = Report {
+        outcome: crate::external::Readiness::NotReady(std::time::Duration::from_secs(60)),
+        conditions: vec![crate::external::ConditionReport {
+            type_: conditions::IMAGE_VERIFIED,
+            status: FALSE,
+            reason: reasons::IMAGE_UNSIGNED,
+            message: "r/app:v2 fails ImagePolicy p: unsigned; r/app:v1 (sha256:aa…) keeps running"
+                .into(),
+        }],
+        absent: vec![],
+        database: None,
+        images: None,
+    };
+    let d = deployment(3, 1, healthy(3));
+    let observed = Observed::new(&Observation::Held)
+        .external(&report)
+        .deployments(Some(&d), None);
+    let s = status_of(&a, &observed, &at(5));
+    // What runs: the children's counts and endpoint, for this generation.
+    assert_eq!(s.ready_replicas, Some(3));
+    assert!(s.endpoint.is_some());
+    assert_eq!(s.observed_generation, Some(2));
+    // The verdict is the hold's: a human must act.
+    for (type_, want) in [(READY, FALSE), (STALLED, TRUE), (RECONCILING, FALSE)] {
+        let c = cond(&s, type_);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (want, reasons::IMAGE_UNSIGNED),
+            "{type_}"
+        );
+    }
+    assert!(cond(&s, READY).message.contains("keeps running"));
+    // A registry that is down is being retried instead: Reconciling, not Stalled.
+    let retried = Report {
+        outcome: crate::external::Readiness::Failed(crate::error::Error::Registry("down".into())),
+        ..report
+    };
+    let observed = Observed::new(&Observation::Held)
+        .external(&retried)
+        .deployments(Some(&d), None);
+    let s = status_of(&a, &observed, &at(6));
+    assert_eq!(cond(&s, RECONCILING).status, TRUE);
+    assert_eq!(cond(&s, STALLED).status, FALSE);
+    assert_eq!(s.ready_replicas, Some(3));
+}

@@ -59,6 +59,7 @@ fn a_signed_image_runs_pinned_and_records_who_verified_it() {
         &p,
         signed(&d, vec![signer.layer(&payload(&d))]),
         None,
+        None,
     );
     assert!(!v.holds() && v.transient().is_none());
     assert_eq!(v.pin(), Some(format!("{IMAGE}@{d}")));
@@ -81,6 +82,7 @@ fn a_signed_image_runs_pinned_and_records_who_verified_it() {
         &p,
         signed(&d, vec![signer.layer(&payload(&d))]),
         Some(&status),
+        None,
     );
     let later = Time(k8s_openapi::jiff::Timestamp::from_second(100).unwrap());
     assert_eq!(again.status(&later), Some(status));
@@ -115,7 +117,7 @@ fn unsigned_wrong_key_and_other_image_hold_with_their_reason() {
             Verification::Invalid,
         ),
     ] {
-        let v = decide(IMAGE, &p, signed(&d, layers), Some(&prior));
+        let v = decide(IMAGE, &p, signed(&d, layers), Some(&prior), None);
         assert!(v.holds(), "{reason}");
         assert_eq!(v.result, result);
         assert_eq!(v.pin(), None);
@@ -139,7 +141,7 @@ fn policies_add_up_keys_are_alternatives_and_audit_never_holds() {
         PolicyMode::Enforce,
         Ok(vec![b.key("new"), a.key("old")]),
     )];
-    let v = decide(IMAGE, &rotating, signed(&d, by_a.clone()), None);
+    let v = decide(IMAGE, &rotating, signed(&d, by_a.clone()), None, None);
     assert_eq!(
         v.status(&now()).unwrap().verified_by[0].key.as_deref(),
         Some("old")
@@ -149,12 +151,12 @@ fn policies_add_up_keys_are_alternatives_and_audit_never_holds() {
         policy("a", 1, PolicyMode::Enforce, Ok(vec![a.key("a")])),
         policy("b", 1, PolicyMode::Enforce, Ok(vec![b.key("b")])),
     ];
-    assert!(decide(IMAGE, &two, signed(&d, by_a.clone()), None).holds());
+    assert!(decide(IMAGE, &two, signed(&d, by_a.clone()), None, None).holds());
     let both = vec![a.layer(&payload(&d)), b.layer(&payload(&d))];
-    assert!(!decide(IMAGE, &two, signed(&d, both), None).holds());
+    assert!(!decide(IMAGE, &two, signed(&d, both), None, None).holds());
     // Audit: runs pinned, reported as failed.
     let audit = [policy("watch", 1, PolicyMode::Audit, Ok(vec![b.key("b")]))];
-    let v = decide(IMAGE, &audit, signed(&d, by_a), None);
+    let v = decide(IMAGE, &audit, signed(&d, by_a), None, None);
     assert!(!v.holds());
     assert_eq!(v.pin(), Some(format!("{IMAGE}@{d}")));
     let c = condition(&[&v]);
@@ -171,6 +173,7 @@ fn a_policy_that_cannot_be_used_holds_only_when_it_enforces() {
         &[policy("p", 1, PolicyMode::Enforce, broken())],
         signed(&d, vec![]),
         None,
+        None,
     );
     assert!(v.holds());
     assert_eq!(condition(&[&v]).reason, reasons::IMAGE_POLICY_NOT_USABLE);
@@ -178,6 +181,7 @@ fn a_policy_that_cannot_be_used_holds_only_when_it_enforces() {
         IMAGE,
         &[policy("p", 1, PolicyMode::Audit, broken())],
         signed(&d, vec![]),
+        None,
         None,
     );
     assert!(!v.holds());
@@ -204,7 +208,7 @@ fn a_registry_outage_keeps_what_was_verified_for_the_same_reference_and_generati
             RegistryError::Unavailable("connection refused".into()),
         )
     };
-    let v = decide(IMAGE, &p, down(), Some(&verified));
+    let v = decide(IMAGE, &p, down(), Some(&verified), None);
     assert!(!v.holds() && v.transient().is_none());
     assert_eq!(v.pin(), Some(format!("{IMAGE}@{d}")));
     assert_eq!(condition(&[&v]).status, UNKNOWN);
@@ -213,12 +217,12 @@ fn a_registry_outage_keeps_what_was_verified_for_the_same_reference_and_generati
         reference: "registry.example.com/shop/app:v2".into(),
         ..verified.clone()
     };
-    let v = decide(IMAGE, &p, down(), Some(&other));
+    let v = decide(IMAGE, &p, down(), Some(&other), None);
     assert!(v.transient().is_some());
     assert_eq!(v.pin(), None);
     let moved = [policy("prod", 3, PolicyMode::Enforce, Ok(vec![]))];
     assert!(
-        decide(IMAGE, &moved, down(), Some(&verified))
+        decide(IMAGE, &moved, down(), Some(&verified), None)
             .transient()
             .is_some()
     );
@@ -227,7 +231,7 @@ fn a_registry_outage_keeps_what_was_verified_for_the_same_reference_and_generati
         RegistryError::NotFound("tag".into()),
         RegistryError::Denied("401".into()),
     ] {
-        assert!(decide(IMAGE, &p, Fetched::failed(None, e), Some(&verified)).holds());
+        assert!(decide(IMAGE, &p, Fetched::failed(None, e), Some(&verified), None).holds());
     }
 }
 
@@ -247,9 +251,163 @@ fn a_digest_reference_is_pinned_as_written_and_the_worst_image_decides() {
         &p,
         signed(&d, vec![signer.layer(&payload(&d))]),
         None,
+        None,
     );
     assert_eq!(good.pin(), Some(by_digest.clone()));
-    let bad = decide(IMAGE, &p, signed(&d, vec![]), None);
+    let bad = decide(IMAGE, &p, signed(&d, vec![]), None, None);
     let c = condition(&[&good, &bad]);
     assert_eq!((c.status, c.reason), (FALSE, reasons::IMAGE_UNSIGNED));
+}
+
+#[test]
+fn what_keeps_running_is_the_record_else_the_live_deployment_else_nothing() {
+    let signer = Signer::new();
+    let d = digest('a');
+    let p = [policy(
+        "prod",
+        1,
+        PolicyMode::Enforce,
+        Ok(vec![signer.key("release")]),
+    )];
+    // Recorded: the record runs, whatever the live Deployment was edited to.
+    let prior = ImageStatus {
+        reference: "registry.example.com/shop/app:v0".into(),
+        digest: digest('c'),
+        verified_at: None,
+        verified_by: vec![],
+    };
+    let v = decide(
+        IMAGE,
+        &p,
+        signed(&d, vec![]),
+        Some(&prior),
+        Some("registry.example.com/evil:latest"),
+    );
+    assert!(v.holds());
+    assert_eq!(
+        v.runs(),
+        Some(format!("registry.example.com/shop/app:v0@{}", digest('c')))
+    );
+    assert_eq!(v.status(&now()), Some(prior.clone()));
+    let message = condition(&[&v]).message;
+    assert!(
+        message.contains("registry.example.com/shop/app:v0 (sha256:cccccccccccc…) keeps running"),
+        "{message}"
+    );
+    // Not recorded (it ran before a policy governed it): the live Deployment's image, as
+    // written, is pinned to the digest its tag resolves to now, and recorded.
+    let v = decide(IMAGE, &p, signed(&d, vec![]), None, Some(IMAGE));
+    assert_eq!(v.runs(), Some(format!("{IMAGE}@{d}")));
+    let recorded = v.status(&now()).unwrap();
+    assert_eq!(
+        (recorded.reference.as_str(), recorded.digest.as_str()),
+        (IMAGE, d.as_str())
+    );
+    assert!(recorded.verified_by.is_empty() && recorded.verified_at.is_none());
+    assert!(condition(&[&v]).message.contains("keeps running"));
+    // A live image pinned by an earlier pass (its status since edited away).
+    let live = format!("registry.example.com/shop/app:v0@{}", digest('c'));
+    let v = decide(IMAGE, &p, signed(&d, vec![]), None, Some(&live));
+    assert_eq!(v.runs(), Some(live.clone()));
+    assert_eq!(v.status(&now()).unwrap().digest, digest('c'));
+    // Another tag, never resolved: it keeps running as it is.
+    let v = decide(
+        IMAGE,
+        &p,
+        signed(&d, vec![]),
+        None,
+        Some("registry.example.com/x:1"),
+    );
+    assert_eq!(v.runs(), Some("registry.example.com/x:1".into()));
+    // Nothing ran: nothing runs, and the message says so.
+    let v = decide(IMAGE, &p, signed(&d, vec![]), None, None);
+    assert_eq!((v.runs(), v.status(&now())), (None, None));
+    assert!(
+        condition(&[&v])
+            .message
+            .contains("nothing runs until it verifies")
+    );
+    // A registry that is down holds the same way: what ran keeps running.
+    let down = Fetched::failed(None, RegistryError::Unavailable("refused".into()));
+    let v = decide(IMAGE, &p, down, None, Some(IMAGE));
+    assert!(v.transient().is_some());
+    assert_eq!(v.runs(), Some(IMAGE.to_owned()));
+}
+
+#[test]
+fn a_signature_gone_from_a_verified_digest_is_a_revocation() {
+    let signer = Signer::new();
+    let d = digest('a');
+    let p = [policy(
+        "prod",
+        1,
+        PolicyMode::Enforce,
+        Ok(vec![signer.key("release")]),
+    )];
+    let verified = ImageStatus {
+        reference: IMAGE.into(),
+        digest: d.clone(),
+        verified_at: Some(now()),
+        verified_by: vec![ImageVerification {
+            policy: "prod".into(),
+            generation: 1,
+            mode: "Enforce".into(),
+            key: Some("release".into()),
+        }],
+    };
+    let stranger = Signer::new();
+    for layers in [vec![], vec![stranger.layer(&payload(&d))]] {
+        let v = decide(IMAGE, &p, signed(&d, layers), Some(&verified), Some(IMAGE));
+        assert!(v.holds());
+        assert_eq!(v.result, Verification::Revoked);
+        // What runs keeps running: the verified digest, and its record.
+        assert_eq!(v.runs(), Some(format!("{IMAGE}@{d}")));
+        assert_eq!(v.status(&now()), Some(verified.clone()));
+        let c = condition(&[&v]);
+        assert_eq!((c.status, c.reason), (FALSE, reasons::SIGNATURE_REVOKED));
+        assert!(c.message.contains("no longer does"), "{}", c.message);
+        assert!(c.message.contains("keeps running"), "{}", c.message);
+    }
+    // Another digest of the tag, unsigned, is no revocation: it was never verified.
+    let v = decide(
+        IMAGE,
+        &p,
+        signed(&digest('b'), vec![]),
+        Some(&verified),
+        None,
+    );
+    assert_eq!(condition(&[&v]).reason, reasons::IMAGE_UNSIGNED);
+}
+
+#[test]
+fn answers_larger_than_their_bound_or_invalid_hold_with_their_own_reason() {
+    let p = [policy("prod", 1, PolicyMode::Enforce, Ok(vec![]))];
+    for (error, reason, result) in [
+        (
+            RegistryError::TooLarge("the manifest at x is larger than its bound of 4 MiB".into()),
+            reasons::REGISTRY_RESPONSE_TOO_LARGE,
+            Verification::TooLarge,
+        ),
+        (
+            RegistryError::Invalid("more than 5 redirects".into()),
+            reasons::REGISTRY_RESPONSE_INVALID,
+            Verification::InvalidAnswer,
+        ),
+    ] {
+        let v = decide(IMAGE, &p, Fetched::failed(None, error), None, None);
+        assert!(v.holds() && v.transient().is_none(), "{reason}");
+        assert_eq!(v.result, result);
+        let c = condition(&[&v]);
+        assert_eq!((c.status, c.reason), (FALSE, reason));
+    }
+    let audit = [policy("watch", 1, PolicyMode::Audit, Ok(vec![]))];
+    let v = decide(
+        IMAGE,
+        &audit,
+        Fetched::failed(None, RegistryError::TooLarge("big".into())),
+        None,
+        None,
+    );
+    assert!(!v.holds());
+    assert_eq!(v.runs(), Some(IMAGE.to_owned()));
 }
