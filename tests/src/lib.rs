@@ -35,6 +35,9 @@
 //! * [`Registry`] is a real OCI registry (CNCF distribution, TLS, optional basic auth)
 //!   behind a proxy that can fail or slow it down; it pushes images with crane, signs
 //!   them with cosign ([`KeyPair`]) and counts the requests it served.
+//! * [`HostileRegistry`] answers what no registry should (manifests, tokens and error
+//!   bodies of hundreds of MiB generated as they are sent, redirect loops, a 1 MiB
+//!   header, a drip), one [`Scenario`] per repository, and counts the bytes it sent.
 //! * Binaries: `APPSERVICE_ASSETS_BIN`, else the cache that `cargo xtask assets` fills
 //!   (built on demand when missing; needs `go`).
 
@@ -45,6 +48,7 @@ pub mod binary;
 mod control_plane;
 mod crds;
 mod error;
+pub mod hostile_registry;
 mod namespace;
 pub mod otlp;
 pub mod pod_view;
@@ -61,6 +65,7 @@ pub use binary::{Binary, logged_addr};
 pub use control_plane::{ControlPlane, KWOK_NODE_ANNOTATION, LogGuard, NODE_NAME, Options};
 pub use crds::{FIELD_MANAGER, appservice_crd_path, crd_dir, load_crd, load_crds};
 pub use error::{Error, Result};
+pub use hostile_registry::{HostileRegistry, HostileRequest, Scenario};
 pub use namespace::{
     POD_SECURITY_ENFORCE_LABEL, PodSecurityLevel, TEST_NAMESPACE_LABEL, TestNamespace,
 };

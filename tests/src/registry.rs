@@ -618,7 +618,7 @@ pub fn tar_with_one_file(name: &str, content: &[u8]) -> Vec<u8> {
 }
 
 /// The rustls client configuration trusting only `ca_pem`.
-fn tls_client(ca_pem: &str) -> std::result::Result<rustls::ClientConfig, Failure> {
+pub(crate) fn tls_client(ca_pem: &str) -> std::result::Result<rustls::ClientConfig, Failure> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
         roots.add(cert?)?;

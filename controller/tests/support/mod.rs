@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod hostile;
+
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
