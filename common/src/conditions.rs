@@ -66,8 +66,8 @@ pub mod reasons {
     /// The registry answered something the protocol does not allow (a redirect loop, a
     /// digest that does not match the bytes, malformed JSON). Held until it changes.
     pub const REGISTRY_RESPONSE_INVALID: &str = "RegistryResponseInvalid";
-    /// A signature that verified before no longer does (deleted or replaced at the
-    /// registry): what runs keeps running, nothing new rolls out.
+    /// The signature that verified a digest before is gone from the registry: what runs
+    /// keeps running, nothing new rolls out.
     pub const SIGNATURE_REVOKED: &str = "SignatureRevoked";
     /// A governing policy cannot be used (a key that does not parse, its Secret missing).
     pub const IMAGE_POLICY_NOT_USABLE: &str = "ImagePolicyNotUsable";

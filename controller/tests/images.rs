@@ -1036,3 +1036,227 @@ async fn a_policy_whose_key_secret_is_missing_holds_and_says_so_on_itself() -> a
     .await?;
     w.stop().await
 }
+
+/// The container image of `deployment` set to `image`, as a tenant with `edit` can.
+async fn edit_deployment_image(w: &World, deployment: &str, image: &str) -> anyhow::Result<()> {
+    let patch = json!({"spec": {"template": {"spec": {"containers": [
+        {"name": controller::desired::CONTAINER_NAME, "image": image}
+    ]}}}});
+    w.f.deployments
+        .patch(
+            deployment,
+            &PatchParams::default(),
+            &Patch::Strategic(patch),
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_held_appservice_keeps_its_children_converged_to_what_verified() -> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let host = registry.host();
+    let signed = registry.push_image("shop/app", "v1", "v1").await?;
+    registry.push_image("shop/app", "v2", "v2").await?;
+    let evil = registry.push_image("shop/evil", "v1", "evil").await?;
+    registry
+        .sign(&key, &format!("{host}/shop/app@{signed}"))
+        .await?;
+    let mut w = World::start(registry).await?;
+    w.policy_in_force("release", "Enforce", json!([inline("k", &key)]))
+        .await?;
+    let (v1, v2) = (w.image("shop/app", "v1"), w.image("shop/app", "v2"));
+    let pinned = format!("{v1}@{signed}");
+    w.app("app", &v1).await?;
+    w.runs("app", &pinned, FIRST).await?;
+
+    // The spec moves to an unsigned image: held, and status says what keeps running.
+    w.f.apps
+        .patch(
+            "app",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": v2}})),
+        )
+        .await?;
+    let app = w
+        .verdict("app", "False", reasons::IMAGE_UNSIGNED, FIRST)
+        .await?;
+    let (_, _, message) = condition(&app, IMAGE_VERIFIED).unwrap();
+    assert!(
+        message.contains(&format!("{v1} (sha256:")) && message.contains("keeps running"),
+        "{message}"
+    );
+    assert_eq!(
+        condition(&app, STALLED).map(|c| c.0).as_deref(),
+        Some("True")
+    );
+
+    // A tenant points the Deployment at another unsigned image: it is put back.
+    let evil_ref = format!("{host}/shop/evil@{evil}");
+    edit_deployment_image(&w, "app", &evil_ref).await?;
+    w.until("app", "the verified digest put back", FIRST, |_, d| {
+        (d.and_then(image_of).as_deref() == Some(pinned.as_str())).then_some(())
+    })
+    .await?;
+    // Deleted: it comes back, running the verified digest, while still held.
+    w.f.deployments
+        .delete("app", &DeleteParams::default())
+        .await?;
+    let app = w
+        .until("app", "the Deployment back, held", FIRST, |app, d| {
+            let d = d?;
+            let fresh = d.metadata.deletion_timestamp.is_none();
+            (fresh
+                && image_of(d).as_deref() == Some(pinned.as_str())
+                && condition(app, STALLED)?.0 == "True")
+                .then(|| app.clone())
+        })
+        .await?;
+    assert_eq!(
+        recorded(&app).map(|i| i.digest.as_str()),
+        Some(signed.as_str())
+    );
+    assert_eq!(app.spec.image, v2, "the spec is never rewritten");
+    w.stop().await
+}
+
+#[tokio::test]
+async fn an_enforce_policy_over_a_running_unsigned_workload_keeps_it_and_says_so()
+-> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let digest = registry.push_image("shop/legacy", "v1", "legacy").await?;
+    let other = registry.push_image("shop/other", "v1", "other").await?;
+    let mut w = World::start(registry).await?;
+    let tag = w.image("shop/legacy", "v1");
+    w.app("legacy", &tag).await?;
+    w.runs("legacy", &tag, FIRST).await?;
+
+    // Enforce arrives: what runs keeps running, pinned to what its tag is now (a Pod
+    // made later pulls that, not whatever the tag moves to), and status says so.
+    w.policy("release", "Enforce", json!([inline("k", &key)]))
+        .await?;
+    let pinned = format!("{tag}@{digest}");
+    let app = w
+        .until("legacy", "held, pinned to what ran", RECHECK, |app, d| {
+            let (_, reason, _) = condition(app, IMAGE_VERIFIED)?;
+            (reason == reasons::IMAGE_UNSIGNED
+                && d.and_then(image_of).as_deref() == Some(pinned.as_str()))
+            .then(|| app.clone())
+        })
+        .await?;
+    let (_, _, message) = condition(&app, IMAGE_VERIFIED).unwrap();
+    assert!(message.contains("keeps running"), "{message}");
+    assert!(!message.contains("nothing runs"), "{message}");
+    let record = recorded(&app).context("status.image records what runs")?;
+    assert_eq!(record.digest, digest);
+    assert!(record.verified_by.is_empty() && record.verified_at.is_none());
+
+    // A foreign edit is repaired to what ran.
+    edit_deployment_image(&w, "legacy", &w.image("shop/other", "v1")).await?;
+    w.until("legacy", "what ran put back", FIRST, |_, d| {
+        (d.and_then(image_of).as_deref() == Some(pinned.as_str())).then_some(())
+    })
+    .await?;
+    // A new AppService of an unsigned image runs nothing, and says so.
+    w.app("fresh", &format!("{}@{other}", w.image("shop/other", "v1")))
+        .await?;
+    let app = w
+        .verdict("fresh", "False", reasons::IMAGE_UNSIGNED, FIRST)
+        .await?;
+    let (_, _, message) = condition(&app, IMAGE_VERIFIED).unwrap();
+    assert!(
+        message.contains("nothing runs until it verifies"),
+        "{message}"
+    );
+    assert!(w.f.deployments.get_opt("fresh").await?.is_none());
+    w.stop().await
+}
+
+#[tokio::test]
+async fn a_signature_deleted_at_the_registry_is_a_revocation_within_the_reverify_interval()
+-> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let host = registry.host();
+    let digest = registry.push_image("shop/app", "v1", "app").await?;
+    let by_digest = format!("{host}/shop/app@{digest}");
+    registry.sign(&key, &by_digest).await?;
+    // The admin's knob (the chart's `reverifyInterval`, 5 m by default), set short so
+    // the test waits one interval, not five minutes; every other setting is shipped.
+    let reverify = Duration::from_secs(30);
+    let mut w = World::start_with(registry, |c| c.reverify_interval = reverify).await?;
+    w.policy_in_force("release", "Enforce", json!([inline("k", &key)]))
+        .await?;
+    let tag = w.image("shop/app", "v1");
+    let pinned = format!("{tag}@{digest}");
+    w.app("app", &tag).await?;
+    w.runs("app", &pinned, FIRST).await?;
+
+    let signature = format!(
+        "{host}/shop/app:sha256-{}.sig",
+        digest.trim_start_matches("sha256:")
+    );
+    w.registry.crane(&["delete", &signature]).await?;
+    // Within the reverify interval and a pass (a governed AppService gets one every
+    // resolve interval): revoked; what runs keeps running.
+    let app = w
+        .verdict(
+            "app",
+            "False",
+            reasons::SIGNATURE_REVOKED,
+            RECHECK + reverify,
+        )
+        .await?;
+    let (_, _, message) = condition(&app, IMAGE_VERIFIED).unwrap();
+    assert!(message.contains("keeps running"), "{message}");
+    assert_eq!(
+        image_of(&w.f.deployments.get("app").await?),
+        Some(pinned.clone())
+    );
+    // Nothing new rolls it out.
+    w.app("another", &tag).await?;
+    w.verdict("another", "False", reasons::IMAGE_UNSIGNED, FIRST)
+        .await?;
+    assert!(w.f.deployments.get_opt("another").await?.is_none());
+    // Signed again: verified again.
+    w.registry.sign(&key, &by_digest).await?;
+    w.verdict("app", "True", reasons::VERIFIED, RECHECK).await?;
+    w.runs("another", &pinned, RECHECK).await?;
+    w.stop().await
+}
+
+#[tokio::test]
+async fn a_policy_written_for_localhost_governs_every_spelling_of_it() -> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let port = registry
+        .host()
+        .rsplit_once(':')
+        .map(|(_, p)| p.to_owned())
+        .context("the registry's port")?;
+    registry
+        .push_image("shop/unsigned", "v1", "unsigned")
+        .await?;
+    let mut w = World::start(registry).await?;
+    // The policy names the registry as `localhost`; the AppService as `127.0.0.1`.
+    let name = format!("{}-localhost", w.f.ns.name());
+    let policy: ImagePolicy = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1alpha1", "kind": "ImagePolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "images": [{"glob": format!("localhost:{port}/**")}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": w.f.ns.name()}},
+            "keys": [inline("k", &key)],
+        }
+    }))?;
+    w.policies.create(&PostParams::default(), &policy).await?;
+    w.names.push(name);
+    w.app("loopback", &format!("127.0.0.1:{port}/shop/unsigned:v1"))
+        .await?;
+    w.verdict("loopback", "False", reasons::IMAGE_UNSIGNED, FIRST)
+        .await?;
+    assert!(w.f.deployments.get_opt("loopback").await?.is_none());
+    w.stop().await
+}

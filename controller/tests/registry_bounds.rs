@@ -15,17 +15,13 @@
 mod support;
 
 use anyhow::Context as _;
+use common::conditions::reasons::{REGISTRY_RESPONSE_INVALID, REGISTRY_RESPONSE_TOO_LARGE};
 use common::conditions::{FALSE, UNKNOWN, reasons};
 use harness::hostile_registry::{
     DRIP_BYTES, HUGE_BYTES, HUGE_SIGNATURE_BYTES, Length, REDIRECT_CHAIN_HOPS,
 };
 use harness::{HostileRequest, Scenario};
 use support::hostile::{FIRST, Hostile};
-
-// TODO(merge): `common::conditions::reasons::REGISTRY_RESPONSE_TOO_LARGE` and
-// `REGISTRY_RESPONSE_INVALID` once the bounded registry client defines them.
-const REGISTRY_RESPONSE_TOO_LARGE: &str = "RegistryResponseTooLarge";
-const REGISTRY_RESPONSE_INVALID: &str = "RegistryResponseInvalid";
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;

@@ -8,14 +8,11 @@
 
 mod support;
 
+use common::conditions::reasons::REGISTRY_RESPONSE_TOO_LARGE;
 use common::conditions::{FALSE, reasons};
 use harness::Scenario;
 use harness::hostile_registry::Length;
 use support::hostile::{FIRST, Hostile};
-
-// TODO(merge): `common::conditions::reasons::REGISTRY_RESPONSE_TOO_LARGE` once the
-// bounded registry client defines it.
-const REGISTRY_RESPONSE_TOO_LARGE: &str = "RegistryResponseTooLarge";
 
 const MIB: u64 = 1024 * 1024;
 /// The most the peak resident set may grow while 16 AppServices are refused by hostile

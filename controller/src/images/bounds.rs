@@ -17,7 +17,7 @@
 //! | a token response | [`TOKEN`] 64 KiB | `RegistryResponseTooLarge` |
 //! | an error body | [`ERROR_BODY`] 16 KiB read for its error codes, the rest dropped unread | classified by the HTTP status |
 //! | redirects of one request | [`MAX_REDIRECTS`] 5, HTTPS only | `RegistryResponseInvalid` |
-//! | response headers | hyper's (about 100 headers, 400 KiB) | `RegistryUnavailable` |
+//! | a response head (status line and headers) | [`RESPONSE_HEAD`] 408 KiB, hyper's own | `RegistryResponseTooLarge` |
 //! | time of one operation (token, redirects and body included) | `--registry-timeout` 10 s | `RegistryUnavailable` |
 //! | registry requests at once | [`MAX_CONCURRENT_REQUESTS`] 8; the others wait their turn | - |
 //! | bearer tokens kept | [`MAX_TOKENS`] 256 (registry × credentials × scope), each until it expires | the map starts again |
@@ -61,6 +61,12 @@ pub const TOKEN: Bound = Bound {
     what: "token response",
     bytes: 64 << 10,
 };
+/// hyper's bound on a response head (`8192 + 4096 × 100` bytes, its default, which
+/// reqwest keeps): past it hyper refuses the answer.
+pub const RESPONSE_HEAD: Bound = Bound {
+    what: "response head",
+    bytes: 8192 + 4096 * 100,
+};
 /// Bytes of an error body read for its distribution error codes.
 pub const ERROR_BODY: usize = 16 << 10;
 pub const MAX_REDIRECTS: usize = 5;
@@ -80,6 +86,7 @@ mod tests {
         assert_eq!(MANIFEST.human(), "4 MiB");
         assert_eq!(SIGNATURE_MANIFEST.human(), "1 MiB");
         assert_eq!(TOKEN.human(), "64 KiB");
+        assert_eq!(RESPONSE_HEAD.human(), "408 KiB");
         assert_eq!(
             Bound {
                 what: "x",

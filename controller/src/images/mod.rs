@@ -353,8 +353,13 @@ impl Verifier {
         let holds = verdicts.iter().any(|v| v.holds());
         let transient = verdicts.iter().find_map(|v| v.transient());
         report.conditions.push(condition);
+        // A hold rolls nothing new out: when the stable Deployment never ran (none live,
+        // none recorded), nothing is created, even for images that verify.
+        let ran = live.image.is_some() || prior.and_then(|s| s.image.as_ref()).is_some();
         let hold = (holds || transient.is_some()).then(|| Hold {
             image: match &stable {
+                Some(v) if v.holds() || v.transient().is_some() => v.runs(),
+                _ if !ran => None,
                 Some(v) => v.runs(),
                 None => Some(app.spec.image.clone()),
             },

@@ -109,6 +109,21 @@ fn classify_request(e: &reqwest::Error) -> RegistryError {
             bounds::MAX_REDIRECTS
         )));
     }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = source {
+        if cause
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_parse_too_large)
+        {
+            let url = e.url().map(url_text).unwrap_or_default();
+            return RegistryError::TooLarge(cut(format!(
+                "the {} at {url} is larger than its bound of {}",
+                bounds::RESPONSE_HEAD.what,
+                bounds::RESPONSE_HEAD.human()
+            )));
+        }
+        source = cause.source();
+    }
     RegistryError::Unavailable(cut(request_error(e)))
 }
 

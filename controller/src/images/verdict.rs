@@ -18,9 +18,10 @@
 //!   edited), what the live Deployment runs, then recorded. The children are converged
 //!   to it like to any desired state: drift and foreign edits are repaired while held.
 //!   Nothing, when nothing ran: then nothing is created.
-//! * A digest that verified before and no longer does (its signature deleted or
-//!   replaced at the registry: a revocation) holds the same way, with its own reason:
-//!   what runs keeps running, nothing new rolls out.
+//! * A digest that verified before and whose signature is gone from the registry (a
+//!   revocation) holds the same way, with its own reason: what runs keeps running,
+//!   nothing new rolls out. A signature replaced by one that does not verify holds as
+//!   `SignatureInvalid` (a key rotated under the same name looks the same).
 
 use std::sync::Arc;
 
@@ -279,7 +280,9 @@ pub fn decide(
                             .find(|v| v.policy == p.name())
                             .and_then(|v| v.key.clone())
                     })
-                    .filter(|_| *result != Verification::PolicyNotUsable);
+                    // Only a signature that is gone is surely a revocation: one that no
+                    // longer verifies may as well be a key rotated under the same name.
+                    .filter(|_| *result == Verification::Unsigned);
                 let (result, reason, message) = match revoked_key {
                     Some(key) => (
                         Verification::Revoked,
