@@ -59,6 +59,10 @@ pub enum ImageError {
     DigestUnsupported,
     #[error("invalid checksum digest length")]
     DigestInvalidLength,
+    /// The encoded part is not lower-case hex. The reference grammar allows `A-F`, but
+    /// go-digest (what containerd and the kubelet parse digests with) refuses them.
+    #[error("invalid checksum digest format")]
+    DigestInvalidFormat,
 }
 
 /// The parts of an image reference, borrowed from the string parsed.
@@ -90,8 +94,15 @@ pub fn parse(image: &str) -> Result<ImageRef<'_>, ImageError> {
             "sha512" => 128,
             _ => return Err(ImageError::DigestUnsupported),
         };
+        // go-digest's order: the length first, then the characters.
         if encoded.len() != want {
             return Err(ImageError::DigestInvalidLength);
+        }
+        if !encoded
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return Err(ImageError::DigestInvalidFormat);
         }
     }
     Ok(ImageRef {
@@ -224,5 +235,29 @@ mod tests {
         assert_eq!(parse(&md5), Err(ImageError::DigestUnsupported));
         let short = format!("app@sha256:{}", "a".repeat(63));
         assert_eq!(parse(&short), Err(ImageError::DigestInvalidLength));
+    }
+
+    #[test]
+    fn digests_are_lower_case_hex() {
+        for (algorithm, len) in [("sha256", 64), ("sha384", 96), ("sha512", 128)] {
+            let lower = format!("app@{algorithm}:{}", "ab".repeat(len / 2));
+            assert!(parse(&lower).is_ok(), "{lower}");
+            let upper = format!("app@{algorithm}:{}", "AB".repeat(len / 2));
+            assert_eq!(
+                parse(&upper),
+                Err(ImageError::DigestInvalidFormat),
+                "{upper}"
+            );
+            let one = format!("app:v1@{algorithm}:{}F", "a".repeat(len - 1));
+            assert_eq!(parse(&one), Err(ImageError::DigestInvalidFormat), "{one}");
+            assert_eq!(repository(&one), Err(ImageError::DigestInvalidFormat));
+        }
+        // go-digest's message, and its order: a wrong length is reported as such.
+        assert_eq!(
+            ImageError::DigestInvalidFormat.to_string(),
+            "invalid checksum digest format"
+        );
+        let short_upper = format!("app@sha256:{}", "A".repeat(63));
+        assert_eq!(parse(&short_upper), Err(ImageError::DigestInvalidLength));
     }
 }

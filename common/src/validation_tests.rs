@@ -183,6 +183,17 @@ fn image_forms_accepted() {
 }
 
 #[test]
+fn an_upper_case_digest_is_refused_as_the_runtime_refuses_it() {
+    let upper = format!("registry.example.com/app@sha256:{}", "AB".repeat(32));
+    assert_eq!(
+        errors_of(&app(spec(&upper))),
+        vec![format!(
+            "spec.image: Invalid value: {upper:?}: not a valid image reference: invalid checksum digest format"
+        )]
+    );
+}
+
+#[test]
 fn warns_on_missing_or_latest_tag() {
     let none = validate(&app(spec("registry.example.com/checkout")), None).unwrap_or_default();
     assert_eq!(none.len(), 1);
@@ -1037,6 +1048,12 @@ mod v1beta1_canary {
             [
                 "spec.canary.image: \"nginx\" has no tag and resolves to :latest; pin a version tag or a digest so rollouts are reproducible"
             ]
+        );
+        let (errors, _) = report(Some(2), &format!("nginx@sha256:{}", "C".repeat(64)), None);
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].ends_with("not a valid image reference: invalid checksum digest format"),
+            "{errors:?}"
         );
     }
 }
