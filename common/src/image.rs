@@ -280,6 +280,18 @@ fn inet_aton_number(part: &str) -> Option<u32> {
     u32::from_str_radix(digits, radix).ok()
 }
 
+/// The warning for a reference that names both a tag and a digest
+/// (`app:v1@sha256:…`), or `None`. The runtime pulls the digest and ignores the tag, so
+/// every column and log line that shows the tag says something that may not run. The
+/// text starts with "names both": the caller puts the field or the reference before it.
+pub fn tag_and_digest(image: &str) -> Option<String> {
+    let reference = parse(image).ok()?;
+    let (tag, digest) = (reference.tag?, reference.digest?);
+    Some(format!(
+        "names both tag {tag:?} and digest {digest}: the digest runs and the tag is ignored; write one of them"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,6 +509,29 @@ mod tests {
             ("1.2.3.4 ", None),
         ] {
             assert_eq!(inet_aton(s), want.map(Ipv4Addr::from), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn a_tag_beside_a_digest_is_named() {
+        let sha = "a".repeat(64);
+        assert_eq!(
+            tag_and_digest(&format!("registry.example.com:5000/app:v1@sha256:{sha}")).as_deref(),
+            Some(
+                format!(
+                    "names both tag \"v1\" and digest sha256:{sha}: the digest runs and the tag is ignored; write one of them"
+                )
+                .as_str()
+            )
+        );
+        for image in [
+            format!("app@sha256:{sha}"),
+            "app:v1".to_owned(),
+            "registry.example.com:5000/app".to_owned(),
+            format!("app:v1@sha256:{}", "A".repeat(64)),
+            "not a reference".to_owned(),
+        ] {
+            assert_eq!(tag_and_digest(&image), None, "{image}");
         }
     }
 }
