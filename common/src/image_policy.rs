@@ -233,7 +233,14 @@ impl Pattern {
         if !(image::is_registry_host(host) || host.contains('*')) {
             return Err(PatternError::NoRegistry(host.to_owned()));
         }
-        Ok(Pattern(glob.to_owned()))
+        // The host spelled as `image::repository` spells it, so that `127.0.0.1:5000/*`
+        // governs `localhost:5000/app` and `[::1]:5000/app` (one registry, one policy). A
+        // host with a `*` is a glob over hosts already spelled that way.
+        if host.contains('*') {
+            return Ok(Pattern(glob.to_owned()));
+        }
+        let path = &glob[host.len()..];
+        Ok(Pattern(format!("{}{path}", image::normalize_host(host))))
     }
 
     /// Whether the normalized repository `repo` (as [`image::repository`] gives it)
@@ -242,6 +249,7 @@ impl Pattern {
         glob_match(self.0.as_bytes(), repo.as_bytes())
     }
 
+    /// The pattern, its host normalized ([`image::normalize_host`]).
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -534,5 +542,65 @@ mod tests {
                 .contains("namespaceSelector")
         );
         assert!(!bad_selector.governs("x.io/a", &BTreeMap::new()));
+    }
+
+    #[test]
+    fn pattern_hosts_are_spelled_as_repositories_are() {
+        for (glob, normalized) in [
+            ("127.0.0.1:5000/*", "localhost:5000/*"),
+            ("0177.0.0.1:5000/**", "localhost:5000/**"),
+            ("2130706433:5000/*", "localhost:5000/*"),
+            ("localhost:05000/**", "localhost:5000/**"),
+            ("10.1:5000/*", "10.0.0.1:5000/*"),
+            ("registry.example.com:443/**", "registry.example.com/**"),
+            ("registry.example.com:0443/**", "registry.example.com/**"),
+            ("index.docker.io/library/*", "docker.io/library/*"),
+            ("registry-1.docker.io/bitnami/*", "docker.io/bitnami/*"),
+            // A host with a `*` is a glob over normalized hosts, kept as written.
+            ("*.example.com:443/**", "*.example.com:443/**"),
+            ("localhost:*/**", "localhost:*/**"),
+        ] {
+            let p = Pattern::parse(glob).unwrap_or_else(|e| panic!("{glob}: {e}"));
+            assert_eq!(p.as_str(), normalized, "{glob}");
+        }
+        let matches = |glob: &str, image: &str| {
+            Pattern::parse(glob)
+                .unwrap()
+                .matches(&image::repository(image).unwrap())
+        };
+        for image in [
+            "localhost:5000/app",
+            "LocalHost:5000/app",
+            "[::1]:5000/app",
+            "[0:0:0:0:0:0:0:1]:5000/app",
+            "[::ffff:7f00:1]:5000/app",
+            "127.0.0.1:5000/app",
+            "127.1:5000/app",
+            "2130706433:5000/app",
+            "0x7f.0.0.1:5000/app",
+            "0177.0.0.1:5000/app",
+            "localhost:05000/app",
+        ] {
+            assert!(matches("localhost:5000/*", image), "{image}");
+            assert!(matches("127.0.0.1:5000/*", image), "{image}");
+        }
+        assert!(!matches("localhost:5000/*", "localhost:5001/app"));
+        assert!(matches(
+            "registry.example.com/**",
+            "registry.example.com:443/app"
+        ));
+        assert!(matches(
+            "registry.example.com:443/**",
+            "Registry.Example.com/app"
+        ));
+        assert!(matches("index.docker.io/library/*", "nginx"));
+        assert!(matches("docker.io/library/*", "index.docker.io/nginx"));
+        assert!(matches(
+            "docker.io/library/*",
+            "registry-1.docker.io/library/nginx"
+        ));
+        assert!(matches("*.example.com/**", "registry.example.com:443/app"));
+        assert!(!matches("*.example.com:443/**", "registry.example.com/app"));
+        assert!(matches("localhost:*/**", "127.0.0.1:5000/app"));
     }
 }
