@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::core::{Expression, Selector, SelectorExt};
 use kube::{CustomResource, KubeSchema};
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use crate::image;
@@ -31,7 +31,9 @@ pub const MAX_PATTERN_LEN: usize = 512;
 pub const MAX_PUBLIC_KEY_LEN: usize = 4096;
 /// Bounds of `namespaceSelector`: expressions, `matchLabels` entries, values of one
 /// expression, a label key (a DNS prefix of 253 characters, '/', a name of 63) and a
-/// label value. Kubernetes' own selectors are bounded by the request size only.
+/// label value. Kubernetes' own selectors are bounded by the request size only; the
+/// schema needs bounds so the API server's estimate of its CEL rules' cost stays within
+/// budget, and every list here has one.
 pub const MAX_SELECTOR_EXPRESSIONS: usize = 16;
 pub const MAX_SELECTOR_LABELS: usize = 16;
 pub const MAX_SELECTOR_VALUES: usize = 64;
@@ -92,8 +94,10 @@ pub struct ImagePolicySpec {
     pub images: Vec<ImagePattern>,
 
     /// Only AppServices in namespaces whose labels match are governed. Absent: every
-    /// namespace.
+    /// namespace. At most 16 `matchExpressions` and 16 `matchLabels`; `In` and `NotIn`
+    /// need values (at most 64), `Exists` and `DoesNotExist` take none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "namespace_selector_schema")]
     pub namespace_selector: Option<LabelSelector>,
 
     /// `Enforce` (the default): an image without a valid signature does not run, and the
@@ -345,18 +349,18 @@ pub enum SelectorError {
     ValueTooLong(usize, usize),
 }
 
-/// The messages of the rules on values.
+/// The messages of the rules the schema states in CEL.
 const VALUES_REQUIRED: &str = "must be non-empty when operator is In or NotIn";
 const VALUES_FORBIDDEN: &str = "must be empty when operator is Exists or DoesNotExist";
 
-/// `namespaceSelector` as [`refusal`] and [`ImagePolicy::governs`] read it: Kubernetes'
-/// rules for a label selector (an operator among [`SELECTOR_OPERATORS`];
-/// values for `In` and `NotIn`, none for `Exists` and `DoesNotExist`) and the bounds of
-/// this API. kube's `Selector::try_from` is laxer (`In` with `[]` selects nothing,
-/// values of `Exists` are ignored), so a policy it accepts could select other namespaces
-/// than its author meant. Label keys and values are not checked for their syntax: a key
-/// no namespace can carry selects as any other absent key does. Lengths are counted in
-/// characters, as the API server counts them.
+/// `namespaceSelector` as [`refusal`] and [`ImagePolicy::governs`] read it and the CRD's
+/// schema states it: Kubernetes' rules for a label selector (an operator among
+/// [`SELECTOR_OPERATORS`]; values for `In` and `NotIn`, none for `Exists` and
+/// `DoesNotExist`) and the bounds of this API. kube's `Selector::try_from` is laxer (`In`
+/// with `[]` selects nothing, values of `Exists` are ignored), so a policy it accepts
+/// could select other namespaces than its author meant. Label keys and values are not
+/// checked for their syntax: a key no namespace can carry selects as any other absent
+/// key does. Lengths are counted in characters, as the API server counts them.
 pub fn parse_selector(selector: &LabelSelector) -> Result<Selector, SelectorError> {
     let labels = selector.match_labels.as_ref();
     let requirements = selector.match_expressions.as_deref().unwrap_or_default();
@@ -405,6 +409,67 @@ pub fn parse_selector(selector: &LabelSelector) -> Result<Selector, SelectorErro
         });
     }
     Ok(expressions.into_iter().collect())
+}
+
+/// The schema of `namespaceSelector`: a `LabelSelector` whose rules and bounds are
+/// [`parse_selector`]'s, so the API server refuses at write time what it refuses.
+fn namespace_selector_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "nullable": true,
+        "properties": {
+            "matchExpressions": {
+                "description": "Requirements on the namespace's labels, ANDed.",
+                "type": "array",
+                "maxItems": MAX_SELECTOR_EXPRESSIONS,
+                "items": {
+                    "description": "A label key, an operator and values.",
+                    "type": "object",
+                    "required": ["key", "operator"],
+                    "properties": {
+                        "key": {
+                            "description": "The label key the requirement applies to.",
+                            "type": "string",
+                            "maxLength": MAX_LABEL_KEY_LEN,
+                        },
+                        "operator": {
+                            "description": "The key's relationship to the values: In, NotIn, Exists or DoesNotExist.",
+                            "type": "string",
+                            "enum": SELECTOR_OPERATORS,
+                        },
+                        "values": {
+                            "description": "Non-empty for In and NotIn, empty for Exists and DoesNotExist.",
+                            "type": "array",
+                            "maxItems": MAX_SELECTOR_VALUES,
+                            "items": {"type": "string", "maxLength": MAX_LABEL_VALUE_LEN},
+                        },
+                    },
+                    "x-kubernetes-validations": [
+                        {
+                            "rule": "!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) > 0)",
+                            "message": format!("values {VALUES_REQUIRED}"),
+                            "fieldPath": ".values",
+                        },
+                        {
+                            "rule": "!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || size(self.values) == 0",
+                            "message": format!("values {VALUES_FORBIDDEN}"),
+                            "fieldPath": ".values",
+                        },
+                    ],
+                },
+            },
+            "matchLabels": {
+                "description": "Labels the namespace must have, with these values.",
+                "type": "object",
+                "maxProperties": MAX_SELECTOR_LABELS,
+                "additionalProperties": {"type": "string", "maxLength": MAX_LABEL_VALUE_LEN},
+                "x-kubernetes-validations": [{
+                    "rule": format!("self.all(k, size(k) <= {MAX_LABEL_KEY_LEN})"),
+                    "message": format!("a key may not be more than {MAX_LABEL_KEY_LEN} characters"),
+                }],
+            },
+        },
+    })
 }
 
 /// Why a policy may not be used at all, or `None`. The API server holds the bounds and
@@ -820,6 +885,54 @@ mod tests {
         assert!(!s.matches(&labels(&[("team", "web"), base[1], base[2]])));
         assert!(!s.matches(&labels(&[base[0], ("tier", "dev"), base[2]])));
         assert!(!s.matches(&labels(&[base[0], base[1]])));
+    }
+
+    /// The schema states the rules and bounds of `parse_selector` (the API server's
+    /// agreement with it is `e2e/tests/image_policy.rs`).
+    #[test]
+    fn the_selector_schema_states_the_bounds() {
+        let crd = serde_json::to_value(crate::crd::image_policy_crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let selector = &spec["properties"]["namespaceSelector"];
+        let expressions = &selector["properties"]["matchExpressions"];
+        assert_eq!(expressions["maxItems"], MAX_SELECTOR_EXPRESSIONS);
+        let item = &expressions["items"]["properties"];
+        assert_eq!(item["operator"]["enum"], json!(SELECTOR_OPERATORS));
+        assert_eq!(item["key"]["maxLength"], MAX_LABEL_KEY_LEN);
+        assert_eq!(item["values"]["maxItems"], MAX_SELECTOR_VALUES);
+        assert_eq!(item["values"]["items"]["maxLength"], MAX_LABEL_VALUE_LEN);
+        let rules = expressions["items"]["x-kubernetes-validations"].to_string();
+        assert!(
+            rules.contains(VALUES_REQUIRED) && rules.contains(VALUES_FORBIDDEN),
+            "{rules}"
+        );
+        let labels = &selector["properties"]["matchLabels"];
+        assert_eq!(labels["maxProperties"], MAX_SELECTOR_LABELS);
+        assert_eq!(
+            labels["additionalProperties"]["maxLength"],
+            MAX_LABEL_VALUE_LEN
+        );
+        assert!(
+            selector["description"]
+                .as_str()
+                .unwrap()
+                .starts_with("Only AppServices")
+        );
+        // Every operator the schema allows is one the function reads.
+        for op in SELECTOR_OPERATORS {
+            let values = (op == "In" || op == "NotIn").then(|| vec!["v".to_owned()]);
+            let s = LabelSelector {
+                match_expressions: Some(vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                        key: "k".into(),
+                        operator: op.into(),
+                        values,
+                    },
+                ]),
+                match_labels: None,
+            };
+            assert!(parse_selector(&s).is_ok(), "{op}");
+        }
     }
 
     #[test]
