@@ -364,6 +364,9 @@ fn validate_image(field: &str, image: &str, errors: &mut Vec<FieldError>, warnin
         ));
         return;
     }
+    if let Some(both) = reference.tag_and_digest {
+        warnings.push(format!("{field} {both}"));
+    }
     if reference.digest {
         return;
     }
@@ -386,6 +389,8 @@ struct ImageFacts {
     error: Option<String>,
     digest: bool,
     latest: bool,
+    /// [`crate::image::tag_and_digest`]'s warning.
+    tag_and_digest: Option<String>,
 }
 
 /// Parses an image reference ([`crate::image`]). The same images come back on every
@@ -411,11 +416,13 @@ fn image_facts(image: &str) -> ImageFacts {
             error: None,
             digest: reference.digest.is_some(),
             latest: reference.tag == Some("latest"),
+            tag_and_digest: crate::image::tag_and_digest(image),
         },
         Err(err) => ImageFacts {
             error: Some(err.to_string()),
             digest: false,
             latest: false,
+            tag_and_digest: None,
         },
     };
     CACHE.with(|cache| {

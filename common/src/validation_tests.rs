@@ -169,17 +169,38 @@ fn image_too_long() {
 #[test]
 fn image_forms_accepted() {
     let digest = format!("registry.example.com/app@sha256:{}", "a".repeat(64));
-    let tag_and_digest = format!("registry.example.com/app:v1@sha256:{}", "b".repeat(64));
     for ok in [
         "nginx:1.27",
         "library/nginx:1.27",
         "registry.example.com:5000/team/app:v1.2.3",
         "localhost/app:dev",
         digest.as_str(),
-        tag_and_digest.as_str(),
     ] {
         assert_eq!(validate(&app(spec(ok)), None), Ok(vec![]), "{ok}");
     }
+}
+
+#[test]
+fn an_upper_case_digest_is_refused_as_the_runtime_refuses_it() {
+    let upper = format!("registry.example.com/app@sha256:{}", "AB".repeat(32));
+    assert_eq!(
+        errors_of(&app(spec(&upper))),
+        vec![format!(
+            "spec.image: Invalid value: {upper:?}: not a valid image reference: invalid checksum digest format"
+        )]
+    );
+}
+
+#[test]
+fn warns_on_a_tag_beside_a_digest() {
+    let sha = "b".repeat(64);
+    let image = format!("registry.example.com/app:v1@sha256:{sha}");
+    assert_eq!(
+        validate(&app(spec(&image)), None),
+        Ok(vec![format!(
+            "spec.image names both tag \"v1\" and digest sha256:{sha}: the digest runs and the tag is ignored; write one of them"
+        )])
+    );
 }
 
 #[test]
@@ -198,8 +219,11 @@ fn warns_on_missing_or_latest_tag() {
     assert_eq!(latest.len(), 1);
     assert!(latest[0].contains(":latest"), "{latest:?}");
 
+    // A digest pins what runs, `latest` or not; the tag beside it is what is warned of.
     let pinned_latest = format!("nginx:latest@sha256:{}", "c".repeat(64));
-    assert_eq!(validate(&app(spec(&pinned_latest)), None), Ok(vec![]));
+    let pinned = validate(&app(spec(&pinned_latest)), None).unwrap_or_default();
+    assert_eq!(pinned.len(), 1);
+    assert!(pinned[0].contains("names both tag"), "{pinned:?}");
 }
 
 #[test]
@@ -1037,6 +1061,22 @@ mod v1beta1_canary {
             [
                 "spec.canary.image: \"nginx\" has no tag and resolves to :latest; pin a version tag or a digest so rollouts are reproducible"
             ]
+        );
+        let sha = "c".repeat(64);
+        assert_eq!(
+            report(Some(2), &format!("nginx:1.27@sha256:{sha}"), None),
+            (
+                vec![],
+                vec![format!(
+                    "spec.canary.image names both tag \"1.27\" and digest sha256:{sha}: the digest runs and the tag is ignored; write one of them"
+                )]
+            )
+        );
+        let (errors, _) = report(Some(2), &format!("nginx@sha256:{}", "C".repeat(64)), None);
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].ends_with("not a valid image reference: invalid checksum digest format"),
+            "{errors:?}"
         );
     }
 }

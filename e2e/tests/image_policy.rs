@@ -5,8 +5,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use common::image_policy::{
-    ImagePolicy, MAX_IMAGE_PATTERNS, MAX_KEYS, MAX_PUBLIC_KEY_LEN, Pattern, PolicyMode, refusal,
+    ImagePolicy, MAX_IMAGE_PATTERNS, MAX_KEYS, MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN,
+    MAX_PUBLIC_KEY_LEN, MAX_SELECTOR_EXPRESSIONS, MAX_SELECTOR_LABELS, MAX_SELECTOR_VALUES,
+    Pattern, PolicyMode, parse_selector, refusal,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
@@ -184,6 +187,153 @@ async fn keys_and_bounds_are_enforced_by_the_api_server() -> TestResult {
     ] {
         let m = message(create_raw(cp, &format!("{ns}-bounds"), spec).await);
         assert!(m.contains(field), "{what}: {m}");
+    }
+    Ok(())
+}
+
+/// Each `namespaceSelector` the API server refuses is one `parse_selector` refuses, and
+/// the other way round: a policy whose selector the controller cannot evaluate (and so
+/// takes as selecting every namespace) is never stored by a new write.
+#[tokio::test]
+async fn the_api_server_and_common_agree_on_namespace_selectors() -> TestResult {
+    let cp = installed().await?;
+    let ns = cp.namespace().await?;
+    let exists = |n: usize| -> Vec<_> {
+        (0..n)
+            .map(|i| json!({"key": format!("k{i}"), "operator": "Exists"}))
+            .collect()
+    };
+    let values = |n: usize| -> Vec<_> { (0..n).map(|i| format!("v{i}")).collect() };
+    let labels = |n: usize| -> serde_json::Map<_, _> {
+        (0..n).map(|i| (format!("k{i}"), json!("v"))).collect()
+    };
+    let expression = |op: &str, values: Option<Vec<String>>| {
+        let mut e = json!({"key": "tier", "operator": op});
+        if let Some(v) = values {
+            e["values"] = json!(v);
+        }
+        json!({"matchExpressions": [e]})
+    };
+    let key = "k".repeat(MAX_LABEL_KEY_LEN);
+    // Lengths are characters, not bytes, for the API server and for common alike.
+    let value = "é".repeat(MAX_LABEL_VALUE_LEN);
+    let long_key = "k".repeat(MAX_LABEL_KEY_LEN + 1);
+    let long_value = "v".repeat(MAX_LABEL_VALUE_LEN + 1);
+    let cases = [
+        (
+            "valid",
+            json!({
+                "matchLabels": {"team": "shop"},
+                "matchExpressions": [
+                    {"key": "tier", "operator": "In", "values": ["prod"]},
+                    {"key": "legacy", "operator": "DoesNotExist"}
+                ]
+            }),
+            true,
+        ),
+        ("empty", json!({}), true),
+        ("NotIn", expression("NotIn", Some(values(2))), true),
+        ("Exists, []", expression("Exists", Some(vec![])), true),
+        (
+            "unknown operator",
+            expression("Sometimes", Some(values(1))),
+            false,
+        ),
+        ("In without values", expression("In", None), false),
+        ("In, []", expression("In", Some(vec![])), false),
+        ("NotIn without values", expression("NotIn", None), false),
+        (
+            "Exists with values",
+            expression("Exists", Some(values(1))),
+            false,
+        ),
+        (
+            "DoesNotExist with values",
+            expression("DoesNotExist", Some(values(1))),
+            false,
+        ),
+        (
+            "as many expressions as allowed",
+            json!({"matchExpressions": exists(MAX_SELECTOR_EXPRESSIONS)}),
+            true,
+        ),
+        (
+            "too many expressions",
+            json!({"matchExpressions": exists(MAX_SELECTOR_EXPRESSIONS + 1)}),
+            false,
+        ),
+        (
+            "as many values as allowed",
+            expression("In", Some(values(MAX_SELECTOR_VALUES))),
+            true,
+        ),
+        (
+            "too many values",
+            expression("In", Some(values(MAX_SELECTOR_VALUES + 1))),
+            false,
+        ),
+        (
+            "the longest key and value",
+            json!({
+                "matchExpressions": [{"key": key, "operator": "In", "values": [value]}],
+                "matchLabels": {key.clone(): value.clone()}
+            }),
+            true,
+        ),
+        (
+            "a key too long",
+            json!({"matchExpressions": [{"key": long_key, "operator": "Exists"}]}),
+            false,
+        ),
+        (
+            "a value too long",
+            expression("In", Some(vec![long_value.clone()])),
+            false,
+        ),
+        (
+            "as many labels as allowed",
+            json!({"matchLabels": labels(MAX_SELECTOR_LABELS)}),
+            true,
+        ),
+        (
+            "too many labels",
+            json!({"matchLabels": labels(MAX_SELECTOR_LABELS + 1)}),
+            false,
+        ),
+        (
+            "a label key too long",
+            json!({"matchLabels": {long_key.clone(): "v"}}),
+            false,
+        ),
+        (
+            "a label value too long",
+            json!({"matchLabels": {"tier": long_value}}),
+            false,
+        ),
+    ];
+    let api: Api<ImagePolicy> = Api::all(cp.client());
+    for (i, (what, selector, valid)) in cases.into_iter().enumerate() {
+        let name = format!("{ns}-selector-{i}");
+        let spec = json!({
+            "images": [{"glob": format!("registry.invalid/{ns}/**")}],
+            "namespaceSelector": selector.clone(),
+            "keys": [{"name": "k", "publicKey": KEY}]
+        });
+        let stored = create_raw(cp, &name, spec).await;
+        let parsed = parse_selector(&serde_json::from_value::<LabelSelector>(selector)?);
+        assert_eq!(stored.is_ok(), valid, "{what}: API server {stored:?}");
+        if let Err(kube::Error::Api(status)) = &stored {
+            // Refused for the selector, not for anything else.
+            assert!(
+                status.message.contains("spec.namespaceSelector"),
+                "{what}: {}",
+                status.message
+            );
+        }
+        assert_eq!(parsed.is_ok(), valid, "{what}: common {parsed:?}");
+        if stored.is_ok() {
+            api.delete(&name, &DeleteParams::default()).await?;
+        }
     }
     Ok(())
 }

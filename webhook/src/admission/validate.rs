@@ -172,6 +172,78 @@ mod tests {
         );
     }
 
+    /// `spec.image` and `spec.canary.image` of a v1beta1 CREATE.
+    fn v1beta1_create(image: &str, canary: &str) -> Request<'static> {
+        let mut body: Value = serde_json::from_slice(&review(
+            "CREATE",
+            json!({"apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+                   "metadata": {"name": "checkout"},
+                   "spec": {"image": image, "replicas": 2, "canary": {"image": canary}}}),
+            None,
+        ))
+        .unwrap();
+        body["request"]["kind"]["version"] = json!("v1beta1");
+        decoded(serde_json::to_vec(&body).unwrap())
+    }
+
+    #[test]
+    fn a_tag_beside_a_digest_is_allowed_with_a_warning() {
+        let (stable, next) = ("a".repeat(64), "b".repeat(64));
+        let req = v1beta1_create(
+            &format!("registry.example.com/app:v1@sha256:{stable}"),
+            &format!("registry.example.com/app:v2@sha256:{next}"),
+        );
+        let response = validate(&req, &PolicySet::default(), None);
+        assert!(response.allowed, "{:?}", response.result);
+        assert_eq!(
+            response.warnings.unwrap_or_default(),
+            [
+                format!(
+                    "spec.image names both tag \"v1\" and digest sha256:{stable}: the digest runs and the tag is ignored; write one of them"
+                ),
+                format!(
+                    "spec.canary.image names both tag \"v2\" and digest sha256:{next}: the digest runs and the tag is ignored; write one of them"
+                ),
+            ]
+        );
+        // A digest alone, or a tag alone, says what runs.
+        let req = v1beta1_create(
+            &format!("registry.example.com/app@sha256:{stable}"),
+            "registry.example.com/app:v2",
+        );
+        assert_eq!(validate(&req, &PolicySet::default(), None).warnings, None);
+    }
+
+    #[test]
+    fn an_upper_case_digest_is_denied() {
+        let upper = format!("registry.example.com/app@sha256:{}", "A".repeat(64));
+        let req = decoded(review("CREATE", app(json!({"image": upper})), None));
+        let response = validate(&req, &PolicySet::default(), None);
+        assert!(!response.allowed);
+        assert_eq!(
+            response.result.message,
+            format!(
+                "spec.image: Invalid value: {upper:?}: not a valid image reference: invalid checksum digest format"
+            )
+        );
+        let req = v1beta1_create("registry.example.com/app:v1", &upper);
+        let response = validate(&req, &PolicySet::default(), None);
+        assert!(!response.allowed);
+        assert!(
+            response
+                .result
+                .message
+                .ends_with("not a valid image reference: invalid checksum digest format"),
+            "{}",
+            response.result.message
+        );
+        assert!(
+            response.result.message.starts_with("spec.canary.image: "),
+            "{}",
+            response.result.message
+        );
+    }
+
     #[test]
     fn every_field_error_in_one_denial() {
         let object = app(json!({
