@@ -106,6 +106,13 @@ pub struct ImagePolicySpec {
     #[serde(default)]
     pub mode: PolicyMode,
 
+    /// What happens to a workload whose running digest fails this `Enforce` policy (its
+    /// signature deleted at the registry, or the policy created over an image that runs
+    /// unsigned). `KeepRunning` (the default): it keeps running, pinned, and nothing new
+    /// rolls it out. `ScaleToZero`: its Deployments are scaled to zero until it verifies.
+    #[serde(default)]
+    pub on_running_failure: RunningFailure,
+
     /// The keys whose signature is accepted (any one of them suffices).
     #[schemars(length(min = 1, max = MAX_KEYS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub keys: Vec<PolicyKey>,
@@ -128,6 +135,14 @@ pub enum PolicyMode {
     #[default]
     Enforce,
     Audit,
+}
+
+/// What an `Enforce` policy does to a workload whose running digest fails it.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunningFailure {
+    #[default]
+    KeepRunning,
+    ScaleToZero,
 }
 
 /// A cosign public key: exactly one of `publicKey` and `secretRef`.

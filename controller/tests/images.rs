@@ -1260,3 +1260,61 @@ async fn a_policy_written_for_localhost_governs_every_spelling_of_it() -> anyhow
     assert!(w.f.deployments.get_opt("loopback").await?.is_none());
     w.stop().await
 }
+
+#[tokio::test]
+async fn a_policy_that_says_so_scales_a_failing_running_workload_to_zero() -> anyhow::Result<()> {
+    let registry = Registry::start(RegistryOptions::default()).await?;
+    let key = KeyPair::generate().await?;
+    let host = registry.host();
+    let digest = registry.push_image("shop/legacy", "v1", "legacy").await?;
+    let mut w = World::start(registry).await?;
+    let tag = w.image("shop/legacy", "v1");
+    w.f.apps
+        .create(
+            &PostParams::default(),
+            &common::testing::app("legacy", &tag).replicas(2).build(),
+        )
+        .await?;
+    w.runs("legacy", &tag, FIRST).await?;
+
+    let name = format!("{}-stop", w.f.ns.name());
+    let policy: ImagePolicy = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1alpha1", "kind": "ImagePolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "images": [{"glob": format!("{host}/**")}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": w.f.ns.name()}},
+            "onRunningFailure": "ScaleToZero",
+            "keys": [inline("k", &key)],
+        }
+    }))?;
+    w.policies.create(&PostParams::default(), &policy).await?;
+    w.names.push(name);
+    let pinned = format!("{tag}@{digest}");
+    let app = w
+        .until("legacy", "scaled to zero, held", RECHECK, |app, d| {
+            let d = d?;
+            let (_, reason, _) = condition(app, IMAGE_VERIFIED)?;
+            (reason == reasons::IMAGE_UNSIGNED
+                && d.spec.replicas == Some(0)
+                && image_of(d).as_deref() == Some(pinned.as_str()))
+            .then(|| app.clone())
+        })
+        .await?;
+    let (_, _, message) = condition(&app, IMAGE_VERIFIED).unwrap();
+    assert!(
+        message.contains("scaled to zero until it verifies"),
+        "{message}"
+    );
+    assert_eq!(app.spec.replicas, Some(2), "the spec is never rewritten");
+    // Signed: it runs again at the spec's replicas.
+    w.registry
+        .sign(&key, &format!("{host}/shop/legacy@{digest}"))
+        .await?;
+    w.until("legacy", "verified, 2 replicas again", RECHECK, |app, d| {
+        let (status, _, _) = condition(app, IMAGE_VERIFIED)?;
+        (status == "True" && d?.spec.replicas == Some(2)).then_some(())
+    })
+    .await?;
+    w.stop().await
+}

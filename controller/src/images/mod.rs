@@ -142,6 +142,9 @@ pub struct Hold {
     pub image: Option<String>,
     /// The canary's; none when no canary ran (or none is asked for): then none runs.
     pub canary: Option<String>,
+    /// What runs fails a policy that scales it to zero (`onRunningFailure`): the
+    /// Deployment keeps its image at zero replicas, and no canary runs.
+    pub stop: bool,
 }
 
 impl Hold {
@@ -150,8 +153,11 @@ impl Hold {
         let mut held = app.clone();
         held.spec.image = self.image.clone()?;
         match (&self.canary, held.spec.canary.as_mut()) {
-            (Some(image), Some(canary)) => canary.image = image.clone(),
+            (Some(image), Some(canary)) if !self.stop => canary.image = image.clone(),
             _ => held.spec.canary = None,
+        }
+        if self.stop {
+            held.spec.replicas = Some(0);
         }
         Some(held)
     }
@@ -353,9 +359,9 @@ impl Verifier {
         let holds = verdicts.iter().any(|v| v.holds());
         let transient = verdicts.iter().find_map(|v| v.transient());
         report.conditions.push(condition);
-        // A hold rolls nothing new out: when the stable Deployment never ran (none live,
-        // none recorded), nothing is created, even for images that verify.
-        let ran = live.image.is_some() || prior.and_then(|s| s.image.as_ref()).is_some();
+        // A hold rolls nothing new out: when no stable Deployment runs, the images that
+        // verify are not started either (the held one's record, if any, brings it back).
+        let ran = live.image.is_some();
         let hold = (holds || transient.is_some()).then(|| Hold {
             image: match &stable {
                 Some(v) if v.holds() || v.transient().is_some() => v.runs(),
@@ -364,9 +370,11 @@ impl Verifier {
                 None => Some(app.spec.image.clone()),
             },
             canary: app.spec.canary.as_ref().and_then(|c| match &canary {
+                Some(v) if v.stops() => None,
                 Some(v) => v.runs(),
                 None => Some(c.image.clone()),
             }),
+            stop: stable.as_ref().is_some_and(Verdict::stops),
         });
         let images = Images {
             image: stable.as_ref().and_then(|v| v.status(now)),
@@ -606,5 +614,50 @@ mod tests {
         );
         assert_eq!(app.spec.image, "registry.example.com/web:v1");
         assert!(Pins::default().is_empty() && !both.is_empty());
+    }
+
+    #[test]
+    fn a_hold_renders_what_ran_or_nothing_and_stops_when_told() {
+        let app = common::testing::app("web", "registry.example.com/web:v2")
+            .replicas(3)
+            .spec(|s| {
+                s.canary = Some(common::CanarySpec {
+                    image: "registry.example.com/web:v3".into(),
+                    replicas: Some(1),
+                })
+            })
+            .build();
+        let ran = "registry.example.com/web:v1@sha256:aa";
+        let hold = Hold {
+            image: Some(ran.into()),
+            canary: None,
+            stop: false,
+        };
+        let held = hold.apply(&app).expect("something ran");
+        assert_eq!(held.spec.image, ran);
+        assert!(held.spec.canary.is_none(), "no canary ran: none runs");
+        assert_eq!(held.spec.replicas, Some(3));
+        let stopped = Hold {
+            stop: true,
+            canary: Some("c".into()),
+            ..hold.clone()
+        }
+        .apply(&app)
+        .expect("something ran");
+        assert_eq!(stopped.spec.replicas, Some(0));
+        assert!(stopped.spec.canary.is_none());
+        assert!(
+            Hold {
+                image: None,
+                ..hold
+            }
+            .apply(&app)
+            .is_none(),
+            "nothing ran"
+        );
+        assert_eq!(
+            app.spec.image, "registry.example.com/web:v2",
+            "never the spec"
+        );
     }
 }

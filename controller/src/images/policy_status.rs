@@ -128,6 +128,7 @@ mod tests {
                     glob: "registry.example.com/**".into(),
                 }],
                 namespace_selector: None,
+                on_running_failure: Default::default(),
                 mode: PolicyMode::Enforce,
                 keys: vec![PolicyKey {
                     name: "k".into(),

@@ -26,7 +26,7 @@
 use std::sync::Arc;
 
 use common::conditions::{FALSE, IMAGE_VERIFIED, TRUE, UNKNOWN, reasons};
-use common::image_policy::{ImagePolicy, PolicyMode};
+use common::image_policy::{ImagePolicy, PolicyMode, RunningFailure};
 use common::{ImageStatus, ImageVerification};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -105,11 +105,18 @@ pub struct Verdict {
     /// What the children run while this image is held or waits: `keep`'s reference, or
     /// the live Deployment's when nothing was recorded; none when nothing ran.
     held: Option<String>,
+    /// What runs fails a policy that scales such workloads to zero.
+    stop: bool,
 }
 
 impl Verdict {
     pub fn holds(&self) -> bool {
         self.kind == Kind::Hold
+    }
+
+    /// Whether what runs must stop (`onRunningFailure: ScaleToZero`).
+    pub fn stops(&self) -> bool {
+        self.stop
     }
 
     pub fn transient(&self) -> Option<String> {
@@ -269,6 +276,24 @@ pub fn decide(
             let short = short_digest(&digest);
             let blocking = failures.iter().find(|(p, ..)| p.enforces());
             if let Some((p, result, reason, why)) = blocking {
+                // What runs is this very digest, and a failing policy stops such workloads.
+                let stopper = kept
+                    .as_ref()
+                    .filter(|k| k.digest == digest)
+                    .and_then(|_| {
+                        failures.iter().find(|(f, ..)| {
+                            f.enforces()
+                                && f.policy.spec.on_running_failure == RunningFailure::ScaleToZero
+                        })
+                    })
+                    .map(|(f, ..)| f.name().to_owned());
+                let then = |kept: Option<&ImageStatus>| match (&stopper, kept) {
+                    (Some(by), Some(kept)) => format!(
+                        "{} is scaled to zero until it verifies (ImagePolicy {by}: onRunningFailure ScaleToZero)",
+                        describe(kept)
+                    ),
+                    _ => then(kept),
+                };
                 // The very digest verified under this policy before: its signature was
                 // deleted or replaced since.
                 let revoked_key = prior_same
@@ -314,6 +339,7 @@ pub fn decide(
                     message,
                     keep: kept,
                     held,
+                    stop: stopper.is_some(),
                 };
             }
             // Runs pinned; an Audit failure is reported.
@@ -330,11 +356,13 @@ pub fn decide(
                     status: FALSE,
                     reason,
                     message: format!(
-                        "{image} ({short}) fails ImagePolicy {} (Audit: it runs): {why}",
-                        p.name()
+                        "{image} ({short}) fails ImagePolicy {} (Audit: it runs): {why}{}",
+                        p.name(),
+                        tag_ignored(image)
                     ),
                     keep,
                     held: None,
+                    stop: false,
                 };
             }
             let by: Vec<String> = verified_by
@@ -349,9 +377,14 @@ pub fn decide(
                 verified_by,
                 status: TRUE,
                 reason: reasons::VERIFIED,
-                message: format!("{image} runs as {short}, verified by {}", by.join(", ")),
+                message: format!(
+                    "{image} runs as {short}, verified by {}{}",
+                    by.join(", "),
+                    tag_ignored(image)
+                ),
                 keep,
                 held: None,
+                stop: false,
             }
         }
         Fetched::Failed { digest, error } => {
@@ -381,6 +414,7 @@ pub fn decide(
                 message: String::new(),
                 keep: kept.clone(),
                 held: held.clone(),
+                stop: false,
             };
             // The digest verified last for this very reference, under the same policy
             // generations, stands in for a registry that is down.
@@ -427,6 +461,23 @@ pub fn decide(
                 ..base
             }
         }
+    }
+}
+
+/// For a reference that names a tag and a digest, what runs: the digest, never the tag
+/// (the webhook warns at admission; status says it each pass).
+fn tag_ignored(image: &str) -> String {
+    match common::image::tag_and_digest(image) {
+        Some(_) => {
+            let tag = common::image::parse(image)
+                .ok()
+                .and_then(|r| r.tag)
+                .unwrap_or_default();
+            format!(
+                " (the reference names tag {tag:?} and a digest: the digest runs, the tag is ignored)"
+            )
+        }
+        None => String::new(),
     }
 }
 

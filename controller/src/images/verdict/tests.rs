@@ -18,6 +18,7 @@ fn policy(
                 glob: "registry.example.com/**".into(),
             }],
             namespace_selector: None,
+            on_running_failure: Default::default(),
             mode,
             keys: vec![PolicyKey {
                 name: "k".into(),
@@ -418,4 +419,99 @@ fn answers_larger_than_their_bound_or_invalid_hold_with_their_own_reason() {
     );
     assert!(!v.holds());
     assert_eq!(v.runs(), Some(IMAGE.to_owned()));
+}
+
+#[test]
+fn a_reference_with_a_tag_and_a_digest_says_the_digest_runs() {
+    let signer = Signer::new();
+    let d = digest('a');
+    let image = format!("{IMAGE}@{d}");
+    let p = [policy(
+        "prod",
+        1,
+        PolicyMode::Enforce,
+        Ok(vec![signer.key("release")]),
+    )];
+    let v = decide(
+        &image,
+        &p,
+        signed(&d, vec![signer.layer(&payload(&d))]),
+        None,
+        None,
+    );
+    assert_eq!(v.pin(), Some(image.clone()));
+    let message = condition(&[&v]).message;
+    assert!(
+        message.contains("names tag \"v1\" and a digest: the digest runs, the tag is ignored"),
+        "{message}"
+    );
+    let plain = decide(
+        IMAGE,
+        &p,
+        signed(&d, vec![signer.layer(&payload(&d))]),
+        None,
+        None,
+    );
+    assert!(!condition(&[&plain]).message.contains("ignored"));
+}
+
+#[test]
+fn a_policy_may_scale_what_runs_to_zero_when_it_fails() {
+    let signer = Signer::new();
+    let d = digest('a');
+    let mut stopping = policy(
+        "prod",
+        1,
+        PolicyMode::Enforce,
+        Ok(vec![signer.key("release")]),
+    );
+    let mut spec = stopping.policy.spec.clone();
+    spec.on_running_failure = common::image_policy::RunningFailure::ScaleToZero;
+    stopping.policy = Arc::new(ImagePolicy::new("prod", spec));
+    let p = [stopping];
+    let verified = ImageStatus {
+        reference: IMAGE.into(),
+        digest: d.clone(),
+        verified_at: Some(now()),
+        verified_by: vec![ImageVerification {
+            policy: "prod".into(),
+            generation: 0,
+            mode: "Enforce".into(),
+            key: Some("release".into()),
+        }],
+    };
+    // Its signature is gone: what runs is this digest, and the policy stops it.
+    let v = decide(IMAGE, &p, signed(&d, vec![]), Some(&verified), Some(IMAGE));
+    assert!(v.holds() && v.stops());
+    assert!(
+        condition(&[&v])
+            .message
+            .contains("is scaled to zero until it verifies"),
+        "{}",
+        condition(&[&v]).message
+    );
+    // Another digest of the tag fails: what runs (the verified one) is not stopped.
+    let v = decide(
+        IMAGE,
+        &p,
+        signed(&digest('b'), vec![]),
+        Some(&verified),
+        Some(IMAGE),
+    );
+    assert!(v.holds() && !v.stops());
+    // Under the default, what runs keeps running.
+    let keep = [policy(
+        "prod",
+        1,
+        PolicyMode::Enforce,
+        Ok(vec![signer.key("release")]),
+    )];
+    let v = decide(
+        IMAGE,
+        &keep,
+        signed(&d, vec![]),
+        Some(&verified),
+        Some(IMAGE),
+    );
+    assert!(v.holds() && !v.stops());
 }
