@@ -2802,6 +2802,10 @@ fn image_verification_is_on_by_default_and_its_values_reach_the_controller() {
         env(&default, "IMAGE_RESOLVE_INTERVAL").as_deref(),
         Some("1m")
     );
+    assert_eq!(
+        env(&default, "IMAGE_REVERIFY_INTERVAL").as_deref(),
+        Some("5m")
+    );
     assert_eq!(env(&default, "REGISTRY_TIMEOUT").as_deref(), Some("10s"));
     assert_eq!(env(&default, "REGISTRY_CA_FILE"), None);
     assert_eq!(env(&default, "REGISTRY_CREDENTIALS_SECRET"), None);
@@ -2816,8 +2820,10 @@ fn image_verification_is_on_by_default_and_its_values_reach_the_controller() {
             "controller.imageVerification.credentialsSecret=registry-pull".to_owned(),
             "controller.imageVerification.caConfigMap=registry-ca".to_owned(),
             "controller.imageVerification.resolveInterval=5m".to_owned(),
+            "controller.imageVerification.reverifyInterval=30m".to_owned(),
         ],
     );
+    assert_eq!(env(&set, "IMAGE_REVERIFY_INTERVAL").as_deref(), Some("30m"));
     assert_eq!(
         env(&set, "REGISTRY_CREDENTIALS_SECRET").as_deref(),
         Some("registry-pull")
