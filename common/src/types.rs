@@ -165,9 +165,11 @@ pub struct CanaryStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageStatus {
-    /// The reference as the spec writes it.
+    /// The reference as the spec writes it; while the spec's image is held, the one that
+    /// keeps running.
     pub reference: String,
-    /// The manifest digest it resolved to and that runs (`sha256:<hex>`).
+    /// The manifest digest it resolved to and that runs (`sha256:<hex>`); empty only for
+    /// a held image's predecessor that was never resolved.
     pub digest: String,
     /// When the digest was last verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
