@@ -18,9 +18,8 @@ use anyhow::Context as _;
 use common::conditions::{IMAGE_VERIFIED, READY, STALLED, reasons};
 use common::image_policy::ImagePolicy;
 use common::{AppService, ImageStatus};
-use controller::images::{ImageConfig, Verifier};
+use controller::images::ImageConfig;
 use controller::metrics::{Metrics, RegistryOperation, RegistryOutcome};
-use controller::{Config, Hooks};
 use futures::{StreamExt, TryStreamExt};
 use harness::{KeyPair, Registry, RegistryOptions};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -28,7 +27,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::{Fixture, Running, condition, create, image_of};
+use support::{Fixture, Running, condition, create, image_of, verifying};
 
 /// One pass after a hold's recheck (60 s) or a tag's resolve interval (1 min), with room
 /// for a busy machine.
@@ -43,26 +42,6 @@ struct World {
     metrics: Arc<Metrics>,
     policies: Api<ImagePolicy>,
     names: Vec<String>,
-}
-
-/// A controller verifying images with `images`, at every other shipped default, watching
-/// `f`'s namespace.
-fn verifying(f: &Fixture, images: ImageConfig) -> anyhow::Result<(Running, Arc<Metrics>)> {
-    let config = Config::for_namespace(&f.ns);
-    let metrics = Arc::new(Metrics::default());
-    let verifier = Verifier::new(
-        f.client.clone(),
-        images,
-        &config.lease_namespace,
-        metrics.images().clone(),
-    )?;
-    let hooks = Hooks {
-        metrics: metrics.clone(),
-        images: Some(Arc::new(verifier)),
-        ..Hooks::default()
-    };
-    let ctl = support::start_controller_hooks(f.client.clone(), config, hooks);
-    Ok((ctl, metrics))
 }
 
 impl World {
@@ -103,16 +82,27 @@ impl World {
         mode: &str,
         keys: serde_json::Value,
     ) -> anyhow::Result<()> {
+        let spec = json!({
+            "images": [{"glob": format!("{}/**", self.registry.host())}],
+            "mode": mode,
+            "keys": keys,
+        });
+        self.create_policy(name, spec).await
+    }
+
+    /// A policy with `spec`, selecting only this test's namespace.
+    async fn create_policy(
+        &mut self,
+        name: &str,
+        mut spec: serde_json::Value,
+    ) -> anyhow::Result<()> {
         let name = format!("{}-{name}", self.f.ns.name());
+        spec["namespaceSelector"] =
+            json!({"matchLabels": {"kubernetes.io/metadata.name": self.f.ns.name()}});
         let policy: ImagePolicy = serde_json::from_value(json!({
             "apiVersion": "platform.example.com/v1alpha1", "kind": "ImagePolicy",
             "metadata": {"name": name},
-            "spec": {
-                "images": [{"glob": format!("{}/**", self.registry.host())}],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.f.ns.name()}},
-                "mode": mode,
-                "keys": keys,
-            }
+            "spec": spec,
         }))?;
         self.policies
             .create(&PostParams::default(), &policy)
@@ -1241,18 +1231,11 @@ async fn a_policy_written_for_localhost_governs_every_spelling_of_it() -> anyhow
         .await?;
     let mut w = World::start(registry).await?;
     // The policy names the registry as `localhost`; the AppService as `127.0.0.1`.
-    let name = format!("{}-localhost", w.f.ns.name());
-    let policy: ImagePolicy = serde_json::from_value(json!({
-        "apiVersion": "platform.example.com/v1alpha1", "kind": "ImagePolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "images": [{"glob": format!("localhost:{port}/**")}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": w.f.ns.name()}},
-            "keys": [inline("k", &key)],
-        }
-    }))?;
-    w.policies.create(&PostParams::default(), &policy).await?;
-    w.names.push(name);
+    w.create_policy(
+        "localhost",
+        json!({"images": [{"glob": format!("localhost:{port}/**")}], "keys": [inline("k", &key)]}),
+    )
+    .await?;
     w.app("loopback", &format!("127.0.0.1:{port}/shop/unsigned:v1"))
         .await?;
     w.verdict("loopback", "False", reasons::IMAGE_UNSIGNED, FIRST)
@@ -1277,19 +1260,15 @@ async fn a_policy_that_says_so_scales_a_failing_running_workload_to_zero() -> an
         .await?;
     w.runs("legacy", &tag, FIRST).await?;
 
-    let name = format!("{}-stop", w.f.ns.name());
-    let policy: ImagePolicy = serde_json::from_value(json!({
-        "apiVersion": "platform.example.com/v1alpha1", "kind": "ImagePolicy",
-        "metadata": {"name": name},
-        "spec": {
+    w.create_policy(
+        "stop",
+        json!({
             "images": [{"glob": format!("{host}/**")}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": w.f.ns.name()}},
             "onRunningFailure": "ScaleToZero",
             "keys": [inline("k", &key)],
-        }
-    }))?;
-    w.policies.create(&PostParams::default(), &policy).await?;
-    w.names.push(name);
+        }),
+    )
+    .await?;
     let pinned = format!("{tag}@{digest}");
     let app = w
         .until("legacy", "scaled to zero, held", RECHECK, |app, d| {

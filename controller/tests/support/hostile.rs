@@ -4,14 +4,11 @@
 //! with one `Enforce` policy (an inline key made for the run) over every image of that
 //! registry, selecting only the test's namespace.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::conditions::IMAGE_VERIFIED;
 use common::image_policy::ImagePolicy;
-use controller::images::{ImageConfig, Verifier};
-use controller::metrics::Metrics;
-use controller::{Config, Hooks};
+use controller::images::ImageConfig;
 use harness::{HostileRegistry, KeyPair};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -41,20 +38,7 @@ impl Hostile {
             registry_ca_file: Some(registry.ca_file()),
             ..ImageConfig::defaults()
         };
-        let config = Config::for_namespace(&f.ns);
-        let metrics = Arc::new(Metrics::default());
-        let verifier = Verifier::new(
-            f.client.clone(),
-            images,
-            &config.lease_namespace,
-            metrics.images().clone(),
-        )?;
-        let hooks = Hooks {
-            metrics,
-            images: Some(Arc::new(verifier)),
-            ..Hooks::default()
-        };
-        let ctl = super::start_controller_hooks(f.client.clone(), config, hooks);
+        let (ctl, _) = super::verifying(&f, images)?;
 
         let key = KeyPair::generate().await?;
         let policy = format!("{}-hostile", f.ns.name());

@@ -213,6 +213,31 @@ pub fn start_controller_counted(
 }
 
 /// A controller with `config` and `hooks` as they are.
+/// A controller verifying images with `images`, at every other shipped default, watching
+/// `f`'s namespace.
+pub fn verifying(
+    f: &Fixture,
+    images: controller::images::ImageConfig,
+) -> anyhow::Result<(Running, Arc<Metrics>)> {
+    let config = Config::for_namespace(&f.ns);
+    let metrics = Arc::new(Metrics::default());
+    let verifier = controller::images::Verifier::new(
+        f.client.clone(),
+        images,
+        &config.lease_namespace,
+        metrics.images().clone(),
+    )?;
+    let hooks = Hooks {
+        metrics: metrics.clone(),
+        images: Some(Arc::new(verifier)),
+        ..Hooks::default()
+    };
+    Ok((
+        start_controller_hooks(f.client.clone(), config, hooks),
+        metrics,
+    ))
+}
+
 pub fn start_controller_hooks(client: Client, config: Config, hooks: Hooks) -> Running {
     let metrics = hooks.metrics.clone();
     let (tx, rx) = oneshot::channel::<()>();
