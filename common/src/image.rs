@@ -133,15 +133,23 @@ pub fn is_registry_host(component: &str) -> bool {
 /// `localhost:5000/a`), tag and digest dropped. Image policies match on this, so no
 /// spelling of a reference escapes them.
 pub fn repository(image: &str) -> Result<String, ImageError> {
-    let name = parse(image)?.name;
+    let (host, path) = split_name(parse(image)?.name, normalize_host);
+    Ok(format!("{host}/{path}"))
+}
+
+/// A reference's name (as [`parse`] gives it) split into its registry host, written by
+/// `spell` (Docker Hub when the name has none), and its repository path on that
+/// registry (`library/` before Docker Hub's one-component names). Policies spell the host
+/// with [`normalize_host`]; the registry client keeps the host it connects to.
+pub fn split_name(name: &str, spell: impl Fn(&str) -> String) -> (String, String) {
     let (host, path) = match name.split_once('/') {
-        Some((first, rest)) if is_registry_host(first) => (normalize_host(first), rest),
+        Some((first, rest)) if is_registry_host(first) => (spell(first), rest),
         _ => (DOCKER_HUB.to_owned(), name),
     };
     if host == DOCKER_HUB && !path.contains('/') {
-        return Ok(format!("{host}/library/{path}"));
+        return (host, format!("library/{path}"));
     }
-    Ok(format!("{host}/{path}"))
+    (host, path.to_owned())
 }
 
 /// A registry host (`host[:port]`, as the first component of a reference names it) in

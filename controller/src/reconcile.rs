@@ -545,34 +545,23 @@ fn rejected(
 /// What our Deployments of `app` run, from the cache: what keeps running when an image
 /// is held and status records nothing.
 fn live_images(ctx: &Context, app: &Subject) -> crate::images::Live {
-    let image = |d: Option<Arc<DeploymentView>>| {
-        d.and_then(|d| {
-            d.spec
-                .template
-                .spec
-                .as_ref()?
-                .containers
-                .iter()
-                .find(|c| c.name == crate::desired::CONTAINER_NAME)?
-                .image
-                .clone()
-        })
-    };
-    let canary = ctx
-        .caches()
-        .deployments
-        .get(&ObjectRef::new(&canary_deployment_name(app.name())).within(app.namespace()))
-        .filter(|d| is_controlled_by(d.metadata.owner_references.as_deref(), app.uid()));
+    let image =
+        |name: &str| cached_child(ctx, app, name).and_then(|d| d.image().map(str::to_owned));
     crate::images::Live {
-        image: image(cached_deployment(ctx, app)),
-        canary: image(canary),
+        image: image(&deployment_name(app.name())),
+        canary: image(&canary_deployment_name(app.name())),
     }
 }
 
 /// Our Deployment of `app` from the cache, for the ready count of a blocked status.
 fn cached_deployment(ctx: &Context, app: &Subject) -> Option<Arc<DeploymentView>> {
+    cached_child(ctx, app, &deployment_name(app.name()))
+}
+
+/// Our Deployment `name` of `app` from the cache, if it is ours.
+fn cached_child(ctx: &Context, app: &Subject, name: &str) -> Option<Arc<DeploymentView>> {
     ctx.caches()
         .deployments
-        .get(&ObjectRef::new(&deployment_name(app.name())).within(app.namespace()))
+        .get(&ObjectRef::new(name).within(app.namespace()))
         .filter(|d| is_controlled_by(d.metadata.owner_references.as_deref(), app.uid()))
 }

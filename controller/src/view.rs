@@ -193,6 +193,21 @@ pub struct DeploymentView {
     pub status: Option<DeploymentStatusView>,
 }
 
+impl DeploymentView {
+    /// The image of the application's container (the one the controller writes).
+    pub fn image(&self) -> Option<&str> {
+        self.spec
+            .template
+            .spec
+            .as_ref()?
+            .containers
+            .iter()
+            .find(|c| c.name == crate::desired::CONTAINER_NAME)?
+            .image
+            .as_deref()
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeploymentSpecView {

@@ -364,7 +364,7 @@ impl Verifier {
         let ran = live.image.is_some();
         let hold = (holds || transient.is_some()).then(|| Hold {
             image: match &stable {
-                Some(v) if v.holds() || v.transient().is_some() => v.runs(),
+                Some(v) if v.blocks() => v.runs(),
                 _ if !ran => None,
                 Some(v) => v.runs(),
                 None => Some(app.spec.image.clone()),

@@ -299,13 +299,16 @@ fn normalize_host(key: &str) -> String {
         .trim()
         .trim_start_matches("https://")
         .trim_start_matches("http://");
-    let host = key
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_ascii_lowercase();
+    spelled(key.split('/').next().unwrap_or_default())
+}
+
+/// A registry host as requests and credentials name it: in lower case, Docker Hub's
+/// aliases as `docker.io` (the kubelet's rule for pull secrets; loopback spellings are
+/// not aliased here, unlike `common::image::normalize_host` for policies).
+fn spelled(host: &str) -> String {
+    let host = host.to_ascii_lowercase();
     match host.as_str() {
-        "index.docker.io" | "registry-1.docker.io" => common::image::DOCKER_HUB.to_owned(),
+        "index.docker.io" | DOCKER_HUB_API => common::image::DOCKER_HUB.to_owned(),
         _ => host,
     }
 }
@@ -330,21 +333,9 @@ impl Target {
     pub fn parse(image: &str) -> Result<Target, RegistryError> {
         let parsed = common::image::parse(image)
             .map_err(|e| RegistryError::Invalid(format!("{}: {e}", cut(image))))?;
-        let (registry, path) = match parsed.name.split_once('/') {
-            Some((first, rest)) if common::image::is_registry_host(first) => {
-                (first.to_ascii_lowercase(), rest.to_owned())
-            }
-            _ => (common::image::DOCKER_HUB.to_owned(), parsed.name.to_owned()),
-        };
-        let registry = match registry.as_str() {
-            "index.docker.io" | DOCKER_HUB_API => common::image::DOCKER_HUB.to_owned(),
-            _ => registry,
-        };
-        let repository = if registry == common::image::DOCKER_HUB && !path.contains('/') {
-            format!("library/{path}")
-        } else {
-            path
-        };
+        // The host as written (in lower case): requests go to it, and a certificate names
+        // it; policies match the normalized spelling, not this one.
+        let (registry, repository) = common::image::split_name(parsed.name, spelled);
         Ok(Target {
             registry,
             repository,
@@ -916,8 +907,13 @@ async fn error_codes(mut response: Response) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The body, refused when it declares or grows past `bound`.
-async fn read_bounded(mut response: Response, bound: &Bound) -> Result<Vec<u8>, RegistryError> {
+/// Hands each chunk of the body to `sink`, refusing the body when it declares or grows
+/// past `bound`: the one loop every bounded read goes through.
+async fn each_chunk(
+    mut response: Response,
+    bound: &Bound,
+    mut sink: impl FnMut(&[u8]),
+) -> Result<(), RegistryError> {
     let url = response.url().clone();
     if response
         .content_length()
@@ -925,35 +921,29 @@ async fn read_bounded(mut response: Response, bound: &Bound) -> Result<Vec<u8>, 
     {
         return Err(RegistryError::too_large(bound, &url));
     }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| classify_request(&e))? {
-        if body.len() + chunk.len() > bound.bytes {
-            return Err(RegistryError::too_large(bound, &url));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
-/// `sha256:<hex>` of the body, hashed as it arrives (never held), refused when it
-/// declares or grows past `bound`.
-async fn hash_bounded(mut response: Response, bound: &Bound) -> Result<String, RegistryError> {
-    let url = response.url().clone();
-    if response
-        .content_length()
-        .is_some_and(|n| n > bound.bytes as u64)
-    {
-        return Err(RegistryError::too_large(bound, &url));
-    }
-    let mut hasher = Sha256::new();
     let mut read = 0usize;
     while let Some(chunk) = response.chunk().await.map_err(|e| classify_request(&e))? {
         read += chunk.len();
         if read > bound.bytes {
             return Err(RegistryError::too_large(bound, &url));
         }
-        hasher.update(&chunk);
+        sink(&chunk);
     }
+    Ok(())
+}
+
+/// The body, refused when it declares or grows past `bound`.
+async fn read_bounded(response: Response, bound: &Bound) -> Result<Vec<u8>, RegistryError> {
+    let mut body = Vec::new();
+    each_chunk(response, bound, |chunk| body.extend_from_slice(chunk)).await?;
+    Ok(body)
+}
+
+/// `sha256:<hex>` of the body, hashed as it arrives (never held), refused when it
+/// declares or grows past `bound`.
+async fn hash_bounded(response: Response, bound: &Bound) -> Result<String, RegistryError> {
+    let mut hasher = Sha256::new();
+    each_chunk(response, bound, |chunk| hasher.update(chunk)).await?;
     Ok(format!("sha256:{:x}", hasher.finalize()))
 }
 

@@ -114,6 +114,11 @@ impl Verdict {
         self.kind == Kind::Hold
     }
 
+    /// Whether the image may not run now: held, or waiting for the registry.
+    pub fn blocks(&self) -> bool {
+        self.kind != Kind::Run
+    }
+
     /// Whether what runs must stop (`onRunningFailure: ScaleToZero`).
     pub fn stops(&self) -> bool {
         self.stop
@@ -171,7 +176,7 @@ impl Verdict {
 /// The reference `status` records as running: `reference@digest` (or the reference alone
 /// when it names its digest, or when no digest was ever resolved for it).
 pub fn pinned(status: &ImageStatus) -> String {
-    if status.reference.contains('@') || status.digest.is_empty() {
+    if runs_as_recorded(status) {
         status.reference.clone()
     } else {
         format!("{}@{}", status.reference, status.digest)
@@ -199,9 +204,15 @@ fn live_record(image: &str, live: Option<&str>, digest: Option<&str>) -> Option<
     })
 }
 
+/// Whether `status`'s reference is what runs as it is: it names its digest, or none was
+/// ever resolved for it.
+fn runs_as_recorded(status: &ImageStatus) -> bool {
+    status.reference.contains('@') || status.digest.is_empty()
+}
+
 /// `registry/app:v1 (sha256:0123…)`, or the reference alone when it names its digest.
 fn describe(status: &ImageStatus) -> String {
-    if status.digest.is_empty() || status.reference.contains('@') {
+    if runs_as_recorded(status) {
         status.reference.clone()
     } else {
         format!("{} ({})", status.reference, short_digest(&status.digest))
@@ -209,7 +220,7 @@ fn describe(status: &ImageStatus) -> String {
 }
 
 /// What the message says of a held image: what keeps running, if anything does.
-fn then(keep: Option<&ImageStatus>) -> String {
+fn what_runs(keep: Option<&ImageStatus>) -> String {
     match keep {
         Some(keep) => format!("{} keeps running", describe(keep)),
         None => "nothing runs until it verifies".to_owned(),
@@ -287,15 +298,15 @@ pub fn decide(
                         })
                     })
                     .map(|(f, ..)| f.name().to_owned());
-                let then = |kept: Option<&ImageStatus>| match (&stopper, kept) {
+                let then = match (&stopper, kept.as_ref()) {
                     (Some(by), Some(kept)) => format!(
                         "{} is scaled to zero until it verifies (ImagePolicy {by}: onRunningFailure ScaleToZero)",
                         describe(kept)
                     ),
-                    _ => then(kept),
+                    (_, kept) => what_runs(kept),
                 };
                 // The very digest verified under this policy before: its signature was
-                // deleted or replaced since.
+                // deleted since.
                 let revoked_key = prior_same
                     .filter(|prior| prior.digest == digest)
                     .and_then(|prior| {
@@ -315,7 +326,7 @@ pub fn decide(
                         format!(
                             "{image} ({short}) verified with key {key} of ImagePolicy {} before and no longer does: {why}; {}, and nothing new rolls out with it",
                             p.name(),
-                            then(kept.as_ref())
+                            then
                         ),
                     ),
                     None => (
@@ -324,7 +335,7 @@ pub fn decide(
                         format!(
                             "{image} ({short}) fails ImagePolicy {}: {why}; {}",
                             p.name(),
-                            then(kept.as_ref())
+                            then
                         ),
                     ),
                 };
@@ -450,7 +461,7 @@ pub fn decide(
                     ..base
                 };
             }
-            let message = format!("{image}: {error}; {}", then(kept.as_ref()));
+            let message = format!("{image}: {error}; {}", what_runs(kept.as_ref()));
             Verdict {
                 kind: if transient {
                     Kind::Transient(message.clone())
