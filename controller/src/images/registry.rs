@@ -952,6 +952,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_client_with_the_system_roots_only_builds() {
+        // As `main` runs it by default: no --registry-ca-file.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let metrics = Arc::new(ImageMetrics::default());
+        assert!(Registry::new(None, Duration::from_secs(10), metrics).is_ok());
+    }
+
+    #[test]
     fn credentials_match_by_host_in_every_spelling() {
         use base64::Engine as _;
         let auth = base64::engine::general_purpose::STANDARD.encode("robot:s3cret");
