@@ -10,7 +10,6 @@
 
 use std::time::Duration;
 
-use common::AppService;
 use futures::future::BoxFuture;
 
 use crate::desired::PodDatabase;
@@ -86,17 +85,10 @@ impl Report {
 /// Resources outside the cluster that belong to an AppService.
 pub trait External: Send + Sync {
     /// Makes them exist (or, when no longer wanted, go away). Runs after the finalizer
-    /// is in place where [`External::holds`] asks for it, before the children.
+    /// is in place, before the children.
     fn ensure<'a>(&'a self, app: &'a Subject<'a>) -> BoxFuture<'a, Result<Report>>;
     /// Deletes them for a terminating AppService; `Done` lets the finalizer go.
     fn cleanup<'a>(&'a self, app: &'a Subject<'a>) -> BoxFuture<'a, Result<Step>>;
-    /// Whether `app` has, or is about to get, external resources, so that its deletion
-    /// must wait for [`External::cleanup`]: only then does it carry the finalizer. The
-    /// others are deleted by the API server and the garbage collector alone, also while
-    /// no controller runs, and cost no write for it. True (hold everything) by default.
-    fn holds(&self, _app: &AppService) -> bool {
-        true
-    }
     /// Periodic work of its own (the database's orphan scan), run while the controller
     /// runs and acting only while `leading` is true. None by default.
     fn background(
@@ -118,9 +110,5 @@ impl External for NoExternal {
 
     fn cleanup<'a>(&'a self, _app: &'a Subject<'a>) -> BoxFuture<'a, Result<Step>> {
         Box::pin(async { Ok(Step::Done) })
-    }
-
-    fn holds(&self, _app: &AppService) -> bool {
-        false
     }
 }

@@ -20,37 +20,22 @@ use crate::outcome::Outcome;
 use crate::status::{Observation, Observed, status_of};
 use crate::subject::Subject;
 
-/// The finalizer goes on before anything we may have to clean up exists, and only on an
-/// AppService that may have such a thing ([`crate::external::External::holds`]): the
-/// others need no write for it and can be deleted while no controller runs. One that
-/// carries it without needing it any more (its database removed, or written by a version
-/// that put it on every AppService) gets it released. Returns the object as it is now.
-pub(crate) async fn settle_finalizer<'a>(
+/// The finalizer goes on every AppService before anything may be made for it, and comes
+/// back whenever another writer removes it: without it a delete skips the cleanup (of a
+/// database, or of one a later edit asks for). Returns the object as it is now.
+pub(crate) async fn ensure_finalizer<'a>(
     app: &'a AppService,
     ctx: &Context,
     api: &Api<AppService>,
 ) -> Result<Cow<'a, AppService>> {
-    let has = app.finalizers().iter().any(|f| f == FINALIZER);
-    let holds = ctx.external().holds(app);
-    if has == holds {
+    if app.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Cow::Borrowed(app));
     }
-    let mut finalizers: Vec<String> = app
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    if holds {
-        finalizers.push(FINALIZER.to_owned());
-    }
+    let mut finalizers = app.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_owned());
     let patched = patch_finalizers(api, app, finalizers).await?;
     ctx.metrics().write(Written::AppServices);
-    if holds {
-        debug!("added finalizer");
-    } else {
-        info!("released the finalizer: nothing external left to clean up");
-    }
+    debug!("added finalizer");
     Ok(Cow::Owned(patched))
 }
 

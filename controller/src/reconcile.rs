@@ -2,8 +2,8 @@
 //! act, then one report of what they observed.
 //!
 //! 1. deleting → external cleanup, then release the finalizer (`finalizer.rs`);
-//! 2. the finalizer in place before any external side effect, on an AppService that may
-//!    have one (a database), and released from one that no longer may;
+//! 2. the finalizer in place before any side effect (and put back when another writer
+//!    removed it);
 //! 3. `common::validate` (defence in depth) → `InvalidSpec`, no retry until it changes;
 //! 4. external resources (the database, [`crate::database`]); while they are not ready
 //!    the children wait and status says why;
@@ -36,7 +36,7 @@ use crate::desired::{
 };
 use crate::error::{Error, Result, Retry};
 use crate::external::{Readiness as External, Report};
-use crate::finalizer::{finalize, settle_finalizer};
+use crate::finalizer::{ensure_finalizer, finalize};
 use crate::outcome::Outcome;
 use crate::report::write_status;
 use crate::status::{Observation, Observed, Rollout, external_changes, rollout_of, status_of};
@@ -131,7 +131,7 @@ async fn pass(app: &AppService, ctx: &Context) -> Result<Next> {
         }
         (Cow::Borrowed(app), finalize(&subject, ctx, &api).await?)
     } else {
-        let app = settle_finalizer(app, ctx, &api).await?;
+        let app = ensure_finalizer(app, ctx, &api).await?;
         // The object the finalizer patch returned is the same AppService (same identity).
         let outcome = converge_app(&Subject::of(&app)?, ctx).await?;
         (app, outcome)

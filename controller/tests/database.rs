@@ -527,12 +527,6 @@ async fn disabling_or_deleting_follows_the_deletion_policy() -> anyhow::Result<(
     })
     .await?;
     assert!(!w.catalog().await?.1.contains(&db));
-    // Nothing external left: the finalizer goes, so deleting it needs no controller.
-    eventually("the finalizer released", WAIT, || async {
-        let app = apps.get("shop").await?;
-        Ok((!app.finalizers().iter().any(|f| f == FINALIZER)).then_some(()))
-    })
-    .await?;
 
     // Retain: deleting keeps database and role, and an Event says so.
     let classes: Api<DatabaseClass> = Api::all(w.client.clone());
@@ -1462,5 +1456,32 @@ async fn orphaned_databases_are_reported_and_dropped_only_by_opt_in() -> anyhow:
     assert!(roles.contains(&retained), "{roles:?}");
     let login = secret_value(&w.api::<Secret>().get("live-database").await?, "PGPASSWORD");
     w.pg.connect(&live, &login, &live).await?;
+    Ok(())
+}
+
+/// Another writer removes the finalizer of an AppService whose database is ready: it is
+/// back before the delete that would skip the cleanup.
+#[tokio::test]
+async fn a_finalizer_removed_by_another_writer_comes_back() -> anyhow::Result<()> {
+    support::init();
+    let w = World::new("Delete", None).await?;
+    let (_ctl, _) = w.controller();
+    w.create_ready("shop").await?;
+    w.apps
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+    eventually("finalizer back", Duration::from_secs(20), || async {
+        let app = w.apps.get("shop").await?;
+        Ok(app
+            .finalizers()
+            .iter()
+            .any(|f| f == FINALIZER)
+            .then_some(()))
+    })
+    .await?;
     Ok(())
 }

@@ -36,6 +36,8 @@ const READY_BOUND: Duration = Duration::from_secs(45);
 const WAIT: Duration = Duration::from_secs(90);
 /// The field manager of "someone else".
 const INTRUDER: &str = "intruder";
+/// Another party's finalizer (a backup tool, say), which the controller leaves alone.
+const OTHER_FINALIZER: &str = "example.com/backup";
 
 /// A [`Fixture`] on the shared full control plane and its controller, at the shipped
 /// defaults (resync 10 minutes): every heal below is the work of an event.
@@ -102,13 +104,8 @@ impl World {
         let uid = app.uid().context("uid")?;
         let generation = app.metadata.generation;
 
-        // The finalizer holds exactly the AppServices with a database.
-        let finalized = app.finalizers().iter().any(|f| f == FINALIZER);
-        if finalized != spec.database.is_some() {
-            p.push(format!(
-                "finalizer {finalized} with a database requested {}",
-                spec.database.is_some()
-            ));
+        if !app.finalizers().iter().any(|f| f == FINALIZER) {
+            p.push(format!("no finalizer: {:?}", app.finalizers()));
         }
         let status = app.status.clone().unwrap_or_default();
         if status.observed_generation != generation {
@@ -314,10 +311,38 @@ impl World {
         self.converged_within(name, READY_BOUND)
             .await
             .with_context(|| format!("before {p:?}"))?;
+        let before = self.apps.get(name).await?;
         p.apply(self, name).await?;
         self.recovers(name, &format!("healed {p:?} on {name}"))
             .await
-            .with_context(|| format!("after {p:?}"))
+            .with_context(|| format!("after {p:?}"))?;
+        if p.status_edit().is_some() {
+            // Everything the controller wrote is back as it was, not only what
+            // `problems_of` looks at (a condition put back is new, so its time is too).
+            let after = self.apps.get(name).await?;
+            assert_eq!(
+                timeless(after.status.as_ref()),
+                timeless(before.status.as_ref()),
+                "status after {p:?}"
+            );
+        }
+        if p == Perturbation::ReplaceFinalizers {
+            let after = self.apps.get(name).await?;
+            assert_eq!(
+                after.finalizers(),
+                [OTHER_FINALIZER.to_owned(), FINALIZER.to_owned()],
+                "ours put back next to the other party's"
+            );
+            // The other party lets go.
+            self.apps
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": [FINALIZER]}})),
+                )
+                .await?;
+        }
+        Ok(())
     }
 
     /// Waits until `name`'s children (within [`HEAL`]) and then its Ready condition
@@ -364,6 +389,19 @@ impl World {
     }
 }
 
+/// `status` as JSON without the conditions' transition times.
+fn timeless(status: Option<&common::AppServiceStatus>) -> Value {
+    let mut value = serde_json::to_value(status).unwrap_or(Value::Null);
+    if let Some(conditions) = value.get_mut("conditions").and_then(Value::as_array_mut) {
+        for c in conditions {
+            if let Some(c) = c.as_object_mut() {
+                c.remove("lastTransitionTime");
+            }
+        }
+    }
+    value
+}
+
 /// Something the world does to an AppService or its children.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Perturbation {
@@ -384,13 +422,19 @@ enum Perturbation {
     ForceApplyDeployment,
     ForceApplyService,
     EditStatus,
-    /// Another writer puts our finalizer on an AppService with nothing to clean up (or a
-    /// backup restores it from an earlier version): released again.
-    AddFinalizer,
+    /// Every field the controller owns on the AppService itself, removed or edited by
+    /// another writer: the status as a whole, its conditions, its generation, the
+    /// finalizer.
+    ClearStatus,
+    RemoveConditions,
+    FlipReady,
+    StaleObservedGeneration,
+    RemoveFinalizer,
+    ReplaceFinalizers,
 }
 
 impl Perturbation {
-    const ALL: [Perturbation; 18] = [
+    const ALL: [Perturbation; 23] = [
         Perturbation::DeleteDeployment,
         Perturbation::DeleteService,
         Perturbation::DeleteBoth,
@@ -408,8 +452,33 @@ impl Perturbation {
         Perturbation::ForceApplyDeployment,
         Perturbation::ForceApplyService,
         Perturbation::EditStatus,
-        Perturbation::AddFinalizer,
+        Perturbation::ClearStatus,
+        Perturbation::RemoveConditions,
+        Perturbation::FlipReady,
+        Perturbation::StaleObservedGeneration,
+        Perturbation::RemoveFinalizer,
+        Perturbation::ReplaceFinalizers,
     ];
+
+    /// The merge patch of the AppService's status another writer sends, for the
+    /// perturbations that are one.
+    fn status_edit(self) -> Option<Value> {
+        Some(match self {
+            Perturbation::EditStatus => json!({"status": {
+                "readyReplicas": 99,
+                "endpoint": "http://elsewhere:1",
+            }}),
+            Perturbation::ClearStatus => json!({"status": null}),
+            Perturbation::RemoveConditions => json!({"status": {"conditions": null}}),
+            Perturbation::FlipReady => json!({"status": {"conditions": [{
+                "type": READY, "status": "False", "reason": "Intruder",
+                "message": "written by another writer",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }]}}),
+            Perturbation::StaleObservedGeneration => json!({"status": {"observedGeneration": 7}}),
+            _ => return None,
+        })
+    }
 
     /// The JSON patch another field manager sends, for the perturbations that are one:
     /// which child it edits (`true` for the Deployment) and the operations.
@@ -475,6 +544,12 @@ impl Perturbation {
     }
 
     async fn apply(self, f: &World, name: &str) -> anyhow::Result<()> {
+        if let Some(edit) = self.status_edit() {
+            f.apps
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(edit))
+                .await?;
+            return Ok(());
+        }
         if let Some((deployment, ops)) = self.edit() {
             return if deployment {
                 f.json_patch(&f.deployments, name, ops).await
@@ -532,24 +607,21 @@ impl Perturbation {
                     )
                     .await?;
             }
-            Perturbation::EditStatus => {
-                f.apps
-                    .patch_status(
-                        name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"status": {
-                            "readyReplicas": 99,
-                            "endpoint": "http://elsewhere:1",
-                        }})),
-                    )
-                    .await?;
-            }
-            Perturbation::AddFinalizer => {
+            Perturbation::RemoveFinalizer => {
                 f.apps
                     .patch(
                         name,
                         &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"finalizers": [FINALIZER]}})),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await?;
+            }
+            Perturbation::ReplaceFinalizers => {
+                f.apps
+                    .patch(
+                        name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": [OTHER_FINALIZER]}})),
                     )
                     .await?;
             }
@@ -624,7 +696,15 @@ async fn service_edits_by_another_manager_are_put_back() -> anyhow::Result<()> {
 async fn status_and_finalizer_edits_are_put_back() -> anyhow::Result<()> {
     one_by_one(
         "meta",
-        &[Perturbation::EditStatus, Perturbation::AddFinalizer],
+        &[
+            Perturbation::EditStatus,
+            Perturbation::ClearStatus,
+            Perturbation::RemoveConditions,
+            Perturbation::FlipReady,
+            Perturbation::StaleObservedGeneration,
+            Perturbation::RemoveFinalizer,
+            Perturbation::ReplaceFinalizers,
+        ],
     )
     .await
 }
@@ -1117,7 +1197,18 @@ async fn random_perturbation_sequences_converge() -> anyhow::Result<()> {
         }
     }
     f.quiet(3 * names.len() as u64).await?;
-    f.ctl.stop().await?;
+    // The other party of `ReplaceFinalizers` lets go, so the namespace can.
+    let World { fixture: f, ctl } = f;
+    ctl.stop().await?;
+    for name in names {
+        f.apps
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await?;
+    }
     Ok(())
 }
 

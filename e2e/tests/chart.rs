@@ -1384,9 +1384,8 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     let apps: Api<AppService> = Api::namespaced(admin.clone(), &test_ns);
     let app: AppService = serde_json::from_value(json!({
         "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
-        // With the finalizer an earlier version put on every AppService: this one has no
-        // database, so the controller releases it (a patch of the AppService).
-        "metadata": {"name": "rbac-proof", "finalizers": [common::names::FINALIZER]},
+        // The controller puts its finalizer on (a patch of the AppService).
+        "metadata": {"name": "rbac-proof"},
         "spec": {"image": "registry.example.com/hello:v1.0.0", "replicas": 1}
     }))
     .unwrap();
@@ -1420,27 +1419,23 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
     })
     .await
     .unwrap();
-    let reconciled = eventually(
-        "finalizer released and status",
-        Duration::from_secs(60),
-        || {
-            let apps = apps.clone();
-            async move {
-                let app = apps.get("rbac-proof").await.ok()?;
-                let has_finalizer = app
-                    .metadata
-                    .finalizers
-                    .iter()
-                    .flatten()
-                    .any(|f| f == common::names::FINALIZER);
-                let has_status = app
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| !s.conditions.is_empty());
-                (!has_finalizer && has_status).then_some(app)
-            }
-        },
-    )
+    let reconciled = eventually("finalizer and status", Duration::from_secs(60), || {
+        let apps = apps.clone();
+        async move {
+            let app = apps.get("rbac-proof").await.ok()?;
+            let has_finalizer = app
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == common::names::FINALIZER);
+            let has_status = app
+                .status
+                .as_ref()
+                .is_some_and(|s| !s.conditions.is_empty());
+            (has_finalizer && has_status).then_some(app)
+        }
+    })
     .await
     .unwrap();
     assert!(

@@ -503,10 +503,10 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
     )
     .await
     .unwrap();
-    // The previous controller's finalizer on AppServices without a database: released.
+    // The finalizer on every AppService, as the previous controller left it.
     for app in beta.list(&ListParams::default()).await.unwrap() {
         assert!(
-            !app.finalizers()
+            app.finalizers()
                 .iter()
                 .any(|f| f == common::names::FINALIZER),
             "{}: {:?}",

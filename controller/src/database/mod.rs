@@ -399,10 +399,6 @@ impl External for Databases {
         Box::pin(self.cleanup_app(app))
     }
 
-    fn holds(&self, app: &AppService) -> bool {
-        mentions_database(app)
-    }
-
     fn background(
         self: Arc<Self>,
         leading: tokio::sync::watch::Receiver<bool>,
@@ -419,7 +415,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_an_appservice_that_may_have_a_database_is_held_by_the_finalizer() {
+    fn only_an_appservice_that_may_have_a_database_costs_a_lookup_at_cleanup() {
         let app = |value: serde_json::Value| -> AppService {
             serde_json::from_value(value).expect("an AppService")
         };
@@ -432,14 +428,14 @@ mod tests {
             "metadata": meta, "spec": {"image": "nginx:1.27", "database": {"class": "main"}}
         }));
         assert!(mentions_database(&requested));
-        // The request dropped, the removal not reported yet: still held.
+        // The request dropped, the removal not reported yet: still looked up.
         let removing = app(serde_json::json!({
             "metadata": meta, "spec": {"image": "nginx:1.27"},
             "status": {"conditions": [{"type": DATABASE_READY, "status": "True",
                 "reason": "Provisioned", "message": "", "lastTransitionTime": "2026-12-04T00:00:00Z"}]}
         }));
         assert!(mentions_database(&removing));
-        // Other conditions alone do not hold it.
+        // Other conditions alone do not.
         let ready = app(serde_json::json!({
             "metadata": meta, "spec": {"image": "nginx:1.27"},
             "status": {"conditions": [{"type": "Ready", "status": "True",

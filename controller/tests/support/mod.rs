@@ -574,7 +574,63 @@ async fn rollouts_done(f: &Fixture, app: &AppService) -> anyhow::Result<()> {
         })
         .await?;
     }
+    let what = format!("the ReplicaSets and Pods of {name}'s earlier Deployments to go");
+    harness::eventually(&what, ROLLOUT_BOUND, || async {
+        let left = leftovers(f, &name).await?;
+        if left.is_empty() {
+            Ok(Some(()))
+        } else {
+            Err::<Option<()>, harness::poll::Failure>(format!("{left:?}").into())
+        }
+    })
+    .await?;
     Ok(())
+}
+
+/// The ReplicaSets and Pods with `app`'s selector labels that no live Deployment of it
+/// controls, or that are being deleted: what a deleted Deployment left to the garbage
+/// collector. While they go, a Deployment re-created with the same template may find its
+/// ReplicaSet's name taken, and its status (which the AppService's follows) still moves.
+async fn leftovers(f: &Fixture, app: &str) -> anyhow::Result<Vec<String>> {
+    use controller::desired::is_controlled_by;
+    use k8s_openapi::api::apps::v1::ReplicaSet;
+    use k8s_openapi::api::core::v1::Pod;
+    let selector = common::names::selector_labels(app)
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let by_labels = kube::api::ListParams::default().labels(&selector);
+    let deployments: Vec<String> = f
+        .deployments
+        .list(&by_labels)
+        .await?
+        .into_iter()
+        .filter(|d| d.metadata.deletion_timestamp.is_none())
+        .filter_map(|d| d.metadata.uid)
+        .collect();
+    let sets: Api<ReplicaSet> = f.api();
+    let mut left = Vec::new();
+    let mut live_sets = Vec::new();
+    for rs in sets.list(&by_labels).await? {
+        let refs = rs.metadata.owner_references.as_deref();
+        let live = rs.metadata.deletion_timestamp.is_none()
+            && deployments.iter().any(|uid| is_controlled_by(refs, uid));
+        match (live, rs.metadata.uid.clone()) {
+            (true, Some(uid)) => live_sets.push(uid),
+            _ => left.push(format!("ReplicaSet {}", kube::ResourceExt::name_any(&rs))),
+        }
+    }
+    let pods: Api<Pod> = f.api();
+    for pod in pods.list(&by_labels).await? {
+        let refs = pod.metadata.owner_references.as_deref();
+        let live = pod.metadata.deletion_timestamp.is_none()
+            && live_sets.iter().any(|uid| is_controlled_by(refs, uid));
+        if !live {
+            left.push(format!("Pod {}", kube::ResourceExt::name_any(&pod)));
+        }
+    }
+    Ok(left)
 }
 
 /// Where the Deployment controller is with a Deployment, by the Deployment's own status.
