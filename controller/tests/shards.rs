@@ -223,6 +223,7 @@ async fn under_load(edits: &AtomicU64, more: u64) -> anyhow::Result<()> {
 /// changed nothing answers with the object as it was) keep the log's order.
 fn writes(events: &[serde_json::Value]) -> Vec<Write> {
     let mut last = 0;
+    let mut stamped = Vec::new();
     let mut recorded: Vec<(u64, Write)> = events
         .iter()
         .filter(|e| e["stage"] == "ResponseComplete")
@@ -249,7 +250,22 @@ fn writes(events: &[serde_json::Value]) -> Vec<Write> {
             let uri = e["requestURI"].as_str().unwrap_or("");
             let ua = e["userAgent"].as_str().unwrap_or("");
             let shard = ua.split_once("shard/").map(|(_, id)| id.to_owned());
-            let write = if uri.contains("fieldManager=appservice-sharder") {
+            // The sharder's relabels, and a test's (`STAMP`): another party's relabel
+            // hands an object over too.
+            let relabel = uri.contains("fieldManager=appservice-sharder")
+                || uri.contains(&format!("fieldManager={STAMP}"));
+            // A hand relabel of an AppService hands its children over with it.
+            if uri.contains(&format!("fieldManager={STAMP}")) && r["resource"] == "appservices" {
+                let (ns, name) = (r["namespace"].as_str().unwrap_or(""), name);
+                for child in ["apps/deployments", "/services"] {
+                    let write = Write {
+                        object: format!("{child}/{ns}/{name}"),
+                        shard: None,
+                    };
+                    stamped.push((revision, write));
+                }
+            }
+            let write = if relabel {
                 Write {
                     object,
                     shard: None,
@@ -263,6 +279,7 @@ fn writes(events: &[serde_json::Value]) -> Vec<Write> {
             Some((revision, write))
         })
         .collect();
+    recorded.extend(stamped);
     recorded.sort_by_key(|(revision, _)| *revision);
     recorded.into_iter().map(|(_, w)| w).collect()
 }
@@ -2035,4 +2052,208 @@ async fn the_sharded_watch_hands_namespaces_over_through_joins_a_kill_and_a_free
     a.signal("TERM")?;
     let _ = tokio::time::timeout(Duration::from_secs(40), a.child.wait()).await;
     Ok(())
+}
+
+/// The field manager of a test that puts ring labels on AppServices by hand.
+const STAMP: &str = "label-stamp";
+
+/// The ring labels an AppService can be left with: by a member that stopped in the
+/// middle of a drain, by a ring that is gone, or by anyone allowed to write labels.
+fn label_states() -> Vec<(&'static str, BTreeMap<String, String>)> {
+    let (shard, drain) = (shard_label(RING), drain_label(RING));
+    let other = "other-ring";
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    vec![
+        ("none", labels(&[])),
+        ("live", labels(&[(&shard, "shard-0")])),
+        ("gone", labels(&[(&shard, "shard-gone")])),
+        ("drain", labels(&[(&drain, "true")])),
+        (
+            "live-drain",
+            labels(&[(&shard, "shard-0"), (&drain, "true")]),
+        ),
+        (
+            "gone-drain",
+            labels(&[(&shard, "shard-gone"), (&drain, "true")]),
+        ),
+        ("other-ring", labels(&[(&shard_label(other), "x")])),
+        ("other-drain", labels(&[(&drain_label(other), "true")])),
+        (
+            "both-rings",
+            labels(&[(&shard, "shard-gone"), (&shard_label(other), "x")]),
+        ),
+    ]
+}
+
+impl World {
+    /// Puts each AppService `<state>` back into its label state, whatever its labels are,
+    /// while no pass is in flight (after the world settled, or its members were killed).
+    async fn stamp(&self) -> anyhow::Result<()> {
+        let keys = [
+            shard_label(RING),
+            drain_label(RING),
+            shard_label("other-ring"),
+            drain_label("other-ring"),
+        ];
+        for (name, labels) in label_states() {
+            let mut patch: BTreeMap<String, Option<String>> =
+                keys.iter().map(|k| (k.clone(), None)).collect();
+            patch.extend(labels.into_iter().map(|(k, v)| (k, Some(v))));
+            let patch = serde_json::json!({"metadata": {"labels": patch}});
+            let params = PatchParams {
+                field_manager: Some(STAMP.to_owned()),
+                ..PatchParams::default()
+            };
+            self.apps
+                .patch(name, &params, &Patch::Merge(&patch))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Sets every AppService's replicas to `replicas` and waits until each has converged:
+    /// its Deployment has them and its status is for the edit's generation.
+    async fn edit_all_and_converge(&self, replicas: i32, shards: &[&Shard]) -> anyhow::Result<()> {
+        let edit = serde_json::json!({"spec": {"replicas": replicas}});
+        for (name, _) in label_states() {
+            self.apps
+                .patch(name, &PatchParams::default(), &Patch::Merge(&edit))
+                .await?;
+        }
+        let t = Instant::now();
+        eventually(
+            &format!("every label state converged to {replicas} replicas"),
+            Duration::from_secs(60),
+            || async {
+                let mut behind = Vec::new();
+                for (name, _) in label_states() {
+                    let app = self.apps.get(name).await.map_err(failure)?;
+                    let d = self.deployments.get_opt(name).await.map_err(failure)?;
+                    let current = app.status.as_ref().and_then(|s| s.observed_generation)
+                        == app.metadata.generation;
+                    if !current || d.and_then(|d| d.spec.replicas) != Some(replicas) {
+                        behind.push(name);
+                    }
+                }
+                if behind.is_empty() {
+                    Ok(Some(()))
+                } else {
+                    Err(format!("not converged: {behind:?}").into())
+                }
+            },
+        )
+        .await
+        .with_context(|| tails(shards))?;
+        eprintln!("{replicas} replicas: converged in {:?}", t.elapsed());
+        Ok(())
+    }
+}
+
+/// One member is the same path as N: whatever ring labels an AppService was left with
+/// (a live, gone or unknown member's, a drain label with or without an owner, another
+/// ring's), its edits converge with one, two and three members, and after two of three
+/// stop in the middle of the drains a join started; no object is written by two shards
+/// at once.
+#[tokio::test]
+async fn every_label_state_converges_with_one_two_and_three_members_and_after_a_scale_down()
+-> anyhow::Result<()> {
+    let w = world().await?;
+    let n = label_states().len();
+    for (name, labels) in label_states() {
+        let mut a = app(name, "nginx:1.27", 1);
+        a.metadata.labels = Some(labels);
+        create(&w.apps, &a).await?;
+    }
+    let s0 = w.spawn("shard-0")?;
+    w.edit_all_and_converge(2, &[&s0]).await?;
+    w.settle(&["shard-0"], n, Duration::from_secs(60), &[&s0])
+        .await?;
+
+    w.stamp().await?;
+    let s1 = w.spawn("shard-1")?;
+    w.edit_all_and_converge(3, &[&s0, &s1]).await?;
+    let two = ["shard-0", "shard-1"];
+    w.settle(&two, n, Duration::from_secs(60), &[&s0, &s1])
+        .await?;
+
+    w.stamp().await?;
+    let mut s2 = w.spawn("shard-2")?;
+    w.edit_all_and_converge(4, &[&s0, &s1, &s2]).await?;
+    let three = ["shard-0", "shard-1", "shard-2"];
+    w.settle(&three, n, Duration::from_secs(60), &[&s0, &s1, &s2])
+        .await?;
+
+    // Down to one in the middle of drains: the labels stamped again (drains asked of
+    // live members among them), a fourth member joining, and at once every member but
+    // shard-0 killed.
+    w.stamp().await?;
+    let mut s3 = w.spawn("shard-3")?;
+    w.edit_all_and_converge(5, &[&s0, &s1, &s2, &s3]).await?;
+    let mut s1 = s1;
+    for s in [&mut s1, &mut s2, &mut s3] {
+        s.signal("KILL")?;
+        s.child.wait().await?;
+    }
+    w.stamp().await?;
+    w.edit_all_and_converge(6, &[&s0]).await?;
+    w.settle(&["shard-0"], n, Duration::from_secs(60), &[&s0])
+        .await?;
+
+    let events = w.cp.audit_events()?;
+    let bad = interleavings(&writes(&events));
+    assert!(
+        bad.is_empty(),
+        "objects written by two shards at once: {bad:?}\n{}",
+        history(
+            &events,
+            bad.iter().flat_map(|(object, _, _)| {
+                // The AppService of the same name, with the child.
+                let app = object.rsplit_once("/").map(|(dir, name)| {
+                    let ns = dir.rsplit("/").next().unwrap_or("");
+                    format!("platform.example.com/appservices/{ns}/{name}")
+                });
+                [Some(object.clone()), app].into_iter().flatten()
+            })
+        )
+    );
+    let mut s0 = s0;
+    let _ = s0.signal("TERM");
+    let _ = tokio::time::timeout(Duration::from_secs(40), s0.child.wait()).await;
+    Ok(())
+}
+
+/// Every successful write of `objects` in the audit log, one line each (revision, user
+/// agent, verb, URI), for a failure's message.
+fn history(events: &[serde_json::Value], objects: impl Iterator<Item = String>) -> String {
+    let objects: std::collections::BTreeSet<String> = objects.collect();
+    let mut lines = Vec::new();
+    for e in events.iter().filter(|e| e["stage"] == "ResponseComplete") {
+        let r = &e["objectRef"];
+        let object = format!(
+            "{}/{}/{}/{}",
+            r["apiGroup"].as_str().unwrap_or(""),
+            r["resource"].as_str().unwrap_or(""),
+            r["namespace"].as_str().unwrap_or(""),
+            r["name"].as_str().unwrap_or("")
+        );
+        if !objects.contains(&object) {
+            continue;
+        }
+        lines.push(format!(
+            "{object} rv={} labels={} code={} {} {} {} {}",
+            e["responseObject"]["metadata"]["resourceVersion"],
+            e["responseObject"]["metadata"]["labels"],
+            e["responseStatus"]["code"],
+            e["userAgent"].as_str().unwrap_or(""),
+            e["verb"].as_str().unwrap_or(""),
+            e["requestURI"].as_str().unwrap_or(""),
+            e["stageTimestamp"].as_str().unwrap_or(""),
+        ));
+    }
+    lines.join("\n")
 }

@@ -556,7 +556,7 @@ async fn lead(
             } else {
                 Scope::Apps(dirty.apps)
             };
-            let (members, read, alone) = pass(ctx, &caches, state, scope, &leading).await;
+            let (members, read, alone) = pass(ctx, &caches, narrow, state, scope, &leading).await;
             last_read = read;
             if members != announced_members {
                 info!(members, "ring members");
@@ -565,7 +565,7 @@ async fn lead(
             if super::ring_of_one(ctx.config()) && alone.as_deref() != narrow {
                 match &alone {
                     Some(member) => {
-                        info!(member = %member, "one member alone in the ring: the sharder watches only what it does not serve")
+                        info!(member = %member, "one member alone in the ring: the sharder watches only the children it does not serve")
                     }
                     None => info!(
                         "more than one member in the ring: the sharder watches every AppService"
@@ -614,9 +614,11 @@ fn keep_labels(meta: &mut kube::api::ObjectMeta) {
 }
 
 /// Starts the sharder's caches. `narrow` (a ring of one whose member is alone): only
-/// the AppServices that carry this ring's shard label, and the children labelled for
-/// another member than `alone` (the one the member alone serves without labels and the
-/// children it labelled itself are not the sharder's to move).
+/// the children labelled for another member than `alone` (the children the member alone
+/// labelled itself are not the sharder's to move). Every AppService stays in view, its
+/// labels only: one left with a drain label, another ring's labels or a gone member's
+/// label must be given to the member alone, which serves by the label rules every
+/// AppService that carries any of them.
 fn start_caches(
     ctx: &Context,
     tasks: &mut JoinSet<()>,
@@ -629,12 +631,9 @@ fn start_caches(
     let synced: Arc<[AtomicBool; 6]> = Arc::new(Default::default());
     let ns = config.watch_namespace.clone();
     let key = shard_label(&config.shard_ring);
-    let (app_labels, child_labels) = match narrow {
-        Some(alone) => (
-            key.clone(),
-            format!("{LABEL_MANAGED_BY}={MANAGED_BY},{key},{key} notin ({alone})"),
-        ),
-        None => (String::new(), format!("{LABEL_MANAGED_BY}={MANAGED_BY}")),
+    let child_labels = match narrow {
+        Some(alone) => format!("{LABEL_MANAGED_BY}={MANAGED_BY},{key},{key} notin ({alone})"),
+        None => format!("{LABEL_MANAGED_BY}={MANAGED_BY}"),
     };
     let children = watcher::Config::default()
         .labels(&child_labels)
@@ -642,9 +641,7 @@ fn start_caches(
     let apps = cache::<PartialObjectMeta<AppService>, _>(
         tasks,
         api(client, ns.as_deref()),
-        watcher::Config::default()
-            .labels(&app_labels)
-            .any_semantic(),
+        watcher::Config::default().any_semantic(),
         |o: &mut PartialObjectMeta<AppService>| keep_labels(&mut o.metadata),
         (synced.clone(), 0),
         OnEvent {
@@ -863,6 +860,7 @@ struct PassState {
 async fn pass(
     ctx: &Context,
     caches: &Caches,
+    narrow: Option<&str>,
     state: &mut PassState,
     scope: Scope,
     leading: &watch::Receiver<bool>,
@@ -935,6 +933,12 @@ async fn pass(
     } else {
         None
     };
+    // Caches narrowed to another member alone than the ring has now miss the children
+    // that member labelled: a move decided from them would relabel an AppService before
+    // its children. Nothing is done until `lead` restarts the caches for this ring.
+    if narrow.is_some() && alone_member.as_deref() != narrow {
+        return (ring.len(), started.elapsed(), alone_member);
+    }
     let peers = &state.peers;
     let dead_ring = |r: &str| r != ring_name && peers.dead(r, now, config.lease_duration);
 
