@@ -17,42 +17,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::names::LABEL_NAME;
-use crate::types::{AppPort, AppService, AppServiceSpec, Protocol, SecurityProfile};
+use crate::types::{AppService, AppServiceSpec};
 use crate::v1alpha1;
 
-/// `spec.replicas` when omitted.
-pub const DEFAULT_REPLICAS: i32 = 1;
-/// The number of the default port (`v1beta1`), and `spec.port` when omitted (`v1alpha1`).
-pub const DEFAULT_PORT: i32 = 8080;
-/// The name of the default port, and of the port a `v1alpha1` `port` stands for.
-pub const DEFAULT_PORT_NAME: &str = "http";
-/// A port's protocol when omitted.
-pub const DEFAULT_PROTOCOL: Protocol = Protocol::Tcp;
-/// `spec.podSecurity.profile` when omitted, and the profile of an AppService without
-/// `podSecurity` (every `v1alpha1` object): Pods that Pod Security admits everywhere.
-pub const DEFAULT_SECURITY_PROFILE: SecurityProfile = SecurityProfile::Restricted;
-
-/// `spec.canary.replicas` when omitted.
-pub const DEFAULT_CANARY_REPLICAS: i32 = 1;
-/// `spec.rollout.maxSurge` when omitted: the Deployment's own default.
-pub const DEFAULT_MAX_SURGE: &str = "25%";
-/// `spec.rollout.maxUnavailable` when omitted: the Deployment's own default.
-pub const DEFAULT_MAX_UNAVAILABLE: &str = "25%";
-
-/// `spec.ports` when omitted: the `http` port 8080 over TCP.
-pub fn default_ports() -> Vec<AppPort> {
-    vec![AppPort::http(DEFAULT_PORT)]
-}
-
-/// `ports` with the defaults applied: the default list for none, and every protocol set.
-pub fn default_port_list(ports: &mut Vec<AppPort>) {
-    if ports.is_empty() {
-        *ports = default_ports();
-    }
-    for port in ports {
-        port.protocol.get_or_insert(DEFAULT_PROTOCOL);
-    }
-}
+pub use crate::limits::{
+    DEFAULT_CANARY_REPLICAS, DEFAULT_MAX_SURGE, DEFAULT_MAX_UNAVAILABLE, DEFAULT_PORT,
+    DEFAULT_REPLICAS,
+};
+pub use crate::v1beta1::{
+    DEFAULT_PORT_NAME, DEFAULT_PROTOCOL, DEFAULT_SECURITY_PROFILE, default_port_list, default_ports,
+};
 
 /// Fills every omitted field of a spec with its default: one replica, the `http` port
 /// 8080 when no port is given, `TCP` for every port without a protocol, the
@@ -118,7 +92,7 @@ fn default_name_label(metadata: &mut ObjectMeta) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::DatabaseSpec;
+    use crate::types::{AppPort, DatabaseSpec, Protocol, SecurityProfile};
     use std::collections::BTreeMap;
 
     #[test]

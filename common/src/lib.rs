@@ -15,8 +15,10 @@ pub mod duration;
 pub mod field_errors;
 pub mod image;
 pub mod image_policy;
+pub mod limits;
 pub mod names;
 pub mod quantity;
+pub mod shared;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod types;

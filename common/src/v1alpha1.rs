@@ -7,10 +7,10 @@
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::defaults::{DEFAULT_PORT, DEFAULT_REPLICAS};
-use crate::types::port_schema;
+use crate::limits::{DEFAULT_PORT, DEFAULT_REPLICAS};
+use crate::shared::port_schema;
 
-crate::types::app_service_spec! {
+crate::shared::app_service_spec! {
     version = "v1alpha1",
     doc = "An application: an OCI image run as a Deployment of `replicas` Pods behind a Service on `port`, optionally with a PostgreSQL database.",
     spec_doc = "The desired state of an AppService: what to run and how many copies of it.",
@@ -41,7 +41,7 @@ pub struct DatabaseSpec {
     /// Database class: the name of a cluster-admin configured PostgreSQL server. Required
     /// when `enabled` is true; cannot change while the database is enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = crate::types::MAX_CLASS_LEN))]
+    #[schemars(length(min = 1, max = crate::limits::MAX_CLASS_LEN))]
     pub class: Option<String>,
 }
 

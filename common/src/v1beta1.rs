@@ -36,13 +36,12 @@ use serde::{Deserialize, Serialize};
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::defaults::{
+use crate::limits::{
     DEFAULT_CANARY_REPLICAS, DEFAULT_MAX_SURGE, DEFAULT_MAX_UNAVAILABLE, DEFAULT_PORT,
-    DEFAULT_PORT_NAME, DEFAULT_PROTOCOL, DEFAULT_REPLICAS, DEFAULT_SECURITY_PROFILE,
-    default_port_list, default_ports,
+    DEFAULT_REPLICAS,
 };
 
-crate::types::app_service_spec! {
+crate::shared::app_service_spec! {
     version = "v1beta1",
     doc = "An application: an OCI image run as a Deployment of `replicas` Pods behind a Service on `ports`, optionally with a PostgreSQL database.",
     spec_doc = "The desired state of an AppService: what to run, how many copies, on which ports.",
@@ -98,11 +97,11 @@ crate::types::app_service_spec! {
 pub struct AppPort {
     /// Name of the port on the container and the Service, an IANA service name of at most
     /// 15 characters such as `http`, `metrics` or `grpc`.
-    #[schemars(length(min = 1, max = crate::types::MAX_PORT_NAME_LEN))]
+    #[schemars(length(min = 1, max = crate::limits::MAX_PORT_NAME_LEN))]
     pub name: String,
 
     /// Port number the container listens on and the Service exposes, from 1 to 65535.
-    #[schemars(range(min = crate::types::MIN_PORT, max = crate::types::MAX_PORT))]
+    #[schemars(range(min = crate::limits::MIN_PORT, max = crate::limits::MAX_PORT))]
     pub port: i32,
 
     /// `TCP` (the default), `UDP` or `SCTP`.
@@ -145,7 +144,7 @@ impl Protocol {
 pub struct DatabaseSpec {
     /// Database class: the name of a cluster-admin configured PostgreSQL server. Cannot
     /// change while the database is requested.
-    #[schemars(length(min = 1, max = crate::types::MAX_CLASS_LEN))]
+    #[schemars(length(min = 1, max = crate::limits::MAX_CLASS_LEN))]
     pub class: String,
 }
 
@@ -169,19 +168,19 @@ pub struct PodSecurity {
     /// `profile: Baseline`). Defaults to the image's `USER`, which must then be a
     /// non-root number under `Restricted`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = crate::types::MIN_ID, max = crate::types::MAX_ID))]
+    #[schemars(range(min = crate::limits::MIN_ID, max = crate::limits::MAX_ID))]
     pub run_as_user: Option<i64>,
 
     /// Numeric primary group id of the container's process, from 0 to 2147483647.
     /// Defaults to the image's group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = crate::types::MIN_ID, max = crate::types::MAX_ID))]
+    #[schemars(range(min = crate::limits::MIN_ID, max = crate::limits::MAX_ID))]
     pub run_as_group: Option<i64>,
 
     /// Group id that owns the Pod's volumes and is added to the process's groups, from 0
     /// to 2147483647, so a non-root process can use files mounted for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = crate::types::MIN_ID, max = crate::types::MAX_ID))]
+    #[schemars(range(min = crate::limits::MIN_ID, max = crate::limits::MAX_ID))]
     pub fs_group: Option<i64>,
 
     /// Mounts the container's root filesystem read-only (writable paths then come from
@@ -195,7 +194,7 @@ pub struct PodSecurity {
 #[serde(rename_all = "camelCase")]
 pub struct CanarySpec {
     /// OCI image reference the canary Pods run, with the same rules as `spec.image`.
-    #[schemars(length(min = 1, max = crate::types::MAX_IMAGE_LEN))]
+    #[schemars(length(min = 1, max = crate::limits::MAX_IMAGE_LEN))]
     pub image: String,
 
     /// How many of the AppService's `replicas` run the canary image, from 1 to
@@ -209,8 +208,8 @@ fn canary_replicas_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "integer",
         "format": "int32",
-        "minimum": crate::types::MIN_CANARY_REPLICAS,
-        "maximum": crate::types::MAX_REPLICAS,
+        "minimum": crate::limits::MIN_CANARY_REPLICAS,
+        "maximum": crate::limits::MAX_REPLICAS,
         "default": DEFAULT_CANARY_REPLICAS,
     })
 }
@@ -335,7 +334,7 @@ fn ports_schema(generator: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "array",
         "items": item,
-        "maxItems": crate::types::MAX_PORTS,
+        "maxItems": crate::limits::MAX_PORTS,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["name"],
         "default": default_ports(),
@@ -413,5 +412,28 @@ impl AppServiceSpec {
         let mut security = self.pod_security.clone().unwrap_or_default();
         security.profile.get_or_insert(DEFAULT_SECURITY_PROFILE);
         security
+    }
+}
+
+/// The name of the default port, and of the port a `v1alpha1` `port` stands for.
+pub const DEFAULT_PORT_NAME: &str = "http";
+/// A port's protocol when omitted.
+pub const DEFAULT_PROTOCOL: Protocol = Protocol::Tcp;
+/// `spec.podSecurity.profile` when omitted, and the profile of an AppService without
+/// `podSecurity` (every `v1alpha1` object): Pods that Pod Security admits everywhere.
+pub const DEFAULT_SECURITY_PROFILE: SecurityProfile = SecurityProfile::Restricted;
+
+/// `spec.ports` when omitted: the `http` port 8080 over TCP.
+pub fn default_ports() -> Vec<AppPort> {
+    vec![AppPort::http(DEFAULT_PORT)]
+}
+
+/// `ports` with the defaults applied: the default list for none, and every protocol set.
+pub fn default_port_list(ports: &mut Vec<AppPort>) {
+    if ports.is_empty() {
+        *ports = default_ports();
+    }
+    for port in ports {
+        port.protocol.get_or_insert(DEFAULT_PROTOCOL);
     }
 }

@@ -6,6 +6,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 
+mod cycles;
 mod demo;
 mod deny;
 mod sbom;
@@ -64,6 +65,9 @@ enum Cmd {
     /// Supply-chain checks with cargo-deny (installed when missing): licenses, bans,
     /// sources, and advisories when the advisory database is reachable.
     Deny,
+    /// The module import graph of every crate: fails on a cycle that holds a file not
+    /// listed in xtask/known-cycles.txt, or when a listed file is in no cycle any more.
+    Cycles,
     /// Write a CycloneDX 1.5 JSON SBOM of every package in Cargo.lock.
     Sbom {
         /// Where to write it (default: target/sbom/appservice-operator.cdx.json).
@@ -95,6 +99,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Assets { force } => assets(force).map(|bin| println!("{}", bin.display())),
         Cmd::Test { args } => test(&args),
         Cmd::Deny => deny::run(&repo_root()?),
+        Cmd::Cycles => cycles::run(&repo_root()?),
         Cmd::Sbom { output } => sbom::run(&repo_root()?, output.as_deref()),
         Cmd::Up { full } => up(full),
         Cmd::Demo { exit_when_ready } => demo::run(&repo_root()?, exit_when_ready),
