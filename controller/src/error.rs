@@ -48,10 +48,10 @@ pub enum Error {
     /// Cleaning up the database failed; the message leaves out what changes at every
     /// retry, since it becomes the Degraded condition's.
     #[error("database cleanup: {}", .0.condition_message())]
-    Cleanup(crate::database::DatabaseError),
+    Cleanup(crate::database::error::DatabaseError),
 
     #[error("database: {0}")]
-    Database(crate::database::DatabaseError),
+    Database(crate::database::error::DatabaseError),
 
     /// Image verification waits on a registry (or on the ImagePolicies being listed).
     #[error("image verification: {0}")]
@@ -220,7 +220,10 @@ mod tests {
             Retry::Permanent
         );
         assert_eq!(
-            Error::Cleanup(crate::database::DatabaseError::Internal("db down".into())).retry(),
+            Error::Cleanup(crate::database::error::DatabaseError::Internal(
+                "db down".into()
+            ))
+            .retry(),
             Retry::Transient
         );
         assert_eq!(
@@ -235,7 +238,7 @@ mod tests {
         assert_eq!(api(429).metric_label().as_str(), "throttled");
         assert_eq!(api(502).metric_label().as_str(), "server_error");
         assert_eq!(
-            Error::Cleanup(crate::database::DatabaseError::Internal("x".into()))
+            Error::Cleanup(crate::database::error::DatabaseError::Internal("x".into()))
                 .metric_label()
                 .as_str(),
             "cleanup"
@@ -249,12 +252,12 @@ mod tests {
             api(500),
             api(418),
             Error::MissingField("x"),
-            Error::Cleanup(crate::database::DatabaseError::Internal("x".into())),
+            Error::Cleanup(crate::database::error::DatabaseError::Internal("x".into())),
             Error::Drift {
                 kind: "Service",
                 paths: vec![],
             },
-            Error::Database(crate::database::DatabaseError::Internal("x".into())),
+            Error::Database(crate::database::error::DatabaseError::Internal("x".into())),
             Error::NotLeader,
         ] {
             assert!(ErrorReason::ALL.contains(&e.metric_label()), "{e}");

@@ -14,7 +14,7 @@ use prometheus_client::registry::Registry;
 use common::AppService;
 use kube::runtime::reflector::ObjectRef;
 
-pub use crate::database::DatabaseErrorReason;
+pub use crate::database::error::DatabaseErrorReason;
 pub use crate::error::ErrorReason;
 
 telemetry::label_values! {

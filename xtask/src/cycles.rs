@@ -427,6 +427,9 @@ impl<'ast> Visit<'ast> for Names {
         }
     }
 
+    /// `pub(super)`, `pub(in crate::x)`: who may see an item, not an import.
+    fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
+
     fn visit_path(&mut self, p: &'ast syn::Path) {
         self.record(p.segments.iter().map(|s| s.ident.to_string()).collect());
         syn::visit::visit_path(self, p);
@@ -543,7 +546,10 @@ mod tests {
         let cycles = cycles_of(&[
             ("src/lib.rs", "mod a;\nmod b;\n#[cfg(test)]\nmod tests;\n"),
             // A doc link back to b is no import.
-            ("src/a.rs", "//! See [`crate::b`].\npub struct A;\n"),
+            (
+                "src/a.rs",
+                "//! See [`crate::b`].\npub(super) struct A;\npub(in crate::b) struct B;\n",
+            ),
             (
                 "src/b.rs",
                 "use crate::a::A;\n#[cfg(test)]\nmod t { use crate::tests::T; }\n",

@@ -29,7 +29,7 @@
 
 mod class_status;
 mod connect;
-mod error;
+pub mod error;
 pub mod orphans;
 mod provision;
 pub mod secret;

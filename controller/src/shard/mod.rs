@@ -43,6 +43,7 @@ use tokio::sync::watch;
 use tracing::info;
 
 pub use fence::{Fence, fenced};
+pub use namespaces::is_label_value;
 
 use crate::config::Config;
 use crate::context::Context;
@@ -75,16 +76,6 @@ pub fn bucketed(config: &Config) -> bool {
 /// The label selector of this shard's watches (`shard...=<identity>`), if sharding.
 pub fn selector(config: &Config) -> Option<String> {
     child_label(config).map(|(k, v)| format!("{k}={v}"))
-}
-
-/// Whether `value` can be a label value (the shard's identity must be one).
-pub fn is_label_value(value: &str) -> bool {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    !value.is_empty()
-        && value.len() <= 63
-        && value.chars().all(ok_char)
-        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && value.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 /// What [`gate`] says about a pass.

@@ -154,18 +154,28 @@ fn key_of(key: &str) -> Result<String, String> {
             return Err(format!("{p:?} is not a DNS subdomain (the key's prefix)"));
         }
     }
-    if !super::is_label_value(name) {
+    if !is_label_value(name) {
         return Err(format!("{key:?} is not a label key"));
     }
     Ok(key.to_owned())
 }
 
 fn value_of(value: &str) -> Result<String, String> {
-    if value.is_empty() || super::is_label_value(value) {
+    if value.is_empty() || is_label_value(value) {
         Ok(value.to_owned())
     } else {
         Err(format!("{value:?} is not a label value"))
     }
+}
+
+/// Whether `value` can be a label value (the shard's identity must be one).
+pub fn is_label_value(value: &str) -> bool {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    !value.is_empty()
+        && value.len() <= 63
+        && value.chars().all(ok_char)
+        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && value.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 #[cfg(test)]
