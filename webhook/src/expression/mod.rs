@@ -40,7 +40,7 @@ use cost::estimate;
 use cost::max_len;
 use lint::unary_run;
 
-pub use values::{json_to_cel, object_to_cel};
+pub use values::{Replace, json_to_cel, object_to_cel, value_to_cel};
 
 /// Cost limit of one expression, as the API server's per-expression limit.
 pub const PER_EXPRESSION_COST_LIMIT: u64 = 1_000_000;
@@ -328,7 +328,6 @@ pub fn with_functions<R>(f: impl FnOnce(&Context<'static>) -> R) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::value::RawValue;
 
     const VARS: [&str; 3] = ["object", "oldObject", "request"];
 
@@ -390,8 +389,7 @@ mod tests {
 
     fn eval(source: &str, object: &str) -> Value {
         let expression = Expression::compile(source, &VARS).unwrap();
-        let raw = RawValue::from_string(object.to_owned()).unwrap();
-        let object = object_to_cel(&raw, &expression.object, 1000).unwrap();
+        let object = object_to_cel(object.as_bytes(), &expression.object, 1000, &[]).unwrap();
         with_functions(|base| {
             let mut ctx = base.new_inner_scope();
             ctx.add_variable_from_value("object", object);

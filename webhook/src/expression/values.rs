@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use kube::core::cel::cel::Value;
 use kube::core::cel::cel::objects::{Key, Map};
-use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
-use serde_json::value::RawValue;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::{ExpressionError, Projection};
 
@@ -100,22 +99,61 @@ fn escape(name: &str) -> String {
     escaped
 }
 
-/// Converts an AppService's raw JSON into a CEL value, only the projected parts, in one
-/// pass and without an intermediate generic JSON value. More than `max_values` values
-/// converted is an error, which bounds the memory of the CEL copy.
+/// A member put in while an object is converted, in place of what its JSON holds: the
+/// hub form of a `v1alpha1` object (its `apiVersion`, `spec` and conversion annotations),
+/// the new replicas of a scale write. `path` names the member from the top of the object
+/// (JSON names, `["metadata", "annotations"]`); `with` is converted like the rest of the
+/// object (projected, escaped, counted), and `None` leaves the member out. Nothing is put
+/// under a parent the object does not have.
+#[derive(Clone, Copy, Debug)]
+pub struct Replace<'a> {
+    pub path: &'a [&'a str],
+    pub with: Option<&'a serde_json::Value>,
+}
+
+/// Converts an AppService's JSON into a CEL value, only the projected parts, in one pass
+/// and without an intermediate generic JSON value, with the members of `replace` put in.
+/// More than `max_values` values converted is an error, which bounds the memory of the
+/// CEL copy.
 pub fn object_to_cel(
-    raw: &RawValue,
+    json: &[u8],
+    projection: &Projection,
+    max_values: usize,
+    replace: &[Replace<'_>],
+) -> Result<Value, ExpressionError> {
+    convert(
+        &mut serde_json::Deserializer::from_slice(json),
+        projection,
+        max_values,
+        replace,
+    )
+}
+
+/// [`object_to_cel`] of an object already held as generic JSON (tests and tools).
+pub fn value_to_cel(
+    value: &serde_json::Value,
     projection: &Projection,
     max_values: usize,
 ) -> Result<Value, ExpressionError> {
-    let mut de = serde_json::Deserializer::from_str(raw.get());
+    convert(value, projection, max_values, &[])
+}
+
+fn convert<'de, D: Deserializer<'de, Error = serde_json::Error>>(
+    json: D,
+    projection: &Projection,
+    max_values: usize,
+    replace: &[Replace<'_>],
+) -> Result<Value, ExpressionError> {
     let remaining = std::cell::Cell::new(max_values);
+    let replace: Vec<&Replace<'_>> = replace.iter().collect();
     let value = CelSeed {
         projection: Some(projection),
         position: Position::Root,
         remaining: &remaining,
+        replace: &replace,
+        depth: 0,
     }
-    .deserialize(&mut de)
+    .deserialize(json)
     .map_err(|e| {
         if remaining.get() == 0 {
             ExpressionError::TooManyValues { max: max_values }
@@ -154,15 +192,43 @@ fn number(i: Option<i64>, u: Option<u64>, f: Option<f64>) -> Value {
     }
 }
 
-struct CelSeed<'p> {
+struct CelSeed<'p, 'r> {
     /// `None`: take everything below.
     projection: Option<&'p Projection>,
     position: Position,
     /// Values that may still be converted.
     remaining: &'p std::cell::Cell<usize>,
+    /// The replacements at or below this value; `depth` is how deep it is in the object.
+    replace: &'r [&'r Replace<'r>],
+    depth: usize,
 }
 
-impl<'de> DeserializeSeed<'de> for CelSeed<'_> {
+impl CelSeed<'_, '_> {
+    /// What a member called `key` of this map is converted with, and its CEL name; `None`
+    /// when no policy reads it.
+    fn member(&self, key: &str) -> Option<(Option<&Projection>, Position, String)> {
+        let name = if self.position.escapes() {
+            escape(key)
+        } else {
+            key.to_owned()
+        };
+        let projection = match self.projection {
+            None => None,
+            Some(projection) => {
+                let child = projection.child(&name)?;
+                (!child.whole).then_some(child)
+            }
+        };
+        Some((projection, self.position.child(key), name))
+    }
+
+    /// Whether the replacement ends at the member `key` of this map.
+    fn replaces(&self, replace: &Replace<'_>, key: &str) -> bool {
+        replace.path.len() == self.depth + 1 && replace.path.get(self.depth) == Some(&key)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for CelSeed<'_, '_> {
     type Value = Value;
     fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
         match self.remaining.get().checked_sub(1) {
@@ -173,7 +239,7 @@ impl<'de> DeserializeSeed<'de> for CelSeed<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for CelSeed<'_> {
+impl<'de> Visitor<'de> for CelSeed<'_, '_> {
     type Value = Value;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
@@ -208,6 +274,8 @@ impl<'de> Visitor<'de> for CelSeed<'_> {
             projection: None,
             position: element,
             remaining: self.remaining,
+            replace: &[],
+            depth: self.depth + 1,
         })? {
             items.push(item);
         }
@@ -216,25 +284,45 @@ impl<'de> Visitor<'de> for CelSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
         let mut map = std::collections::HashMap::new();
         while let Some(key) = access.next_key::<std::borrow::Cow<'de, str>>()? {
-            let position = self.position.child(&key);
-            let name = if self.position.escapes() {
-                escape(&key)
-            } else {
-                key.into_owned()
-            };
-            let child = match self.projection {
-                None => Some(None),
-                Some(projection) => projection.child(&name).map(|p| (!p.whole).then_some(p)),
-            };
-            let Some(projection) = child else {
+            let replaced = self.replace.iter().any(|r| self.replaces(r, &key));
+            let Some((projection, position, name)) = self.member(&key).filter(|_| !replaced) else {
                 access.next_value::<de::IgnoredAny>()?;
                 continue;
             };
+            let below: Vec<&Replace<'_>> = self
+                .replace
+                .iter()
+                .copied()
+                .filter(|r| r.path.len() > self.depth + 1 && r.path.get(self.depth) == Some(&&*key))
+                .collect();
             let value = access.next_value_seed(CelSeed {
                 projection,
                 position,
                 remaining: self.remaining,
+                replace: &below,
+                depth: self.depth + 1,
             })?;
+            map.insert(Key::String(Arc::new(name)), value);
+        }
+        for replace in self.replace {
+            let (Some(with), Some(key)) = (replace.with, replace.path.get(self.depth)) else {
+                continue;
+            };
+            if !self.replaces(replace, key) {
+                continue;
+            }
+            let Some((projection, position, name)) = self.member(key) else {
+                continue;
+            };
+            let value = CelSeed {
+                projection,
+                position,
+                remaining: self.remaining,
+                replace: &[],
+                depth: self.depth + 1,
+            }
+            .deserialize(with)
+            .map_err(de::Error::custom)?;
             map.insert(Key::String(Arc::new(name)), value);
         }
         Ok(Value::Map(Map { map: Arc::new(map) }))
@@ -248,24 +336,96 @@ mod tests {
 
     const VARS: [&str; 3] = ["object", "oldObject", "request"];
 
+    fn get<'v>(value: &'v Value, name: &str) -> Option<&'v Value> {
+        let Value::Map(map) = value else {
+            return None;
+        };
+        map.map.get(&Key::String(Arc::new(name.into())))
+    }
+
     #[test]
     fn only_the_read_fields_are_converted() {
         let expression = Expression::compile("object.spec.replicas > 1", &VARS).unwrap();
-        let raw = RawValue::from_string(
-            r#"{"metadata":{"name":"a"},"spec":{"replicas":2,"env":[]}}"#.to_owned(),
-        )
-        .unwrap();
-        let Value::Map(root) = object_to_cel(&raw, &expression.object, 1000).unwrap() else {
+        let json = br#"{"metadata":{"name":"a"},"spec":{"replicas":2,"env":[]}}"#;
+        let root = object_to_cel(json, &expression.object, 1000, &[]).unwrap();
+        let Value::Map(map) = &root else {
             panic!("not a map");
         };
-        assert_eq!(root.map.len(), 1);
-        let Some(Value::Map(spec)) = root.map.get(&Key::String(Arc::new("spec".into()))) else {
+        assert_eq!(map.map.len(), 1);
+        let Some(Value::Map(spec)) = get(&root, "spec") else {
             panic!("no spec");
         };
         assert_eq!(spec.map.len(), 1);
         // Only converted values count against the bound: root, spec, replicas.
-        assert!(object_to_cel(&raw, &expression.object, 3).is_ok());
-        let err = object_to_cel(&raw, &expression.object, 2).unwrap_err();
+        assert!(object_to_cel(json, &expression.object, 3, &[]).is_ok());
+        let err = object_to_cel(json, &expression.object, 2, &[]).unwrap_err();
         assert!(err.to_string().contains("more than 2 JSON values"), "{err}");
+        // The same from generic JSON.
+        let value: serde_json::Value = serde_json::from_slice(json).unwrap();
+        assert_eq!(
+            value_to_cel(&value, &expression.object, 1000).unwrap(),
+            root
+        );
+    }
+
+    #[test]
+    fn replaced_members_are_converted_like_the_rest() {
+        let json = br#"{"apiVersion":"v1","metadata":{"name":"a","annotations":{"x":"1"}},
+            "spec":{"replicas":2,"image":"i"}}"#;
+        let whole = Projection::whole();
+        let replicas = serde_json::json!(5);
+        let annotations = serde_json::json!({"y.example.com/z": "2"});
+        let replaced = object_to_cel(
+            json,
+            &whole,
+            1000,
+            &[
+                Replace {
+                    path: &["spec", "replicas"],
+                    with: Some(&replicas),
+                },
+                Replace {
+                    path: &["metadata", "annotations"],
+                    with: Some(&annotations),
+                },
+                Replace {
+                    path: &["apiVersion"],
+                    with: None,
+                },
+                // No `status` in the object: nothing is put under it.
+                Replace {
+                    path: &["status", "replicas"],
+                    with: Some(&replicas),
+                },
+            ],
+        )
+        .unwrap();
+        let expected = value_to_cel(
+            &serde_json::json!({"metadata": {"name": "a", "annotations": {"y.example.com/z": "2"}},
+                                "spec": {"replicas": 5, "image": "i"}}),
+            &whole,
+            1000,
+        )
+        .unwrap();
+        assert_eq!(replaced, expected);
+        // A replacement counts against the bound like what it replaces: root, spec,
+        // replicas, image.
+        let spec = Expression::compile("object.spec.image != ''", &VARS).unwrap();
+        let both = Expression::compile("has(object.spec.image) && object.spec.replicas > 0", &VARS)
+            .unwrap();
+        assert!(object_to_cel(json, &spec.object, 3, &[]).is_ok());
+        let over = object_to_cel(
+            json,
+            &both.object,
+            3,
+            &[Replace {
+                path: &["spec", "replicas"],
+                with: Some(&replicas),
+            }],
+        );
+        assert!(
+            matches!(over, Err(ExpressionError::TooManyValues { max: 3 })),
+            "{over:?}"
+        );
     }
 }
