@@ -40,7 +40,7 @@ use cost::estimate;
 use cost::max_len;
 use lint::unary_run;
 
-pub use values::{Replace, json_to_cel, object_to_cel, value_to_cel};
+pub use values::{Replace, With, json_to_cel, object_to_cel, value_to_cel};
 
 /// Cost limit of one expression, as the API server's per-expression limit.
 pub const PER_EXPRESSION_COST_LIMIT: u64 = 1_000_000;

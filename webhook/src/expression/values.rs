@@ -99,16 +99,46 @@ fn escape(name: &str) -> String {
     escaped
 }
 
-/// A member put in while an object is converted, in place of what its JSON holds: the
+/// A member changed while an object is converted, instead of what its JSON holds: the
 /// hub form of a `v1alpha1` object (its `apiVersion`, `spec` and conversion annotations),
 /// the new replicas of a scale write. `path` names the member from the top of the object
-/// (JSON names, `["metadata", "annotations"]`); `with` is converted like the rest of the
-/// object (projected, escaped, counted), and `None` leaves the member out. Nothing is put
-/// under a parent the object does not have.
+/// (JSON names, `["metadata", "annotations"]`). What is put in is converted like the rest
+/// of the object (projected, escaped, counted). Nothing is put under a parent the object
+/// does not have.
 #[derive(Clone, Copy, Debug)]
 pub struct Replace<'a> {
     pub path: &'a [&'a str],
-    pub with: Option<&'a serde_json::Value>,
+    pub with: With<'a>,
+}
+
+/// What a [`Replace`] puts in.
+#[derive(Clone, Copy, Debug)]
+pub enum With<'a> {
+    /// This value.
+    Value(&'a serde_json::Value),
+    /// Nothing: the member is left out.
+    Nothing,
+    /// The member as a map (absent, null or not a map: an empty one) without the members
+    /// named in `drop`, and with those of `put` (a JSON object); left out when that leaves
+    /// it empty.
+    Merge {
+        drop: &'a [&'a str],
+        put: &'a serde_json::Value,
+    },
+}
+
+/// The state of a [`With::Merge`] while its map is converted.
+struct Merging<'a> {
+    drop: &'a [&'a str],
+    put: &'a serde_json::Value,
+    /// Members of the merged map, whether a policy reads them or not.
+    members: std::cell::Cell<usize>,
+}
+
+impl Merging<'_> {
+    fn put(&self) -> impl Iterator<Item = (&String, &serde_json::Value)> {
+        self.put.as_object().into_iter().flatten()
+    }
 }
 
 /// Converts an AppService's JSON into a CEL value, only the projected parts, in one pass
@@ -152,6 +182,7 @@ fn convert<'de, D: Deserializer<'de, Error = serde_json::Error>>(
         remaining: &remaining,
         replace: &replace,
         depth: 0,
+        merge: None,
     }
     .deserialize(json)
     .map_err(|e| {
@@ -201,6 +232,8 @@ struct CelSeed<'p, 'r> {
     /// The replacements at or below this value; `depth` is how deep it is in the object.
     replace: &'r [&'r Replace<'r>],
     depth: usize,
+    /// This value is a map merged with others ([`With::Merge`]).
+    merge: Option<&'r Merging<'r>>,
 }
 
 impl CelSeed<'_, '_> {
@@ -276,6 +309,7 @@ impl<'de> Visitor<'de> for CelSeed<'_, '_> {
             remaining: self.remaining,
             replace: &[],
             depth: self.depth + 1,
+            merge: None,
         })? {
             items.push(item);
         }
@@ -283,9 +317,33 @@ impl<'de> Visitor<'de> for CelSeed<'_, '_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
         let mut map = std::collections::HashMap::new();
+        // Members replaced here that the JSON has (a merged map is put in even if not).
+        let mut seen = Vec::new();
         while let Some(key) = access.next_key::<std::borrow::Cow<'de, str>>()? {
-            let replaced = self.replace.iter().any(|r| self.replaces(r, &key));
-            let Some((projection, position, name)) = self.member(&key).filter(|_| !replaced) else {
+            if let Some(merge) = self.merge {
+                if merge.drop.contains(&key.as_ref()) {
+                    access.next_value::<de::IgnoredAny>()?;
+                    continue;
+                }
+                merge.members.set(merge.members.get() + 1);
+            }
+            let replace = self.replace.iter().find(|r| self.replaces(r, &key));
+            let merging = match replace.map(|r| r.with) {
+                Some(With::Value(_) | With::Nothing) => {
+                    access.next_value::<de::IgnoredAny>()?;
+                    continue;
+                }
+                Some(With::Merge { drop, put }) => {
+                    seen.push(key.clone());
+                    Some(Merging {
+                        drop,
+                        put,
+                        members: std::cell::Cell::new(0),
+                    })
+                }
+                None => None,
+            };
+            let Some((projection, position, name)) = self.member(&key) else {
                 access.next_value::<de::IgnoredAny>()?;
                 continue;
             };
@@ -295,37 +353,80 @@ impl<'de> Visitor<'de> for CelSeed<'_, '_> {
                 .copied()
                 .filter(|r| r.path.len() > self.depth + 1 && r.path.get(self.depth) == Some(&&*key))
                 .collect();
-            let value = access.next_value_seed(CelSeed {
+            let mut value = access.next_value_seed(CelSeed {
                 projection,
                 position,
                 remaining: self.remaining,
                 replace: &below,
                 depth: self.depth + 1,
+                merge: merging.as_ref(),
             })?;
+            if let Some(merging) = &merging {
+                if !matches!(value, Value::Map(_)) {
+                    // Not a map: the merge is `put` alone.
+                    merging.members.set(merging.put().count());
+                    value = self.convert(projection, position, merging.put)?;
+                }
+                if merging.members.get() == 0 {
+                    continue;
+                }
+            }
             map.insert(Key::String(Arc::new(name)), value);
         }
+        if let Some(merge) = self.merge {
+            for (key, with) in merge.put() {
+                merge.members.set(merge.members.get() + 1);
+                if let Some((projection, position, name)) = self.member(key) {
+                    let value = self.convert(projection, position, with)?;
+                    map.insert(Key::String(Arc::new(name)), value);
+                }
+            }
+        }
         for replace in self.replace {
-            let (Some(with), Some(key)) = (replace.with, replace.path.get(self.depth)) else {
+            let Some(key) = replace.path.get(self.depth) else {
                 continue;
             };
             if !self.replaces(replace, key) {
                 continue;
             }
+            let with = match replace.with {
+                With::Value(with) => with,
+                With::Merge { put, .. }
+                    if !seen.iter().any(|s| s == key)
+                        && put.as_object().is_some_and(|p| !p.is_empty()) =>
+                {
+                    put
+                }
+                With::Nothing | With::Merge { .. } => continue,
+            };
             let Some((projection, position, name)) = self.member(key) else {
                 continue;
             };
-            let value = CelSeed {
-                projection,
-                position,
-                remaining: self.remaining,
-                replace: &[],
-                depth: self.depth + 1,
-            }
-            .deserialize(with)
-            .map_err(de::Error::custom)?;
+            let value = self.convert(projection, position, with)?;
             map.insert(Key::String(Arc::new(name)), value);
         }
         Ok(Value::Map(Map { map: Arc::new(map) }))
+    }
+}
+
+impl CelSeed<'_, '_> {
+    /// `with`, a replacement, converted as a member of this map.
+    fn convert<E: de::Error>(
+        &self,
+        projection: Option<&Projection>,
+        position: Position,
+        with: &serde_json::Value,
+    ) -> Result<Value, E> {
+        CelSeed {
+            projection,
+            position,
+            remaining: self.remaining,
+            replace: &[],
+            depth: self.depth + 1,
+            merge: None,
+        }
+        .deserialize(with)
+        .map_err(de::Error::custom)
     }
 }
 
@@ -382,20 +483,20 @@ mod tests {
             &[
                 Replace {
                     path: &["spec", "replicas"],
-                    with: Some(&replicas),
+                    with: With::Value(&replicas),
                 },
                 Replace {
                     path: &["metadata", "annotations"],
-                    with: Some(&annotations),
+                    with: With::Value(&annotations),
                 },
                 Replace {
                     path: &["apiVersion"],
-                    with: None,
+                    with: With::Nothing,
                 },
                 // No `status` in the object: nothing is put under it.
                 Replace {
                     path: &["status", "replicas"],
-                    with: Some(&replicas),
+                    with: With::Value(&replicas),
                 },
             ],
         )
@@ -420,12 +521,59 @@ mod tests {
             3,
             &[Replace {
                 path: &["spec", "replicas"],
-                with: Some(&replicas),
+                with: With::Value(&replicas),
             }],
         );
         assert!(
             matches!(over, Err(ExpressionError::TooManyValues { max: 3 })),
             "{over:?}"
+        );
+    }
+
+    #[test]
+    fn a_merged_map_keeps_its_other_members_and_goes_when_empty() {
+        let whole = Projection::whole();
+        let merged = |json: &str, put: serde_json::Value| {
+            object_to_cel(
+                json.as_bytes(),
+                &whole,
+                1000,
+                &[Replace {
+                    path: &["metadata", "annotations"],
+                    with: With::Merge {
+                        drop: &["a", "b"],
+                        put: &put,
+                    },
+                }],
+            )
+            .unwrap()
+        };
+        let expect = |json: serde_json::Value| value_to_cel(&json, &whole, 1000).unwrap();
+        let json = r#"{"metadata":{"annotations":{"a":"1","b":"2","c":"3"}}}"#;
+        assert_eq!(
+            merged(json, serde_json::json!({"b": "new"})),
+            expect(serde_json::json!({"metadata": {"annotations": {"b": "new", "c": "3"}}}))
+        );
+        // Nothing left: no annotations at all.
+        let json = r#"{"metadata":{"annotations":{"a":"1"}}}"#;
+        assert_eq!(
+            merged(json, serde_json::json!({})),
+            expect(serde_json::json!({"metadata": {}}))
+        );
+        // Absent or null: `put` alone; under no metadata, nothing.
+        for json in [r#"{"metadata":{}}"#, r#"{"metadata":{"annotations":null}}"#] {
+            assert_eq!(
+                merged(json, serde_json::json!({"a": "x"})),
+                expect(serde_json::json!({"metadata": {"annotations": {"a": "x"}}}))
+            );
+            assert_eq!(
+                merged(json, serde_json::json!({})),
+                expect(serde_json::json!({"metadata": {}}))
+            );
+        }
+        assert_eq!(
+            merged("{}", serde_json::json!({"a": "x"})),
+            expect(serde_json::json!({}))
         );
     }
 }

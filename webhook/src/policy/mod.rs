@@ -6,7 +6,8 @@
 //! `cel.bind`, the fields read, a cost estimate) and evaluated on the cel-rust
 //! interpreter with Kubernetes' CEL libraries from kube-cel (strings, lists, sets,
 //! regex, quantity, semver, ...). Per review, only the fields the policies read are
-//! converted to CEL values, once, straight from the request's JSON.
+//! converted to CEL values, once, straight from the request's JSON
+//! ([`crate::review::policy`]); [`PolicySet::evaluate_objects`] takes those values.
 //!
 //! A file is compiled completely before it replaces the active set; a file that does
 //! not parse or compile is rejected with the failing policy's name and position, and
@@ -25,7 +26,6 @@ use kube::core::cel::AdmissionRequest as CelRequest;
 use kube::core::cel::cel::Value;
 use kube::core::cel::cel::objects::{Key, Map};
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use crate::expression::{
     self, Expression, ExpressionError, PER_EXPRESSION_COST_LIMIT, PER_REVIEW_COST_LIMIT, Projection,
@@ -335,29 +335,6 @@ impl PolicySet {
                 })
                 .collect()
         })
-    }
-
-    /// [`PolicySet::evaluate_objects`] on raw JSON; goes once every caller converts.
-    pub fn evaluate_raw(
-        &self,
-        object: &RawValue,
-        old_object: Option<&RawValue>,
-        request: &CelRequest,
-        namespace_object: Option<&serde_json::Value>,
-    ) -> Vec<Violation> {
-        if self.policies.is_empty() {
-            return Vec::new();
-        }
-        let convert = |raw: &RawValue, projection| {
-            expression::object_to_cel(raw.get().as_bytes(), projection, MAX_POLICY_VALUES, &[])
-        };
-        let objects = Objects {
-            object: convert(object, &self.object),
-            old_object: old_object
-                .filter(|_| !self.old_object.is_empty())
-                .map(|old| convert(old, &self.old_object)),
-        };
-        self.evaluate_objects(objects, request, namespace_object)
     }
 
     fn all_denied(&self, message: &str) -> Vec<Violation> {
