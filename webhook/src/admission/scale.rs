@@ -186,8 +186,8 @@ fn scaled(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::{decode_review, validate};
-    use crate::appservices::{AppServiceCache, DEFAULT_CACHE_BYTES};
+    use crate::admission::{decode_review, fixtures, validate};
+    use crate::appservices::{AppServiceCache, DEFAULT_CACHE_BYTES, ScaleTarget};
     use crate::policy::PolicySet;
     use serde_json::json;
 
@@ -314,5 +314,57 @@ mod tests {
         let unwatched = answer(scale_review(Some(2), Some(3), "7", &[]), None);
         assert_eq!((unwatched.allowed, unwatched.result.code), (false, 500));
         assert!(unwatched.result.message.contains("--watch-appservices"));
+    }
+
+    /// What the handler waits for comes from the same decode that is judged: the old
+    /// Scale's resourceVersion, only when new replicas are asked for.
+    #[test]
+    fn the_cache_is_awaited_only_for_new_replicas() {
+        let review = decode_review(&scale_review(Some(2), Some(3), "7", &[]).into()).unwrap();
+        assert_eq!(
+            review.scale_target(),
+            Some(ScaleTarget {
+                namespace: "prod-eu".into(),
+                name: "checkout".into(),
+                resource_version: "7".into(),
+            })
+        );
+        let same = decode_review(&scale_review(Some(2), Some(2), "7", &[]).into()).unwrap();
+        assert_eq!(same.scale_target(), None);
+        // The status subresource, and a write of the AppService itself, wait for nothing.
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&scale_review(Some(2), Some(3), "7", &[])).unwrap();
+        body["request"]["subResource"] = json!("status");
+        let status = decode_review(&serde_json::to_vec(&body).unwrap().into()).unwrap();
+        assert_eq!(status.scale_target(), None);
+        let app = fixtures::app(json!({"image": "nginx:1.27"}));
+        let write = fixtures::decoded(fixtures::review("UPDATE", app.clone(), Some(app)));
+        assert_eq!(write.scale_target(), None);
+    }
+
+    /// Policies read the scaled object's replicas and the stored object's, both from the
+    /// one decode of the cached AppService.
+    #[test]
+    fn policies_compare_the_new_replicas_with_the_stored_ones() {
+        let set = PolicySet::from_yaml(
+            std::path::Path::new("p.yaml"),
+            "policies:\n  - {name: no-scale-down, expression: 'object.spec.replicas >= oldObject.spec.replicas && object.spec.image == oldObject.spec.image', message: no}\n",
+        )
+        .unwrap();
+        let cache = cached("shop:v1", 2, "7");
+        let judge = Judge {
+            policies: &set,
+            namespace_object: None,
+            appservices: Some(&cache),
+        };
+        let answer = |old, new| {
+            let review =
+                decode_review(&scale_review(Some(old), Some(new), "7", &[]).into()).unwrap();
+            validate(&review, &judge)
+        };
+        assert!(answer(2, 3).allowed);
+        let down = answer(2, 1);
+        assert!(!down.allowed);
+        assert_eq!(down.result.message, "policy \"no-scale-down\": no");
     }
 }

@@ -478,4 +478,86 @@ mod tests {
         let req = decoded(review("UPDATE", scaled, Some(stored)));
         assert!(!validate(&req, &judge(&never)).allowed);
     }
+
+    /// The ratchet reads what each object's one pass read: a stored object being deleted
+    /// lets an update through even when the new object is no AppService at all (the spec
+    /// is never decoded), and a label that is not a string makes the update judged
+    /// rather than refused or let through.
+    #[test]
+    fn the_ratchet_reads_what_the_one_pass_kept() {
+        let never = PolicySet::from_yaml(
+            std::path::Path::new("p.yaml"),
+            "policies:\n  - {name: never, expression: 'false', message: added later}\n",
+        )
+        .unwrap();
+        let mut deleting = app(json!({"image": "nginx:1.27"}));
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        let broken = app(json!({"image": 7, "env": "not a list"}));
+        let req = decoded(review("UPDATE", broken.clone(), Some(deleting)));
+        assert!(validate(&req, &judge(&never)).allowed);
+        // Not being deleted: the broken object is refused for what it is.
+        let stored = app(json!({"image": "nginx:1.27"}));
+        let req = decoded(review("UPDATE", broken, Some(stored.clone())));
+        let response = validate(&req, &judge(&PolicySet::default()));
+        assert_eq!(response.result.code, 400, "{:?}", response.result);
+        assert!(
+            response
+                .result
+                .message
+                .starts_with("object is not a valid v1alpha1 AppService: spec.env: invalid type"),
+            "{}",
+            response.result.message
+        );
+        // The same labels, one of them not a string: judged, so the policy denies.
+        let mut odd = stored.clone();
+        odd["metadata"]["labels"] = json!({"team": 5});
+        let req = decoded(review("UPDATE", odd.clone(), Some(odd)));
+        let response = validate(&req, &judge(&never));
+        assert!(!response.allowed);
+        assert!(
+            response.result.message.contains("added later"),
+            "{}",
+            response.result.message
+        );
+        // Identical objects are not judged.
+        let req = decoded(review("UPDATE", stored.clone(), Some(stored)));
+        assert!(validate(&req, &judge(&never)).allowed);
+    }
+
+    /// A v1alpha1 UPDATE: both objects reach the policies in the hub form, converted once
+    /// each from their JSON, with the conversion annotations replaced by the conversion's
+    /// and every other annotation as it came.
+    #[test]
+    fn policies_read_both_objects_in_the_hub_form() {
+        let canary = common::names::ANNOTATION_V1BETA1_CANARY;
+        let set = PolicySet::from_yaml(
+            std::path::Path::new("p.yaml"),
+            &format!(
+                "policies:\n  - name: hub\n    expression: \"object.apiVersion == 'platform.example.com/v1beta1' && object.spec.ports[0].port == 8081 && oldObject.spec.ports[0].port == 8080 && object.spec.canary.image == 'shop:v2' && !('{canary}' in object.metadata.annotations) && object.metadata.annotations.team == 'shop'\"\n    message: not the hub form\n"
+            ),
+        )
+        .unwrap();
+        let old = app(json!({"image": "shop:v1", "port": 8080}));
+        let mut new = app(json!({"image": "shop:v1", "port": 8081, "replicas": 2}));
+        new["metadata"]["annotations"] =
+            json!({"team": "shop", canary: r#"{"image":"shop:v2","replicas":1}"#});
+        let response = validate(&decoded(review("UPDATE", new, Some(old))), &judge(&set));
+        assert!(response.allowed, "{:?}", response.result);
+    }
+
+    /// The decoded review owns what it needs (no borrow of the body): the handler moves it
+    /// to a blocking thread for costly policies instead of decoding the body there again.
+    #[test]
+    fn a_decoded_review_needs_no_body() {
+        fn owned<T: Send + Sync + 'static>(_: &T) {}
+        let req = decoded(review("CREATE", app(json!({"image": "nginx:1.27"})), None));
+        owned(&req);
+        let req = std::thread::spawn(move || {
+            assert!(validate(&req, &judge(&PolicySet::default())).allowed);
+            req
+        })
+        .join()
+        .unwrap();
+        assert_eq!(req.request.uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
+    }
 }

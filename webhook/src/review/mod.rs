@@ -66,7 +66,29 @@ pub struct Objects {
 }
 
 /// One object of a review as its slice of the body (or an object the webhook keeps as
-/// JSON: a cached AppService). Only the decoders of this module read it.
+/// JSON: a cached AppService). Only the decoders of this module read it: whatever judges
+/// an object gets it decoded, and cannot parse it again.
+///
+/// ```
+/// # use webhook::review::{Json, ObjectError};
+/// fn decoded(json: &Json) -> Result<(), ObjectError> {
+///     json.written().map(|_| ())
+/// }
+/// ```
+///
+/// ```compile_fail
+/// # use webhook::review::Json;
+/// fn reparse(json: &Json) -> serde_json::Value {
+///     serde_json::from_slice(json.bytes()).unwrap()
+/// }
+/// ```
+///
+/// ```compile_fail
+/// # use webhook::review::Json;
+/// fn reparse(json: &Json) -> serde_json::Value {
+///     serde_json::from_slice(&json.0).unwrap()
+/// }
+/// ```
 pub struct Json(Bytes);
 
 impl Json {
