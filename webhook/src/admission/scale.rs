@@ -2,13 +2,16 @@
 //! `appservices/scale`), judged by the AppService's own rules.
 //!
 //! The review carries `autoscaling/v1` Scales (old and new replicas, the stored
-//! resourceVersion), not the AppService. The webhook answers from memory: the
-//! AppService comes from [`crate::appservices`], at the very resourceVersion of the
-//! old Scale, and the canonical object is that AppService with `spec.replicas`
-//! replaced. Validation and policies then run as for an UPDATE of the AppService in the
-//! hub version: `object` is the AppService with the new replicas, `oldObject` the
-//! stored one, `request` is the scale request (kind `autoscaling/v1 Scale`,
-//! subresource `scale`).
+//! resourceVersion), not the AppService; they are read when the review is decoded
+//! ([`ScaleWrite`]), so the handler knows what to wait for in the cache before judging.
+//! The webhook answers from memory: the AppService comes from [`crate::appservices`], at
+//! the very resourceVersion of the old Scale, and the canonical object is that
+//! AppService with `spec.replicas` replaced. Validation and policies then run as for an
+//! UPDATE of the AppService in the hub version: `object` is the AppService with the new
+//! replicas, `oldObject` the stored one, `request` is the scale request (kind
+//! `autoscaling/v1 Scale`, subresource `scale`). The cached AppService is decoded once;
+//! the new replicas are set on that decode for validation and put in while its JSON is
+//! converted for the policies.
 //!
 //! Answers without judging: replicas unchanged (nothing asked for, as in
 //! [`super::ratchet`]). Refusals that say why, with a code a client acts on: the

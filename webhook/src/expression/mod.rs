@@ -14,7 +14,8 @@
 //!   (`object.spec.env`, `object.metadata.labels`, ...), so a request converts only
 //!   those to CEL values.
 //! * **Values** ([`values`]): per review, only the projected fields of the object are
-//!   converted to CEL values, straight from its JSON.
+//!   converted to CEL values, straight from its JSON, in one pass; what replaces part
+//!   of it (the hub form, a scale's replicas) is put in during that pass.
 //! * **Cost.** A worst-case estimate in the spirit of the API server's estimator:
 //!   every node costs 1, a comprehension costs its body times the largest size its
 //!   list can have (`spec.env` at most 128 entries, any other list of an object at most

@@ -1,6 +1,6 @@
 //! JSON to CEL values: the object of a review (only the fields its policies read,
-//! property names escaped as the API server does, a bounded number of values) and the
-//! namespace object.
+//! property names escaped as the API server does, a bounded number of values, with the
+//! members a [`Replace`] changes put in as the JSON is read) and the namespace object.
 
 use std::fmt;
 use std::sync::Arc;

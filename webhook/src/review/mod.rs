@@ -4,21 +4,22 @@
 //! The body is parsed a single time ([`decode_request`]) into [`Request`], the request's
 //! fields, and [`Objects`]: `object` and `oldObject` each as a [`Json`], its slice of the
 //! body, neither copied nor read yet. A [`Json`] cannot be read outside this module: the
-//! admission handlers decode each object once, into what they need of it:
+//! admission handlers have each object decoded, once, into what they need of it:
 //!
-//! * [`Json::written`] and [`Json::stored`] ([`shell`]): one pass over the object, reading
-//!   the metadata the rules and the ratchet use and keeping the spec as a slice; managed
-//!   fields, status and the rest are skipped unread.
-//! * [`shell::Written::decode`]: the spec is checked for size ([`shape`]: list lengths and
-//!   string lengths, counted without allocating) before it is decoded into the typed
-//!   [`AppService`] the rules need.
-//! * [`policy::objects`]: the CEL values the policies read, only their fields, converted
-//!   from the object's JSON in the hub version ([`hub`]), only when policies are active.
+//! * [`Json::written`], [`Json::updated`] and [`Json::stored`] ([`shell`]): one pass over
+//!   the object, reading the metadata the rules (and, for an UPDATE, the ratchet) use and
+//!   keeping the spec as a slice; managed fields, status and the rest are skipped unread.
+//!   The spec is then checked for size ([`shape`]: list lengths and string lengths,
+//!   counted without allocating) before it is decoded into the typed [`AppService`] the
+//!   rules need ([`shell::Written::decode`]).
+//! * [`policy::objects`], only when policies are active: the object converted into the
+//!   CEL value the policies read, only their fields, in the hub version ([`hub`], put in
+//!   as the JSON is converted).
 //! * [`Json::scale`] ([`scale`]): the Scale of a write of the scale subresource.
 //!
-//! So the memory one review costs stays a small multiple of its body whatever its shape,
-//! and a hostile object (30,000 env entries, a 3 MiB string, deep nesting) is refused
-//! before it is materialised.
+//! Nothing is written out to be parsed again. So the memory one review costs stays a
+//! small multiple of its body whatever its shape, and a hostile object (30,000 env
+//! entries, a 3 MiB string, deep nesting) is refused before it is materialised.
 
 use std::fmt;
 
