@@ -54,7 +54,7 @@ fn policies(n: usize) -> PolicySet {
 
 fn main() {
     let args = Args::parse();
-    let body = REVIEW.as_bytes();
+    let body = bytes::Bytes::from_static(REVIEW.as_bytes());
     let none = PolicySet::default();
     let three = policies(3);
     let ten = policies(10);
@@ -74,18 +74,23 @@ fn main() {
         Some(us)
     };
     run("parse", &|| {
-        black_box(serde_json::from_slice::<serde_json::Value>(black_box(body)).unwrap());
+        black_box(serde_json::from_slice::<serde_json::Value>(black_box(&body)).unwrap());
     });
     let validate = |set: &PolicySet| {
-        let request = admission::decode_review(black_box(body)).unwrap();
-        let response = admission::validate(&request, set, None);
+        let review = admission::decode_review(black_box(&body)).unwrap();
+        let judge = admission::Judge {
+            policies: set,
+            namespace_object: None,
+            appservices: None,
+        };
+        let response = admission::validate(&review, &judge);
         assert!(response.allowed, "{:?}", response.result);
         black_box(serde_json::to_vec(&response.into_review()).unwrap());
     };
     let base = run("validate", &|| validate(&none));
     run("mutate", &|| {
-        let request = admission::decode_review(black_box(body)).unwrap();
-        let response = admission::mutate(&request);
+        let review = admission::decode_review(black_box(&body)).unwrap();
+        let response = admission::mutate(&review);
         black_box(serde_json::to_vec(&response.into_review()).unwrap());
     });
     for (name, set, n) in [("policies3", &three, 3.0), ("policies10", &ten, 10.0)] {

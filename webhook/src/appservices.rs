@@ -30,7 +30,6 @@ use kube::api::DynamicObject;
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -314,13 +313,10 @@ impl AppServiceCache {
     }
 
     /// Waits, at most [`SETTLE_TIMEOUT`], until the cache holds the AppService a scale
-    /// review in `body` is about at the review's resourceVersion. Any other body returns
-    /// at once. The review is judged afterwards whatever the outcome: a cache still
-    /// behind then is a 409 of the review itself.
-    pub async fn settle(&self, body: &[u8]) {
-        let Some(target) = ScaleTarget::of(body) else {
-            return;
-        };
+    /// review is about at the review's resourceVersion (`target`, from the decoded review:
+    /// [`crate::admission::Review::scale_target`]). The review is judged afterwards
+    /// whatever the outcome: a cache still behind then is a 409 of the review itself.
+    pub async fn settle(&self, target: &ScaleTarget) {
         let mut changes = self.inner.changes.subscribe();
         let fresh = |cache: &Self| {
             matches!(
@@ -364,54 +360,12 @@ fn entry_of(mut object: DynamicObject) -> Option<(Key, Box<str>, Box<RawValue>)>
     }
 }
 
-/// What a scale review is about, read without decoding the rest of the body.
-#[derive(Debug, PartialEq, Eq)]
-struct ScaleTarget {
-    namespace: String,
-    name: String,
-    resource_version: String,
-}
-
-impl ScaleTarget {
-    fn of(body: &[u8]) -> Option<Self> {
-        #[derive(Deserialize)]
-        struct Review {
-            request: Option<Request>,
-        }
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Request {
-            #[serde(default)]
-            sub_resource: Option<String>,
-            #[serde(default)]
-            namespace: Option<String>,
-            #[serde(default)]
-            name: Option<String>,
-            #[serde(default)]
-            old_object: Option<Old>,
-        }
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Old {
-            #[serde(default)]
-            metadata: Option<Meta>,
-        }
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Meta {
-            #[serde(default)]
-            resource_version: Option<String>,
-        }
-        let request = serde_json::from_slice::<Review>(body).ok()?.request?;
-        if request.sub_resource.as_deref() != Some("scale") {
-            return None;
-        }
-        Some(ScaleTarget {
-            namespace: request.namespace?,
-            name: request.name?,
-            resource_version: request.old_object?.metadata?.resource_version?,
-        })
-    }
+/// The AppService a scale review is judged on, at the resourceVersion it scaled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScaleTarget {
+    pub namespace: String,
+    pub name: String,
+    pub resource_version: String,
 }
 
 #[cfg(test)]
@@ -497,43 +451,19 @@ mod tests {
         assert!(matches!(cache.lookup("shop", "b", "5"), Lookup::Found(_)));
     }
 
-    #[test]
-    fn only_scale_reviews_have_a_target() {
-        let review = |sub: Option<&str>| {
-            serde_json::to_vec(
-                &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                "request": {"uid": "u", "subResource": sub, "namespace": "shop", "name": "a",
-                            "oldObject": {"metadata": {"resourceVersion": "7"}}}}),
-            )
-            .unwrap()
-        };
-        assert_eq!(
-            ScaleTarget::of(&review(Some("scale"))),
-            Some(ScaleTarget {
-                namespace: "shop".into(),
-                name: "a".into(),
-                resource_version: "7".into()
-            })
-        );
-        assert_eq!(ScaleTarget::of(&review(None)), None);
-        assert_eq!(ScaleTarget::of(&review(Some("status"))), None);
-        assert_eq!(ScaleTarget::of(b"not json"), None);
-    }
-
     #[tokio::test]
     async fn settle_returns_once_the_version_arrives() {
         let cache = AppServiceCache::new(DEFAULT_CACHE_BYTES);
         cache.apply(object("a", "1", 0));
-        let body = serde_json::to_vec(
-            &json!({"request": {"subResource": "scale", "namespace": "shop",
-            "name": "a", "oldObject": {"metadata": {"resourceVersion": "2"}}}}),
-        )
-        .unwrap();
+        let target = ScaleTarget {
+            namespace: "shop".into(),
+            name: "a".into(),
+            resource_version: "2".into(),
+        };
         let writer = cache.clone();
         let waiter = tokio::spawn({
             let cache = cache.clone();
-            let body = body.clone();
-            async move { cache.settle(&body).await }
+            async move { cache.settle(&target).await }
         });
         tokio::task::yield_now().await;
         writer.apply(object("a", "2", 0));

@@ -1,6 +1,7 @@
 //! HTTP routes: the admission endpoints served over TLS, and the operations endpoints
 //! (`/healthz`, `/readyz`, `/metrics`, from [`telemetry::ops`]) served on a separate
-//! plain-HTTP port. Handlers only read the body, call [`crate::admission`], record metrics and log the decision.
+//! plain-HTTP port. Handlers only read the body, decode it once ([`admission::decode_review`]),
+//! call [`crate::admission`] with the decoded review, record metrics and log the decision.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,7 +20,7 @@ use tower_http::timeout::TimeoutLayer;
 use tracing::{Span, instrument};
 
 use crate::State;
-use crate::admission::{self, decode_review, operation_label};
+use crate::admission::{self, Judge, Review, decode_review, operation_label};
 use crate::metrics::{ConversionResult, Decision, Endpoint, Operation, Path};
 use crate::policy::INLINE_COST_LIMIT;
 
@@ -105,9 +106,18 @@ async fn mutate(AxumState(state): AxumState<Arc<State>>, request: Request) -> Re
     if let Some(refused) = unauthenticated(&state, &request) {
         return refused;
     }
-    match read_body(&state, request, state.limits.max_body_bytes).await {
-        Ok((body, _permit)) => review(&state, Review::Mutate, &body),
-        Err(response) => response,
+    let (body, _permit) = match read_body(&state, request, state.limits.max_body_bytes).await {
+        Ok(read) => read,
+        Err(response) => return response,
+    };
+    match decode(&state, Endpoint::Mutate, &body) {
+        Ok(review) => answer(
+            &state,
+            Endpoint::Mutate,
+            &review,
+            admission::mutate(&review),
+        ),
+        Err(response) => *response,
     }
 }
 
@@ -166,27 +176,46 @@ async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> 
         Ok(read) => read,
         Err(response) => return response,
     };
+    let review = match decode(&state, Endpoint::Validate, &body) {
+        Ok(review) => review,
+        Err(response) => return *response,
+    };
     // A scale review is judged on the cached AppService: let the cache catch up with the
     // write it is about first (bounded; answered from memory either way).
-    if let Some(appservices) = state.appservices() {
-        appservices.settle(&body).await;
+    if let (Some(appservices), Some(target)) = (state.appservices(), review.scale_target()) {
+        appservices.settle(&target).await;
     }
-    let cost = state.policies.current().cost();
-    if cost <= INLINE_COST_LIMIT {
-        return review(&state, Review::Validate, &body);
+    let policies = state.policies.current();
+    let namespace_object = state.namespace_object(review.request.namespace.as_deref());
+    if policies.cost() <= INLINE_COST_LIMIT {
+        let judge = Judge {
+            policies: &policies,
+            namespace_object,
+            appservices: state.appservices(),
+        };
+        let response = admission::validate(&review, &judge);
+        return answer(&state, Endpoint::Validate, &review, response);
     }
     // Costlier policies run on a blocking thread, a bounded number at once, within their
     // time budget (waiting for a free slot included): they never stall the workers
     // serving other reviews and the probes.
     let span = Span::current();
+    let review = Arc::new(review);
     let work = {
-        let (state, body) = (state.clone(), body.clone());
+        let (state, review) = (state.clone(), review.clone());
         async move {
             let slot = state.policy_slots.clone().acquire_owned().await.ok();
-            let state_for_task = state.clone();
             tokio::task::spawn_blocking(move || {
                 let _slot = slot;
-                span.in_scope(|| review(&state_for_task, Review::Validate, &body))
+                span.in_scope(|| {
+                    let judge = Judge {
+                        policies: &policies,
+                        namespace_object,
+                        appservices: state.appservices(),
+                    };
+                    let response = admission::validate(&review, &judge);
+                    answer(&state, Endpoint::Validate, &review, response)
+                })
             })
             .await
         }
@@ -206,10 +235,7 @@ async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> 
             let message =
                 format!("the policies did not finish within their time budget of {budget:?}");
             tracing::warn!(%message, "admission denied");
-            match admission::denied(&body, &message) {
-                Some(response) => review_body(response),
-                None => (StatusCode::SERVICE_UNAVAILABLE, message).into_response(),
-            }
+            review_body(review.denied(&message))
         }
     }
 }
@@ -343,47 +369,35 @@ async fn receive(
     Ok((buffer.freeze(), held))
 }
 
-/// The two admission reviews; `/convert` answers ConversionReviews in [`convert`].
-#[derive(Clone, Copy, Debug)]
-enum Review {
-    Mutate,
-    Validate,
-}
-
-impl Review {
-    fn endpoint(self) -> Endpoint {
-        match self {
-            Review::Mutate => Endpoint::Mutate,
-            Review::Validate => Endpoint::Validate,
+/// The one decode of an admission body (`/mutate` or `/validate`); a body that is not
+/// an AdmissionReview is answered 400 here.
+fn decode(state: &State, endpoint: Endpoint, body: &Bytes) -> Result<Review, Box<Response>> {
+    match decode_review(body) {
+        Ok(review) => {
+            Span::current().record("uid", review.request.uid.as_str());
+            Ok(review)
         }
-    }
-}
-
-fn review(state: &State, kind: Review, body: &[u8]) -> Response {
-    let endpoint = kind.endpoint();
-    let span = Span::current();
-    let request = match decode_review(body) {
-        Ok(request) => request,
         Err(error) => {
             tracing::warn!(%error, decision = Decision::BadRequest.as_str(), "malformed admission request");
             state
                 .metrics
                 .observe_request(endpoint, Operation::Unknown, Decision::BadRequest);
-            return (StatusCode::BAD_REQUEST, error.to_string()).into_response();
+            Err(Box::new(
+                (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
+            ))
         }
-    };
-    span.record("uid", request.uid.as_str());
-    let operation = operation_label(&request.operation);
+    }
+}
 
-    let response = match kind {
-        Review::Mutate => admission::mutate(&request),
-        Review::Validate => admission::validate_with(
-            &request,
-            &state.policies.current(),
-            state.namespace_object(request.namespace.as_deref()),
-            state.appservices(),
-        ),
-    };
+/// Logs and counts the answer to `review`, and writes it.
+fn answer(
+    state: &State,
+    endpoint: Endpoint,
+    review: &Review,
+    response: kube::core::admission::AdmissionResponse,
+) -> Response {
+    let request = &review.request;
+    let operation = operation_label(&request.operation);
     let decision = admission::decision(&response);
     // One line per review with everything needed to find it again; these fields sit on
     // the event, not the span, so JSON keys never collide with the span's own `name`.

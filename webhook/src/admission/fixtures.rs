@@ -2,11 +2,12 @@
 
 use serde_json::{Value, json};
 
-use super::{Request, decode_review};
+use super::{Judge, Review, decode_review};
+use crate::policy::PolicySet;
 
-/// A decoded review; the body is leaked so the request can borrow it for the test.
-pub fn decoded(body: Vec<u8>) -> Request<'static> {
-    decode_review(Box::leak(body.into_boxed_slice())).unwrap()
+/// A decoded review.
+pub fn decoded(body: Vec<u8>) -> Review {
+    decode_review(&body.into()).unwrap()
 }
 
 pub fn review(operation: &str, object: Value, old: Option<Value>) -> Vec<u8> {
@@ -36,4 +37,14 @@ pub fn app(spec: Value) -> Value {
         "metadata": {"name": "checkout", "namespace": "shop"},
         "spec": spec
     })
+}
+
+/// What a review is judged with in a unit test: `policies`, without namespace labels or
+/// an AppService cache.
+pub fn judge(policies: &PolicySet) -> Judge<'_> {
+    Judge {
+        policies,
+        namespace_object: None,
+        appservices: None,
+    }
 }

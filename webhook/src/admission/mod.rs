@@ -1,14 +1,19 @@
 //! Admission decisions: `/mutate` applies `common`'s defaults as a JSON patch, `/validate`
 //! runs `common`'s validation and then the CEL policies. Both are pure functions of the
-//! review (and the active policy set), so they are tested without a server.
+//! decoded review (and, for `/validate`, of what [`Judge`] holds), so they are tested
+//! without a server.
+//!
+//! A body is decoded once ([`decode_review`]) into a [`Review`]: the request, and what it
+//! is about ([`Subject`]), with the Scales of a scale write already read (the handler
+//! needs their resourceVersion before judging: [`Review::scale_target`]). The objects of
+//! an AppService write stay unread until the endpoint judging them decodes each once
+//! ([`crate::review`]); nothing here reads JSON, so nothing parses a body or an object
+//! twice.
 //!
 //! Bad input never panics and never becomes a 500: a body that is not an AdmissionReview
 //! is a [`ReviewError`] (HTTP 400); a review of something that is not a well-formed
 //! AppService is answered `allowed: false` with code 400 and the reason; an object over
 //! the size bounds of [`crate::review`] is denied with 422 naming each bound.
-//!
-//! The review is decoded once ([`crate::review`]); the generic JSON copy of the object
-//! that CEL needs is made only when policies are active.
 //!
 //! Every rule is judged on one form of the object, the hub version (`v1beta1`), for
 //! `object` and `oldObject` alike, whatever version the client wrote
@@ -27,19 +32,20 @@ mod scale;
 mod validate;
 
 pub use mutate::{DefaultsError, defaults_patch, defaults_patch_v1alpha1, mutate};
-pub use validate::{validate, validate_with};
+pub use validate::{Judge, validate};
 
+use bytes::Bytes;
 use common::conversion::Version;
 use common::names::GROUP;
 use common::validation::{ErrorType, FieldErrors};
 use kube::core::admission::{AdmissionResponse, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::{Status, TypeMeta};
-use serde_json::value::RawValue;
 
+use crate::appservices::ScaleTarget;
 use crate::metrics::{self, Decision};
 use crate::policy::Violation;
-use crate::review::{self, Object, ObjectError, ReviewKind};
+use crate::review::{self, Json, ObjectError, Objects, ReviewKind};
 
 pub use crate::review::{Request, ReviewError};
 
@@ -55,10 +61,44 @@ pub const ADMISSION_REVIEW: ReviewKind = ReviewKind {
     api_version: REVIEW_API_VERSION,
 };
 
-/// Parses an AdmissionReview body once, reporting the JSON path of a type error. The
-/// request borrows `object` and `oldObject` from `body`.
-pub fn decode_review(body: &[u8]) -> Result<Request<'_>, ReviewError> {
-    review::decode_review(body, ADMISSION_REVIEW)
+/// An AdmissionReview, decoded once: the request, and what it is about.
+#[derive(Debug)]
+pub struct Review {
+    pub request: Request,
+    subject: Subject,
+}
+
+/// Parses an AdmissionReview body once, reporting the JSON path of a type error, and
+/// decides what it is about. The objects share `body`; nothing of it is copied.
+pub fn decode_review(body: &Bytes) -> Result<Review, ReviewError> {
+    let (request, objects) = review::decode_request(body, ADMISSION_REVIEW)?;
+    let subject = Subject::of(&request, objects);
+    Ok(Review { request, subject })
+}
+
+impl Review {
+    /// The AppService a scale write is judged on, when it asks for new replicas: the
+    /// handler lets the cache catch up with it first ([`crate::appservices`]).
+    pub fn scale_target(&self) -> Option<ScaleTarget> {
+        let Subject::Scale(Ok(write)) = &self.subject else {
+            return None;
+        };
+        let namespace = self.request.namespace.clone()?;
+        let resource_version = write.resource_version.clone()?;
+        (write.replicas != write.old_replicas && !self.request.name.is_empty()).then(|| {
+            ScaleTarget {
+                namespace,
+                name: self.request.name.clone(),
+                resource_version,
+            }
+        })
+    }
+
+    /// A refusal of this review for a fault of the webhook (HTTP 500 in the status), such
+    /// as policies that did not finish in time.
+    pub fn denied(&self, message: &str) -> AdmissionResponse {
+        internal_error(&self.request, message)
+    }
 }
 
 /// The metrics label of an operation.
@@ -83,7 +123,7 @@ pub fn decision(response: &AdmissionResponse) -> Decision {
 }
 
 /// An allowing response to `req`.
-fn allow(req: &Request<'_>) -> AdmissionResponse {
+fn allow(req: &Request) -> AdmissionResponse {
     let mut response = AdmissionResponse::invalid("");
     response.types = TypeMeta {
         api_version: REVIEW_API_VERSION.to_owned(),
@@ -96,7 +136,7 @@ fn allow(req: &Request<'_>) -> AdmissionResponse {
 }
 
 /// A response to `req` refusing it with `status`.
-fn deny(req: &Request<'_>, status: Status) -> AdmissionResponse {
+fn deny(req: &Request, status: Status) -> AdmissionResponse {
     let mut response = allow(req);
     response.allowed = false;
     response.result = status;
@@ -104,28 +144,26 @@ fn deny(req: &Request<'_>, status: Status) -> AdmissionResponse {
 }
 
 /// A refusal of `req` for a fault of the webhook (HTTP 500 in the status).
-fn internal_error(req: &Request<'_>, message: &str) -> AdmissionResponse {
+fn internal_error(req: &Request, message: &str) -> AdmissionResponse {
     deny(
         req,
         Status::failure(message, "InternalError").with_code(500),
     )
 }
 
-/// A denial of the review in `body` with `message` (HTTP 500 in the status), when the
-/// body is a review at all.
-pub fn denied(body: &[u8], message: &str) -> Option<AdmissionResponse> {
-    let req = decode_review(body).ok()?;
-    Some(internal_error(&req, message))
-}
-
-/// What a review is about, once it is known to concern an AppService write.
+/// What a review is about.
+#[derive(Debug)]
 enum Subject {
-    /// CREATE or UPDATE of the AppService itself, in this version.
-    Write(Version),
-    /// UPDATE of an AppService's scale subresource (the object is a Scale).
-    Scale,
+    /// CREATE or UPDATE of the AppService itself, in this version; its objects are
+    /// decoded by the endpoint that judges them, each once.
+    Write { version: Version, objects: Objects },
+    /// UPDATE of an AppService's scale subresource: its Scales, read; `Err` is why they
+    /// could not be (answered 400).
+    Scale(Result<scale::ScaleWrite, String>),
     /// Anything we let through untouched (DELETE, CONNECT, `/status`, other subresources).
     PassThrough,
+    /// Not a write this webhook admits (answered 400 with this message).
+    Refused(String),
 }
 
 /// The group and resource of a scale review: `autoscaling/v1` Scale of `appservices`.
@@ -133,90 +171,85 @@ const SCALE_GROUP: &str = "autoscaling";
 const SCALE_KIND: &str = "Scale";
 const RESOURCE: &str = "appservices";
 
-/// Checks the kind and operation; `Err` is the response to send as is.
-fn subject(req: &Request<'_>) -> Result<Subject, Box<AdmissionResponse>> {
-    if !matches!(req.operation, Operation::Create | Operation::Update) {
-        return Ok(Subject::PassThrough);
-    }
-    match req.sub_resource.as_deref() {
-        None | Some("") => {}
-        // A Scale of an AppService: its replicas are judged with the AppService's rules.
-        Some("scale")
-            if req.resource.group == GROUP
-                && req.resource.resource == RESOURCE
-                && req.kind.group == SCALE_GROUP
-                && req.kind.kind == SCALE_KIND =>
-        {
-            return Ok(Subject::Scale);
+impl Subject {
+    /// Checks the kind and operation; the Scales of a scale write are read here.
+    fn of(req: &Request, objects: Objects) -> Subject {
+        if !matches!(req.operation, Operation::Create | Operation::Update) {
+            return Subject::PassThrough;
         }
-        // `/status` is the controller's report (the configurations do not send it);
-        // nothing else of an AppService is a write of what it asks for.
-        Some(_) => return Ok(Subject::PassThrough),
-    }
-    let kind = &req.kind;
-    let version = Version::from_version(&kind.version);
-    match version {
-        Some(version) if kind.group == GROUP && kind.kind == KIND => Ok(Subject::Write(version)),
-        _ => {
-            let got = if kind.group.is_empty() {
-                format!("{}/{}", kind.version, kind.kind)
-            } else {
-                format!("{}/{} {}", kind.group, kind.version, kind.kind)
-            };
-            Err(bad_request(
-                req,
-                format!(
+        match req.sub_resource.as_deref() {
+            None | Some("") => {}
+            // A Scale of an AppService: its replicas are judged with the AppService's rules.
+            // The API server sends UPDATE for every scale write (a patch included).
+            Some("scale")
+                if req.resource.group == GROUP
+                    && req.resource.resource == RESOURCE
+                    && req.kind.group == SCALE_GROUP
+                    && req.kind.kind == SCALE_KIND =>
+            {
+                return match req.operation {
+                    Operation::Update => Subject::Scale(scale::ScaleWrite::of(objects)),
+                    _ => Subject::PassThrough,
+                };
+            }
+            // `/status` is the controller's report (the configurations do not send it);
+            // nothing else of an AppService is a write of what it asks for.
+            Some(_) => return Subject::PassThrough,
+        }
+        let kind = &req.kind;
+        match Version::from_version(&kind.version) {
+            Some(version) if kind.group == GROUP && kind.kind == KIND => {
+                Subject::Write { version, objects }
+            }
+            _ => {
+                let got = if kind.group.is_empty() {
+                    format!("{}/{}", kind.version, kind.kind)
+                } else {
+                    format!("{}/{} {}", kind.group, kind.version, kind.kind)
+                };
+                Subject::Refused(format!(
                     "this webhook admits {GROUP}/v1alpha1 and {GROUP}/v1beta1 {KIND} only, got {got}"
-                ),
-            ))
+                ))
+            }
         }
     }
 }
 
 /// A well-formed review whose content cannot be admitted as is: `allowed: false`, 400.
-fn bad_request(req: &Request<'_>, message: String) -> Box<AdmissionResponse> {
+fn bad_request(req: &Request, message: String) -> Box<AdmissionResponse> {
     Box::new(deny(
         req,
         Status::failure(&message, "BadRequest").with_code(400),
     ))
 }
 
-/// The version and the decoded object of an AppService CREATE or UPDATE; `Err` is the
-/// response to send as is (anything else passes untouched).
-fn written_object(req: &Request<'_>) -> Result<(Version, Object), Box<AdmissionResponse>> {
-    match subject(req)? {
-        // `/mutate` has nothing to default on a Scale: its replicas are always set.
-        Subject::PassThrough | Subject::Scale => Err(Box::new(allow(req))),
-        Subject::Write(version) => {
-            decode(req, req.object, "object", version).map(|object| (version, object))
-        }
-    }
-}
-
-/// The object (`field`: "object" or "oldObject"), decoded; `Err` is the response to send.
-fn decode(
-    req: &Request<'_>,
-    raw: Option<&RawValue>,
+/// The response to an object (`field`: "object" or "oldObject") that cannot be decoded.
+fn object_error(
+    req: &Request,
     field: &str,
     version: Version,
-) -> Result<Object, Box<AdmissionResponse>> {
-    let Some(raw) = raw else {
-        return Err(bad_request(
-            req,
-            format!("{field} is missing from the request"),
-        ));
-    };
-    review::decode_object(raw, version).map_err(|error| match error {
+    error: ObjectError,
+) -> Box<AdmissionResponse> {
+    match error {
         ObjectError::TooLarge(errors) => too_large(req, &errors),
         ObjectError::Invalid(e) => bad_request(
             req,
             format!("{field} is not a valid {} {KIND}: {e}", version.as_str()),
         ),
-    })
+    }
+}
+
+/// The object (`field`) of a write, when the request has one.
+fn present<'j>(
+    req: &Request,
+    json: Option<&'j Json>,
+    field: &str,
+) -> Result<&'j Json, Box<AdmissionResponse>> {
+    json.ok_or_else(|| bad_request(req, format!("{field} is missing from the request")))
 }
 
 /// A denial of an object over a size bound, in the format of a validation failure.
-fn too_large(req: &Request<'_>, errors: &FieldErrors) -> Box<AdmissionResponse> {
+fn too_large(req: &Request, errors: &FieldErrors) -> Box<AdmissionResponse> {
     Box::new(deny(req, denial(&req.name, errors, &[])))
 }
 
@@ -261,7 +294,7 @@ fn denial(name: &str, errors: &FieldErrors, violations: &[Violation]) -> Status 
 
 #[cfg(test)]
 mod tests {
-    use super::fixtures::{app, decoded, review};
+    use super::fixtures::{app, decoded, judge, review};
     use super::*;
     use crate::policy::PolicySet;
     use serde_json::{Value, json};
@@ -276,7 +309,7 @@ mod tests {
                 "policies:\n  - {name: never, expression: 'false', message: no}\n",
             )
             .unwrap();
-            for response in [mutate(&req), validate(&req, &set, None)] {
+            for response in [mutate(&req), validate(&req, &judge(&set))] {
                 assert!(response.allowed);
                 assert_eq!(response.patch, None);
                 assert_eq!(response.warnings, None);
@@ -304,7 +337,7 @@ mod tests {
         .unwrap();
         body["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Pod"});
         let req = decoded(serde_json::to_vec(&body).unwrap());
-        for response in [mutate(&req), validate(&req, &PolicySet::default(), None)] {
+        for response in [mutate(&req), validate(&req, &judge(&PolicySet::default()))] {
             assert!(!response.allowed);
             assert_eq!(response.result.code, 400);
             assert_eq!(response.uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
@@ -331,7 +364,7 @@ mod tests {
         );
         let req = decoded(review("CREATE", Value::Null, None));
         assert!(
-            validate(&req, &PolicySet::default(), None)
+            validate(&req, &judge(&PolicySet::default()))
                 .result
                 .message
                 .contains("object is missing")
@@ -348,8 +381,7 @@ mod tests {
             mutate(&decoded(review("CREATE", object.clone(), None))),
             validate(
                 &decoded(review("CREATE", object.clone(), None)),
-                &PolicySet::default(),
-                None,
+                &judge(&PolicySet::default()),
             ),
         ] {
             assert!(!response.allowed);

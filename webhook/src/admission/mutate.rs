@@ -4,7 +4,7 @@ use common::{AppService, defaults, v1alpha1};
 use json_patch::{Patch, PatchOperation};
 use kube::core::admission::AdmissionResponse;
 
-use super::{Request, allow, internal_error, written_object};
+use super::{Review, Subject, allow, bad_request, internal_error, object_error, present};
 use crate::review::App;
 
 /// Why no defaults patch could be made: a fault of the webhook, never of the object.
@@ -18,9 +18,19 @@ pub enum DefaultsError {
 
 /// `/mutate`: the JSON patch that applies `common`'s defaults, or no patch at all when the
 /// object is already defaulted.
-pub fn mutate(req: &Request<'_>) -> AdmissionResponse {
-    let object = match written_object(req) {
-        Ok((_, object)) => object,
+pub fn mutate(review: &Review) -> AdmissionResponse {
+    let req = &review.request;
+    let (version, objects) = match &review.subject {
+        Subject::Write { version, objects } => (*version, objects),
+        Subject::Refused(message) => return *bad_request(req, message.clone()),
+        // Nothing to default on a Scale: its replicas are always set.
+        Subject::Scale(_) | Subject::PassThrough => return allow(req),
+    };
+    let object = match present(req, objects.object.as_ref(), "object").and_then(|json| {
+        json.object(version)
+            .map_err(|e| object_error(req, "object", version, e))
+    }) {
+        Ok(object) => object,
         Err(response) => return *response,
     };
     let patch = match &object.app {
@@ -44,7 +54,7 @@ pub fn mutate(req: &Request<'_>) -> AdmissionResponse {
     }
 }
 
-/// The patch from `app` (as decoded by [`review::decode_object`]) to its defaulted form.
+/// The patch from `app` (as [`crate::review`] decodes it) to its defaulted form.
 ///
 /// The diff is taken between the typed object and the typed, defaulted object, so both
 /// sides went through the same serialization: a field the user wrote in an equivalent

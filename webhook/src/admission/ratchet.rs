@@ -15,12 +15,9 @@
 //!   object) is not judged: nothing runs from its spec any more, and what is left to
 //!   do is releasing finalizers.
 
-use std::collections::BTreeMap;
-
 use common::names::LABEL_NAME;
-use serde::Deserialize;
-use serde_json::Value;
-use serde_json::value::RawValue;
+
+use crate::review::shell::Facts;
 
 /// Why an UPDATE is admitted without being judged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,76 +28,61 @@ pub enum Unjudged {
     BeingDeleted,
 }
 
-/// What of an object the rules judge, and whether it is being deleted. The spec is
-/// compared as the API server wrote it: it serializes `object` and `oldObject` alike
-/// (map keys sorted), so equal specs are equal text, and the comparison costs no copy.
-#[derive(Deserialize, Default)]
-struct Judged<'a> {
-    #[serde(default, borrow)]
-    spec: Option<&'a RawValue>,
-    #[serde(default)]
-    metadata: Meta,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct Meta {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    annotations: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    deletion_timestamp: Option<Value>,
-}
-
-impl Judged<'_> {
-    /// Whether this object (the new one) asks for nothing `old` did not have.
-    fn same_as(&self, old: &Judged<'_>) -> bool {
-        // Absent, null and empty maps are the same set of labels.
-        let map = |m: &Option<BTreeMap<String, String>>| m.clone().unwrap_or_default();
-        let mut labels = map(&self.metadata.labels);
-        let old_labels = map(&old.metadata.labels);
-        // `/mutate` adds the name label to an object stored without it (one written
-        // before the webhook ran) on any UPDATE, the controller's finalizer write too:
-        // that default is not the writer's change.
-        if !old_labels.contains_key(LABEL_NAME)
-            && labels
-                .get(LABEL_NAME)
-                .is_some_and(|v| Some(v) == self.metadata.name.as_ref())
-        {
-            labels.remove(LABEL_NAME);
-        }
-        self.spec.map(RawValue::get) == old.spec.map(RawValue::get)
-            && labels == old_labels
-            && map(&self.metadata.annotations) == map(&old.metadata.annotations)
-    }
-}
-
-/// Whether the UPDATE of `old` to `new` (both in the version of the review) is admitted
-/// without judging it, and why. Objects that cannot be read are judged as usual.
-pub fn unjudged(old: &RawValue, new: &RawValue) -> Option<Unjudged> {
-    let old: Judged<'_> = serde_json::from_str(old.get()).ok()?;
-    if old
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .is_some_and(|t| !t.is_null())
-    {
+/// Whether the UPDATE of `old` to `new` (both in the version of the review, as their one
+/// pass read them: [`crate::review::shell`]) is admitted without judging it, and why.
+/// `new` is `None` when the new object cannot be read: only the deletion of the stored
+/// one then lets it through. Objects that cannot be read are otherwise judged as usual.
+///
+/// The spec is compared as the API server wrote it: it serializes `object` and
+/// `oldObject` alike (map keys sorted), so equal specs are equal text, and the comparison
+/// decodes nothing.
+pub fn unjudged(old: &Facts<'_>, new: Option<&Facts<'_>>) -> Option<Unjudged> {
+    if old.deleting {
         return Some(Unjudged::BeingDeleted);
     }
-    let new: Judged<'_> = serde_json::from_str(new.get()).ok()?;
-    new.same_as(&old).then_some(Unjudged::NothingJudgedChanged)
+    same_as(new?, old).then_some(Unjudged::NothingJudgedChanged)
+}
+
+/// Whether `new` asks for nothing `old` did not have.
+fn same_as(new: &Facts<'_>, old: &Facts<'_>) -> bool {
+    // `/mutate` adds the name label to an object stored without it (one written before
+    // the webhook ran) on any UPDATE, the controller's finalizer write too: that default
+    // is not the writer's change.
+    let defaulted = !old.labels.contains_key(LABEL_NAME)
+        && new
+            .labels
+            .get(LABEL_NAME)
+            .is_some_and(|value| Some(value.as_ref()) == new.name);
+    let labels = if defaulted {
+        new.labels.len() == old.labels.len() + 1
+            && new
+                .labels
+                .iter()
+                .filter(|(key, _)| key.as_ref() != LABEL_NAME)
+                .eq(old.labels.iter())
+    } else {
+        new.labels == old.labels
+    };
+    new.spec == old.spec && labels && new.annotations == old.annotations
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::review::Json;
+    use serde_json::value::RawValue;
+    use serde_json::{Value, json};
 
-    fn raw(value: &Value) -> Box<RawValue> {
-        RawValue::from_string(value.to_string()).unwrap()
+    /// The ratchet on an UPDATE of `old` to `new`, each read as the webhook reads it.
+    fn unjudged(old: &Value, new: &Value) -> Option<Unjudged> {
+        let json = |value: &Value| Json::from(RawValue::from_string(value.to_string()).unwrap());
+        let (old, new) = (json(old), json(new));
+        let stored = old.stored().unwrap();
+        let written = new.updated();
+        super::unjudged(
+            &stored.facts().unwrap(),
+            written.as_ref().ok().and_then(|w| w.facts()).as_ref(),
+        )
     }
 
     fn object(spec: Value, metadata: Value) -> Value {
@@ -122,11 +104,11 @@ mod tests {
                    "managedFields": [{"manager": "appservice-controller"}]}),
         );
         assert_eq!(
-            unjudged(&raw(&old), &raw(&finalized)),
+            unjudged(&old, &finalized),
             Some(Unjudged::NothingJudgedChanged)
         );
         assert_eq!(
-            unjudged(&raw(&finalized), &raw(&old)),
+            unjudged(&finalized, &old),
             Some(Unjudged::NothingJudgedChanged)
         );
         for changed in [
@@ -140,7 +122,7 @@ mod tests {
                 json!({"name": "a", "labels": {"team": "x"}, "annotations": {"k": "v"}}),
             ),
         ] {
-            assert_eq!(unjudged(&raw(&old), &raw(&changed)), None, "{changed}");
+            assert_eq!(unjudged(&old, &changed), None, "{changed}");
         }
         // The name label `/mutate` adds to an object stored without one is no change.
         let defaulted = object(
@@ -148,14 +130,14 @@ mod tests {
             json!({"name": "a", "labels": {"team": "x", "app.kubernetes.io/name": "a"}}),
         );
         assert_eq!(
-            unjudged(&raw(&old), &raw(&defaulted)),
+            unjudged(&old, &defaulted),
             Some(Unjudged::NothingJudgedChanged)
         );
         let renamed = object(
             spec.clone(),
             json!({"name": "a", "labels": {"team": "x", "app.kubernetes.io/name": "b"}}),
         );
-        assert_eq!(unjudged(&raw(&old), &raw(&renamed)), None);
+        assert_eq!(unjudged(&old, &renamed), None);
         // Absent and empty labels are the same.
         let bare = object(spec.clone(), json!({"name": "a"}));
         let empty = object(
@@ -163,7 +145,7 @@ mod tests {
             json!({"name": "a", "labels": {}, "annotations": null}),
         );
         assert_eq!(
-            unjudged(&raw(&bare), &raw(&empty)),
+            unjudged(&bare, &empty),
             Some(Unjudged::NothingJudgedChanged)
         );
     }
@@ -179,9 +161,6 @@ mod tests {
             json!({"image": "other:latest"}),
             json!({"name": "a", "deletionTimestamp": "2026-01-01T00:00:00Z"}),
         );
-        assert_eq!(
-            unjudged(&raw(&old), &raw(&released)),
-            Some(Unjudged::BeingDeleted)
-        );
+        assert_eq!(unjudged(&old, &released), Some(Unjudged::BeingDeleted));
     }
 }

@@ -2,13 +2,16 @@
 //! `appservices/scale`), judged by the AppService's own rules.
 //!
 //! The review carries `autoscaling/v1` Scales (old and new replicas, the stored
-//! resourceVersion), not the AppService. The webhook answers from memory: the
-//! AppService comes from [`crate::appservices`], at the very resourceVersion of the
-//! old Scale, and the canonical object is that AppService with `spec.replicas`
-//! replaced. Validation and policies then run as for an UPDATE of the AppService in the
-//! hub version: `object` is the AppService with the new replicas, `oldObject` the
-//! stored one, `request` is the scale request (kind `autoscaling/v1 Scale`,
-//! subresource `scale`).
+//! resourceVersion), not the AppService; they are read when the review is decoded
+//! ([`ScaleWrite`]), so the handler knows what to wait for in the cache before judging.
+//! The webhook answers from memory: the AppService comes from [`crate::appservices`], at
+//! the very resourceVersion of the old Scale, and the canonical object is that
+//! AppService with `spec.replicas` replaced. Validation and policies then run as for an
+//! UPDATE of the AppService in the hub version: `object` is the AppService with the new
+//! replicas, `oldObject` the stored one, `request` is the scale request (kind
+//! `autoscaling/v1 Scale`, subresource `scale`). The cached AppService is decoded once;
+//! the new replicas are set on that decode for validation and put in while its JSON is
+//! converted for the policies.
 //!
 //! Answers without judging: replicas unchanged (nothing asked for, as in
 //! [`super::ratchet`]). Refusals that say why, with a code a client acts on: the
@@ -18,85 +21,67 @@
 //! started without `--watch-appservices` refuses every scale write (500): a
 //! configuration that sends `/scale` to it must never let one through unjudged.
 
-use std::collections::BTreeMap;
-
 use common::conversion::Version;
 use kube::core::Status;
-use kube::core::admission::{AdmissionResponse, Operation};
-use serde::Deserialize;
-use serde_json::Value;
+use kube::core::admission::AdmissionResponse;
 use serde_json::value::RawValue;
 
-use super::{Request, allow, bad_request, decode, denial, deny, internal_error};
-use crate::appservices::{AppServiceCache, Lookup, MAX_CACHED_OBJECT_BYTES};
-use crate::policy::PolicySet;
-use crate::review::App;
+use super::{Judge, Request, allow, bad_request, denial, deny, internal_error, object_error};
+use crate::appservices::{Lookup, MAX_CACHED_OBJECT_BYTES};
+use crate::expression::{Replace, With};
+use crate::review::policy::{self, Source};
+use crate::review::{App, Json, Objects};
 
-/// The parts of a Scale the rules need.
-#[derive(Deserialize)]
-struct Scale {
-    #[serde(default)]
-    metadata: ScaleMeta,
-    #[serde(default)]
-    spec: ScaleSpec,
+/// A scale write, read once from its two Scales.
+#[derive(Debug)]
+pub(super) struct ScaleWrite {
+    /// The replicas asked for.
+    pub replicas: i32,
+    pub old_replicas: i32,
+    /// The stored AppService's resourceVersion (the old Scale's).
+    pub resource_version: Option<String>,
 }
 
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ScaleMeta {
-    #[serde(default)]
-    resource_version: Option<String>,
-}
-
-/// `replicas` is `omitempty` in Go: a Scale to zero has no `replicas` at all.
-#[derive(Default, Deserialize)]
-struct ScaleSpec {
-    #[serde(default)]
-    replicas: i32,
-}
-
-fn scale_of(
-    req: &Request<'_>,
-    raw: Option<&RawValue>,
-    field: &str,
-) -> Result<Scale, Box<AdmissionResponse>> {
-    let Some(raw) = raw else {
-        return Err(bad_request(
-            req,
-            format!("{field} is missing from the scale request"),
-        ));
-    };
-    serde_json::from_str(raw.get())
-        .map_err(|e| bad_request(req, format!("{field} is not an autoscaling/v1 Scale: {e}")))
+impl ScaleWrite {
+    /// The Scales of a scale write; `Err` is why they are not (the message of a 400).
+    pub(super) fn of(objects: Objects) -> Result<ScaleWrite, String> {
+        let scale = |json: Option<Json>, field: &str| {
+            let Some(json) = json else {
+                return Err(format!("{field} is missing from the scale request"));
+            };
+            json.scale()
+                .map_err(|e| format!("{field} is not an autoscaling/v1 Scale: {e}"))
+        };
+        let new = scale(objects.object, "object");
+        let old = scale(objects.old_object, "oldObject");
+        let (new, old) = (new?, old?);
+        Ok(ScaleWrite {
+            replicas: new.replicas(),
+            old_replicas: old.replicas(),
+            resource_version: old.into_resource_version(),
+        })
+    }
 }
 
 /// A refusal of a scale write with `code`, `reason` and `message`.
-fn refuse(req: &Request<'_>, code: u16, reason: &str, message: &str) -> AdmissionResponse {
+fn refuse(req: &Request, code: u16, reason: &str, message: &str) -> AdmissionResponse {
     deny(req, Status::failure(message, reason).with_code(code))
 }
 
 /// `/validate` of a scale write.
 pub(super) fn validate(
-    req: &Request<'_>,
-    policies: &PolicySet,
-    namespace_object: Option<Value>,
-    appservices: Option<&AppServiceCache>,
+    req: &Request,
+    write: &Result<ScaleWrite, String>,
+    judge: &Judge<'_>,
 ) -> AdmissionResponse {
-    // The API server sends UPDATE for every scale write (a patch included).
-    if !matches!(req.operation, Operation::Update) {
-        return allow(req);
-    }
-    let (new, old) = match (
-        scale_of(req, req.object, "object"),
-        scale_of(req, req.old_object, "oldObject"),
-    ) {
-        (Ok(new), Ok(old)) => (new, old),
-        (Err(response), _) | (_, Err(response)) => return *response,
+    let write = match write {
+        Ok(write) => write,
+        Err(message) => return *bad_request(req, message.clone()),
     };
-    if new.spec.replicas == old.spec.replicas {
+    if write.replicas == write.old_replicas {
         return allow(req);
     }
-    let Some(cache) = appservices else {
+    let Some(cache) = judge.appservices else {
         return refuse(
             req,
             500,
@@ -104,13 +89,13 @@ pub(super) fn validate(
             "this webhook does not watch AppServices (--watch-appservices), so it cannot judge a write of the scale subresource",
         );
     };
-    let Some(resource_version) = old.metadata.resource_version.as_deref() else {
+    let Some(resource_version) = write.resource_version.as_deref() else {
         return *bad_request(req, "oldObject has no metadata.resourceVersion".to_owned());
     };
     let namespace = req.namespace.as_deref().unwrap_or_default();
     let who = format!("AppService {namespace}/{}", req.name);
     match cache.lookup(namespace, &req.name, resource_version) {
-        Lookup::Found(stored) => judge(req, policies, namespace_object, &stored, new.spec.replicas),
+        Lookup::Found(stored) => scaled(req, judge, stored, write.replicas),
         Lookup::Missing => refuse(
             req,
             409,
@@ -144,40 +129,51 @@ pub(super) fn validate(
     }
 }
 
-/// Validation and policies on the stored AppService with `replicas`.
-fn judge(
-    req: &Request<'_>,
-    policies: &PolicySet,
-    namespace_object: Option<Value>,
-    stored: &RawValue,
+/// Validation and policies on the stored AppService with `replicas`. The stored object
+/// is decoded once; the scaled one is that decode with the new replicas, for the rules
+/// and (put in while the JSON is converted) for the policies.
+fn scaled(
+    req: &Request,
+    judge: &Judge<'_>,
+    stored: Box<RawValue>,
     replicas: i32,
 ) -> AdmissionResponse {
-    let scaled = match with_replicas(stored, replicas) {
-        Ok(scaled) => scaled,
-        Err(error) => {
-            return internal_error(
-                req,
-                &format!("the cached AppService cannot be read: {error}"),
-            );
-        }
+    let stored = Json::from(stored);
+    let decoded = stored
+        .written()
+        .and_then(|written| written.decode(Version::V1beta1));
+    let old = match decoded {
+        Ok(old) => old,
+        Err(error) => return *object_error(req, "object", Version::V1beta1, error),
     };
-    let (new, old) = match (
-        decode(req, Some(&scaled), "object", Version::V1beta1),
-        decode(req, Some(stored), "oldObject", Version::V1beta1),
-    ) {
-        (Ok(new), Ok(old)) => (new, old),
-        (Err(response), _) | (_, Err(response)) => return *response,
-    };
-    let (App::V1beta1(new_app), App::V1beta1(old_app)) = (&new.app, &old.app) else {
+    let App::V1beta1(old_app) = &old.app else {
         return internal_error(req, "the cached AppService is not in the hub version");
     };
-    let report = common::validation::validate_report(new_app, Some(old_app));
-    let violations = policies.evaluate_raw(
-        &scaled,
-        Some(stored),
-        &req.to_cel_request(),
-        namespace_object.as_ref(),
-    );
+    let mut new_app = old_app.clone();
+    new_app.spec.replicas = Some(replicas);
+    let report = common::validation::validate_report(&new_app, Some(old_app));
+    let violations = if judge.policies.is_empty() {
+        Vec::new()
+    } else {
+        let replicas = serde_json::Value::from(replicas);
+        let replace = [Replace {
+            path: &["spec", "replicas"],
+            with: With::Value(&replicas),
+        }];
+        let objects = policy::objects(
+            judge.policies,
+            Source {
+                json: &stored,
+                replace: &replace,
+            },
+            Some(Source::json(&stored)),
+        );
+        judge.policies.evaluate_objects(
+            objects,
+            &req.to_cel_request(),
+            judge.namespace_object.as_ref(),
+        )
+    };
     let mut response = allow(req);
     if !report.warnings.is_empty() {
         response.warnings = Some(report.warnings.clone());
@@ -190,24 +186,12 @@ fn judge(
     response
 }
 
-/// `object` with `spec.replicas` set; every other member as it was.
-fn with_replicas(object: &RawValue, replicas: i32) -> Result<Box<RawValue>, serde_json::Error> {
-    let mut top: BTreeMap<String, Box<RawValue>> = serde_json::from_str(object.get())?;
-    let mut spec: serde_json::Map<String, Value> = match top.get("spec") {
-        Some(spec) => serde_json::from_str(spec.get())?,
-        None => serde_json::Map::new(),
-    };
-    spec.insert("replicas".to_owned(), Value::from(replicas));
-    top.insert("spec".to_owned(), serde_json::value::to_raw_value(&spec)?);
-    serde_json::value::to_raw_value(&top)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::validate_with;
     use super::*;
-    use crate::admission::decode_review;
-    use crate::appservices::DEFAULT_CACHE_BYTES;
+    use crate::admission::{decode_review, fixtures, validate};
+    use crate::appservices::{AppServiceCache, DEFAULT_CACHE_BYTES, ScaleTarget};
+    use crate::policy::PolicySet;
     use serde_json::json;
 
     fn scale_review(old: Option<i32>, new: Option<i32>, rv: &str, groups: &[&str]) -> Vec<u8> {
@@ -256,16 +240,22 @@ mod tests {
         .unwrap()
     }
 
-    fn answer(body: &[u8], cache: Option<&AppServiceCache>) -> AdmissionResponse {
-        let req = decode_review(body).unwrap();
-        validate_with(&req, &policies(), None, cache)
+    fn answer(body: Vec<u8>, cache: Option<&AppServiceCache>) -> AdmissionResponse {
+        let review = decode_review(&body.into()).unwrap();
+        let policies = policies();
+        let judge = Judge {
+            policies: &policies,
+            namespace_object: None,
+            appservices: cache,
+        };
+        validate(&review, &judge)
     }
 
     #[test]
     fn a_scale_write_is_judged_like_the_appservice_with_its_replicas() {
         let cache = cached("shop:v1", 2, "7");
         // Down to 1 in a prod- namespace: the replicas policy.
-        let response = answer(&scale_review(Some(2), Some(1), "7", &[]), Some(&cache));
+        let response = answer(scale_review(Some(2), Some(1), "7", &[]), Some(&cache));
         assert!(!response.allowed);
         assert!(
             response
@@ -276,7 +266,7 @@ mod tests {
             response.result.message
         );
         // To zero (no `replicas` in the Scale): the sre policy and the replicas policy.
-        let response = answer(&scale_review(Some(2), None, "7", &[]), Some(&cache));
+        let response = answer(scale_review(Some(2), None, "7", &[]), Some(&cache));
         assert!(
             response
                 .result
@@ -286,10 +276,10 @@ mod tests {
             response.result.message
         );
         // Up is fine; the same replicas is not judged at all.
-        assert!(answer(&scale_review(Some(2), Some(3), "7", &[]), Some(&cache)).allowed);
-        assert!(answer(&scale_review(Some(2), Some(2), "7", &[]), None).allowed);
+        assert!(answer(scale_review(Some(2), Some(3), "7", &[]), Some(&cache)).allowed);
+        assert!(answer(scale_review(Some(2), Some(2), "7", &[]), None).allowed);
         // Validation too: over the bound of common.
-        let response = answer(&scale_review(Some(2), Some(5000), "7", &[]), Some(&cache));
+        let response = answer(scale_review(Some(2), Some(5000), "7", &[]), Some(&cache));
         assert!(
             response
                 .result
@@ -300,7 +290,7 @@ mod tests {
         );
         // The stored image is judged as in any update: latest in production is refused.
         let latest = cached("shop:latest", 2, "7");
-        let response = answer(&scale_review(Some(2), Some(3), "7", &[]), Some(&latest));
+        let response = answer(scale_review(Some(2), Some(3), "7", &[]), Some(&latest));
         assert!(
             response
                 .result
@@ -314,7 +304,7 @@ mod tests {
     #[test]
     fn a_cache_that_cannot_answer_refuses_with_a_reason() {
         let cache = cached("shop:v1", 2, "7");
-        let stale = answer(&scale_review(Some(2), Some(3), "8", &[]), Some(&cache));
+        let stale = answer(scale_review(Some(2), Some(3), "8", &[]), Some(&cache));
         assert_eq!((stale.allowed, stale.result.code), (false, 409));
         assert!(
             stale.result.message.contains("resourceVersion 7, not 8"),
@@ -322,23 +312,62 @@ mod tests {
             stale.result.message
         );
         let empty = AppServiceCache::new(DEFAULT_CACHE_BYTES);
-        let missing = answer(&scale_review(Some(2), Some(3), "7", &[]), Some(&empty));
+        let missing = answer(scale_review(Some(2), Some(3), "7", &[]), Some(&empty));
         assert_eq!((missing.allowed, missing.result.code), (false, 409));
-        let unwatched = answer(&scale_review(Some(2), Some(3), "7", &[]), None);
+        let unwatched = answer(scale_review(Some(2), Some(3), "7", &[]), None);
         assert_eq!((unwatched.allowed, unwatched.result.code), (false, 500));
         assert!(unwatched.result.message.contains("--watch-appservices"));
     }
 
+    /// What the handler waits for comes from the same decode that is judged: the old
+    /// Scale's resourceVersion, only when new replicas are asked for.
     #[test]
-    fn replicas_are_replaced_and_nothing_else() {
-        let raw = RawValue::from_string(
-            r#"{"a":1,"spec":{"image":"x","replicas":2,"env":[{"name":"A"}]}}"#.into(),
+    fn the_cache_is_awaited_only_for_new_replicas() {
+        let review = decode_review(&scale_review(Some(2), Some(3), "7", &[]).into()).unwrap();
+        assert_eq!(
+            review.scale_target(),
+            Some(ScaleTarget {
+                namespace: "prod-eu".into(),
+                name: "checkout".into(),
+                resource_version: "7".into(),
+            })
+        );
+        let same = decode_review(&scale_review(Some(2), Some(2), "7", &[]).into()).unwrap();
+        assert_eq!(same.scale_target(), None);
+        // The status subresource, and a write of the AppService itself, wait for nothing.
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&scale_review(Some(2), Some(3), "7", &[])).unwrap();
+        body["request"]["subResource"] = json!("status");
+        let status = decode_review(&serde_json::to_vec(&body).unwrap().into()).unwrap();
+        assert_eq!(status.scale_target(), None);
+        let app = fixtures::app(json!({"image": "nginx:1.27"}));
+        let write = fixtures::decoded(fixtures::review("UPDATE", app.clone(), Some(app)));
+        assert_eq!(write.scale_target(), None);
+    }
+
+    /// Policies read the scaled object's replicas and the stored object's, both from the
+    /// one decode of the cached AppService.
+    #[test]
+    fn policies_compare_the_new_replicas_with_the_stored_ones() {
+        let set = PolicySet::from_yaml(
+            std::path::Path::new("p.yaml"),
+            "policies:\n  - {name: no-scale-down, expression: 'object.spec.replicas >= oldObject.spec.replicas && object.spec.image == oldObject.spec.image', message: no}\n",
         )
         .unwrap();
-        let out: Value = serde_json::from_str(with_replicas(&raw, 0).unwrap().get()).unwrap();
-        assert_eq!(
-            out,
-            json!({"a": 1, "spec": {"image": "x", "replicas": 0, "env": [{"name": "A"}]}})
-        );
+        let cache = cached("shop:v1", 2, "7");
+        let judge = Judge {
+            policies: &set,
+            namespace_object: None,
+            appservices: Some(&cache),
+        };
+        let answer = |old, new| {
+            let review =
+                decode_review(&scale_review(Some(old), Some(new), "7", &[]).into()).unwrap();
+            validate(&review, &judge)
+        };
+        assert!(answer(2, 3).allowed);
+        let down = answer(2, 1);
+        assert!(!down.allowed);
+        assert_eq!(down.result.message, "policy \"no-scale-down\": no");
     }
 }

@@ -2,84 +2,136 @@
 //! Both judge the hub form of the object; an UPDATE that asks for nothing new is not
 //! judged again ([`super::ratchet`]); a scale write goes to [`super::scale`].
 
-use std::borrow::Cow;
-
 use common::conversion::Version;
 use kube::core::admission::{AdmissionResponse, Operation};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use super::{
-    KIND, Request, Subject, allow, bad_request, decode, denial, internal_error, ratchet, scale,
-    subject,
+    KIND, Request, Review, Subject, allow, bad_request, denial, internal_error, object_error,
+    ratchet, scale,
 };
 use crate::appservices::AppServiceCache;
 use crate::policy::PolicySet;
-use crate::review::{self, App};
+use crate::review::hub::{Hub, HubError};
+use crate::review::policy::{self, Source};
+use crate::review::shell::{Metadata, Stored, Written};
+use crate::review::{App, Json, ObjectError, Objects};
 
-/// `/validate` of a write of the AppService itself: [`validate_with`] without an
-/// AppService cache (a scale review is then refused: it cannot be judged).
-pub fn validate(
-    req: &Request<'_>,
-    policies: &PolicySet,
-    namespace_object: Option<Value>,
-) -> AdmissionResponse {
-    validate_with(req, policies, namespace_object, None)
+/// What a review is judged with, besides the review itself.
+#[derive(Debug)]
+pub struct Judge<'a> {
+    /// The policies in force.
+    pub policies: &'a PolicySet,
+    /// The namespace's metadata, for policies that read `namespaceObject` (`None`
+    /// without `--namespace-labels`).
+    pub namespace_object: Option<Value>,
+    /// What a scale write is judged on (`None` without `--watch-appservices`: a scale
+    /// write is then refused, it cannot be judged).
+    pub appservices: Option<&'a AppServiceCache>,
 }
 
 /// `/validate`: every field error of `common::validation` and every policy violation in
-/// one denial, with warnings in both outcomes. `namespace_object` is the namespace's
-/// metadata for policies that use `namespaceObject` (None without `--namespace-labels`);
-/// `appservices` is what a scale review is judged on (None without `--watch-appservices`).
-pub fn validate_with(
-    req: &Request<'_>,
-    policies: &PolicySet,
-    namespace_object: Option<Value>,
-    appservices: Option<&AppServiceCache>,
+/// one denial, with warnings in both outcomes.
+pub fn validate(review: &Review, judge: &Judge<'_>) -> AdmissionResponse {
+    let req = &review.request;
+    match &review.subject {
+        Subject::Write { version, objects } => write(req, *version, objects, judge),
+        Subject::Scale(write) => scale::validate(req, write, judge),
+        Subject::PassThrough => allow(req),
+        Subject::Refused(message) => *bad_request(req, message.clone()),
+    }
+}
+
+/// A CREATE or UPDATE of the AppService itself. Each object is read once: an UPDATE's
+/// new object with the labels and annotations the ratchet compares, a CREATE's without.
+fn write(
+    req: &Request,
+    version: Version,
+    objects: &Objects,
+    judge: &Judge<'_>,
 ) -> AdmissionResponse {
-    let version = match subject(req) {
-        Ok(Subject::Write(version)) => version,
-        Ok(Subject::Scale) => return scale::validate(req, policies, namespace_object, appservices),
-        Ok(Subject::PassThrough) => return allow(req),
-        Err(response) => return *response,
-    };
+    let object = objects.object.as_ref();
+    if matches!(req.operation, Operation::Update) {
+        let stored = objects.old_object.as_ref().map(Json::stored);
+        judge_write(
+            req,
+            version,
+            objects,
+            object.map(Json::updated),
+            stored,
+            judge,
+        )
+    } else {
+        judge_write(
+            req,
+            version,
+            objects,
+            object.map(Json::written),
+            None,
+            judge,
+        )
+    }
+}
+
+/// The rules on a write whose objects were read once (`written`: the new one; `stored`:
+/// the stored one of an UPDATE): the ratchet compares what that read; the specs are
+/// decoded after it; the policies' CEL values are converted from the JSON last.
+fn judge_write<M: Metadata>(
+    req: &Request,
+    version: Version,
+    objects: &Objects,
+    written: Option<Result<Written<'_, M>, ObjectError>>,
+    stored: Option<Result<Stored<'_>, ObjectError>>,
+    judge: &Judge<'_>,
+) -> AdmissionResponse {
     let update = matches!(req.operation, Operation::Update);
-    // Before anything is decoded: the controller's finalizer writes must pass even for
+    // Before the specs are decoded: the controller's finalizer writes must pass even for
     // an object the current types or bounds would refuse.
-    if update
-        && let (Some(old), Some(new)) = (req.old_object, req.object)
-        && let Some(why) = ratchet::unjudged(old, new)
+    if let (Some(Ok(stored)), Some(written)) = (&stored, &written)
+        && let Some(old) = stored.facts()
+        && let Some(why) =
+            ratchet::unjudged(&old, written.as_ref().ok().and_then(|w| w.facts()).as_ref())
     {
         tracing::debug!(?why, "update not judged again");
         return allow(req);
     }
-    let object = match decode(req, req.object, "object", version) {
+    let (json, written) = match (objects.object.as_ref(), written) {
+        (Some(json), Some(Ok(written))) => (json, written),
+        (_, Some(Err(error))) => return *object_error(req, "object", version, error),
+        _ => return *bad_request(req, "object is missing from the request".to_owned()),
+    };
+    let object = match written.decode(version) {
         Ok(object) => object,
-        Err(response) => return *response,
+        Err(error) => return *object_error(req, "object", version, error),
     };
     let mut warnings = Vec::new();
-    let old = if update {
-        let Some(raw_old) = req.old_object else {
+    let old = match &stored {
+        None if update => {
             // Without it the update rules (immutable fields) cannot be checked.
             return *bad_request(
                 req,
                 "oldObject is missing from the UPDATE request".to_owned(),
             );
-        };
-        match review::decode_spec_only(raw_old, version) {
-            Ok(old) => Some(old),
-            Err(e) => {
-                // Refusing would block every update of an object stored before a schema
-                // change, including the fix; the API server's CEL transition rules still
-                // guard immutable fields.
-                warnings.push(format!(
-                    "the stored object is not a valid {KIND} ({e}); update rules were not checked"
-                ));
-                None
+        }
+        None => None,
+        Some(stored) => {
+            let decoded = match stored {
+                Ok(stored) => stored.decode(version).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match decoded {
+                Ok(old) => Some(old),
+                Err(e) => {
+                    // Refusing would block every update of an object stored before a
+                    // schema change, including the fix; the API server's CEL transition
+                    // rules still guard immutable fields.
+                    warnings.push(format!(
+                        "the stored object is not a valid {KIND} ({e}); update rules were not checked"
+                    ));
+                    None
+                }
             }
         }
-    } else {
-        None
     };
     let old_app = old.as_ref().map(|old| &old.app);
     let report = match (&object.app, old_app) {
@@ -93,31 +145,38 @@ pub fn validate_with(
         (App::V1beta1(new), _) => common::validation::validate_report(new, None),
     };
     warnings.extend(report.warnings);
-    let violations = if policies.is_empty() {
+    let violations = if judge.policies.is_empty() {
         Vec::new()
     } else {
-        let Some(raw) = req.object else {
-            return allow(req);
+        // Policies read the hub version, whatever version the client wrote; a stored
+        // object that could not be decoded is given as it is.
+        let (hub, old_hub) = match (Hub::of(&object.app), old_app.map(Hub::of).transpose()) {
+            (Ok(hub), Ok(old_hub)) => (hub, old_hub.flatten()),
+            (Err(error), _) | (_, Err(error)) => return hub_error(req, &error),
         };
-        let old_raw = req.old_object.filter(|_| update);
-        // Policies read the hub version, whatever version the client wrote.
-        let (hub, old_hub) = match (
-            hub_form(raw, Some(&object.app), version),
-            old_raw
-                .map(|old| hub_form(old, old_app, version))
-                .transpose(),
-        ) {
-            (Ok(hub), Ok(old_hub)) => (hub, old_hub),
-            (Err(error), _) | (_, Err(error)) => {
-                tracing::error!(%error, "cannot rewrite the object as the hub version");
-                return internal_error(req, &error.to_string());
-            }
-        };
-        policies.evaluate_raw(
-            &hub,
-            old_hub.as_deref(),
+        let (replace, old_replace) = (
+            hub.as_ref().map(Hub::replacements).unwrap_or_default(),
+            old_hub.as_ref().map(Hub::replacements).unwrap_or_default(),
+        );
+        let objects = policy::objects(
+            judge.policies,
+            Source {
+                json,
+                replace: &replace,
+            },
+            objects
+                .old_object
+                .as_ref()
+                .filter(|_| update)
+                .map(|json| Source {
+                    json,
+                    replace: &old_replace,
+                }),
+        );
+        judge.policies.evaluate_objects(
+            objects,
             &req.to_cel_request(),
-            namespace_object.as_ref(),
+            judge.namespace_object.as_ref(),
         )
     };
 
@@ -134,32 +193,21 @@ pub fn validate_with(
     response
 }
 
-/// `raw` in the hub version: as it is for `v1beta1`; rewritten from its typed decode
-/// (`app`) for `v1alpha1`. A `v1alpha1` object that could not be decoded (a stored
-/// object of an older schema) is passed as it is: the policies see what there is.
-fn hub_form<'a>(
-    raw: &'a RawValue,
-    app: Option<&App>,
-    version: Version,
-) -> Result<Cow<'a, RawValue>, review::hub::HubError> {
-    match (version, app) {
-        (Version::V1alpha1, Some(App::V1alpha1(typed))) => {
-            review::hub::v1alpha1_to_hub(raw, typed).map(Cow::Owned)
-        }
-        _ => Ok(Cow::Borrowed(raw)),
-    }
+fn hub_error(req: &Request, error: &HubError) -> AdmissionResponse {
+    tracing::error!(%error, "cannot give the object in the hub version");
+    internal_error(req, &error.to_string())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{app, decoded, review};
+    use super::super::fixtures::{app, decoded, judge, review};
     use super::*;
     use serde_json::json;
 
     #[test]
     fn valid_object_is_allowed_with_warnings() {
         let req = decoded(review("CREATE", app(json!({"image": "nginx"})), None));
-        let response = validate(&req, &PolicySet::default(), None);
+        let response = validate(&req, &judge(&PolicySet::default()));
         assert!(response.allowed);
         let warnings = response.warnings.unwrap_or_default();
         assert_eq!(warnings.len(), 1);
@@ -167,13 +215,13 @@ mod tests {
 
         let pinned = decoded(review("CREATE", app(json!({"image": "nginx:1.27"})), None));
         assert_eq!(
-            validate(&pinned, &PolicySet::default(), None).warnings,
+            validate(&pinned, &judge(&PolicySet::default())).warnings,
             None
         );
     }
 
     /// `spec.image` and `spec.canary.image` of a v1beta1 CREATE.
-    fn v1beta1_create(image: &str, canary: &str) -> Request<'static> {
+    fn v1beta1_create(image: &str, canary: &str) -> Review {
         let mut body: Value = serde_json::from_slice(&review(
             "CREATE",
             json!({"apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
@@ -193,7 +241,7 @@ mod tests {
             &format!("registry.example.com/app:v1@sha256:{stable}"),
             &format!("registry.example.com/app:v2@sha256:{next}"),
         );
-        let response = validate(&req, &PolicySet::default(), None);
+        let response = validate(&req, &judge(&PolicySet::default()));
         assert!(response.allowed, "{:?}", response.result);
         assert_eq!(
             response.warnings.unwrap_or_default(),
@@ -211,14 +259,14 @@ mod tests {
             &format!("registry.example.com/app@sha256:{stable}"),
             "registry.example.com/app:v2",
         );
-        assert_eq!(validate(&req, &PolicySet::default(), None).warnings, None);
+        assert_eq!(validate(&req, &judge(&PolicySet::default())).warnings, None);
     }
 
     #[test]
     fn an_upper_case_digest_is_denied() {
         let upper = format!("registry.example.com/app@sha256:{}", "A".repeat(64));
         let req = decoded(review("CREATE", app(json!({"image": upper})), None));
-        let response = validate(&req, &PolicySet::default(), None);
+        let response = validate(&req, &judge(&PolicySet::default()));
         assert!(!response.allowed);
         assert_eq!(
             response.result.message,
@@ -227,7 +275,7 @@ mod tests {
             )
         );
         let req = v1beta1_create("registry.example.com/app:v1", &upper);
-        let response = validate(&req, &PolicySet::default(), None);
+        let response = validate(&req, &judge(&PolicySet::default()));
         assert!(!response.allowed);
         assert!(
             response
@@ -253,8 +301,7 @@ mod tests {
         }));
         let response = validate(
             &decoded(review("CREATE", object, None)),
-            &PolicySet::default(),
-            None,
+            &judge(&PolicySet::default()),
         );
         assert!(!response.allowed);
         assert_eq!(response.result.code, 422);
@@ -299,8 +346,7 @@ mod tests {
             app(json!({"image": "nginx:1.27", "database": {"enabled": true, "class": "large"}}));
         let response = validate(
             &decoded(review("UPDATE", new.clone(), Some(old.clone()))),
-            &PolicySet::default(),
-            None,
+            &judge(&PolicySet::default()),
         );
         assert!(!response.allowed);
         assert!(
@@ -315,8 +361,7 @@ mod tests {
         assert!(
             validate(
                 &decoded(review("CREATE", new, None)),
-                &PolicySet::default(),
-                None
+                &judge(&PolicySet::default())
             )
             .allowed
         );
@@ -324,8 +369,7 @@ mod tests {
         let broken_old = app(json!({"image": 7}));
         let response = validate(
             &decoded(review("UPDATE", old, Some(broken_old))),
-            &PolicySet::default(),
-            None,
+            &judge(&PolicySet::default()),
         );
         assert!(response.allowed);
         assert!(response.warnings.unwrap_or_default()[0].contains("update rules were not checked"));
@@ -339,9 +383,9 @@ mod tests {
         )
         .unwrap();
         let ok = app(json!({"image": "registry.example.com/checkout:v1"}));
-        assert!(validate(&decoded(review("CREATE", ok, None)), &set, None).allowed);
+        assert!(validate(&decoded(review("CREATE", ok, None)), &judge(&set)).allowed);
         let bad = app(json!({"image": "docker.io/checkout:v1", "port": 0}));
-        let response = validate(&decoded(review("CREATE", bad, None)), &set, None);
+        let response = validate(&decoded(review("CREATE", bad, None)), &judge(&set));
         assert!(!response.allowed);
         assert_eq!(
             response.result.message,
@@ -355,8 +399,7 @@ mod tests {
             app(json!({"image": "nginx:1.27", "database": {"enabled": true, "class": "large"}}));
         let response = validate(
             &decoded(review("UPDATE", object, None)),
-            &PolicySet::default(),
-            None,
+            &judge(&PolicySet::default()),
         );
         assert!(!response.allowed);
         assert_eq!(response.result.code, 400);
@@ -373,7 +416,10 @@ mod tests {
         let set = PolicySet::from_yaml(std::path::Path::new("p.yaml"), PORTS).unwrap();
         // v1alpha1 `port: 9999` is `ports[0].port: 9999` in the hub.
         let alpha = app(json!({"image": "nginx:1.27", "port": 9999}));
-        let response = validate(&decoded(review("CREATE", alpha.clone(), None)), &set, None);
+        let response = validate(
+            &decoded(review("CREATE", alpha.clone(), None)),
+            &judge(&set),
+        );
         assert!(!response.allowed);
         assert!(
             response.result.message.contains("port 9999 is reserved"),
@@ -390,8 +436,7 @@ mod tests {
         assert!(
             validate(
                 &decoded(review("UPDATE", moved, Some(alpha))),
-                &old_reading,
-                None
+                &judge(&old_reading)
             )
             .allowed
         );
@@ -405,7 +450,7 @@ mod tests {
         ))
         .unwrap();
         body["request"]["kind"]["version"] = json!("v1beta1");
-        let response = validate(&decoded(serde_json::to_vec(&body).unwrap()), &set, None);
+        let response = validate(&decoded(serde_json::to_vec(&body).unwrap()), &judge(&set));
         assert!(!response.allowed);
     }
 
@@ -420,17 +465,99 @@ mod tests {
         let mut finalized = stored.clone();
         finalized["metadata"]["finalizers"] = json!(["platform.example.com/cleanup"]);
         let req = decoded(review("UPDATE", finalized.clone(), Some(stored.clone())));
-        assert!(validate(&req, &never, None).allowed, "finalizer added");
+        assert!(validate(&req, &judge(&never)).allowed, "finalizer added");
         let mut deleting = finalized.clone();
         deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
         let mut released = deleting.clone();
         released["metadata"]["finalizers"] = json!([]);
         let req = decoded(review("UPDATE", released, Some(deleting)));
-        assert!(validate(&req, &never, None).allowed, "finalizer released");
+        assert!(validate(&req, &judge(&never)).allowed, "finalizer released");
         // A change of the spec is judged.
         let mut scaled = stored.clone();
         scaled["spec"]["replicas"] = json!(3);
         let req = decoded(review("UPDATE", scaled, Some(stored)));
-        assert!(!validate(&req, &never, None).allowed);
+        assert!(!validate(&req, &judge(&never)).allowed);
+    }
+
+    /// The ratchet reads what each object's one pass read: a stored object being deleted
+    /// lets an update through even when the new object is no AppService at all (the spec
+    /// is never decoded), and a label that is not a string makes the update judged
+    /// rather than refused or let through.
+    #[test]
+    fn the_ratchet_reads_what_the_one_pass_kept() {
+        let never = PolicySet::from_yaml(
+            std::path::Path::new("p.yaml"),
+            "policies:\n  - {name: never, expression: 'false', message: added later}\n",
+        )
+        .unwrap();
+        let mut deleting = app(json!({"image": "nginx:1.27"}));
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        let broken = app(json!({"image": 7, "env": "not a list"}));
+        let req = decoded(review("UPDATE", broken.clone(), Some(deleting)));
+        assert!(validate(&req, &judge(&never)).allowed);
+        // Not being deleted: the broken object is refused for what it is.
+        let stored = app(json!({"image": "nginx:1.27"}));
+        let req = decoded(review("UPDATE", broken, Some(stored.clone())));
+        let response = validate(&req, &judge(&PolicySet::default()));
+        assert_eq!(response.result.code, 400, "{:?}", response.result);
+        assert!(
+            response
+                .result
+                .message
+                .starts_with("object is not a valid v1alpha1 AppService: spec.env: invalid type"),
+            "{}",
+            response.result.message
+        );
+        // The same labels, one of them not a string: judged, so the policy denies.
+        let mut odd = stored.clone();
+        odd["metadata"]["labels"] = json!({"team": 5});
+        let req = decoded(review("UPDATE", odd.clone(), Some(odd)));
+        let response = validate(&req, &judge(&never));
+        assert!(!response.allowed);
+        assert!(
+            response.result.message.contains("added later"),
+            "{}",
+            response.result.message
+        );
+        // Identical objects are not judged.
+        let req = decoded(review("UPDATE", stored.clone(), Some(stored)));
+        assert!(validate(&req, &judge(&never)).allowed);
+    }
+
+    /// A v1alpha1 UPDATE: both objects reach the policies in the hub form, converted once
+    /// each from their JSON, with the conversion annotations replaced by the conversion's
+    /// and every other annotation as it came.
+    #[test]
+    fn policies_read_both_objects_in_the_hub_form() {
+        let canary = common::names::ANNOTATION_V1BETA1_CANARY;
+        let set = PolicySet::from_yaml(
+            std::path::Path::new("p.yaml"),
+            &format!(
+                "policies:\n  - name: hub\n    expression: \"object.apiVersion == 'platform.example.com/v1beta1' && object.spec.ports[0].port == 8081 && oldObject.spec.ports[0].port == 8080 && object.spec.canary.image == 'shop:v2' && !('{canary}' in object.metadata.annotations) && object.metadata.annotations.team == 'shop'\"\n    message: not the hub form\n"
+            ),
+        )
+        .unwrap();
+        let old = app(json!({"image": "shop:v1", "port": 8080}));
+        let mut new = app(json!({"image": "shop:v1", "port": 8081, "replicas": 2}));
+        new["metadata"]["annotations"] =
+            json!({"team": "shop", canary: r#"{"image":"shop:v2","replicas":1}"#});
+        let response = validate(&decoded(review("UPDATE", new, Some(old))), &judge(&set));
+        assert!(response.allowed, "{:?}", response.result);
+    }
+
+    /// The decoded review owns what it needs (no borrow of the body): the handler moves it
+    /// to a blocking thread for costly policies instead of decoding the body there again.
+    #[test]
+    fn a_decoded_review_needs_no_body() {
+        fn owned<T: Send + Sync + 'static>(_: &T) {}
+        let req = decoded(review("CREATE", app(json!({"image": "nginx:1.27"})), None));
+        owned(&req);
+        let req = std::thread::spawn(move || {
+            assert!(validate(&req, &judge(&PolicySet::default())).allowed);
+            req
+        })
+        .join()
+        .unwrap();
+        assert_eq!(req.request.uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
     }
 }

@@ -14,7 +14,8 @@
 //!   (`object.spec.env`, `object.metadata.labels`, ...), so a request converts only
 //!   those to CEL values.
 //! * **Values** ([`values`]): per review, only the projected fields of the object are
-//!   converted to CEL values, straight from its JSON.
+//!   converted to CEL values, straight from its JSON, in one pass; what replaces part
+//!   of it (the hub form, a scale's replicas) is put in during that pass.
 //! * **Cost.** A worst-case estimate in the spirit of the API server's estimator:
 //!   every node costs 1, a comprehension costs its body times the largest size its
 //!   list can have (`spec.env` at most 128 entries, any other list of an object at most
@@ -40,7 +41,7 @@ use cost::estimate;
 use cost::max_len;
 use lint::unary_run;
 
-pub use values::{json_to_cel, object_to_cel};
+pub use values::{Replace, With, json_to_cel, object_to_cel, value_to_cel};
 
 /// Cost limit of one expression, as the API server's per-expression limit.
 pub const PER_EXPRESSION_COST_LIMIT: u64 = 1_000_000;
@@ -328,7 +329,6 @@ pub fn with_functions<R>(f: impl FnOnce(&Context<'static>) -> R) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::value::RawValue;
 
     const VARS: [&str; 3] = ["object", "oldObject", "request"];
 
@@ -390,8 +390,7 @@ mod tests {
 
     fn eval(source: &str, object: &str) -> Value {
         let expression = Expression::compile(source, &VARS).unwrap();
-        let raw = RawValue::from_string(object.to_owned()).unwrap();
-        let object = object_to_cel(&raw, &expression.object, 1000).unwrap();
+        let object = object_to_cel(object.as_bytes(), &expression.object, 1000, &[]).unwrap();
         with_functions(|base| {
             let mut ctx = base.new_inner_scope();
             ctx.add_variable_from_value("object", object);

@@ -1,14 +1,13 @@
 //! JSON to CEL values: the object of a review (only the fields its policies read,
-//! property names escaped as the API server does, a bounded number of values) and the
-//! namespace object.
+//! property names escaped as the API server does, a bounded number of values, with the
+//! members a [`Replace`] changes put in as the JSON is read) and the namespace object.
 
 use std::fmt;
 use std::sync::Arc;
 
 use kube::core::cel::cel::Value;
 use kube::core::cel::cel::objects::{Key, Map};
-use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
-use serde_json::value::RawValue;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::{ExpressionError, Projection};
 
@@ -100,22 +99,92 @@ fn escape(name: &str) -> String {
     escaped
 }
 
-/// Converts an AppService's raw JSON into a CEL value, only the projected parts, in one
-/// pass and without an intermediate generic JSON value. More than `max_values` values
-/// converted is an error, which bounds the memory of the CEL copy.
+/// A member changed while an object is converted, instead of what its JSON holds: the
+/// hub form of a `v1alpha1` object (its `apiVersion`, `spec` and conversion annotations),
+/// the new replicas of a scale write. `path` names the member from the top of the object
+/// (JSON names, `["metadata", "annotations"]`). What is put in is converted like the rest
+/// of the object (projected, escaped, counted). Nothing is put under a parent the object
+/// does not have.
+#[derive(Clone, Copy, Debug)]
+pub struct Replace<'a> {
+    pub path: &'a [&'a str],
+    pub with: With<'a>,
+}
+
+/// What a [`Replace`] puts in.
+#[derive(Clone, Copy, Debug)]
+pub enum With<'a> {
+    /// This value.
+    Value(&'a serde_json::Value),
+    /// Nothing: the member is left out.
+    Nothing,
+    /// The member as a map (absent, null or not a map: an empty one) without the members
+    /// named in `drop`, and with those of `put` (a JSON object); left out when that leaves
+    /// it empty.
+    Merge {
+        drop: &'a [&'a str],
+        put: &'a serde_json::Value,
+    },
+}
+
+/// The state of a [`With::Merge`] while its map is converted.
+struct Merging<'a> {
+    drop: &'a [&'a str],
+    put: &'a serde_json::Value,
+    /// Members of the merged map, whether a policy reads them or not.
+    members: std::cell::Cell<usize>,
+}
+
+impl Merging<'_> {
+    fn put(&self) -> impl Iterator<Item = (&String, &serde_json::Value)> {
+        self.put.as_object().into_iter().flatten()
+    }
+}
+
+/// Converts an AppService's JSON into a CEL value, only the projected parts, in one pass
+/// and without an intermediate generic JSON value, with the members of `replace` put in.
+/// More than `max_values` values converted is an error, which bounds the memory of the
+/// CEL copy.
 pub fn object_to_cel(
-    raw: &RawValue,
+    json: &[u8],
+    projection: &Projection,
+    max_values: usize,
+    replace: &[Replace<'_>],
+) -> Result<Value, ExpressionError> {
+    convert(
+        &mut serde_json::Deserializer::from_slice(json),
+        projection,
+        max_values,
+        replace,
+    )
+}
+
+/// [`object_to_cel`] of an object already held as generic JSON (tests and tools).
+pub fn value_to_cel(
+    value: &serde_json::Value,
     projection: &Projection,
     max_values: usize,
 ) -> Result<Value, ExpressionError> {
-    let mut de = serde_json::Deserializer::from_str(raw.get());
+    convert(value, projection, max_values, &[])
+}
+
+fn convert<'de, D: Deserializer<'de, Error = serde_json::Error>>(
+    json: D,
+    projection: &Projection,
+    max_values: usize,
+    replace: &[Replace<'_>],
+) -> Result<Value, ExpressionError> {
     let remaining = std::cell::Cell::new(max_values);
+    let replace: Vec<&Replace<'_>> = replace.iter().collect();
     let value = CelSeed {
         projection: Some(projection),
         position: Position::Root,
         remaining: &remaining,
+        replace: &replace,
+        depth: 0,
+        merge: None,
     }
-    .deserialize(&mut de)
+    .deserialize(json)
     .map_err(|e| {
         if remaining.get() == 0 {
             ExpressionError::TooManyValues { max: max_values }
@@ -154,15 +223,45 @@ fn number(i: Option<i64>, u: Option<u64>, f: Option<f64>) -> Value {
     }
 }
 
-struct CelSeed<'p> {
+struct CelSeed<'p, 'r> {
     /// `None`: take everything below.
     projection: Option<&'p Projection>,
     position: Position,
     /// Values that may still be converted.
     remaining: &'p std::cell::Cell<usize>,
+    /// The replacements at or below this value; `depth` is how deep it is in the object.
+    replace: &'r [&'r Replace<'r>],
+    depth: usize,
+    /// This value is a map merged with others ([`With::Merge`]).
+    merge: Option<&'r Merging<'r>>,
 }
 
-impl<'de> DeserializeSeed<'de> for CelSeed<'_> {
+impl CelSeed<'_, '_> {
+    /// What a member called `key` of this map is converted with, and its CEL name; `None`
+    /// when no policy reads it.
+    fn member(&self, key: &str) -> Option<(Option<&Projection>, Position, String)> {
+        let name = if self.position.escapes() {
+            escape(key)
+        } else {
+            key.to_owned()
+        };
+        let projection = match self.projection {
+            None => None,
+            Some(projection) => {
+                let child = projection.child(&name)?;
+                (!child.whole).then_some(child)
+            }
+        };
+        Some((projection, self.position.child(key), name))
+    }
+
+    /// Whether the replacement ends at the member `key` of this map.
+    fn replaces(&self, replace: &Replace<'_>, key: &str) -> bool {
+        replace.path.len() == self.depth + 1 && replace.path.get(self.depth) == Some(&key)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for CelSeed<'_, '_> {
     type Value = Value;
     fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
         match self.remaining.get().checked_sub(1) {
@@ -173,7 +272,7 @@ impl<'de> DeserializeSeed<'de> for CelSeed<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for CelSeed<'_> {
+impl<'de> Visitor<'de> for CelSeed<'_, '_> {
     type Value = Value;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
@@ -208,6 +307,9 @@ impl<'de> Visitor<'de> for CelSeed<'_> {
             projection: None,
             position: element,
             remaining: self.remaining,
+            replace: &[],
+            depth: self.depth + 1,
+            merge: None,
         })? {
             items.push(item);
         }
@@ -215,29 +317,116 @@ impl<'de> Visitor<'de> for CelSeed<'_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
         let mut map = std::collections::HashMap::new();
+        // Members replaced here that the JSON has (a merged map is put in even if not).
+        let mut seen = Vec::new();
         while let Some(key) = access.next_key::<std::borrow::Cow<'de, str>>()? {
-            let position = self.position.child(&key);
-            let name = if self.position.escapes() {
-                escape(&key)
-            } else {
-                key.into_owned()
+            if let Some(merge) = self.merge {
+                if merge.drop.contains(&key.as_ref()) {
+                    access.next_value::<de::IgnoredAny>()?;
+                    continue;
+                }
+                merge.members.set(merge.members.get() + 1);
+            }
+            let replace = self.replace.iter().find(|r| self.replaces(r, &key));
+            let merging = match replace.map(|r| r.with) {
+                Some(With::Value(_) | With::Nothing) => {
+                    access.next_value::<de::IgnoredAny>()?;
+                    continue;
+                }
+                Some(With::Merge { drop, put }) => {
+                    seen.push(key.clone());
+                    Some(Merging {
+                        drop,
+                        put,
+                        members: std::cell::Cell::new(0),
+                    })
+                }
+                None => None,
             };
-            let child = match self.projection {
-                None => Some(None),
-                Some(projection) => projection.child(&name).map(|p| (!p.whole).then_some(p)),
-            };
-            let Some(projection) = child else {
+            let Some((projection, position, name)) = self.member(&key) else {
                 access.next_value::<de::IgnoredAny>()?;
                 continue;
             };
-            let value = access.next_value_seed(CelSeed {
+            let below: Vec<&Replace<'_>> = self
+                .replace
+                .iter()
+                .copied()
+                .filter(|r| r.path.len() > self.depth + 1 && r.path.get(self.depth) == Some(&&*key))
+                .collect();
+            let mut value = access.next_value_seed(CelSeed {
                 projection,
                 position,
                 remaining: self.remaining,
+                replace: &below,
+                depth: self.depth + 1,
+                merge: merging.as_ref(),
             })?;
+            if let Some(merging) = &merging {
+                if !matches!(value, Value::Map(_)) {
+                    // Not a map: the merge is `put` alone.
+                    merging.members.set(merging.put().count());
+                    value = self.convert(projection, position, merging.put)?;
+                }
+                if merging.members.get() == 0 {
+                    continue;
+                }
+            }
+            map.insert(Key::String(Arc::new(name)), value);
+        }
+        if let Some(merge) = self.merge {
+            for (key, with) in merge.put() {
+                merge.members.set(merge.members.get() + 1);
+                if let Some((projection, position, name)) = self.member(key) {
+                    let value = self.convert(projection, position, with)?;
+                    map.insert(Key::String(Arc::new(name)), value);
+                }
+            }
+        }
+        for replace in self.replace {
+            let Some(key) = replace.path.get(self.depth) else {
+                continue;
+            };
+            if !self.replaces(replace, key) {
+                continue;
+            }
+            let with = match replace.with {
+                With::Value(with) => with,
+                With::Merge { put, .. }
+                    if !seen.iter().any(|s| s == key)
+                        && put.as_object().is_some_and(|p| !p.is_empty()) =>
+                {
+                    put
+                }
+                With::Nothing | With::Merge { .. } => continue,
+            };
+            let Some((projection, position, name)) = self.member(key) else {
+                continue;
+            };
+            let value = self.convert(projection, position, with)?;
             map.insert(Key::String(Arc::new(name)), value);
         }
         Ok(Value::Map(Map { map: Arc::new(map) }))
+    }
+}
+
+impl CelSeed<'_, '_> {
+    /// `with`, a replacement, converted as a member of this map.
+    fn convert<E: de::Error>(
+        &self,
+        projection: Option<&Projection>,
+        position: Position,
+        with: &serde_json::Value,
+    ) -> Result<Value, E> {
+        CelSeed {
+            projection,
+            position,
+            remaining: self.remaining,
+            replace: &[],
+            depth: self.depth + 1,
+            merge: None,
+        }
+        .deserialize(with)
+        .map_err(de::Error::custom)
     }
 }
 
@@ -248,24 +437,143 @@ mod tests {
 
     const VARS: [&str; 3] = ["object", "oldObject", "request"];
 
+    fn get<'v>(value: &'v Value, name: &str) -> Option<&'v Value> {
+        let Value::Map(map) = value else {
+            return None;
+        };
+        map.map.get(&Key::String(Arc::new(name.into())))
+    }
+
     #[test]
     fn only_the_read_fields_are_converted() {
         let expression = Expression::compile("object.spec.replicas > 1", &VARS).unwrap();
-        let raw = RawValue::from_string(
-            r#"{"metadata":{"name":"a"},"spec":{"replicas":2,"env":[]}}"#.to_owned(),
-        )
-        .unwrap();
-        let Value::Map(root) = object_to_cel(&raw, &expression.object, 1000).unwrap() else {
+        let json = br#"{"metadata":{"name":"a"},"spec":{"replicas":2,"env":[]}}"#;
+        let root = object_to_cel(json, &expression.object, 1000, &[]).unwrap();
+        let Value::Map(map) = &root else {
             panic!("not a map");
         };
-        assert_eq!(root.map.len(), 1);
-        let Some(Value::Map(spec)) = root.map.get(&Key::String(Arc::new("spec".into()))) else {
+        assert_eq!(map.map.len(), 1);
+        let Some(Value::Map(spec)) = get(&root, "spec") else {
             panic!("no spec");
         };
         assert_eq!(spec.map.len(), 1);
         // Only converted values count against the bound: root, spec, replicas.
-        assert!(object_to_cel(&raw, &expression.object, 3).is_ok());
-        let err = object_to_cel(&raw, &expression.object, 2).unwrap_err();
+        assert!(object_to_cel(json, &expression.object, 3, &[]).is_ok());
+        let err = object_to_cel(json, &expression.object, 2, &[]).unwrap_err();
         assert!(err.to_string().contains("more than 2 JSON values"), "{err}");
+        // The same from generic JSON.
+        let value: serde_json::Value = serde_json::from_slice(json).unwrap();
+        assert_eq!(
+            value_to_cel(&value, &expression.object, 1000).unwrap(),
+            root
+        );
+    }
+
+    #[test]
+    fn replaced_members_are_converted_like_the_rest() {
+        let json = br#"{"apiVersion":"v1","metadata":{"name":"a","annotations":{"x":"1"}},
+            "spec":{"replicas":2,"image":"i"}}"#;
+        let whole = Projection::whole();
+        let replicas = serde_json::json!(5);
+        let annotations = serde_json::json!({"y.example.com/z": "2"});
+        let replaced = object_to_cel(
+            json,
+            &whole,
+            1000,
+            &[
+                Replace {
+                    path: &["spec", "replicas"],
+                    with: With::Value(&replicas),
+                },
+                Replace {
+                    path: &["metadata", "annotations"],
+                    with: With::Value(&annotations),
+                },
+                Replace {
+                    path: &["apiVersion"],
+                    with: With::Nothing,
+                },
+                // No `status` in the object: nothing is put under it.
+                Replace {
+                    path: &["status", "replicas"],
+                    with: With::Value(&replicas),
+                },
+            ],
+        )
+        .unwrap();
+        let expected = value_to_cel(
+            &serde_json::json!({"metadata": {"name": "a", "annotations": {"y.example.com/z": "2"}},
+                                "spec": {"replicas": 5, "image": "i"}}),
+            &whole,
+            1000,
+        )
+        .unwrap();
+        assert_eq!(replaced, expected);
+        // A replacement counts against the bound like what it replaces: root, spec,
+        // replicas, image.
+        let spec = Expression::compile("object.spec.image != ''", &VARS).unwrap();
+        let both = Expression::compile("has(object.spec.image) && object.spec.replicas > 0", &VARS)
+            .unwrap();
+        assert!(object_to_cel(json, &spec.object, 3, &[]).is_ok());
+        let over = object_to_cel(
+            json,
+            &both.object,
+            3,
+            &[Replace {
+                path: &["spec", "replicas"],
+                with: With::Value(&replicas),
+            }],
+        );
+        assert!(
+            matches!(over, Err(ExpressionError::TooManyValues { max: 3 })),
+            "{over:?}"
+        );
+    }
+
+    #[test]
+    fn a_merged_map_keeps_its_other_members_and_goes_when_empty() {
+        let whole = Projection::whole();
+        let merged = |json: &str, put: serde_json::Value| {
+            object_to_cel(
+                json.as_bytes(),
+                &whole,
+                1000,
+                &[Replace {
+                    path: &["metadata", "annotations"],
+                    with: With::Merge {
+                        drop: &["a", "b"],
+                        put: &put,
+                    },
+                }],
+            )
+            .unwrap()
+        };
+        let expect = |json: serde_json::Value| value_to_cel(&json, &whole, 1000).unwrap();
+        let json = r#"{"metadata":{"annotations":{"a":"1","b":"2","c":"3"}}}"#;
+        assert_eq!(
+            merged(json, serde_json::json!({"b": "new"})),
+            expect(serde_json::json!({"metadata": {"annotations": {"b": "new", "c": "3"}}}))
+        );
+        // Nothing left: no annotations at all.
+        let json = r#"{"metadata":{"annotations":{"a":"1"}}}"#;
+        assert_eq!(
+            merged(json, serde_json::json!({})),
+            expect(serde_json::json!({"metadata": {}}))
+        );
+        // Absent or null: `put` alone; under no metadata, nothing.
+        for json in [r#"{"metadata":{}}"#, r#"{"metadata":{"annotations":null}}"#] {
+            assert_eq!(
+                merged(json, serde_json::json!({"a": "x"})),
+                expect(serde_json::json!({"metadata": {"annotations": {"a": "x"}}}))
+            );
+            assert_eq!(
+                merged(json, serde_json::json!({})),
+                expect(serde_json::json!({"metadata": {}}))
+            );
+        }
+        assert_eq!(
+            merged("{}", serde_json::json!({"a": "x"})),
+            expect(serde_json::json!({}))
+        );
     }
 }

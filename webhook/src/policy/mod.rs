@@ -6,7 +6,8 @@
 //! `cel.bind`, the fields read, a cost estimate) and evaluated on the cel-rust
 //! interpreter with Kubernetes' CEL libraries from kube-cel (strings, lists, sets,
 //! regex, quantity, semver, ...). Per review, only the fields the policies read are
-//! converted to CEL values, once, straight from the request's JSON.
+//! converted to CEL values, once, straight from the request's JSON
+//! ([`crate::review::policy`]); [`PolicySet::evaluate_objects`] takes those values.
 //!
 //! A file is compiled completely before it replaces the active set; a file that does
 //! not parse or compile is rejected with the failing policy's name and position, and
@@ -25,7 +26,6 @@ use kube::core::cel::AdmissionRequest as CelRequest;
 use kube::core::cel::cel::Value;
 use kube::core::cel::cel::objects::{Key, Map};
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use crate::expression::{
     self, Expression, ExpressionError, PER_EXPRESSION_COST_LIMIT, PER_REVIEW_COST_LIMIT, Projection,
@@ -138,6 +138,15 @@ pub struct Violation {
     pub message: String,
 }
 
+/// A review's `object` and `oldObject` as the policies read them: CEL values of the fields
+/// the policies read, or why the object could not be converted. `old_object` is `None`
+/// when there is none or no policy reads it.
+#[derive(Debug)]
+pub struct Objects {
+    pub object: Result<Value, ExpressionError>,
+    pub old_object: Option<Result<Value, ExpressionError>>,
+}
+
 /// A compiled set of policies, immutable once built.
 #[derive(Debug, Default)]
 pub struct PolicySet {
@@ -237,8 +246,19 @@ impl PolicySet {
         self.cost
     }
 
-    /// Evaluates every policy on generic JSON (tests and tools; the webhook uses
-    /// [`PolicySet::evaluate_raw`]). Returns the ones that denied.
+    /// What of `object` the policies read.
+    pub fn object_projection(&self) -> &Projection {
+        &self.object
+    }
+
+    /// What of `oldObject` the policies read (nothing: it is not converted at all).
+    pub fn old_object_projection(&self) -> &Projection {
+        &self.old_object
+    }
+
+    /// Evaluates every policy on generic JSON (tests and tools; the webhook converts a
+    /// review's objects once, from their JSON, and uses [`PolicySet::evaluate_objects`]).
+    /// Returns the ones that denied.
     pub fn evaluate(
         &self,
         object: serde_json::Value,
@@ -246,44 +266,40 @@ impl PolicySet {
         request: CelRequest,
         namespace_object: Option<serde_json::Value>,
     ) -> Vec<Violation> {
-        let to_raw =
-            |v: &serde_json::Value| RawValue::from_string(v.to_string()).map_err(|e| e.to_string());
-        let raw = match to_raw(&object) {
-            Ok(raw) => raw,
-            Err(e) => return self.all_denied(&e),
+        if self.policies.is_empty() {
+            return Vec::new();
+        }
+        let objects = Objects {
+            object: expression::value_to_cel(&object, &self.object, MAX_POLICY_VALUES),
+            old_object: old_object
+                .filter(|_| !self.old_object.is_empty())
+                .map(|old| expression::value_to_cel(&old, &self.old_object, MAX_POLICY_VALUES)),
         };
-        let old = match old_object.as_ref().map(to_raw).transpose() {
-            Ok(old) => old,
-            Err(e) => return self.all_denied(&e),
-        };
-        self.evaluate_raw(&raw, old.as_deref(), &request, namespace_object.as_ref())
+        self.evaluate_objects(objects, &request, namespace_object.as_ref())
     }
 
-    /// Evaluates every policy; returns the ones that denied. Only the fields the policies
-    /// read are converted to CEL values, once per review. An expression that fails to
-    /// evaluate (a missing field, a type error) denies: policies fail closed.
-    pub fn evaluate_raw(
+    /// Evaluates every policy on a review's `object` and `oldObject` as CEL values (only
+    /// the fields the policies read, each converted once: [`crate::review::policy`]);
+    /// returns the ones that denied. An object that could not be converted, or an
+    /// expression that fails to evaluate (a missing field, a type error), denies:
+    /// policies fail closed.
+    pub fn evaluate_objects(
         &self,
-        object: &RawValue,
-        old_object: Option<&RawValue>,
+        objects: Objects,
         request: &CelRequest,
         namespace_object: Option<&serde_json::Value>,
     ) -> Vec<Violation> {
         if self.policies.is_empty() {
             return Vec::new();
         }
-        let object = match expression::object_to_cel(object, &self.object, MAX_POLICY_VALUES) {
+        let object = match objects.object {
             Ok(object) => object,
             Err(e) => return self.all_denied(&format!("object cannot be read: {e}")),
         };
-        let old_object = match old_object {
-            Some(old) if !self.old_object.is_empty() => {
-                match expression::object_to_cel(old, &self.old_object, MAX_POLICY_VALUES) {
-                    Ok(old) => old,
-                    Err(e) => return self.all_denied(&format!("oldObject cannot be read: {e}")),
-                }
-            }
-            _ => Value::Null,
+        let old_object = match objects.old_object {
+            Some(Ok(old)) => old,
+            Some(Err(e)) => return self.all_denied(&format!("oldObject cannot be read: {e}")),
+            None => Value::Null,
         };
         expression::with_functions(|functions| {
             let mut context = functions.new_inner_scope();

@@ -1,118 +1,148 @@
-//! The hub form (`v1beta1`) of a reviewed object, as raw JSON, for the policies.
+//! The hub form (`v1beta1`) of a reviewed object, for the policies.
 //!
 //! Policies are written against one shape, the hub's: `object.spec.ports`, never
 //! `object.spec.port`. The API server sends a review in the version the client wrote,
-//! so a `v1alpha1` object is rewritten here, the way `/convert` would store it: only
-//! `apiVersion`, `spec` and the conversion annotations differ between the versions,
-//! so those are replaced (from the typed conversion of `common::conversion`) and every
-//! other member of the object and of its metadata is carried over as raw JSON, unparsed.
-//! The cost is one copy of the object, never a generic JSON tree of it; the annotations
-//! are parsed only when a conversion annotation is involved (the API server bounds them
-//! at 256 KiB before validating admission).
-
-use std::collections::BTreeMap;
+//! so a `v1alpha1` object is given to the policies the way `/convert` would store it:
+//! only `apiVersion`, `spec` and the conversion annotations differ between the versions,
+//! so [`Hub`] holds those three, from the typed conversion of `common::conversion`, and
+//! [`super::policy`] puts them in while it converts the object's JSON: every other member
+//! of the object and of its annotations is read from the JSON as it is, in the same pass.
+//! Nothing is parsed twice and no JSON is written to be read again.
 
 use common::conversion::{self, Version};
 use common::names::CONVERSION_ANNOTATIONS;
-use common::v1alpha1;
-use serde_json::value::RawValue;
+use serde_json::Value;
 
-/// Why an object could not be rewritten (a fault of the object's JSON, which the typed
-/// decode already accepted, so in practice a member of an unexpected type).
+use super::App;
+use crate::expression::{Replace, With};
+
+/// Why an object could not be given in the hub form (its conversion could not be
+/// written as JSON: a fault of the webhook).
 #[derive(Debug, thiserror::Error)]
 #[error("the object cannot be read as the hub version: {0}")]
 pub struct HubError(String);
 
-impl HubError {
-    fn of(error: serde_json::Error) -> Self {
-        HubError(error.to_string())
-    }
+/// What the hub form of a `v1alpha1` object replaces.
+#[derive(Debug)]
+pub struct Hub {
+    api_version: Value,
+    spec: Value,
+    /// The conversion annotations of the hub form, when one is involved (present before
+    /// or after the conversion); otherwise the annotations stay as they are.
+    annotations: Option<Value>,
 }
 
-/// `raw`, a `v1alpha1` AppService, as its `v1beta1` form. `typed` is the same object as
-/// [`super::decode_object`] or [`super::decode_spec_only`] decoded it (its spec and its
-/// conversion annotations are what the conversion reads).
-pub fn v1alpha1_to_hub(
-    raw: &RawValue,
-    typed: &v1alpha1::AppService,
-) -> Result<Box<RawValue>, HubError> {
-    let hub = conversion::to_v1beta1(typed);
-    let top: BTreeMap<String, &RawValue> = serde_json::from_str(raw.get()).map_err(HubError::of)?;
-    let api_version =
-        serde_json::value::to_raw_value(Version::V1beta1.api_version()).map_err(HubError::of)?;
-    let spec = serde_json::value::to_raw_value(&hub.spec).map_err(HubError::of)?;
-    // Every other annotation as it came; the conversion decides the ones it owns. The
-    // typed decode kept only those: when none is there before or after, the
-    // metadata is carried over untouched (and its annotations never parsed, however
-    // many there are).
-    let carried = hub.metadata.annotations.unwrap_or_default();
-    let had = typed
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| !a.is_empty());
-    let metadata = match top.get("metadata") {
-        Some(metadata) if had || !carried.is_empty() => Some(hub_metadata(metadata, &carried)?),
-        _ => None,
-    };
-    let mut out: BTreeMap<&str, &RawValue> = top.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    out.insert("apiVersion", &api_version);
-    out.insert("spec", &spec);
-    if let Some(metadata) = &metadata {
-        out.insert("metadata", metadata);
+impl Hub {
+    /// The hub form of `app`, as its typed decode has it, when it needs one (a
+    /// `v1alpha1` object: its spec and its conversion annotations are what the conversion
+    /// reads).
+    pub fn of(app: &App) -> Result<Option<Hub>, HubError> {
+        let App::V1alpha1(typed) = app else {
+            return Ok(None);
+        };
+        let hub = conversion::to_v1beta1(typed);
+        let of = |error: serde_json::Error| HubError(error.to_string());
+        let spec = serde_json::to_value(&hub.spec).map_err(of)?;
+        let carried = hub.metadata.annotations.unwrap_or_default();
+        let had = typed
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| !a.is_empty());
+        let annotations = (had || !carried.is_empty())
+            .then(|| serde_json::to_value(carried))
+            .transpose()
+            .map_err(of)?;
+        Ok(Some(Hub {
+            api_version: Value::from(Version::V1beta1.api_version()),
+            spec,
+            annotations,
+        }))
     }
-    serde_json::value::to_raw_value(&out).map_err(HubError::of)
-}
 
-/// The metadata with the conversion annotations replaced by `carried`.
-fn hub_metadata(
-    metadata: &RawValue,
-    carried: &BTreeMap<String, String>,
-) -> Result<Box<RawValue>, HubError> {
-    let mut fields: BTreeMap<String, &RawValue> =
-        serde_json::from_str(metadata.get()).map_err(HubError::of)?;
-    let mut annotations: BTreeMap<String, String> = match fields.get("annotations") {
-        Some(raw) => serde_json::from_str::<Option<BTreeMap<String, String>>>(raw.get())
-            .map_err(HubError::of)?
-            .unwrap_or_default(),
-        None => BTreeMap::new(),
-    };
-    for key in CONVERSION_ANNOTATIONS {
-        annotations.remove(key);
-    }
-    for key in CONVERSION_ANNOTATIONS {
-        if let Some(value) = carried.get(key) {
-            annotations.insert(key.to_owned(), value.clone());
+    /// The members the hub form changes: `apiVersion` and `spec` replaced; the
+    /// conversion annotations replaced by the conversion's, every other annotation as it
+    /// came, and no annotations at all when none is left.
+    pub fn replacements(&self) -> Vec<Replace<'_>> {
+        let mut replace = vec![
+            Replace {
+                path: &["apiVersion"],
+                with: With::Value(&self.api_version),
+            },
+            Replace {
+                path: &["spec"],
+                with: With::Value(&self.spec),
+            },
+        ];
+        if let Some(annotations) = &self.annotations {
+            replace.push(Replace {
+                path: &["metadata", "annotations"],
+                with: With::Merge {
+                    drop: &CONVERSION_ANNOTATIONS,
+                    put: annotations,
+                },
+            });
         }
+        replace
     }
-    let annotations_raw = serde_json::value::to_raw_value(&annotations).map_err(HubError::of)?;
-    if annotations.is_empty() {
-        fields.remove("annotations");
-    } else {
-        fields.insert("annotations".to_owned(), &annotations_raw);
-    }
-    serde_json::value::to_raw_value(&fields).map_err(HubError::of)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::review::{App, decode_object, decode_spec_only};
-    use serde_json::{Value, json};
+    use crate::expression::{Projection, value_to_cel};
+    use crate::policy::PolicySet;
+    use crate::review::Json;
+    use crate::review::policy::{Source, objects};
+    use kube::core::cel::cel;
+    use serde_json::json;
+    use serde_json::value::RawValue;
 
-    /// The rewrite gives what `/convert` gives for the whole object.
+    /// The CEL value the policies get of `object` (a v1alpha1 object) when they read all
+    /// of it, from the written and the stored decode.
+    fn hub_values(object: &Value) -> Vec<cel::Value> {
+        let json = Json::from(RawValue::from_string(object.to_string()).unwrap());
+        let every = PolicySet::from_yaml(
+            std::path::Path::new("p.yaml"),
+            "policies:\n  - {name: all, expression: 'object == object && oldObject == oldObject', message: m}\n",
+        )
+        .unwrap();
+        let written = json.written().unwrap();
+        let stored = json.stored().unwrap();
+        let from_written = written.decode(Version::V1alpha1).unwrap();
+        let from_stored = stored.decode(Version::V1alpha1).unwrap();
+        let hubs = [
+            Hub::of(&from_written.app).unwrap().unwrap(),
+            Hub::of(&from_stored.app).unwrap().unwrap(),
+        ];
+        let replace: Vec<Vec<Replace<'_>>> = hubs.iter().map(Hub::replacements).collect();
+        let converted = objects(
+            &every,
+            Source {
+                json: &json,
+                replace: &replace[0],
+            },
+            Some(Source {
+                json: &json,
+                replace: &replace[1],
+            }),
+        );
+        vec![
+            converted.object.unwrap(),
+            converted.old_object.unwrap().unwrap(),
+        ]
+    }
+
+    /// The hub form is what `/convert` gives for the whole object.
     fn assert_same_as_convert(object: Value) {
-        let raw = RawValue::from_string(object.to_string()).unwrap();
         let expected = conversion::convert_object(&object, Version::V1beta1).unwrap();
-        for decoded in [
-            decode_object(&raw, Version::V1alpha1).unwrap(),
-            decode_spec_only(&raw, Version::V1alpha1).unwrap(),
-        ] {
-            let App::V1alpha1(typed) = &decoded.app else {
-                panic!("not v1alpha1");
-            };
-            let hub = v1alpha1_to_hub(&raw, typed).unwrap();
-            let hub: Value = serde_json::from_str(hub.get()).unwrap();
+        let expected = value_to_cel(
+            &expected,
+            &Projection::whole(),
+            crate::review::MAX_POLICY_VALUES,
+        )
+        .unwrap();
+        for hub in hub_values(&object) {
             assert_eq!(hub, expected, "{object}");
         }
     }
@@ -150,39 +180,13 @@ mod tests {
                        common::names::ANNOTATION_V1BETA1_CANARY: r#"{"image":"docker.io/evil:v1","replicas":1}"#,
                    }},
                    "spec": {"image": "nginx:1", "replicas": 2}}),
+            // Only the conversion annotations: none is left in the hub form.
+            json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+                   "metadata": {"name": "a", "annotations": {
+                       common::names::ANNOTATION_V1BETA1_CANARY: r#"{"image":"docker.io/evil:v1"}"#}},
+                   "spec": {"image": "nginx:1", "replicas": 2}}),
         ] {
             assert_same_as_convert(object);
         }
-    }
-
-    #[test]
-    fn the_port_of_v1alpha1_is_the_first_hub_port() {
-        let object = json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
-                            "metadata": {"name": "a"}, "spec": {"image": "nginx:1", "port": 9999}});
-        let raw = RawValue::from_string(object.to_string()).unwrap();
-        let decoded = decode_object(&raw, Version::V1alpha1).unwrap();
-        let App::V1alpha1(typed) = &decoded.app else {
-            panic!("not v1alpha1");
-        };
-        let hub: Value = serde_json::from_str(v1alpha1_to_hub(&raw, typed).unwrap().get()).unwrap();
-        assert_eq!(hub["apiVersion"], "platform.example.com/v1beta1");
-        assert_eq!(hub["spec"]["ports"][0]["port"], 9999);
-        assert!(hub["spec"].get("port").is_none());
-    }
-
-    #[test]
-    fn the_canary_of_a_v1alpha1_annotation_is_in_the_hub_spec() {
-        let object = json!({"apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
-                            "metadata": {"name": "a", "annotations": {
-                                common::names::ANNOTATION_V1BETA1_CANARY: r#"{"image":"docker.io/evil:v1"}"#}},
-                            "spec": {"image": "nginx:1", "replicas": 2}});
-        let raw = RawValue::from_string(object.to_string()).unwrap();
-        let decoded = decode_object(&raw, Version::V1alpha1).unwrap();
-        let App::V1alpha1(typed) = &decoded.app else {
-            panic!("not v1alpha1");
-        };
-        let hub: Value = serde_json::from_str(v1alpha1_to_hub(&raw, typed).unwrap().get()).unwrap();
-        assert_eq!(hub["spec"]["canary"]["image"], "docker.io/evil:v1");
-        assert!(hub["metadata"].get("annotations").is_none(), "{hub}");
     }
 }

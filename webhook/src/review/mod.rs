@@ -1,61 +1,164 @@
-//! The AdmissionReview, decoded once into the shapes the webhook needs.
+//! The AdmissionReview, decoded once into the shapes the webhook needs. This module is
+//! the only reader of a review's JSON; what leaves it is decoded.
 //!
-//! The body is parsed a single time into [`Request`], which borrows `object` and
-//! `oldObject` as raw JSON slices of the body: nothing of the object is copied until it
-//! is known to be worth it. An object is then checked for size ([`shape`]: list
-//! lengths and string lengths, counted without allocating) before it is decoded into
-//! the typed [`AppService`] the rules need. Metadata is read only for what the rules
-//! use (name, generateName, namespace, and whether the name label is set); managed
-//! fields, annotations and status are skipped. So the memory one review costs stays a
+//! The body is parsed a single time ([`decode_request`]) into [`Request`], the request's
+//! fields, and [`Objects`]: `object` and `oldObject` each as a [`Json`], its slice of the
+//! body, neither copied nor read yet. A [`Json`] cannot be read outside this module: the
+//! admission handlers have each object decoded, once, into what they need of it:
+//!
+//! * [`Json::written`], [`Json::updated`] and [`Json::stored`] ([`shell`]): one pass over
+//!   the object, reading the metadata the rules (and, for an UPDATE, the ratchet) use and
+//!   keeping the spec as a slice; managed fields, status and the rest are skipped unread.
+//!   The spec is then checked for size ([`shape`]: list lengths and string lengths,
+//!   counted without allocating) before it is decoded into the typed [`AppService`] the
+//!   rules need ([`shell::Written::decode`]).
+//! * [`policy::objects`], only when policies are active: the object converted into the
+//!   CEL value the policies read, only their fields, in the hub version ([`hub`], put in
+//!   as the JSON is converted).
+//! * [`Json::scale`] ([`scale`]): the Scale of a write of the scale subresource.
+//!
+//! Nothing is written out to be parsed again. So the memory one review costs stays a
 //! small multiple of its body whatever its shape, and a hostile object (30,000 env
 //! entries, a 3 MiB string, deep nesting) is refused before it is materialised.
 
 use std::fmt;
 
-use common::conversion::Version;
-use common::names::{CONVERSION_ANNOTATIONS, LABEL_NAME};
+use bytes::Bytes;
 use common::validation::FieldErrors;
 use common::{AppService, v1alpha1};
 use kube::core::admission::Operation;
-use kube::core::{GroupVersionKind, GroupVersionResource, ObjectMeta};
+use kube::core::{GroupVersionKind, GroupVersionResource};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 pub mod hub;
+pub mod policy;
+pub mod scale;
 mod shape;
+pub mod shell;
 
 /// The most entries of `spec.resources.limits` or `.requests`: `common`'s bound, which
 /// `validate` enforces too; the webhook checks it before decoding.
 pub use common::types::MAX_RESOURCE_ENTRIES;
 /// The most JSON values (scalars, lists and maps, counted recursively) of an object that
 /// CEL policies see. An AppService with 128 env entries and its managed fields has a
-/// few thousand; the bound keeps the generic JSON copy the policies need small.
+/// few thousand; the bound keeps the CEL copy the policies read small.
 pub const MAX_POLICY_VALUES: usize = 20_000;
 
-/// The request of an AdmissionReview, borrowing the objects from the body.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Request<'a> {
+/// The request of an AdmissionReview: every field but the objects ([`Objects`]).
+#[derive(Debug)]
+pub struct Request {
     pub uid: String,
     pub kind: GroupVersionKind,
     pub resource: GroupVersionResource,
-    #[serde(default)]
     pub sub_resource: Option<String>,
-    #[serde(default)]
     pub name: String,
-    #[serde(default)]
     pub namespace: Option<String>,
     pub operation: Operation,
-    #[serde(default)]
     pub user_info: UserInfo,
-    #[serde(default, borrow)]
-    pub object: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    pub old_object: Option<&'a RawValue>,
-    #[serde(default)]
     pub dry_run: bool,
+}
+
+/// The objects of an AdmissionReview request, not yet read.
+#[derive(Debug, Default)]
+pub struct Objects {
+    pub object: Option<Json>,
+    pub old_object: Option<Json>,
+}
+
+/// One object of a review as its slice of the body (or an object the webhook keeps as
+/// JSON: a cached AppService). Only the decoders of this module read it: whatever judges
+/// an object gets it decoded, and cannot parse it again.
+///
+/// ```
+/// # use webhook::review::{Json, ObjectError};
+/// fn decoded(json: &Json) -> Result<(), ObjectError> {
+///     json.written().map(|_| ())
+/// }
+/// ```
+///
+/// ```compile_fail
+/// # use webhook::review::Json;
+/// fn reparse(json: &Json) -> serde_json::Value {
+///     serde_json::from_slice(json.bytes()).unwrap()
+/// }
+/// ```
+///
+/// ```compile_fail
+/// # use webhook::review::Json;
+/// fn reparse(json: &Json) -> serde_json::Value {
+///     serde_json::from_slice(&json.0).unwrap()
+/// }
+/// ```
+pub struct Json(Bytes);
+
+impl Json {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<Box<RawValue>> for Json {
+    fn from(raw: Box<RawValue>) -> Self {
+        Json(Bytes::from(String::from(Box::<str>::from(raw))))
+    }
+}
+
+impl fmt::Debug for Json {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Json({} bytes)", self.0.len())
+    }
+}
+
+/// The request as it is on the wire, borrowing the objects from the body.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireRequest<'a> {
+    uid: String,
+    kind: GroupVersionKind,
+    resource: GroupVersionResource,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    operation: Operation,
+    #[serde(default)]
+    user_info: UserInfo,
+    #[serde(default, borrow)]
+    object: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    old_object: Option<&'a RawValue>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// Parses an AdmissionReview body (of the `expected` kind and version) once: the
+/// request's fields, and its objects as slices of `body`, shared, not copied.
+pub fn decode_request(
+    body: &Bytes,
+    expected: ReviewKind,
+) -> Result<(Request, Objects), ReviewError> {
+    let wire: WireRequest<'_> = decode_review(body, expected)?;
+    // The slices were borrowed from `body` by the parse itself.
+    let json = |raw: Option<&RawValue>| raw.map(|raw| Json(body.slice_ref(raw.get().as_bytes())));
+    let objects = Objects {
+        object: json(wire.object),
+        old_object: json(wire.old_object),
+    };
+    let request = Request {
+        uid: wire.uid,
+        kind: wire.kind,
+        resource: wire.resource,
+        sub_resource: wire.sub_resource,
+        name: wire.name,
+        namespace: wire.namespace,
+        operation: wire.operation,
+        user_info: wire.user_info,
+        dry_run: wire.dry_run,
+    };
+    Ok((request, objects))
 }
 
 /// The requesting user, as CEL's `request.userInfo` exposes it.
@@ -137,7 +240,7 @@ pub fn decode_review<'de, R: Deserialize<'de>>(
         .ok_or(ReviewError::MissingRequest { expected })
 }
 
-impl Request<'_> {
+impl Request {
     /// The view of this request CEL's `request` variable gets.
     pub fn to_cel_request(&self) -> kube::core::cel::AdmissionRequest {
         use kube::core::cel;
@@ -233,87 +336,6 @@ impl fmt::Display for ObjectError {
     }
 }
 
-/// Decodes an AppService of `version` from its raw JSON, checking the bounds first.
-pub fn decode_object(raw: &RawValue, version: Version) -> Result<Object, ObjectError> {
-    let shell: Shell<'_> = decode_at(raw.get().as_bytes(), "").map_err(ObjectError::invalid)?;
-    decode_shell(shell, version)
-}
-
-/// Decodes only the spec of an AppService (the stored object of an UPDATE: the update
-/// rules compare specs), checking the bounds first; metadata is skipped unread.
-pub fn decode_spec_only(raw: &RawValue, version: Version) -> Result<Object, ObjectError> {
-    #[derive(Deserialize)]
-    struct SpecShell<'a> {
-        #[serde(default, borrow)]
-        spec: Option<&'a RawValue>,
-        // What v1alpha1 cannot express is part of the spec the update rules compare.
-        #[serde(default)]
-        metadata: AnnotationsOnly,
-    }
-    #[derive(Default, Deserialize)]
-    struct AnnotationsOnly {
-        #[serde(default)]
-        annotations: ConversionAnnotations,
-    }
-    let shell: SpecShell<'_> = decode_at(raw.get().as_bytes(), "").map_err(ObjectError::invalid)?;
-    decode_shell(
-        Shell {
-            metadata: Meta {
-                annotations: shell.metadata.annotations,
-                ..Meta::default()
-            },
-            spec: shell.spec,
-        },
-        version,
-    )
-}
-
-fn decode_shell(shell: Shell<'_>, version: Version) -> Result<Object, ObjectError> {
-    let Some(spec) = shell.spec else {
-        return Err(ObjectError::Invalid("missing field `spec`".to_owned()));
-    };
-    if let Some(errors) = shape::oversized(spec) {
-        return Err(ObjectError::TooLarge(errors));
-    }
-    let meta = shell.metadata;
-    let mut labels_map = None;
-    if let Labels::Present { name_label } = &meta.labels.0 {
-        let mut map = std::collections::BTreeMap::new();
-        if let Some(value) = name_label {
-            map.insert(LABEL_NAME.to_owned(), value.clone());
-        }
-        labels_map = Some(map);
-    }
-    let metadata = ObjectMeta {
-        name: meta.name,
-        generate_name: meta.generate_name,
-        namespace: meta.namespace,
-        labels: labels_map,
-        annotations: (!meta.annotations.0.is_empty()).then_some(meta.annotations.0),
-        ..ObjectMeta::default()
-    };
-    let app = match version {
-        Version::V1alpha1 => App::V1alpha1(v1alpha1::AppService {
-            metadata,
-            spec: typed_spec(spec)?,
-            status: None,
-        }),
-        Version::V1beta1 => App::V1beta1(AppService {
-            metadata,
-            spec: typed_spec(spec)?,
-            status: None,
-        }),
-    };
-    Ok(Object {
-        app,
-        labels: meta.labels.0,
-    })
-}
-
-fn typed_spec<S: DeserializeOwned>(spec: &RawValue) -> Result<S, ObjectError> {
-    decode_at(spec.get().as_bytes(), "spec").map_err(ObjectError::invalid)
-}
-
 /// A JSON document that is not the shape it should be: the error, after its JSON path
 /// (`spec.replicas: invalid type: ...`).
 #[derive(Debug, thiserror::Error)]
@@ -351,128 +373,14 @@ fn tracked<'de, T: Deserialize<'de>>(json: &'de [u8], prefix: &str) -> Option<St
     })
 }
 
-/// The object's top level: metadata for the rules, spec kept raw for the checks.
-#[derive(Deserialize)]
-struct Shell<'a> {
-    #[serde(default)]
-    metadata: Meta,
-    #[serde(default, borrow)]
-    spec: Option<&'a RawValue>,
-}
-
-/// The metadata the rules read; everything else is skipped without being stored.
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Meta {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    generate_name: Option<String>,
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    labels: LabelsField,
-    #[serde(default)]
-    annotations: ConversionAnnotations,
-}
-
-/// The conversion annotations of `metadata.annotations`; every other one is skipped.
-#[derive(Default)]
-struct ConversionAnnotations(std::collections::BTreeMap<String, String>);
-
-impl<'de> Deserialize<'de> for ConversionAnnotations {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ConversionAnnotations;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of annotations")
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<ConversionAnnotations, E> {
-                Ok(ConversionAnnotations::default())
-            }
-            fn visit_none<E: de::Error>(self) -> Result<ConversionAnnotations, E> {
-                Ok(ConversionAnnotations::default())
-            }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<ConversionAnnotations, A::Error> {
-                let mut kept = std::collections::BTreeMap::new();
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if CONVERSION_ANNOTATIONS.contains(&key.as_ref()) {
-                        kept.insert(key.into_owned(), map.next_value::<String>()?);
-                    } else {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-                Ok(ConversionAnnotations(kept))
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-#[derive(Default)]
-struct LabelsField(Labels);
-
-impl<'de> Deserialize<'de> for LabelsField {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = LabelsField;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of labels")
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<LabelsField, E> {
-                Ok(LabelsField(Labels::Absent))
-            }
-            fn visit_none<E: de::Error>(self) -> Result<LabelsField, E> {
-                Ok(LabelsField(Labels::Absent))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LabelsField, A::Error> {
-                let mut name_label = None;
-                while let Some(is_name) = map.next_key_seed(IsKey(LABEL_NAME))? {
-                    if is_name {
-                        name_label = Some(map.next_value::<String>()?);
-                    } else {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-                Ok(LabelsField(Labels::Present { name_label }))
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// A map key compared with a constant, without allocating it.
-struct IsKey(&'static str);
-
-impl<'de> DeserializeSeed<'de> for IsKey {
-    type Value = bool;
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for IsKey {
-    type Value = bool;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a string key")
-    }
-    fn visit_str<E: de::Error>(self, key: &str) -> Result<bool, E> {
-        Ok(key == self.0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::conversion::Version;
     use common::types::MAX_ENV_VALUE_LEN;
 
-    fn raw(json: &str) -> Box<RawValue> {
-        RawValue::from_string(json.to_owned()).unwrap()
+    fn raw(json: &str) -> Json {
+        Json::from(RawValue::from_string(json.to_owned()).unwrap())
     }
 
     #[test]
@@ -484,7 +392,7 @@ mod tests {
             "spec":{"image":"nginx:1","env":[{"name":"A","value":"1"}],"future":[1,2]},
             "status":{"anything":true}}"#,
         );
-        let object = decode_object(&object, Version::V1alpha1).unwrap();
+        let object = object.object(Version::V1alpha1).unwrap();
         let App::V1alpha1(app) = &object.app else {
             panic!("not v1alpha1")
         };
@@ -498,11 +406,9 @@ mod tests {
         );
         assert_eq!(app.metadata.annotations, None);
         assert_eq!(app.spec.env.len(), 1);
-        let object = decode_object(
-            &raw(r#"{"metadata":{"labels":null},"spec":{"image":"x"}}"#),
-            Version::V1beta1,
-        )
-        .unwrap();
+        let object = raw(r#"{"metadata":{"labels":null},"spec":{"image":"x"}}"#)
+            .object(Version::V1beta1)
+            .unwrap();
         assert_eq!(object.labels, Labels::Absent);
     }
 
@@ -515,8 +421,7 @@ mod tests {
             r#"{{"metadata":{{"name":"a"}},"spec":{{"image":"x","env":[{}]}}}}"#,
             env.join(",")
         );
-        let Err(ObjectError::TooLarge(errors)) = decode_object(&raw(&json), Version::V1beta1)
-        else {
+        let Err(ObjectError::TooLarge(errors)) = raw(&json).object(Version::V1beta1) else {
             panic!("not refused");
         };
         assert_eq!(
@@ -528,8 +433,7 @@ mod tests {
             r#"{{"metadata":{{"name":"a"}},"spec":{{"image":"{}","env":[{{"name":"A","value":"{long}"}}]}}}}"#,
             "b".repeat(600)
         );
-        let Err(ObjectError::TooLarge(errors)) = decode_object(&raw(&json), Version::V1beta1)
-        else {
+        let Err(ObjectError::TooLarge(errors)) = raw(&json).object(Version::V1beta1) else {
             panic!("not refused");
         };
         let text = errors.to_string();
@@ -540,8 +444,7 @@ mod tests {
             r#"{{"metadata":{{"name":"a"}},"spec":{{"image":"x","env":[{{"name":"A","value":"{long}"}}],"canary":{{"image":"{}"}}}}}}"#,
             "c".repeat(600)
         );
-        let Err(ObjectError::TooLarge(errors)) = decode_object(&raw(&json), Version::V1beta1)
-        else {
+        let Err(ObjectError::TooLarge(errors)) = raw(&json).object(Version::V1beta1) else {
             panic!("not refused");
         };
         let text = errors.to_string();
@@ -592,23 +495,20 @@ mod tests {
 
     #[test]
     fn type_errors_carry_their_path() {
-        let err = decode_object(
-            &raw(r#"{"spec":{"image":"x","replicas":"three"}}"#),
-            Version::V1alpha1,
-        )
-        .unwrap_err();
+        let err = raw(r#"{"spec":{"image":"x","replicas":"three"}}"#)
+            .object(Version::V1alpha1)
+            .unwrap_err();
         assert!(
             err.to_string().starts_with("spec.replicas: invalid type"),
             "{err}"
         );
-        let err =
-            decode_object(&raw(r#"{"metadata":{"name":"a"}}"#), Version::V1alpha1).unwrap_err();
+        let err = raw(r#"{"metadata":{"name":"a"}}"#)
+            .object(Version::V1alpha1)
+            .unwrap_err();
         assert_eq!(err.to_string(), "missing field `spec`");
-        let err = decode_object(
-            &raw(r#"{"metadata":{"name":5},"spec":{}}"#),
-            Version::V1alpha1,
-        )
-        .unwrap_err();
+        let err = raw(r#"{"metadata":{"name":5},"spec":{}}"#)
+            .object(Version::V1alpha1)
+            .unwrap_err();
         assert!(
             err.to_string().starts_with("metadata.name: invalid type"),
             "{err}"
