@@ -59,7 +59,7 @@ pub struct Report {
     pub database: Option<PodDatabase>,
     /// What image verification found ([`crate::images`]): the images' status, the
     /// digests the children run. None when no policy governs the AppService's images.
-    pub images: Option<crate::images::Images>,
+    pub images: Option<crate::images::found::Images>,
 }
 
 impl Report {

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::error::is_not_found;
-use crate::shard::Fence;
+use crate::shard::fence::Fence;
 
 #[derive(Clone, Debug)]
 pub struct ElectionConfig {

@@ -393,7 +393,7 @@ pub struct Metrics {
     held: Gauge,
     oldest_held: Gauge,
     /// `shard_*` (`--sharding`).
-    shard: crate::shard::ShardMetrics,
+    shard: crate::shard::metrics::ShardMetrics,
     /// `image_*` and `registry_*`: image verification.
     images: Arc<ImageMetrics>,
 }
@@ -632,7 +632,7 @@ impl Default for Metrics {
         for &resource in Written::ALL {
             let _ = writes.get_or_create(&WriteLabel { resource });
         }
-        let shard = crate::shard::ShardMetrics::default();
+        let shard = crate::shard::metrics::ShardMetrics::default();
         shard.register(registry);
         let images = Arc::new(ImageMetrics::default());
         images.register(registry);
@@ -734,7 +734,7 @@ impl Metrics {
         &self.images
     }
 
-    pub fn shard(&self) -> &crate::shard::ShardMetrics {
+    pub fn shard(&self) -> &crate::shard::metrics::ShardMetrics {
         &self.shard
     }
 

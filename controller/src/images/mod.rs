@@ -9,6 +9,7 @@
 //! | [`registry`] | the registry client: resolve a tag, fetch signature layers, bounded, timed, classified |
 //! | [`cache`] | the bounded single-flight caches of tags, signatures and Secrets |
 //! | [`verdict`] | the pure decision per image from what was fetched |
+//! | [`found`] | what the step reports to the pass: the pins, or what runs while held |
 //! | [`policy_status`] | the ImagePolicy's `Ready`, written by the leader |
 //! | [`watch`] | the ImagePolicy and Namespace caches, and what their changes wake |
 //!
@@ -23,6 +24,7 @@
 pub mod bounds;
 pub mod cache;
 pub mod cosign;
+pub mod found;
 pub mod policy_status;
 pub mod registry;
 pub mod verdict;
@@ -33,8 +35,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use common::ImageStatus;
 use common::image_policy::{ImagePolicy, PolicyKey};
-use common::{AppService, ImageStatus};
 use futures::FutureExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -48,6 +50,7 @@ use crate::external::{ConditionReport, Readiness, Report};
 use crate::metrics::{ImageCache, ImageMetrics};
 use crate::subject::Subject;
 use cosign::{Key, SignatureLayer};
+pub use found::{Hold, Images, Live, Pins};
 use registry::{Auth, Credentials, Registry, RegistryError, Target};
 use verdict::{Fetched, PolicyKeys, Verdict};
 
@@ -119,81 +122,6 @@ pub enum SetupError {
     },
     #[error("--registry-ca-file {path}: {error}")]
     Client { path: String, error: String },
-}
-
-/// What the step found, for the report of the pass.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Images {
-    pub image: Option<ImageStatus>,
-    pub canary_image: Option<ImageStatus>,
-    pub pins: Pins,
-    /// Look again this soon at the latest (a tag may move).
-    pub recheck: Option<Duration>,
-    /// Set while an image is held or waits for the registry: what the children converge
-    /// to meanwhile (what ran before), so a held AppService's children are repaired like
-    /// any other's.
-    pub hold: Option<Hold>,
-}
-
-/// What the children run while an image is held: the images that ran before.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Hold {
-    /// The stable Deployment's image; none when nothing ran: then no child is created.
-    pub image: Option<String>,
-    /// The canary's; none when no canary ran (or none is asked for): then none runs.
-    pub canary: Option<String>,
-    /// What runs fails a policy that scales it to zero (`onRunningFailure`): the
-    /// Deployment keeps its image at zero replicas, and no canary runs.
-    pub stop: bool,
-}
-
-impl Hold {
-    /// `app` rendered with what runs while held, or none when nothing may run.
-    pub fn apply(&self, app: &AppService) -> Option<AppService> {
-        let mut held = app.clone();
-        held.spec.image = self.image.clone()?;
-        match (&self.canary, held.spec.canary.as_mut()) {
-            (Some(image), Some(canary)) if !self.stop => canary.image = image.clone(),
-            _ => held.spec.canary = None,
-        }
-        if self.stop {
-            held.spec.replicas = Some(0);
-        }
-        Some(held)
-    }
-}
-
-/// What our live Deployments of an AppService run, from the controller's caches: what
-/// keeps running when an image is held and status records nothing.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Live {
-    pub image: Option<String>,
-    pub canary: Option<String>,
-}
-
-/// The references the children run instead of the spec's: `image@digest`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Pins {
-    pub image: Option<String>,
-    pub canary: Option<String>,
-}
-
-impl Pins {
-    pub fn is_empty(&self) -> bool {
-        self.image.is_none() && self.canary.is_none()
-    }
-
-    /// `app` with its images replaced by the pinned ones, for rendering the children.
-    pub fn apply(&self, app: &AppService) -> AppService {
-        let mut pinned = app.clone();
-        if let Some(image) = &self.image {
-            pinned.spec.image = image.clone();
-        }
-        if let (Some(image), Some(canary)) = (&self.canary, pinned.spec.canary.as_mut()) {
-            canary.image = image.clone();
-        }
-        pinned
-    }
 }
 
 /// The caches the verifier reads, cluster-wide: set once by `run_with`.

@@ -4,10 +4,11 @@
 //! | --- | --- |
 //! | [`ring`] | the pure assignment: rendezvous hashing of `namespace/name` over the live members |
 //! | [`fence`] | the check before every write: this shard's membership Lease is current |
+//! | [`metrics`] | `appservice_controller_shard_*`, registered by [`crate::metrics::Metrics`] |
 //! | [`namespaces`] | `--namespace-selector`: the namespaces a ring owns (a canary release) |
 //! | [`sharder`] | run by the ring's leader: labels each AppService and its children with their shard, drains on handover |
 //! | [`buckets`], [`served`], [`claims`] | `--sharded-watch`: namespace hash buckets claimed in the Leases, served through the API server's sharded watch |
-//! | here | the membership Lease, the drain acknowledgement in reconcile, the label on created children, the metrics |
+//! | here | the membership Lease, the drain acknowledgement in reconcile, the label on created children |
 //!
 //! Each replica holds a membership Lease `<ring>-shard-<identity>` (labelled
 //! `platform.example.com/shard-ring: <ring>`), renewed by [`crate::leader::Elector`] with
@@ -20,6 +21,7 @@
 pub mod buckets;
 pub mod claims;
 pub mod fence;
+pub mod metrics;
 pub mod namespaces;
 pub mod ring;
 pub mod served;
@@ -33,16 +35,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::watch;
 use tracing::info;
 
 pub use fence::{Fence, fenced};
+pub use metrics::{Direction, ShardMetrics};
 pub use namespaces::is_label_value;
 
 use crate::config::Config;
@@ -234,109 +232,6 @@ pub fn follow_owned(
             }
         }
     });
-}
-
-telemetry::label_values! {
-    /// Which way an AppService crossed this shard's boundary.
-    pub enum Direction { In => "in", Out => "out" }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DirectionLabel {
-    pub direction: Direction,
-}
-
-/// `appservice_controller_shard_*`.
-#[derive(Default)]
-pub struct ShardMetrics {
-    objects: Gauge,
-    handovers: Family<DirectionLabel, Counter>,
-    members: Gauge,
-    assignments: Counter,
-    releases: Counter,
-    foreign: Gauge,
-}
-
-impl ShardMetrics {
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "shard_objects",
-            "AppServices this shard owns (in its label-selected cache)",
-            self.objects.clone(),
-        );
-        registry.register(
-            "shard_handovers",
-            "AppServices that entered (in) or left (out) this shard after its initial list",
-            self.handovers.clone(),
-        );
-        registry.register(
-            "shard_ring_members",
-            "Live members of the ring, as the sharder (the ring's leader) sees them",
-            self.members.clone(),
-        );
-        registry.register(
-            "shard_assignments",
-            "AppServices the sharder assigned or moved to a shard",
-            self.assignments.clone(),
-        );
-        registry.register(
-            "shard_releases",
-            "AppServices the sharder released to another ring (their namespace left this ring's selector, or another live ring held them too)",
-            self.releases.clone(),
-        );
-        registry.register(
-            "shard_foreign_objects",
-            "AppServices in namespaces this ring selects that another live ring holds (overlapping selectors, or a handover under way)",
-            self.foreign.clone(),
-        );
-        for &direction in Direction::ALL {
-            let _ = self.handovers.get_or_create(&DirectionLabel { direction });
-        }
-    }
-
-    pub fn set_objects(&self, n: usize) {
-        self.objects.set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    pub fn objects(&self) -> i64 {
-        self.objects.get()
-    }
-
-    pub fn handover(&self, direction: Direction) {
-        self.handovers
-            .get_or_create(&DirectionLabel { direction })
-            .inc();
-    }
-
-    pub fn handovers(&self, direction: Direction) -> u64 {
-        self.handovers
-            .get_or_create(&DirectionLabel { direction })
-            .get()
-    }
-
-    pub fn set_members(&self, n: usize) {
-        self.members.set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    pub fn moved(&self) {
-        self.assignments.inc();
-    }
-
-    pub fn assignments(&self) -> u64 {
-        self.assignments.get()
-    }
-
-    pub fn released(&self) {
-        self.releases.inc();
-    }
-
-    pub fn releases(&self) -> u64 {
-        self.releases.get()
-    }
-
-    pub fn set_foreign(&self, n: usize) {
-        self.foreign.set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
 }
 
 #[cfg(test)]
