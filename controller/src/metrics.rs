@@ -14,13 +14,14 @@ use prometheus_client::registry::Registry;
 use common::AppService;
 use kube::runtime::reflector::ObjectRef;
 
-pub use crate::database::error::DatabaseErrorReason;
+pub use crate::database::metrics::{DatabaseMetrics, DatabaseOperation, OrphanState};
 pub use crate::error::ErrorReason;
+pub use crate::images::metrics::{
+    ImageCache, ImageMetrics, Lookup, RegistryOperation, RegistryOutcome, Verification,
+};
+pub use telemetry::labels::Ended;
 
 telemetry::label_values! {
-    /// How a reconcile, or a database operation, ended (the `result` label).
-    pub enum Ended { Success => "success", Error => "error" }
-
     /// Status of an AppService's Ready condition.
     pub enum Ready { True => "True", False => "False", Unknown => "Unknown" }
 
@@ -35,51 +36,6 @@ telemetry::label_values! {
         DatabaseClassStatus => "databaseclasses/status",
         ImagePolicyStatus => "imagepolicies/status",
     }
-
-    /// A registry operation of image verification.
-    pub enum RegistryOperation {
-        Resolve => "resolve",
-        SignatureManifest => "signature_manifest",
-        SignatureBlob => "signature_blob",
-    }
-
-    /// How a registry operation ended.
-    pub enum RegistryOutcome {
-        Ok => "ok",
-        NotFound => "not_found",
-        Denied => "denied",
-        Unavailable => "unavailable",
-        Invalid => "invalid",
-        TooLarge => "too_large",
-    }
-
-    /// A verdict on one image under its policies (`image_verifications`).
-    pub enum Verification {
-        Verified => "verified",
-        Unsigned => "unsigned",
-        Invalid => "invalid",
-        NotFound => "not_found",
-        Denied => "denied",
-        Unavailable => "unavailable",
-        TooLarge => "too_large",
-        InvalidAnswer => "invalid_answer",
-        Revoked => "revoked",
-        PolicyNotUsable => "policy_not_usable",
-    }
-
-    /// A cache of image verification.
-    pub enum ImageCache { Tags => "tags", Signatures => "signatures" }
-
-    /// A cache lookup's result.
-    pub enum Lookup { Hit => "hit", Miss => "miss" }
-
-    /// A database operation.
-    pub enum DatabaseOperation { Provision => "provision", Cleanup => "cleanup" }
-
-    /// What the orphan scan found of a database whose AppService is gone: `orphaned`
-    /// (its role can still log in: a finalizer removed by hand), or `retained` (kept
-    /// without a login by deletionPolicy Retain).
-    pub enum OrphanState { Orphaned => "orphaned", Retained => "retained" }
 
     /// The verb of an API request: its HTTP method, and `watch` for a GET that watches.
     pub enum ApiVerb {
@@ -172,11 +128,6 @@ pub struct ErrorLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DatabaseErrorLabel {
-    pub reason: DatabaseErrorReason,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReadyLabel {
     pub ready: Ready,
 }
@@ -184,185 +135,6 @@ pub struct ReadyLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabel {
     pub resource: Written,
-}
-
-/// A DatabaseClass's name: cluster-scoped objects written by admins, few per cluster.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClassLabel {
-    pub class: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OrphanLabel {
-    pub class: String,
-    pub state: OrphanState,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OrphanScanLabel {
-    pub result: Ended,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DatabaseOpLabel {
-    pub operation: DatabaseOperation,
-    pub result: Ended,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OperationLabel {
-    pub operation: DatabaseOperation,
-}
-
-/// Metrics of the database step (`appservice_controller_database_*`).
-#[derive(Clone)]
-pub struct DatabaseMetrics {
-    /// Provision and cleanup attempts by result.
-    pub operations: Family<DatabaseOpLabel, Counter>,
-    /// Databases and roles of AppServices that no longer exist, per class and state, as
-    /// the last orphan scan of the class found them.
-    pub orphans: Family<OrphanLabel, Gauge>,
-    /// Orphaned databases the scan dropped (classes with `orphanPolicy: Drop`).
-    pub orphans_dropped: Family<ClassLabel, Counter>,
-    /// Orphan scans of a class by result.
-    pub orphan_scans: Family<OrphanScanLabel, Counter>,
-    /// Failures by reason (`unreachable`, `credentials`, `class_not_found`, ...).
-    pub errors: Family<DatabaseErrorLabel, Counter>,
-    /// Duration of one provision or cleanup attempt.
-    pub duration: Family<OperationLabel, Histogram>,
-}
-
-impl Default for DatabaseMetrics {
-    fn default() -> Self {
-        DatabaseMetrics {
-            operations: Family::default(),
-            orphans: Family::default(),
-            orphans_dropped: Family::default(),
-            orphan_scans: Family::default(),
-            errors: Family::default(),
-            duration: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.001, 2.0, 16))
-            }),
-        }
-    }
-}
-
-impl DatabaseMetrics {
-    fn record(&self, operation: DatabaseOperation, ok: bool, took: Duration) {
-        let result = Ended::of(ok);
-        self.operations
-            .get_or_create(&DatabaseOpLabel { operation, result })
-            .inc();
-        self.duration
-            .get_or_create(&OperationLabel { operation })
-            .observe(took.as_secs_f64());
-    }
-
-    pub fn provisioned(&self, ok: bool, took: Duration) {
-        self.record(DatabaseOperation::Provision, ok, took);
-    }
-
-    pub fn cleaned(&self, ok: bool, took: Duration) {
-        self.record(DatabaseOperation::Cleanup, ok, took);
-    }
-
-    pub fn error(&self, reason: DatabaseErrorReason) {
-        self.errors
-            .get_or_create(&DatabaseErrorLabel { reason })
-            .inc();
-    }
-
-    /// What the last scan of `class` found: `orphaned` and `retained` counts.
-    pub fn set_orphans(&self, class: &str, orphaned: usize, retained: usize) {
-        for (state, n) in [
-            (OrphanState::Orphaned, orphaned),
-            (OrphanState::Retained, retained),
-        ] {
-            self.orphans
-                .get_or_create(&OrphanLabel {
-                    class: class.to_owned(),
-                    state,
-                })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-
-    /// The orphan gauge of `class` in `state`.
-    pub fn orphans_of(&self, class: &str, state: OrphanState) -> i64 {
-        self.orphans
-            .get_or_create(&OrphanLabel {
-                class: class.to_owned(),
-                state,
-            })
-            .get()
-    }
-
-    /// Forgets the series of a class that is gone.
-    pub fn forget_class(&self, class: &str) {
-        for state in [OrphanState::Orphaned, OrphanState::Retained] {
-            self.orphans.remove(&OrphanLabel {
-                class: class.to_owned(),
-                state,
-            });
-        }
-        self.orphans_dropped.remove(&ClassLabel {
-            class: class.to_owned(),
-        });
-    }
-
-    pub fn orphan_dropped(&self, class: &str) {
-        self.orphans_dropped
-            .get_or_create(&ClassLabel {
-                class: class.to_owned(),
-            })
-            .inc();
-    }
-
-    pub fn dropped_of(&self, class: &str) -> u64 {
-        self.orphans_dropped
-            .get_or_create(&ClassLabel {
-                class: class.to_owned(),
-            })
-            .get()
-    }
-
-    pub fn orphan_scan(&self, ok: bool) {
-        self.orphan_scans
-            .get_or_create(&OrphanScanLabel {
-                result: Ended::of(ok),
-            })
-            .inc();
-    }
-
-    pub fn orphan_scans_of(&self, ok: bool) -> u64 {
-        self.orphan_scans
-            .get_or_create(&OrphanScanLabel {
-                result: Ended::of(ok),
-            })
-            .get()
-    }
-
-    /// Attempts of `operation` with `result` so far.
-    pub fn count(&self, operation: DatabaseOperation, result: Ended) -> u64 {
-        self.operations
-            .get_or_create(&DatabaseOpLabel { operation, result })
-            .get()
-    }
-
-    /// Every attempt so far, as `provisions ok/err: 3/0, cleanups ok/err: 2/1`.
-    pub fn summary(&self) -> String {
-        let count = |operation| {
-            (
-                self.count(operation, Ended::Success),
-                self.count(operation, Ended::Error),
-            )
-        };
-        let (provisioned, provision_failed) = count(DatabaseOperation::Provision);
-        let (cleaned, cleanup_failed) = count(DatabaseOperation::Cleanup);
-        format!(
-            "provisions ok/err: {provisioned}/{provision_failed}, cleanups ok/err: {cleaned}/{cleanup_failed}"
-        )
-    }
 }
 
 /// Every metric the controller exports, registered in one registry.
@@ -396,144 +168,6 @@ pub struct Metrics {
     shard: crate::shard::metrics::ShardMetrics,
     /// `image_*` and `registry_*`: image verification.
     images: Arc<ImageMetrics>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RegistryLabel {
-    pub operation: RegistryOperation,
-    pub result: RegistryOutcome,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RegistryOperationLabel {
-    pub operation: RegistryOperation,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VerificationLabel {
-    pub result: Verification,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CacheLabel {
-    pub cache: ImageCache,
-    pub result: Lookup,
-}
-
-/// Metrics of image verification: registry calls, verdicts, caches.
-pub struct ImageMetrics {
-    requests: Family<RegistryLabel, Counter>,
-    latency: Family<RegistryOperationLabel, Histogram>,
-    verifications: Family<VerificationLabel, Counter>,
-    lookups: Family<CacheLabel, Counter>,
-    signature_entries: Gauge,
-}
-
-impl Default for ImageMetrics {
-    fn default() -> Self {
-        let m = ImageMetrics {
-            requests: Family::default(),
-            latency: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.001, 2.0, 16))
-            }),
-            verifications: Family::default(),
-            lookups: Family::default(),
-            signature_entries: Gauge::default(),
-        };
-        for &operation in RegistryOperation::ALL {
-            for &result in RegistryOutcome::ALL {
-                let _ = m
-                    .requests
-                    .get_or_create(&RegistryLabel { operation, result });
-            }
-            let _ = m
-                .latency
-                .get_or_create(&RegistryOperationLabel { operation });
-        }
-        for &result in Verification::ALL {
-            let _ = m.verifications.get_or_create(&VerificationLabel { result });
-        }
-        for &cache in ImageCache::ALL {
-            for &result in Lookup::ALL {
-                let _ = m.lookups.get_or_create(&CacheLabel { cache, result });
-            }
-        }
-        m
-    }
-}
-
-impl ImageMetrics {
-    fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "registry_requests",
-            "Requests of image verification to registries, by operation and result",
-            self.requests.clone(),
-        );
-        registry.register(
-            "registry_request_duration_seconds",
-            "Duration of one registry operation of image verification, timeouts included",
-            self.latency.clone(),
-        );
-        registry.register(
-            "image_verifications",
-            "Verdicts on an AppService's image under its ImagePolicies, by result",
-            self.verifications.clone(),
-        );
-        registry.register(
-            "image_cache_lookups",
-            "Lookups in the tag and signature caches of image verification, by result",
-            self.lookups.clone(),
-        );
-        registry.register(
-            "image_signature_cache_entries",
-            "Digests whose signatures are cached",
-            self.signature_entries.clone(),
-        );
-    }
-
-    pub fn registry_request(
-        &self,
-        operation: RegistryOperation,
-        result: RegistryOutcome,
-        took: Duration,
-    ) {
-        self.requests
-            .get_or_create(&RegistryLabel { operation, result })
-            .inc();
-        self.latency
-            .get_or_create(&RegistryOperationLabel { operation })
-            .observe(took.as_secs_f64());
-    }
-
-    pub fn verification(&self, result: Verification) {
-        self.verifications
-            .get_or_create(&VerificationLabel { result })
-            .inc();
-    }
-
-    pub fn lookup(&self, cache: ImageCache, hit: bool) {
-        let result = if hit { Lookup::Hit } else { Lookup::Miss };
-        self.lookups
-            .get_or_create(&CacheLabel { cache, result })
-            .inc();
-    }
-
-    pub fn set_signature_entries(&self, n: usize) {
-        self.signature_entries.set(n as i64);
-    }
-
-    /// Requests made of `operation` with `result` (for tests and benchmarks).
-    pub fn requests_of(&self, operation: RegistryOperation, result: RegistryOutcome) -> u64 {
-        self.requests
-            .get_or_create(&RegistryLabel { operation, result })
-            .get()
-    }
-
-    pub fn verifications_of(&self, result: Verification) -> u64 {
-        self.verifications
-            .get_or_create(&VerificationLabel { result })
-            .get()
-    }
 }
 
 impl Default for Metrics {
@@ -637,56 +271,7 @@ impl Default for Metrics {
         let images = Arc::new(ImageMetrics::default());
         images.register(registry);
         let database = DatabaseMetrics::default();
-        for &operation in DatabaseOperation::ALL {
-            for &result in Ended::ALL {
-                let _ = database
-                    .operations
-                    .get_or_create(&DatabaseOpLabel { operation, result });
-            }
-            let _ = database
-                .duration
-                .get_or_create(&OperationLabel { operation });
-        }
-        for &reason in DatabaseErrorReason::ALL {
-            let _ = database
-                .errors
-                .get_or_create(&DatabaseErrorLabel { reason });
-        }
-        for &result in Ended::ALL {
-            let _ = database
-                .orphan_scans
-                .get_or_create(&OrphanScanLabel { result });
-        }
-        registry.register(
-            "database_orphans",
-            "Databases and roles of AppServices that no longer exist, by DatabaseClass and state (orphaned, retained), as the last orphan scan found them",
-            database.orphans.clone(),
-        );
-        registry.register(
-            "database_orphans_dropped",
-            "Orphaned databases dropped by the orphan scan (orphanPolicy Drop), by DatabaseClass",
-            database.orphans_dropped.clone(),
-        );
-        registry.register(
-            "database_orphan_scans",
-            "Orphan scans of one DatabaseClass by result",
-            database.orphan_scans.clone(),
-        );
-        registry.register(
-            "database_operations",
-            "Database provision and cleanup attempts by operation and result",
-            database.operations.clone(),
-        );
-        registry.register(
-            "database_errors",
-            "Database failures by reason",
-            database.errors.clone(),
-        );
-        registry.register(
-            "database_operation_duration_seconds",
-            "Duration of one database provision or cleanup attempt",
-            database.duration.clone(),
-        );
+        database.register(registry);
         Metrics {
             registry: root,
             database,
@@ -709,12 +294,6 @@ impl Default for Metrics {
             shard,
             images,
         }
-    }
-}
-
-impl Ended {
-    pub fn of(ok: bool) -> Ended {
-        if ok { Ended::Success } else { Ended::Error }
     }
 }
 

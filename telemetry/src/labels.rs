@@ -51,3 +51,15 @@ macro_rules! label_values {
         }
     )+};
 }
+
+label_values! {
+    /// How an operation ended (the `result` label of a reconcile, a provider's step, a
+    /// scan).
+    pub enum Ended { Success => "success", Error => "error" }
+}
+
+impl Ended {
+    pub fn of(ok: bool) -> Ended {
+        if ok { Ended::Success } else { Ended::Error }
+    }
+}

@@ -21,7 +21,8 @@
 //! Files: this one orchestrates (`ensure`, `cleanup`, Events); `provision.rs` runs the
 //! steps above and the removal on one server; `secret.rs` builds the Secret;
 //! `class_status.rs` writes the class's status; `server.rs` and `connect.rs` reach the
-//! server; `orphans.rs` is the periodic orphan scan.
+//! server; `orphans.rs` is the periodic orphan scan; `error.rs` its failures and their
+//! reasons; `metrics.rs` its `appservice_controller_database_*` families.
 //!
 //! A crash between any two steps leaves a state the next reconcile completes. With the
 //! database disabled, `ensure` removes what an earlier generation created, following the
@@ -30,6 +31,7 @@
 mod class_status;
 mod connect;
 pub mod error;
+pub mod metrics;
 pub mod orphans;
 mod provision;
 pub mod secret;

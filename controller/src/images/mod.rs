@@ -10,6 +10,7 @@
 //! | [`cache`] | the bounded single-flight caches of tags, signatures and Secrets |
 //! | [`verdict`] | the pure decision per image from what was fetched |
 //! | [`found`] | what the step reports to the pass: the pins, or what runs while held |
+//! | [`metrics`] | `appservice_controller_registry_*` and `_image_*`, registered by [`crate::metrics::Metrics`] |
 //! | [`policy_status`] | the ImagePolicy's `Ready`, written by the leader |
 //! | [`watch`] | the ImagePolicy and Namespace caches, and what their changes wake |
 //!
@@ -25,6 +26,7 @@ pub mod bounds;
 pub mod cache;
 pub mod cosign;
 pub mod found;
+pub mod metrics;
 pub mod policy_status;
 pub mod registry;
 pub mod verdict;
@@ -47,10 +49,10 @@ use kube::{Api, Client};
 
 use crate::config::parse_duration;
 use crate::external::{ConditionReport, Readiness, Report};
-use crate::metrics::{ImageCache, ImageMetrics};
 use crate::subject::Subject;
 use cosign::{Key, SignatureLayer};
 pub use found::{Hold, Images, Live, Pins};
+use metrics::{ImageCache, ImageMetrics};
 use registry::{Auth, Credentials, Registry, RegistryError, Target};
 use verdict::{Fetched, PolicyKeys, Verdict};
 
