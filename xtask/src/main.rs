@@ -65,6 +65,9 @@ enum Cmd {
     /// Supply-chain checks with cargo-deny (installed when missing): licenses, bans,
     /// sources, and advisories when the advisory database is reachable.
     Deny,
+    /// Every supply-chain check, CI's own step: `deny`, then the checks of the SBOM,
+    /// the Docker build context and the base images' pins (xtask/tests/supply_chain.rs).
+    SupplyChain,
     /// The module import graph of every crate: fails on a cycle that holds a file not
     /// listed in xtask/known-cycles.txt, or when a listed file is in no cycle any more.
     Cycles,
@@ -74,8 +77,8 @@ enum Cmd {
         #[arg(long)]
         output: Option<PathBuf>,
     },
-    /// The supply-chain checks (`deny`), then build the test assets and install
-    /// PostgreSQL if needed, then run every test of the workspace.
+    /// Build the test assets and install PostgreSQL if needed, then run every test of
+    /// the workspace (the supply-chain checks are `supply-chain`, CI's own step).
     Test {
         /// Extra arguments for `cargo test`, e.g. `-- --nocapture`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -99,6 +102,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Assets { force } => assets(force).map(|bin| println!("{}", bin.display())),
         Cmd::Test { args } => test(&args),
         Cmd::Deny => deny::run(&repo_root()?),
+        Cmd::SupplyChain => supply_chain(),
         Cmd::Cycles => cycles::run(&repo_root()?),
         Cmd::Sbom { output } => sbom::run(&repo_root()?, output.as_deref()),
         Cmd::Up { full } => up(full),
@@ -267,8 +271,23 @@ fn postgres_installed() -> bool {
         .unwrap_or(false)
 }
 
+/// cargo-deny, then the supply-chain tests (a test target that `cargo test` leaves out
+/// by default: `test = false` in xtask/Cargo.toml).
+fn supply_chain() -> Result<()> {
+    let root = repo_root()?;
+    deny::run(&root)?;
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&root)
+        .args(["test", "-p", "xtask", "--test", "supply_chain"])
+        .status()
+        .doing("running the supply-chain tests")?;
+    if !status.success() {
+        bail!("supply-chain checks failed ({status})");
+    }
+    Ok(())
+}
+
 fn test(args: &[String]) -> Result<()> {
-    deny::run(&repo_root()?)?;
     let bin = assets(false)?;
     ensure_postgres()?;
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
