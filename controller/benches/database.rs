@@ -198,7 +198,9 @@ async fn main() -> anyhow::Result<()> {
         args.concurrency,
         ready.as_secs_f64() / floor_created.as_secs_f64().max(1e-9),
         deleted.as_secs_f64() / floor_dropped.as_secs_f64().max(1e-9),
-        metrics.database().summary(),
+        metrics
+            .families::<controller::database::metrics::DatabaseMetrics>()
+            .summary(),
         n = args.n,
         pool = args.pool,
     );

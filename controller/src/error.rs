@@ -45,13 +45,16 @@ pub enum Error {
         paths: Vec<String>,
     },
 
-    /// Cleaning up the database failed; the message leaves out what changes at every
-    /// retry, since it becomes the Degraded condition's.
-    #[error("database cleanup: {}", .0.condition_message())]
-    Cleanup(crate::database::error::DatabaseError),
-
-    #[error("database: {0}")]
-    Database(crate::database::error::DatabaseError),
+    /// A step of an external provider ([`crate::external::External`]) failed: its
+    /// `ensure` (a server down, credentials refused) or its `cleanup`. Retried with
+    /// backoff. The provider writes the whole message and picks the reason it counts
+    /// under; a cleanup's message becomes the Degraded condition's, so it leaves out what
+    /// changes at every retry.
+    #[error("{message}")]
+    External {
+        reason: ErrorReason,
+        message: String,
+    },
 
     /// Image verification waits on a registry (or on the ImagePolicies being listed).
     #[error("image verification: {0}")]
@@ -86,10 +89,9 @@ impl Error {
             // Transport errors, timeouts, bad responses.
             Error::Kube(_) => Retry::Transient,
             Error::MissingField(_) | Error::Serialize { .. } => Retry::Permanent,
-            Error::Cleanup(_) => Retry::Transient,
             Error::Drift { .. } => Retry::Rejected,
             // The server is down or failing: back off (waiting states are not errors).
-            Error::Database(_) => Retry::Transient,
+            Error::External { .. } => Retry::Transient,
             Error::Registry(_) => Retry::Transient,
             // Not retried by us: the new leader reconciles everything.
             Error::NotLeader => Retry::Permanent,
@@ -111,9 +113,8 @@ impl Error {
             Error::Kube(_) => ErrorReason::Transport,
             Error::MissingField(_) => ErrorReason::MissingField,
             Error::Serialize { .. } => ErrorReason::Serialize,
-            Error::Cleanup(_) => ErrorReason::Cleanup,
             Error::Drift { .. } => ErrorReason::Drift,
-            Error::Database(_) => ErrorReason::Database,
+            Error::External { reason, .. } => *reason,
             Error::Registry(_) => ErrorReason::Registry,
             Error::NotLeader => ErrorReason::NotLeader,
         }
@@ -198,6 +199,13 @@ mod tests {
     use super::*;
     use kube::core::Status;
 
+    fn external(reason: ErrorReason) -> Error {
+        Error::External {
+            reason,
+            message: "x".into(),
+        }
+    }
+
     fn api(code: u16) -> Error {
         Error::Kube(kube::Error::Api(Box::new(Status {
             code,
@@ -219,13 +227,7 @@ mod tests {
             Error::MissingField("metadata.uid").retry(),
             Retry::Permanent
         );
-        assert_eq!(
-            Error::Cleanup(crate::database::error::DatabaseError::Internal(
-                "db down".into()
-            ))
-            .retry(),
-            Retry::Transient
-        );
+        assert_eq!(external(ErrorReason::Cleanup).retry(), Retry::Transient);
         assert_eq!(
             Error::Kube(kube::Error::LinesCodecMaxLineLengthExceeded).retry(),
             Retry::Transient
@@ -238,10 +240,12 @@ mod tests {
         assert_eq!(api(429).metric_label().as_str(), "throttled");
         assert_eq!(api(502).metric_label().as_str(), "server_error");
         assert_eq!(
-            Error::Cleanup(crate::database::error::DatabaseError::Internal("x".into()))
-                .metric_label()
-                .as_str(),
+            external(ErrorReason::Cleanup).metric_label().as_str(),
             "cleanup"
+        );
+        assert_eq!(
+            external(ErrorReason::Database).metric_label().as_str(),
+            "database"
         );
         for e in [
             api(409),
@@ -252,12 +256,12 @@ mod tests {
             api(500),
             api(418),
             Error::MissingField("x"),
-            Error::Cleanup(crate::database::error::DatabaseError::Internal("x".into())),
+            external(ErrorReason::Cleanup),
             Error::Drift {
                 kind: "Service",
                 paths: vec![],
             },
-            Error::Database(crate::database::error::DatabaseError::Internal("x".into())),
+            external(ErrorReason::Database),
             Error::NotLeader,
         ] {
             assert!(ErrorReason::ALL.contains(&e.metric_label()), "{e}");

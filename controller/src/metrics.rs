@@ -1,5 +1,6 @@
 //! Prometheus metrics of the controller, with small fixed label sets.
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -14,7 +15,6 @@ use prometheus_client::registry::Registry;
 use common::AppService;
 use kube::runtime::reflector::ObjectRef;
 
-pub use crate::database::metrics::{DatabaseMetrics, DatabaseOperation, OrphanState};
 pub use crate::error::ErrorReason;
 pub use crate::images::metrics::{
     ImageCache, ImageMetrics, Lookup, RegistryOperation, RegistryOutcome, Verification,
@@ -137,12 +137,28 @@ pub struct WriteLabel {
     pub resource: Written,
 }
 
+/// The prefix of every series the controller exports besides the queue's and the
+/// process's.
+const PREFIX: &str = "appservice_controller";
+
+/// The metric families of a provider beside the core (the database step's
+/// `appservice_controller_database_*`): it defines and records them, and registers them
+/// once per [`Metrics`] through [`Metrics::families`].
+pub trait Families: Clone + Default + Send + Sync + 'static {
+    /// Registers every family in `registry`, which carries the controller's prefix.
+    fn register(&self, registry: &mut Registry);
+}
+
 /// Every metric the controller exports, registered in one registry.
 ///
 /// Recorded through its methods; the fields are private so that every series keeps the
 /// meaning its registration gives it.
 pub struct Metrics {
-    registry: Registry,
+    /// Behind a lock only so that a provider can register its [`Families`] after the
+    /// metrics are shared; read by each scrape.
+    registry: Mutex<Registry>,
+    /// The providers' families, one set per type.
+    families: Mutex<HashMap<TypeId, Box<dyn Any + Send + Sync>>>,
     reconciles: Family<ResultLabel, Counter>,
     errors: Family<ErrorLabel, Counter>,
     duration: Histogram,
@@ -153,7 +169,6 @@ pub struct Metrics {
     cleanup_failures: Counter,
     excluded: Counter,
     writes: Family<WriteLabel, Counter>,
-    database: DatabaseMetrics,
     /// The work queue (controller-runtime's names, no prefix).
     queue: Arc<crate::queue::Queue>,
     /// `process_*`: memory, CPU, file descriptors, start time (read at scrape).
@@ -177,7 +192,7 @@ impl Default for Metrics {
         queue.register(&mut root);
         let process = telemetry::process::ProcessMetrics::default();
         process.register(&mut root);
-        let registry = root.sub_registry_with_prefix("appservice_controller");
+        let registry = root.sub_registry_with_prefix(PREFIX);
         let reconciles = Family::<ResultLabel, Counter>::default();
         let errors = Family::<ErrorLabel, Counter>::default();
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
@@ -270,11 +285,9 @@ impl Default for Metrics {
         shard.register(registry);
         let images = Arc::new(ImageMetrics::default());
         images.register(registry);
-        let database = DatabaseMetrics::default();
-        database.register(registry);
         Metrics {
-            registry: root,
-            database,
+            registry: Mutex::new(root),
+            families: Mutex::new(HashMap::new()),
             queue,
             process,
             reconciles,
@@ -354,9 +367,26 @@ impl Metrics {
         self.api.clone()
     }
 
-    /// The database step's metrics.
-    pub fn database(&self) -> &DatabaseMetrics {
-        &self.database
+    /// The families of type `F`, registered under the controller's prefix the first time
+    /// they are asked for, the same set every later time: a provider made twice over one
+    /// `Metrics` records into one set, and no family is exported twice.
+    pub fn families<F: Families>(&self) -> F {
+        let mut families = self.families.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = families
+            .get(&TypeId::of::<F>())
+            .and_then(|known| known.downcast_ref::<F>())
+        {
+            return known.clone();
+        }
+        let new = F::default();
+        new.register(
+            self.registry
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .sub_registry_with_prefix(PREFIX),
+        );
+        families.insert(TypeId::of::<F>(), Box::new(new.clone()));
+        new
     }
 
     /// The work queue's metrics.
@@ -448,7 +478,8 @@ impl Metrics {
         self.queue.refresh(std::time::Instant::now());
         self.process.refresh();
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        prometheus_client::encoding::text::encode(&mut out, &registry)?;
         Ok(out)
     }
 }
@@ -497,15 +528,42 @@ mod tests {
             "appservice_controller_objects{ready=\"Unknown\"} 0",
             "appservice_controller_api_writes_total{resource=\"services\"} 0",
             "appservice_controller_cleanup_failures_total 0",
-            "appservice_controller_database_operations_total{operation=\"cleanup\",result=\"error\"} 0",
-            "appservice_controller_database_errors_total{reason=\"unreachable\"} 0",
-            "appservice_controller_database_operation_duration_seconds_count{operation=\"provision\"} 0",
             "workqueue_depth{name=\"appservice\"} 0",
         ] {
             assert!(text.contains(series), "{series} missing from\n{text}");
         }
         assert!(
             text.contains("appservice_controller_objects{ready=\"True\"} 1"),
+            "{text}"
+        );
+    }
+
+    /// A provider's family, for the test below.
+    #[derive(Clone, Default)]
+    struct Probe(Counter);
+
+    impl Families for Probe {
+        fn register(&self, registry: &mut Registry) {
+            registry.register("probe", "A provider's family", self.0.clone());
+        }
+    }
+
+    #[test]
+    fn a_provider_registers_its_families_once_under_the_prefix() {
+        let m = Metrics::default();
+        assert!(!m.encode().unwrap().contains("probe"));
+        let first = m.families::<Probe>();
+        first.0.inc();
+        m.families::<Probe>().0.inc();
+        assert_eq!(first.0.get(), 2, "one set of families, shared");
+        let text = m.encode().unwrap();
+        assert!(
+            text.contains("appservice_controller_probe_total 2"),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("# HELP appservice_controller_probe ").count(),
+            1,
             "{text}"
         );
     }

@@ -13,9 +13,10 @@ use std::time::Duration;
 use common::conditions::{DATABASE_READY, DEGRADED, READY, TRUE};
 use common::names::{DATABASE_URL_ENV, FINALIZER};
 use common::{AppService, DatabaseClass, DatabaseSpec};
+use controller::database::metrics::{DatabaseMetrics, DatabaseOperation};
 use controller::database::reasons;
+use controller::metrics::Ended;
 use controller::metrics::Metrics;
-use controller::metrics::{DatabaseOperation, Ended};
 use harness::Postgres;
 use harness::eventually;
 use k8s_openapi::ByteString;
@@ -253,13 +254,13 @@ async fn create_provisions_a_usable_database_and_delete_drops_it() -> anyhow::Re
     assert_eq!(w.catalog().await?, (BTreeSet::new(), BTreeSet::new()));
     assert!(
         metrics
-            .database()
+            .families::<DatabaseMetrics>()
             .count(DatabaseOperation::Provision, Ended::Success)
             >= 1
     );
     assert!(
         metrics
-            .database()
+            .families::<DatabaseMetrics>()
             .count(DatabaseOperation::Cleanup, Ended::Success)
             >= 1
     );
@@ -296,7 +297,7 @@ async fn an_outage_during_delete_keeps_the_app_terminating_until_the_server_is_b
     assert!(ctl.metrics.cleanup_failure_count() >= 1);
     assert!(
         metrics
-            .database()
+            .families::<DatabaseMetrics>()
             .count(DatabaseOperation::Cleanup, Ended::Error)
             >= 1
     );
@@ -646,7 +647,7 @@ async fn cycles_with_server_restarts_leak_nothing() -> anyhow::Result<()> {
         live.len(),
         leaked_dbs.len(),
         leaked_roles.len(),
-        metrics.database().summary(),
+        metrics.families::<DatabaseMetrics>().summary(),
     );
     assert!(leaked_dbs.is_empty(), "leaked databases: {leaked_dbs:?}");
     assert!(leaked_roles.is_empty(), "leaked roles: {leaked_roles:?}");
@@ -1350,7 +1351,7 @@ async fn class_events(w: &World, reason: &str) -> anyhow::Result<Vec<Event>> {
 /// the database of a live AppService and a role kept by Retain are never touched.
 #[tokio::test]
 async fn orphaned_databases_are_reported_and_dropped_only_by_opt_in() -> anyhow::Result<()> {
-    use controller::metrics::OrphanState;
+    use controller::database::metrics::OrphanState;
     let w = World::new("Delete", None).await?;
     let (ctl, _) = w.controller();
     let (_, live) = w.create_ready("live").await?;
@@ -1381,8 +1382,10 @@ async fn orphaned_databases_are_reported_and_dropped_only_by_opt_in() -> anyhow:
     databases.scan_orphans().await;
     let gauges = |m: &Metrics| {
         (
-            m.database().orphans_of(&w.class, OrphanState::Orphaned),
-            m.database().orphans_of(&w.class, OrphanState::Retained),
+            m.families::<DatabaseMetrics>()
+                .orphans_of(&w.class, OrphanState::Orphaned),
+            m.families::<DatabaseMetrics>()
+                .orphans_of(&w.class, OrphanState::Retained),
         )
     };
     assert_eq!(gauges(&metrics), (1, 1));
@@ -1429,7 +1432,10 @@ async fn orphaned_databases_are_reported_and_dropped_only_by_opt_in() -> anyhow:
         dbs.contains(&later) && roles.contains(&later),
         "{dbs:?} {roles:?}"
     );
-    assert_eq!(metrics.database().dropped_of(&w.class), 1);
+    assert_eq!(
+        metrics.families::<DatabaseMetrics>().dropped_of(&w.class),
+        1
+    );
     assert_eq!(gauges(&metrics), (1, 1));
     let dropped = class_events(&w, "OrphanDropped").await?;
     assert_eq!(dropped.len(), 1, "{dropped:?}");
@@ -1446,7 +1452,10 @@ async fn orphaned_databases_are_reported_and_dropped_only_by_opt_in() -> anyhow:
         !dbs.contains(&later) && !roles.contains(&later),
         "{dbs:?} {roles:?}"
     );
-    assert_eq!(metrics.database().dropped_of(&w.class), 2);
+    assert_eq!(
+        metrics.families::<DatabaseMetrics>().dropped_of(&w.class),
+        2
+    );
     assert_eq!(gauges(&metrics), (0, 1));
     // What lives, and what Retain kept, is untouched.
     assert!(

@@ -483,7 +483,9 @@ async fn alerts_and_dashboard_query_only_exported_metrics() {
     // Series that exist only once there is something to count (one per DatabaseClass,
     // from the first orphan scan): named as the controller's own registry encodes them.
     let probe = controller::metrics::Metrics::default();
-    probe.database().set_orphans("probe", 0, 0);
+    probe
+        .families::<controller::database::metrics::DatabaseMetrics>()
+        .set_orphans("probe", 0, 0);
     let per_class = exported_names(&probe.encode().unwrap());
     assert!(
         per_class.contains("appservice_controller_database_orphans"),

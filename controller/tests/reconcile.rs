@@ -683,11 +683,10 @@ impl controller::external::External for FlakyExternal {
                     .map_err(controller::error::Error::from)?;
             }
             if self.fail.load(Ordering::SeqCst) {
-                Err(controller::error::Error::Cleanup(
-                    controller::database::DatabaseError::Internal(
-                        "database server unreachable".into(),
-                    ),
-                ))
+                Err(controller::error::Error::External {
+                    reason: controller::error::ErrorReason::Cleanup,
+                    message: "database cleanup: database server unreachable".into(),
+                })
             } else {
                 Ok(controller::external::Step::Done)
             }

@@ -15,29 +15,38 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use syn::visit::Visit;
 
 use crate::Doing;
 
-/// The crates whose modules are checked (the workspace's members with a `src/`).
-const CRATES: &[&str] = &[
-    "common",
-    "webhook",
-    "controller",
-    "certs",
-    "telemetry",
-    "tests",
-    "e2e",
-    "xtask",
-];
+/// The crates whose modules are checked: the workspace's members (`Cargo.toml`), each
+/// with the module trees of its `src/lib.rs` and `src/main.rs`.
+fn members(root: &Path) -> Result<Vec<String>> {
+    let path = root.join("Cargo.toml");
+    let text = std::fs::read_to_string(&path).doing(format!("reading {}", path.display()))?;
+    let manifest = toml_edit::Document::parse(text).doing(format!("parsing {}", path.display()))?;
+    let members = manifest
+        .get("workspace")
+        .and_then(|w| w.get("members"))
+        .and_then(|m| m.as_array())
+        .with_context(|| format!("{}: no workspace.members list", path.display()))?;
+    members
+        .iter()
+        .map(|m| {
+            m.as_str()
+                .map(str::to_owned)
+                .with_context(|| format!("{}: a workspace member is not a string", path.display()))
+        })
+        .collect()
+}
 
 /// Where the files in a cycle today are listed, relative to the repository.
 const KNOWN: &str = "xtask/known-cycles.txt";
 
 pub fn run(root: &Path) -> Result<()> {
     let mut cycles = Vec::new();
-    for name in CRATES {
+    for name in members(root)? {
         let dir = root.join(name);
         if dir.join("src").is_dir() {
             let graph = Graph::of_crate(root, &dir)?;

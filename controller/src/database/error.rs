@@ -1,6 +1,8 @@
 //! Why a database step did not complete, and what each failure means for status,
 //! metrics and retries.
 
+use crate::error::{Error, ErrorReason};
+
 /// Condition reasons of `DatabaseReady` (and of `Ready` while it is not true).
 pub mod reasons {
     pub const PROVISIONED: &str = "Provisioned";
@@ -184,6 +186,25 @@ impl DatabaseError {
     /// Short, fixed label for metrics.
     pub fn metric_label(&self) -> DatabaseErrorReason {
         self.meaning().1
+    }
+
+    /// The controller's error for a failed `ensure`: backed off from, counted as
+    /// `database`, its message the whole story (for the operator's logs).
+    pub fn into_ensure_error(self) -> Error {
+        Error::External {
+            reason: ErrorReason::Database,
+            message: format!("database: {self}"),
+        }
+    }
+
+    /// The controller's error for a failed `cleanup`: counted as `cleanup`; its message
+    /// becomes the Degraded condition's, so it is the tenant's message
+    /// ([`DatabaseError::condition_message`]), without what changes at every retry.
+    pub fn into_cleanup_error(self) -> Error {
+        Error::External {
+            reason: ErrorReason::Cleanup,
+            message: format!("database cleanup: {}", self.condition_message()),
+        }
     }
 }
 

@@ -11,6 +11,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::database::error::DatabaseErrorReason;
+use crate::metrics::Families;
 use telemetry::labels::Ended;
 
 telemetry::label_values! {
@@ -205,9 +206,11 @@ impl DatabaseMetrics {
             "provisions ok/err: {provisioned}/{provision_failed}, cleanups ok/err: {cleaned}/{cleanup_failed}"
         )
     }
+}
 
+impl Families for DatabaseMetrics {
     /// Registers the families, every fixed series at 0 from the start.
-    pub fn register(&self, registry: &mut Registry) {
+    fn register(&self, registry: &mut Registry) {
         for &operation in DatabaseOperation::ALL {
             for &result in Ended::ALL {
                 let _ = self
@@ -251,6 +254,41 @@ impl DatabaseMetrics {
             "database_operation_duration_seconds",
             "Duration of one database provision or cleanup attempt",
             self.duration.clone(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    #[test]
+    fn every_fixed_series_is_exported_from_the_start_once() {
+        let metrics = Metrics::default();
+        let ours = metrics.families::<DatabaseMetrics>();
+        ours.cleaned(false, Duration::from_millis(1));
+        let text = metrics.encode().expect("encodes");
+        for series in [
+            "appservice_controller_database_operations_total{operation=\"cleanup\",result=\"error\"} 1",
+            "appservice_controller_database_operations_total{operation=\"provision\",result=\"success\"} 0",
+            "appservice_controller_database_errors_total{reason=\"unreachable\"} 0",
+            "appservice_controller_database_orphan_scans_total{result=\"error\"} 0",
+            "appservice_controller_database_operation_duration_seconds_count{operation=\"provision\"} 0",
+        ] {
+            assert!(text.contains(series), "{series} missing from\n{text}");
+        }
+        // Asked for again (a second Databases over the same metrics): the same set.
+        metrics
+            .families::<DatabaseMetrics>()
+            .cleaned(false, Duration::ZERO);
+        assert_eq!(ours.count(DatabaseOperation::Cleanup, Ended::Error), 2);
+        let text = metrics.encode().expect("encodes");
+        assert_eq!(
+            text.matches("# HELP appservice_controller_database_errors ")
+                .count(),
+            1,
+            "{text}"
         );
     }
 }

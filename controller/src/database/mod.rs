@@ -55,6 +55,7 @@ pub use connect::Limits;
 use connect::Pools;
 use error::DbResult;
 pub use error::{DatabaseError, DatabaseErrorReason, reasons};
+use metrics::DatabaseMetrics;
 
 use crate::error::{Error, Result};
 use crate::external::{ConditionReport, External, Readiness, Report, Step};
@@ -102,6 +103,8 @@ pub struct Databases {
     limits: Limits,
     pools: Pools,
     metrics: Arc<Metrics>,
+    /// Its own families (`appservice_controller_database_*`), registered in `metrics`.
+    series: DatabaseMetrics,
     recorder: Recorder,
     orphan_scan_interval: Duration,
     orphans: orphans::Memory,
@@ -154,6 +157,7 @@ impl Databases {
                 statement_timeout: config.statement_timeout,
             },
             pools: Pools::default(),
+            series: metrics.families(),
             metrics,
             recorder,
             orphan_scan_interval: config.orphan_scan_interval,
@@ -189,7 +193,7 @@ impl Databases {
     /// `ensure` for an AppService whose database is disabled: remove what an earlier
     /// generation created (found through the credentials Secret), per the class's policy.
     async fn ensure_disabled(&self, app: &Subject<'_>) -> Result<Report> {
-        let (namespace, uid) = identity(app).map_err(Error::Database)?;
+        let (namespace, uid) = identity(app).map_err(DatabaseError::into_ensure_error)?;
         let secret_name = database_secret_name(&app.name_any());
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
         let absent = Report {
@@ -259,7 +263,7 @@ impl Databases {
         message: String,
         action: &'static str,
     ) {
-        self.metrics.database().cleaned(true, started.elapsed());
+        self.series.cleaned(true, started.elapsed());
         info!(%message, action, "database removed");
         self.publish(app, EventType::Normal, reason, message, action)
             .await;
@@ -267,15 +271,15 @@ impl Databases {
 
     /// A removal that began at `started` failed with `e`: counted by reason.
     fn removal_failed(&self, e: &DatabaseError, started: Instant) {
-        self.metrics.database().cleaned(false, started.elapsed());
-        self.metrics.database().error(e.metric_label());
+        self.series.cleaned(false, started.elapsed());
+        self.series.error(e.metric_label());
     }
 
     fn failed(&self, condition: ConditionReport, e: DatabaseError) -> Report {
         let outcome = if e.is_waiting() {
             Readiness::NotReady(WAITING_RECHECK)
         } else {
-            Readiness::Failed(Error::Database(e))
+            Readiness::Failed(e.into_ensure_error())
         };
         Report {
             outcome,
@@ -289,9 +293,7 @@ impl Databases {
     async fn ensure_enabled(&self, app: &Subject<'_>, class_name: &str) -> Result<Report> {
         let started = Instant::now();
         let result = self.provision(app, class_name).await;
-        self.metrics
-            .database()
-            .provisioned(result.is_ok(), started.elapsed());
+        self.series.provisioned(result.is_ok(), started.elapsed());
         let report = match result {
             Ok((message, pod)) => Report {
                 outcome: Readiness::Done,
@@ -308,7 +310,7 @@ impl Databases {
             // API errors go to the error policy like any other (409 retried soon, ...).
             Err(DatabaseError::Kube(e)) => return Err(Error::Kube(e)),
             Err(e) => {
-                self.metrics.database().error(e.metric_label());
+                self.series.error(e.metric_label());
                 let condition = ConditionReport {
                     type_: DATABASE_READY,
                     status: FALSE,
@@ -330,7 +332,7 @@ impl Databases {
     }
 
     async fn cleanup_app(&self, app: &Subject<'_>) -> Result<Step> {
-        let (namespace, uid) = identity(app).map_err(Error::Database)?;
+        let (namespace, uid) = identity(app).map_err(DatabaseError::into_ensure_error)?;
         let secret_name = database_secret_name(&app.name_any());
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
         let secret = secrets
@@ -368,7 +370,7 @@ impl Databases {
             Err(e) => {
                 self.removal_failed(&e, started);
                 warn!(error = %e, "database cleanup failed");
-                Err(Error::Cleanup(e))
+                Err(e.into_cleanup_error())
             }
         }
     }

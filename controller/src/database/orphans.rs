@@ -133,7 +133,7 @@ impl Databases {
             Ok(list) => list.items,
             Err(e) => {
                 warn!(error = %e, "orphan scan: listing DatabaseClasses failed");
-                self.metrics.database().orphan_scan(false);
+                self.series.orphan_scan(false);
                 return;
             }
         };
@@ -144,7 +144,7 @@ impl Databases {
             last.retain(|class, _| {
                 let keep = names.contains(class);
                 if !keep {
-                    self.metrics.database().forget_class(class);
+                    self.series.forget_class(class);
                 }
                 keep
             });
@@ -152,10 +152,10 @@ impl Databases {
         for class in &classes {
             let name = class.name_any();
             match self.scan_class(class, memory).await {
-                Ok(()) => self.metrics.database().orphan_scan(true),
+                Ok(()) => self.series.orphan_scan(true),
                 Err(e) => {
                     warn!(class = %name, error = %e, "orphan scan of a DatabaseClass failed");
-                    self.metrics.database().orphan_scan(false);
+                    self.series.orphan_scan(false);
                 }
             }
         }
@@ -206,7 +206,7 @@ impl Databases {
                 match self.drop_orphan(&session, name, has_database).await {
                     Ok(()) => {
                         left.remove(name);
-                        self.metrics.database().orphan_dropped(&class_name);
+                        self.series.orphan_dropped(&class_name);
                         info!(class = %class_name, database = %name, "orphaned database and role dropped");
                         self.publish_on_class(
                             class,
@@ -227,8 +227,7 @@ impl Databases {
             }
         }
         // What is left after the drops.
-        self.metrics
-            .database()
+        self.series
             .set_orphans(&class_name, left.len(), scan.retained.len());
         if left != previous && !left.is_empty() {
             let names: Vec<&str> = left
