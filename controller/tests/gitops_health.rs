@@ -461,7 +461,7 @@ async fn deletion_held_by_a_failing_database_cleanup_is_progressing() -> anyhow:
 
 /// The rules a live cluster does not hold still long enough to read (a rollout under
 /// way; Ready=False with nothing progressing; conditions without a status), as the
-/// controller words them (`controller/src/status/`), through the same evaluator.
+/// controller words them (`controller/core/src/status/`), through the same evaluator.
 #[test]
 fn every_rule_of_the_script_on_statuses_as_the_controller_writes_them() -> anyhow::Result<()> {
     let c = |type_: &str, status: &str, reason: &str, message: &str| {

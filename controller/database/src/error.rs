@@ -1,7 +1,7 @@
 //! Why a database step did not complete, and what each failure means for status,
 //! metrics and retries.
 
-use crate::error::{Error, ErrorReason};
+use controller_core::error::{Error, ErrorReason};
 
 /// Condition reasons of `DatabaseReady` (and of `Ready` while it is not true).
 pub mod reasons {

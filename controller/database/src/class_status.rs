@@ -13,7 +13,7 @@ use tracing::warn;
 
 use super::server::Server;
 use super::{DatabaseError, Databases};
-use crate::metrics::Written;
+use controller_core::metrics::Written;
 
 impl Databases {
     /// Records on the class whether its server could be reached (only when that changed).

@@ -13,8 +13,8 @@ use sha2::{Digest, Sha256};
 
 use super::sql::{self, database_url};
 use super::{CLASS_ANNOTATION, PASSWORD_PENDING_ANNOTATION};
-use crate::desired::{PodDatabase, is_controlled_by, owner_reference};
-use crate::subject::Subject;
+use controller_core::desired::{PodDatabase, is_controlled_by, owner_reference};
+use controller_core::subject::Subject;
 
 pub use common::names::database_keys::*;
 
@@ -268,9 +268,13 @@ pub fn same_data(live: &Secret, desired: &Secret) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::subject::subject;
     use common::testing::{UID, stored};
     use common::{AppService, AppServiceSpec};
+
+    /// The [`Subject`] of a test's AppService, which has its identity.
+    fn subject(app: &AppService) -> Subject<'_> {
+        Subject::of(app).expect("a test AppService has a name, namespace and uid")
+    }
 
     /// The AppService of these tests, as stored.
     fn app() -> AppService {

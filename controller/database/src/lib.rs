@@ -57,10 +57,10 @@ use error::DbResult;
 pub use error::{DatabaseError, DatabaseErrorReason, reasons};
 use metrics::DatabaseMetrics;
 
-use crate::error::{Error, Result};
-use crate::external::{ConditionReport, External, Readiness, Report, Step};
-use crate::metrics::{Metrics, Written};
-use crate::subject::Subject;
+use controller_core::error::{Error, Result};
+use controller_core::external::{ConditionReport, External, Readiness, Report, Step};
+use controller_core::metrics::{Metrics, Written};
+use controller_core::subject::Subject;
 
 pub use common::names::CLASS_ANNOTATION;
 pub use common::names::PASSWORD_PENDING_ANNOTATION;
@@ -109,7 +109,7 @@ pub struct Databases {
     orphan_scan_interval: Duration,
     orphans: orphans::Memory,
     /// "Now" for condition timestamps, as the status module takes it.
-    clock: Arc<dyn crate::status::Clock>,
+    clock: Arc<dyn controller_core::status::Clock>,
 }
 
 /// The AppService's namespace and UID. Its database and role are named from the UID, so
@@ -162,12 +162,12 @@ impl Databases {
             recorder,
             orphan_scan_interval: config.orphan_scan_interval,
             orphans: orphans::Memory::default(),
-            clock: Arc::new(crate::status::SystemClock),
+            clock: Arc::new(controller_core::status::SystemClock),
         }
     }
 
     /// The same, stamping conditions with `clock` (tests pin time).
-    pub fn with_clock(mut self, clock: Arc<dyn crate::status::Clock>) -> Self {
+    pub fn with_clock(mut self, clock: Arc<dyn controller_core::status::Clock>) -> Self {
         self.clock = clock;
         self
     }
@@ -187,7 +187,7 @@ impl Databases {
             action: action.to_owned(),
             secondary: None,
         };
-        crate::report::publish(&self.recorder, &self.metrics, app.app(), &event).await;
+        controller_core::report::publish(&self.recorder, &self.metrics, app.app(), &event).await;
     }
 
     /// `ensure` for an AppService whose database is disabled: remove what an earlier

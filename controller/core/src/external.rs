@@ -1,8 +1,9 @@
 //! External resources of an AppService: things outside the cluster that reconcile creates
 //! behind the finalizer and deletes before releasing it.
 //!
-//! The database (ARCHITECTURE.md, "Databases") is the one implementation,
-//! [`crate::database::Databases`]: `ensure` creates the role and database named from the
+//! The database (`docs/architecture.md`, "The database from the Pod's side") is the one
+//! implementation, `Databases` of the crate `controller_database`, which depends on this
+//! one: `ensure` creates the role and database named from the
 //! AppService UID and the `<name>-database` Secret; `cleanup` drops them, treating
 //! "already gone" as success. Both are idempotent. `ensure` answers a [`Report`]: whether
 //! the children may go on, and the conditions it owns (`DatabaseReady`), which reconcile

@@ -10,8 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::database::error::DatabaseErrorReason;
-use crate::metrics::Families;
+use crate::error::DatabaseErrorReason;
+use controller_core::metrics::Families;
 use telemetry::labels::Ended;
 
 telemetry::label_values! {
@@ -261,7 +261,7 @@ impl Families for DatabaseMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
+    use controller_core::metrics::Metrics;
 
     #[test]
     fn every_fixed_series_is_exported_from_the_start_once() {

@@ -315,7 +315,7 @@ impl Databases {
             action: "ScanOrphans".to_owned(),
             secondary: None,
         };
-        crate::report::publish(&self.recorder, &self.metrics, class, &event).await;
+        controller_core::report::publish(&self.recorder, &self.metrics, class, &event).await;
     }
 }
 

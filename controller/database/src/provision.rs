@@ -11,10 +11,10 @@ use super::error::DbResult;
 use super::{
     DatabaseError, Databases, PASSWORD_PENDING_ANNOTATION, identity, reasons, secret, sql,
 };
-use crate::desired::PodDatabase;
-use crate::metrics::Written;
-use crate::subject::Subject;
 use common::names::database_secret_name;
+use controller_core::desired::PodDatabase;
+use controller_core::metrics::Written;
+use controller_core::subject::Subject;
 
 impl Databases {
     /// Provisions the database of `app` on `class_name`; returns what `DatabaseReady`

@@ -52,7 +52,7 @@ pub fn owner_api_version() -> String {
 pub const HASHED_OWNER_API_VERSION: &str = "platform.example.com/v1alpha1";
 
 /// What the Pods of an AppService with a database get from its `<name>-database` Secret,
-/// as the database step last wrote it (`crate::database::secret::pod_database`).
+/// as the database step last wrote it (`pod_database` in `controller/database/src/secret.rs`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodDatabase {
     /// The class verifies the server (`verify-full`): the Secret's `ca.crt` is mounted

@@ -5,7 +5,7 @@
 //! 2. the finalizer in place before any side effect (and put back when another writer
 //!    removed it);
 //! 3. `common::validate` (defence in depth) → `InvalidSpec`, no retry until it changes;
-//! 4. external resources (the database, [`crate::database`]); while they are not ready
+//! 4. external resources (the database: the crate `controller_database`); while they are not ready
 //!    the children wait and status says why;
 //! 5. Deployment and Service ([`crate::children`]), skipped when already converged,
 //!    never onto an object we do not control (`ResourceConflict`).

@@ -1,0 +1,685 @@
+//! The core of the AppService controller: turns each AppService into a Deployment and a
+//! Service, keeps them converged, and reports status users can trust.
+//!
+//! [`run`] wires it together; the `appservice-controller` binary (`controller/src/main.rs`)
+//! only parses flags, builds the client and its providers, and waits for a signal, so
+//! tests can run controllers in-process. A provider of external resources (the database
+//! step, the crate `controller_database`) implements [`external::External`] and depends
+//! on this crate, never the reverse.
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`reconcile`] | one pass over an AppService: its steps, the status it writes once at the end, and the error policy |
+//! | [`children`] | converging one child: look it up, create, apply or repair it |
+//! | [`report`] | writing what a pass observed: status and Events |
+//! | `finalizer` | the finalizer: on before side effects, released after external cleanup |
+//! | `watches` | the caches: a reflector per watch, trimmed, with its backoff and sync flag |
+//! | `owners` | which AppService a watched object wakes |
+//! | [`desired`] | pure builders of the children |
+//! | [`drift`] | whether a live child is what we want, and the patch that repairs it |
+//! | [`status`] | pure status and condition computation, and the rollout assessment |
+//! | [`view`] | what the caches keep of a child |
+//! | [`external`] | external resources behind the finalizer |
+//! | [`images`] | image signature verification (cosign) for `ImagePolicy` |
+//! | [`error`](mod@error) | the error type, its retry classification, backoff |
+//! | [`leader`] | Lease leader election |
+//! | [`shard`] | sharding (`--sharding`): the ring, membership Leases, the fence, the sharder |
+//! | [`metrics`], [`ops`] | Prometheus metrics, `/healthz` `/readyz` `/metrics` |
+//! | [`queue`] | the work queue's metrics, observed around kube-runtime's scheduler |
+//! | [`client`] | the rate-limited client |
+//! | [`config`] | flags |
+//! | [`context`] | the one `Arc<Context>` shared by reconcile and the ops server |
+
+pub mod children;
+pub mod client;
+pub mod config;
+pub mod context;
+pub mod desired;
+pub mod drift;
+pub mod error;
+pub mod external;
+mod finalizer;
+pub mod images;
+pub mod leader;
+pub mod metrics;
+pub mod migrate;
+pub mod ops;
+mod outcome;
+mod owners;
+pub mod queue;
+pub mod reconcile;
+pub mod report;
+pub mod shard;
+pub mod status;
+pub mod subject;
+pub mod view;
+mod watches;
+
+use std::sync::Arc;
+
+use common::AppService;
+use common::names::{LABEL_MANAGED_BY, MANAGED_BY};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+pub use config::{Config, RateLimit};
+pub use context::{CacheSync, Context};
+pub use status::{Clock, SystemClock};
+use watches::{Watch, YieldBackoff, name_only};
+
+/// Runs the controller until `shutdown` completes, then lets in-flight reconciles finish
+/// (within the grace period) and releases the leader lease.
+///
+/// Returns an error if the leader-election task dies, or the ops server cannot start.
+pub async fn run(
+    config: Config,
+    client: Client,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    run_with(config, client, Hooks::default(), shutdown).await
+}
+
+/// Why [`run`] stopped before it was told to.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("leader election task died{}", panicked(.0))]
+    LeaderElection(Option<tokio::task::JoinError>),
+    #[error("ops server stopped")]
+    OpsStopped,
+    #[error("ops server failed: {0}")]
+    Ops(std::io::Error),
+    #[error("ops server task failed: {0}")]
+    OpsTask(tokio::task::JoinError),
+    #[error("controller stopped unexpectedly{}", panicked(.0))]
+    Stopped(Option<tokio::task::JoinError>),
+    #[error(
+        "shard identity {0:?} is not a label value (at most 63 letters, digits, '-', '_', '.')"
+    )]
+    ShardIdentity(String),
+    #[error("--namespace-selector needs --sharding: a ring owns the selected namespaces")]
+    SelectorWithoutSharding,
+    #[error("--sharded-watch needs --sharding")]
+    ShardedWatchWithoutSharding,
+    #[error(
+        "--sharded-watch does not combine with --namespace-selector yet: run the canary ring with label sharding"
+    )]
+    ShardedWatchWithSelector,
+    #[error(
+        "this shard's membership Lease lapsed (not renewed within the renew deadline); restart to rejoin the ring"
+    )]
+    ShardLapsed,
+}
+
+/// `": <why>"` for a task that panicked or was cancelled; nothing for one that returned.
+fn panicked(e: &Option<tokio::task::JoinError>) -> String {
+    e.as_ref().map(|e| format!(": {e}")).unwrap_or_default()
+}
+
+/// What a caller may inject into [`run_with`]: the clock, the metrics (so an in-process
+/// test can read the counters), and the external resources behind the finalizer.
+pub struct Hooks {
+    pub clock: Box<dyn Clock>,
+    pub metrics: Arc<metrics::Metrics>,
+    pub external: Arc<dyn external::External>,
+    /// With sharding: the fence every write passes (`shard::fence`); give the same one to
+    /// any other client that writes for this controller (the databases' Secrets).
+    pub fence: shard::Fence,
+    /// With `--sharded-watch`: the buckets this shard serves; give the same one to any
+    /// other client that writes for this controller (`shard::served::bounded`).
+    pub served: Arc<shard::served::Served>,
+    /// Image verification (`ImagePolicy`); none: images run as written.
+    pub images: Option<Arc<images::Verifier>>,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Hooks {
+            clock: Box::new(SystemClock),
+            metrics: Arc::new(metrics::Metrics::default()),
+            external: Arc::new(external::NoExternal),
+            fence: shard::Fence::default(),
+            served: Arc::default(),
+            images: None,
+        }
+    }
+}
+
+/// [`run`] with injected [`Hooks`].
+pub async fn run_with(
+    config: Config,
+    client: Client,
+    hooks: Hooks,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let mut config = config;
+    let identity = config.identity();
+    // With sharding the identity is a label value and the same for the whole run.
+    config.identity = Some(identity.clone());
+    if config.sharding && !shard::is_label_value(&identity) {
+        return Err(RunError::ShardIdentity(identity));
+    }
+    if config.namespace_selector.is_some() && !config.sharding {
+        return Err(RunError::SelectorWithoutSharding);
+    }
+    if config.sharded_watch && !config.sharding {
+        return Err(RunError::ShardedWatchWithoutSharding);
+    }
+    if config.sharded_watch && config.namespace_selector.is_some() {
+        return Err(RunError::ShardedWatchWithSelector);
+    }
+    if config.sharding && !config.leader_election {
+        warn!(
+            "--sharding without --leader-election: this replica runs the sharder whatever the others do; run one replica only"
+        );
+    }
+    let (leading_tx, leading_rx) = watch::channel(!config.leader_election);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // Without sharding, reconciles follow leadership; with it, this shard's membership.
+    let (member_tx, member_rx) = watch::channel(false);
+    let gate_rx = if config.sharding {
+        member_rx.clone()
+    } else {
+        leading_rx.clone()
+    };
+    // With sharding every write but a Lease's passes the fence (the Leases' own client
+    // stays unfenced: they keep the fence open).
+    let lease_client = client.clone();
+    let client = if config.sharding {
+        shard::fenced(client, hooks.fence.clone())
+    } else {
+        client
+    };
+    // With the sharded watch every write also stays within the buckets this shard serves;
+    // in a ring of one, within them or the label rules.
+    let ring_of_one = shard::ring_of_one(&config);
+    hooks.served.set_ring_of_one(ring_of_one);
+    let served = shard::bucketed(&config).then(|| hooks.served.clone());
+    let client = match &served {
+        Some(served) => shard::served::bounded(client, served.clone(), &config.lease_namespace),
+        None => client,
+    };
+    let shard_selector = shard::selector(&config);
+    // A ring of one adds the shard selector per watch generation, only while another
+    // member shares the ring; otherwise it is part of every watch of this shard's objects.
+    let (baked, labelled) = if ring_of_one {
+        (None, shard_selector)
+    } else {
+        (shard_selector, None)
+    };
+    let selected = |labels: String| match &baked {
+        Some(shard) => format!("{labels},{shard}"),
+        None => labels,
+    };
+
+    // Caches of our children (only objects with our managed-by label), as views: only
+    // what reconcile reads. Touched, not applied: a deleted child must wake its owner.
+    // With sharding, only this shard's.
+    let child_config = watcher::Config::default()
+        .labels(&selected(format!("{LABEL_MANAGED_BY}={MANAGED_BY}")))
+        .any_semantic();
+    let synced = Arc::new(CacheSync::default());
+    let watch = Watch::new(&client, &config, &synced)
+        .following(served.clone())
+        .labelled(labelled);
+    // What no shard selects (objects named like ours): followed by the sharded watch's
+    // buckets only, never by a ring of one's labels.
+    let watch_others =
+        Watch::new(&client, &config, &synced).following(served.clone().filter(|_| !ring_of_one));
+    let (deployments, deployment_stream) =
+        watch.cached::<view::DeploymentView, _>(child_config.clone(), |_| {}, |s| &s.deployments);
+    let (services, service_stream) =
+        watch.cached::<view::ServiceView, _>(child_config.clone(), |_| {}, |s| &s.services);
+    let app_config = match &baked {
+        Some(shard) => watcher::Config::default().labels(shard),
+        None => watcher::Config::default(),
+    };
+    let (apps, app_stream) =
+        watch.cached::<AppService, _>(app_config.any_semantic(), view::slim_app, |s| {
+            &s.appservices
+        });
+    let (deployment_stream, service_stream, app_stream) = (
+        deployment_stream.touched_objects(),
+        service_stream.touched_objects(),
+        app_stream.applied_objects(),
+    );
+
+    // Deployments and Services without our label, metadata only, and of those only the
+    // names (cluster-wide even with sharding: names are small): one named like an AppService is either a foreign object blocking it (its
+    // deletion frees the name) or our own child whose label someone removed. Either way,
+    // look again. Knowing every taken name also lets reconcile skip asking the API server
+    // about a name nobody holds.
+    let others_config = watcher::Config::default()
+        .labels(&format!("{LABEL_MANAGED_BY}!={MANAGED_BY}"))
+        .any_semantic();
+    let (other_deployments, other_deployment_stream) = watch_others
+        .cached::<PartialObjectMeta<Deployment>, _>(others_config.clone(), name_only, |s| {
+            &s.other_deployments
+        });
+    let (other_services, other_service_stream) = watch_others
+        .cached::<PartialObjectMeta<Service>, _>(others_config.clone(), name_only, |s| {
+            &s.other_services
+        });
+    let (other_deployment_stream, other_service_stream) = (
+        other_deployment_stream.touched_objects(),
+        other_service_stream.touched_objects(),
+    );
+
+    // The `<name>-database` Secrets: ours (labelled) and others named like them. Nothing
+    // reads them from a cache (the database step reads the one Secret it needs), so
+    // these are triggers only: metadata, no store, and never a Secret's data in memory.
+    // Any change of ours (deleted, a key edited, its owner reference or a label changed)
+    // or of a foreign one blocking the name wakes the AppService.
+    let secret_stream = watch.triggers::<Secret>(child_config);
+    let other_secret_stream = watch_others.triggers::<Secret>(others_config);
+
+    // The work queue is observed around the Controller: each trigger stream counts.
+    let queue = hooks.metrics.queue().clone();
+    queue.set_max_concurrent(config.concurrency);
+    let app_stream = queue::observe_apps(app_stream, queue.clone());
+
+    let reporter = Reporter {
+        controller: common::names::FIELD_MANAGER.to_owned(),
+        instance: Some(identity.clone()),
+    };
+    let fence = hooks.fence.clone();
+    let verifier = hooks.images.clone();
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            config.clone(),
+            Recorder::new(client.clone(), reporter),
+            hooks,
+            context::Caches {
+                deployments: deployments.clone(),
+                services: services.clone(),
+                other_deployments,
+                other_services,
+                synced,
+            },
+            gate_rx.clone(),
+        )
+        .with_ring_leader(leading_rx.clone())
+        .with_served(served.clone()),
+    );
+    ctx.metrics().set_leader(*leading_rx.borrow());
+
+    // Each event of a child, or of an object named like one, wakes the AppService it
+    // belongs to (`owners::owner_of`: by group, kind and uid, whatever version the owner
+    // reference names).
+    let wakes = |apps: &reflector::Store<AppService>| {
+        let apps = apps.clone();
+        queue::observe_mapper(queue.clone(), move |meta: kube::api::ObjectMeta| {
+            owners::owner_of(&apps, &meta)
+        })
+    };
+    let (deployment_owner, service_owner, secret_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps));
+    let (other_deployment_owner, other_service_owner, other_secret_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps));
+    let apps_for_queue = apps.clone();
+    let apps_for_images = apps.clone();
+    let apps_for_shard = apps.clone();
+
+    let controller = Controller::for_stream(app_stream, apps)
+        .with_config(controller::Config::default().concurrency(config.concurrency))
+        // The controller backs off its merged trigger streams once more, by default up to
+        // 30 s that are forgotten only after two quiet minutes. After an API server
+        // restart every watch gets one "too old resource version" in turn, and each paused
+        // all of them: caches stayed stale for many seconds. Each watch above backs off on
+        // its own, so the merged stream only yields.
+        .trigger_backoff(YieldBackoff)
+        .watches_stream(deployment_stream, move |d: view::DeploymentView| {
+            deployment_owner(d.metadata)
+        })
+        .watches_stream(service_stream, move |s: view::ServiceView| {
+            service_owner(s.metadata)
+        })
+        .watches_stream(secret_stream, move |s: PartialObjectMeta<Secret>| {
+            secret_owner(s.metadata)
+        })
+        .watches_stream(
+            other_deployment_stream,
+            move |d: PartialObjectMeta<Deployment>| other_deployment_owner(d.metadata),
+        )
+        .watches_stream(
+            other_service_stream,
+            move |s: PartialObjectMeta<Service>| other_service_owner(s.metadata),
+        )
+        .watches_stream(other_secret_stream, move |s: PartialObjectMeta<Secret>| {
+            other_secret_owner(s.metadata)
+        })
+        // On gaining the lease, look at everything again: the previous leader may have died
+        // half-way, and as a standby we skipped every event. (With sharding: on joining.)
+        .reconcile_all_on(queue::observe_reconcile_all(
+            leadership_gained(gate_rx.clone()),
+            apps_for_queue,
+            queue.clone(),
+        ));
+    // With the sharded watch: buckets become usable once every cache has listed them;
+    // their AppServices (and, cheaply, the rest) get a pass then.
+    let controller = match &served {
+        Some(served) => controller.reconcile_all_on(queue::observe_reconcile_all(
+            shard::served::gained(served.subscribe_usable()),
+            apps_for_shard.clone(),
+            queue.clone(),
+        )),
+        None => controller,
+    };
+    // Image verification: a policy's change reconciles every AppService, a Namespace's
+    // label change those in it.
+    let controller = match &verifier {
+        Some(verifier) => {
+            let (policy_changes, namespace_changes) =
+                images::watch::watch(&client, verifier, apps_for_images.clone());
+            controller
+                .reconcile_all_on(queue::observe_reconcile_all(
+                    policy_changes,
+                    apps_for_images,
+                    queue.clone(),
+                ))
+                .reconcile_on(namespace_changes)
+        }
+        None => {
+            drop(apps_for_images);
+            controller
+        }
+    };
+
+    // The external step's periodic work (the orphan scan), stopped with the controller.
+    let background = ctx.external_background().map(tokio::spawn);
+    if let Some(verifier) = verifier {
+        tokio::spawn(images::policy_status::run(
+            verifier,
+            ctx.clone(),
+            stop_rx.clone(),
+        ));
+    }
+
+    follow_leadership_in_the_gauge(ctx.clone(), leading_rx.clone());
+    let ops = start_ops_server(&config, ctx.clone(), stop_rx.clone());
+    let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
+    let elector = start_election(
+        &config,
+        &lease_client,
+        &identity,
+        leading_tx,
+        elector_stop_rx.clone(),
+    );
+    let (membership, sharder) = if config.sharding {
+        // The sharded watch: the Lease carries this member's claims, and the claims task
+        // (in place of the sharder) follows the ring.
+        let (wanted, written) = (
+            watch::channel(shard::claims::annotations(shard::buckets::Buckets::NONE)).0,
+            watch::channel(std::collections::BTreeMap::new()).0,
+        );
+        let annotations = served.as_ref().map(|_| leader::Annotations {
+            wanted: wanted.subscribe(),
+            written: written.clone(),
+        });
+        let membership = shard::start_membership(
+            &config,
+            &lease_client,
+            &identity,
+            fence,
+            annotations,
+            member_tx,
+            elector_stop_rx,
+        );
+        let sharder = match &served {
+            Some(served) => {
+                let claims = shard::claims::Claims {
+                    ctx: ctx.clone(),
+                    lease_client: lease_client.clone(),
+                    identity: identity.clone(),
+                    served: served.clone(),
+                    apps: apps_for_shard.clone(),
+                    wanted,
+                    written: written.subscribe(),
+                    member: member_rx.clone(),
+                    stop: stop_rx.clone(),
+                }
+                .run();
+                // A ring of one labels too, once its members are more than one.
+                let sharder = ring_of_one
+                    .then(|| shard::sharder::run(ctx.clone(), leading_rx.clone(), stop_rx.clone()));
+                tokio::spawn(async move {
+                    match sharder {
+                        Some(sharder) => {
+                            tokio::join!(claims, sharder);
+                        }
+                        None => claims.await,
+                    }
+                })
+            }
+            None => tokio::spawn(shard::sharder::run(
+                ctx.clone(),
+                leading_rx.clone(),
+                stop_rx.clone(),
+            )),
+        };
+        shard::follow_owned(ctx.clone(), apps_for_shard, stop_rx.clone());
+        (Some(membership), Some(sharder))
+    } else {
+        drop((member_tx, fence, apps_for_shard));
+        (None, None)
+    };
+    let lapsed = Box::pin(shard::lapsed(member_rx));
+
+    let controller_task = spawn_controller(controller, ctx.clone(), queue, stop_rx.clone());
+    let mut tasks = Tasks {
+        controller: controller_task,
+        background,
+        sharder,
+        membership,
+        lapsed,
+        elector,
+        elector_stop: elector_stop_tx,
+        ops,
+    };
+    let failure = tasks.until_stopped(shutdown).await;
+    tasks.stop(&stop_tx, &config).await;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Runs the controller's reconciles until `stop` turns true (in-flight ones finish).
+fn spawn_controller(
+    controller: Controller<AppService>,
+    ctx: Arc<Context>,
+    queue: Arc<queue::Queue>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let gone_ctx = ctx.clone();
+    tokio::spawn(
+        controller
+            .graceful_shutdown_on(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .run(
+                queue::observe_reconcile(reconcile::reconcile),
+                queue::observe_error_policy(reconcile::error_policy),
+                ctx,
+            )
+            .for_each(move |result| {
+                // The object went away between event and reconcile: fine, and no longer queued.
+                if let Err(controller::Error::ObjectNotFound(obj)) = &result
+                    && let Some(namespace) = &obj.namespace
+                {
+                    let key = reflector::ObjectRef::new(&obj.name).within(namespace);
+                    queue.forget(&key);
+                    // Gone with our finalizer removed by someone else: held no more.
+                    gone_ctx.metrics().set_held(&key, None);
+                }
+                async move {
+                    match result {
+                        Ok(_) => {}
+                        Err(controller::Error::ObjectNotFound(_)) => {}
+                        Err(controller::Error::ReconcilerFailed(..)) => {}
+                        Err(e) => warn!(error = %e, "controller stream error"),
+                    }
+                }
+            }),
+    )
+}
+
+/// The tasks of a running controller.
+struct Tasks {
+    controller: tokio::task::JoinHandle<()>,
+    /// The external step's periodic work (the orphan scan).
+    background: Option<tokio::task::JoinHandle<()>>,
+    /// With sharding: the sharder (acting while this replica leads), the membership
+    /// Lease, and what completes once that membership lapsed.
+    sharder: Option<tokio::task::JoinHandle<()>>,
+    membership: Option<tokio::task::JoinHandle<()>>,
+    lapsed: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    elector: Option<tokio::task::JoinHandle<()>>,
+    elector_stop: watch::Sender<bool>,
+    ops: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Tasks {
+    /// Until `shutdown` completes (`None`) or a task stops that must not (its error).
+    async fn until_stopped(
+        &mut self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Option<RunError> {
+        let shutdown = shutdown.fuse();
+        tokio::pin!(shutdown);
+        tokio::select! {
+            _ = &mut shutdown => {
+                info!("shutting down");
+                None
+            }
+            r = async { match self.elector.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
+                // Returned, not logged here: the caller reports it once.
+                Some(RunError::LeaderElection(r.err()))
+            }
+            r = async { match self.ops.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
+                self.ops = None;
+                Some(match r {
+                    Ok(Ok(())) => RunError::OpsStopped,
+                    Ok(Err(e)) => RunError::Ops(e),
+                    Err(e) => RunError::OpsTask(e),
+                })
+            }
+            r = &mut self.controller => Some(RunError::Stopped(r.err())),
+            _ = &mut self.lapsed => Some(RunError::ShardLapsed),
+        }
+    }
+
+    /// Stops reconciling first (in-flight reconciles get the grace period), then the
+    /// background work and the sharder, then releases the Leases, so the next leader never overlaps with
+    /// us; the ops server last.
+    async fn stop(mut self, stop: &watch::Sender<bool>, config: &Config) {
+        let _ = stop.send(true);
+        if !self.controller.is_finished()
+            && tokio::time::timeout(config.shutdown_grace, &mut self.controller)
+                .await
+                .is_err()
+        {
+            warn!("in-flight reconciles did not finish within the grace period; aborting them");
+            self.controller.abort();
+        }
+        if let Some(handle) = self.background {
+            handle.abort();
+        }
+        if let Some(handle) = self.sharder {
+            let _ = handle.await;
+        }
+        let _ = self.elector_stop.send(true);
+        if let Some(handle) = self.membership
+            && !handle.is_finished()
+        {
+            let _ = tokio::time::timeout(config.renew_deadline, handle).await;
+        }
+        if let Some(handle) = self.elector
+            && !handle.is_finished()
+        {
+            let _ = tokio::time::timeout(config.renew_deadline, handle).await;
+        }
+        if let Some(handle) = self.ops {
+            let _ = handle.await;
+        }
+    }
+}
+
+/// Keeps the leader gauge on what the election says.
+fn follow_leadership_in_the_gauge(ctx: Arc<Context>, mut leading: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        while leading.changed().await.is_ok() {
+            let now = *leading.borrow_and_update();
+            ctx.metrics().set_leader(now);
+        }
+    });
+}
+
+/// The ops server (`/healthz`, `/readyz`, `/metrics`), when configured; it stops when
+/// `stop` turns true.
+fn start_ops_server(
+    config: &Config,
+    ctx: Arc<Context>,
+    mut stop: watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let addr = config.ops_addr?;
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    Some(tokio::spawn(ops::serve(addr, ctx, shutdown)))
+}
+
+/// The leader election on the Lease, when enabled; it says who leads through `leading`
+/// and releases the lease when `stop` turns true. Without it this replica leads, and
+/// `leading` is kept open (a dropped sender would read as "leadership changed").
+fn start_election(
+    config: &Config,
+    client: &Client,
+    identity: &str,
+    leading: watch::Sender<bool>,
+    stop: watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if !config.leader_election {
+        drop(stop);
+        tokio::spawn(async move {
+            leading.closed().await;
+        });
+        return None;
+    }
+    let lease_api: Api<Lease> = Api::namespaced(client.clone(), &config.lease_namespace);
+    let elector = leader::Elector::new(
+        lease_api,
+        leader::ElectionConfig {
+            lease_name: config.lease_name.clone(),
+            identity: identity.to_owned(),
+            lease_duration: config.lease_duration,
+            renew_deadline: config.renew_deadline,
+            retry_period: config.retry_period,
+        },
+    );
+    info!(identity = %identity, lease = %config.lease_name, namespace = %config.lease_namespace, "leader election enabled");
+    Some(tokio::spawn(elector.run(leading, stop)))
+}
+
+/// A stream that yields each time `leading` turns true.
+fn leadership_gained(leading: watch::Receiver<bool>) -> impl futures::Stream<Item = ()> + Send {
+    futures::stream::unfold(leading, |mut rx| async move {
+        loop {
+            if rx.changed().await.is_err() {
+                return None;
+            }
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
+}
