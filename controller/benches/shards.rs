@@ -3,7 +3,8 @@
 //! ```text
 //! cargo bench -p appservice-controller --bench shards -- --n 20000 --shards 0,1,4
 //! cargo bench -p appservice-controller --bench shards -- --n 5000 --shards 0,1,4 \
-//!   --baseline-bin ~/.cache/appservice-operator/cr-baseline/appservice-cr-baseline
+//!   --baseline-bin ~/.cache/appservice-operator/cr-baseline/appservice-cr-baseline \
+//!   --other-bin before=/path/to/an/earlier/appservice-controller
 //! ```
 //!
 //! On a private *plain* control plane (no Pods), for each entry of `--shards` (0: one
@@ -67,6 +68,11 @@ struct Args {
     /// measured as one more configuration (one process).
     #[arg(long)]
     baseline_bin: Option<PathBuf>,
+    /// Another build of this controller, as `LABEL=PATH` (an earlier commit's binary),
+    /// measured as one leader without sharding right after the baseline: a before and
+    /// an after in one run. Repeatable.
+    #[arg(long = "other-bin", value_parser = label_and_path)]
+    other_bins: Vec<(String, PathBuf)>,
     /// Every control plane with the alpha gate `ShardedListAndWatch`, and the shards with
     /// `--sharded-watch` (they select by namespace bucket: no labels written). The
     /// AppServices share one namespace, so one bucket: the handover is measured only
@@ -76,6 +82,16 @@ struct Args {
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
+}
+
+/// `LABEL=PATH` of `--other-bin`.
+fn label_and_path(arg: &str) -> Result<(String, PathBuf), String> {
+    match arg.split_once('=') {
+        Some((label, path)) if !label.is_empty() && !path.is_empty() => {
+            Ok((label.to_owned(), PathBuf::from(path)))
+        }
+        _ => Err(format!("{arg:?}: expected LABEL=PATH")),
+    }
 }
 
 /// What one configuration measured.
@@ -396,6 +412,9 @@ async fn main() -> anyhow::Result<()> {
     // has it.
     if let Some(bin) = &args.baseline_bin {
         runs.push(measure(&args, "controller-runtime baseline", bin, 0).await?);
+    }
+    for (label, bin) in &args.other_bins {
+        runs.push(measure(&args, label, bin, 0).await?);
     }
     for &shards in &args.shards {
         let name = match shards {

@@ -7,132 +7,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod scripted;
+
 use controller::subject::Subject;
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll};
+use std::sync::Arc;
 
 use common::AppService;
 use common::names::ANNOTATION_DESIRED_HASH;
 use controller::children::converge;
-use controller::context::{CacheSync, Caches};
 use controller::desired::desired_deployment;
 use controller::view::DeploymentView;
-use controller::{Config, Context, Hooks};
-use futures::future::BoxFuture;
-use http::{Request, Response};
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::Client;
-use kube::client::Body;
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::ObjectRef;
+use scripted::{Seen, context};
 use serde_json::{Value, json};
-use tower::Service;
-
-/// One request as the scripted server saw it.
-#[derive(Clone, Debug)]
-struct Seen {
-    method: String,
-    path: String,
-    query: String,
-    content_type: String,
-    body: Value,
-}
-
-impl Seen {
-    /// `METHOD path content-type`, the shape the assertions compare.
-    fn line(&self) -> String {
-        format!("{} {} {}", self.method, self.path, self.content_type)
-    }
-}
-
-type Answer = dyn Fn(&Seen, usize) -> (u16, Value) + Send + Sync;
-
-/// An API server that records every request and answers as `answer` says (given the
-/// request and how many came before it).
-#[derive(Clone)]
-struct Scripted {
-    seen: Arc<Mutex<Vec<Seen>>>,
-    answer: Arc<Answer>,
-}
-
-impl Service<Request<Body>> for Scripted {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let (seen, answer) = (self.seen.clone(), self.answer.clone());
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let bytes = body.collect_bytes().await.unwrap();
-            let request = Seen {
-                method: parts.method.to_string(),
-                path: parts.uri.path().to_owned(),
-                query: parts.uri.query().unwrap_or_default().to_owned(),
-                content_type: parts
-                    .headers
-                    .get(http::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned(),
-                body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-            };
-            let before = {
-                let mut seen = seen.lock().unwrap();
-                seen.push(request.clone());
-                seen.len() - 1
-            };
-            let (status, reply) = answer(&request, before);
-            Ok(Response::builder()
-                .status(status)
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-                .unwrap())
-        })
-    }
-}
-
-/// A context whose client talks to `answer`; caches empty and listed.
-fn context(answer: Arc<Answer>) -> (Context, Arc<Mutex<Vec<Seen>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let client = Client::new(
-        Scripted {
-            seen: seen.clone(),
-            answer,
-        },
-        "shop",
-    );
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "test".into(),
-            instance: None,
-        },
-    );
-    let synced = Arc::new(CacheSync::default());
-    let caches = Caches {
-        deployments: reflector::store().0,
-        services: reflector::store().0,
-        other_deployments: reflector::store().0,
-        other_services: reflector::store().0,
-        synced,
-    };
-    let (_, leading) = tokio::sync::watch::channel(true);
-    let ctx = Context::new(
-        client,
-        Config::for_namespace("shop"),
-        recorder,
-        Hooks::default(),
-        caches,
-        leading,
-    );
-    (ctx, seen)
-}
 
 fn app() -> AppService {
     common::testing::app("web", "registry.example.com/web:v1")

@@ -321,11 +321,12 @@ impl Metrics {
         self.errors.get_or_create(&ErrorLabel { reason }).inc();
     }
 
-    /// The shard's own series (`--sharding`).
+    /// Image verification's series (`image_*`, `registry_*`).
     pub fn images(&self) -> &Arc<ImageMetrics> {
         &self.images
     }
 
+    /// The shard's own series (`shard_*`, `--sharding`).
     pub fn shard(&self) -> &crate::shard::metrics::ShardMetrics {
         &self.shard
     }
@@ -348,7 +349,6 @@ impl Metrics {
         self.cleanup_failures.inc();
     }
 
-    /// Whether this replica leads.
     /// Whether this replica leads; a change counts as a leader transition.
     pub fn set_leader(&self, leading: bool) {
         if self.leader.set(i64::from(leading)) != i64::from(leading) {

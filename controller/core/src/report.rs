@@ -17,6 +17,7 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::metrics::{Metrics, Ready, Written};
 use crate::status::{self, needs_write, ready_state};
+use crate::status_writer::{Guard, apply_if_changed};
 
 /// Writes `status` through the status subresource if it differs from the live status,
 /// and publishes the Events of what moved.
@@ -39,25 +40,27 @@ pub async fn write_status(
     }
     debug!(object = %key, from = ?live, to = ?status, "status changed");
     let events = announcements(live, status);
-    let mut patch = json!({
-        "apiVersion": AppService::api_version(&()),
-        "kind": AppService::kind(&()),
-        "metadata": {"name": app.name_any()},
-        "status": status,
-    });
     // With sharding: on the condition that the AppService is still the one the pass
     // read (a handover relabels it, so a status prepared before one fails with 409).
-    if ctx.config().sharding {
-        patch["metadata"]["resourceVersion"] = json!(app.metadata.resource_version);
-    }
-    let written = api
-        .patch_status(
-            &app.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
-    ctx.metrics().write(Written::AppServiceStatus);
+    let guard = if ctx.config().sharding {
+        Guard::ReadVersion
+    } else {
+        Guard::None
+    };
+    let Some(written) = apply_if_changed(
+        api,
+        app,
+        status,
+        // Changed: checked above, before the Events of the change are worked out.
+        true,
+        guard,
+        ctx.metrics(),
+        Written::AppServiceStatus,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
     let leftovers = status::leftovers(written.status.as_ref(), status);
     if !leftovers.is_empty() {
         // Fields another writer set that ours leaves out: removed by name, on the

@@ -3,17 +3,15 @@
 
 use common::conditions::{FALSE, TRUE};
 use common::database_class::REACHABLE;
-use common::names::FIELD_MANAGER;
 use common::{DatabaseClass, DatabaseClassStatus};
 use deadpool_postgres::Object;
-use kube::api::{Patch, PatchParams};
-use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
+use kube::{Api, ResourceExt};
 use tracing::warn;
 
 use super::server::Server;
 use super::{DatabaseError, Databases};
 use controller_core::metrics::Written;
+use controller_core::status_writer::{Guard, apply_if_changed};
 
 impl Databases {
     /// Records on the class whether its server could be reached (only when that changed).
@@ -65,30 +63,22 @@ impl Databases {
                 ),
             );
         }
-        if new.observed_generation == old.observed_generation
-            && new.server_version == old.server_version
-            && common::conditions::same_set_ignoring_time(&new.conditions, &old.conditions)
-        {
-            return;
-        }
+        let changed = new.observed_generation != old.observed_generation
+            || new.server_version != old.server_version
+            || !common::conditions::same_set_ignoring_time(&new.conditions, &old.conditions);
         let api: Api<DatabaseClass> = Api::all(self.client.clone());
-        let patch = json!({
-            "apiVersion": DatabaseClass::api_version(&()),
-            "kind": DatabaseClass::kind(&()),
-            "status": new,
-        });
-        match api
-            .patch_status(
-                &class.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
+        if let Err(e) = apply_if_changed(
+            &api,
+            class,
+            &new,
+            changed,
+            Guard::None,
+            &self.metrics,
+            Written::DatabaseClassStatus,
+        )
+        .await
         {
-            Ok(_) => self.metrics.write(Written::DatabaseClassStatus),
-            Err(e) => {
-                warn!(error = %e, class = %class.name_any(), "could not write DatabaseClass status")
-            }
+            warn!(error = %e, class = %class.name_any(), "could not write DatabaseClass status")
         }
     }
 

@@ -7,16 +7,14 @@ use std::time::Duration;
 
 use common::conditions::{self, FALSE, RECONCILING, STALLED, TRUE, reasons};
 use common::image_policy::{ImagePolicy, ImagePolicyStatus, READY};
-use common::names::FIELD_MANAGER;
-use kube::api::{Patch, PatchParams};
-use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
+use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tracing::warn;
 
 use super::Verifier;
 use crate::context::Context;
 use crate::metrics::Written;
+use crate::status_writer::{Guard, apply_if_changed};
 
 /// How often the leader looks at every policy (a key Secret may change meanwhile).
 pub const INTERVAL: Duration = Duration::from_secs(10);
@@ -82,28 +80,20 @@ pub async fn run(
                 let now = ctx.clock().now();
                 let new = status_of(&policy, &keys, &now);
                 let old = policy.status.clone().unwrap_or_default();
-                if new.observed_generation == old.observed_generation
-                    && conditions::same_set_ignoring_time(&new.conditions, &old.conditions)
+                let changed = new.observed_generation != old.observed_generation
+                    || !conditions::same_set_ignoring_time(&new.conditions, &old.conditions);
+                if let Err(e) = apply_if_changed(
+                    &api,
+                    &policy,
+                    &new,
+                    changed,
+                    Guard::None,
+                    ctx.metrics(),
+                    Written::ImagePolicyStatus,
+                )
+                .await
                 {
-                    continue;
-                }
-                let patch = json!({
-                    "apiVersion": ImagePolicy::api_version(&()),
-                    "kind": ImagePolicy::kind(&()),
-                    "status": new,
-                });
-                match api
-                    .patch_status(
-                        &policy.name_any(),
-                        &PatchParams::apply(FIELD_MANAGER).force(),
-                        &Patch::Apply(&patch),
-                    )
-                    .await
-                {
-                    Ok(_) => ctx.metrics().write(Written::ImagePolicyStatus),
-                    Err(e) => {
-                        warn!(error = %e, policy = %policy.name_any(), "could not write ImagePolicy status")
-                    }
+                    warn!(error = %e, policy = %policy.name_any(), "could not write ImagePolicy status")
                 }
             }
         }

@@ -1,0 +1,68 @@
+//! The one way the controller writes a status it owns whole (the AppService's, a
+//! DatabaseClass's, an ImagePolicy's): "apply this status if it changed".
+//!
+//! The status is sent as a forced server-side apply under our field manager, so it owns
+//! every field it sets whoever wrote them before, and counted as one API write. What
+//! counts as a change is the kind's own rule (conditions compared without their
+//! transition times, ...), given by the caller.
+
+use std::fmt::Debug;
+
+use common::names::FIELD_MANAGER;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::metrics::{Metrics, Written};
+
+/// The guard of a status write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// Whatever the object's version now.
+    None,
+    /// Only on the version of the object the caller read (a 409 otherwise): a status
+    /// prepared before a change the writer must not miss (a shard's handover) cannot
+    /// land after it.
+    ReadVersion,
+}
+
+/// Applies `status` as the status of `object` when `changed`, counting the write as
+/// `written`; returns the object as the API server left it, or `None` when nothing
+/// changed (and nothing was sent).
+pub async fn apply_if_changed<K, S>(
+    api: &Api<K>,
+    object: &K,
+    status: &S,
+    changed: bool,
+    guard: Guard,
+    metrics: &Metrics,
+    written: Written,
+) -> kube::Result<Option<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    S: Serialize,
+{
+    if !changed {
+        return Ok(None);
+    }
+    let mut patch = json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": {"name": object.name_any()},
+        "status": status,
+    });
+    if guard == Guard::ReadVersion {
+        patch["metadata"]["resourceVersion"] = json!(object.meta().resource_version);
+    }
+    let result = api
+        .patch_status(
+            &object.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    metrics.write(written);
+    Ok(Some(result))
+}

@@ -1,0 +1,419 @@
+//! Whole passes of `reconcile` against a scripted API server in process (no control
+//! plane), in milliseconds: for each situation a pass can meet (a new AppService, a
+//! finalizer another writer removed, a conflict, status fields others left, a provider
+//! that fails, a deletion whose cleanup fails or succeeds, the shard gate, an excluded
+//! namespace), the exact requests it sends, in order, and what it returns to the error
+//! policy. The real-server suites (reconcile.rs, perturb.rs, database.rs, shards.rs)
+//! show the same behaviours end to end; these pin down the request sequence.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod scripted;
+
+use std::sync::{Arc, Mutex};
+
+use common::AppService;
+use common::conditions::{DATABASE_READY, DEGRADED, FALSE, READY};
+use common::names::{FINALIZER, shard_label};
+use controller::error::{Error, ErrorReason, Retry};
+use controller::external::{ConditionReport, External, Readiness, Report, Step};
+use controller::reconcile::reconcile;
+use controller::subject::Subject;
+use controller::{Config, Hooks};
+use futures::future::BoxFuture;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use scripted::{Answer, Log, Seen, client, context_of, lines};
+use serde_json::{Value, json};
+
+const APP: &str = "/apis/platform.example.com/v1beta1/namespaces/shop/appservices/web";
+const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/shop/deployments";
+const SERVICES: &str = "/api/v1/namespaces/shop/services";
+const MERGE: &str = "application/merge-patch+json";
+const APPLY: &str = "application/apply-patch+yaml";
+
+/// An AppService as the API server stores it, at resourceVersion 7.
+fn app() -> AppService {
+    let mut app = common::testing::app("web", "registry.example.com/web:v1")
+        .replicas(2)
+        .port(8080)
+        .namespace("shop")
+        .uid("0f3c2a1b-9d8e-4f7a-b6c5-d4e3f2a1b0c9")
+        .generation(1)
+        .build();
+    app.metadata.resource_version = Some("7".into());
+    app
+}
+
+/// The same with our finalizer (and `others` before it).
+fn with_finalizer(others: &[&str]) -> AppService {
+    let mut app = app();
+    let mut finalizers: Vec<String> = others.iter().map(|f| (*f).to_owned()).collect();
+    finalizers.push(FINALIZER.to_owned());
+    app.metadata.finalizers = Some(finalizers);
+    app
+}
+
+/// Being deleted, with our finalizer after `others`.
+fn deleted(others: &[&str]) -> AppService {
+    let mut app = with_finalizer(others);
+    app.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    app
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+           "reason": reason, "code": code, "message": reason})
+}
+
+/// A small API server holding one AppService, `start`: a merge patch of it (or of its
+/// status) returns it as patched, an apply of its status returns it with that status
+/// (plus `kept`, status fields another writer set that an apply of ours does not own),
+/// creates return what was sent, Events are accepted; `first` answers a request before
+/// all that when it returns something. Anything else is a 404, so a request the pass
+/// should not send shows up as an error as well as in the log.
+fn server(
+    start: &AppService,
+    kept: Value,
+    first: impl Fn(&Seen) -> Option<(u16, Value)> + Send + Sync + 'static,
+) -> Arc<Answer> {
+    let live = Mutex::new(serde_json::to_value(start).unwrap());
+    Arc::new(move |r: &Seen, n| {
+        if let Some(answer) = first(r) {
+            return answer;
+        }
+        let mut live = live.lock().unwrap();
+        let version = json!((100 + n).to_string());
+        match (r.method.as_str(), r.path.as_str(), r.content_type.as_str()) {
+            ("PATCH", path, MERGE) if path == APP || path == format!("{APP}/status") => {
+                let mut patch = r.body.clone();
+                if let Some(meta) = patch.get_mut("metadata").and_then(Value::as_object_mut) {
+                    meta.remove("resourceVersion");
+                }
+                json_patch::merge(&mut live, &patch);
+                live["metadata"]["resourceVersion"] = version;
+                (200, live.clone())
+            }
+            ("PATCH", path, APPLY) if path == format!("{APP}/status") => {
+                let mut status = r.body["status"].clone();
+                json_patch::merge(&mut status, &kept);
+                live["status"] = status;
+                live["metadata"]["resourceVersion"] = version;
+                (200, live.clone())
+            }
+            ("POST", path, _) if path == DEPLOYMENTS || path == SERVICES => {
+                let mut created = r.body.clone();
+                created["metadata"]["uid"] = json!(format!("child-{n}"));
+                created["metadata"]["resourceVersion"] = version;
+                (201, created)
+            }
+            ("POST", path, _) if path.contains("/events") => (201, r.body.clone()),
+            _ => (404, status(404, "NotFound")),
+        }
+    })
+}
+
+/// A provider whose `ensure` and `cleanup` answer as set.
+#[derive(Default)]
+struct Provider {
+    ensure_fails: bool,
+    cleanup_fails: bool,
+}
+
+impl External for Provider {
+    fn ensure<'a>(
+        &'a self,
+        _app: &'a Subject<'a>,
+    ) -> BoxFuture<'a, controller::error::Result<Report>> {
+        Box::pin(async move {
+            if !self.ensure_fails {
+                return Ok(Report::done());
+            }
+            Ok(Report {
+                outcome: Readiness::Failed(Error::External {
+                    reason: ErrorReason::Database,
+                    message: "database: the server is unreachable".into(),
+                }),
+                conditions: vec![ConditionReport {
+                    type_: DATABASE_READY,
+                    status: FALSE,
+                    reason: "DatabaseServerUnreachable",
+                    message: "the server is unreachable; retrying with backoff".into(),
+                }],
+                absent: vec![],
+                database: None,
+                images: None,
+            })
+        })
+    }
+
+    fn cleanup<'a>(
+        &'a self,
+        _app: &'a Subject<'a>,
+    ) -> BoxFuture<'a, controller::error::Result<Step>> {
+        Box::pin(async move {
+            if self.cleanup_fails {
+                Err(Error::External {
+                    reason: ErrorReason::Cleanup,
+                    message: "database cleanup: the server is unreachable".into(),
+                })
+            } else {
+                Ok(Step::Done)
+            }
+        })
+    }
+}
+
+/// One pass over `app` with `config` and `provider`, against `answer`: its result and
+/// the requests it sent, Events left out (they are best-effort and asynchronous).
+async fn pass(
+    app: &AppService,
+    config: Config,
+    provider: Provider,
+    answer: Arc<Answer>,
+) -> (
+    controller::error::Result<controller::queue::Next>,
+    Vec<Seen>,
+) {
+    let (client, seen) = client(answer);
+    let hooks = Hooks {
+        external: Arc::new(provider),
+        ..Hooks::default()
+    };
+    let (ctx, _lead) = context_of(client, config, hooks);
+    let result = reconcile(Arc::new(app.clone()), Arc::new(ctx)).await;
+    (result, writes(&seen))
+}
+
+fn writes(seen: &Log) -> Vec<Seen> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .filter(|s| !s.path.contains("/events"))
+        .cloned()
+        .collect()
+}
+
+fn lines_of(seen: &[Seen]) -> Vec<String> {
+    seen.iter().map(Seen::line).collect()
+}
+
+fn config() -> Config {
+    Config::for_namespace("shop")
+}
+
+/// The condition `type_` of a status body sent by the pass.
+fn condition<'a>(body: &'a Value, type_: &str) -> &'a Value {
+    body["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition in {body}"))
+}
+
+#[tokio::test]
+async fn a_new_app_gets_the_finalizer_first_then_its_children_then_one_status_write() {
+    let app = app();
+    let (result, seen) = pass(
+        &app,
+        config(),
+        Provider::default(),
+        server(&app, json!({}), |_| None),
+    )
+    .await;
+    result.expect("the pass succeeds");
+    let lines = lines_of(&seen);
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    assert_eq!(lines[0], format!("PATCH {APP} {MERGE}"));
+    let mut children = lines[1..3].to_vec();
+    children.sort();
+    assert_eq!(
+        children,
+        [
+            format!("POST {SERVICES} application/json"),
+            format!("POST {DEPLOYMENTS} application/json"),
+        ]
+    );
+    assert_eq!(lines[3], format!("PATCH {APP}/status {APPLY}"));
+    // The finalizer patch is guarded by the version the pass read.
+    assert_eq!(
+        seen[0].body,
+        json!({"metadata": {"resourceVersion": "7", "finalizers": [FINALIZER]}})
+    );
+    // The status says what is true: nothing is available yet.
+    let ready = condition(&seen[3].body, READY);
+    assert_eq!(ready["status"], FALSE, "{ready}");
+    assert_eq!(seen[3].body["status"]["observedGeneration"], 1);
+}
+
+#[tokio::test]
+async fn a_finalizer_another_writer_removed_comes_back_beside_theirs_before_anything_else() {
+    let mut app = app();
+    app.metadata.finalizers = Some(vec!["example.com/backup".into()]);
+    let (result, seen) = pass(
+        &app,
+        config(),
+        Provider::default(),
+        server(&app, json!({}), |_| None),
+    )
+    .await;
+    result.expect("the pass succeeds");
+    assert_eq!(seen[0].line(), format!("PATCH {APP} {MERGE}"));
+    assert_eq!(
+        seen[0].body["metadata"]["finalizers"],
+        json!(["example.com/backup", FINALIZER])
+    );
+}
+
+#[tokio::test]
+async fn a_conflict_on_the_finalizer_writes_nothing_else_and_is_retried_soon() {
+    let app = app();
+    let answer = server(&app, json!({}), |r| {
+        (r.method == "PATCH" && r.path == APP).then(|| (409, status(409, "Conflict")))
+    });
+    let (result, seen) = pass(&app, config(), Provider::default(), answer).await;
+    let error = result.expect_err("a conflict fails the pass");
+    assert_eq!(error.retry(), Retry::Conflict, "{error}");
+    assert_eq!(lines_of(&seen), [format!("PATCH {APP} {MERGE}")]);
+}
+
+#[tokio::test]
+async fn status_fields_another_writer_set_are_removed_in_the_same_pass_and_guarded() {
+    let app = with_finalizer(&[]);
+    let kept = json!({"canary": {"image": "evil:1", "replicas": 1, "readyReplicas": 1}});
+    let (result, seen) = pass(
+        &app,
+        config(),
+        Provider::default(),
+        server(&app, kept, |_| None),
+    )
+    .await;
+    result.expect("the pass succeeds");
+    let lines = lines_of(&seen);
+    assert_eq!(
+        lines[lines.len() - 2..],
+        [
+            format!("PATCH {APP}/status {APPLY}"),
+            format!("PATCH {APP}/status {MERGE}"),
+        ],
+        "{lines:#?}"
+    );
+    let clear = &seen[seen.len() - 1].body;
+    assert_eq!(clear["status"], json!({"canary": null}), "{clear}");
+    // Only on the object the apply returned: another write in between is a conflict.
+    assert!(clear["metadata"]["resourceVersion"].is_string(), "{clear}");
+}
+
+#[tokio::test]
+async fn a_failing_provider_holds_the_children_reports_why_and_backs_off() {
+    let app = with_finalizer(&[]);
+    let provider = Provider {
+        ensure_fails: true,
+        ..Provider::default()
+    };
+    let (result, seen) = pass(&app, config(), provider, server(&app, json!({}), |_| None)).await;
+    let error = result.expect_err("the provider's failure is the pass's");
+    assert_eq!(error.retry(), Retry::Transient, "{error}");
+    assert_eq!(error.metric_label(), ErrorReason::Database);
+    // No child is made before the provider is ready; the status says why.
+    assert_eq!(lines_of(&seen), [format!("PATCH {APP}/status {APPLY}")]);
+    let database = condition(&seen[0].body, DATABASE_READY);
+    assert_eq!(database["status"], FALSE);
+    assert_eq!(database["reason"], "DatabaseServerUnreachable");
+    assert_eq!(condition(&seen[0].body, READY)["status"], FALSE);
+}
+
+#[tokio::test]
+async fn a_failed_cleanup_keeps_the_finalizer_and_says_why() {
+    let app = deleted(&[]);
+    let provider = Provider {
+        cleanup_fails: true,
+        ..Provider::default()
+    };
+    let (result, seen) = pass(&app, config(), provider, server(&app, json!({}), |_| None)).await;
+    let error = result.expect_err("the cleanup's failure is the pass's");
+    assert_eq!(error.metric_label(), ErrorReason::Cleanup);
+    assert_eq!(error.retry(), Retry::Transient);
+    // Only the status: the finalizer stays.
+    assert_eq!(lines_of(&seen), [format!("PATCH {APP}/status {APPLY}")]);
+    let degraded = condition(&seen[0].body, DEGRADED);
+    assert!(
+        degraded["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the server is unreachable")),
+        "{degraded}"
+    );
+}
+
+#[tokio::test]
+async fn a_done_cleanup_releases_only_our_finalizer_and_writes_no_status() {
+    let app = deleted(&["example.com/backup"]);
+    let (result, seen) = pass(
+        &app,
+        config(),
+        Provider::default(),
+        server(&app, json!({}), |_| None),
+    )
+    .await;
+    result.expect("the pass succeeds");
+    assert_eq!(lines_of(&seen), [format!("PATCH {APP} {MERGE}")]);
+    assert_eq!(
+        seen[0].body,
+        json!({"metadata": {"resourceVersion": "7", "finalizers": ["example.com/backup"]}})
+    );
+}
+
+#[tokio::test]
+async fn the_shard_gate_passes_only_what_is_labelled_ours() {
+    let sharded = || Config {
+        sharding: true,
+        identity: Some("member-a".into()),
+        ..config()
+    };
+    let label = shard_label(&sharded().shard_ring);
+    for (owner, writes) in [
+        (Some("member-b"), false),
+        (None, false),
+        (Some("member-a"), true),
+    ] {
+        let mut app = with_finalizer(&[]);
+        if let Some(owner) = owner {
+            app.metadata.labels = Some([(label.clone(), owner.to_owned())].into());
+        }
+        let (result, seen) = pass(
+            &app,
+            sharded(),
+            Provider::default(),
+            server(&app, json!({}), |_| None),
+        )
+        .await;
+        result.expect("the pass succeeds");
+        assert_eq!(
+            !seen.is_empty(),
+            writes,
+            "owner {owner:?}: {:#?}",
+            lines_of(&seen)
+        );
+        // Ours: the status apply is guarded by the version the pass read, so a status
+        // prepared before a handover cannot land after it.
+        if let Some(status) = seen.iter().find(|s| s.path.ends_with("/status")) {
+            assert_eq!(status.body["metadata"]["resourceVersion"], "7");
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_excluded_namespace_gets_no_request_at_all() {
+    let app = with_finalizer(&[]);
+    let config = Config {
+        exclude_namespaces: vec!["shop".into()],
+        ..config()
+    };
+    let answer = server(&app, json!({}), |_| None);
+    let (client, seen) = client(answer);
+    let (ctx, _lead) = context_of(client, config, Hooks::default());
+    let ctx = Arc::new(ctx);
+    reconcile(Arc::new(app), ctx.clone())
+        .await
+        .expect("the pass succeeds");
+    assert!(lines(&seen).is_empty(), "{:#?}", lines(&seen));
+    assert_eq!(ctx.metrics().excluded_count(), 1);
+}
