@@ -112,6 +112,11 @@ fn server(
     })
 }
 
+/// [`server`] for `start` with nothing kept and no answer before the usual ones.
+fn plain(start: &AppService) -> Arc<Answer> {
+    server(start, json!({}), |_| None)
+}
+
 /// A provider whose `ensure` and `cleanup` answer as set.
 #[derive(Default)]
 struct Provider {
@@ -212,13 +217,7 @@ fn condition<'a>(body: &'a Value, type_: &str) -> &'a Value {
 #[tokio::test]
 async fn a_new_app_gets_the_finalizer_first_then_its_children_then_one_status_write() {
     let app = app();
-    let (result, seen) = pass(
-        &app,
-        config(),
-        Provider::default(),
-        server(&app, json!({}), |_| None),
-    )
-    .await;
+    let (result, seen) = pass(&app, config(), Provider::default(), plain(&app)).await;
     result.expect("the pass succeeds");
     let lines = lines_of(&seen);
     assert_eq!(lines.len(), 4, "{lines:#?}");
@@ -248,13 +247,7 @@ async fn a_new_app_gets_the_finalizer_first_then_its_children_then_one_status_wr
 async fn a_finalizer_another_writer_removed_comes_back_beside_theirs_before_anything_else() {
     let mut app = app();
     app.metadata.finalizers = Some(vec!["example.com/backup".into()]);
-    let (result, seen) = pass(
-        &app,
-        config(),
-        Provider::default(),
-        server(&app, json!({}), |_| None),
-    )
-    .await;
+    let (result, seen) = pass(&app, config(), Provider::default(), plain(&app)).await;
     result.expect("the pass succeeds");
     assert_eq!(seen[0].line(), format!("PATCH {APP} {MERGE}"));
     assert_eq!(
@@ -309,7 +302,7 @@ async fn a_failing_provider_holds_the_children_reports_why_and_backs_off() {
         ensure_fails: true,
         ..Provider::default()
     };
-    let (result, seen) = pass(&app, config(), provider, server(&app, json!({}), |_| None)).await;
+    let (result, seen) = pass(&app, config(), provider, plain(&app)).await;
     let error = result.expect_err("the provider's failure is the pass's");
     assert_eq!(error.retry(), Retry::Transient, "{error}");
     assert_eq!(error.metric_label(), ErrorReason::Database);
@@ -328,7 +321,7 @@ async fn a_failed_cleanup_keeps_the_finalizer_and_says_why() {
         cleanup_fails: true,
         ..Provider::default()
     };
-    let (result, seen) = pass(&app, config(), provider, server(&app, json!({}), |_| None)).await;
+    let (result, seen) = pass(&app, config(), provider, plain(&app)).await;
     let error = result.expect_err("the cleanup's failure is the pass's");
     assert_eq!(error.metric_label(), ErrorReason::Cleanup);
     assert_eq!(error.retry(), Retry::Transient);
@@ -346,13 +339,7 @@ async fn a_failed_cleanup_keeps_the_finalizer_and_says_why() {
 #[tokio::test]
 async fn a_done_cleanup_releases_only_our_finalizer_and_writes_no_status() {
     let app = deleted(&["example.com/backup"]);
-    let (result, seen) = pass(
-        &app,
-        config(),
-        Provider::default(),
-        server(&app, json!({}), |_| None),
-    )
-    .await;
+    let (result, seen) = pass(&app, config(), Provider::default(), plain(&app)).await;
     result.expect("the pass succeeds");
     assert_eq!(lines_of(&seen), [format!("PATCH {APP} {MERGE}")]);
     assert_eq!(
@@ -378,13 +365,7 @@ async fn the_shard_gate_passes_only_what_is_labelled_ours() {
         if let Some(owner) = owner {
             app.metadata.labels = Some([(label.clone(), owner.to_owned())].into());
         }
-        let (result, seen) = pass(
-            &app,
-            sharded(),
-            Provider::default(),
-            server(&app, json!({}), |_| None),
-        )
-        .await;
+        let (result, seen) = pass(&app, sharded(), Provider::default(), plain(&app)).await;
         result.expect("the pass succeeds");
         assert_eq!(
             !seen.is_empty(),
@@ -407,7 +388,7 @@ async fn an_excluded_namespace_gets_no_request_at_all() {
         exclude_namespaces: vec!["shop".into()],
         ..config()
     };
-    let answer = server(&app, json!({}), |_| None);
+    let answer = plain(&app);
     let (client, seen) = client(answer);
     let (ctx, _lead) = context_of(client, config, Hooks::default());
     let ctx = Arc::new(ctx);

@@ -12,7 +12,7 @@
 //! | [`reconcile`] | one pass over an AppService: its steps, the status it writes once at the end, and the error policy |
 //! | [`children`] | converging one child: look it up, create, apply or repair it |
 //! | [`report`] | writing what a pass observed: status and Events |
-//! | [`status_writer`] | the one writer of a status the controller owns (AppService, DatabaseClass, ImagePolicy): apply it if it changed |
+//! | [`status_writer`] | the one writer of a status the controller owns (AppService, DatabaseClass, ImagePolicy): apply it once its caller found it changed |
 //! | `finalizer` | the finalizer: on before side effects, released after external cleanup |
 //! | `watches` | the caches: a reflector per watch, trimmed, with its backoff and sync flag |
 //! | `owners` | which AppService a watched object wakes |

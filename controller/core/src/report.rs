@@ -17,7 +17,7 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::metrics::{Metrics, Ready, Written};
 use crate::status::{self, needs_write, ready_state};
-use crate::status_writer::{Guard, apply_if_changed};
+use crate::status_writer::{Guard, apply_status};
 
 /// Writes `status` through the status subresource if it differs from the live status,
 /// and publishes the Events of what moved.
@@ -47,20 +47,15 @@ pub async fn write_status(
     } else {
         Guard::None
     };
-    let Some(written) = apply_if_changed(
+    let written = apply_status(
         api,
         app,
         status,
-        // Changed: checked above, before the Events of the change are worked out.
-        true,
         guard,
         ctx.metrics(),
         Written::AppServiceStatus,
     )
-    .await?
-    else {
-        return Ok(());
-    };
+    .await?;
     let leftovers = status::leftovers(written.status.as_ref(), status);
     if !leftovers.is_empty() {
         // Fields another writer set that ours leaves out: removed by name, on the

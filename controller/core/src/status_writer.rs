@@ -1,10 +1,11 @@
 //! The one way the controller writes a status it owns whole (the AppService's, a
-//! DatabaseClass's, an ImagePolicy's): "apply this status if it changed".
+//! DatabaseClass's, an ImagePolicy's), once its caller found that it changed.
 //!
 //! The status is sent as a forced server-side apply under our field manager, so it owns
 //! every field it sets whoever wrote them before, and counted as one API write. What
 //! counts as a change is the kind's own rule (conditions compared without their
-//! transition times, ...), given by the caller.
+//! transition times, ...), checked by the caller before it calls [`apply_status`]: the
+//! AppService's before it works out the Events of the change.
 
 use std::fmt::Debug;
 
@@ -28,25 +29,20 @@ pub enum Guard {
     ReadVersion,
 }
 
-/// Applies `status` as the status of `object` when `changed`, counting the write as
-/// `written`; returns the object as the API server left it, or `None` when nothing
-/// changed (and nothing was sent).
-pub async fn apply_if_changed<K, S>(
+/// Applies `status` as the status of `object`, counting the write as `written`; returns
+/// the object as the API server left it.
+pub async fn apply_status<K, S>(
     api: &Api<K>,
     object: &K,
     status: &S,
-    changed: bool,
     guard: Guard,
     metrics: &Metrics,
     written: Written,
-) -> kube::Result<Option<K>>
+) -> kube::Result<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
     S: Serialize,
 {
-    if !changed {
-        return Ok(None);
-    }
     let mut patch = json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
@@ -64,5 +60,5 @@ where
         )
         .await?;
     metrics.write(written);
-    Ok(Some(result))
+    Ok(result)
 }

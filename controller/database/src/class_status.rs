@@ -11,7 +11,7 @@ use tracing::warn;
 use super::server::Server;
 use super::{DatabaseError, Databases};
 use controller_core::metrics::Written;
-use controller_core::status_writer::{Guard, apply_if_changed};
+use controller_core::status_writer::{Guard, apply_status};
 
 impl Databases {
     /// Records on the class whether its server could be reached (only when that changed).
@@ -63,15 +63,17 @@ impl Databases {
                 ),
             );
         }
-        let changed = new.observed_generation != old.observed_generation
-            || new.server_version != old.server_version
-            || !common::conditions::same_set_ignoring_time(&new.conditions, &old.conditions);
+        if new.observed_generation == old.observed_generation
+            && new.server_version == old.server_version
+            && common::conditions::same_set_ignoring_time(&new.conditions, &old.conditions)
+        {
+            return;
+        }
         let api: Api<DatabaseClass> = Api::all(self.client.clone());
-        if let Err(e) = apply_if_changed(
+        if let Err(e) = apply_status(
             &api,
             class,
             &new,
-            changed,
             Guard::None,
             &self.metrics,
             Written::DatabaseClassStatus,

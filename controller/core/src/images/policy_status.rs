@@ -14,7 +14,7 @@ use tracing::warn;
 use super::Verifier;
 use crate::context::Context;
 use crate::metrics::Written;
-use crate::status_writer::{Guard, apply_if_changed};
+use crate::status_writer::{Guard, apply_status};
 
 /// How often the leader looks at every policy (a key Secret may change meanwhile).
 pub const INTERVAL: Duration = Duration::from_secs(10);
@@ -80,13 +80,15 @@ pub async fn run(
                 let now = ctx.clock().now();
                 let new = status_of(&policy, &keys, &now);
                 let old = policy.status.clone().unwrap_or_default();
-                let changed = new.observed_generation != old.observed_generation
-                    || !conditions::same_set_ignoring_time(&new.conditions, &old.conditions);
-                if let Err(e) = apply_if_changed(
+                if new.observed_generation == old.observed_generation
+                    && conditions::same_set_ignoring_time(&new.conditions, &old.conditions)
+                {
+                    continue;
+                }
+                if let Err(e) = apply_status(
                     &api,
                     &policy,
                     &new,
-                    changed,
                     Guard::None,
                     ctx.metrics(),
                     Written::ImagePolicyStatus,
