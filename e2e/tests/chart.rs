@@ -28,6 +28,9 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
+/// The namespace `installed()` excludes through `controller.excludeNamespaces`.
+const EXCLUDED_BY_VALUE: &str = "aso-excluded";
+
 /// The migration does its whole job (list, rewrite, narrow storedVersions) with the
 /// hook's ServiceAccount and ClusterRole as the chart renders them, and nothing more.
 #[tokio::test]
@@ -1500,4 +1503,102 @@ async fn tenants_with_the_default_roles_work_in_their_namespace_and_nowhere_else
             .get("theirs")
             .await
     ));
+}
+
+/// A write the controller's identity made, refused by the chart's admission policy (not
+/// by RBAC, which allows the verb): 403 naming the policy, and `expected` in its message.
+fn refused_by_policy<T: std::fmt::Debug>(result: Result<T, kube::Error>, expected: &str) {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(
+                status
+                    .message
+                    .contains(&format!("ValidatingAdmissionPolicy '{OWNED_POLICY}'")),
+                "not refused by the policy: {}",
+                status.message
+            );
+            assert!(
+                status.message.contains(expected),
+                "expected {expected:?} in: {}",
+                status.message
+            );
+        }
+        other => panic!("expected the policy to refuse this write ({expected}), got {other:?}"),
+    }
+}
+
+/// Objects for the policy tests, as the given owner (an AppService) and labels say.
+fn object<T: serde::de::DeserializeOwned>(
+    kind: &str,
+    name: &str,
+    owner: Option<&AppService>,
+    labelled: bool,
+) -> T {
+    let mut meta = json!({"name": name});
+    if labelled {
+        meta["labels"] = json!({common::names::LABEL_MANAGED_BY: common::names::MANAGED_BY});
+    }
+    if let Some(app) = owner {
+        meta["ownerReferences"] = json!([{
+            "apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
+            "name": app.metadata.name, "uid": app.metadata.uid, "controller": true,
+        }]);
+    }
+    let body = match kind {
+        "Deployment" => json!({
+            "metadata": meta,
+            "spec": {
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.example.com/x:v1"}]}
+                }
+            }
+        }),
+        "Service" => json!({"metadata": meta, "spec": {"ports": [{"port": 80}]}}),
+        "Secret" => json!({"metadata": meta, "stringData": {"k": "v"}}),
+        other => panic!("no template for {other}"),
+    };
+    serde_json::from_value(body).expect("object")
+}
+
+/// A client that acts as `user` (the admin impersonating them), as a tenant's kubectl would.
+fn impersonating(cp: &harness::ControlPlane, user: &str) -> Client {
+    let mut config = cp.admin_config();
+    config.auth_info.impersonate = Some(user.to_owned());
+    Client::try_from(config).expect("impersonating client")
+}
+
+/// `result` is the shard-labels policy's refusal (403, its name and its reason).
+fn shard_label_refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{what}: {status:?}");
+            assert!(
+                status.message.contains(&format!(
+                    "ValidatingAdmissionPolicy '{CONTROLLER}-shard-labels'"
+                )) && status
+                    .message
+                    .contains("they decide which controller shard writes it"),
+                "{what}: not refused by the shard-labels policy: {}",
+                status.message
+            );
+        }
+        other => panic!("{what}: expected the shard-labels policy to refuse it, got {other:?}"),
+    }
+}
+
+/// Whether `result` is the API server's 403.
+fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
+    matches!(result, Err(kube::Error::Api(ref s)) if s.code == 403)
+}
+
+fn tenant_app(name: &str) -> AppService {
+    serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+        "metadata": {"name": name},
+        "spec": {"image": "registry.example.com/hello:v1.0.0", "replicas": 1}
+    }))
+    .unwrap()
 }

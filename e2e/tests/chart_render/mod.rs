@@ -1,19 +1,14 @@
 //! What both chart test binaries share: rendering the chart with `helm template` in each
-//! certificate mode, the release's names, and the small assertions on refusals.
+//! certificate mode, and the release's names.
 
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::AppService;
-use kube::Client;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 pub const RELEASE: &str = "aso";
-
-/// The namespace `installed()` excludes through `controller.excludeNamespaces`.
-pub const EXCLUDED_BY_VALUE: &str = "aso-excluded";
 
 /// The controller's admission policy (and its binding) as the chart names it.
 pub const OWNED_POLICY: &str = "aso-appservice-operator-controller-owned-objects";
@@ -118,102 +113,4 @@ pub fn webhook_port_peers(docs: &[Value]) -> Value {
         .find(|r| r["ports"][0]["port"] == "https")
         .expect("a rule for the webhook port");
     rule["from"].clone()
-}
-
-/// A write the controller's identity made, refused by the chart's admission policy (not
-/// by RBAC, which allows the verb): 403 naming the policy, and `expected` in its message.
-pub fn refused_by_policy<T: std::fmt::Debug>(result: Result<T, kube::Error>, expected: &str) {
-    match result {
-        Err(kube::Error::Api(status)) => {
-            assert_eq!(status.code, 403, "{status:?}");
-            assert!(
-                status
-                    .message
-                    .contains(&format!("ValidatingAdmissionPolicy '{OWNED_POLICY}'")),
-                "not refused by the policy: {}",
-                status.message
-            );
-            assert!(
-                status.message.contains(expected),
-                "expected {expected:?} in: {}",
-                status.message
-            );
-        }
-        other => panic!("expected the policy to refuse this write ({expected}), got {other:?}"),
-    }
-}
-
-/// Objects for the policy tests, as the given owner (an AppService) and labels say.
-pub fn object<T: serde::de::DeserializeOwned>(
-    kind: &str,
-    name: &str,
-    owner: Option<&AppService>,
-    labelled: bool,
-) -> T {
-    let mut meta = json!({"name": name});
-    if labelled {
-        meta["labels"] = json!({common::names::LABEL_MANAGED_BY: common::names::MANAGED_BY});
-    }
-    if let Some(app) = owner {
-        meta["ownerReferences"] = json!([{
-            "apiVersion": "platform.example.com/v1alpha1", "kind": "AppService",
-            "name": app.metadata.name, "uid": app.metadata.uid, "controller": true,
-        }]);
-    }
-    let body = match kind {
-        "Deployment" => json!({
-            "metadata": meta,
-            "spec": {
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}},
-                    "spec": {"containers": [{"name": "c", "image": "registry.example.com/x:v1"}]}
-                }
-            }
-        }),
-        "Service" => json!({"metadata": meta, "spec": {"ports": [{"port": 80}]}}),
-        "Secret" => json!({"metadata": meta, "stringData": {"k": "v"}}),
-        other => panic!("no template for {other}"),
-    };
-    serde_json::from_value(body).expect("object")
-}
-
-/// A client that acts as `user` (the admin impersonating them), as a tenant's kubectl would.
-pub fn impersonating(cp: &harness::ControlPlane, user: &str) -> Client {
-    let mut config = cp.admin_config();
-    config.auth_info.impersonate = Some(user.to_owned());
-    Client::try_from(config).expect("impersonating client")
-}
-
-/// `result` is the shard-labels policy's refusal (403, its name and its reason).
-pub fn shard_label_refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
-    match result {
-        Err(kube::Error::Api(status)) => {
-            assert_eq!(status.code, 403, "{what}: {status:?}");
-            assert!(
-                status.message.contains(&format!(
-                    "ValidatingAdmissionPolicy '{CONTROLLER}-shard-labels'"
-                )) && status
-                    .message
-                    .contains("they decide which controller shard writes it"),
-                "{what}: not refused by the shard-labels policy: {}",
-                status.message
-            );
-        }
-        other => panic!("{what}: expected the shard-labels policy to refuse it, got {other:?}"),
-    }
-}
-
-/// Whether `result` is the API server's 403.
-pub fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
-    matches!(result, Err(kube::Error::Api(ref s)) if s.code == 403)
-}
-
-pub fn tenant_app(name: &str) -> AppService {
-    serde_json::from_value(json!({
-        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
-        "metadata": {"name": name},
-        "spec": {"image": "registry.example.com/hello:v1.0.0", "replicas": 1}
-    }))
-    .unwrap()
 }
