@@ -76,7 +76,7 @@ pub(crate) async fn finalize(
     // A pass after a cleanup whose finalizer removal failed (a conflict: the object
     // changed meanwhile) has only the removal left.
     let uid = app.metadata.uid.clone();
-    if uid.as_deref().is_some_and(|u| ctx.cleaned_up(u)) {
+    if uid.as_deref().is_some_and(|u| ctx.cleaned_up(&key, u)) {
         debug!("external cleanup already done; removing the finalizer");
     } else {
         match ctx.external().cleanup(app).await {
@@ -92,7 +92,7 @@ pub(crate) async fn finalize(
             }
         }
         if let Some(uid) = uid {
-            ctx.remember_cleanup(uid);
+            ctx.remember_cleanup(&key, uid);
         }
     }
     let finalizers: Vec<String> = app

@@ -30,6 +30,7 @@
 //! | [`client`] | the rate-limited client |
 //! | [`config`] | flags |
 //! | [`context`] | the one `Arc<Context>` shared by reconcile and the ops server |
+//! | [`own_writes`] | the memory of the controller's own writes its caches may not show yet, with its bound |
 
 pub mod children;
 pub mod client;
@@ -46,6 +47,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod ops;
 mod outcome;
+pub mod own_writes;
 mod owners;
 pub mod queue;
 pub mod reconcile;
