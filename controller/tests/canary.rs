@@ -17,7 +17,7 @@ use common::conditions::{READY, TRUE, reasons};
 use common::names::{
     LABEL_TRACK, TRACK_CANARY, canary_deployment_name, canary_labels, selector_labels,
 };
-use common::{AppService, AppServiceSpec, CanarySpec, CanaryStatus, RolloutSpec};
+use common::{AppServiceSpec, CanarySpec, CanaryStatus, RolloutSpec};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -25,7 +25,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use support::{Fixture, ROLLOUT, Running, condition, image_of, start_controller};
+use support::world::World;
+use support::{Fixture, ROLLOUT, condition, image_of, start_controller};
 
 const V1: &str = "registry.example.com/web:v1";
 const V2: &str = "registry.example.com/web:v2";
@@ -35,21 +36,8 @@ const HEAL: Duration = Duration::from_secs(10);
 const READY_BOUND: Duration = Duration::from_secs(60);
 const INTRUDER: &str = "intruder";
 
-struct World {
-    fixture: Fixture,
-    ctl: Running,
-}
-
-impl std::ops::Deref for World {
-    type Target = Fixture;
-    fn deref(&self) -> &Fixture {
-        &self.fixture
-    }
-}
-
 async fn world() -> anyhow::Result<World> {
-    let (fixture, ctl) = Fixture::setup().full().start().await?;
-    Ok(World { fixture, ctl })
+    World::start(Fixture::setup().full()).await
 }
 
 fn spec(replicas: i32, canary: Option<(&str, i32)>) -> AppServiceSpec {
@@ -112,13 +100,6 @@ impl support::Converges for World {
 }
 
 impl World {
-    async fn create(&self, name: &str, spec: AppServiceSpec) -> anyhow::Result<AppService> {
-        Ok(self
-            .apps
-            .create(&PostParams::default(), &AppService::new(name, spec))
-            .await?)
-    }
-
     /// Everything about `name` that does not match its spec, empty when converged: the
     /// stable Deployment with its share of the replicas, the canary Deployment exactly
     /// while `spec.canary` asks for it, both rolled out, and status saying so.
@@ -238,28 +219,11 @@ impl World {
         support::recovers(self, name, what, HEAL, READY_BOUND).await
     }
 
-    /// No write over `n` reconciles, once one reconcile wrote nothing (see perturb.rs).
-    async fn quiet(&self, n: u64) -> anyhow::Result<()> {
-        self.quiet_poking(n, true).await
-    }
-
-    /// [`Self::quiet`]; `canaries`: poke the `<name>-canary` Deployments too (not when
-    /// that name is someone else's).
-    async fn quiet_poking(&self, n: u64, canaries: bool) -> anyhow::Result<()> {
-        let metrics = &self.ctl.metrics;
-        let names = support::settle(self, metrics).await?;
-        let writes = support::writes_by_resource(metrics);
-        support::poke(self, metrics, &names, n).await?;
-        // And through the canary Deployment itself: its events must not cause writes.
-        if canaries {
-            self.poke_canary(&names, n).await?;
-        }
-        assert_eq!(
-            support::writes_by_resource(metrics),
-            writes,
-            "writes at steady state over {n} reconciles"
-        );
-        Ok(())
+    /// [`World::quiet`], poking the `<name>-canary` Deployments too: their events must
+    /// not cause writes either.
+    async fn quiet_canaries(&self, n: u64) -> anyhow::Result<()> {
+        self.quiet_with(n, async |names| self.poke_canary(names, n).await)
+            .await
     }
 
     /// An unrelated label on each existing canary Deployment, each awaited by a reconcile.
@@ -376,7 +340,7 @@ async fn a_canary_runs_behind_the_same_service_and_is_promoted() -> anyhow::Resu
     let (_, reason, message) = condition(&app, READY).context("Ready")?;
     assert_eq!(reason, reasons::AVAILABLE);
     assert_eq!(message, "4/4 replicas ready");
-    f.quiet(3).await?;
+    f.quiet_canaries(3).await?;
 
     // Promote while the canary Deployment is still rolling: its image edited first,
     // then, before it is rolled out, the promotion.
@@ -406,7 +370,7 @@ async fn a_canary_runs_behind_the_same_service_and_is_promoted() -> anyhow::Resu
         f.apps.get(name).await?.status.unwrap_or_default().canary,
         None
     );
-    f.quiet(3).await?;
+    f.quiet_canaries(3).await?;
     f.ctl.stop().await?;
     Ok(())
 }
@@ -448,7 +412,7 @@ async fn abort_removes_the_canary_and_leaves_the_stable_template_alone() -> anyh
         before.metadata.generation.map(|g| g + 1)
     );
     assert_eq!(stable_sets().await?, sets_before, "no new ReplicaSet");
-    f.quiet(3).await?;
+    f.quiet_canaries(3).await?;
     f.ctl.stop().await?;
     Ok(())
 }
@@ -462,7 +426,7 @@ async fn perturbations_of_the_canary_deployment_are_healed() -> anyhow::Result<(
     let canary = canary_deployment_name(name);
     f.create(name, spec(3, Some((V2, 1)))).await?;
     f.converged(name).await?;
-    f.quiet(2).await?;
+    f.quiet_canaries(2).await?;
 
     f.deployments
         .delete(&canary, &DeleteParams::default())
@@ -507,7 +471,7 @@ async fn perturbations_of_the_canary_deployment_are_healed() -> anyhow::Result<(
     )
     .await?;
     f.recovers(name, "stable maxSurge edited").await?;
-    f.quiet(3).await?;
+    f.quiet_canaries(3).await?;
     f.ctl.stop().await?;
     Ok(())
 }
@@ -530,7 +494,7 @@ async fn a_restart_with_canaries_in_flight_writes_nothing() -> anyhow::Result<()
     };
     f.converged("flight").await?;
     f.converged("settled").await?;
-    f.quiet(4).await?;
+    f.quiet_canaries(4).await?;
     // And once more, now with both settled: not a single write after the restart.
     let World { fixture, ctl } = f;
     ctl.stop().await?;
@@ -624,7 +588,7 @@ async fn a_foreign_deployment_in_the_canary_name_is_a_conflict_and_untouched() -
     // Steady once the rollout is done and a reconcile wrote nothing (Ready can be seen
     // before the status write that follows the last rollout step); the canary name is
     // not ours, so only our objects are poked.
-    f.quiet_poking(3, false).await?;
+    f.quiet(3).await?;
     assert_eq!(untouched(&f.deployments.get(&canary).await?), want);
     f.ctl.stop().await?;
     Ok(())

@@ -7,7 +7,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -17,7 +17,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use support::{app, create, init};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const LEASE_SECS: u64 = 12;
 
@@ -29,39 +29,24 @@ struct Proc {
 
 impl Proc {
     fn spawn(kubeconfig: &Path, ns: &str, identity: &str, dir: &Path) -> anyhow::Result<Proc> {
-        let ops_port = harness::process::free_port()?;
-        let log = dir.join(format!("{identity}.log"));
-        let out = std::fs::File::create(&log)?;
-        let child = Command::new(env!("CARGO_BIN_EXE_appservice-controller"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args([
-                "--watch-namespace",
-                ns,
-                "--lease-namespace",
-                ns,
-                "--identity",
-                identity,
-            ])
-            .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
-            .args([
-                "--lease-duration",
-                &format!("{LEASE_SECS}s"),
-                "--renew-deadline",
-                "8s",
-                "--retry-period",
-                "1s",
-            ])
-            .args(["--log-format", "json"])
-            .env(
-                "RUST_LOG",
-                std::env::var("CONTROLLER_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdout(Stdio::null())
-            .stderr(out)
-            .kill_on_drop(true)
-            .spawn()
-            .context("spawning the controller binary")?;
+        let lease = format!("{LEASE_SECS}s");
+        let flags = [
+            "--watch-namespace",
+            ns,
+            "--lease-namespace",
+            ns,
+            "--lease-duration",
+            &lease,
+            "--renew-deadline",
+            "8s",
+            "--retry-period",
+            "1s",
+        ];
+        let support::binary::Binary {
+            child,
+            ops_port,
+            log,
+        } = support::binary::spawn(kubeconfig, identity, dir, &flags)?;
         Ok(Proc {
             child,
             ops_port,

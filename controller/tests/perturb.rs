@@ -25,7 +25,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use support::{Fixture, ROLLOUT, Running, condition, init, start_controller};
+use support::world::World;
+use support::{Fixture, ROLLOUT, condition, init, start_controller};
 
 /// How long healing may take. Generous for a loaded CI machine; the measured times are
 /// printed and are normally well under a second plus the Pods' start.
@@ -41,25 +42,8 @@ const OTHER_FINALIZER: &str = "example.com/backup";
 
 /// A [`Fixture`] on the shared full control plane and its controller, at the shipped
 /// defaults (resync 10 minutes): every heal below is the work of an event.
-struct World {
-    fixture: Fixture,
-    ctl: Running,
-}
-
-impl std::ops::Deref for World {
-    type Target = Fixture;
-    fn deref(&self) -> &Fixture {
-        &self.fixture
-    }
-}
-
 async fn fixture() -> anyhow::Result<World> {
-    world(Fixture::setup().full()).await
-}
-
-async fn world(setup: support::Setup<'_>) -> anyhow::Result<World> {
-    let (fixture, ctl) = setup.start().await?;
-    Ok(World { fixture, ctl })
+    World::start(Fixture::setup().full()).await
 }
 
 fn spec(image: &str, replicas: i32) -> AppServiceSpec {
@@ -85,13 +69,6 @@ impl support::Converges for World {
 }
 
 impl World {
-    async fn create(&self, name: &str, spec: AppServiceSpec) -> anyhow::Result<AppService> {
-        Ok(self
-            .apps
-            .create(&PostParams::default(), &AppService::new(name, spec))
-            .await?)
-    }
-
     /// Everything about `name` that does not match its spec, empty when converged: the
     /// children carry the spec, the Deployment has rolled out, and status says so for
     /// the current generation.
@@ -349,26 +326,6 @@ impl World {
     /// (within [`READY_BOUND`]) are back, and prints how long each took after `what`.
     async fn recovers(&self, name: &str, what: &str) -> anyhow::Result<()> {
         support::recovers(self, name, what, HEAL, READY_BOUND).await
-    }
-
-    /// Asserts the controller writes nothing while it reconciles at least `n` more times,
-    /// once the world has settled.
-    ///
-    /// Settled means one reconcile wrote nothing: the control plane may still be finishing
-    /// what a perturbation started (the Deployment controller's last status update after
-    /// the Pods of a scale-up put back have gone), and status follows it with one write.
-    /// A controller that writes on every reconcile never settles and fails here too.
-    async fn quiet(&self, n: u64) -> anyhow::Result<()> {
-        let metrics = &self.ctl.metrics;
-        let names = support::settle(self, metrics).await?;
-        let writes = support::writes_by_resource(metrics);
-        support::poke(self, metrics, &names, n).await?;
-        assert_eq!(
-            support::writes_by_resource(metrics),
-            writes,
-            "writes at steady state over {n} reconciles"
-        );
-        Ok(())
     }
 
     async fn json_patch<K>(&self, api: &Api<K>, name: &str, ops: Value) -> anyhow::Result<()>
@@ -1219,7 +1176,7 @@ async fn api_server_restart_loses_nothing_and_writes_nothing() -> anyhow::Result
     init();
     let cp = harness::ControlPlane::start(harness::Options::full()).await?;
     let _logs = cp.log_guard();
-    let f = world(Fixture::setup().on(&cp)).await?;
+    let f = World::start(Fixture::setup().on(&cp)).await?;
     for name in ["r-a", "r-b"] {
         f.create(name, spec("registry.example.com/web:v1", 1))
             .await?;

@@ -12,7 +12,6 @@ mod support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -27,7 +26,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use support::{app, create, init};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const RING: &str = common::names::DEFAULT_SHARD_RING;
 const LEASE: Duration = Duration::from_secs(15);
@@ -47,25 +46,10 @@ impl Shard {
         identity: &str,
         dir: &Path,
     ) -> anyhow::Result<Shard> {
-        let ops_port = harness::process::free_port()?;
-        let log = dir.join(format!("{identity}.log"));
-        let out = std::fs::File::create(&log)?;
-        let child = Command::new(env!("CARGO_BIN_EXE_appservice-controller"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(scope)
-            .args(["--identity", identity, "--sharding"])
-            .args(["--ops-addr", &format!("127.0.0.1:{ops_port}")])
-            .args(["--log-format", "json"])
-            .env(
-                "RUST_LOG",
-                std::env::var("CONTROLLER_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdout(Stdio::null())
-            .stderr(out)
-            .kill_on_drop(true)
-            .spawn()
-            .context("spawning the controller binary")?;
+        let mut flags = scope.to_vec();
+        flags.push("--sharding");
+        let support::binary::Binary { child, log, .. } =
+            support::binary::spawn(kubeconfig, identity, dir, &flags)?;
         Ok(Shard {
             identity: identity.to_owned(),
             child,

@@ -4,7 +4,9 @@
 
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod hostile;
+pub mod world;
 
 use std::sync::{Arc, Once};
 use std::time::Duration;
