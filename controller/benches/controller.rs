@@ -96,7 +96,7 @@ async fn main() -> anyhow::Result<()> {
     let (mut ctl, pid) = ControllerRun {
         bin: Path::new(env!("CARGO_BIN_EXE_appservice-controller")),
         cp: &cp,
-        ns: &ns,
+        ns: Some(&ns),
         ops_port,
         qps: args.qps,
         burst: args.burst,

@@ -87,7 +87,7 @@ fn start_controller(
     ControllerRun {
         bin: args.controller_bin.as_ref().unwrap_or(&default_bin),
         cp,
-        ns,
+        ns: Some(ns),
         ops_port,
         qps: args.load.qps,
         burst: args.load.burst,

@@ -39,13 +39,16 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use common::AppService;
-use common::names::shard_label;
+use common::names::{shard_label, shard_lease_name};
+use controller::shard::buckets::Buckets;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::converge::{Latencies, burst, latencies, started_now, wait_done, watch_status};
+use support::converge::{
+    Latencies, burst_over, latencies, started_now, wait_done, watch_status_of,
+};
 use support::{
     CONTROLLER_RESOURCES, ControllerRun, apiserver_reads, apiserver_writes, control_plane_pids,
     cpu_of, delta, is_bench_run, keep_logs_hint, print_writes, rss_kib, stop, sum_for, wait_ready,
@@ -74,11 +77,15 @@ struct Args {
     #[arg(long = "other-bin", value_parser = label_and_path)]
     other_bins: Vec<(String, PathBuf)>,
     /// Every control plane with the alpha gate `ShardedListAndWatch`, and the shards with
-    /// `--sharded-watch` (they select by namespace bucket: no labels written). The
-    /// AppServices share one namespace, so one bucket: the handover is measured only
-    /// without it.
+    /// `--sharded-watch` (they select by namespace bucket: no labels written). Buckets are
+    /// namespaces, so spread the AppServices with `--namespaces`; the handover moves the
+    /// AppServices of the namespaces whose buckets the killed shard's Lease claimed.
     #[arg(long)]
     sharded_watch: bool,
+    /// How many namespaces the AppServices are spread over (round robin). With more than
+    /// one the controllers watch every namespace (no `--watch-namespace`).
+    #[arg(long, default_value_t = 1)]
+    namespaces: usize,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
@@ -122,7 +129,7 @@ fn spawn(
     cp: &harness::ControlPlane,
     args: &Args,
     bin: &Path,
-    ns: &str,
+    ns: Option<&str>,
     shards: usize,
     ring: &str,
     log: &Path,
@@ -234,16 +241,16 @@ async fn take_profile(client: &kube::Client, seconds: u64, path: &Path) -> anyho
     Ok(body.len())
 }
 
-/// Edits every AppService of `names` (a new spec.replicas), returning when each edit
-/// was sent.
+/// Edits every AppService of `names` (namespace and name: a new spec.replicas),
+/// returning when each edit was sent.
 async fn edit_all(
-    apps: &Api<AppService>,
-    names: Vec<String>,
+    client: &kube::Client,
+    names: Vec<(String, String)>,
     concurrency: usize,
 ) -> anyhow::Result<HashMap<String, Instant>> {
     let edited = futures::stream::iter(names)
-        .map(|name| {
-            let apps = apps.clone();
+        .map(|(ns, name)| {
+            let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
             async move {
                 let at = Instant::now();
                 apps.patch(
@@ -275,11 +282,25 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
     let n = args.n;
     let timeout = Duration::from_secs(args.timeout_secs);
     let ring = format!("bench-{}", name.replace([' ', ','], "-"));
-    let ns = cp.namespace_with_prefix("shards").await?;
-    let apps: Api<AppService> = Api::namespaced(admin.clone(), &ns);
-    eprintln!("{name}: creating {n} AppServices with no controller running …");
-    let created = burst(&apps, n, args.load.create_concurrency).await?;
-    let done = watch_status(admin.clone(), &ns, 1);
+    let mut namespaces = Vec::new();
+    for _ in 0..args.namespaces.max(1) {
+        namespaces.push(cp.namespace_with_prefix("shards").await?);
+    }
+    let apis: Vec<Api<AppService>> = namespaces
+        .iter()
+        .map(|ns| Api::namespaced(admin.clone(), ns))
+        .collect();
+    // One namespace: the controllers watch it alone; more: every namespace.
+    let (scope, every): (Option<&str>, Api<AppService>) = match namespaces.as_slice() {
+        [ns] => (Some(ns), Api::namespaced(admin.clone(), ns)),
+        _ => (None, Api::all(admin.clone())),
+    };
+    eprintln!(
+        "{name}: creating {n} AppServices in {} namespace(s) with no controller running …",
+        namespaces.len()
+    );
+    let created = burst_over(&apis, n, args.load.create_concurrency).await?;
+    let done = watch_status_of(every.clone(), 1);
     let before = apiserver_writes(admin).await?;
     let reads_before = apiserver_reads(admin).await?;
     let control_plane = control_plane_pids(cp);
@@ -287,7 +308,7 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
     let log = cp.log_dir().join(format!("{ring}.log"));
     eprintln!("{name}: starting {} process(es) …", shards.max(1));
     let started = started_now(created);
-    let mut processes = spawn(cp, args, bin, &ns, shards, &ring, &log)?;
+    let mut processes = spawn(cp, args, bin, scope, shards, &ring, &log)?;
     let profile = profile_midway(
         admin.clone(),
         done.clone(),
@@ -328,7 +349,7 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
         })
         .collect();
 
-    let handover = if shards >= 2 && !args.sharded_watch {
+    let handover = if shards >= 2 {
         let leases: Api<Lease> = Api::namespaced(admin.clone(), "default");
         let leader = leases
             .get_opt(&ring)
@@ -340,15 +361,36 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
             .iter()
             .position(|p| p.identity != leader)
             .expect("two shards or more: one does not lead");
-        let selector = format!("{}={}", shard_label(&ring), processes[victim].identity);
-        let owned: Vec<String> = apps
-            .list_metadata(&ListParams::default().labels(&selector))
-            .await?
-            .items
-            .iter()
-            .map(ResourceExt::name_any)
-            .collect();
-        let edited_done = watch_status(admin.clone(), &ns, 2);
+        // What the victim owns: by label, or with the sharded watch the namespaces of the
+        // buckets its Lease claims.
+        let owned: Vec<(String, String)> = if args.sharded_watch {
+            let lease = leases
+                .get(&shard_lease_name(&ring, &processes[victim].identity))
+                .await?;
+            let claims = lease
+                .annotations()
+                .get(controller::shard::claims::ANNOTATION)
+                .and_then(|hex| Buckets::from_hex(hex))
+                .unwrap_or(Buckets::NONE);
+            every
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|a| claims.contains_namespace(&a.namespace().unwrap_or_default()))
+                .map(|a| (a.namespace().unwrap_or_default(), a.name_any()))
+                .collect()
+        } else {
+            let selector = format!("{}={}", shard_label(&ring), processes[victim].identity);
+            every
+                .list_metadata(&ListParams::default().labels(&selector))
+                .await?
+                .items
+                .iter()
+                .map(|a| (a.namespace().unwrap_or_default(), a.name_any()))
+                .collect()
+        };
+        let edited_done = watch_status_of(every.clone(), 2);
         eprintln!(
             "{name}: SIGKILL of {} (owns {}), then an edit of each of its AppServices …",
             processes[victim].identity,
@@ -356,7 +398,7 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
         );
         harness::process::signal(processes[victim].pid, "KILL")?;
         let count = owned.len();
-        let edited = edit_all(&apps, owned, args.load.create_concurrency).await?;
+        let edited = edit_all(admin, owned, args.load.create_concurrency).await?;
         wait_done(
             &edited_done,
             count,
@@ -428,8 +470,9 @@ async fn main() -> anyhow::Result<()> {
     let secs = |d: Duration| d.as_secs_f64();
     println!();
     println!(
-        "sharding benchmark: N={} AppServices created first, then the controllers started; plain control plane (no Pods){}; per process {} QPS / burst {}, concurrency {}",
+        "sharding benchmark: N={} AppServices in {} namespace(s) created first, then the controllers started; plain control plane (no Pods){}; per process {} QPS / burst {}, concurrency {}",
         args.n,
+        args.namespaces.max(1),
         if args.sharded_watch {
             " with ShardedListAndWatch, shards with --sharded-watch"
         } else {

@@ -19,8 +19,13 @@ pub type Done = Arc<Mutex<HashMap<String, Instant>>>;
 
 /// Starts a watch of `ns` recording [`Done`] for generations from `min_generation` on.
 pub fn watch_status(client: Client, ns: &str, min_generation: i64) -> Done {
+    watch_status_of(Api::namespaced(client, ns), min_generation)
+}
+
+/// [`watch_status`] of the AppServices `apps` reaches (every namespace's with
+/// `Api::all`; names are then unique across namespaces in the benchmarks).
+pub fn watch_status_of(apps: Api<AppService>, min_generation: i64) -> Done {
     let done: Done = Arc::default();
-    let apps: Api<AppService> = Api::namespaced(client, ns);
     let d = done.clone();
     tokio::spawn(async move {
         let stream = watcher(apps, watcher::Config::default()).applied_objects();
@@ -48,9 +53,20 @@ pub async fn burst(
     n: usize,
     concurrency: usize,
 ) -> anyhow::Result<HashMap<String, Instant>> {
+    burst_over(std::slice::from_ref(apps), n, concurrency).await
+}
+
+/// [`burst`] spread over the namespaces of `apis`, the i-th AppService in the
+/// `i % apis.len()`-th (names stay unique across them).
+pub async fn burst_over(
+    apis: &[Api<AppService>],
+    n: usize,
+    concurrency: usize,
+) -> anyhow::Result<HashMap<String, Instant>> {
+    anyhow::ensure!(!apis.is_empty(), "no namespace to create AppServices in");
     let started = futures::stream::iter(0..n)
         .map(|i| {
-            let apps = apps.clone();
+            let apps = apis[i % apis.len()].clone();
             async move {
                 let a = app(i, 1);
                 let at = Instant::now();

@@ -215,7 +215,8 @@ pub struct Load {
 pub struct ControllerRun<'a> {
     pub bin: &'a Path,
     pub cp: &'a harness::ControlPlane,
-    pub ns: &'a str,
+    /// The namespace it watches (`--watch-namespace`); None: every namespace.
+    pub ns: Option<&'a str>,
     pub ops_port: u16,
     pub qps: f64,
     pub burst: u32,
@@ -240,7 +241,13 @@ impl ControllerRun<'_> {
         let ctl = tokio::process::Command::new(self.bin)
             .arg("--kubeconfig")
             .arg(self.cp.kubeconfig_path())
-            .args(["--watch-namespace", self.ns, "--lease-namespace", "default"])
+            .args(
+                self.ns
+                    .map(|ns| ["--watch-namespace", ns])
+                    .into_iter()
+                    .flatten(),
+            )
+            .args(["--lease-namespace", "default"])
             .args(["--ops-addr", &format!("127.0.0.1:{}", self.ops_port)])
             .args([
                 "--kube-api-qps",
