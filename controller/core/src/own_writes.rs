@@ -95,7 +95,10 @@ impl Memory {
 
 /// The memory of the controller's own writes (see the module).
 pub struct OwnWrites {
+    /// Unbounded as a map (no table of `capacity` entries allocated up front):
+    /// [`Held::write`] keeps it within `capacity`.
     apps: Mutex<LruCache<ObjectRef<AppService>, Memory>>,
+    capacity: NonZeroUsize,
     ttl: Duration,
 }
 
@@ -108,6 +111,7 @@ impl Default for OwnWrites {
 /// The memory as one lock holds it: reads that see an expired or stale entry drop it.
 struct Held<'a> {
     apps: MutexGuard<'a, LruCache<ObjectRef<AppService>, Memory>>,
+    capacity: NonZeroUsize,
     ttl: Duration,
 }
 
@@ -133,6 +137,9 @@ impl Held<'_> {
             }
             self.apps.pop_lru();
         }
+        if !self.apps.contains(key) && self.apps.len() >= self.capacity.get() {
+            self.apps.pop_lru();
+        }
         let memory = self
             .apps
             .get_or_insert_mut(key.clone(), || Memory::new(now));
@@ -153,7 +160,8 @@ impl OwnWrites {
     /// write.
     pub fn with_bound(capacity: NonZeroUsize, ttl: Duration) -> Self {
         OwnWrites {
-            apps: Mutex::new(LruCache::new(capacity)),
+            apps: Mutex::new(LruCache::unbounded()),
+            capacity,
             ttl,
         }
     }
@@ -163,6 +171,7 @@ impl OwnWrites {
     fn held(&self) -> Held<'_> {
         Held {
             apps: self.apps.lock().unwrap_or_else(PoisonError::into_inner),
+            capacity: self.capacity,
             ttl: self.ttl,
         }
     }
