@@ -1,6 +1,6 @@
 package main
 
-// The children of an AppService, as controller/src/desired.rs builds them: same names,
+// The children of an AppService, as controller/core/src/desired.rs builds them: same names,
 // labels, owner reference, ports and probe. Written as controllerutil.CreateOrUpdate
 // mutate functions: they set only the fields the controller owns on the object read from
 // the cache, so the API server's defaults (and other writers' labels) stay and a

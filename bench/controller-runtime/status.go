@@ -1,6 +1,6 @@
 package main
 
-// Status as controller/src/status.rs computes it: the rollout of the Deployment as
+// Status as controller/core/src/status/mod.rs computes it: the rollout of the Deployment as
 // `kubectl rollout status` assesses it, and the Ready/Progressing/Degraded conditions.
 // meta.SetStatusCondition keeps lastTransitionTime while a condition's status stays.
 

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod cycles;
 mod demo;
 mod deny;
+mod paths;
 mod sbom;
 
 /// What was being done when an error happened, with the error's own message in the same
@@ -71,6 +72,10 @@ enum Cmd {
     /// The module import graph of every crate: fails on a cycle that holds a file not
     /// listed in xtask/known-cycles.txt, or when a listed file is in no cycle any more.
     Cycles,
+    /// Every path the docs and the code's comments name exists, and every relative
+    /// Markdown link reaches its file and heading (xtask/historical-paths.txt lists the
+    /// paths of earlier releases named on purpose).
+    Paths,
     /// Write a CycloneDX 1.5 JSON SBOM of every package in Cargo.lock.
     Sbom {
         /// Where to write it (default: target/sbom/appservice-operator.cdx.json).
@@ -104,6 +109,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Deny => deny::run(&repo_root()?),
         Cmd::SupplyChain => supply_chain(),
         Cmd::Cycles => cycles::run(&repo_root()?),
+        Cmd::Paths => paths::run(&repo_root()?),
         Cmd::Sbom { output } => sbom::run(&repo_root()?, output.as_deref()),
         Cmd::Up { full } => up(full),
         Cmd::Demo { exit_when_ready } => demo::run(&repo_root()?, exit_when_ready),
