@@ -2,7 +2,8 @@
 //! plane), in milliseconds: for each situation a pass can meet (a new AppService, a
 //! finalizer another writer removed, a conflict, status fields others left, a provider
 //! that fails, a deletion whose cleanup fails or succeeds, the shard gate, an excluded
-//! namespace), the exact requests it sends, in order, and what it returns to the error
+//! namespace, a second pass before the caches show the first's writes), the exact
+//! requests it sends, in order, and what it returns to the error
 //! policy. The real-server suites (reconcile.rs, perturb.rs, database.rs, shards.rs)
 //! show the same behaviours end to end; these pin down the request sequence.
 
@@ -397,4 +398,61 @@ async fn an_excluded_namespace_gets_no_request_at_all() {
         .expect("the pass succeeds");
     assert!(lines(&seen).is_empty(), "{:#?}", lines(&seen));
     assert_eq!(ctx.metrics().excluded_count(), 1);
+}
+
+/// The caches lag the pass's own writes: a second pass over the very object the first
+/// read (the same resourceVersion, the children not in the caches yet) decides on what
+/// the first wrote (`controller/core/src/own_writes.rs`). It asks only for the children
+/// it created, and writes nothing: no second create (a 409), no second status.
+#[tokio::test]
+async fn a_second_pass_before_the_caches_catch_up_writes_nothing() {
+    let app = with_finalizer(&[]);
+    // The server keeps the children it created and answers a GET of them.
+    let created: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
+    let store = created.clone();
+    let answer = server(&app, json!({}), move |r| {
+        let mut created = store.lock().unwrap();
+        match r.method.as_str() {
+            "POST" if r.path == DEPLOYMENTS || r.path == SERVICES => {
+                let name = r.body["metadata"]["name"].as_str().unwrap_or_default();
+                let mut body = r.body.clone();
+                body["metadata"]["uid"] = json!(format!("child-{}", created.len()));
+                body["metadata"]["resourceVersion"] = json!(format!("{}", 50 + created.len()));
+                created.push((format!("{}/{name}", r.path), body.clone()));
+                Some((201, body))
+            }
+            "GET" => created
+                .iter()
+                .find(|(path, _)| *path == r.path)
+                .map(|(_, body)| (200, body.clone())),
+            _ => None,
+        }
+    });
+    let (client, seen) = client(answer);
+    let hooks = Hooks {
+        external: Arc::new(Provider::default()),
+        ..Hooks::default()
+    };
+    let (ctx, _lead) = context_of(client, config(), hooks);
+    let ctx = Arc::new(ctx);
+    reconcile(Arc::new(app.clone()), ctx.clone())
+        .await
+        .expect("the first pass succeeds");
+    let first = writes(&seen).len();
+    assert_eq!(first, 3, "{:#?}", lines_of(&writes(&seen)));
+    assert_eq!(created.lock().unwrap().len(), 2, "both children created");
+
+    reconcile(Arc::new(app), ctx)
+        .await
+        .expect("the second pass succeeds");
+    let mut asked = lines_of(&writes(&seen)[first..]);
+    asked.sort();
+    assert_eq!(
+        asked,
+        [
+            format!("GET {SERVICES}/web "),
+            format!("GET {DEPLOYMENTS}/web "),
+        ],
+        "only the children it created are asked for, and nothing is written"
+    );
 }
