@@ -147,6 +147,28 @@ impl Held<'_> {
         memory
     }
 
+    /// The status written for `key`, while the cache (at `cached`) still holds the object
+    /// that write replaced; a stale one goes.
+    fn status(
+        &mut self,
+        key: &ObjectRef<AppService>,
+        cached: Option<&str>,
+        now: Instant,
+    ) -> Option<&Over<AppServiceStatus>> {
+        let memory = self.peek(key, now)?;
+        if memory
+            .status
+            .as_ref()
+            .is_some_and(|over| !over.stands_in(cached))
+        {
+            memory.status = None;
+            self.tidy(key);
+            return None;
+        }
+        // Looked up again: the first borrow cannot outlive the branch that tidies.
+        self.apps.peek(key)?.status.as_ref()
+    }
+
     /// Drops the memory of `key` once nothing is left in it.
     fn tidy(&mut self, key: &ObjectRef<AppService>) {
         if self.apps.peek(key).is_some_and(Memory::is_empty) {
@@ -207,16 +229,9 @@ impl OwnWrites {
         cached: Option<&str>,
         now: Instant,
     ) -> Option<AppServiceStatus> {
-        let mut held = self.held();
-        let memory = held.peek(key, now)?;
-        let over = memory.status.take()?;
-        if !over.stands_in(cached) {
-            held.tidy(key);
-            return None;
-        }
-        let status = over.written.clone();
-        memory.status = Some(over);
-        Some(status)
+        self.held()
+            .status(key, cached, now)
+            .map(|over| over.written.clone())
     }
 
     /// Forgets the status written for `key` once the cache (at `cached`) has moved past
@@ -227,18 +242,7 @@ impl OwnWrites {
         cached: Option<&str>,
         now: Instant,
     ) {
-        let mut held = self.held();
-        let Some(memory) = held.peek(key, now) else {
-            return;
-        };
-        if memory
-            .status
-            .as_ref()
-            .is_some_and(|over| !over.stands_in(cached))
-        {
-            memory.status = None;
-            held.tidy(key);
-        }
+        self.held().status(key, cached, now);
     }
 
     /// Records that a write of the child in `slot` replaced `replaced` with `written`.
@@ -274,10 +278,11 @@ impl OwnWrites {
         let mut held = self.held();
         let memory = held.peek(key, now)?;
         let at = memory.children.iter().position(|(s, _)| *s == slot)?;
-        let written = match &memory.children[at].1 {
-            over if over.stands_in(cached) => over.written.downcast_ref::<V>().cloned(),
-            _ => None,
-        };
+        let over = &memory.children[at].1;
+        let written = over
+            .stands_in(cached)
+            .then(|| over.written.downcast_ref::<V>().cloned())
+            .flatten();
         if written.is_none() {
             memory.children.swap_remove(at);
             held.tidy(key);
