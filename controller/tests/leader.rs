@@ -6,8 +6,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -16,64 +15,39 @@ use harness::eventually;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
+use support::binary::Binary;
 use support::{app, create, init};
-use tokio::process::Child;
 
 const LEASE_SECS: u64 = 12;
 
-struct Proc {
-    child: Child,
-    ops_port: u16,
-    log: PathBuf,
+/// A controller process at its shipped defaults but for a short lease, scoped to `ns`.
+fn spawn(kubeconfig: &Path, ns: &str, identity: &str, dir: &Path) -> anyhow::Result<Binary> {
+    let lease = format!("{LEASE_SECS}s");
+    let flags = [
+        "--watch-namespace",
+        ns,
+        "--lease-namespace",
+        ns,
+        "--lease-duration",
+        &lease,
+        "--renew-deadline",
+        "8s",
+        "--retry-period",
+        "1s",
+    ];
+    support::binary::spawn(kubeconfig, identity, dir, &flags)
 }
 
-impl Proc {
-    fn spawn(kubeconfig: &Path, ns: &str, identity: &str, dir: &Path) -> anyhow::Result<Proc> {
-        let lease = format!("{LEASE_SECS}s");
-        let flags = [
-            "--watch-namespace",
-            ns,
-            "--lease-namespace",
-            ns,
-            "--lease-duration",
-            &lease,
-            "--renew-deadline",
-            "8s",
-            "--retry-period",
-            "1s",
-        ];
-        let support::binary::Binary {
-            child,
-            ops_port,
-            log,
-        } = support::binary::spawn(kubeconfig, identity, dir, &flags)?;
-        Ok(Proc {
-            child,
-            ops_port,
-            log,
+/// The value of an (unlabelled or fully labelled) metric line of `bin`, 0 when absent.
+async fn metric(bin: &Binary, line_prefix: &str) -> anyhow::Result<f64> {
+    let body = harness::process::http_get(bin.ops_port, "/metrics").await?;
+    Ok(body
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(line_prefix)
+                .and_then(|v| v.trim().parse().ok())
         })
-    }
-
-    /// The value of an (unlabelled or fully labelled) metric line, 0 when absent.
-    async fn metric(&self, line_prefix: &str) -> anyhow::Result<f64> {
-        let body = harness::process::http_get(self.ops_port, "/metrics").await?;
-        Ok(body
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(line_prefix)
-                    .and_then(|v| v.trim().parse().ok())
-            })
-            .unwrap_or(0.0))
-    }
-
-    fn signal(&self, sig: &str) -> anyhow::Result<()> {
-        let pid = self.child.id().context("process already reaped")?;
-        Ok(harness::process::signal(pid, sig)?)
-    }
-
-    fn log_tail(&self) -> String {
-        harness::process::tail(&self.log, 60)
-    }
+        .unwrap_or(0.0))
 }
 
 async fn holder(leases: &Api<Lease>) -> anyhow::Result<Option<String>> {
@@ -116,11 +90,11 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
     let apps: Api<AppService> = Api::namespaced(client.clone(), &ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
 
-    let a = Proc::spawn(kubeconfig, &ns, "ctl-a", dir.path())?;
+    let a = spawn(kubeconfig, &ns, "ctl-a", dir.path())?;
     wait_holder(&leases, "ctl-a", Duration::from_secs(30))
         .await
-        .with_context(|| a.log_tail())?;
-    let mut b = Proc::spawn(kubeconfig, &ns, "ctl-b", dir.path())?;
+        .with_context(|| a.log_tail(60))?;
+    let mut b = spawn(kubeconfig, &ns, "ctl-b", dir.path())?;
     eventually("ctl-b ready", Duration::from_secs(30), || async {
         Ok(harness::process::http_get(b.ops_port, "/readyz")
             .await
@@ -129,7 +103,7 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
             .map(|_| ()))
     })
     .await
-    .with_context(|| format!("{}\n--- ctl-a:\n{}", b.log_tail(), a.log_tail()))?;
+    .with_context(|| format!("{}\n{}", b.log_tail(60), a.log_tail(60)))?;
 
     // Only the leader reconciles.
     create(&apps, &app("one", "nginx:1.27", 1)).await?;
@@ -139,17 +113,23 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
     create(&apps, &app("also-one", "nginx:1.27", 1)).await?;
     wait_deployment(&deployments, "also-one", Duration::from_secs(30)).await?;
     assert!(
-        a.metric("appservice_controller_reconciles_total{result=\"success\"}")
-            .await?
+        metric(
+            &a,
+            "appservice_controller_reconciles_total{result=\"success\"}"
+        )
+        .await?
             >= 1.0
     );
     assert_eq!(
-        b.metric("appservice_controller_reconciles_total{result=\"success\"}")
-            .await?,
+        metric(
+            &b,
+            "appservice_controller_reconciles_total{result=\"success\"}"
+        )
+        .await?,
         0.0
     );
-    assert_eq!(a.metric("appservice_controller_leader ").await?, 1.0);
-    assert_eq!(b.metric("appservice_controller_leader ").await?, 0.0);
+    assert_eq!(metric(&a, "appservice_controller_leader ").await?, 1.0);
+    assert_eq!(metric(&b, "appservice_controller_leader ").await?, 0.0);
 
     // SIGKILL: no release; the standby waits out the lease, then takes over.
     a.signal("KILL")?;
@@ -158,13 +138,13 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
     let takeover = Duration::from_secs(LEASE_SECS + 8);
     wait_holder(&leases, "ctl-b", takeover)
         .await
-        .with_context(|| b.log_tail())?;
+        .with_context(|| b.log_tail(60))?;
     wait_deployment(&deployments, "two", Duration::from_secs(10)).await?;
-    assert_eq!(b.metric("appservice_controller_leader ").await?, 1.0);
+    assert_eq!(metric(&b, "appservice_controller_leader ").await?, 1.0);
 
     // SIGTERM: the leader releases the lease; the standby takes over well within the
     // lease duration.
-    let c = Proc::spawn(kubeconfig, &ns, "ctl-c", dir.path())?;
+    let c = spawn(kubeconfig, &ns, "ctl-c", dir.path())?;
     eventually("ctl-c ready", Duration::from_secs(30), || async {
         Ok(harness::process::http_get(c.ops_port, "/readyz")
             .await
@@ -173,7 +153,7 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
             .map(|_| ()))
     })
     .await
-    .with_context(|| c.log_tail())?;
+    .with_context(|| c.log_tail(60))?;
     assert_eq!(holder(&leases).await?.as_deref(), Some("ctl-b"));
     b.signal("TERM")?;
     let status = tokio::time::timeout(Duration::from_secs(30), b.child.wait())
@@ -182,12 +162,12 @@ async fn only_the_leader_reconciles_and_failover_works() -> anyhow::Result<()> {
     assert!(
         status.success(),
         "ctl-b exit status {status}: {}",
-        b.log_tail()
+        b.log_tail(60)
     );
     // Released, not expired: the handover must not wait for the lease duration.
     wait_holder(&leases, "ctl-c", Duration::from_secs(LEASE_SECS / 2))
         .await
-        .with_context(|| c.log_tail())?;
+        .with_context(|| c.log_tail(60))?;
     create(&apps, &app("three", "nginx:1.27", 1)).await?;
     wait_deployment(&deployments, "three", Duration::from_secs(15)).await?;
     let lease = leases.get(common::names::LEASE_NAME).await?;

@@ -11,7 +11,7 @@
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -25,56 +25,32 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
+use support::binary::Binary;
 use support::{app, create, init};
-use tokio::process::Child;
 
 const RING: &str = common::names::DEFAULT_SHARD_RING;
 const LEASE: Duration = Duration::from_secs(15);
 
-struct Shard {
-    identity: String,
-    child: Child,
-    log: PathBuf,
-}
+/// A shard is a controller process.
+type Shard = Binary;
 
-impl Shard {
-    /// A controller process at its shipped defaults, with sharding on, scoped by `scope`
-    /// (`--watch-namespace` and `--lease-namespace`, or a ring's flags).
-    fn spawn(
-        kubeconfig: &Path,
-        scope: &[&str],
-        identity: &str,
-        dir: &Path,
-    ) -> anyhow::Result<Shard> {
-        let mut flags = scope.to_vec();
-        flags.push("--sharding");
-        let support::binary::Binary { child, log, .. } =
-            support::binary::spawn(kubeconfig, identity, dir, &flags)?;
-        Ok(Shard {
-            identity: identity.to_owned(),
-            child,
-            log,
-        })
-    }
-
-    fn signal(&self, sig: &str) -> anyhow::Result<()> {
-        let pid = self.child.id().context("process already reaped")?;
-        Ok(harness::process::signal(pid, sig)?)
-    }
-
-    fn log_tail(&self) -> String {
-        format!(
-            "--- {}:\n{}",
-            self.identity,
-            harness::process::tail(&self.log, 40)
-        )
-    }
+/// A controller process at its shipped defaults, with sharding on, scoped by `scope`
+/// (`--watch-namespace` and `--lease-namespace`, or a ring's flags).
+fn spawn_shard(
+    kubeconfig: &Path,
+    scope: &[&str],
+    identity: &str,
+    dir: &Path,
+) -> anyhow::Result<Shard> {
+    let mut flags = scope.to_vec();
+    flags.push("--sharding");
+    support::binary::spawn(kubeconfig, identity, dir, &flags)
 }
 
 fn tails(shards: &[&Shard]) -> String {
     shards
         .iter()
-        .map(|s| s.log_tail())
+        .map(|s| s.log_tail(40))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -433,7 +409,7 @@ impl World {
     fn spawn_with(&self, identity: &str, extra: &[&str]) -> anyhow::Result<Shard> {
         let mut scope = vec!["--watch-namespace", &self.ns, "--lease-namespace", &self.ns];
         scope.extend_from_slice(extra);
-        Shard::spawn(self.cp.kubeconfig_path(), &scope, identity, self.dir.path())
+        spawn_shard(self.cp.kubeconfig_path(), &scope, identity, self.dir.path())
     }
 
     async fn settle(
@@ -571,7 +547,7 @@ async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() ->
     let status = tokio::time::timeout(Duration::from_secs(40), gone.child.wait())
         .await
         .context("the stopped shard did not exit")??;
-    assert!(status.success(), "{status}: {}", gone.log_tail());
+    assert!(status.success(), "{status}: {}", gone.log_tail(40));
     let live: Vec<&str> = stays.iter().map(|s| s.identity.as_str()).collect();
     let t = Instant::now();
     let back = w
@@ -813,7 +789,7 @@ async fn a_killed_shard_is_taken_over_and_a_frozen_one_writes_nothing_after_it_r
     assert!(
         log.contains("membership Lease lapsed"),
         "{}",
-        shards[frozen_i].log_tail()
+        shards[frozen_i].log_tail(40)
     );
     eprintln!(
         "SIGCONT: {} writes the fence refused after resuming",
@@ -1021,7 +997,7 @@ struct RingOf {
 impl RingOf {
     /// A member of this ring watching every namespace, as a release runs it.
     fn spawn(&self, w: &World, identity: &str) -> anyhow::Result<Shard> {
-        Shard::spawn(
+        spawn_shard(
             w.cp.kubeconfig_path(),
             &[
                 "--shard-ring",
@@ -1666,7 +1642,7 @@ impl ShardedWorld {
 
     /// A shard watching every namespace, its Lease in the lease namespace.
     fn spawn(&self, identity: &str) -> anyhow::Result<Shard> {
-        Shard::spawn(
+        spawn_shard(
             self.cp.kubeconfig_path(),
             &["--sharded-watch", "--lease-namespace", self.leases.as_ref()],
             identity,

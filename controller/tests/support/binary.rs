@@ -10,6 +10,8 @@ use tokio::process::{Child, Command};
 
 /// A running controller binary.
 pub struct Binary {
+    /// Its `--identity`: its name in Leases, logs and failure messages.
+    pub identity: String,
     pub child: Child,
     /// Where `/metrics`, `/healthz` and `/readyz` answer, on loopback.
     pub ops_port: u16,
@@ -45,8 +47,26 @@ pub fn spawn(
         .spawn()
         .context("spawning the controller binary")?;
     Ok(Binary {
+        identity: identity.to_owned(),
         child,
         ops_port,
         log,
     })
+}
+
+impl Binary {
+    /// Sends `sig` (`"TERM"`, `"KILL"`, `"STOP"`, …) to the process.
+    pub fn signal(&self, sig: &str) -> anyhow::Result<()> {
+        let pid = self.child.id().context("process already reaped")?;
+        Ok(harness::process::signal(pid, sig)?)
+    }
+
+    /// The last `lines` lines of its log, under its identity.
+    pub fn log_tail(&self, lines: usize) -> String {
+        format!(
+            "--- {}:\n{}",
+            self.identity,
+            harness::process::tail(&self.log, lines)
+        )
+    }
 }

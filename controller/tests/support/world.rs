@@ -2,7 +2,6 @@
 //! with what every such suite asks of it (create an AppService, assert it stays quiet).
 
 use common::{AppService, AppServiceSpec};
-use kube::api::PostParams;
 
 use super::{Fixture, Running, Setup};
 
@@ -28,10 +27,7 @@ impl World {
     }
 
     pub async fn create(&self, name: &str, spec: AppServiceSpec) -> anyhow::Result<AppService> {
-        Ok(self
-            .apps
-            .create(&PostParams::default(), &AppService::new(name, spec))
-            .await?)
+        super::create(&self.apps, &AppService::new(name, spec)).await
     }
 
     /// Asserts the controller writes nothing while it reconciles each AppService at least
