@@ -363,33 +363,27 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
             .expect("two shards or more: one does not lead");
         // What the victim owns: by label, or with the sharded watch the namespaces of the
         // buckets its Lease claims.
-        let owned: Vec<(String, String)> = if args.sharded_watch {
-            let lease = leases
-                .get(&shard_lease_name(&ring, &processes[victim].identity))
-                .await?;
+        let identity = &processes[victim].identity;
+        let (selected, claims) = if args.sharded_watch {
+            let lease = leases.get(&shard_lease_name(&ring, identity)).await?;
             let claims = lease
                 .annotations()
                 .get(controller::shard::claims::ANNOTATION)
                 .and_then(|hex| Buckets::from_hex(hex))
                 .unwrap_or(Buckets::NONE);
-            every
-                .list_metadata(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .filter(|a| claims.contains_namespace(&a.namespace().unwrap_or_default()))
-                .map(|a| (a.namespace().unwrap_or_default(), a.name_any()))
-                .collect()
+            (ListParams::default(), Some(claims))
         } else {
-            let selector = format!("{}={}", shard_label(&ring), processes[victim].identity);
-            every
-                .list_metadata(&ListParams::default().labels(&selector))
-                .await?
-                .items
-                .iter()
-                .map(|a| (a.namespace().unwrap_or_default(), a.name_any()))
-                .collect()
+            let selector = format!("{}={identity}", shard_label(&ring));
+            (ListParams::default().labels(&selector), None)
         };
+        let owned: Vec<(String, String)> = every
+            .list_metadata(&selected)
+            .await?
+            .items
+            .iter()
+            .map(|a| (a.namespace().unwrap_or_default(), a.name_any()))
+            .filter(|(ns, _)| claims.is_none_or(|c| c.contains_namespace(ns)))
+            .collect();
         let edited_done = watch_status_of(every.clone(), 2);
         eprintln!(
             "{name}: SIGKILL of {} (owns {}), then an edit of each of its AppServices …",
