@@ -851,12 +851,14 @@ async fn foreign_objects_block_until_they_go_away() -> anyhow::Result<()> {
 
 /// A name taken right before its AppService is created, while the controller's caches
 /// of foreign objects have not heard of it (their watches are held back, so the timing
-/// is made, not hoped for): the first create of that child fails with AlreadyExists,
-/// and what the same pass created beside it is removed again. Each ends in
-/// `ResourceConflict` with no child of ours beside the foreign one, and converges once
-/// the foreign object is gone.
+/// is made, not hoped for): the create of that child fails with AlreadyExists. The
+/// children are a set the pass converges, never undone: a new Service is created first
+/// and alone, so a taken Service name starts no Deployment, and a taken Deployment name
+/// leaves only our Service, which selects no Pod. Each ends in `ResourceConflict`, no
+/// pass deletes anything, and each converges once the foreign object is gone.
 #[tokio::test]
-async fn a_name_taken_before_the_caches_heard_leaves_nothing_half_built() -> anyhow::Result<()> {
+async fn a_name_taken_before_the_caches_heard_starts_no_pod_and_undoes_nothing()
+-> anyhow::Result<()> {
     // A controller that reconciles before its caches are listed asks the API server
     // and never gets to the race: try again with new names until it has.
     const ATTEMPTS: usize = 10;
@@ -870,6 +872,13 @@ async fn a_name_taken_before_the_caches_heard_leaves_nothing_half_built() -> any
     let (client, requests) = harness::recording(client, &f.ns);
     let ctl = support::start_controller(client, &f.ns, |_| {});
     let labels = BTreeMap::from([("app".to_owned(), "legacy".to_owned())]);
+    let service_creates = || {
+        requests
+            .writes_to("services")
+            .iter()
+            .filter(|w| w.starts_with("POST"))
+            .count()
+    };
     let mut raced = None;
     for attempt in 0..ATTEMPTS {
         let (by_deployment, by_service) =
@@ -891,6 +900,7 @@ async fn a_name_taken_before_the_caches_heard_leaves_nothing_half_built() -> any
             "spec": {"selector": labels, "ports": [{"port": 80}]}
         }))?;
         f.services.create(&PostParams::default(), &s).await?;
+        let creates_before = service_creates();
         for name in [&by_deployment, &by_service] {
             f.apps
                 .create(
@@ -899,7 +909,7 @@ async fn a_name_taken_before_the_caches_heard_leaves_nothing_half_built() -> any
                 )
                 .await?;
         }
-        for (name, other) in [(&by_deployment, "Service"), (&by_service, "Deployment")] {
+        for name in [&by_deployment, &by_service] {
             eventually(&format!("ResourceConflict of {name}"), WAIT, || async {
                 let a = f.apps.get(name).await?;
                 Ok(condition(&a, READY)
@@ -907,16 +917,26 @@ async fn a_name_taken_before_the_caches_heard_leaves_nothing_half_built() -> any
                     .then_some(()))
             })
             .await?;
-            let left = beside_taken(&f, name, other).await?;
-            assert!(!left, "{name}: our {other} was left beside the taken name");
         }
-        let writes = requests.writes();
-        let undone = |resource: &str, name: &str| {
-            writes
-                .iter()
-                .any(|w| w.starts_with("DELETE") && w.ends_with(&format!("/{resource}/{name}")))
-        };
-        if undone("services", &by_deployment) && undone("deployments", &by_service) {
+        // Whatever the timing: no Deployment of ours beside a taken Service name, and
+        // nothing deleted.
+        assert!(
+            !beside_taken(&f, &by_service, "Deployment").await?,
+            "{by_service}: our Deployment was created beside the taken Service name"
+        );
+        let deletes: Vec<_> = requests
+            .writes()
+            .into_iter()
+            .filter(|w| w.starts_with("DELETE"))
+            .collect();
+        assert!(deletes.is_empty(), "a pass undid a write: {deletes:?}");
+        // The race: our Service of `by_deployment` exists only if it was created while
+        // the Deployment's name was taken unknown to the caches (a conflict known before
+        // creates nothing); a second Service create in this attempt is `by_service`'s,
+        // refused.
+        let raced_deployment = beside_taken(&f, &by_deployment, "Service").await?;
+        let raced_service = service_creates() - creates_before == usize::from(raced_deployment) + 1;
+        if raced_deployment && raced_service {
             println!("the race made at attempt {attempt}");
             raced = Some([by_deployment, by_service]);
             break;
@@ -924,18 +944,28 @@ async fn a_name_taken_before_the_caches_heard_leaves_nothing_half_built() -> any
     }
     let Some(names) = raced else {
         bail!(
-            "in {ATTEMPTS} attempts the controller never created a child beside a name its caches had not heard of; held: {:?}",
+            "in {ATTEMPTS} attempts the controller never created a child of a name its caches had not heard of; held: {:?}",
             hold.held()
         );
     };
-    // More passes: none builds half of them later either.
+    // More passes: none creates a Deployment beside a taken name later, or deletes.
     support::poke(&f, &ctl.metrics, &names, 4).await?;
-    for (name, other) in names.iter().zip(["Service", "Deployment"]) {
-        assert!(
-            !beside_taken(&f, name, other).await?,
-            "{name}: our {other} exists after more passes"
-        );
-    }
+    assert!(
+        !beside_taken(&f, &names[1], "Deployment").await?,
+        "{}: our Deployment exists after more passes",
+        names[1]
+    );
+    assert!(
+        beside_taken(&f, &names[0], "Service").await?,
+        "{}: our Service, desired, went",
+        names[0]
+    );
+    let deletes = requests
+        .writes()
+        .into_iter()
+        .filter(|w| w.starts_with("DELETE"))
+        .count();
+    assert_eq!(deletes, 0, "a later pass deleted a child");
     hold.release();
     f.deployments
         .delete(&names[0], &DeleteParams::default())

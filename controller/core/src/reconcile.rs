@@ -27,7 +27,7 @@ use common::names::FINALIZER;
 use common::validation::validate;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use tracing::{debug, info, instrument, warn};
+use tracing::{debug, instrument, warn};
 
 use crate::children::{converge, delete, lookup};
 use crate::context::Context;
@@ -330,8 +330,13 @@ async fn converge_children(
             d.metadata.uid.clone().map(|uid| (uid, !labelled))
         });
 
-    // The children are independent: converge them at once (one round trip less per
-    // new AppService).
+    // The children as a set: each desired one is created or applied, a canary of ours
+    // no longer desired is deleted (on its uid), and nothing a pass created is undone. A
+    // name someone took after our caches last heard turns up as a refused create (409),
+    // so the order of creates decides what such a race leaves: a new Service goes first,
+    // alone. Its name taken, no Deployment is created (no Pod of this AppService starts);
+    // a Deployment's name taken, only the Service stays, which selects no Pod. Children
+    // that exist already are converged at once.
     let canary_step = async {
         match (want_canary, &stale_canary) {
             (Some(want), _) => converge(ctx, &owner, CANARY_SLOT, want, live_canary.clone())
@@ -350,72 +355,57 @@ async fn converge_children(
             (None, None) => Ok(None),
         }
     };
-    let (deployment, service, canary) = tokio::join!(
-        converge(
-            ctx,
-            &owner,
-            Deployment::KIND,
-            want_deployment,
-            live_deployment.clone()
-        ),
-        converge(
-            ctx,
-            &owner,
-            Service::KIND,
-            want_service,
-            live_service.clone()
-        ),
-        canary_step,
-    );
-    // A create refused because the name exists: someone took it after our caches last
-    // heard (their object was not listed yet). What this pass created beside it goes
-    // again, so nothing half-built stays while the name is held; the 409 is retried
-    // soon, and by then the foreign object is known and reported as a conflict.
-    let refused = [
-        (
-            Deployment::KIND,
-            live_deployment.is_none(),
-            deployment.as_ref().err(),
-        ),
-        (
-            Service::KIND,
-            live_service.is_none(),
-            service.as_ref().err(),
-        ),
-        (CANARY_SLOT, live_canary.is_none(), canary.as_ref().err()),
-    ]
-    .into_iter()
-    .find_map(|(slot, created, error)| match error {
-        Some(Error::Kube(kube::Error::Api(status))) if created && status.is_already_exists() => {
-            Some((slot, status.clone()))
-        }
-        _ => None,
+    // Boxed: the three converges' states are large, and a debug build copies them about.
+    let deployments = Box::pin(async {
+        tokio::join!(
+            converge(
+                ctx,
+                &owner,
+                Deployment::KIND,
+                want_deployment,
+                live_deployment.clone()
+            ),
+            canary_step,
+        )
     });
-    if let Some((refused_slot, status)) = refused {
-        // The next pass asks the API server for that name instead of the caches.
-        ctx.created((refused_slot, owner.clone()));
-        let mut undo = Vec::new();
-        if let (None, Ok(d)) = (&live_deployment, &deployment) {
-            undo.push((Deployment::KIND, &deployment_name, d.metadata.uid.clone()));
-        }
-        if let (None, Ok(s)) = (&live_service, &service) {
-            undo.push((Service::KIND, &service_name, s.metadata.uid.clone()));
-        }
-        if let (None, Ok(Some(c))) = (&live_canary, &canary) {
-            undo.push((CANARY_SLOT, &canary_name, c.metadata.uid.clone()));
-        }
-        for (slot, name, uid) in undo {
-            let Some(uid) = uid else { continue };
-            info!(child = %name, "removing a child created beside a name someone else took");
-            let name = (name.as_str(), namespace);
-            if slot == Service::KIND {
-                delete::<Service>(ctx, &owner, slot, name, &uid, false).await?;
-            } else {
-                delete::<Deployment>(ctx, &owner, slot, name, &uid, false).await?;
+    let service_step = Box::pin(converge(
+        ctx,
+        &owner,
+        Service::KIND,
+        want_service,
+        live_service.clone(),
+    ));
+    let (service, (deployment, canary)) = if live_service.is_none() {
+        match service_step.await {
+            Ok(service) => (Ok(service), deployments.await),
+            Err(e) if name_taken(ctx, &owner, Service::KIND, &e) => return Err(e),
+            Err(e) => {
+                return Ok(rejected(
+                    app,
+                    report,
+                    "Service",
+                    live_deployment.as_ref(),
+                    e,
+                    &now,
+                ));
             }
         }
-        return Err(Error::Kube(kube::Error::Api(status)));
-    }
+    } else {
+        tokio::join!(service_step, deployments)
+    };
+    let deployment_refused = live_deployment.is_none()
+        && deployment
+            .as_ref()
+            .is_err_and(|e| name_taken(ctx, &owner, Deployment::KIND, e));
+    let canary_refused = live_canary.is_none()
+        && canary
+            .as_ref()
+            .is_err_and(|e| name_taken(ctx, &owner, CANARY_SLOT, e));
+    let (deployment, canary) = match (deployment, canary) {
+        (Err(e), _) if deployment_refused => return Err(e),
+        (_, Err(e)) if canary_refused => return Err(e),
+        children => children,
+    };
     let deployment = match deployment {
         Ok(d) => d,
         Err(e) => {
@@ -502,6 +492,23 @@ async fn converge_children(
         None => next,
     };
     Ok(Outcome::status(status, Ok(Next::requeue(next))))
+}
+
+/// Whether `error` is a create of `slot` refused because the name exists: someone took it
+/// after our caches last heard. The next pass (the 409 is retried soon) asks the API
+/// server for that name instead of the caches, and then reports the conflict.
+fn name_taken(
+    ctx: &Context,
+    owner: &ObjectRef<AppService>,
+    slot: &'static str,
+    error: &Error,
+) -> bool {
+    let taken =
+        matches!(error, Error::Kube(kube::Error::Api(status)) if status.is_already_exists());
+    if taken {
+        ctx.created((slot, owner.clone()));
+    }
+    taken
 }
 
 /// Why nothing is created while `taken` names are held by objects we do not control.
