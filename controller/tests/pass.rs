@@ -223,10 +223,9 @@ async fn a_new_app_gets_the_finalizer_first_then_its_children_then_one_status_wr
     let lines = lines_of(&seen);
     assert_eq!(lines.len(), 4, "{lines:#?}");
     assert_eq!(lines[0], format!("PATCH {APP} {MERGE}"));
-    let mut children = lines[1..3].to_vec();
-    children.sort();
+    // A new Service first, alone; then the Deployment.
     assert_eq!(
-        children,
+        lines[1..3],
         [
             format!("POST {SERVICES} application/json"),
             format!("POST {DEPLOYMENTS} application/json"),
@@ -242,6 +241,35 @@ async fn a_new_app_gets_the_finalizer_first_then_its_children_then_one_status_wr
     let ready = condition(&seen[3].body, READY);
     assert_eq!(ready["status"], FALSE, "{ready}");
     assert_eq!(seen[3].body["status"]["observedGeneration"], 1);
+}
+
+/// A name someone took after the caches last heard: the create of that child is refused
+/// (409 AlreadyExists). Nothing the pass created is undone, and the order of creates
+/// decides what stays: a taken Service name stops the pass before any Deployment (no Pod
+/// starts), a taken Deployment name leaves only the Service. The pass fails with the
+/// 409, retried soon, and writes no status (the next pass, asking the API server for
+/// the name, reports the conflict).
+#[tokio::test]
+async fn a_create_refused_because_the_name_was_taken_is_never_undone() {
+    for (taken, sent) in [
+        (SERVICES, vec![format!("POST {SERVICES} application/json")]),
+        (
+            DEPLOYMENTS,
+            vec![
+                format!("POST {SERVICES} application/json"),
+                format!("POST {DEPLOYMENTS} application/json"),
+            ],
+        ),
+    ] {
+        let app = with_finalizer(&[]);
+        let answer = server(&app, json!({}), move |r| {
+            (r.method == "POST" && r.path == taken).then(|| (409, status(409, "AlreadyExists")))
+        });
+        let (result, seen) = pass(&app, config(), Provider::default(), answer).await;
+        let error = result.expect_err("a refused create fails the pass");
+        assert_eq!(error.retry(), Retry::Conflict, "{taken}: {error}");
+        assert_eq!(lines_of(&seen), sent, "{taken}");
+    }
 }
 
 #[tokio::test]
@@ -269,6 +297,9 @@ async fn a_conflict_on_the_finalizer_writes_nothing_else_and_is_retried_soon() {
     assert_eq!(lines_of(&seen), [format!("PATCH {APP} {MERGE}")]);
 }
 
+/// Status fields another writer set that the pass could not see (they came after its
+/// read): the apply returns them, and a second write removes them, on the version the
+/// apply returned.
 #[tokio::test]
 async fn status_fields_another_writer_set_are_removed_in_the_same_pass_and_guarded() {
     let app = with_finalizer(&[]);
@@ -291,9 +322,39 @@ async fn status_fields_another_writer_set_are_removed_in_the_same_pass_and_guard
         "{lines:#?}"
     );
     let clear = &seen[seen.len() - 1].body;
-    assert_eq!(clear["status"], json!({"canary": null}), "{clear}");
+    assert_eq!(clear["status"]["canary"], Value::Null, "{clear}");
+    assert_eq!(clear["status"]["observedGeneration"], 1, "ours stays: {clear}");
     // Only on the object the apply returned: another write in between is a conflict.
     assert!(clear["metadata"]["resourceVersion"].is_string(), "{clear}");
+}
+
+/// The same fields already in the AppService the pass read: one status write, a merge
+/// patch setting ours and removing theirs, on the version the pass read.
+#[tokio::test]
+async fn status_fields_another_writer_set_that_the_pass_sees_go_in_its_one_status_write() {
+    let mut app = with_finalizer(&[]);
+    app.status = serde_json::from_value(json!({
+        "canary": {"image": "evil:1", "replicas": 1, "readyReplicas": 1},
+        "endpoint": "evil.example.com:80",
+    }))
+    .unwrap();
+    let (result, seen) = pass(&app, config(), Provider::default(), plain(&app)).await;
+    result.expect("the pass succeeds");
+    let lines = lines_of(&seen);
+    let status_writes: Vec<_> = lines.iter().filter(|l| l.contains("/status")).collect();
+    assert_eq!(
+        status_writes,
+        [&format!("PATCH {APP}/status {MERGE}")],
+        "{lines:#?}"
+    );
+    let write = &seen.last().unwrap().body;
+    assert_eq!(write["metadata"]["resourceVersion"], "7", "{write}");
+    assert_eq!(write["status"]["canary"], Value::Null, "{write}");
+    assert_ne!(
+        write["status"]["endpoint"], "evil.example.com:80",
+        "ours replaces theirs: {write}"
+    );
+    assert_eq!(write["status"]["observedGeneration"], 1, "{write}");
 }
 
 #[tokio::test]

@@ -3,14 +3,12 @@
 //! ([`announcements`], one table), and the ready gauge.
 
 use common::conditions::{self, DATABASE_READY, DEGRADED, READY, STALLED, TRUE, reasons};
-use common::names::FIELD_MANAGER;
 use common::{AppService, AppServiceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, Patch, PatchParams};
+use kube::Resource;
+use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
-use serde_json::json;
 use tracing::{debug, warn};
 
 use crate::context::Context;
@@ -47,37 +45,33 @@ pub async fn write_status(
     } else {
         Guard::None
     };
+    // Fields another writer set beside ours, as far as this pass can see them, go in
+    // the same write.
+    let seen = status::leftovers(live, status);
     let written = apply_status(
         api,
         app,
         status,
-        guard,
+        (guard, &seen),
         ctx.metrics(),
         Written::AppServiceStatus,
     )
     .await?;
     let leftovers = status::leftovers(written.status.as_ref(), status);
     if !leftovers.is_empty() {
-        // Fields another writer set that ours leaves out: removed by name, on the
-        // condition that the object is still the one our apply returned (a 409 retries).
-        let clear: serde_json::Map<String, serde_json::Value> = leftovers
-            .iter()
-            .map(|field| (field.clone(), serde_json::Value::Null))
-            .collect();
+        // Fields another writer set that the cache did not show yet: removed by name, on
+        // the condition that the object is still the one our write returned (a 409
+        // retries).
         debug!(fields = ?leftovers, "removing status fields another writer set");
-        api.patch_status(
-            &app.name_any(),
-            &PatchParams {
-                field_manager: Some(FIELD_MANAGER.to_owned()),
-                ..PatchParams::default()
-            },
-            &Patch::Merge(json!({
-                "metadata": {"resourceVersion": written.metadata.resource_version},
-                "status": clear,
-            })),
+        apply_status(
+            api,
+            &written,
+            status,
+            (Guard::ReadVersion, &leftovers),
+            ctx.metrics(),
+            Written::AppServiceStatus,
         )
         .await?;
-        ctx.metrics().write(Written::AppServiceStatus);
     }
     if let Some(rv) = app.metadata.resource_version.clone() {
         ctx.remember_status_write(key, rv, status.clone());

@@ -89,7 +89,7 @@ pub async fn run(
                     &api,
                     &policy,
                     &new,
-                    Guard::None,
+                    (Guard::None, &[]),
                     ctx.metrics(),
                     Written::ImagePolicyStatus,
                 )

@@ -535,9 +535,10 @@ pub fn needs_write(live: Option<&AppServiceStatus>, desired: &AppServiceStatus) 
         || !conditions::same_set_ignoring_time(&live.conditions, &desired.conditions)
 }
 
-/// The top-level fields of `written` (the status the API server holds after our apply)
+/// The top-level fields of `written` (the status the API server holds, or the pass read)
 /// that `desired` leaves out. Another writer set them, and an apply removes only what
-/// its own field manager set, so they outlive it: the caller removes them by name. A
+/// its own field manager set, so they would outlive it: the status writer removes them
+/// by name in the same write. A
 /// status edited by hand (`endpoint` pointing elsewhere) while ours has none would
 /// otherwise keep the foreign value for as long as ours stays empty.
 pub fn leftovers(written: Option<&AppServiceStatus>, desired: &AppServiceStatus) -> Vec<String> {
