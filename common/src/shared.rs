@@ -60,7 +60,7 @@ pub struct AppServiceStatus {
     pub canary: Option<CanaryStatus>,
 
     /// The image the Deployment runs, as verified under the `ImagePolicy`s that govern
-    /// it: present only while at least one does (see README, "Image verification").
+    /// it: present only while at least one does (see docs/users/image-verification.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<ImageStatus>,
 

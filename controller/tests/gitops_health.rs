@@ -160,7 +160,7 @@ async fn create_edit_and_scale_to_zero_are_progressing_then_healthy() -> anyhow:
         "waiting for the controller to observe generation 1"
     );
     // kstatus cannot tell an object nobody has written status for from one that needs
-    // none: `Current` (README "GitOps" gives Flux the expression that waits for Ready).
+    // none: `Current` (docs/operators/gitops.md gives Flux the expression that waits for Ready).
     assert_eq!(kstatus(&fresh)?.status, "Current");
 
     let ctl = controller(&f);

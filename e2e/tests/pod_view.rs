@@ -338,7 +338,7 @@ async fn a_rotated_password_or_ca_rolls_the_pods_onto_what_works() -> Result {
     let role = role_of(&w.api::<AppService>().get("shop").await?);
     assert_eq!(w.login(&old).await?, Ok(format!("{role} true")));
 
-    // A password rotation, as the README describes it: the Secret deleted, the
+    // A password rotation, as docs/users/databases.md describes it: the Secret deleted, the
     // controller sets a new password on the role and writes it to a new Secret.
     w.api::<Secret>()
         .delete("shop-database", &DeleteParams::default())

@@ -1,5 +1,5 @@
 //! The upgrade from the release with only `v1alpha1` to this one, and back, on a real
-//! control plane with live AppServices (issue 16, README "Upgrading"):
+//! control plane with live AppServices (issue 16, docs/operators/upgrading.md):
 //!
 //! 1. **Previous release**: the old CRD (`e2e/fixtures/upgrade/appservices-v1alpha1-crd.yaml`,
 //!    `v1alpha1` only) with AppServices stored in `v1alpha1` and the children the previous
@@ -14,7 +14,7 @@
 //!    owner reference at the storage version (same generation, same hash). A Deployment,
 //!    because its Pod template gains the security contexts of Pod Security `restricted`:
 //!    one apply that also re-points it, a new generation and hash, one rollout (which
-//!    the README's upgrade notes announce). Every object reads in both versions, and what
+//!    the upgrade notes, docs/operators/upgrading.md, announce). Every object reads in both versions, and what
 //!    one version cannot express survives a read-edit-write in the other.
 //! 5. **Rollback**: the previous controller's view, read in `v1alpha1` through
 //!    `/convert`, of objects written in `v1beta1`: it builds the same Services where the

@@ -106,7 +106,7 @@ struct Installed {
 }
 
 /// A private control plane with the chart installed (the CRD too, adopted from the
-/// harness as the README's upgrade step says), its configurations pointed at
+/// harness as docs/operators/upgrading.md says), its configurations pointed at
 /// `127.0.0.1:<port>`.
 async fn installed() -> &'static Installed {
     static INSTALLED: OnceCell<Installed> = OnceCell::const_new();
@@ -798,7 +798,7 @@ async fn upgrade_from_the_helm_minted_ca_keeps_every_certificate_trusted() {
     // The upgrade itself: the old CA stays in both bundles (no moment without it).
     let chart = chart_dir();
     let upgrade = || {
-        // As the README says to upgrade: the previous release's values, reused.
+        // As docs/operators/upgrading.md says to upgrade: the previous release's values, reused.
         let mut args = vec![
             "upgrade",
             LEGACY,

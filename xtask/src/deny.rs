@@ -23,12 +23,13 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(60);
 /// Where the advisory database comes from (as deny.toml says).
 const ADVISORY_DB: &str = "https://github.com/rustsec/advisory-db";
 
-fn tools_dir() -> Result<PathBuf> {
+/// Where the developer tools this project installs live (cargo-deny, mdbook).
+pub(crate) fn tools_dir() -> Result<PathBuf> {
     let home = std::env::var_os("HOME").context("HOME is not set")?;
     Ok(PathBuf::from(home).join(".cache/appservice-operator/tools"))
 }
 
-fn cargo() -> String {
+pub(crate) fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 

@@ -6,6 +6,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 
+mod book;
 mod cycles;
 mod demo;
 mod deny;
@@ -76,6 +77,9 @@ enum Cmd {
     /// Markdown link reaches its file and heading (xtask/historical-paths.txt lists the
     /// paths of earlier releases named on purpose).
     Paths,
+    /// Build the documentation (the mdBook of docs/, book.toml at the root) into
+    /// target/book with mdbook (installed when missing); fails on any mdbook error or warning.
+    Book,
     /// Write a CycloneDX 1.5 JSON SBOM of every package in Cargo.lock.
     Sbom {
         /// Where to write it (default: target/sbom/appservice-operator.cdx.json).
@@ -110,6 +114,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::SupplyChain => supply_chain(),
         Cmd::Cycles => cycles::run(&repo_root()?),
         Cmd::Paths => paths::run(&repo_root()?),
+        Cmd::Book => book::run(&repo_root()?),
         Cmd::Sbom { output } => sbom::run(&repo_root()?, output.as_deref()),
         Cmd::Up { full } => up(full),
         Cmd::Demo { exit_when_ready } => demo::run(&repo_root()?, exit_when_ready),

@@ -78,7 +78,7 @@ namespace and controller.excludeNamespaces. The controller's flag and its admiss
 policy both read this one list. */}}
 {{- define "aso.controller.excludedNamespaces" -}}
 {{- /* dig, not .Values.controller.excludeNamespaces: a value added after the first
-release is missing under `helm upgrade --reuse-values` (the README's upgrade command),
+release is missing under `helm upgrade --reuse-values` (the upgrade command of docs/operators/upgrading.md),
 which keeps the old release's values and not this chart's defaults. */ -}}
 {{- toJson (concat (list "kube-system" .Release.Namespace) (dig "controller" "excludeNamespaces" (list) .Values.AsMap) | uniq) }}
 {{- end }}

@@ -91,7 +91,7 @@ pub struct DatabaseConfig {
     pub statement_timeout: Duration,
 
     /// How often the leader scans each DatabaseClass's server for databases and roles of
-    /// AppServices that no longer exist (README "Orphaned databases"); 0 turns it off.
+    /// AppServices that no longer exist (docs/users/databases.md, "Orphaned databases"); 0 turns it off.
     #[arg(long, env = "DATABASE_ORPHAN_SCAN_INTERVAL", value_parser = common::duration::parse_duration, default_value = "1h")]
     pub orphan_scan_interval: Duration,
 }

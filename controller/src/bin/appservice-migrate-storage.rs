@@ -1,7 +1,7 @@
 //! `appservice-migrate-storage`: rewrites every AppService in the storage version
 //! (`v1beta1`) and then sets the CRD's `status.storedVersions` to it. Safe to run twice
 //! and while the controller runs. Run it after the new CRD and webhook are installed
-//! (the chart runs it as a post-upgrade hook Job); see the README, "Upgrading".
+//! (the chart runs it as a post-upgrade hook Job); see docs/operators/upgrading.md.
 
 use std::process::ExitCode;
 

@@ -1,6 +1,6 @@
 //! Status of an AppService as a pure function of what reconcile observed.
 //!
-//! The contract (README "Status"), read alike by kstatus (Flux, Helm `--wait`), Argo CD's
+//! The contract (docs/users/status.md), read alike by kstatus (Flux, Helm `--wait`), Argo CD's
 //! health script and people: every status write stamps `observedGeneration`, and every
 //! verdict sets five conditions together:
 //!
