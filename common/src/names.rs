@@ -101,6 +101,14 @@ pub const DATABASE_CA_PATH: &str = "/var/run/secrets/platform.example.com/databa
 /// another host) this changes too and the Deployment rolls its Pods onto it.
 pub const ANNOTATION_DATABASE_REVISION: &str = "platform.example.com/database-revision";
 
+/// The Pod volumes (and their mounts in the application container) the controller owns,
+/// whichever provider adds them: put back when another writer changes or removes them,
+/// and removed when none is wanted. Every other volume is someone else's to keep.
+pub const OWNED_POD_VOLUMES: [&str; 1] = [DATABASE_CA_VOLUME];
+/// The Pod template annotations the controller owns, whichever provider adds them (as
+/// [`OWNED_POD_VOLUMES`]); every other annotation of the template is someone else's.
+pub const OWNED_TEMPLATE_ANNOTATIONS: [&str; 1] = [ANNOTATION_DATABASE_REVISION];
+
 /// `platform.example.com/track`: which Deployment of an AppService a Pod belongs to, on
 /// the canary Deployment, its selector and its Pods ([`TRACK_CANARY`]). The stable
 /// Deployment's Pods do not carry it: its selector is immutable and predates it.

@@ -215,7 +215,10 @@ async fn main() -> anyhow::Result<()> {
                     a.metadata.uid = Some(format!("00000000-0000-0000-0000-{i:012}"));
                     // Same objects, but no owner (the garbage collector would delete
                     // dependents of an owner that does not exist).
-                    let mut d = desired_deployment(&Subject::of(&a)?, None);
+                    let mut d = desired_deployment(
+                        &Subject::of(&a)?,
+                        &controller::external::PodAdditions::default(),
+                    );
                     d.metadata.owner_references = None;
                     let mut s = desired_service(&Subject::of(&a)?);
                     s.metadata.owner_references = None;

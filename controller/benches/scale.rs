@@ -306,7 +306,10 @@ fn floor_workers(client: Client, ns: String, concurrency: usize) -> tokio::task:
                             .patch(
                                 &name,
                                 &apply,
-                                &Patch::Apply(&desired_deployment(&Subject::of(&a)?, None)),
+                                &Patch::Apply(&desired_deployment(
+                                    &Subject::of(&a)?,
+                                    &controller::external::PodAdditions::default(),
+                                )),
                             )
                             .await?;
                         services

@@ -48,7 +48,7 @@ fn view(body: &Value) -> DeploymentView {
 fn desired() -> Deployment {
     desired_deployment(
         &Subject::of(&app()).expect("the AppService has its identity"),
-        None,
+        &controller::external::PodAdditions::default(),
     )
 }
 

@@ -579,7 +579,7 @@ fn every_verdict_of_the_controller_reads_alike_in_argo_cd_and_kstatus() -> anyho
             message: format!("the database: {reason}"),
         }],
         absent: vec![],
-        database: None,
+        pod: Default::default(),
         images: None,
     };
 

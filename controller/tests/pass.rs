@@ -146,7 +146,7 @@ impl External for Provider {
                     message: "the server is unreachable; retrying with backoff".into(),
                 }],
                 absent: vec![],
-                database: None,
+                pod: Default::default(),
                 images: None,
             })
         })
@@ -323,7 +323,10 @@ async fn status_fields_another_writer_set_are_removed_in_the_same_pass_and_guard
     );
     let clear = &seen[seen.len() - 1].body;
     assert_eq!(clear["status"]["canary"], Value::Null, "{clear}");
-    assert_eq!(clear["status"]["observedGeneration"], 1, "ours stays: {clear}");
+    assert_eq!(
+        clear["status"]["observedGeneration"], 1,
+        "ours stays: {clear}"
+    );
     // Only on the object the apply returned: another write in between is a conflict.
     assert!(clear["metadata"]["resourceVersion"].is_string(), "{clear}");
 }

@@ -259,7 +259,7 @@ fn previous_children_match_the_golden_fixture() {
         };
         let d = controller::desired::desired_deployment(
             &Subject::of(&hub).expect("the AppService has its identity"),
-            None,
+            &controller::external::PodAdditions::default(),
         );
         let mut current = as_previous(serde_json::to_value(&d).unwrap());
         let pod = &mut current["spec"]["template"]["spec"];

@@ -87,7 +87,7 @@ pub fn objects(i: usize, env: usize) -> (Value, Value, Value) {
     let a = app(i, env);
     let mut d = serde_json::to_value(desired_deployment(
         &Subject::of(&a).expect("the AppService has its identity"),
-        None,
+        &controller::external::PodAdditions::default(),
     ))
     .unwrap();
     server_metadata(&mut d, i, true);

@@ -7,25 +7,23 @@
 use std::collections::BTreeMap;
 
 use common::names::{
-    ANNOTATION_DATABASE_REVISION, DATABASE_CA_DIR, DATABASE_CA_VOLUME, DATABASE_URL_ENV,
-    canary_deployment_name, canary_labels, canary_selector_labels, child_labels,
-    database_secret_name, deployment_name, selector_labels, service_name,
+    canary_deployment_name, canary_labels, canary_selector_labels, child_labels, deployment_name,
+    selector_labels, service_name,
 };
 use common::{AppService, Protocol};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath, PodSpec, PodTemplateSpec, Probe,
-    SecretKeySelector, SecretVolumeSource, Service, ServicePort, ServiceSpec, TCPSocketAction,
-    Volume, VolumeMount,
+    Container, ContainerPort, EnvVar, PodSpec, PodTemplateSpec, Probe, Service, ServicePort,
+    ServiceSpec, TCPSocketAction,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
+use crate::external::PodAdditions;
 use crate::subject::Subject;
-use common::names::database_keys as keys;
 
 mod security;
 
@@ -51,34 +49,6 @@ pub fn owner_api_version() -> String {
 /// AppService asks for" and the hashes of existing children stay valid.
 pub const HASHED_OWNER_API_VERSION: &str = "platform.example.com/v1alpha1";
 
-/// What the Pods of an AppService with a database get from its `<name>-database` Secret,
-/// as the database step last wrote it (`pod_database` in `controller/database/src/secret.rs`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodDatabase {
-    /// The class verifies the server (`verify-full`): the Secret's `ca.crt` is mounted
-    /// read-only at [`common::names::DATABASE_CA_PATH`], which `DATABASE_URL`
-    /// (`sslrootcert=`) and `PGSSLROOTCERT` name.
-    pub ca: bool,
-    /// A hash of the Secret's data, stamped on the Pod template
-    /// ([`ANNOTATION_DATABASE_REVISION`]): Pods read their environment when they start,
-    /// so a new password or CA rolls the Deployment.
-    pub revision: String,
-}
-
-/// The libpq variables a Pod gets from the Secret besides `DATABASE_URL` (which stays
-/// the primary interface), for clients configured by environment.
-const LIBPQ_ENV: [&str; 6] = [
-    keys::PGHOST,
-    keys::PGPORT,
-    keys::PGDATABASE,
-    keys::PGUSER,
-    keys::PGPASSWORD,
-    keys::PGSSLMODE,
-];
-/// Mode of the CA file: world-readable (a CA certificate is public), so any non-root
-/// user the image runs as can read it, with or without `fsGroup`.
-const CA_FILE_MODE: i32 = 0o444;
-
 /// The controller owner reference children carry: `controller: true`, and
 /// `blockOwnerDeletion` so foreground deletion of the AppService waits for them.
 pub fn owner_reference(app: &Subject) -> OwnerReference {
@@ -103,39 +73,21 @@ fn child_metadata(app: &Subject, name: String) -> ObjectMeta {
     }
 }
 
-/// An environment variable from `key` of the Secret `secret`, which must have it.
-fn from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
-    EnvVar {
-        name: name.to_owned(),
-        value: None,
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: secret.to_owned(),
-                key: key.to_owned(),
-                optional: Some(false),
-            }),
-            ..EnvVarSource::default()
-        }),
-    }
-}
-
 /// The Deployment that runs an AppService: `replicas` Pods of one container listening on
 /// each of `ports`, ready once the first TCP port accepts connections, running as
 /// `podSecurity` says (Pod Security `restricted` by default: `desired/security.rs`).
 ///
-/// With a database, `database` is what its Secret gives the Pods (`None` only before the
-/// database step ran, or without one): `DATABASE_URL` always, and with `database` the
-/// libpq variables the user's `env` does not set, the CA mounted read-only when the class
-/// verifies the server, and the Secret's revision on the Pod template. An AppService
-/// without a database gets none of it: its Deployment is what it always was.
+/// `pod` is what the providers add ([`PodAdditions`]: the database's `DATABASE_URL`,
+/// libpq variables, CA and revision, say). With nothing added, the Deployment is what it
+/// always was.
 ///
 /// While a canary runs, this Deployment runs `replicas - canary.replicas` of the Pods.
-pub fn desired_deployment(app: &Subject, database: Option<&PodDatabase>) -> Deployment {
+pub fn desired_deployment(app: &Subject, pod: &PodAdditions) -> Deployment {
     let name = app.name();
     let spec = &app.spec;
     build_deployment(
         app,
-        database,
+        pod,
         Track {
             name: deployment_name(name),
             image: &spec.image,
@@ -155,15 +107,12 @@ pub const CANARY_SLOT: &str = "Deployment/canary";
 /// with the canary's image, `canary.replicas` of them, labelled and selected by the
 /// stable labels plus `platform.example.com/track: canary`. The Service selects the
 /// stable labels only, so it sends traffic to the Pods of both.
-pub fn desired_canary_deployment(
-    app: &Subject,
-    database: Option<&PodDatabase>,
-) -> Option<Deployment> {
+pub fn desired_canary_deployment(app: &Subject, pod: &PodAdditions) -> Option<Deployment> {
     let name = app.name();
     let canary = app.spec.canary.as_ref()?;
     let deployment = build_deployment(
         app,
-        database,
+        pod,
         Track {
             name: canary_deployment_name(name),
             image: &canary.image,
@@ -184,8 +133,7 @@ struct Track<'a> {
     selector: BTreeMap<String, String>,
 }
 
-fn build_deployment(app: &Subject, database: Option<&PodDatabase>, track: Track<'_>) -> Deployment {
-    let name = app.name();
+fn build_deployment(app: &Subject, pod: &PodAdditions, track: Track<'_>) -> Deployment {
     let spec = &app.spec;
     let ports = spec.ports();
     let pod_security = spec.pod_security();
@@ -199,49 +147,15 @@ fn build_deployment(app: &Subject, database: Option<&PodDatabase>, track: Track<
             value_from: e.value_from.clone(),
         })
         .collect();
-    // The URL comes from the Secret, never as a value in the Deployment. Reconcile applies
-    // the Deployment only after the database step made that Secret.
-    let database = database.filter(|_| spec.database_class().is_some());
-    let secret = database_secret_name(name);
-    if spec.database_class().is_some() {
-        env.push(from_secret(DATABASE_URL_ENV, &secret, DATABASE_URL_ENV));
-    }
-    let mut volumes = Vec::new();
-    let mut mounts = Vec::new();
-    if let Some(db) = database {
-        let mut libpq: Vec<&str> = LIBPQ_ENV.to_vec();
-        if db.ca {
-            libpq.push(keys::PGSSLROOTCERT);
-            volumes.push(Volume {
-                name: DATABASE_CA_VOLUME.to_owned(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret.clone()),
-                    items: Some(vec![KeyToPath {
-                        key: keys::CA_CRT.to_owned(),
-                        path: keys::CA_CRT.to_owned(),
-                        ..KeyToPath::default()
-                    }]),
-                    default_mode: Some(CA_FILE_MODE),
-                    optional: Some(false),
-                    ..SecretVolumeSource::default()
-                }),
-                ..Volume::default()
-            });
-            mounts.push(VolumeMount {
-                name: DATABASE_CA_VOLUME.to_owned(),
-                mount_path: DATABASE_CA_DIR.to_owned(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            });
-        }
-        // The user's own setting of a libpq variable wins (it comes first and is not
-        // repeated); `DATABASE_URL` is reserved by validation.
-        for key in libpq {
-            if !spec.env.iter().any(|e| e.name == key) {
-                env.push(from_secret(key, &secret, key));
-            }
-        }
-    }
+    // What the providers add comes after the user's own variables; the user's setting
+    // of one wins (it comes first and is not repeated).
+    env.extend(
+        pod.env
+            .iter()
+            .filter(|added| !spec.env.iter().any(|e| e.name == added.name))
+            .cloned(),
+    );
+    let (volumes, mounts) = (pod.volumes.clone(), pod.mounts.clone());
 
     let container = Container {
         name: CONTAINER_NAME.to_owned(),
@@ -294,12 +208,7 @@ fn build_deployment(app: &Subject, database: Option<&PodDatabase>, track: Track<
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(track.labels),
-                    annotations: database.map(|db| {
-                        BTreeMap::from([(
-                            ANNOTATION_DATABASE_REVISION.to_owned(),
-                            db.revision.clone(),
-                        )])
-                    }),
+                    annotations: (!pod.annotations.is_empty()).then(|| pod.annotations.clone()),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
@@ -390,7 +299,7 @@ mod tests {
                     ..Default::default()
                 },
             )),
-            None,
+            &PodAdditions::default(),
         );
         assert_eq!(d.metadata.name.as_deref(), Some("checkout"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("shop"));
@@ -426,7 +335,7 @@ mod tests {
                     ..Default::default()
                 },
             )),
-            None,
+            &PodAdditions::default(),
         );
         let labels = d.metadata.labels.clone().unwrap();
         assert_eq!(labels[LABEL_NAME], "checkout");
@@ -489,7 +398,7 @@ mod tests {
                     ..Default::default()
                 },
             )),
-            None,
+            &PodAdditions::default(),
         );
         let c = container(&d);
         let env = c.env.as_ref().unwrap();
@@ -511,7 +420,7 @@ mod tests {
                     ..Default::default()
                 },
             )),
-            None,
+            &PodAdditions::default(),
         );
         assert_eq!(container(&d).resources, None);
     }
@@ -534,7 +443,10 @@ mod tests {
             ],
             ..Default::default()
         };
-        let d = desired_deployment(&subject(&stored("checkout", spec.clone())), None);
+        let d = desired_deployment(
+            &subject(&stored("checkout", spec.clone())),
+            &PodAdditions::default(),
+        );
         let ports: Vec<(Option<&str>, i32, Option<&str>)> = container(&d)
             .ports
             .as_ref()
@@ -616,7 +528,7 @@ mod tests {
                     ..Default::default()
                 },
             )),
-            None,
+            &PodAdditions::default(),
         );
         let v = serde_json::to_value(&d).unwrap();
         assert_eq!(v["apiVersion"], "apps/v1");
@@ -636,7 +548,10 @@ mod tests {
             }),
             ..Default::default()
         };
-        let d = desired_deployment(&subject(&stored("checkout", spec.clone())), None);
+        let d = desired_deployment(
+            &subject(&stored("checkout", spec.clone())),
+            &PodAdditions::default(),
+        );
         let strategy = d.spec.strategy.unwrap();
         assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
         let rolling = strategy.rolling_update.unwrap();
@@ -647,7 +562,10 @@ mod tests {
         );
         // Removing it gives the Deployment back to the API server's defaults.
         spec.rollout = None;
-        let d = desired_deployment(&subject(&stored("checkout", spec)), None);
+        let d = desired_deployment(
+            &subject(&stored("checkout", spec)),
+            &PodAdditions::default(),
+        );
         assert_eq!(d.spec.strategy, None);
     }
 
@@ -678,13 +596,10 @@ mod tests {
 
     #[test]
     fn the_canary_is_the_stable_pod_with_another_image_and_its_track() {
-        let db = PodDatabase {
-            ca: true,
-            revision: "abc".into(),
-        };
+        let db = crate::external::testing::additions(true, "abc");
         let a = stored("checkout", canary_spec());
-        let stable = desired_deployment(&subject(&a), Some(&db));
-        let canary = desired_canary_deployment(&subject(&a), Some(&db)).unwrap();
+        let stable = desired_deployment(&subject(&a), &db);
+        let canary = desired_canary_deployment(&subject(&a), &db).unwrap();
         assert_eq!(canary.metadata.name.as_deref(), Some("checkout-canary"));
         assert_eq!(canary.metadata.namespace.as_deref(), Some("shop"));
         assert_eq!(
@@ -761,9 +676,14 @@ mod tests {
         let mut spec = canary_spec();
         spec.canary = None;
         let a = stored("checkout", spec);
-        assert_eq!(desired_canary_deployment(&subject(&a), None), None);
         assert_eq!(
-            desired_deployment(&subject(&a), None).spec.replicas,
+            desired_canary_deployment(&subject(&a), &PodAdditions::default()),
+            None
+        );
+        assert_eq!(
+            desired_deployment(&subject(&a), &PodAdditions::default())
+                .spec
+                .replicas,
             Some(5)
         );
         // The canary's replicas default to one.
@@ -774,10 +694,12 @@ mod tests {
         });
         let a = stored("checkout", spec);
         assert_eq!(
-            desired_deployment(&subject(&a), None).spec.replicas,
+            desired_deployment(&subject(&a), &PodAdditions::default())
+                .spec
+                .replicas,
             Some(4)
         );
-        let canary = desired_canary_deployment(&subject(&a), None).unwrap();
+        let canary = desired_canary_deployment(&subject(&a), &PodAdditions::default()).unwrap();
         assert_eq!(canary.spec.replicas, Some(1));
     }
 
@@ -796,7 +718,7 @@ mod tests {
             .stored()
             .uid("uid-1")
             .build();
-        let d = desired_deployment(&subject(&app), None);
+        let d = desired_deployment(&subject(&app), &PodAdditions::default());
         let json = serde_json::to_string(&d).unwrap();
         assert_eq!(json, PLAIN_DEPLOYMENT_JSON);
         assert_eq!(
@@ -816,114 +738,5 @@ mod tests {
             }],
             ..Default::default()
         }
-    }
-
-    /// (name, literal value, Secret key) of each variable.
-    fn env_of(d: &Deployment) -> Vec<(String, Option<String>, Option<String>)> {
-        container(d)
-            .env
-            .iter()
-            .flatten()
-            .map(|e| {
-                let key = e.value_from.as_ref().map(|f| {
-                    let r = f.secret_key_ref.as_ref().unwrap();
-                    assert_eq!(r.name, "checkout-database");
-                    assert_eq!(r.optional, Some(false));
-                    r.key.clone()
-                });
-                (e.name.clone(), e.value.clone(), key)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_verifying_database_gets_url_libpq_env_the_ca_and_a_revision() {
-        let db = PodDatabase {
-            ca: true,
-            revision: "abc".into(),
-        };
-        let d = desired_deployment(&subject(&stored("checkout", with_database())), Some(&db));
-        let from = |k: &str| (k.to_owned(), None, Some(k.to_owned()));
-        assert_eq!(
-            env_of(&d),
-            vec![
-                ("PGPORT".to_owned(), Some("6543".to_owned()), None),
-                from("DATABASE_URL"),
-                // The user's PGPORT wins; it is not repeated.
-                from("PGHOST"),
-                from("PGDATABASE"),
-                from("PGUSER"),
-                from("PGPASSWORD"),
-                from("PGSSLMODE"),
-                from("PGSSLROOTCERT"),
-            ]
-        );
-        let pod = d.spec.template.spec.as_ref().unwrap();
-        let volumes = pod.volumes.as_ref().unwrap();
-        assert_eq!(volumes.len(), 1);
-        let secret = volumes[0].secret.as_ref().unwrap();
-        assert_eq!(volumes[0].name, common::names::DATABASE_CA_VOLUME);
-        assert_eq!(secret.secret_name.as_deref(), Some("checkout-database"));
-        let items = secret.items.as_ref().unwrap();
-        assert_eq!(
-            (items[0].key.as_str(), items[0].path.as_str()),
-            ("ca.crt", "ca.crt")
-        );
-        assert_eq!(secret.default_mode, Some(0o444));
-        let mounts = container(&d).volume_mounts.as_ref().unwrap();
-        assert_eq!(mounts.len(), 1);
-        assert_eq!(mounts[0].name, common::names::DATABASE_CA_VOLUME);
-        assert_eq!(mounts[0].read_only, Some(true));
-        // The file the URL and PGSSLROOTCERT name is the one mounted.
-        assert_eq!(
-            format!("{}/{}", mounts[0].mount_path, items[0].path),
-            common::names::DATABASE_CA_PATH
-        );
-        let annotations = d
-            .spec
-            .template
-            .metadata
-            .as_ref()
-            .unwrap()
-            .annotations
-            .as_ref()
-            .unwrap();
-        assert_eq!(
-            annotations[common::names::ANNOTATION_DATABASE_REVISION],
-            "abc"
-        );
-    }
-
-    #[test]
-    fn without_a_ca_nothing_is_mounted_and_without_a_database_nothing_changes() {
-        let db = PodDatabase {
-            ca: false,
-            revision: "abc".into(),
-        };
-        let d = desired_deployment(&subject(&stored("checkout", with_database())), Some(&db));
-        assert!(d.spec.template.spec.as_ref().unwrap().volumes.is_none());
-        assert!(container(&d).volume_mounts.is_none());
-        assert!(!env_of(&d).iter().any(|(n, _, _)| n == "PGSSLROOTCERT"));
-        assert!(env_of(&d).iter().any(|(n, _, _)| n == "PGSSLMODE"));
-
-        // An AppService without a database: the same Deployment as before databases
-        // reached the Pods, whatever the database step says.
-        let plain = stored(
-            "checkout",
-            AppServiceSpec {
-                image: "nginx:1.27".into(),
-                ..Default::default()
-            },
-        );
-        let with = desired_deployment(&subject(&plain), Some(&db));
-        assert_eq!(with, desired_deployment(&subject(&plain), None));
-        let template = serde_json::to_value(&with.spec.template).unwrap();
-        assert!(template["metadata"].get("annotations").is_none());
-        assert!(template["spec"].get("volumes").is_none());
-        assert!(
-            template["spec"]["containers"][0]
-                .get("volumeMounts")
-                .is_none()
-        );
     }
 }

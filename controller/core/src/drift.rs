@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use common::names::{ANNOTATION_DATABASE_REVISION, ANNOTATION_DESIRED_HASH, DATABASE_CA_VOLUME};
+use common::names::{ANNOTATION_DESIRED_HASH, OWNED_POD_VOLUMES, OWNED_TEMPLATE_ANNOTATIONS};
 use k8s_openapi::api::core::v1::{ContainerPort, ResourceRequirements, ServicePort};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -135,29 +135,34 @@ impl Drift for DeploymentView {
                 &mut ops,
             );
         }
-        // The database revision on the template is ours (the other annotations are not):
-        // put back, a rollout as any change of the template is, it is what tells the Pods
-        // which password and CA they have.
-        let want_revision = desired_template
+        // The template's annotations we own are put back (the others are not ours): a
+        // rollout as any change of the template is, and what they say matters to the
+        // Pods (the database's revision tells them which password and CA they have).
+        let want_owned = desired_template
             .metadata
             .as_ref()
-            .and_then(|m| m.database_revision.as_deref());
+            .map(|m| &m.owned_annotations);
         let live_meta = live_template.metadata.as_ref();
-        if want_revision != live_meta.and_then(|m| m.database_revision.as_deref()) {
-            let annotations = "/spec/template/metadata/annotations";
-            let key = format!("{annotations}/{}", escape(ANNOTATION_DATABASE_REVISION));
-            match want_revision {
-                Some(v) if live_meta.is_some_and(|m| m.has_annotations) => {
-                    ops.push(add(&key, json!(v)))
+        let mut has_map = live_meta.is_some_and(|m| m.has_annotations);
+        let annotations = "/spec/template/metadata/annotations";
+        for key in OWNED_TEMPLATE_ANNOTATIONS {
+            let want = want_owned.and_then(|a| a.get(key));
+            if want == live_meta.and_then(|m| m.owned_annotations.get(key)) {
+                continue;
+            }
+            let path = format!("{annotations}/{}", escape(key));
+            match want {
+                Some(v) if has_map => ops.push(add(&path, json!(v))),
+                Some(v) => {
+                    ops.push(add(annotations, json!({key: v})));
+                    has_map = true;
                 }
-                Some(v) => ops.push(add(annotations, json!({ANNOTATION_DATABASE_REVISION: v}))),
-                None => ops.push(json!({"op": "remove", "path": key})),
+                None => ops.push(json!({"op": "remove", "path": path})),
             }
         }
-        // Of the Pod's volumes, the database CA's is ours.
-        named_entry_drift(
+        // Of the Pod's volumes, those named in `OWNED_POD_VOLUMES` are ours.
+        owned_entries_drift(
             "/spec/template/spec/volumes",
-            DATABASE_CA_VOLUME,
             desired_template
                 .spec
                 .as_ref()
@@ -276,9 +281,8 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
             ops,
         );
     }
-    named_entry_drift(
+    owned_entries_drift(
         &format!("{base}/volumeMounts"),
-        DATABASE_CA_VOLUME,
         want.volume_mounts.as_deref(),
         have.volume_mounts.as_deref(),
         ops,
@@ -335,34 +339,56 @@ impl Drift for ServiceView {
     }
 }
 
-/// Puts back the entry `name` of a list keyed by name that others may add entries to
-/// (the Pod's volumes, a container's mounts): ours exactly as we want it, or gone when we
-/// want none; the other entries are left alone. An index comes from the object we read,
-/// so each operation at one is guarded by a test of the entry's name.
-fn named_entry_drift(
+/// The entries of a list keyed by name (volumes, volume mounts) named in
+/// [`OWNED_POD_VOLUMES`] are ours: as `want` has them, or absent when it has none; every
+/// other entry is someone else's and left where it is. Replacements and removals go from
+/// the last index down, so no index a later operation names has moved; each is guarded
+/// by a test of the entry's name.
+fn owned_entries_drift(
     path: &str,
-    name: &str,
     want: Option<&[Named]>,
     have: Option<&[Named]>,
     ops: &mut Vec<Value>,
 ) {
-    let want = want.unwrap_or_default().iter().find(|e| e.name == name);
     let entries = have.unwrap_or_default();
-    let at = entries.iter().position(|e| e.name == name);
-    let test = |i: usize| json!({"op": "test", "path": format!("{path}/{i}/name"), "value": name});
-    match (want, at) {
-        (Some(w), Some(i)) if entries[i] == *w => {}
-        (Some(w), Some(i)) => {
-            ops.push(test(i));
-            ops.push(json!({"op": "replace", "path": format!("{path}/{i}"), "value": w}));
+    let wanted = |name: &str| want.unwrap_or_default().iter().find(|e| e.name == name);
+    let mut found: Vec<(usize, &str)> = OWNED_POD_VOLUMES
+        .iter()
+        .filter_map(|name| {
+            entries
+                .iter()
+                .position(|e| e.name == *name)
+                .map(|i| (i, *name))
+        })
+        .collect();
+    found.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+    for (i, name) in found {
+        let test = json!({"op": "test", "path": format!("{path}/{i}/name"), "value": name});
+        match wanted(name) {
+            Some(w) if entries[i] == *w => {}
+            Some(w) => {
+                ops.push(test);
+                ops.push(json!({"op": "replace", "path": format!("{path}/{i}"), "value": w}));
+            }
+            None => {
+                ops.push(test);
+                ops.push(json!({"op": "remove", "path": format!("{path}/{i}")}));
+            }
         }
-        (Some(w), None) if have.is_some() => ops.push(add(&format!("{path}/-"), json!(w))),
-        (Some(w), None) => ops.push(add(path, json!([w]))),
-        (None, Some(i)) => {
-            ops.push(test(i));
-            ops.push(json!({"op": "remove", "path": format!("{path}/{i}")}));
+    }
+    let missing: Vec<&Named> = OWNED_POD_VOLUMES
+        .iter()
+        .filter(|name| !entries.iter().any(|e| e.name == **name))
+        .filter_map(|name| wanted(name))
+        .collect();
+    match (missing.is_empty(), have.is_some()) {
+        (true, _) => {}
+        (false, true) => {
+            for w in missing {
+                ops.push(add(&format!("{path}/-"), json!(w)));
+            }
         }
-        (None, None) => {}
+        (false, false) => ops.push(add(path, json!(missing))),
     }
 }
 
@@ -530,7 +556,10 @@ mod tests {
             max_surge: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)),
             max_unavailable: None,
         });
-        let desired = desired_deployment(&subject(&stored("web", with)), None);
+        let desired = desired_deployment(
+            &subject(&stored("web", with)),
+            &crate::external::PodAdditions::default(),
+        );
         assert!(deployment_drift(&desired, &as_stored(desired.clone())).is_empty());
         let ops = deployment_drift(&desired, &as_stored(recreate(desired.clone())));
         assert_eq!(
@@ -540,7 +569,10 @@ mod tests {
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "25%"}}})]
         );
         // Without `spec.rollout` the strategy is the API server's (and anyone's) to set.
-        let plain = desired_deployment(&subject(&stored("web", spec())), None);
+        let plain = desired_deployment(
+            &subject(&stored("web", spec())),
+            &crate::external::PodAdditions::default(),
+        );
         assert!(deployment_drift(&plain, &as_stored(recreate(plain.clone()))).is_empty());
     }
 
@@ -602,7 +634,10 @@ mod tests {
 
     #[test]
     fn stored_form_of_every_shape_is_converged() {
-        let d = desired_deployment(&subject(&stored("web", spec())), None);
+        let d = desired_deployment(
+            &subject(&stored("web", spec())),
+            &crate::external::PodAdditions::default(),
+        );
         assert_eq!(
             deployment_drift(&d, &as_stored(d.clone())),
             Vec::<Value>::new()
@@ -616,7 +651,10 @@ mod tests {
 
     #[test]
     fn edits_by_others_are_put_back() {
-        let d = desired_deployment(&subject(&stored("web", spec())), None);
+        let d = desired_deployment(
+            &subject(&stored("web", spec())),
+            &crate::external::PodAdditions::default(),
+        );
         let mut live = as_stored(d.clone());
         let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
         c.image = Some("evil:1".into());
@@ -649,7 +687,10 @@ mod tests {
 
     #[test]
     fn security_contexts_changed_by_others_are_put_back_whole() {
-        let d = desired_deployment(&subject(&stored("web", spec())), None);
+        let d = desired_deployment(
+            &subject(&stored("web", spec())),
+            &crate::external::PodAdditions::default(),
+        );
         // The API server stores what we wrote; an empty Pod context is none.
         assert!(deployment_drift(&d, &as_stored(d.clone())).is_empty());
 
@@ -696,7 +737,10 @@ mod tests {
 
     #[test]
     fn extra_env_and_removed_resources_are_drift() {
-        let d = desired_deployment(&subject(&stored("web", spec())), None);
+        let d = desired_deployment(
+            &subject(&stored("web", spec())),
+            &crate::external::PodAdditions::default(),
+        );
         let mut live = as_stored(d.clone());
         let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
         c.env.as_mut().unwrap().push(EnvVar {
@@ -720,7 +764,10 @@ mod tests {
                     .unwrap(),
             ),
         }];
-        let d = desired_deployment(&subject(&stored("web", s)), None);
+        let d = desired_deployment(
+            &subject(&stored("web", s)),
+            &crate::external::PodAdditions::default(),
+        );
         let with_source = |source: Value| {
             let mut live = d.clone();
             let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
@@ -765,7 +812,10 @@ mod tests {
             {"name": "metrics", "port": 9090}
         ]))
         .unwrap();
-        let d = desired_deployment(&subject(&stored("web", several.clone())), None);
+        let d = desired_deployment(
+            &subject(&stored("web", several.clone())),
+            &crate::external::PodAdditions::default(),
+        );
         let s = desired_service(&subject(&stored("web", several)));
         assert!(deployment_drift(&d, &as_stored(d.clone())).is_empty());
         assert!(service_drift(&s, &s.clone()).is_empty());
@@ -795,7 +845,10 @@ mod tests {
 
     #[test]
     fn hash_is_stable_and_sensitive() {
-        let a = desired_deployment(&subject(&stored("web", spec())), None);
+        let a = desired_deployment(
+            &subject(&stored("web", spec())),
+            &crate::external::PodAdditions::default(),
+        );
         let h1 = desired_hash(&a).unwrap();
         // The value a release computes is the value every later release computes for
         // the same AppService (children made before an upgrade are not rewritten): a
@@ -808,7 +861,10 @@ mod tests {
         );
         let mut s = spec();
         s.image = "nginx:1.28".into();
-        let b = desired_deployment(&subject(&stored("web", s)), None);
+        let b = desired_deployment(
+            &subject(&stored("web", s)),
+            &crate::external::PodAdditions::default(),
+        );
         assert_ne!(h1, desired_hash(&b).unwrap());
     }
 
@@ -817,7 +873,10 @@ mod tests {
     /// storage version, whole, guarded by its uid. Other owners' references stay.
     #[test]
     fn an_owner_reference_through_another_version_is_re_pointed() {
-        let d = desired_deployment(&subject(&stored("web", spec())), None);
+        let d = desired_deployment(
+            &subject(&stored("web", spec())),
+            &crate::external::PodAdditions::default(),
+        );
         let mut old = d.clone();
         let mut foreign = old.metadata.owner_references.as_ref().unwrap()[0].clone();
         foreign.uid = "someone-else".into();
@@ -873,12 +932,8 @@ mod tests {
         }
     }
 
-    fn pod_db(ca: bool, revision: &str) -> crate::desired::PodDatabase {
-        crate::desired::PodDatabase {
-            ca,
-            revision: revision.into(),
-        }
-    }
+    use crate::external::testing::additions as pod_db;
+    use common::names::ANNOTATION_DATABASE_REVISION;
 
     fn patched(live: &Deployment, ops: &[Value]) -> Deployment {
         let mut v = serde_json::to_value(live).unwrap();
@@ -892,7 +947,7 @@ mod tests {
     #[test]
     fn the_database_ca_mount_and_revision_are_put_back_and_others_kept() {
         let a = stored("web", with_database(spec()));
-        let d = desired_deployment(&subject(&a), Some(&pod_db(true, "r1")));
+        let d = desired_deployment(&subject(&a), &pod_db(true, "r1"));
         let stored = as_stored(d.clone());
         assert!(deployment_drift(&d, &stored).is_empty());
 
@@ -970,7 +1025,7 @@ mod tests {
         assert_eq!(annotations["kubectl.kubernetes.io/restartedAt"], "now");
 
         // Without a CA (require, disable), ours goes and theirs stays.
-        let no_ca = desired_deployment(&subject(&a), Some(&pod_db(false, "r1")));
+        let no_ca = desired_deployment(&subject(&a), &pod_db(false, "r1"));
         let ops = deployment_drift(&no_ca, &shared);
         let repaired = patched(&shared, &ops);
         assert!(deployment_drift(&no_ca, &repaired).is_empty());
@@ -984,21 +1039,17 @@ mod tests {
     #[test]
     fn a_new_database_revision_changes_the_hash_and_only_then() {
         let a = stored("web", with_database(spec()));
-        let hash = |db: &crate::desired::PodDatabase| {
-            desired_hash(&desired_deployment(&subject(&a), Some(db))).unwrap()
+        let hash = |db: &crate::external::PodAdditions| {
+            desired_hash(&desired_deployment(&subject(&a), db)).unwrap()
         };
         assert_eq!(hash(&pod_db(true, "r1")), hash(&pod_db(true, "r1")));
         assert_ne!(hash(&pod_db(true, "r1")), hash(&pod_db(true, "r2")));
         assert_ne!(hash(&pod_db(true, "r1")), hash(&pod_db(false, "r1")));
-        // Without a database, what an earlier release built, whatever the step says.
-        let plain = stored("web", spec());
-        assert_eq!(
-            desired_hash(&desired_deployment(
-                &subject(&plain),
-                Some(&pod_db(true, "r1"))
-            ))
-            .unwrap(),
-            desired_hash(&desired_deployment(&subject(&plain), None)).unwrap()
+        // Nothing added is another object again (`desired.rs` pins its hash to what
+        // earlier releases built).
+        assert_ne!(
+            hash(&pod_db(false, "r1")),
+            hash(&crate::external::PodAdditions::default())
         );
     }
 }

@@ -6,14 +6,17 @@
 //! one: `ensure` creates the role and database named from the
 //! AppService UID and the `<name>-database` Secret; `cleanup` drops them, treating
 //! "already gone" as success. Both are idempotent. `ensure` answers a [`Report`]: whether
-//! the children may go on, and the conditions it owns (`DatabaseReady`), which reconcile
-//! writes into status; an error of `cleanup` keeps the finalizer and is retried with backoff.
+//! the children may go on, the conditions it owns (`DatabaseReady`), which reconcile
+//! writes into status, and what it adds to the Pods ([`PodAdditions`]: the core puts it
+//! in the template without knowing what it is for); an error of `cleanup` keeps the
+//! finalizer and is retried with backoff.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{EnvVar, Volume, VolumeMount};
 
-use crate::desired::PodDatabase;
 use crate::error::{Error, Result};
 use crate::subject::Subject;
 
@@ -55,9 +58,9 @@ pub struct Report {
     pub conditions: Vec<ConditionReport>,
     /// Condition types this step owns that do not apply now (removed from status).
     pub absent: Vec<&'static str>,
-    /// What the Pods get from the database's Secret, once it is provisioned
-    /// ([`crate::desired::desired_deployment`] mounts and stamps it).
-    pub database: Option<PodDatabase>,
+    /// What the step adds to the Pods ([`crate::desired::desired_deployment`] puts it
+    /// in the template of each Deployment).
+    pub pod: PodAdditions,
     /// What image verification found ([`crate::images`]): the images' status, the
     /// digests the children run. None when no policy governs the AppService's images.
     pub images: Option<crate::images::found::Images>,
@@ -70,7 +73,7 @@ impl Report {
             outcome: Readiness::Done,
             conditions: vec![],
             absent: vec![],
-            database: None,
+            pod: PodAdditions::default(),
             images: None,
         }
     }
@@ -81,6 +84,28 @@ impl Report {
             .iter()
             .find(|c| c.status != common::conditions::TRUE)
     }
+}
+
+/// What a provider adds to the Pods of an AppService (of the stable and the canary
+/// Deployment alike): the core puts it in the Pod template without knowing what it is
+/// for. The names it may own are declared in `common::names` ([`OWNED_POD_VOLUMES`],
+/// [`OWNED_TEMPLATE_ANNOTATIONS`]); the drift check keeps those as the provider wants
+/// them.
+///
+/// [`OWNED_POD_VOLUMES`]: common::names::OWNED_POD_VOLUMES
+/// [`OWNED_TEMPLATE_ANNOTATIONS`]: common::names::OWNED_TEMPLATE_ANNOTATIONS
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodAdditions {
+    /// Variables of the application container, after the user's own; one the user's
+    /// `env` sets is left out (theirs wins).
+    pub env: Vec<EnvVar>,
+    /// Volumes of the Pod.
+    pub volumes: Vec<Volume>,
+    /// Mounts of those volumes in the application container.
+    pub mounts: Vec<VolumeMount>,
+    /// Annotations of the Pod template: a change of one rolls the Pods (a new password's
+    /// revision, say).
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// Resources outside the cluster that belong to an AppService.
@@ -111,5 +136,45 @@ impl External for NoExternal {
 
     fn cleanup<'a>(&'a self, _app: &'a Subject<'a>) -> BoxFuture<'a, Result<Step>> {
         Box::pin(async { Ok(Step::Done) })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::PodAdditions;
+    use common::names::{ANNOTATION_DATABASE_REVISION, DATABASE_CA_VOLUME};
+    use k8s_openapi::api::core::v1::{EnvVar, SecretVolumeSource, Volume, VolumeMount};
+
+    /// Additions shaped like a provider's: a variable, an owned volume (when `volume`)
+    /// mounted read-only, and an owned annotation at `revision`.
+    pub fn additions(volume: bool, revision: &str) -> PodAdditions {
+        PodAdditions {
+            env: vec![EnvVar {
+                name: "ADDED".into(),
+                value: Some("by a provider".into()),
+                value_from: None,
+            }],
+            volumes: volume
+                .then(|| Volume {
+                    name: DATABASE_CA_VOLUME.into(),
+                    secret: Some(SecretVolumeSource {
+                        secret_name: Some("web-database".into()),
+                        ..SecretVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                })
+                .into_iter()
+                .collect(),
+            mounts: volume
+                .then(|| VolumeMount {
+                    name: DATABASE_CA_VOLUME.into(),
+                    mount_path: "/var/run/added".into(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                })
+                .into_iter()
+                .collect(),
+            annotations: [(ANNOTATION_DATABASE_REVISION.to_owned(), revision.to_owned())].into(),
+        }
     }
 }

@@ -20,7 +20,7 @@
 //! | [`drift`] | whether a live child is what we want, and the patch that repairs it |
 //! | [`status`] | pure status and condition computation, and the rollout assessment |
 //! | [`view`] | what the caches keep of a child |
-//! | [`external`] | external resources behind the finalizer |
+//! | [`external`] | the providers' contract: external resources behind the finalizer, and what a provider adds to the Pods |
 //! | [`images`] | image signature verification (cosign) for `ImagePolicy` |
 //! | [`error`](mod@error) | the error type, its retry classification, backoff |
 //! | [`leader`] | Lease leader election |

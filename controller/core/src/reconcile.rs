@@ -248,9 +248,9 @@ async fn converge_children(
     };
     // Every name is checked before any child is written: a half-built AppService
     // (Pods without a Service, or the reverse) would look like progress.
-    let want_deployment = desired_deployment(&render, report.database.as_ref());
+    let want_deployment = desired_deployment(&render, &report.pod);
     let want_service = desired_service(app);
-    let want_canary = desired_canary_deployment(&render, report.database.as_ref());
+    let want_canary = desired_canary_deployment(&render, &report.pod);
     let canary_name = canary_deployment_name(app.name());
     let deployment_name = deployment_name(app.name());
     let service_name = service_name(app.name());

@@ -19,7 +19,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use common::names::{ANNOTATION_DATABASE_REVISION, ANNOTATION_DESIRED_HASH};
+use common::names::{ANNOTATION_DESIRED_HASH, OWNED_TEMPLATE_ANNOTATIONS};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
     ContainerPort, EnvVarSource, PodSecurityContext, Probe, ResourceRequirements, SecurityContext,
@@ -237,9 +237,9 @@ pub struct TemplateMetaView {
     /// Whether the template has an annotation map at all (a JSON patch adds a key to an
     /// existing map, or the map).
     pub has_annotations: bool,
-    /// The one annotation of the template the controller sets:
-    /// [`ANNOTATION_DATABASE_REVISION`]. Others' annotations are not kept.
-    pub database_revision: Option<String>,
+    /// The annotations of the template the controller owns
+    /// ([`OWNED_TEMPLATE_ANNOTATIONS`]); others' annotations are not kept.
+    pub owned_annotations: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -255,9 +255,14 @@ impl From<RawTemplateMeta> for TemplateMetaView {
         TemplateMetaView {
             labels: raw.labels,
             has_annotations: raw.annotations.is_some(),
-            database_revision: raw
+            owned_annotations: raw
                 .annotations
-                .and_then(|mut a| a.remove(ANNOTATION_DATABASE_REVISION)),
+                .map(|a| {
+                    a.into_iter()
+                        .filter(|(k, _)| OWNED_TEMPLATE_ANNOTATIONS.contains(&k.as_str()))
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }
@@ -270,8 +275,8 @@ pub struct PodSpecView {
     /// The Pod's security context; `None` when absent or empty.
     #[serde(default, deserialize_with = "pod_security_context")]
     pub security_context: Option<Compact>,
-    /// The Pod's volumes (the controller sets only the database CA's); `None` when
-    /// absent, as for every AppService without a database CA.
+    /// The Pod's volumes (the controller owns only [`common::names::OWNED_POD_VOLUMES`]);
+    /// `None` when absent.
     #[serde(default, deserialize_with = "volumes")]
     pub volumes: Option<Vec<Named>>,
 }
@@ -298,7 +303,8 @@ pub struct ContainerView {
         deserialize_with = "container_security_context"
     )]
     pub security_context: Option<Compact>,
-    /// The container's volume mounts (the controller sets only the database CA's).
+    /// The container's volume mounts (the controller owns only those of
+    /// [`common::names::OWNED_POD_VOLUMES`]).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -633,7 +639,7 @@ mod tests {
     }
 
     fn desired_children_survive_the_view_of(app: &AppService) {
-        let d = desired_deployment(&subject(app), None);
+        let d = desired_deployment(&subject(app), &crate::external::PodAdditions::default());
         let v: DeploymentView = of(&d).unwrap();
         let want = serde_json::to_value(&d).unwrap();
         let containers =

@@ -19,7 +19,7 @@
 //! replaced (`secret::trusted_password`).
 //!
 //! Files: this one orchestrates (`ensure`, `cleanup`, Events); `provision.rs` runs the
-//! steps above and the removal on one server; `secret.rs` builds the Secret;
+//! steps above and the removal on one server; `secret.rs` builds the Secret; `pod.rs` what the Pods get from it;
 //! `class_status.rs` writes the class's status; `server.rs` and `connect.rs` reach the
 //! server; `orphans.rs` is the periodic orphan scan; `error.rs` its failures and their
 //! reasons; `metrics.rs` its `appservice_controller_database_*` families.
@@ -33,6 +33,7 @@ mod connect;
 pub mod error;
 pub mod metrics;
 pub mod orphans;
+pub mod pod;
 mod provision;
 pub mod secret;
 mod server;
@@ -58,7 +59,7 @@ pub use error::{DatabaseError, DatabaseErrorReason, reasons};
 use metrics::DatabaseMetrics;
 
 use controller_core::error::{Error, Result};
-use controller_core::external::{ConditionReport, External, Readiness, Report, Step};
+use controller_core::external::{ConditionReport, External, PodAdditions, Readiness, Report, Step};
 use controller_core::metrics::{Metrics, Written};
 use controller_core::subject::Subject;
 
@@ -200,7 +201,7 @@ impl Databases {
             outcome: Readiness::Done,
             conditions: vec![],
             absent: vec![DATABASE_READY],
-            database: None,
+            pod: PodAdditions::default(),
             images: None,
         };
         // Only an AppService that ever mentioned a database can have one: the others
@@ -285,7 +286,7 @@ impl Databases {
             outcome,
             conditions: vec![condition],
             absent: vec![],
-            database: None,
+            pod: PodAdditions::default(),
             images: None,
         }
     }
@@ -304,7 +305,7 @@ impl Databases {
                     message,
                 }],
                 absent: vec![],
-                database: Some(pod),
+                pod: pod::additions(app.name(), &pod),
                 images: None,
             },
             // API errors go to the error policy like any other (409 retried soon, ...).

@@ -11,8 +11,8 @@ use super::error::DbResult;
 use super::{
     DatabaseError, Databases, PASSWORD_PENDING_ANNOTATION, identity, reasons, secret, sql,
 };
+use crate::pod::PodDatabase;
 use common::names::database_secret_name;
-use controller_core::desired::PodDatabase;
 use controller_core::metrics::Written;
 use controller_core::subject::Subject;
 

@@ -13,7 +13,8 @@ use sha2::{Digest, Sha256};
 
 use super::sql::{self, database_url};
 use super::{CLASS_ANNOTATION, PASSWORD_PENDING_ANNOTATION};
-use controller_core::desired::{PodDatabase, is_controlled_by, owner_reference};
+use crate::pod::PodDatabase;
+use controller_core::desired::{is_controlled_by, owner_reference};
 use controller_core::subject::Subject;
 
 pub use common::names::database_keys::*;

@@ -390,7 +390,7 @@ fn db_report(status: &'static str, reason: &'static str) -> Report {
             message: format!("db {reason}"),
         }],
         absent: vec![],
-        database: None,
+        pod: Default::default(),
         images: None,
     }
 }
@@ -542,7 +542,7 @@ fn external_conditions_block_ready_and_clear_again() {
         outcome: crate::external::Readiness::Done,
         conditions: vec![],
         absent: vec![conditions::DATABASE_READY],
-        database: None,
+        pod: Default::default(),
         images: None,
     };
     assert!(external_changes(&a, &gone));
@@ -937,7 +937,7 @@ fn a_held_appservice_reports_what_runs_with_the_holds_verdict() {
                 .into(),
         }],
         absent: vec![],
-        database: None,
+        pod: Default::default(),
         images: None,
     };
     let d = deployment(3, 1, healthy(3));
