@@ -257,9 +257,25 @@ fn previous_children_match_the_golden_fixture() {
                 json!("platform.example.com/v1alpha1");
             v
         };
+        // What the previous release gave the Pods of an AppService with a database: the
+        // URL from its Secret, nothing else (the database step adds more today).
+        let added = controller::external::PodAdditions {
+            env: hub
+                .spec
+                .database_class()
+                .map(|_| {
+                    serde_json::from_value(json!({"name": "DATABASE_URL", "valueFrom": {
+                        "secretKeyRef": {"name": format!("{}-database", app.name_any()),
+                                         "key": "DATABASE_URL", "optional": false}}}))
+                    .unwrap()
+                })
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
         let d = controller::desired::desired_deployment(
             &Subject::of(&hub).expect("the AppService has its identity"),
-            &controller::external::PodAdditions::default(),
+            &added,
         );
         let mut current = as_previous(serde_json::to_value(&d).unwrap());
         let pod = &mut current["spec"]["template"]["spec"];
