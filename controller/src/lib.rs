@@ -1,10 +1,13 @@
 //! The AppService controller, assembled: its core ([`controller_core`]: watches,
-//! reconcile, desired state, drift, status, views) and its database provider
+//! reconcile, desired state, drift, status, views), its database provider
 //! ([`database`], the crate `controller_database`), which depends on the core's
-//! [`external::External`] and never the reverse.
+//! [`external::External`], and its image verification ([`images`], the crate
+//! `controller_images`), which depends on the core's [`image_gate::ImageGate`]; neither
+//! the reverse.
 //!
 //! This crate holds no logic of its own: it names the parts for the binaries
 //! (`src/main.rs`, `src/bin/`) and for the tests and benchmarks of the whole.
 
 pub use controller_core::*;
 pub use controller_database as database;
+pub use controller_images as images;

@@ -19,7 +19,8 @@ use common::conditions::{IMAGE_VERIFIED, READY, STALLED, reasons};
 use common::image_policy::ImagePolicy;
 use common::{AppService, ImageStatus};
 use controller::images::ImageConfig;
-use controller::metrics::{Metrics, RegistryOperation, RegistryOutcome};
+use controller::images::metrics::{ImageMetrics, RegistryOperation, RegistryOutcome};
+use controller::metrics::Metrics;
 use futures::{StreamExt, TryStreamExt};
 use harness::{KeyPair, Registry, RegistryOptions};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -463,7 +464,7 @@ async fn a_registry_outage_or_a_slow_registry_never_stops_what_runs() -> anyhow:
         .await?;
     assert!(
         w.metrics
-            .images()
+            .families::<ImageMetrics>()
             .requests_of(RegistryOperation::Resolve, RegistryOutcome::Unavailable)
             > 0
     );

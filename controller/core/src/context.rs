@@ -74,7 +74,7 @@ pub struct Context {
     /// External resources behind the finalizer.
     external: Arc<dyn External>,
     /// Image verification, when enabled.
-    images: Option<Arc<crate::images::Verifier>>,
+    images: Option<Arc<dyn crate::image_gate::ImageGate>>,
     caches: Caches,
     /// True while this replica may reconcile: it leads, or (with sharding) it is a live
     /// member of the ring.
@@ -159,7 +159,7 @@ impl Context {
     }
 
     /// Image verification, when enabled.
-    pub fn images(&self) -> Option<&crate::images::Verifier> {
+    pub fn images(&self) -> Option<&dyn crate::image_gate::ImageGate> {
         self.images.as_deref()
     }
 

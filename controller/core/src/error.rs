@@ -56,10 +56,6 @@ pub enum Error {
         message: String,
     },
 
-    /// Image verification waits on a registry (or on the ImagePolicies being listed).
-    #[error("image verification: {0}")]
-    Registry(String),
-
     #[error("leadership lost while reconciling")]
     NotLeader,
 }
@@ -92,7 +88,6 @@ impl Error {
             Error::Drift { .. } => Retry::Rejected,
             // The server is down or failing: back off (waiting states are not errors).
             Error::External { .. } => Retry::Transient,
-            Error::Registry(_) => Retry::Transient,
             // Not retried by us: the new leader reconciles everything.
             Error::NotLeader => Retry::Permanent,
         }
@@ -115,7 +110,6 @@ impl Error {
             Error::Serialize { .. } => ErrorReason::Serialize,
             Error::Drift { .. } => ErrorReason::Drift,
             Error::External { reason, .. } => *reason,
-            Error::Registry(_) => ErrorReason::Registry,
             Error::NotLeader => ErrorReason::NotLeader,
         }
     }

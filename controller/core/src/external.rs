@@ -61,9 +61,9 @@ pub struct Report {
     /// What the step adds to the Pods ([`crate::desired::desired_deployment`] puts it
     /// in the template of each Deployment).
     pub pod: PodAdditions,
-    /// What image verification found ([`crate::images`]): the images' status, the
+    /// What image verification found ([`crate::image_verdict`]): the images' status, the
     /// digests the children run. None when no policy governs the AppService's images.
-    pub images: Option<crate::images::found::Images>,
+    pub images: Option<crate::image_verdict::Images>,
 }
 
 impl Report {

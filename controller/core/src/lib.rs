@@ -21,7 +21,8 @@
 //! | [`status`] | pure status and condition computation, and the rollout assessment |
 //! | [`view`] | what the caches keep of a child |
 //! | [`external`] | the providers' contract: external resources behind the finalizer, and what a provider adds to the Pods |
-//! | [`images`] | image signature verification (cosign) for `ImagePolicy` |
+//! | [`image_gate`] | the seam of image verification (the crate `controller_images`): the step that may hold an image back |
+//! | [`image_verdict`] | what that step reports to a pass: pins, a hold, the images' status |
 //! | [`error`](mod@error) | the error type, its retry classification, backoff |
 //! | [`leader`] | Lease leader election |
 //! | [`shard`] | sharding (`--sharding`): the ring, membership Leases, the fence, the sharder |
@@ -41,7 +42,8 @@ pub mod drift;
 pub mod error;
 pub mod external;
 mod finalizer;
-pub mod images;
+pub mod image_gate;
+pub mod image_verdict;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;
@@ -141,7 +143,7 @@ pub struct Hooks {
     /// other client that writes for this controller (`shard::served::bounded`).
     pub served: Arc<shard::served::Served>,
     /// Image verification (`ImagePolicy`); none: images run as written.
-    pub images: Option<Arc<images::Verifier>>,
+    pub images: Option<Arc<dyn image_gate::ImageGate>>,
 }
 
 impl Default for Hooks {
@@ -383,7 +385,7 @@ pub async fn run_with(
     let controller = match &verifier {
         Some(verifier) => {
             let (policy_changes, namespace_changes) =
-                images::watch::watch(&client, verifier, apps_for_images.clone());
+                verifier.clone().watch(&client, apps_for_images.clone());
             controller
                 .reconcile_all_on(queue::observe_reconcile_all(
                     policy_changes,
@@ -401,11 +403,7 @@ pub async fn run_with(
     // The external step's periodic work (the orphan scan), stopped with the controller.
     let background = ctx.external_background().map(tokio::spawn);
     if let Some(verifier) = verifier {
-        tokio::spawn(images::policy_status::run(
-            verifier,
-            ctx.clone(),
-            stop_rx.clone(),
-        ));
+        tokio::spawn(verifier.background(leading_rx.clone(), stop_rx.clone()));
     }
 
     follow_leadership_in_the_gauge(ctx.clone(), leading_rx.clone());

@@ -16,9 +16,6 @@ use common::AppService;
 use kube::runtime::reflector::ObjectRef;
 
 pub use crate::error::ErrorReason;
-pub use crate::images::metrics::{
-    ImageCache, ImageMetrics, Lookup, RegistryOperation, RegistryOutcome, Verification,
-};
 pub use telemetry::labels::Ended;
 
 telemetry::label_values! {
@@ -181,8 +178,6 @@ pub struct Metrics {
     oldest_held: Gauge,
     /// `shard_*` (`--sharding`).
     shard: crate::shard::metrics::ShardMetrics,
-    /// `image_*` and `registry_*`: image verification.
-    images: Arc<ImageMetrics>,
 }
 
 impl Default for Metrics {
@@ -283,8 +278,6 @@ impl Default for Metrics {
         }
         let shard = crate::shard::metrics::ShardMetrics::default();
         shard.register(registry);
-        let images = Arc::new(ImageMetrics::default());
-        images.register(registry);
         Metrics {
             registry: Mutex::new(root),
             families: Mutex::new(HashMap::new()),
@@ -305,7 +298,6 @@ impl Default for Metrics {
             held,
             oldest_held,
             shard,
-            images,
         }
     }
 }
@@ -319,11 +311,6 @@ impl Metrics {
 
     pub fn error(&self, reason: ErrorReason) {
         self.errors.get_or_create(&ErrorLabel { reason }).inc();
-    }
-
-    /// Image verification's series (`image_*`, `registry_*`).
-    pub fn images(&self) -> &Arc<ImageMetrics> {
-        &self.images
     }
 
     /// The shard's own series (`shard_*`, `--sharding`).

@@ -34,7 +34,7 @@ use crate::context::Context;
 use crate::desired::{
     CANARY_SLOT, desired_canary_deployment, desired_deployment, desired_service, is_controlled_by,
 };
-use crate::error::{Error, Result, Retry};
+use crate::error::{Error, ErrorReason, Result, Retry};
 use crate::external::{Readiness as External, Report};
 use crate::finalizer::{ensure_finalizer, finalize};
 use crate::outcome::Outcome;
@@ -102,7 +102,10 @@ pub fn error_policy(app: Arc<AppService>, error: &Error, ctx: Arc<Context>) -> N
         .delay(retry, attempt, rand::random::<f64>())
         // A registry that is back is seen within a hold's recheck, not a 5-minute backoff.
         .map(|d| match error {
-            Error::Registry(_) => d.min(crate::images::HOLD_RECHECK),
+            Error::External {
+                reason: ErrorReason::Registry,
+                ..
+            } => d.min(crate::image_gate::HOLD_RECHECK),
             _ => d,
         });
     match delay {
@@ -551,10 +554,10 @@ fn rejected(
 
 /// What our Deployments of `app` run, from the cache: what keeps running when an image
 /// is held and status records nothing.
-fn live_images(ctx: &Context, app: &Subject) -> crate::images::Live {
+fn live_images(ctx: &Context, app: &Subject) -> crate::image_verdict::Live {
     let image =
         |name: &str| cached_child(ctx, app, name).and_then(|d| d.image().map(str::to_owned));
-    crate::images::Live {
+    crate::image_verdict::Live {
         image: image(&deployment_name(app.name())),
         canary: image(&canary_deployment_name(app.name())),
     }

@@ -227,7 +227,7 @@ pub fn verifying(
         f.client.clone(),
         images,
         &config.lease_namespace,
-        metrics.images().clone(),
+        &metrics,
     )?;
     let hooks = Hooks {
         metrics: metrics.clone(),

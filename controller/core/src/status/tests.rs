@@ -961,7 +961,10 @@ fn a_held_appservice_reports_what_runs_with_the_holds_verdict() {
     assert!(cond(&s, READY).message.contains("keeps running"));
     // A registry that is down is being retried instead: Reconciling, not Stalled.
     let retried = Report {
-        outcome: crate::external::Readiness::Failed(crate::error::Error::Registry("down".into())),
+        outcome: crate::external::Readiness::Failed(crate::error::Error::External {
+            reason: crate::error::ErrorReason::Registry,
+            message: "image verification: down".into(),
+        }),
         ..report
     };
     let observed = Observed::new(&Observation::Held)

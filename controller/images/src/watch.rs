@@ -136,7 +136,7 @@ fn is_not_found(e: &watcher::Error) -> bool {
     match e {
         watcher::Error::InitialListFailed(e)
         | watcher::Error::WatchStartFailed(e)
-        | watcher::Error::WatchFailed(e) => crate::error::is_not_found(e),
+        | watcher::Error::WatchFailed(e) => controller_core::error::is_not_found(e),
         _ => false,
     }
 }

@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::images::cosign::testing::{Signer, digest, payload};
+use crate::cosign::testing::{Signer, digest, payload};
 use common::image_policy::{ImagePattern, ImagePolicySpec, PolicyKey};
 
 const IMAGE: &str = "registry.example.com/shop/app:v1";

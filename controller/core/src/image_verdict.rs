@@ -1,6 +1,7 @@
-//! What the image step reports to the pass: the images' status, the `image@digest`
-//! references the children run ([`Pins`]), or what keeps running while an image is
-//! held ([`Hold`]).
+//! What image verification reports to a pass ([`crate::image_gate::ImageGate`]): the
+//! verdict the core acts on without knowing how it was reached: the images' status, the
+//! `image@digest` references the children run ([`Pins`]), or what keeps running while
+//! an image is held ([`Hold`]).
 
 use std::time::Duration;
 

@@ -12,9 +12,9 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::Verifier;
-use crate::context::Context;
-use crate::metrics::Written;
-use crate::status_writer::{Guard, apply_status};
+use controller_core::metrics::Written;
+use controller_core::status::{Clock, SystemClock};
+use controller_core::status_writer::{Guard, apply_status};
 
 /// How often the leader looks at every policy (a key Secret may change meanwhile).
 pub const INTERVAL: Duration = Duration::from_secs(10);
@@ -66,18 +66,17 @@ pub fn status_of(
 /// Runs while the controller runs; writes only while `leading` is true.
 pub async fn run(
     verifier: std::sync::Arc<Verifier>,
-    ctx: std::sync::Arc<Context>,
+    leading: watch::Receiver<bool>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let api: Api<ImagePolicy> = Api::all(ctx.client().clone());
-    let leading = ctx.ring_leader();
+    let api: Api<ImagePolicy> = Api::all(verifier.client.clone());
     loop {
         if *leading.borrow()
             && let Some(stores) = verifier.stores.get()
         {
             for policy in stores.policies.state() {
                 let keys = verifier.keys(&policy).await.map(|k| k.len());
-                let now = ctx.clock().now();
+                let now = SystemClock.now();
                 let new = status_of(&policy, &keys, &now);
                 let old = policy.status.clone().unwrap_or_default();
                 if new.observed_generation == old.observed_generation
@@ -90,7 +89,7 @@ pub async fn run(
                     &policy,
                     &new,
                     (Guard::None, &[]),
-                    ctx.metrics(),
+                    &verifier.writes,
                     Written::ImagePolicyStatus,
                 )
                 .await

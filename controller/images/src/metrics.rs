@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use controller_core::metrics::Families;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -71,7 +72,9 @@ pub struct CacheLabel {
     pub result: Lookup,
 }
 
-/// Metrics of image verification: registry calls, verdicts, caches.
+/// Metrics of image verification: registry calls, verdicts, caches. A clone records
+/// into the same series.
+#[derive(Clone)]
 pub struct ImageMetrics {
     requests: Family<RegistryLabel, Counter>,
     latency: Family<RegistryOperationLabel, Histogram>,
@@ -113,8 +116,8 @@ impl Default for ImageMetrics {
     }
 }
 
-impl ImageMetrics {
-    pub fn register(&self, registry: &mut Registry) {
+impl Families for ImageMetrics {
+    fn register(&self, registry: &mut Registry) {
         registry.register(
             "registry_requests",
             "Requests of image verification to registries, by operation and result",
@@ -141,7 +144,9 @@ impl ImageMetrics {
             self.signature_entries.clone(),
         );
     }
+}
 
+impl ImageMetrics {
     pub fn registry_request(
         &self,
         operation: RegistryOperation,

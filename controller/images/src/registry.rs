@@ -22,7 +22,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::bounds::{self, Bound, MAX_MESSAGE};
 use super::cosign::{MAX_LAYERS, MAX_PAYLOAD_BYTES, SIGNATURE_ANNOTATION, SignatureLayer};
-use crate::images::metrics::{ImageMetrics, RegistryOperation, RegistryOutcome};
+use crate::metrics::{ImageMetrics, RegistryOperation, RegistryOutcome};
 
 /// Why the registry did not answer what was asked.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -9,8 +9,7 @@
 //! | [`registry`] | the registry client: resolve a tag, fetch signature layers, bounded, timed, classified |
 //! | [`cache`] | the bounded single-flight caches of tags, signatures and Secrets |
 //! | [`verdict`] | the pure decision per image from what was fetched |
-//! | [`found`] | what the step reports to the pass: the pins, or what runs while held |
-//! | [`metrics`] | `appservice_controller_registry_*` and `_image_*`, registered by [`crate::metrics::Metrics`] |
+//! | [`metrics`] | `appservice_controller_registry_*` and `_image_*`, registered through `Metrics::families` of the core |
 //! | [`policy_status`] | the ImagePolicy's `Ready`, written by the leader |
 //! | [`watch`] | the ImagePolicy and Namespace caches, and what their changes wake |
 //!
@@ -25,7 +24,6 @@
 pub mod bounds;
 pub mod cache;
 pub mod cosign;
-pub mod found;
 pub mod metrics;
 pub mod policy_status;
 pub mod registry;
@@ -39,7 +37,9 @@ use std::time::Duration;
 
 use common::ImageStatus;
 use common::image_policy::{ImagePolicy, PolicyKey};
-use futures::FutureExt;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -47,11 +47,12 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
-use crate::config::parse_duration;
-use crate::external::{ConditionReport, Readiness, Report};
-use crate::subject::Subject;
+use controller_core::config::parse_duration;
+use controller_core::external::{ConditionReport, Readiness, Report};
+use controller_core::image_gate::ImageGate;
+pub use controller_core::image_verdict::{Hold, Images, Live, Pins};
+use controller_core::subject::Subject;
 use cosign::{Key, SignatureLayer};
-pub use found::{Hold, Images, Live, Pins};
 use metrics::{ImageCache, ImageMetrics};
 use registry::{Auth, Credentials, Registry, RegistryError, Target};
 use verdict::{Fetched, PolicyKeys, Verdict};
@@ -64,10 +65,52 @@ const UNVERIFIED_TTL: Duration = Duration::from_secs(30);
 /// Key Secrets and the credentials Secret are read at most this often.
 const SECRET_TTL: Duration = Duration::from_secs(30);
 /// A held image is looked at again this often (besides every change of the AppService,
-/// of a policy and of the Secrets' TTL).
-pub const HOLD_RECHECK: Duration = Duration::from_secs(60);
+/// of a policy and of the Secrets' TTL): the core's bound, which also caps the backoff
+/// of a pass that waits on a registry.
+pub use controller_core::image_gate::HOLD_RECHECK;
 /// The first pass waits this long at most for the ImagePolicies to be listed.
 const LIST_WAIT: Duration = Duration::from_secs(10);
+
+impl ImageGate for Verifier {
+    fn check<'a>(
+        &'a self,
+        app: &'a Subject<'a>,
+        live: &'a Live,
+        report: &'a mut Report,
+        now: &'a Time,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(self.verify(app, live, report, now))
+    }
+
+    fn watch(
+        self: Arc<Self>,
+        client: &Client,
+        apps: Store<common::AppService>,
+    ) -> (
+        BoxStream<'static, ()>,
+        BoxStream<'static, ObjectRef<common::AppService>>,
+    ) {
+        let (policies, namespaces) = watch::watch(client, &self, apps);
+        (policies.boxed(), namespaces.boxed())
+    }
+
+    fn background(
+        self: Arc<Self>,
+        leading: tokio::sync::watch::Receiver<bool>,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> BoxFuture<'static, ()> {
+        Box::pin(policy_status::run(self, leading, stop))
+    }
+}
+
+/// A pass waits on a registry (or on the ImagePolicies being listed): retried with
+/// backoff, counted as `registry`, and looked at again within [`HOLD_RECHECK`] at most.
+fn registry_error(message: &str) -> controller_core::error::Error {
+    controller_core::error::Error::External {
+        reason: controller_core::error::ErrorReason::Registry,
+        message: format!("image verification: {message}"),
+    }
+}
 
 /// Flags of image verification.
 #[derive(clap::Args, Debug, Clone)]
@@ -149,17 +192,22 @@ pub struct Verifier {
     config: ImageConfig,
     pub(crate) stores: OnceLock<Stores>,
     metrics: Arc<ImageMetrics>,
+    /// The controller's metrics, where the policies' status writes count.
+    writes: Arc<controller_core::metrics::Metrics>,
 }
 
 impl Verifier {
     /// The verifier of a controller whose Secrets (keys, registry credentials) live in
-    /// `secret_namespace` (the lease namespace).
+    /// `secret_namespace` (the lease namespace); it records into `metrics`' families of
+    /// image verification ([`ImageMetrics`]).
     pub fn new(
         client: Client,
         config: ImageConfig,
         secret_namespace: &str,
-        metrics: Arc<ImageMetrics>,
+        metrics: &Arc<controller_core::metrics::Metrics>,
     ) -> Result<Self, SetupError> {
+        let writes = metrics.clone();
+        let metrics = Arc::new(metrics.families::<ImageMetrics>());
         let ca = match &config.registry_ca_file {
             Some(path) => Some(std::fs::read(path).map_err(|error| SetupError::CaFile {
                 path: path.clone(),
@@ -186,6 +234,7 @@ impl Verifier {
             config,
             stores: OnceLock::new(),
             metrics,
+            writes,
         })
     }
 
@@ -218,7 +267,7 @@ impl Verifier {
     /// The step: adds `ImageVerified` and the images' status to `report`, and holds the
     /// pass (its outcome) when an image may not run. Nothing when no policy governs the
     /// AppService's images (the condition is then absent).
-    pub async fn check(&self, app: &Subject<'_>, live: &Live, report: &mut Report, now: &Time) {
+    pub async fn verify(&self, app: &Subject<'_>, live: &Live, report: &mut Report, now: &Time) {
         let Some(stores) = self.stores.get() else {
             return absent(report);
         };
@@ -246,9 +295,8 @@ impl Verifier {
                 message: "the ImagePolicies are not listed yet".into(),
             });
             if matches!(report.outcome, Readiness::Done) {
-                report.outcome = Readiness::Failed(crate::error::Error::Registry(
-                    "the ImagePolicies are not listed yet".into(),
-                ));
+                report.outcome =
+                    Readiness::Failed(registry_error("the ImagePolicies are not listed yet"));
             }
             return;
         }
@@ -323,7 +371,7 @@ impl Verifier {
         if holds {
             report.outcome = Readiness::NotReady(HOLD_RECHECK);
         } else if let Some(message) = transient {
-            report.outcome = Readiness::Failed(crate::error::Error::Registry(message));
+            report.outcome = Readiness::Failed(registry_error(&message));
         }
     }
 

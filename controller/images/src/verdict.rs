@@ -32,8 +32,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::cosign::{self, Key, Refusal, SignatureLayer};
 use super::registry::RegistryError;
-use crate::external::ConditionReport;
-use crate::images::metrics::Verification;
+use crate::metrics::Verification;
+use controller_core::external::ConditionReport;
 
 /// A governing policy and its keys, parsed (or why they cannot be).
 pub struct PolicyKeys {
