@@ -103,10 +103,10 @@ pub fn desired_deployment(app: &Subject, pod: &PodAdditions) -> Deployment {
 pub const CANARY_SLOT: &str = "Deployment/canary";
 
 /// The canary Deployment `<name>-canary` while `spec.canary` asks for one: the Pods of
-/// [`desired_deployment`] (security contexts, env, database, resources, ports, probe)
-/// with the canary's image, `canary.replicas` of them, labelled and selected by the
-/// stable labels plus `platform.example.com/track: canary`. The Service selects the
-/// stable labels only, so it sends traffic to the Pods of both.
+/// [`desired_deployment`] (security contexts, env and what the providers add, resources,
+/// ports, probe) with the canary's image, `canary.replicas` of them, labelled and
+/// selected by the stable labels plus `platform.example.com/track: canary`. The Service
+/// selects the stable labels only, so it sends traffic to the Pods of both.
 pub fn desired_canary_deployment(app: &Subject, pod: &PodAdditions) -> Option<Deployment> {
     let name = app.name();
     let canary = app.spec.canary.as_ref()?;
