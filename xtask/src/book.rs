@@ -5,9 +5,7 @@
 //! the summary: mdBook would leave such a page out of the book without a word.
 //! Broken links and paths are `cargo xtask paths`'s.
 //!
-//! mdBook is installed by `cargo install --locked` into `~/.cache/appservice-operator/tools`
-//! on first use, like cargo-deny (`deny.rs`), and reused while that binary reports the
-//! pinned version.
+//! mdBook is installed and reused as every pinned tool is ([`crate::tools`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +14,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 
 use crate::Doing;
-use crate::deny::{cargo, tools_dir};
+use crate::tools::{self, Tool};
 
 /// The mdBook this project pins: the newest on crates.io when it was chosen (its MSRV,
 /// 1.88, is below the workspace's toolchain).
@@ -24,42 +22,14 @@ pub const MDBOOK_VERSION: &str = "0.5.4";
 
 /// The mdbook binary, installed first when it is missing or another version.
 fn mdbook() -> Result<PathBuf> {
-    let root = tools_dir()?;
-    let bin = root.join("bin/mdbook");
-    let installed = Command::new(&bin)
-        .arg("--version")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
-    if installed
-        .as_deref()
-        .is_some_and(|v| v.ends_with(MDBOOK_VERSION))
-    {
-        return Ok(bin);
-    }
-    eprintln!(
-        "xtask: installing mdbook {MDBOOK_VERSION} into {} (cargo install --locked, without the `serve` and `watch` features; once, a few minutes on 2 cores)",
-        root.display()
-    );
-    let started = Instant::now();
-    let status = Command::new(cargo())
-        .args(["install", "--locked", "--force", "mdbook", "--version"])
-        .arg(MDBOOK_VERSION)
+    tools::installed(&Tool {
+        name: "mdbook",
+        version: MDBOOK_VERSION,
         // `build` is all this command runs: the web server and file watcher of
         // `mdbook serve` would only lengthen the install.
-        .args(["--no-default-features", "--features", "search"])
-        .arg("--root")
-        .arg(&root)
-        // Its own temporary target directory, not the workspace's.
-        .env_remove("CARGO_TARGET_DIR")
-        .status()
-        .doing("running cargo install")?;
-    if !status.success() {
-        bail!("cargo install mdbook {MDBOOK_VERSION} failed ({status}); see above");
-    }
-    eprintln!("xtask: mdbook installed in {:.0?}", started.elapsed());
-    Ok(bin)
+        args: &["--no-default-features", "--features", "search"],
+        note: "cargo install --locked, without the `serve` and `watch` features; once, a few minutes on 2 cores",
+    })
 }
 
 /// Where the book is written: `book/` under the cargo target directory, as the rest of

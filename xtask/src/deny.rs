@@ -1,19 +1,18 @@
-//! `cargo xtask deny` (also the first step of `cargo xtask test`): cargo-deny's license,
+//! `cargo xtask deny` (a step of `cargo xtask supply-chain`): cargo-deny's license,
 //! ban (duplicate versions included) and source checks against `deny.toml`, and its
 //! advisory check when the RustSec database can be fetched; when it cannot (it lives on
 //! GitHub), the check is skipped and the run says so and why.
 //!
-//! cargo-deny is installed by `cargo install --locked` into
-//! `~/.cache/appservice-operator/tools` and reused while that binary reports the pinned
-//! version.
+//! cargo-deny is installed and reused as every pinned tool is ([`crate::tools`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::Doing;
+use crate::tools::{self, Tool};
 
 /// The cargo-deny this project pins (its MSRV, 1.88, is below the workspace's toolchain).
 pub const CARGO_DENY_VERSION: &str = "0.20.2";
@@ -23,51 +22,14 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(60);
 /// Where the advisory database comes from (as deny.toml says).
 const ADVISORY_DB: &str = "https://github.com/rustsec/advisory-db";
 
-/// Where the developer tools this project installs live (cargo-deny, mdbook).
-pub(crate) fn tools_dir() -> Result<PathBuf> {
-    let home = std::env::var_os("HOME").context("HOME is not set")?;
-    Ok(PathBuf::from(home).join(".cache/appservice-operator/tools"))
-}
-
-pub(crate) fn cargo() -> String {
-    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
-}
-
 /// The cargo-deny binary, installed first when it is missing or another version.
 pub fn cargo_deny() -> Result<PathBuf> {
-    let root = tools_dir()?;
-    let bin = root.join("bin/cargo-deny");
-    let installed = Command::new(&bin)
-        .arg("--version")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
-    if installed
-        .as_deref()
-        .is_some_and(|v| v.ends_with(CARGO_DENY_VERSION))
-    {
-        return Ok(bin);
-    }
-    eprintln!(
-        "xtask: installing cargo-deny {CARGO_DENY_VERSION} into {} (cargo install --locked; once, several minutes on 2 cores)",
-        root.display()
-    );
-    let started = Instant::now();
-    let status = Command::new(cargo())
-        .args(["install", "--locked", "--force", "cargo-deny", "--version"])
-        .arg(CARGO_DENY_VERSION)
-        .arg("--root")
-        .arg(&root)
-        // Its own temporary target directory, not the workspace's.
-        .env_remove("CARGO_TARGET_DIR")
-        .status()
-        .doing("running cargo install")?;
-    if !status.success() {
-        bail!("cargo install cargo-deny {CARGO_DENY_VERSION} failed ({status}); see above");
-    }
-    eprintln!("xtask: cargo-deny installed in {:.0?}", started.elapsed());
-    Ok(bin)
+    tools::installed(&Tool {
+        name: "cargo-deny",
+        version: CARGO_DENY_VERSION,
+        args: &[],
+        note: "cargo install --locked; once, several minutes on 2 cores",
+    })
 }
 
 /// Runs `command` until it exits or `timeout` passes; `Err` says which, with its output.

@@ -12,6 +12,7 @@ mod demo;
 mod deny;
 mod paths;
 mod sbom;
+mod tools;
 
 /// What was being done when an error happened, with the error's own message in the same
 /// line: the one line printed has the cause once, and no error chain is walked.
