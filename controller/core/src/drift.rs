@@ -533,8 +533,11 @@ fn same_quantities(
 mod tests {
     use super::*;
     use crate::desired::{desired_deployment, desired_service};
+    use crate::external::PodAdditions;
+    use crate::external::testing::additions as pod_db;
     use crate::subject::subject;
     use crate::view::of;
+    use common::names::ANNOTATION_DATABASE_REVISION;
     use common::testing::stored;
     use common::{AppServiceSpec, EnvVar as AppEnvVar};
     use k8s_openapi::api::apps::v1::Deployment;
@@ -556,10 +559,7 @@ mod tests {
             max_surge: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)),
             max_unavailable: None,
         });
-        let desired = desired_deployment(
-            &subject(&stored("web", with)),
-            &crate::external::PodAdditions::default(),
-        );
+        let desired = desired_deployment(&subject(&stored("web", with)), &PodAdditions::default());
         assert!(deployment_drift(&desired, &as_stored(desired.clone())).is_empty());
         let ops = deployment_drift(&desired, &as_stored(recreate(desired.clone())));
         assert_eq!(
@@ -569,10 +569,7 @@ mod tests {
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "25%"}}})]
         );
         // Without `spec.rollout` the strategy is the API server's (and anyone's) to set.
-        let plain = desired_deployment(
-            &subject(&stored("web", spec())),
-            &crate::external::PodAdditions::default(),
-        );
+        let plain = desired_deployment(&subject(&stored("web", spec())), &PodAdditions::default());
         assert!(deployment_drift(&plain, &as_stored(recreate(plain.clone()))).is_empty());
     }
 
@@ -634,10 +631,7 @@ mod tests {
 
     #[test]
     fn stored_form_of_every_shape_is_converged() {
-        let d = desired_deployment(
-            &subject(&stored("web", spec())),
-            &crate::external::PodAdditions::default(),
-        );
+        let d = desired_deployment(&subject(&stored("web", spec())), &PodAdditions::default());
         assert_eq!(
             deployment_drift(&d, &as_stored(d.clone())),
             Vec::<Value>::new()
@@ -651,10 +645,7 @@ mod tests {
 
     #[test]
     fn edits_by_others_are_put_back() {
-        let d = desired_deployment(
-            &subject(&stored("web", spec())),
-            &crate::external::PodAdditions::default(),
-        );
+        let d = desired_deployment(&subject(&stored("web", spec())), &PodAdditions::default());
         let mut live = as_stored(d.clone());
         let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
         c.image = Some("evil:1".into());
@@ -687,10 +678,7 @@ mod tests {
 
     #[test]
     fn security_contexts_changed_by_others_are_put_back_whole() {
-        let d = desired_deployment(
-            &subject(&stored("web", spec())),
-            &crate::external::PodAdditions::default(),
-        );
+        let d = desired_deployment(&subject(&stored("web", spec())), &PodAdditions::default());
         // The API server stores what we wrote; an empty Pod context is none.
         assert!(deployment_drift(&d, &as_stored(d.clone())).is_empty());
 
@@ -737,10 +725,7 @@ mod tests {
 
     #[test]
     fn extra_env_and_removed_resources_are_drift() {
-        let d = desired_deployment(
-            &subject(&stored("web", spec())),
-            &crate::external::PodAdditions::default(),
-        );
+        let d = desired_deployment(&subject(&stored("web", spec())), &PodAdditions::default());
         let mut live = as_stored(d.clone());
         let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
         c.env.as_mut().unwrap().push(EnvVar {
@@ -764,10 +749,7 @@ mod tests {
                     .unwrap(),
             ),
         }];
-        let d = desired_deployment(
-            &subject(&stored("web", s)),
-            &crate::external::PodAdditions::default(),
-        );
+        let d = desired_deployment(&subject(&stored("web", s)), &PodAdditions::default());
         let with_source = |source: Value| {
             let mut live = d.clone();
             let c = &mut live.spec.template.spec.as_mut().unwrap().containers[0];
@@ -814,7 +796,7 @@ mod tests {
         .unwrap();
         let d = desired_deployment(
             &subject(&stored("web", several.clone())),
-            &crate::external::PodAdditions::default(),
+            &PodAdditions::default(),
         );
         let s = desired_service(&subject(&stored("web", several)));
         assert!(deployment_drift(&d, &as_stored(d.clone())).is_empty());
@@ -845,10 +827,7 @@ mod tests {
 
     #[test]
     fn hash_is_stable_and_sensitive() {
-        let a = desired_deployment(
-            &subject(&stored("web", spec())),
-            &crate::external::PodAdditions::default(),
-        );
+        let a = desired_deployment(&subject(&stored("web", spec())), &PodAdditions::default());
         let h1 = desired_hash(&a).unwrap();
         // The value a release computes is the value every later release computes for
         // the same AppService (children made before an upgrade are not rewritten): a
@@ -861,10 +840,7 @@ mod tests {
         );
         let mut s = spec();
         s.image = "nginx:1.28".into();
-        let b = desired_deployment(
-            &subject(&stored("web", s)),
-            &crate::external::PodAdditions::default(),
-        );
+        let b = desired_deployment(&subject(&stored("web", s)), &PodAdditions::default());
         assert_ne!(h1, desired_hash(&b).unwrap());
     }
 
@@ -873,10 +849,7 @@ mod tests {
     /// storage version, whole, guarded by its uid. Other owners' references stay.
     #[test]
     fn an_owner_reference_through_another_version_is_re_pointed() {
-        let d = desired_deployment(
-            &subject(&stored("web", spec())),
-            &crate::external::PodAdditions::default(),
-        );
+        let d = desired_deployment(&subject(&stored("web", spec())), &PodAdditions::default());
         let mut old = d.clone();
         let mut foreign = old.metadata.owner_references.as_ref().unwrap()[0].clone();
         foreign.uid = "someone-else".into();
@@ -931,9 +904,6 @@ mod tests {
             ..spec
         }
     }
-
-    use crate::external::testing::additions as pod_db;
-    use common::names::ANNOTATION_DATABASE_REVISION;
 
     fn patched(live: &Deployment, ops: &[Value]) -> Deployment {
         let mut v = serde_json::to_value(live).unwrap();
@@ -1039,17 +1009,12 @@ mod tests {
     #[test]
     fn a_new_database_revision_changes_the_hash_and_only_then() {
         let a = stored("web", with_database(spec()));
-        let hash = |db: &crate::external::PodAdditions| {
-            desired_hash(&desired_deployment(&subject(&a), db)).unwrap()
-        };
+        let hash = |db: &PodAdditions| desired_hash(&desired_deployment(&subject(&a), db)).unwrap();
         assert_eq!(hash(&pod_db(true, "r1")), hash(&pod_db(true, "r1")));
         assert_ne!(hash(&pod_db(true, "r1")), hash(&pod_db(true, "r2")));
         assert_ne!(hash(&pod_db(true, "r1")), hash(&pod_db(false, "r1")));
         // Nothing added is another object again (`desired.rs` pins its hash to what
         // earlier releases built).
-        assert_ne!(
-            hash(&pod_db(false, "r1")),
-            hash(&crate::external::PodAdditions::default())
-        );
+        assert_ne!(hash(&pod_db(false, "r1")), hash(&PodAdditions::default()));
     }
 }

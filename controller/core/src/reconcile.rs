@@ -381,7 +381,10 @@ async fn converge_children(
     let (service, (deployment, canary)) = if live_service.is_none() {
         match service_step.await {
             Ok(service) => (Ok(service), deployments.await),
-            Err(e) if name_taken(ctx, &owner, Service::KIND, &e) => return Err(e),
+            Err(e) if refused_create(&e) => {
+                ctx.created((Service::KIND, owner.clone()));
+                return Err(e);
+            }
             Err(e) => {
                 return Ok(rejected(
                     app,
@@ -396,14 +399,18 @@ async fn converge_children(
     } else {
         tokio::join!(service_step, deployments)
     };
-    let deployment_refused = live_deployment.is_none()
-        && deployment
-            .as_ref()
-            .is_err_and(|e| name_taken(ctx, &owner, Deployment::KIND, e));
-    let canary_refused = live_canary.is_none()
-        && canary
-            .as_ref()
-            .is_err_and(|e| name_taken(ctx, &owner, CANARY_SLOT, e));
+    let deployment_refused =
+        live_deployment.is_none() && deployment.as_ref().is_err_and(refused_create);
+    let canary_refused = live_canary.is_none() && canary.as_ref().is_err_and(refused_create);
+    // The next pass asks the API server for a refused name instead of the caches.
+    for (slot, refused) in [
+        (Deployment::KIND, deployment_refused),
+        (CANARY_SLOT, canary_refused),
+    ] {
+        if refused {
+            ctx.created((slot, owner.clone()));
+        }
+    }
     let (deployment, canary) = match (deployment, canary) {
         (Err(e), _) if deployment_refused => return Err(e),
         (_, Err(e)) if canary_refused => return Err(e),
@@ -497,21 +504,11 @@ async fn converge_children(
     Ok(Outcome::status(status, Ok(Next::requeue(next))))
 }
 
-/// Whether `error` is a create of `slot` refused because the name exists: someone took it
-/// after our caches last heard. The next pass (the 409 is retried soon) asks the API
-/// server for that name instead of the caches, and then reports the conflict.
-fn name_taken(
-    ctx: &Context,
-    owner: &ObjectRef<AppService>,
-    slot: &'static str,
-    error: &Error,
-) -> bool {
-    let taken =
-        matches!(error, Error::Kube(kube::Error::Api(status)) if status.is_already_exists());
-    if taken {
-        ctx.created((slot, owner.clone()));
-    }
-    taken
+/// Whether `error` is a create refused because the name exists: someone took it after
+/// our caches last heard. The pass ends with it (the 409 is retried soon), and the next
+/// pass, asking the API server for that name, reports the conflict.
+fn refused_create(error: &Error) -> bool {
+    matches!(error, Error::Kube(kube::Error::Api(status)) if status.is_already_exists())
 }
 
 /// Why nothing is created while `taken` names are held by objects we do not control.

@@ -52,7 +52,8 @@ pub async fn write_status(
         api,
         app,
         status,
-        (guard, &seen),
+        guard,
+        &seen,
         ctx.metrics(),
         Written::AppServiceStatus,
     )
@@ -67,7 +68,8 @@ pub async fn write_status(
             api,
             &written,
             status,
-            (Guard::ReadVersion, &leftovers),
+            Guard::ReadVersion,
+            &leftovers,
             ctx.metrics(),
             Written::AppServiceStatus,
         )

@@ -35,12 +35,14 @@ pub enum Guard {
 
 /// Writes `status` as the status of `object`, removing the top-level fields `leftovers`
 /// (set by another writer, absent from `status`), counting the write as `written`;
-/// returns the object as the API server left it.
+/// returns the object as the API server left it. With leftovers the write is always on
+/// `object`'s version, whatever `guard` says.
 pub async fn apply_status<K, S>(
     api: &Api<K>,
     object: &K,
     status: &S,
-    (guard, leftovers): (Guard, &[String]),
+    guard: Guard,
+    leftovers: &[String],
     metrics: &Metrics,
     written: Written,
 ) -> kube::Result<K>

@@ -74,7 +74,8 @@ impl Databases {
             &api,
             class,
             &new,
-            (Guard::None, &[]),
+            Guard::None,
+            &[],
             &self.metrics,
             Written::DatabaseClassStatus,
         )

@@ -19,8 +19,8 @@
 //! replaced (`secret::trusted_password`).
 //!
 //! Files: this one orchestrates (`ensure`, `cleanup`, Events); `provision.rs` runs the
-//! steps above and the removal on one server; `secret.rs` builds the Secret; `pod.rs` what the Pods get from it;
-//! `class_status.rs` writes the class's status; `server.rs` and `connect.rs` reach the
+//! steps above and the removal on one server; `secret.rs` builds the Secret, and
+//! `pod.rs` what the Pods get from it; `class_status.rs` writes the class's status; `server.rs` and `connect.rs` reach the
 //! server; `orphans.rs` is the periodic orphan scan; `error.rs` its failures and their
 //! reasons; `metrics.rs` its `appservice_controller_database_*` families.
 //!

@@ -88,7 +88,8 @@ pub async fn run(
                     &api,
                     &policy,
                     &new,
-                    (Guard::None, &[]),
+                    Guard::None,
+                    &[],
                     &verifier.writes,
                     Written::ImagePolicyStatus,
                 )
