@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use common::AppService;
-use common::names::{shard_label, shard_lease_name};
+use common::names::shard_lease_name;
 use controller::shard::buckets::Buckets;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -77,9 +77,10 @@ struct Args {
     #[arg(long = "other-bin", value_parser = label_and_path)]
     other_bins: Vec<(String, PathBuf)>,
     /// Every control plane with the alpha gate `ShardedListAndWatch`, and the shards with
-    /// `--sharded-watch` (they select by namespace bucket: no labels written). Buckets are
-    /// namespaces, so spread the AppServices with `--namespaces`; the handover moves the
-    /// AppServices of the namespaces whose buckets the killed shard's Lease claimed.
+    /// `--sharded-watch` (the API server filters their watches by bucket; without it each
+    /// shard filters its own). Shards divide by namespace bucket either way, so spread the
+    /// AppServices with `--namespaces`; the handover moves the AppServices of the
+    /// namespaces whose buckets the killed shard's Lease claimed.
     #[arg(long)]
     sharded_watch: bool,
     /// How many namespaces the AppServices are spread over (round robin). With more than
@@ -361,28 +362,21 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
             .iter()
             .position(|p| p.identity != leader)
             .expect("two shards or more: one does not lead");
-        // What the victim owns: by label, or with the sharded watch the namespaces of the
-        // buckets its Lease claims.
+        // What the victim owns: the namespaces of the buckets its Lease claims.
         let identity = &processes[victim].identity;
-        let (selected, claims) = if args.sharded_watch {
-            let lease = leases.get(&shard_lease_name(&ring, identity)).await?;
-            let claims = lease
-                .annotations()
-                .get(controller::shard::claims::ANNOTATION)
-                .and_then(|hex| Buckets::from_hex(hex))
-                .unwrap_or(Buckets::NONE);
-            (ListParams::default(), Some(claims))
-        } else {
-            let selector = format!("{}={identity}", shard_label(&ring));
-            (ListParams::default().labels(&selector), None)
-        };
+        let lease = leases.get(&shard_lease_name(&ring, identity)).await?;
+        let claims = lease
+            .annotations()
+            .get(controller::shard::claims::ANNOTATION)
+            .and_then(|hex| Buckets::from_hex(hex))
+            .unwrap_or(Buckets::NONE);
         let owned: Vec<(String, String)> = every
-            .list_metadata(&selected)
+            .list_metadata(&ListParams::default())
             .await?
             .items
             .iter()
             .map(|a| (a.namespace().unwrap_or_default(), a.name_any()))
-            .filter(|(ns, _)| claims.is_none_or(|c| c.contains_namespace(ns)))
+            .filter(|(ns, _)| claims.contains_namespace(ns))
             .collect();
         let edited_done = watch_status_of(every.clone(), 2);
         eprintln!(

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use common::AppService;
 use common::conditions::{DATABASE_READY, DEGRADED, FALSE, READY};
-use common::names::{FINALIZER, shard_label};
+use common::names::{FINALIZER, drain_label, shard_label};
 use controller::error::{Error, ErrorReason, Retry};
 use controller::external::{ConditionReport, External, Readiness, Report, Step};
 use controller::reconcile::reconcile;
@@ -413,11 +413,82 @@ async fn a_done_cleanup_releases_only_our_finalizer_and_writes_no_status() {
     );
 }
 
+/// One member or many, the gate is the served buckets: a pass runs only for a namespace
+/// whose bucket this member serves and every cache has listed, whatever ring labels the
+/// object carries (a tenant's, a stopped member's, another ring's: none strands it).
 #[tokio::test]
-async fn the_shard_gate_passes_only_what_is_labelled_ours() {
+async fn the_shard_gate_passes_only_the_buckets_this_member_serves() {
+    use controller::shard::buckets::{Buckets, bucket};
+    use controller::shard::served::Served;
     let sharded = || Config {
         sharding: true,
         identity: Some("member-a".into()),
+        ..config()
+    };
+    let ring = sharded().shard_ring;
+    let label_states: [&[(String, &str)]; 4] = [
+        &[],
+        &[(shard_label(&ring), "member-b")],
+        &[(drain_label(&ring), "true")],
+        &[
+            (shard_label("other-ring"), "x"),
+            (drain_label("other-ring"), "true"),
+        ],
+    ];
+    let serving = |buckets: Buckets, listed: bool| {
+        let served = Arc::new(Served::default());
+        served.register("apps");
+        served.acquire(buckets);
+        if listed {
+            served.synced("apps", 1);
+        }
+        served
+    };
+    let shop = Buckets::NONE.with(bucket("shop"));
+    let other = Buckets::NONE.with((bucket("shop") + 1) % 64);
+    for labels in label_states {
+        for (served, goes, what) in [
+            (serving(shop, true), true, "its bucket, listed"),
+            (serving(shop, false), false, "its bucket, not listed yet"),
+            (serving(other, true), false, "another bucket"),
+            (serving(Buckets::NONE, true), false, "no bucket"),
+            (serving(Buckets::ALL, true), true, "alone: every bucket"),
+        ] {
+            let mut app = with_finalizer(&[]);
+            app.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.clone(), (*v).to_owned()))
+                    .collect(),
+            );
+            let (client, seen) = client(plain(&app));
+            let (ctx, _lead) = context_of(client, sharded(), Hooks::default());
+            let ctx = Arc::new(ctx.with_served(Some(served)));
+            reconcile(Arc::new(app), ctx)
+                .await
+                .expect("the pass succeeds");
+            let seen = writes(&seen);
+            assert_eq!(
+                !seen.is_empty(),
+                goes,
+                "{what}, labels {labels:?}: {:#?}",
+                lines_of(&seen)
+            );
+        }
+    }
+}
+
+/// A canary ring (`--namespace-selector`) divides by its sharder's labels: a pass runs
+/// only for an AppService labelled this member's.
+#[tokio::test]
+async fn a_canary_rings_gate_passes_only_what_is_labelled_ours() {
+    let sharded = || Config {
+        sharding: true,
+        identity: Some("member-a".into()),
+        namespace_selector: Some(
+            controller::shard::namespaces::NamespaceSelector::parse("operator-upgrade=canary")
+                .expect("a selector"),
+        ),
         ..config()
     };
     let label = shard_label(&sharded().shard_ring);

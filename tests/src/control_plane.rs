@@ -105,8 +105,8 @@ rules:
 - level: None
 "#;
 
-/// The rule added before the others: Lease writes with their request body (the claims
-/// of the sharded watch and of a ring of one).
+/// The rule added before the others: Lease writes with their request body (the bucket
+/// claims of a sharded ring).
 pub const AUDIT_LEASES_RULE: &str = r#"- level: Request
   verbs: ["create", "update", "patch"]
   resources:

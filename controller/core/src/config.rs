@@ -64,18 +64,18 @@ pub struct Config {
     pub retry_period: Duration,
 
     /// Divide the AppServices among the replicas: each holds a membership Lease
-    /// (`<ring>-shard-<identity>`), owns the AppServices a rendezvous hash assigns it
-    /// (label `shard.platform.example.com/<ring>`), and watches only those; the
-    /// leader of the ring's Lease also runs the sharder that labels them. Off: one leader
+    /// (`<ring>-shard-<identity>`) and claims in it the namespace buckets (64, by a hash
+    /// of the namespace's name) a rendezvous hash over the live members assigns it; it
+    /// reconciles, writes and caches only the AppServices of those namespaces. A replica
+    /// alone serves every bucket. Nothing is written on the objects. Off: one leader
     /// reconciles everything, as without the flag.
     #[arg(long, env = "SHARDING", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub sharding: bool,
 
-    /// With `--sharding`: divide by namespace with the API server's sharded list and watch
-    /// (the alpha feature gate `ShardedListAndWatch`, Kubernetes 1.37+) instead of labels.
-    /// Each member claims hash buckets of namespaces in its Lease and watches only those;
-    /// no sharder runs and no label is written. Coarser (one namespace is one unit), one
-    /// write less per AppService. Not with `--namespace-selector`.
+    /// With `--sharding`: the API server filters each member's lists and watches by its
+    /// buckets (the alpha feature gate `ShardedListAndWatch`, Kubernetes 1.37+), so a
+    /// member no longer receives and decodes the others' events. Without it the member
+    /// filters them itself. Not with `--namespace-selector`.
     #[arg(long, env = "SHARDED_WATCH", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub sharded_watch: bool,
 
@@ -88,7 +88,9 @@ pub struct Config {
     /// Namespace (`operator-upgrade=canary`; `a!=b`, `k in (x,y)`, `k notin (x,y)`,
     /// `k`, `!k`, comma-joined). Two releases split the cluster with complementary
     /// selectors; an AppService whose namespace stops matching is drained and released
-    /// for the ring that matches it. Unset: every namespace.
+    /// for the ring that matches it. Such a ring divides its AppServices by the labels
+    /// its sharder writes on them (`shard.platform.example.com/<ring>`). Unset: every
+    /// namespace.
     #[arg(long, env = "NAMESPACE_SELECTOR", value_parser = crate::shard::namespaces::NamespaceSelector::parse)]
     pub namespace_selector: Option<crate::shard::namespaces::NamespaceSelector>,
 

@@ -87,7 +87,7 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<AppService>, u32>>,
     /// What this controller wrote that its caches may not show yet.
     own: OwnWrites,
-    /// With `--sharded-watch`: the namespace buckets this shard serves.
+    /// Sharding by buckets: the namespace buckets this member serves.
     served: Option<Arc<crate::shard::served::Served>>,
 }
 
@@ -124,7 +124,7 @@ impl Context {
         }
     }
 
-    /// With `--sharded-watch`: the buckets this shard serves gate its passes.
+    /// Sharding by buckets: the buckets this member serves gate its passes.
     pub fn with_served(mut self, served: Option<Arc<crate::shard::served::Served>>) -> Self {
         self.served = served;
         self

@@ -139,7 +139,7 @@ pub struct Hooks {
     /// With sharding: the fence every write passes (`shard::fence`); give the same one to
     /// any other client that writes for this controller (the databases' Secrets).
     pub fence: shard::Fence,
-    /// With `--sharded-watch`: the buckets this shard serves; give the same one to any
+    /// Sharding by buckets: the buckets this member serves; give the same one to any
     /// other client that writes for this controller (`shard::served::bounded`).
     pub served: Arc<shard::served::Served>,
     /// Image verification (`ImagePolicy`); none: images run as written.
@@ -182,9 +182,9 @@ pub async fn run_with(
     if config.sharded_watch && config.namespace_selector.is_some() {
         return Err(RunError::ShardedWatchWithSelector);
     }
-    if config.sharding && !config.leader_election {
+    if shard::labelled(&config) && !config.leader_election {
         warn!(
-            "--sharding without --leader-election: this replica runs the sharder whatever the others do; run one replica only"
+            "--sharding with --namespace-selector and without --leader-election: this replica runs the sharder whatever the others do; run one replica only"
         );
     }
     let (leading_tx, leading_rx) = watch::channel(!config.leader_election);
@@ -204,23 +204,14 @@ pub async fn run_with(
     } else {
         client
     };
-    // With the sharded watch every write also stays within the buckets this shard serves;
-    // in a ring of one, within them or the label rules.
-    let ring_of_one = shard::ring_of_one(&config);
-    hooks.served.set_ring_of_one(ring_of_one);
+    // Divided by buckets, every write also stays within the buckets this member serves.
     let served = shard::bucketed(&config).then(|| hooks.served.clone());
     let client = match &served {
         Some(served) => shard::served::bounded(client, served.clone(), &config.lease_namespace),
         None => client,
     };
-    let shard_selector = shard::selector(&config);
-    // A ring of one adds the shard selector per watch generation, only while another
-    // member shares the ring; otherwise it is part of every watch of this shard's objects.
-    let (baked, labelled) = if ring_of_one {
-        (None, shard_selector)
-    } else {
-        (shard_selector, None)
-    };
+    // A canary ring watches its own label.
+    let baked = shard::selector(&config);
     let selected = |labels: String| match &baked {
         Some(shard) => format!("{labels},{shard}"),
         None => labels,
@@ -233,13 +224,10 @@ pub async fn run_with(
         .labels(&selected(format!("{LABEL_MANAGED_BY}={MANAGED_BY}")))
         .any_semantic();
     let synced = Arc::new(CacheSync::default());
-    let watch = Watch::new(&client, &config, &synced)
-        .following(served.clone())
-        .labelled(labelled);
-    // What no shard selects (objects named like ours): followed by the sharded watch's
-    // buckets only, never by a ring of one's labels.
-    let watch_others =
-        Watch::new(&client, &config, &synced).following(served.clone().filter(|_| !ring_of_one));
+    let watch = Watch::new(&client, &config, &synced).following(served.clone());
+    // What no shard label selects (objects named like ours): followed by the served
+    // buckets alike.
+    let watch_others = Watch::new(&client, &config, &synced).following(served.clone());
     let (deployments, deployment_stream) =
         watch.cached::<view::DeploymentView, _>(child_config.clone(), |_| {}, |s| &s.deployments);
     let (services, service_stream) =
@@ -370,7 +358,7 @@ pub async fn run_with(
             apps_for_queue,
             queue.clone(),
         ));
-    // With the sharded watch: buckets become usable once every cache has listed them;
+    // Divided by buckets: buckets become usable once every cache has listed them;
     // their AppServices (and, cheaply, the rest) get a pass then.
     let controller = match &served {
         Some(served) => controller.reconcile_all_on(queue::observe_reconcile_all(
@@ -417,8 +405,8 @@ pub async fn run_with(
         elector_stop_rx.clone(),
     );
     let (membership, sharder) = if config.sharding {
-        // The sharded watch: the Lease carries this member's claims, and the claims task
-        // (in place of the sharder) follows the ring.
+        // Divided by buckets, the Lease carries this member's claims, and the claims task
+        // follows the ring; a canary ring's leader runs the sharder.
         let (wanted, written) = (
             watch::channel(shard::claims::annotations(shard::buckets::Buckets::NONE)).0,
             watch::channel(std::collections::BTreeMap::new()).0,
@@ -437,8 +425,8 @@ pub async fn run_with(
             elector_stop_rx,
         );
         let sharder = match &served {
-            Some(served) => {
-                let claims = shard::claims::Claims {
+            Some(served) => tokio::spawn(
+                shard::claims::Claims {
                     ctx: ctx.clone(),
                     lease_client: lease_client.clone(),
                     identity: identity.clone(),
@@ -449,19 +437,8 @@ pub async fn run_with(
                     member: member_rx.clone(),
                     stop: stop_rx.clone(),
                 }
-                .run();
-                // A ring of one labels too, once its members are more than one.
-                let sharder = ring_of_one
-                    .then(|| shard::sharder::run(ctx.clone(), leading_rx.clone(), stop_rx.clone()));
-                tokio::spawn(async move {
-                    match sharder {
-                        Some(sharder) => {
-                            tokio::join!(claims, sharder);
-                        }
-                        None => claims.await,
-                    }
-                })
-            }
+                .run(),
+            ),
             None => tokio::spawn(shard::sharder::run(
                 ctx.clone(),
                 leading_rx.clone(),

@@ -69,11 +69,11 @@ pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Next> 
         warn!(object = %key, "AppService in an excluded namespace (--exclude-namespaces): not reconciled, nothing is written there");
         return Ok(Next::await_change());
     }
-    // With sharding: an object the sharder drains is let go here, between passes.
-    let _pass = match crate::shard::gate(&app, &ctx).await? {
-        crate::shard::Gate::Stop(next) => return Ok(next),
-        crate::shard::Gate::Go(pass) => pass,
-    };
+    // With sharding: only what this member serves (a canary ring also lets a drained
+    // object go here, between passes).
+    if let crate::shard::Gate::Stop(next) = crate::shard::gate(&app, &ctx).await? {
+        return Ok(next);
+    }
     // A status we wrote that the cache has caught up with is no longer needed: drop it
     // here, not only when writing status, which a pass may never reach.
     ctx.drop_stale_status_write(&key, app.metadata.resource_version.as_deref());

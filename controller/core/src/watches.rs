@@ -16,8 +16,7 @@ use tracing::info;
 
 use crate::config::Config;
 use crate::context::CacheSync;
-use crate::shard::buckets::Buckets;
-use crate::shard::served::{Generation, Served, following, selecting_buckets};
+use crate::shard::served::{Served, filtering_buckets, following, selecting_buckets};
 
 /// Starts the caches of one controller: the client, the watched namespace (or all) and
 /// the flags their initial lists set.
@@ -25,11 +24,9 @@ pub(crate) struct Watch<'a> {
     client: &'a Client,
     config: &'a Config,
     synced: &'a Arc<CacheSync>,
-    /// With `--sharded-watch`: every watch follows the buckets this shard serves. With a
-    /// ring of one ([`Served::set_ring_of_one`]): every watch of this shard's objects is
-    /// unfiltered while it serves every bucket, else selects the shard label (`labels`).
+    /// With sharding by buckets: every watch follows the buckets this member serves, a
+    /// new list for each change of them.
     served: Option<Arc<Served>>,
-    labels: Option<String>,
 }
 
 impl<'a> Watch<'a> {
@@ -39,7 +36,6 @@ impl<'a> Watch<'a> {
             config,
             synced,
             served: None,
-            labels: None,
         }
     }
 
@@ -48,15 +44,9 @@ impl<'a> Watch<'a> {
         self
     }
 
-    /// With a ring of one: the shard label selector the watches add while this shard
-    /// does not serve every bucket.
-    pub(crate) fn labelled(mut self, labels: Option<String>) -> Self {
-        self.labels = labels;
-        self
-    }
-
-    /// The watch of `K` selected by `watch`, with our backoff: one watch, or with the
-    /// sharded watch one per generation of served buckets.
+    /// The watch of `K` selected by `watch`, with our backoff: one watch, or with
+    /// sharding by buckets one per generation of served buckets (selected by the API
+    /// server with `--sharded-watch`, filtered here otherwise).
     fn watcher<K>(
         &self,
         watch: watcher::Config,
@@ -80,29 +70,20 @@ impl<'a> Watch<'a> {
             .backoff(WatchBackoff::default())
             .boxed()
         };
-        match (&self.served, &self.labels) {
-            (Some(served), Some(labels)) if served.is_ring_of_one() => {
-                let (client, labels) = (self.client.clone(), labels.clone());
-                let start = move |generation: Generation| {
-                    if generation.buckets == Buckets::ALL {
-                        return make(client.clone(), &watch);
-                    }
-                    let mut selected = watch.clone();
-                    selected.label_selector = Some(match selected.label_selector.take() {
-                        Some(l) => format!("{l},{labels}"),
-                        None => labels.clone(),
-                    });
-                    make(client.clone(), &selected)
-                };
-                following(served.clone(), start, listed.clone()).boxed()
-            }
-            (Some(served), _) => following(
+        match &self.served {
+            Some(served) if self.config.sharded_watch => following(
                 served.clone(),
                 selecting_buckets(self.client.clone(), move |c| make(c, &watch)),
                 listed.clone(),
             )
             .boxed(),
-            (None, _) => make(self.client.clone(), &watch),
+            Some(served) => following(
+                served.clone(),
+                filtering_buckets(self.client.clone(), move |c| make(c, &watch)),
+                listed.clone(),
+            )
+            .boxed(),
+            None => make(self.client.clone(), &watch),
         }
     }
 

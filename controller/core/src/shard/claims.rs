@@ -1,5 +1,6 @@
-//! With `--sharded-watch`: which namespace buckets this member serves, agreed with the
-//! other members through their Leases alone.
+//! Which namespace buckets this member serves, agreed with the other members of its ring
+//! through their Leases alone. A member alone serves all 64; the same rules with one
+//! member.
 //!
 //! Each member's Lease carries the buckets it claims ([`ANNOTATION`], written by its own
 //! renewals). The ring of live members ([`super::buckets::assigned`]) says which buckets
@@ -186,15 +187,7 @@ impl Claims {
             );
             self.ctx.metrics().shard().set_members(ring.len());
             let others = live.iter().fold(Buckets::NONE, |a, (_, b)| a.union(*b));
-            let alone = live.is_empty();
-            // A ring of one: every bucket while no other member is live, none otherwise
-            // (then the shard labels divide the AppServices).
-            let ring_of_one = self.served.is_ring_of_one();
-            let desired = match (ring_of_one, alone) {
-                (true, true) => Buckets::ALL,
-                (true, false) => Buckets::NONE,
-                (false, _) => assigned(&ring, &self.identity),
-            };
+            let desired = assigned(&ring, &self.identity);
 
             let lose = self.served.allowed().minus(desired);
             if !lose.is_empty() {
@@ -203,19 +196,14 @@ impl Claims {
                     "letting buckets go: the ring gave them to another member"
                 );
                 self.served.release(lose).await;
-                if ring_of_one {
-                    // Nothing is handed over yet: the sharder labels the AppServices now.
-                    info!("another member joined the ring: serving by shard labels from now on");
-                } else {
-                    let handed = self
-                        .apps
-                        .state()
-                        .iter()
-                        .filter(|a| lose.contains_namespace(&a.namespace().unwrap_or_default()))
-                        .count();
-                    for _ in 0..handed {
-                        self.ctx.metrics().shard().handover(super::Direction::Out);
-                    }
+                let handed = self
+                    .apps
+                    .state()
+                    .iter()
+                    .filter(|a| lose.contains_namespace(&a.namespace().unwrap_or_default()))
+                    .count();
+                for _ in 0..handed {
+                    self.ctx.metrics().shard().handover(super::Direction::Out);
                 }
             }
             // The Lease says what we serve: after a release, after a contested claim was
@@ -227,35 +215,6 @@ impl Claims {
                     continue;
                 }
             }
-            if ring_of_one && serving.is_empty() && desired.is_empty() {
-                // Writes by the shard labels only while no other live member serves every
-                // bucket: checked against a quorum read before they open, and shut at once
-                // when a claim shows up (which a renewing member never sees: a member
-                // claims only once every other one has stopped renewing).
-                if !others.is_empty() {
-                    if self.served.labels_open() {
-                        warn!("another member serves every bucket: writes by shard label shut");
-                        self.served.close_labels();
-                    }
-                } else if !self.served.labels_open() {
-                    match peers
-                        .reread(&api, &selector, &ours, config.lease_duration)
-                        .await
-                    {
-                        Ok(live) => {
-                            let claimed = live.iter().any(|(_, b)| !b.is_empty());
-                            if !claimed {
-                                self.served.open_labels().await;
-                                info!("serving the AppServices labelled for this shard");
-                            }
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "reading the ring's Leases; writes by shard label stay shut");
-                        }
-                    }
-                }
-            }
-
             let take = desired.minus(serving).minus(others);
             if take.is_empty() {
                 continue;
@@ -270,14 +229,7 @@ impl Claims {
                 .reread(&api, &selector, &ours, config.lease_duration)
                 .await
             {
-                Ok(live) => {
-                    if ring_of_one && !live.is_empty() {
-                        // Not alone after all: a ring of one serves by labels then.
-                        Buckets::ALL
-                    } else {
-                        live.iter().fold(Buckets::NONE, |a, (_, b)| a.union(*b))
-                    }
-                }
+                Ok(live) => live.iter().fold(Buckets::NONE, |a, (_, b)| a.union(*b)),
                 Err(e) => {
                     warn!(error = %e, "reading the ring's Leases after a claim; not taking the buckets yet");
                     continue;

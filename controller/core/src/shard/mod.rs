@@ -2,21 +2,28 @@
 //!
 //! | part | holds |
 //! | --- | --- |
-//! | [`ring`] | the pure assignment: rendezvous hashing of `namespace/name` over the live members |
-//! | [`fence`] | the check before every write: this shard's membership Lease is current |
+//! | [`buckets`] | the 64 namespace hash buckets, and which live member each belongs to |
+//! | [`claims`] | the buckets this member serves, agreed through the ring's Leases |
+//! | [`served`] | the served buckets: the gate, the write check, the watches that follow them |
+//! | [`ring`] | the pure assignment: rendezvous hashing over the live members |
+//! | [`fence`] | the check before every write: this member's Lease is current |
 //! | [`metrics`] | `appservice_controller_shard_*`, registered by [`crate::metrics::Metrics`] |
 //! | [`namespaces`] | `--namespace-selector`: the namespaces a ring owns (a canary release) |
-//! | [`sharder`] | run by the ring's leader: labels each AppService and its children with their shard, drains on handover |
-//! | [`buckets`], [`served`], [`claims`] | `--sharded-watch`: namespace hash buckets claimed in the Leases, served through the API server's sharded watch |
-//! | here | the membership Lease, the drain acknowledgement in reconcile, the label on created children |
+//! | [`sharder`] | a canary ring's (`--namespace-selector`) label protocol, run by its leader |
+//! | here | the membership Lease, the gate of each pass, the label on a canary ring's children |
 //!
 //! Each replica holds a membership Lease `<ring>-shard-<identity>` (labelled
 //! `platform.example.com/shard-ring: <ring>`), renewed by [`crate::leader::Elector`] with
-//! the same rules as the leader Lease, and watches only objects labelled
-//! `shard.platform.example.com/<ring>: <identity>`. Off (the default), none of this
-//! runs and the controller is the single leader it always was. With `--sharded-watch` no
-//! label is used: each member claims buckets of namespaces in its Lease ([`claims`]) and
-//! the API server filters its watches by them ([`served`]).
+//! the same rules as the leader Lease. It claims in that Lease the namespace buckets the
+//! ring's live members assign it ([`claims`]), and serves those: its passes, its writes
+//! and its caches. Alone, it serves every bucket; that is not a mode, the same rules hold
+//! with one member as with N. Nothing is written on the objects. With `--sharded-watch`
+//! the API server filters each watch by the buckets; without, the member filters them.
+//!
+//! A canary ring (`--namespace-selector`) still divides by label: the ring's leader runs
+//! the [`sharder`], which writes `shard.platform.example.com/<ring>: <identity>` on each
+//! AppService and its children and hands them over by a drain handshake. Off (the
+//! default), none of this runs and the controller is the single leader it always was.
 
 pub mod buckets;
 pub mod claims;
@@ -48,27 +55,21 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::queue::Next;
 
-/// The label this shard puts on the children it creates, so a create already carries
-/// it: `(shard.platform.example.com/<ring>, <identity>)`; none without sharding, and none
-/// with the server-side sharded watch (which selects by namespace, not by label).
+/// The label a canary ring's member puts on the children it creates, so a create
+/// already carries it: `(shard.platform.example.com/<ring>, <identity>)`; none otherwise.
 pub fn child_label(config: &Config) -> Option<(String, String)> {
-    (config.sharding && !config.sharded_watch)
-        .then(|| (shard_label(&config.shard_ring), config.identity()))
+    labelled(config).then(|| (shard_label(&config.shard_ring), config.identity()))
 }
 
-/// Label sharding where a member alone in its ring serves without labels (every ring
-/// without `--namespace-selector`): it claims every namespace bucket in its Lease, as the
-/// sharded watch does, and watches everything; when another member joins it lets them go
-/// and the sharder labels the AppServices. A canary ring always labels: the namespaces
-/// it shares the cluster with belong to another ring.
-pub fn ring_of_one(config: &Config) -> bool {
-    config.sharding && !config.sharded_watch && config.namespace_selector.is_none()
+/// A canary ring (`--namespace-selector`): divided by the sharder's labels.
+pub fn labelled(config: &Config) -> bool {
+    config.sharding && config.namespace_selector.is_some()
 }
 
-/// Whether this shard's writes are checked against namespace buckets it claims (the
-/// sharded watch, or a ring of one).
+/// Every other ring: divided by namespace buckets claimed in the members' Leases, one
+/// member or many alike.
 pub fn bucketed(config: &Config) -> bool {
-    config.sharding && (config.sharded_watch || ring_of_one(config))
+    config.sharding && !labelled(config)
 }
 
 /// The label selector of this shard's watches (`shard...=<identity>`), if sharding.
@@ -80,49 +81,37 @@ pub fn selector(config: &Config) -> Option<String> {
 pub enum Gate {
     /// Not this shard's to reconcile now.
     Stop(Next),
-    /// Go on; a pass that serves by the buckets keeps its guard until it ends.
-    Go(Option<served::PassGuard>),
+    /// Go on.
+    Go,
 }
 
-/// Before a pass: with sharding on, an AppService this shard owns that the sharder asks
-/// to drain is let go here. kube-runtime runs one pass per object at a time, so none of
-/// ours is in flight on it: forget it and remove our label, the last write this shard
-/// makes on it (guarded by the resourceVersion we read). An object not labelled ours (a
-/// cache behind the label's move) is left alone.
+/// Before a pass. Divided by buckets: a pass runs only for a namespace this member serves
+/// and whose objects every cache has listed; labels on the object mean nothing, and the
+/// claims task lets a bucket go only between writes, so there is nothing to acknowledge.
+///
+/// A canary ring: an AppService labelled another member's is not ours; one this member
+/// owns that the sharder asks to drain is let go here. kube-runtime runs one pass per
+/// object at a time, so none of ours is in flight on it: forget it and remove our label,
+/// the last write this member makes on it (guarded by the resourceVersion we read).
 pub async fn gate(app: &AppService, ctx: &Context) -> Result<Gate> {
     let namespace = app.namespace().unwrap_or_default();
     if let Some(served) = ctx.served() {
-        if !served.is_ring_of_one() {
-            // The sharded watch: a pass runs only for a namespace this shard serves, and
-            // whose objects every cache has listed; the claims task lets a bucket go only
-            // between writes, so there is nothing to acknowledge.
-            return Ok(if served.usable(&namespace) {
-                Gate::Go(None)
-            } else {
-                Gate::Stop(Next::await_change())
-            });
-        }
-        // A ring of one: an AppService without any shard or drain label is served by
-        // the bucket rules (only by a member alone in its ring, which serves every
-        // bucket); a labelled one by the label rules below.
-        let claims = sharder::Claims::of(app.labels(), &ctx.config().shard_ring);
-        if claims.owner.is_none() && !claims.draining && claims.foreign.is_empty() {
-            return Ok(match served.begin_pass(&namespace) {
-                Some(pass) => Gate::Go(Some(pass)),
-                None => Gate::Stop(Next::await_change()),
-            });
-        }
+        return Ok(if served.usable(&namespace) {
+            Gate::Go
+        } else {
+            Gate::Stop(Next::await_change())
+        });
     }
     let config = ctx.config();
     let Some((label, identity)) = child_label(config) else {
-        return Ok(Gate::Go(None));
+        return Ok(Gate::Go);
     };
     let labels = app.labels();
     if labels.get(&label) != Some(&identity) {
         return Ok(Gate::Stop(Next::await_change()));
     }
     if !labels.contains_key(&drain_label(&config.shard_ring)) {
-        return Ok(Gate::Go(None));
+        return Ok(Gate::Go);
     }
     let key = ObjectRef::from_obj(app);
     let api: Api<AppService> = Api::namespaced(ctx.client().clone(), &namespace);
@@ -203,8 +192,8 @@ pub fn follow_owned(
 ) {
     tokio::spawn(async move {
         let mut known: Option<std::collections::HashSet<ObjectRef<AppService>>> = None;
-        // A new generation of watches (a ring of one, or the sharded watch, changed what
-        // it serves) lists everything again: a new baseline, not handovers one by one.
+        // A new generation of watches (the served buckets changed) lists everything
+        // again: a new baseline, not handovers one by one.
         let generation = || ctx.served().map(|s| s.listed_generation());
         let mut listed = generation();
         loop {
@@ -248,12 +237,23 @@ mod tests {
     }
 
     #[test]
-    fn without_sharding_there_is_no_label_and_no_selector() {
+    fn only_a_canary_ring_labels() {
         let mut config = Config::for_namespace("ns");
         assert_eq!(child_label(&config), None);
         assert_eq!(selector(&config), None);
         config.sharding = true;
         config.identity = Some("pod-0".into());
+        assert_eq!(selector(&config), None, "one member or many: by buckets");
+        assert!(bucketed(&config));
+        for sharded_watch in [false, true] {
+            config.sharded_watch = sharded_watch;
+            assert_eq!(selector(&config), None);
+        }
+        config.sharded_watch = false;
+        config.namespace_selector = Some(
+            namespaces::NamespaceSelector::parse("operator-upgrade=canary").expect("a selector"),
+        );
+        assert!(!bucketed(&config));
         assert_eq!(
             selector(&config).as_deref(),
             Some("shard.platform.example.com/appservice-operator=pod-0")

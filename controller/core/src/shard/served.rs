@@ -1,7 +1,9 @@
-//! What one shard serves with `--sharded-watch`: the namespace buckets its watches select
-//! and its writes may touch ([`super::buckets`]), shared by the claims task
-//! ([`super::claims`]) that changes them, the watches that follow them, the fence that
-//! checks every write against them, and the gate at the top of each pass.
+//! What one member of a ring serves: the namespace buckets its watches select and its
+//! writes may touch ([`super::buckets`]), shared by the claims task ([`super::claims`])
+//! that changes them, the watches that follow them (filtered by the API server with
+//! `--sharded-watch`, here otherwise), the check of every write against them, and the gate
+//! at the top of each pass. A member alone in its ring serves every bucket: the same
+//! object, with one member.
 //!
 //! The order of a release is what makes a handover safe: first the buckets leave
 //! `allowed` (the fence refuses every later write to them and the gate every later pass),
@@ -10,7 +12,6 @@
 //! acquired bucket is usable by passes only once every cache has listed it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{Stream, StreamExt};
@@ -38,12 +39,6 @@ struct Inner {
     generations: BTreeMap<u64, Buckets>,
     /// Per cache, the last generation whose initial list is in its store.
     synced: BTreeMap<&'static str, u64>,
-    /// A ring of one ([`Served::set_ring_of_one`]): writes outside the served buckets go out
-    /// too (those the label rules allow: this shard's labelled objects). Shut from the
-    /// start of a release until the passes that the served buckets let run have ended.
-    labels_open: bool,
-    /// A ring of one: passes under way that the served buckets let run.
-    passes: usize,
 }
 
 /// Shared by everything that follows the served buckets.
@@ -54,9 +49,6 @@ pub struct Served {
     watched: watch::Sender<Generation>,
     /// The buckets passes may run for: allowed, and listed by every cache.
     usable: watch::Sender<Buckets>,
-    /// Label sharding, where a member alone in its ring serves every bucket (see
-    /// [`Served::set_ring_of_one`]); otherwise the sharded watch.
-    ring_of_one: AtomicBool,
 }
 
 impl Default for Served {
@@ -70,7 +62,6 @@ impl Default for Served {
             drained: Notify::new(),
             watched: watch::channel(Generation::default()).0,
             usable: watch::channel(Buckets::NONE).0,
-            ring_of_one: AtomicBool::new(false),
         }
     }
 }
@@ -78,20 +69,6 @@ impl Default for Served {
 impl Served {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Label sharding with a ring of one (set before anything uses it): a member alone in
-    /// its ring claims every bucket (as the sharded watch would) and serves its
-    /// AppServices without labels, through unfiltered watches; with others it serves by
-    /// its shard label, once the claims task saw that no other member serves every bucket
-    /// ([`Served::open_labels`]). Writes are shut while a release is under way.
-    pub fn set_ring_of_one(&self, on: bool) {
-        self.ring_of_one.store(on, Ordering::Release);
-    }
-
-    /// Whether this is label sharding with a ring of one ([`Served::set_ring_of_one`]).
-    pub fn is_ring_of_one(&self) -> bool {
-        self.ring_of_one.load(Ordering::Acquire)
     }
 
     /// The buckets writes may touch now.
@@ -140,7 +117,6 @@ impl Served {
         {
             let mut inner = self.lock();
             inner.allowed = inner.allowed.minus(buckets);
-            inner.labels_open = false;
             self.update_usable(&mut inner);
         }
         loop {
@@ -161,46 +137,6 @@ impl Served {
         self.switch(&mut inner, next);
     }
 
-    /// A ring of one, after a release: once no pass that the served buckets let run is
-    /// under way any more, writes by the label rules open again.
-    pub async fn open_labels(&self) {
-        loop {
-            let drained = self.drained.notified();
-            {
-                let mut inner = self.lock();
-                if inner.passes == 0 {
-                    inner.labels_open = true;
-                    return;
-                }
-            }
-            drained.await;
-        }
-    }
-
-    /// A ring of one: shuts writes by the label rules (another member serves every
-    /// bucket).
-    pub fn close_labels(&self) {
-        self.lock().labels_open = false;
-    }
-
-    /// Whether writes by the label rules are open (a ring of one, not releasing).
-    pub fn labels_open(&self) -> bool {
-        self.lock().labels_open
-    }
-
-    /// A ring of one: counts a pass of an AppService in `namespace` that the served
-    /// buckets let run, while the guard lives; `None` if its bucket is not usable.
-    pub fn begin_pass(self: &Arc<Self>, namespace: &str) -> Option<PassGuard> {
-        let mut inner = self.lock();
-        if !self.usable.borrow().contains_namespace(namespace) {
-            return None;
-        }
-        inner.passes += 1;
-        Some(PassGuard {
-            served: self.clone(),
-        })
-    }
-
     fn switch(&self, inner: &mut Inner, buckets: Buckets) {
         let number = self.watched.borrow().number + 1;
         inner.generations.insert(number, buckets);
@@ -209,13 +145,14 @@ impl Served {
     }
 
     /// A cache (each registers once, before its first list) has listed `generation`.
-    pub(crate) fn synced(&self, cache: &'static str, generation: u64) {
+    pub fn synced(&self, cache: &'static str, generation: u64) {
         let mut inner = self.lock();
         inner.synced.insert(cache, generation);
         self.update_usable(&mut inner);
     }
 
-    pub(crate) fn register(&self, cache: &'static str) {
+    /// A cache that follows the served buckets: none is usable until it listed them.
+    pub fn register(&self, cache: &'static str) {
         self.lock().synced.entry(cache).or_insert(0);
     }
 
@@ -245,11 +182,7 @@ impl Served {
         let b = bucket(namespace);
         let mut inner = self.lock();
         if !inner.allowed.contains(b) {
-            // A ring of one serving by labels: the label rules decide, nothing to count.
-            return inner.labels_open.then(|| WriteGuard {
-                served: self.clone(),
-                bucket: BUCKETS,
-            });
+            return None;
         }
         if let Some(n) = inner.in_flight.get_mut(b as usize) {
             *n += 1;
@@ -282,8 +215,15 @@ impl Drop for WriteGuard {
 pub(crate) type Current<K> =
     futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
 
-/// The sharded watch's generation: `make(client)` with a client selecting its buckets;
-/// no bucket: an empty list, then nothing.
+/// The generation of no bucket: an empty list, then nothing.
+fn nothing<K: Send + 'static>() -> Current<K> {
+    futures::stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
+        .chain(futures::stream::pending())
+        .boxed()
+}
+
+/// With `--sharded-watch`, a generation's watch: `make(client)` with a client selecting
+/// its buckets, so the API server sends only their objects.
 pub(crate) fn selecting_buckets<K, S, F>(
     client: kube::Client,
     make: F,
@@ -296,24 +236,47 @@ where
     move |generation: Generation| -> Current<K> {
         match generation.buckets.selector() {
             Some(selector) => make(selecting(client.clone(), selector)).boxed(),
-            None => futures::stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
-                .chain(futures::stream::pending())
-                .boxed(),
+            None => nothing(),
         }
     }
 }
 
-/// A pass in flight (see [`Served::begin_pass`]).
-pub struct PassGuard {
-    served: Arc<Served>,
-}
-
-impl Drop for PassGuard {
-    fn drop(&mut self) {
-        let mut inner = self.served.lock();
-        inner.passes = inner.passes.saturating_sub(1);
-        drop(inner);
-        self.served.drained.notify_waiters();
+/// Without `--sharded-watch` (every cluster whose API server lacks the alpha gate), a
+/// generation's watch: `make(client)` watches everything and only the objects of the
+/// generation's buckets go on, so they alone reach the caches and the triggers. Every
+/// event is still received and decoded; the writes, the passes and the caches are
+/// divided.
+pub(crate) fn filtering_buckets<K, S, F>(
+    client: kube::Client,
+    make: F,
+) -> impl Fn(Generation) -> Current<K> + Send + 'static
+where
+    K: kube::Resource + Send + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    F: Fn(kube::Client) -> S + Send + 'static,
+{
+    move |generation: Generation| -> Current<K> {
+        let buckets = generation.buckets;
+        if buckets.is_empty() {
+            return nothing();
+        }
+        let stream = make(client.clone());
+        if buckets == Buckets::ALL {
+            return stream.boxed();
+        }
+        stream
+            .filter(move |event| {
+                let keep = match event {
+                    Ok(
+                        watcher::Event::Apply(o)
+                        | watcher::Event::InitApply(o)
+                        | watcher::Event::Delete(o),
+                    ) => buckets.contains_namespace(o.meta().namespace.as_deref().unwrap_or("")),
+                    _ => true,
+                };
+                std::future::ready(keep)
+            })
+            .boxed()
     }
 }
 
@@ -336,9 +299,6 @@ pub fn namespace_of(path: &str) -> Option<&str> {
     Some(namespace).filter(|n| !n.is_empty())
 }
 
-/// The path of the Lease API, whose writes keep the fence open.
-const LEASES: &str = "/apis/coordination.k8s.io/";
-
 /// Why a write was not sent.
 #[derive(Debug, thiserror::Error)]
 #[error("namespace {0:?} is not served by this shard (its bucket was handed over); write not sent")]
@@ -347,8 +307,7 @@ pub struct NotServed(pub String);
 /// `client` with every write to a namespaced object checked against the served buckets
 /// right before it is sent, and counted while in flight (reads pass untouched). Writes in
 /// `own` (the operator's namespace: its Leases, the databases' admin Secrets) are not
-/// AppServices' and pass; in a ring of one, whose buckets are all or none, only its
-/// Leases pass (the operator's namespace may hold AppServices too).
+/// AppServices' and pass: the controller never reconciles in its own namespace.
 pub fn bounded(client: kube::Client, served: Arc<Served>, own: &str) -> kube::Client {
     let namespace = client.default_namespace().to_owned();
     let own = own.to_owned();
@@ -358,11 +317,8 @@ pub fn bounded(client: kube::Client, served: Arc<Served>, own: &str) -> kube::Cl
         let own = own.clone();
         async move {
             let write = super::fence::guarded(&req);
-            let path = req.uri().path();
-            let exempt =
-                |ns: &str| ns == own && (!served.is_ring_of_one() || path.starts_with(LEASES));
-            let guard = match namespace_of(path) {
-                Some(ns) if write && !exempt(ns) => match served.begin_write(ns) {
+            let guard = match namespace_of(req.uri().path()) {
+                Some(ns) if write && ns != own => match served.begin_write(ns) {
                     Some(guard) => Some(guard),
                     None => return Err(kube::Error::Service(Box::new(NotServed(ns.to_owned())))),
                 },
@@ -551,50 +507,5 @@ mod tests {
         drop(guard);
         release.await.unwrap();
         assert!(!s.watched().contains_namespace("team-a"));
-    }
-
-    #[tokio::test]
-    async fn a_ring_of_one_opens_writes_by_label_only_after_its_passes_ended() {
-        let s = served_with_caches();
-        s.set_ring_of_one(true);
-        assert!(
-            s.begin_write("team-a").is_none(),
-            "nothing is written before the claims task opened either way"
-        );
-        s.acquire(Buckets::ALL);
-        assert!(s.begin_pass("team-a").is_none(), "not listed yet");
-        s.synced("a", 1);
-        s.synced("b", 1);
-        let pass = s
-            .begin_pass("team-a")
-            .expect("alone: every bucket is usable");
-        let write = s
-            .begin_write("team-a")
-            .expect("alone: every write goes out");
-        let release = tokio::spawn({
-            let s = s.clone();
-            async move { s.release(Buckets::ALL).await }
-        });
-        while !s.allowed().is_empty() {
-            tokio::task::yield_now().await;
-        }
-        assert!(s.begin_write("team-b").is_none(), "shut while releasing");
-        assert!(s.begin_pass("team-b").is_none());
-        assert!(!release.is_finished(), "a write is in flight");
-        drop(write);
-        release.await.unwrap();
-        assert_eq!(s.watched(), Buckets::NONE, "the watches select the label");
-        let open = tokio::spawn({
-            let s = s.clone();
-            async move { s.open_labels().await }
-        });
-        tokio::task::yield_now().await;
-        assert!(!s.labels_open(), "a pass of the buckets is under way");
-        assert!(s.begin_write("team-a").is_none());
-        drop(pass);
-        open.await.unwrap();
-        assert!(s.begin_write("team-a").is_some(), "by the label rules");
-        s.close_labels();
-        assert!(s.begin_write("team-a").is_none());
     }
 }

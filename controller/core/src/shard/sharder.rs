@@ -1,5 +1,6 @@
-//! The sharder: run by the holder of the ring's leader Lease, it decides which live
-//! shard owns each AppService and says so with the label
+//! The sharder of a canary ring (`--namespace-selector`; every other ring divides by
+//! namespace buckets, [`super::claims`]): run by the holder of the ring's leader Lease,
+//! it decides which live shard owns each AppService and says so with the label
 //! `shard.platform.example.com/<ring>: <identity>` on the AppService and on its
 //! children. It watches metadata only (AppServices, our children, the ring's Leases), and
 //! only while it leads, so the other replicas hold none of it.
@@ -509,40 +510,30 @@ pub async fn run(
             members: None,
             last_full: None,
         };
-        // A ring of one starts narrow: most likely this member is alone.
-        let mut narrow = super::ring_of_one(ctx.config()).then(|| ctx.config().identity());
-        loop {
-            let Some(next) = lead(&ctx, &mut state, narrow.as_deref(), &leading, &stop).await
-            else {
-                break;
-            };
-            narrow = next;
-        }
+        lead(&ctx, &mut state, &leading, &stop).await;
         info!("sharder stopped");
     }
 }
 
-/// Leads with one set of caches, until `stop`, the end of leadership (`None`), or until
-/// the caches must change: `Some(narrow)`, what [`start_caches`] should narrow to.
+/// Leads with one set of caches, until `stop` or the end of leadership.
 async fn lead(
     ctx: &Arc<Context>,
     state: &mut PassState,
-    narrow: Option<&str>,
     leading: &watch::Receiver<bool>,
     stop: &watch::Receiver<bool>,
-) -> Option<Option<String>> {
+) {
     let (mut leading, mut stop) = (leading.clone(), stop.clone());
     let mut tasks = JoinSet::new();
     let notify = Arc::new(Notify::new());
     let changes = Arc::new(Changes::default());
-    let caches = start_caches(ctx, &mut tasks, &notify, &changes, narrow);
+    let caches = start_caches(ctx, &mut tasks, &notify, &changes);
     // Everything is new to these caches.
     state.members = None;
     let mut announced_members = usize::MAX;
     let mut last_read = Duration::ZERO;
-    let next = loop {
+    loop {
         if *stop.borrow() || !*leading.borrow() {
-            break None;
+            break;
         }
         if caches.synced.iter().all(|f| f.load(Ordering::Relaxed)) {
             // Taken before the pass reads the caches: what changes during it is
@@ -556,22 +547,11 @@ async fn lead(
             } else {
                 Scope::Apps(dirty.apps)
             };
-            let (members, read, alone) = pass(ctx, &caches, narrow, state, scope, &leading).await;
+            let (members, read) = pass(ctx, &caches, state, scope, &leading).await;
             last_read = read;
             if members != announced_members {
                 info!(members, "ring members");
                 announced_members = members;
-            }
-            if super::ring_of_one(ctx.config()) && alone.as_deref() != narrow {
-                match &alone {
-                    Some(member) => {
-                        info!(member = %member, "one member alone in the ring: the sharder watches only the children it does not serve")
-                    }
-                    None => info!(
-                        "more than one member in the ring: the sharder watches every AppService"
-                    ),
-                }
-                break Some(alone);
             }
         }
         // Changes wake the next pass soon (after a pause that gathers a burst of events
@@ -585,9 +565,8 @@ async fn lead(
             _ = leading.changed() => {}
             _ = stop.changed() => {}
         }
-    };
+    }
     tasks.abort_all();
-    next
 }
 
 /// What the sharder keeps of an object's metadata: its identity, its controller
@@ -613,28 +592,19 @@ fn keep_labels(meta: &mut kube::api::ObjectMeta) {
     };
 }
 
-/// Starts the sharder's caches. `narrow` (a ring of one whose member is alone): only
-/// the children labelled for another member than `alone` (the children the member alone
-/// labelled itself are not the sharder's to move). Every AppService stays in view, its
-/// labels only: one left with a drain label, another ring's labels or a gone member's
-/// label must be given to the member alone, which serves by the label rules every
-/// AppService that carries any of them.
+/// Starts the sharder's caches: every AppService and every child of ours, their labels
+/// only.
 fn start_caches(
     ctx: &Context,
     tasks: &mut JoinSet<()>,
     notify: &Arc<Notify>,
     changes: &Arc<Changes>,
-    narrow: Option<&str>,
 ) -> Caches {
     let config = ctx.config();
     let client = ctx.client();
     let synced: Arc<[AtomicBool; 6]> = Arc::new(Default::default());
     let ns = config.watch_namespace.clone();
-    let key = shard_label(&config.shard_ring);
-    let child_labels = match narrow {
-        Some(alone) => format!("{LABEL_MANAGED_BY}={MANAGED_BY},{key},{key} notin ({alone})"),
-        None => format!("{LABEL_MANAGED_BY}={MANAGED_BY}"),
-    };
+    let child_labels = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
     let children = watcher::Config::default()
         .labels(&child_labels)
         .any_semantic();
@@ -860,11 +830,10 @@ struct PassState {
 async fn pass(
     ctx: &Context,
     caches: &Caches,
-    narrow: Option<&str>,
     state: &mut PassState,
     scope: Scope,
     leading: &watch::Receiver<bool>,
-) -> (usize, Duration, Option<String>) {
+) -> (usize, Duration) {
     let started = Instant::now();
     let config = ctx.config();
     let ring_name = config.shard_ring.as_str();
@@ -907,38 +876,6 @@ async fn pass(
         delete_lease(ctx, lease).await;
     }
     ctx.metrics().shard().set_members(ring.len());
-    // A ring of one with one live member, or with a live member that serves every bucket
-    // (it was alone, or believes so): the AppServices without a label are that member's,
-    // and a live owner is not asked to drain (its acknowledgement would leave the
-    // AppService without a label). Moves from dead owners go on: that member serves only
-    // AppServices without labels or with its own.
-    let alone = super::ring_of_one(config)
-        && (ring.len() == 1
-            || ours.iter().any(|lease| {
-                let holder = lease
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.holder_identity.as_deref());
-                holder.is_some_and(|h| ring.contains(h))
-                    && !super::claims::claims_of(lease).is_empty()
-            }));
-    // The member alone, if one: the sharder's caches narrow to what it does not serve.
-    let alone_member = if alone && ring.len() == 1 {
-        state
-            .members
-            .iter()
-            .flatten()
-            .find(|m| is_ours(&m.ring, &m.namespace))
-            .map(|m| m.holder.clone())
-    } else {
-        None
-    };
-    // Caches narrowed to another member alone than the ring has now miss the children
-    // that member labelled: a move decided from them would relabel an AppService before
-    // its children. Nothing is done until `lead` restarts the caches for this ring.
-    if narrow.is_some() && alone_member.as_deref() != narrow {
-        return (ring.len(), started.elapsed(), alone_member);
-    }
     let peers = &state.peers;
     let dead_ring = |r: &str| r != ring_name && peers.dead(r, now, config.lease_duration);
 
@@ -977,12 +914,6 @@ async fn pass(
             |m| ring.contains(m),
             dead_ring,
         );
-        let unlabelled = claims.owner.is_none() && !claims.draining && claims.foreign.is_empty();
-        if alone
-            && (matches!(step, Step::Drain) || (unlabelled && matches!(step, Step::Move { .. })))
-        {
-            continue;
-        }
         let kids = app
             .metadata
             .uid
@@ -1028,7 +959,7 @@ async fn pass(
     }
     let read = started.elapsed();
     if work.is_empty() {
-        return (ring.len(), read, alone_member);
+        return (ring.len(), read);
     }
     debug!(actions = work.len(), "sharder pass");
     let (owner_label, drain) = (owner_label.as_str(), drain.as_str());
@@ -1044,7 +975,7 @@ async fn pass(
         })
         .buffer_unordered(CONCURRENCY);
     done.collect::<()>().await;
-    (ring.len(), read, alone_member)
+    (ring.len(), read)
 }
 
 /// Every child in the caches, by its controller's uid.
