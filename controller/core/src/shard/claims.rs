@@ -19,7 +19,7 @@
 //! So a bucket is written by at most one member at a time; what it rests on is the fence's
 //! condition, `lease duration > renew deadline + the longest a request takes`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::buckets::{Buckets, assigned};
+use super::liveness::{Liveness, Observed};
 use super::ring::Ring;
 use super::served::Served;
 use crate::context::Context;
@@ -47,50 +48,25 @@ pub fn annotations(buckets: Buckets) -> BTreeMap<String, String> {
     BTreeMap::from([(ANNOTATION.to_owned(), buckets.to_hex())])
 }
 
-/// What this member knows of one other member.
-#[derive(Debug, Clone)]
-struct Peer {
-    identity: Option<String>,
-    claims: Buckets,
-    version: Option<String>,
-    /// When this process saw the record change last.
-    since: Instant,
-}
-
-/// The other members of the ring, from their Leases, and since when each was seen
-/// unchanged (a record unchanged for the lease duration is a dead member's).
+/// The other members of the ring, from their Leases: what each claims, and whether it is
+/// live.
 #[derive(Debug, Default)]
 struct Peers {
-    by_lease: HashMap<String, Peer>,
+    leases: Liveness<Buckets>,
 }
 
 impl Peers {
     fn observe(&mut self, leases: &[Arc<Lease>], ours: &str, now: Instant) {
-        let mut seen = HashMap::new();
-        for lease in leases {
-            let name = lease.name_any();
-            if name == ours {
-                continue;
-            }
-            let spec = lease.spec.clone().unwrap_or_default();
-            let identity = spec.holder_identity.filter(|h| !h.is_empty());
-            let claims = claims_of(lease);
-            let version = lease.resource_version();
-            let since = match self.by_lease.get(&name) {
-                Some(p) if p.version == version => p.since,
-                _ => now,
-            };
-            seen.insert(
-                name,
-                Peer {
-                    identity,
-                    claims,
-                    version,
-                    since,
-                },
-            );
-        }
-        self.by_lease = seen;
+        let others = leases
+            .iter()
+            .filter(|l| l.name_any() != ours)
+            .map(|l| Observed {
+                key: l.name_any(),
+                holder: l.spec.as_ref().and_then(|s| s.holder_identity.clone()),
+                version: l.resource_version(),
+                said: claims_of(l),
+            });
+        self.leases.observe(others, now);
     }
 
     /// A quorum read of the ring's Leases (a list, not the watch's cache: it holds every
@@ -111,10 +87,10 @@ impl Peers {
 
     /// The live members and what they claim.
     fn live(&self, lease_duration: Duration, now: Instant) -> Vec<(&str, Buckets)> {
-        self.by_lease
-            .values()
-            .filter(|p| now.duration_since(p.since) < lease_duration)
-            .filter_map(|p| p.identity.as_deref().map(|id| (id, p.claims)))
+        self.leases
+            .live(lease_duration, now)
+            .into_iter()
+            .map(|(id, claims)| (id, *claims))
             .collect()
     }
 }
@@ -292,34 +268,27 @@ mod tests {
     }
 
     #[test]
-    fn a_member_whose_record_stopped_changing_is_dead_and_its_claims_void() {
+    fn peers_are_the_other_live_members_with_their_claims() {
         let d = Duration::from_secs(15);
         let t0 = Instant::now();
         let mut peers = Peers::default();
         let b = lease("r-shard-b", Some("b"), Some("0000000000000003"), "1");
         let ours = lease("r-shard-a", Some("a"), None, "1");
         peers.observe(&[b.clone(), ours], "r-shard-a", t0);
-        let live = peers.live(d, t0 + Duration::from_secs(14));
         assert_eq!(
-            live,
+            peers.live(d, t0 + Duration::from_secs(14)),
             vec![("b", Buckets::NONE.with(0).with(1))],
             "ours is not a peer"
         );
-        // Unchanged for a lease duration: dead.
         peers.observe(
             std::slice::from_ref(&b),
             "r-shard-a",
             t0 + Duration::from_secs(10),
         );
-        assert!(peers.live(d, t0 + Duration::from_secs(15)).is_empty());
-        // Renewed: live again, counted from when we saw the change.
-        let renewed = lease("r-shard-b", Some("b"), Some("0000000000000003"), "2");
-        peers.observe(&[renewed], "r-shard-a", t0 + Duration::from_secs(16));
-        assert_eq!(peers.live(d, t0 + Duration::from_secs(30)).len(), 1);
-        // Released (no holder): not a member.
-        let released = lease("r-shard-b", None, Some("0000000000000003"), "3");
-        peers.observe(&[released], "r-shard-a", t0 + Duration::from_secs(31));
-        assert!(peers.live(d, t0 + Duration::from_secs(31)).is_empty());
+        assert!(
+            peers.live(d, t0 + Duration::from_secs(15)).is_empty(),
+            "dead: its claims void"
+        );
     }
 
     #[test]

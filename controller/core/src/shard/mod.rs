@@ -6,6 +6,7 @@
 //! | [`claims`] | the buckets this member serves, agreed through the ring's Leases |
 //! | [`served`] | the served buckets: the gate, the write check, the watches that follow them |
 //! | [`ring`] | the pure assignment: rendezvous hashing over the live members |
+//! | [`liveness`] | which members are live, from their Leases on this process's clock |
 //! | [`fence`] | the check before every write: this member's Lease is current |
 //! | [`metrics`] | `appservice_controller_shard_*`, registered by [`crate::metrics::Metrics`] |
 //! | [`namespaces`] | `--namespace-selector`: the namespaces a ring owns (a canary release) |
@@ -28,6 +29,7 @@
 pub mod buckets;
 pub mod claims;
 pub mod fence;
+pub mod liveness;
 pub mod metrics;
 pub mod namespaces;
 pub mod ring;
