@@ -12,6 +12,7 @@ mod demo;
 mod deny;
 mod paths;
 mod sbom;
+mod test_run;
 mod tools;
 
 /// What was being done when an error happened, with the error's own message in the same
@@ -87,12 +88,23 @@ enum Cmd {
         #[arg(long)]
         output: Option<PathBuf>,
     },
-    /// Build the test assets and install PostgreSQL if needed, then run every test of
-    /// the workspace (the supply-chain checks are `supply-chain`, CI's own step).
+    /// Build the test assets and install PostgreSQL if needed, then build every test of
+    /// the workspace and run the suites side by side (the supply-chain checks are
+    /// `supply-chain`, CI's own step).
     Test {
-        /// Extra arguments for `cargo test`, e.g. `-- --nocapture`.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        /// How many test executables run at once.
+        #[arg(long, default_value_t = test_run::DEFAULT_JOBS)]
+        jobs: usize,
+        /// Only this package's tests (repeatable), as `cargo test -p`.
+        #[arg(short = 'p', long = "package")]
+        packages: Vec<String>,
+        /// Only this integration-test target (repeatable), as `cargo test --test`.
+        #[arg(long = "test")]
+        tests: Vec<String>,
+        /// After `--`, arguments for every test executable: a test name filter,
+        /// `--nocapture`.
+        #[arg(last = true)]
+        test_args: Vec<String>,
     },
 }
 
@@ -110,7 +122,18 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Cmd::Crd { check } => crd(check),
         Cmd::Assets { force } => assets(force).map(|bin| println!("{}", bin.display())),
-        Cmd::Test { args } => test(&args),
+        Cmd::Test {
+            jobs,
+            packages,
+            tests,
+            test_args,
+        } => {
+            let cargo_args: Vec<String> = (packages.iter().map(|p| ("-p", p)))
+                .chain(tests.iter().map(|t| ("--test", t)))
+                .flat_map(|(flag, v)| [flag.to_owned(), v.clone()])
+                .collect();
+            test(jobs, &cargo_args, &test_args)
+        }
         Cmd::Deny => deny::run(&repo_root()?),
         Cmd::SupplyChain => supply_chain(),
         Cmd::Cycles => cycles::run(&repo_root()?),
@@ -197,11 +220,30 @@ fn build_cr_baseline() -> Result<PathBuf> {
 
 /// Runs the asset build script and returns the directory holding the binaries.
 pub(crate) fn assets(force: bool) -> Result<PathBuf> {
+    assets_only(force, &[])
+}
+
+/// The binaries a control plane needs (`cargo xtask up` and `demo`): no chart, image or
+/// health tools.
+pub(crate) const CONTROL_PLANE_ASSETS: &[&str] = &[
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+];
+
+/// [`assets`], building only `only` (every asset when empty).
+pub(crate) fn assets_only(force: bool, only: &[&str]) -> Result<PathBuf> {
     let script = repo_root()?.join("tests/envtest/assets/build.sh");
     let mut cmd = Command::new("bash");
     cmd.arg(&script);
     if force {
         cmd.arg("--force");
+    }
+    if !only.is_empty() {
+        cmd.args(["--only", &only.join(",")]);
     }
     let out = cmd
         .stderr(std::process::Stdio::inherit())
@@ -299,35 +341,30 @@ fn supply_chain() -> Result<()> {
     Ok(())
 }
 
-fn test(args: &[String]) -> Result<()> {
+fn test(jobs: usize, cargo_args: &[String], test_args: &[String]) -> Result<()> {
     let bin = assets(false)?;
     ensure_postgres()?;
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(repo_root()?)
-        // Every target but benches, which are load runs (`cargo bench`), not tests;
-        // examples are compiled, and the benches are still compiled by clippy in CI.
-        .args([
-            "test",
-            "--workspace",
-            "--lib",
-            "--bins",
-            "--tests",
-            "--examples",
-        ])
-        .args(args)
-        .env("APPSERVICE_ASSETS_BIN", &bin)
-        .status()
-        .doing("running cargo test")?;
-    if !status.success() {
-        bail!("tests failed ({status})");
-    }
-    Ok(())
+    let root = repo_root()?;
+    let suites = test_run::build(&root, cargo_args)?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    test_run::run(
+        suites,
+        test_args,
+        &[(
+            "APPSERVICE_ASSETS_BIN".to_owned(),
+            bin.display().to_string(),
+        )],
+        jobs,
+        &target.join("test-logs"),
+    )
 }
 
 /// Runs the harness's control plane until Ctrl-C or SIGTERM. Every component is killed
 /// when this process exits, however it exits (see the harness's `process` module).
 fn up(full: bool) -> Result<()> {
-    let bin = assets(false)?;
+    let bin = assets_only(false, CONTROL_PLANE_ASSETS)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -385,4 +422,45 @@ pub(crate) async fn stop_signal() -> Result<()> {
         _ = term.recv() => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn test_args(argv: &[&str]) -> (usize, Vec<String>, Vec<String>) {
+        match Cli::try_parse_from(argv).unwrap().command {
+            Cmd::Test {
+                jobs,
+                packages,
+                tests,
+                test_args,
+            } => (jobs, [packages, tests].concat(), test_args),
+            _ => panic!("not the test command"),
+        }
+    }
+
+    fn strings(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn test_arguments_before_the_separator_are_cargos_and_after_it_the_suites() {
+        let jobs = test_run::DEFAULT_JOBS;
+        assert_eq!(
+            test_args(&["xtask", "test", "-p", "webhook", "--", "--nocapture"]),
+            (jobs, strings(&["webhook"]), strings(&["--nocapture"]))
+        );
+        assert_eq!(
+            test_args(&["xtask", "test", "--jobs", "1", "--", "shards"]),
+            (1, vec![], strings(&["shards"]))
+        );
+        assert_eq!(
+            test_args(&["xtask", "test", "--test", "routes"]),
+            (jobs, strings(&["routes"]), vec![])
+        );
+        assert_eq!(test_args(&["xtask", "test"]), (jobs, vec![], vec![]));
+    }
 }

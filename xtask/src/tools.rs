@@ -28,7 +28,7 @@ fn tools_dir() -> Result<PathBuf> {
 }
 
 /// The cargo running this command.
-fn cargo() -> String {
+pub(crate) fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 

@@ -10,7 +10,10 @@
 # this script changed. Safe to run concurrently: an exclusive file lock serialises
 # builders, and each binary is moved into place atomically.
 #
-# Usage: build.sh [--force]
+# Usage: build.sh [--force] [--only NAME,NAME,...]
+#   --only: build just these binaries (`cargo xtask demo` needs the control plane alone).
+# Before each build it says how long the builds left will take: the time each took when
+# last built here, else the time it took on the 2-core reference machine.
 set -euo pipefail
 
 K8S_VERSION=v1.37.2
@@ -18,7 +21,15 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${APPSERVICE_ASSETS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/appservice-operator/k8s-${K8S_VERSION#v}}"
 bin="$cache/bin"
 force=0
-[[ "${1:-}" == "--force" ]] && force=1
+only=""
+while (( $# )); do
+  case "$1" in
+    --force) force=1 ;;
+    --only) only=",${2:?--only needs a comma-separated list},"; shift ;;
+    *) echo "error: unknown argument $1 (usage: build.sh [--force] [--only NAME,...])" >&2; exit 2 ;;
+  esac
+  shift
+done
 
 log() { printf '[assets %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
@@ -50,6 +61,40 @@ export CGO_ENABLED=0
 export GOTOOLCHAIN=local
 export GOFLAGS="-mod=readonly -trimpath"
 
+# Seconds each build took from a cold Go cache on the 2-core reference machine: the
+# estimate until a build here measured its own (kept in $cache/.seconds-<name>).
+declare -A reference=(
+  [etcd]=75 [kube-apiserver]=420 [kube-controller-manager]=90 [kube-scheduler]=10
+  [kubectl]=25 [kwok]=90 [helm]=115 [argocd-health]=5 [kstatus]=25 [registry]=75
+  [crane]=5 [cosign]=160
+)
+order=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm
+  argocd-health kstatus registry crane cosign)
+
+wanted() { [[ -z "$only" || "$only" == *",$1,"* ]]; }
+
+if [[ -n "$only" ]]; then
+  for name in ${only//,/ }; do
+    [[ -n "${reference[$name]:-}" ]] || { echo "error: --only names an unknown binary: $name" >&2; exit 2; }
+  done
+fi
+
+built() { [[ -x "$bin/$1" && -f "$cache/.stamp-$1" ]]; }
+
+# The seconds the builds from `name` on (those wanted and not built yet) should take: an
+# estimate (a binary built from an older wrapper module is counted as built).
+left_from() {
+  local from="$1" counting=0 total=0 name
+  for name in "${order[@]}"; do
+    [[ "$name" == "$from" ]] && counting=1
+    (( counting )) || continue
+    wanted "$name" || continue
+    if (( !force )) && [[ "$name" != "$from" ]] && built "$name"; then continue; fi
+    total=$(( total + $(cat "$cache/.seconds-$name" 2>/dev/null || echo "${reference[$name]}") ))
+  done
+  echo "$total"
+}
+
 stamp_of() { # module dir, package, ldflags -> hash of everything that determines the build
   { cat "$here/$1/go.mod" "$here/$1/go.sum"; printf '%s\n' "$2" "$3" "$(go env GOVERSION)"; } | sha256sum | cut -d' ' -f1
 }
@@ -57,17 +102,20 @@ stamp_of() { # module dir, package, ldflags -> hash of everything that determine
 # build <module dir> <binary name> <package> [ldflags]
 build() {
   local mod="$1" name="$2" pkg="$3" ldflags="${4:-}"
+  wanted "$name" || return 0
   local stamp; stamp="$(stamp_of "$mod" "$pkg" "$ldflags")"
   local stampfile="$cache/.stamp-$name"
   if (( !force )) && [[ -x "$bin/$name" && -f "$stampfile" && "$(cat "$stampfile")" == "$stamp" ]]; then
     log "$name is up to date"
     return
   fi
-  log "building $name from $pkg"
+  local left; left="$(left_from "$name")"
+  log "building $name from $pkg (about $(( (left + 59) / 60 )) min left for the Go binaries)"
   local start=$SECONDS tmp="$bin/.$name.tmp.$$"
   (cd "$here/$mod" && go build -tags selinux,notest -ldflags "-s -w $ldflags" -o "$tmp" "$pkg")
   mv -f "$tmp" "$bin/$name"
   echo "$stamp" >"$stampfile"
+  echo $((SECONDS - start)) >"$cache/.seconds-$name"
   log "built $name in $((SECONDS - start))s"
 }
 
@@ -90,12 +138,14 @@ build kubernetes kubectl k8s.io/kubernetes/cmd/kubectl "$k8s_ldflags"
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok
 # Helm's Makefile stamps the Kubernetes version its client libraries speak; without it
 # `helm template` assumes v1.20 and refuses charts that declare a newer kubeVersion.
-helm_k8s_minor="$(cd "$here/helm" && go list -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2)"
-helm_ldflags="-X 'helm.sh/helm/v3/internal/version.version=v3.22.0'"
-for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
-  helm_ldflags+=" -X '$pkg.k8sVersionMajor=1' -X '$pkg.k8sVersionMinor=${helm_k8s_minor}'"
-done
-build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
+if wanted helm; then
+  helm_k8s_minor="$(cd "$here/helm" && go list -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2)"
+  helm_ldflags="-X 'helm.sh/helm/v3/internal/version.version=v3.22.0'"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    helm_ldflags+=" -X '$pkg.k8sVersionMajor=1' -X '$pkg.k8sVersionMinor=${helm_k8s_minor}'"
+  done
+  build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
+fi
 # The Argo CD health-script evaluator (gopher-lua, as Argo CD runs health scripts).
 build argocd-health argocd-health appservice-operator/envtest/argocd-health
 # The kstatus evaluator (sigs.k8s.io/cli-utils' status.Compute, as Flux and Helm --wait).
@@ -105,5 +155,5 @@ build kstatus kstatus appservice-operator/envtest/kstatus
 build registry registry github.com/distribution/distribution/v3/cmd/registry
 build crane crane github.com/google/go-containerregistry/cmd/crane
 build cosign cosign github.com/sigstore/cosign/v2/cmd/cosign
-log "all assets ready in $bin ($((SECONDS - total))s)"
+log "${only:+the assets asked for (${only:1:-1}) }all ready in $bin ($((SECONDS - total))s)"
 echo "$bin"
