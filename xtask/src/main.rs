@@ -341,11 +341,21 @@ fn supply_chain() -> Result<()> {
     Ok(())
 }
 
+/// Builds the test assets, installs PostgreSQL and builds the tests side by side (the
+/// Go builds and cargo share the cores; each waits on downloads the other fills), then
+/// runs the suites.
 fn test(jobs: usize, cargo_args: &[String], test_args: &[String]) -> Result<()> {
-    let bin = assets(false)?;
-    ensure_postgres()?;
     let root = repo_root()?;
-    let suites = test_run::build(&root, cargo_args)?;
+    let assets = std::thread::spawn(|| assets(false));
+    let postgres = std::thread::spawn(ensure_postgres);
+    let suites = test_run::build(&root, cargo_args);
+    let bin = assets
+        .join()
+        .map_err(|_| anyhow!("the asset build panicked"))??;
+    postgres
+        .join()
+        .map_err(|_| anyhow!("the PostgreSQL install panicked"))??;
+    let suites = suites?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
