@@ -35,9 +35,7 @@ fn mdbook() -> Result<PathBuf> {
 /// Where the book is written: `book/` under the cargo target directory, as the rest of
 /// the build output.
 fn dest_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), PathBuf::from)
-        .join("book")
+    crate::target_dir(root).join("book")
 }
 
 /// The lines of mdBook's log that make the build fail: its errors and its warnings.

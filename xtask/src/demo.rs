@@ -30,8 +30,7 @@ const DATABASE_CLASS: &str = "production-postgresql";
 const CONTROLLER_NAMESPACE: &str = "default";
 
 pub fn run(root: &Path, exit_when_ready: bool) -> Result<()> {
-    let bin = build(root)?;
-    let binaries = build_binaries(root)?;
+    let (bin, binaries) = build(root)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -48,8 +47,8 @@ struct Binaries {
 /// What the demo runs, built side by side where it is missing: the control plane's
 /// binaries from their Go modules (`crate::CONTROL_PLANE_ASSETS`, nothing the tests alone
 /// need), PostgreSQL from Debian's package, and the webhook and the controller. Says what
-/// is built and how long it should take; returns the asset directory.
-fn build(root: &Path) -> Result<PathBuf> {
+/// is built and how long it should take; returns the asset directory and the binaries.
+fn build(root: &Path) -> Result<(PathBuf, Binaries)> {
     let started = std::time::Instant::now();
     println!(
         "the demo runs a control plane ({}), PostgreSQL, and appservice-webhook and \
@@ -59,18 +58,14 @@ fn build(root: &Path) -> Result<PathBuf> {
     let assets = std::thread::spawn(|| crate::assets_only(false, crate::CONTROL_PLANE_ASSETS));
     let postgres = std::thread::spawn(crate::ensure_postgres);
     let binaries = timed_cargo_build(root);
-    let bin = assets
-        .join()
-        .map_err(|_| anyhow::anyhow!("the asset build panicked"))??;
-    postgres
-        .join()
-        .map_err(|_| anyhow::anyhow!("the PostgreSQL install panicked"))??;
-    binaries?;
+    let bin = crate::joined(assets, "the asset build")?;
+    crate::joined(postgres, "the PostgreSQL install")?;
+    let binaries = binaries?;
     println!(
         "everything the demo runs is built ({:.0?})",
         started.elapsed()
     );
-    Ok(bin)
+    Ok((bin, binaries))
 }
 
 /// The seconds the demo's cargo build took from an empty target directory on the 2-core
@@ -84,8 +79,9 @@ fn cargo_seconds_file() -> Option<PathBuf> {
 }
 
 /// `cargo build` of the webhook and the controller, announced with how long it should
-/// take; a build that had something to compile records its time for the next estimate.
-fn timed_cargo_build(root: &Path) -> Result<()> {
+/// take; returns where cargo put them. A build that had something to compile records its
+/// time for the next estimate.
+fn timed_cargo_build(root: &Path) -> Result<Binaries> {
     let file = cargo_seconds_file();
     let (estimate, measured) = match file
         .as_ref()
@@ -103,41 +99,9 @@ fn timed_cargo_build(root: &Path) -> Result<()> {
         estimate.div_ceil(60)
     );
     let started = std::time::Instant::now();
-    let status =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(root)
-            .args([
-                "build",
-                "-p",
-                "appservice-webhook",
-                "--bin",
-                "appservice-webhook",
-            ])
-            .args([
-                "-p",
-                "appservice-controller",
-                "--bin",
-                "appservice-controller",
-            ])
-            .status()
-            .doing("running cargo build")?;
-    if !status.success() {
-        bail!("building the binaries failed ({status})");
-    }
-    let secs = started.elapsed().as_secs();
-    // Only a build that compiled something says how long one takes.
-    if secs > 30
-        && let Some(f) = file
-    {
-        let _ = std::fs::write(f, secs.to_string());
-    }
-    Ok(())
-}
-
-/// Returns where cargo put both binaries (built by [`build`]: nothing left to compile).
-fn build_binaries(root: &Path) -> Result<Binaries> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
+    // Cargo's progress goes to stderr as usual; its JSON messages on stdout say where the
+    // executables are.
+    let out = std::process::Command::new(crate::tools::cargo())
         .current_dir(root)
         .args(["build", "--message-format=json-render-diagnostics"])
         .args(["-p", "appservice-webhook", "--bin", "appservice-webhook"])
@@ -152,6 +116,13 @@ fn build_binaries(root: &Path) -> Result<Binaries> {
         .doing("running cargo build")?;
     if !out.status.success() {
         bail!("building the binaries failed ({})", out.status);
+    }
+    let secs = started.elapsed().as_secs();
+    // Only a build that compiled something says how long one takes.
+    if secs > 30
+        && let Some(f) = file
+    {
+        let _ = std::fs::write(f, secs.to_string());
     }
     let mut webhook = None;
     let mut controller = None;

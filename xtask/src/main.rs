@@ -163,7 +163,7 @@ fn repo_root() -> Result<PathBuf> {
     {
         return Ok(root);
     }
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let out = Command::new(tools::cargo())
         .args(["locate-project", "--workspace", "--message-format", "plain"])
         .output()
         .doing("running `cargo locate-project --workspace`")?;
@@ -330,7 +330,7 @@ fn postgres_installed() -> bool {
 fn supply_chain() -> Result<()> {
     let root = repo_root()?;
     deny::run(&root)?;
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let status = Command::new(tools::cargo())
         .current_dir(&root)
         .args(["test", "-p", "xtask", "--test", "supply_chain"])
         .status()
@@ -349,16 +349,9 @@ fn test(jobs: usize, cargo_args: &[String], test_args: &[String]) -> Result<()> 
     let assets = std::thread::spawn(|| assets(false));
     let postgres = std::thread::spawn(ensure_postgres);
     let suites = test_run::build(&root, cargo_args);
-    let bin = assets
-        .join()
-        .map_err(|_| anyhow!("the asset build panicked"))??;
-    postgres
-        .join()
-        .map_err(|_| anyhow!("the PostgreSQL install panicked"))??;
+    let bin = joined(assets, "the asset build")?;
+    joined(postgres, "the PostgreSQL install")?;
     let suites = suites?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
     test_run::run(
         suites,
         test_args,
@@ -367,8 +360,18 @@ fn test(jobs: usize, cargo_args: &[String], test_args: &[String]) -> Result<()> 
             bin.display().to_string(),
         )],
         jobs,
-        &target.join("test-logs"),
+        &target_dir(&root).join("test-logs"),
     )
+}
+
+/// The result of work done on another thread; a panic there is an error naming `what`.
+pub(crate) fn joined<T>(handle: std::thread::JoinHandle<Result<T>>, what: &str) -> Result<T> {
+    handle.join().map_err(|_| anyhow!("{what} panicked"))?
+}
+
+/// cargo's target directory: `CARGO_TARGET_DIR` when set, else `target/` in the workspace.
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
 }
 
 /// Runs the harness's control plane until Ctrl-C or SIGTERM. Every component is killed
@@ -440,14 +443,17 @@ mod tests {
 
     use super::*;
 
-    fn test_args(argv: &[&str]) -> (usize, Vec<String>, Vec<String>) {
+    /// The jobs, packages, test targets and suite arguments `argv` asks for.
+    type TestArgs = (usize, Vec<String>, Vec<String>, Vec<String>);
+
+    fn test_args(argv: &[&str]) -> TestArgs {
         match Cli::try_parse_from(argv).unwrap().command {
             Cmd::Test {
                 jobs,
                 packages,
                 tests,
                 test_args,
-            } => (jobs, [packages, tests].concat(), test_args),
+            } => (jobs, packages, tests, test_args),
             _ => panic!("not the test command"),
         }
     }
@@ -461,16 +467,24 @@ mod tests {
         let jobs = test_run::DEFAULT_JOBS;
         assert_eq!(
             test_args(&["xtask", "test", "-p", "webhook", "--", "--nocapture"]),
-            (jobs, strings(&["webhook"]), strings(&["--nocapture"]))
+            (
+                jobs,
+                strings(&["webhook"]),
+                vec![],
+                strings(&["--nocapture"])
+            )
         );
         assert_eq!(
             test_args(&["xtask", "test", "--jobs", "1", "--", "shards"]),
-            (1, vec![], strings(&["shards"]))
+            (1, vec![], vec![], strings(&["shards"]))
         );
         assert_eq!(
             test_args(&["xtask", "test", "--test", "routes"]),
-            (jobs, strings(&["routes"]), vec![])
+            (jobs, vec![], strings(&["routes"]), vec![])
         );
-        assert_eq!(test_args(&["xtask", "test"]), (jobs, vec![], vec![]));
+        assert_eq!(
+            test_args(&["xtask", "test"]),
+            (jobs, vec![], vec![], vec![])
+        );
     }
 }

@@ -121,7 +121,7 @@ pub fn generate(root: &Path) -> Result<Value> {
         std::fs::read_to_string(&lock_path).doing(format!("reading {}", lock_path.display()))?;
     let lock = read_lock(&lock_text)?;
 
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let out = Command::new(crate::tools::cargo())
         .current_dir(root)
         // Every feature and platform: the lock pins packages for all of them.
         .args([
