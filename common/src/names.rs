@@ -22,12 +22,15 @@ pub const SHARD_LABEL_PREFIX: &str = "shard.platform.example.com/";
 /// Prefix of the drain label `drain.shard.platform.example.com/<ring>: "true"`.
 pub const DRAIN_LABEL_PREFIX: &str = "drain.shard.platform.example.com/";
 
-/// The label saying which shard of `ring` owns an AppService and its children.
+/// The label an older release's sharder put on an AppService and its children to say
+/// which shard of `ring` owned them (read by nothing now; refused to tenants by the
+/// chart's policy for one more release).
 pub fn shard_label(ring: &str) -> String {
     format!("{SHARD_LABEL_PREFIX}{ring}")
 }
 
-/// The label the sharder puts on an AppService whose owner in `ring` must let it go.
+/// The label an older release's sharder put on an AppService whose owner in `ring` had
+/// to let it go (read by nothing now, like [`shard_label`]).
 pub fn drain_label(ring: &str) -> String {
     format!("{DRAIN_LABEL_PREFIX}{ring}")
 }

@@ -126,7 +126,7 @@ async fn run(args: Args) -> Result<(), Error> {
     } else {
         client.clone()
     };
-    let database_client = if controller::shard::bucketed(&args.config) {
+    let database_client = if args.config.sharding {
         controller::shard::served::bounded(
             database_client,
             served.clone(),

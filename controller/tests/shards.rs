@@ -8,10 +8,10 @@
 //!   member or many, with the API server's sharded watch or without): per bucket, every
 //!   write of a member falls inside a claim of that member in its Lease, and the claims
 //!   under which two members wrote never overlap in time ([`claim_violations`]).
-//! * A canary ring (`--namespace-selector`), divided by its sharder's labels: per object,
-//!   in the order storage took the writes (the revision each answer carries), the shards
-//!   that wrote it may change only across a write of the sharder (a relabel:
-//!   `fieldManager=appservice-sharder`, [`interleavings`]).
+//! * Rings split by namespace selectors (`--namespace-selector`, a canary release beside
+//!   the main one): per object, in the order storage took the writes (the revision each
+//!   answer carries), once the ring its namespace's labels give it to has written it, no
+//!   other ring writes it until the labels change again ([`ring_interleavings`]).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -25,11 +25,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use common::AppService;
-use common::names::{LEASE_NAME, drain_label, shard_label};
+use common::names::{drain_label, shard_label};
 use harness::{ControlPlane, Options, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use support::binary::Binary;
@@ -60,59 +59,6 @@ fn tails(shards: &[&Shard]) -> String {
         .map(|s| s.log_tail(40))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// Who owns each AppService (its shard label), once every AppService is owned by one of
-/// `live`, none is draining, and its Deployment and Service carry the same label.
-async fn settled(
-    apps: &Api<AppService>,
-    deployments: &Api<Deployment>,
-    services: &Api<Service>,
-    live: &[&str],
-    expected: usize,
-) -> anyhow::Result<Option<BTreeMap<String, String>>> {
-    let (owner, drain) = (shard_label(RING), drain_label(RING));
-    let list = apps.list(&ListParams::default()).await?;
-    if list.items.len() != expected {
-        return Ok(None);
-    }
-    let children = |labels: &BTreeMap<String, String>| labels.get(&owner).cloned();
-    let deps: HashMap<String, Option<String>> = deployments
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|d| (d.name_any(), children(d.labels())))
-        .collect();
-    let svcs: HashMap<String, Option<String>> = services
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|s| (s.name_any(), children(s.labels())))
-        .collect();
-    let ring = controller::shard::ring::Ring::new(live.iter().copied());
-    let mut owners = BTreeMap::new();
-    for a in &list.items {
-        let labels = a.labels();
-        let Some(o) = labels.get(&owner) else {
-            return Ok(None);
-        };
-        let name = a.name_any();
-        // Where the ring puts it: the sharder has seen exactly these members.
-        let placed = ring.owner(&controller::shard::ring::key(
-            &a.namespace().unwrap_or_default(),
-            &name,
-        ));
-        if placed != Some(o.as_str()) || labels.contains_key(&drain) {
-            return Ok(None);
-        }
-        if deps.get(&name) != Some(&Some(o.clone())) || svcs.get(&name) != Some(&Some(o.clone())) {
-            return Ok(None);
-        }
-        owners.insert(name, o.clone());
-    }
-    Ok(Some(owners))
 }
 
 /// Every AppService's status is for its current generation.
@@ -156,12 +102,14 @@ fn writer(
     })
 }
 
-/// One write the audit log recorded.
+/// One write of a shard the audit log recorded.
 #[derive(Debug, Clone)]
 struct Write {
     object: String,
-    /// `Some(identity)` for a shard's write, `None` for the sharder's relabel.
-    shard: Option<String>,
+    /// The shard's identity.
+    shard: String,
+    /// The revision storage gave it (see [`writes`]).
+    revision: u64,
 }
 
 /// Waits until the writer has made `more` edits beyond `now`: each phase runs under load.
@@ -174,14 +122,14 @@ async fn under_load(edits: &AtomicU64, more: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The successful writes of shards and of the sharder, in the order storage took them:
-/// by the revision each answer carries (`metadata.resourceVersion`, the etcd revision of
-/// the write; one object's revisions grow with each change). The audit log's own order is
-/// the order the answers were completed, which is not it: the sharder's relabel can be
-/// stored, reach the new shard's watch and be followed by the new shard's write before
-/// the relabel's answer is complete. A write answered without a revision (a Status)
-/// keeps its place after the writes completed before it; equal revisions (a write that
-/// changed nothing answers with the object as it was) keep the log's order.
+/// The successful writes of shards, in the order storage took them: by the revision each
+/// answer carries (`metadata.resourceVersion`, the etcd revision of the write; one
+/// object's revisions grow with each change). The audit log's own order is the order the
+/// answers were completed, which is not it: a namespace's relabel can be stored, reach
+/// the new ring's watch and be followed by its write before the relabel's answer is
+/// complete. A write answered without a revision (a Status) keeps its place after the
+/// writes completed before it; equal revisions (a write that changed nothing answers with
+/// the object as it was) keep the log's order.
 fn writes(events: &[serde_json::Value]) -> Vec<Write> {
     let mut last = 0;
     let mut recorded: Vec<(u64, Write)> = events
@@ -207,121 +155,119 @@ fn writes(events: &[serde_json::Value]) -> Vec<Write> {
                 .and_then(|v| v.parse::<u64>().ok())
                 .unwrap_or(last);
             last = last.max(revision);
-            let uri = e["requestURI"].as_str().unwrap_or("");
-            let ua = e["userAgent"].as_str().unwrap_or("");
-            let shard = ua.split_once("shard/").map(|(_, id)| id.to_owned());
-            let relabel = uri.contains("fieldManager=appservice-sharder");
-            let write = if relabel {
+            let shard = shard_of(e)?;
+            Some((
+                revision,
                 Write {
                     object,
-                    shard: None,
-                }
-            } else {
-                Write {
-                    object,
-                    shard: Some(shard?),
-                }
-            };
-            Some((revision, write))
+                    shard,
+                    revision,
+                },
+            ))
         })
         .collect();
     recorded.sort_by_key(|(revision, _)| *revision);
     recorded.into_iter().map(|(_, w)| w).collect()
 }
 
-/// The oracle: per object, the shard that writes it changes only across a write of the
-/// sharder. Returns each violation (object, the earlier writer, the later one).
-fn interleavings(writes: &[Write]) -> Vec<(String, String, String)> {
-    #[derive(Default)]
-    struct State {
-        writer: Option<String>,
-        handed_over: bool,
-    }
-    let mut state: HashMap<&str, State> = HashMap::new();
+/// The oracle across rings. `epochs` are the revisions at which the namespace's labels
+/// changed, each with the ring they give it to (the first at revision 0), and `ring_of`
+/// names a shard's ring. Per object, in storage's order: within an epoch, writes of other
+/// rings (the previous owner finishing) may come first, but once the epoch's ring has
+/// written the object, no other ring writes it until the next epoch. Returns each
+/// violation.
+fn ring_interleavings(
+    writes: &[Write],
+    epochs: &[(u64, &str)],
+    ring_of: impl Fn(&str) -> String,
+) -> Vec<String> {
+    let epoch = |revision: u64| {
+        epochs
+            .iter()
+            .rposition(|(from, _)| *from < revision)
+            .unwrap_or(0)
+    };
+    // Per object: the epoch last seen, and whether its ring has written in it.
+    let mut state: HashMap<&str, (usize, bool)> = HashMap::new();
     let mut violations = Vec::new();
     for w in writes {
-        let st = state.entry(w.object.as_str()).or_default();
-        match &w.shard {
-            None => st.handed_over = true,
-            Some(id) => {
-                if let Some(before) = &st.writer
-                    && before != id
-                    && !st.handed_over
-                {
-                    violations.push((w.object.clone(), before.clone(), id.clone()));
-                }
-                st.writer = Some(id.clone());
-                st.handed_over = false;
-            }
+        let e = epoch(w.revision);
+        let st = state.entry(w.object.as_str()).or_insert((e, false));
+        if st.0 != e {
+            *st = (e, false);
+        }
+        let owner = epochs.get(e).map_or("", |(_, r)| *r);
+        let ring = ring_of(&w.shard);
+        if ring == owner {
+            st.1 = true;
+        } else if st.1 {
+            violations.push(format!(
+                "{} written by {} ({ring}) at revision {} after {owner} had written it in the epoch from revision {}",
+                w.object, w.shard, w.revision, epochs[e].0
+            ));
         }
     }
     violations
 }
 
-/// One audit event of a successful write of `app`, answered at `revision`.
-fn recorded(app: &str, shard: Option<&str>, revision: Option<u64>) -> serde_json::Value {
-    let (manager, agent) = match shard {
-        Some(id) => (
-            "appservice-controller",
-            format!("appservice-controller/0 shard/{id}"),
-        ),
-        None => (
-            "appservice-sharder",
-            "appservice-controller/0 shard/x".to_owned(),
-        ),
-    };
+fn recorded(app: &str, shard: &str, revision: Option<u64>) -> serde_json::Value {
     serde_json::json!({
         "stage": "ResponseComplete",
         "responseStatus": {"code": 200},
         "objectRef": {"apiGroup": "platform.example.com", "resource": "appservices",
                       "namespace": "ns", "name": app},
-        "requestURI": format!("/apis/platform.example.com/v1beta1/namespaces/ns/appservices/{app}?fieldManager={manager}"),
-        "userAgent": agent,
+        "requestURI": format!("/apis/platform.example.com/v1beta1/namespaces/ns/appservices/{app}"),
+        "userAgent": format!("appservice-controller/0 shard/{shard}"),
         "responseObject": revision.map(|r| serde_json::json!({"metadata": {"resourceVersion": r.to_string()}})),
     })
 }
 
 #[test]
-fn the_oracle_orders_writes_as_storage_took_them() {
-    // The relabel (revision 20) is answered after the new owner's write that followed it
-    // (21): in the log's order b wrote before the handover, in storage's it did not.
+fn the_ring_oracle_orders_writes_as_storage_took_them() {
+    let ring_of = |id: &str| id.split('-').next().unwrap_or("").to_owned();
+    // The namespace moved to the canary at revision 20. main-0 finished a write at 21
+    // after the canary's at 22 was answered: in the log's order main wrote after the
+    // canary, in storage's it did not.
+    let epochs = [(0, "main"), (20, "canary")];
     let log = [
-        recorded("x", Some("a"), Some(10)),
-        recorded("x", Some("b"), Some(21)),
-        recorded("x", None, Some(20)),
+        recorded("x", "main-0", Some(10)),
+        recorded("x", "canary-0", Some(22)),
+        recorded("x", "main-0", Some(21)),
     ];
-    assert!(interleavings(&writes(&log)).is_empty());
-    // The same three in storage's order with b before the relabel: a violation.
+    assert!(ring_interleavings(&writes(&log), &epochs, ring_of).is_empty());
+    // main after the canary in storage's order: a violation.
     let log = [
-        recorded("x", Some("a"), Some(10)),
-        recorded("x", Some("b"), Some(19)),
-        recorded("x", None, Some(20)),
+        recorded("x", "main-0", Some(10)),
+        recorded("x", "canary-0", Some(22)),
+        recorded("x", "main-1", Some(23)),
+    ];
+    let bad = ring_interleavings(&writes(&log), &epochs, ring_of);
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(bad[0].contains("main-1"), "{bad:?}");
+    // Back to main at 30: the canary finishing first is fine, after main it is not.
+    let epochs = [(0, "main"), (20, "canary"), (30, "main")];
+    let log = [
+        recorded("x", "canary-0", Some(22)),
+        recorded("x", "canary-0", Some(31)),
+        recorded("x", "main-0", Some(32)),
+        recorded("x", "canary-0", None),
+    ];
+    let bad = ring_interleavings(&writes(&log), &epochs, ring_of);
+    assert_eq!(
+        bad.len(),
+        1,
+        "an answer without a revision stays in its place: {bad:?}"
+    );
+    // Another object is judged on its own.
+    let log = [
+        recorded("x", "main-0", Some(10)),
+        recorded("y", "canary-0", Some(11)),
     ];
     assert_eq!(
-        interleavings(&writes(&log)),
-        [(
-            "platform.example.com/appservices/ns/x".to_owned(),
-            "a".to_owned(),
-            "b".to_owned()
-        )]
+        ring_interleavings(&writes(&log), &[(0, "main")], ring_of).len(),
+        0,
+        "y's ring never wrote it in the epoch: the canary may (a previous owner finishing)"
     );
-    // An answer without a revision (a Status) stays after what was completed before it:
-    // here after the relabel, not before a's write.
-    let log = [
-        recorded("x", Some("a"), Some(10)),
-        recorded("x", None, Some(20)),
-        recorded("x", Some("b"), None),
-        recorded("x", Some("b"), Some(25)),
-    ];
-    assert!(interleavings(&writes(&log)).is_empty());
-}
-
-async fn leader(leases: &Api<Lease>) -> anyhow::Result<Option<String>> {
-    Ok(leases
-        .get_opt(LEASE_NAME)
-        .await?
-        .and_then(|l| l.spec)
-        .and_then(|s| s.holder_identity))
 }
 
 /// An error as `eventually` keeps it.
@@ -338,7 +284,6 @@ struct World {
     lease_ns: String,
     apps: Api<AppService>,
     deployments: Api<Deployment>,
-    services: Api<Service>,
     leases: Api<Lease>,
     dir: tempfile::TempDir,
 }
@@ -356,7 +301,6 @@ async fn world() -> anyhow::Result<World> {
         _lease_namespace: lease_namespace,
         apps: Api::namespaced(client.clone(), &ns),
         deployments: Api::namespaced(client.clone(), &ns),
-        services: Api::namespaced(client.clone(), &ns),
         leases: Api::namespaced(client, &lease_ns),
         ns,
         lease_ns,
@@ -366,12 +310,6 @@ async fn world() -> anyhow::Result<World> {
 }
 
 impl World {
-    /// A member of a canary ring whose selector matches the test's namespace: divided
-    /// by labels.
-    fn spawn(&self, identity: &str) -> anyhow::Result<Shard> {
-        self.spawn_with(identity, &["--namespace-selector", EVERY_NAMESPACE])
-    }
-
     /// A member of a ring without a selector: divided by namespace buckets.
     fn spawn_bucketed(&self, identity: &str) -> anyhow::Result<Shard> {
         self.spawn_with(identity, &[])
@@ -471,489 +409,6 @@ impl World {
         scope.extend_from_slice(extra);
         spawn_shard(self.cp.kubeconfig_path(), &scope, identity, self.dir.path())
     }
-
-    async fn settle(
-        &self,
-        live: &[&str],
-        n: usize,
-        timeout: Duration,
-        shards: &[&Shard],
-    ) -> anyhow::Result<BTreeMap<String, String>> {
-        eventually(&format!("owned by {live:?}"), timeout, || async {
-            settled(&self.apps, &self.deployments, &self.services, live, n)
-                .await
-                .map_err(failure)
-        })
-        .await
-        .with_context(|| tails(shards))
-    }
-}
-
-/// How many AppServices changed owner between two settled states, and whether each move
-/// went only to `added` or from `removed`.
-fn moves(
-    before: &BTreeMap<String, String>,
-    after: &BTreeMap<String, String>,
-    added: Option<&str>,
-    removed: Option<&str>,
-) -> usize {
-    let mut moved = 0;
-    for (name, was) in before {
-        let now = &after[name];
-        if now != was {
-            moved += 1;
-            assert!(
-                added.is_some_and(|a| a == now) || removed.is_some_and(|r| r == was),
-                "{name} moved {was} → {now}, neither to the shard added ({added:?}) nor from the one removed ({removed:?})"
-            );
-        }
-    }
-    moved
-}
-
-fn owned_by(owners: &BTreeMap<String, String>) -> BTreeMap<&str, usize> {
-    let mut counts = BTreeMap::new();
-    for o in owners.values() {
-        *counts.entry(o.as_str()).or_default() += 1;
-    }
-    counts
-}
-
-#[tokio::test]
-async fn one_two_three_two_shards_under_edits_never_write_an_object_at_once() -> anyhow::Result<()>
-{
-    let w = world().await?;
-    const N: usize = 64;
-    let names: Vec<String> = (0..N).map(|i| format!("app-{i:02}")).collect();
-    let s0 = w.spawn("shard-0")?;
-    for name in &names {
-        create(&w.apps, &app(name, "nginx:1.27", 1)).await?;
-    }
-    let t = Instant::now();
-    let one = w
-        .settle(&["shard-0"], N, Duration::from_secs(120), &[&s0])
-        .await?;
-    eprintln!("1 shard: settled in {:?}", t.elapsed());
-    // First assignments are said by the label alone, with no Event each.
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(w.cp.client(), &w.ns);
-    let first: Vec<_> = events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("ShardAssigned"))
-        .collect();
-    assert!(first.is_empty(), "Events for first assignments: {first:?}");
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let edits = Arc::new(AtomicU64::new(0));
-    let editing = writer(
-        names.iter().map(|n| (w.apps.clone(), n.clone())).collect(),
-        stop.clone(),
-        edits.clone(),
-        4000,
-    );
-
-    under_load(&edits, 20).await?;
-    let s1 = w.spawn("shard-1")?;
-    let t = Instant::now();
-    let two = w
-        .settle(
-            &["shard-0", "shard-1"],
-            N,
-            Duration::from_secs(120),
-            &[&s0, &s1],
-        )
-        .await?;
-    let moved_12 = moves(&one, &two, Some("shard-1"), None);
-    eprintln!(
-        "1→2: settled in {:?}, moved {moved_12} of {N}, owned {:?}",
-        t.elapsed(),
-        owned_by(&two)
-    );
-
-    under_load(&edits, 20).await?;
-    let s2 = w.spawn("shard-2")?;
-    let t = Instant::now();
-    let three = w
-        .settle(
-            &["shard-0", "shard-1", "shard-2"],
-            N,
-            Duration::from_secs(120),
-            &[&s0, &s1, &s2],
-        )
-        .await?;
-    let moved_23 = moves(&two, &three, Some("shard-2"), None);
-    eprintln!(
-        "2→3: settled in {:?}, moved {moved_23} of {N}, owned {:?}",
-        t.elapsed(),
-        owned_by(&three)
-    );
-
-    under_load(&edits, 20).await?;
-    // 3→2: a shard that is not the sharder stops (SIGTERM: it releases its Lease).
-    let lead = leader(&w.leases).await?;
-    let (gone, mut stays) = {
-        let mut all = vec![s0, s1, s2];
-        let i = all
-            .iter()
-            .position(|s| Some(&s.identity) != lead.as_ref())
-            .unwrap();
-        let gone = all.remove(i);
-        (gone, all)
-    };
-    gone.signal("TERM")?;
-    let mut gone = gone;
-    let status = tokio::time::timeout(Duration::from_secs(40), gone.child.wait())
-        .await
-        .context("the stopped shard did not exit")??;
-    assert!(status.success(), "{status}: {}", gone.log_tail(40));
-    let live: Vec<&str> = stays.iter().map(|s| s.identity.as_str()).collect();
-    let t = Instant::now();
-    let back = w
-        .settle(&live, N, Duration::from_secs(120), &[&stays[0], &stays[1]])
-        .await?;
-    let moved_32 = moves(&three, &back, None, Some(&gone.identity));
-    eprintln!(
-        "3→2 ({} left): settled in {:?}, moved {moved_32} of {N}, owned {:?}",
-        gone.identity,
-        t.elapsed(),
-        owned_by(&back)
-    );
-
-    under_load(&edits, 20).await?;
-    stop.store(true, Ordering::Relaxed);
-    editing.await?;
-    eventually("every status current", Duration::from_secs(120), || async {
-        statuses_current(&w.apps)
-            .await
-            .map(|done| done.then_some(()))
-            .map_err(failure)
-    })
-    .await
-    .with_context(|| tails(&[&stays[0], &stays[1]]))?;
-    w.settle(&live, N, Duration::from_secs(30), &[&stays[0], &stays[1]])
-        .await?;
-    eprintln!("edits made: {}", edits.load(Ordering::Relaxed));
-
-    // Near 1/N moved per change: 1/2 of N, then 1/3, then the third that left.
-    let near = |moved: usize, fair: f64| (moved as f64 - fair).abs() <= N as f64 * 0.2;
-    assert!(near(moved_12, N as f64 / 2.0), "1→2 moved {moved_12}");
-    assert!(near(moved_23, N as f64 / 3.0), "2→3 moved {moved_23}");
-    assert_eq!(
-        moved_32,
-        three.values().filter(|o| **o == gone.identity).count(),
-        "3→2 moves exactly the leaving shard's objects"
-    );
-
-    // The moves were announced on the AppServices they moved.
-    let announced: std::collections::BTreeSet<String> = events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("ShardAssigned"))
-        .filter_map(|e| e.regarding.and_then(|r| r.name))
-        .collect();
-    let moved: std::collections::BTreeSet<String> = [(&one, &two), (&two, &three), (&three, &back)]
-        .iter()
-        .flat_map(|(before, after)| {
-            before
-                .iter()
-                .filter(|(name, was)| after.get(*name) != Some(*was))
-                .map(|(name, _)| name.clone())
-        })
-        .collect();
-    eprintln!(
-        "ShardAssigned Events on {} AppServices; {} moved between settled states",
-        announced.len(),
-        moved.len()
-    );
-    let silent: Vec<&String> = moved.difference(&announced).collect();
-    assert!(
-        silent.is_empty(),
-        "moved without a ShardAssigned Event: {silent:?}"
-    );
-
-    // The oracle, on what the API server recorded.
-    let events = w.cp.audit_events()?;
-    let recorded = writes(&events);
-    let by_shard = recorded.iter().filter(|w| w.shard.is_some()).count();
-    let by_sharder = recorded.len() - by_shard;
-    eprintln!("audit: {by_shard} shard writes, {by_sharder} sharder relabels");
-    assert!(by_shard > N, "the shards' writes are in the audit log");
-    assert!(
-        by_sharder > 0,
-        "the sharder's relabels are in the audit log"
-    );
-    let bad = interleavings(&recorded);
-    assert!(
-        bad.is_empty(),
-        "objects written by two shards at once: {bad:?}"
-    );
-
-    // And the oracle can fail: two identities writing one object with no handover.
-    let forger = |id: &str| -> anyhow::Result<Api<AppService>> {
-        let mut config = w.cp.admin_config();
-        config.headers.push((
-            http::header::USER_AGENT,
-            http::HeaderValue::from_str(&controller::client::shard_user_agent(
-                "appservice-controller",
-                id,
-            ))?,
-        ));
-        Ok(Api::namespaced(kube::Client::try_from(config)?, &w.ns))
-    };
-    let (x, y) = (forger("rogue-x")?, forger("rogue-y")?);
-    for (i, api) in [&x, &y, &x].iter().enumerate() {
-        let patch = serde_json::json!({"metadata": {"annotations": {"rogue": i.to_string()}}});
-        api.patch("app-00", &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-    }
-    let caught = interleavings(&writes(&w.cp.audit_events()?));
-    assert!(
-        caught
-            .iter()
-            .any(|(o, a, b)| o.ends_with("/app-00") && a == "rogue-x" && b == "rogue-y"),
-        "the oracle misses a deliberate interleaving: {caught:?}"
-    );
-    for s in &mut stays {
-        s.signal("TERM")?;
-        let _ = tokio::time::timeout(Duration::from_secs(40), s.child.wait()).await;
-    }
-    Ok(())
-}
-
-/// SIGKILLs `victim` (no release) and measures, per AppService it owned in `before`, how
-/// long until another shard owns it: (p50, max, how many).
-async fn kill_and_measure(
-    w: &World,
-    victim: Shard,
-    before: &BTreeMap<String, String>,
-    shards: &[Shard],
-) -> anyhow::Result<(Duration, Duration, usize)> {
-    let victim_id = victim.identity.clone();
-    let victims: Vec<String> = before
-        .iter()
-        .filter(|(_, o)| **o == victim_id)
-        .map(|(n, _)| n.clone())
-        .collect();
-    anyhow::ensure!(!victims.is_empty(), "{victim_id} owned nothing");
-    let killed = Instant::now();
-    victim.signal("KILL")?;
-    drop(victim);
-    let mut gaps: HashMap<String, Duration> = HashMap::new();
-    let owner = shard_label(RING);
-    // Polled by hand: each AppService's own moment of takeover is the measure.
-    let deadline = killed + Duration::from_secs(90);
-    while gaps.len() < victims.len() {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the killed shard's AppServices not taken over within 90 s ({} of {}): {}",
-            gaps.len(),
-            victims.len(),
-            tails(&shards.iter().collect::<Vec<_>>())
-        );
-        for a in w.apps.list(&ListParams::default()).await?.items {
-            let name = a.name_any();
-            if victims.contains(&name)
-                && !gaps.contains_key(&name)
-                && a.labels().get(&owner).is_some_and(|o| *o != victim_id)
-            {
-                gaps.insert(name, killed.elapsed());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let mut g: Vec<Duration> = gaps.values().copied().collect();
-    Ok((percentile(&mut g, 50), percentile(&mut g, 100), g.len()))
-}
-
-/// Percentile `p` (0..=100) of `xs`, sorted in place.
-fn percentile(xs: &mut [Duration], p: usize) -> Duration {
-    xs.sort();
-    xs[(xs.len() - 1) * p / 100]
-}
-
-#[tokio::test]
-async fn a_killed_shard_is_taken_over_and_a_frozen_one_writes_nothing_after_it_resumes()
--> anyhow::Result<()> {
-    let w = world().await?;
-    const N: usize = 36;
-    let names: Vec<String> = (0..N).map(|i| format!("app-{i:02}")).collect();
-    let mut shards = vec![
-        w.spawn("shard-a")?,
-        w.spawn("shard-b")?,
-        w.spawn("shard-c")?,
-    ];
-    for name in &names {
-        create(&w.apps, &app(name, "nginx:1.27", 1)).await?;
-    }
-    let ids = ["shard-a", "shard-b", "shard-c"];
-    let refs: Vec<&Shard> = shards.iter().collect();
-    let before = w.settle(&ids, N, Duration::from_secs(120), &refs).await?;
-    let lead = leader(&w.leases).await?.context("no leader")?;
-
-    // SIGKILL a shard that is not the sharder: no release; its objects move once its
-    // Lease has expired on the sharder's clock.
-    let victim_i = shards.iter().position(|s| s.identity != lead).unwrap();
-    let victim = shards.remove(victim_i);
-    let victim_id = victim.identity.clone();
-    let (p50, max, taken) = kill_and_measure(&w, victim, &before, &shards).await?;
-    eprintln!("SIGKILL {victim_id}: {taken} objects taken over, gap p50 {p50:?} max {max:?}");
-    assert!(max <= LEASE * 2, "taken over within 2× the lease: {max:?}");
-    assert!(
-        max >= LEASE - Duration::from_secs(2),
-        "not before the Lease expired: {max:?}"
-    );
-    let live: Vec<&str> = shards.iter().map(|s| s.identity.as_str()).collect();
-    let refs: Vec<&Shard> = shards.iter().collect();
-    let two = w.settle(&live, N, Duration::from_secs(60), &refs).await?;
-
-    // SIGSTOP the shard that is not the sharder past its lease, edit its objects while
-    // it is frozen, then SIGCONT: it must write nothing, and leave.
-    let frozen_i = shards.iter().position(|s| s.identity != lead).unwrap();
-    let frozen_id = shards[frozen_i].identity.clone();
-    let its: Vec<String> = two
-        .iter()
-        .filter(|(_, o)| **o == frozen_id)
-        .map(|(n, _)| n.clone())
-        .collect();
-    anyhow::ensure!(!its.is_empty(), "{frozen_id} owned nothing");
-    shards[frozen_i].signal("STOP")?;
-    let stopped_at = SystemTime::now();
-    for (i, name) in its.iter().enumerate() {
-        let patch = serde_json::json!({"spec": {"replicas": 2 + (i % 2) as i32}});
-        w.apps
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-    }
-    let others: Vec<&str> = live.iter().copied().filter(|i| *i != frozen_id).collect();
-    let refs: Vec<&Shard> = shards.iter().collect();
-    let t = Instant::now();
-    w.settle(&others, N, Duration::from_secs(90), &refs).await?;
-    eprintln!(
-        "SIGSTOP {frozen_id}: its {} objects moved after {:?}",
-        its.len(),
-        t.elapsed()
-    );
-    // Well past the lease on every clock, then resume.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    shards[frozen_i].signal("CONT")?;
-    let resumed_at = SystemTime::now();
-    let status = tokio::time::timeout(Duration::from_secs(30), shards[frozen_i].child.wait())
-        .await
-        .context("the resumed shard did not stop")??;
-    assert!(!status.success(), "a lapsed shard exits with an error");
-    let log = std::fs::read_to_string(&shards[frozen_i].log)?;
-    assert!(
-        log.contains("membership Lease lapsed"),
-        "{}",
-        shards[frozen_i].log_tail(40)
-    );
-    eprintln!(
-        "SIGCONT: {} writes the fence refused after resuming",
-        log.matches("shard fence closed").count()
-    );
-    eventually("every status current", Duration::from_secs(60), || async {
-        statuses_current(&w.apps)
-            .await
-            .map(|done| done.then_some(()))
-            .map_err(failure)
-    })
-    .await?;
-
-    let events = w.cp.audit_events()?;
-    let stopped = k8s_openapi::jiff::Timestamp::try_from(stopped_at)?;
-    let after_freeze: Vec<&serde_json::Value> = events
-        .iter()
-        .filter(|e| {
-            e["userAgent"]
-                .as_str()
-                .is_some_and(|ua| ua.ends_with(&format!("shard/{frozen_id}")))
-        })
-        .filter(|e| {
-            e["requestReceivedTimestamp"]
-                .as_str()
-                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-                .is_some_and(|t| t > stopped)
-        })
-        .collect();
-    eprintln!(
-        "SIGCONT after {:?} frozen: {} write requests from {frozen_id} after the freeze",
-        resumed_at.duration_since(stopped_at).unwrap_or_default(),
-        after_freeze.len()
-    );
-    assert!(
-        after_freeze.is_empty(),
-        "the frozen shard wrote after it resumed: {after_freeze:?}"
-    );
-    let bad = interleavings(&writes(&events));
-    assert!(
-        bad.is_empty(),
-        "objects written by two shards at once: {bad:?}"
-    );
-    for s in &mut shards {
-        let _ = s.signal("TERM");
-        let _ = tokio::time::timeout(Duration::from_secs(40), s.child.wait()).await;
-    }
-    Ok(())
-}
-
-/// The shard that runs the sharder (the leader) is SIGKILLed: another replica must win
-/// the leader Lease (after it expires) and then see the dead member's Lease expire on its
-/// own clock, so its objects move within about twice the lease duration.
-#[tokio::test]
-async fn a_killed_sharder_is_replaced_and_its_objects_taken_over() -> anyhow::Result<()> {
-    let w = world().await?;
-    const N: usize = 30;
-    let mut shards = vec![
-        w.spawn("shard-a")?,
-        w.spawn("shard-b")?,
-        w.spawn("shard-c")?,
-    ];
-    for i in 0..N {
-        create(&w.apps, &app(&format!("app-{i:02}"), "nginx:1.27", 1)).await?;
-    }
-    let ids = ["shard-a", "shard-b", "shard-c"];
-    let refs: Vec<&Shard> = shards.iter().collect();
-    let before = w.settle(&ids, N, Duration::from_secs(120), &refs).await?;
-    let lead = leader(&w.leases).await?.context("no leader")?;
-    let i = shards.iter().position(|s| s.identity == lead).unwrap();
-    let victim = shards.remove(i);
-    let (p50, max, taken) = kill_and_measure(&w, victim, &before, &shards).await?;
-    eprintln!(
-        "SIGKILL of the sharder {lead}: {taken} objects taken over, gap p50 {p50:?} max {max:?}"
-    );
-    assert!(
-        max <= LEASE * 2 + Duration::from_secs(5),
-        "taken over within about 2× the lease: {max:?}"
-    );
-    let live: Vec<&str> = shards.iter().map(|s| s.identity.as_str()).collect();
-    let refs: Vec<&Shard> = shards.iter().collect();
-    w.settle(&live, N, Duration::from_secs(60), &refs).await?;
-    let new_leader = leader(&w.leases).await?;
-    assert!(
-        new_leader.as_deref().is_some_and(|l| live.contains(&l)),
-        "{new_leader:?}"
-    );
-    eventually("every status current", Duration::from_secs(60), || async {
-        statuses_current(&w.apps)
-            .await
-            .map(|done| done.then_some(()))
-            .map_err(failure)
-    })
-    .await?;
-    let bad = interleavings(&writes(&w.cp.audit_events()?));
-    assert!(
-        bad.is_empty(),
-        "objects written by two shards at once: {bad:?}"
-    );
-    for s in &mut shards {
-        let _ = s.signal("TERM");
-        let _ = tokio::time::timeout(Duration::from_secs(40), s.child.wait()).await;
-    }
-    Ok(())
 }
 
 /// The fence in the client path, against the real API server: open after a renewal, a
@@ -1047,11 +502,13 @@ async fn the_fence_refuses_a_write_without_sending_it() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One ring of the split: its name, its lease namespace, its selector.
+/// One ring of the split: its name, its lease namespace, its selector, and where the
+/// other ring's member Leases are.
 struct RingOf {
     name: &'static str,
     lease_namespace: String,
     selector: &'static str,
+    peers: String,
 }
 
 impl RingOf {
@@ -1066,6 +523,8 @@ impl RingOf {
                 &self.lease_namespace,
                 "--namespace-selector",
                 self.selector,
+                "--peer-lease-namespaces",
+                &self.peers,
             ],
             identity,
             w.dir.path(),
@@ -1073,94 +532,151 @@ impl RingOf {
     }
 }
 
-/// The shard and drain labels (of any ring) on an object.
-fn ring_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    labels
-        .iter()
-        .filter(|(k, _)| {
-            k.starts_with(common::names::SHARD_LABEL_PREFIX)
-                || k.starts_with(common::names::DRAIN_LABEL_PREFIX)
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+/// The ring of a shard in the split tests: its identity's prefix (`main-0`: `main`).
+fn ring_of(identity: &str) -> String {
+    identity.split('-').next().unwrap_or_default().to_owned()
 }
 
-/// Whether every one of the `n` AppServices in `ns`, and each of their Deployments and
-/// Services, carries exactly one ring label: `ring`'s, naming one of `live`.
-async fn held_by(
-    client: &kube::Client,
-    ns: &str,
-    ring: &str,
-    live: &[&str],
-    n: usize,
-) -> anyhow::Result<bool> {
-    let apps: Api<AppService> = Api::namespaced(client.clone(), ns);
-    let list = apps.list(&ListParams::default()).await?.items;
-    if list.len() != n {
-        return Ok(false);
-    }
-    let key = shard_label(ring);
-    let good = |labels: &BTreeMap<String, String>| {
-        let mine = ring_labels(labels);
-        mine.len() == 1 && mine.get(&key).is_some_and(|o| live.contains(&o.as_str()))
-    };
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let services: Api<Service> = Api::namespaced(client.clone(), ns);
-    let deps = deployments.list(&ListParams::default()).await?.items;
-    let svcs = services.list(&ListParams::default()).await?.items;
-    Ok(list.iter().all(|a| good(a.labels()))
-        && deps.len() == n
-        && svcs.len() == n
-        && deps.iter().all(|d| good(d.labels()))
-        && svcs.iter().all(|s| good(s.labels())))
-}
+/// The selectors of the split.
+const MAIN: &str = "operator-upgrade!=canary";
+const CANARY: &str = "operator-upgrade=canary";
 
-async fn label_namespace(client: &kube::Client, ns: &str, canary: bool) -> anyhow::Result<()> {
+/// Moves `ns` to the canary (or back) and returns the revision of the change.
+async fn label_namespace(client: &kube::Client, ns: &str, canary: bool) -> anyhow::Result<u64> {
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let value = canary.then_some("canary");
     let patch = serde_json::json!({"metadata": {"labels": {"operator-upgrade": value}}});
-    namespaces
+    let changed = namespaces
         .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    Ok(())
+    changed
+        .resource_version()
+        .and_then(|v| v.parse().ok())
+        .context("the Namespace's revision")
 }
 
-/// Waits until `ns` is held by `ring` (one of `live`), within `secs`.
+/// The audit log read as it grows: the shards' writes (but their Leases') so far.
+struct AuditTail {
+    path: std::path::PathBuf,
+    offset: u64,
+    rest: Vec<u8>,
+    events: Vec<serde_json::Value>,
+}
+
+impl AuditTail {
+    fn new(cp: &ControlPlane) -> Self {
+        AuditTail {
+            path: cp.audit_log_path(),
+            offset: 0,
+            rest: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Reads what was appended since the last call; a line still being written waits.
+    fn read(&mut self) -> anyhow::Result<&[serde_json::Value]> {
+        use std::io::{Read as _, Seek as _};
+        let mut file = std::fs::File::open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        file.seek(std::io::SeekFrom::Start(self.offset))?;
+        let mut appended = Vec::new();
+        file.read_to_end(&mut appended)?;
+        self.offset += appended.len() as u64;
+        self.rest.extend(appended);
+        while let Some(end) = self.rest.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.rest.drain(..=end).collect();
+            let Ok(e) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if e["stage"] == "ResponseComplete"
+                && e["objectRef"]["resource"] != "leases"
+                && shard_of(&e).is_some()
+            {
+                self.events.push(e);
+            }
+        }
+        Ok(&self.events)
+    }
+}
+
+/// Waits until every one of the `n` AppServices in `ns` was last written, after
+/// `since` (a revision), by a member of `ring`: that ring serves the namespace.
 async fn hold(
     client: &kube::Client,
-    ns: String,
-    ring: &'static str,
-    live: Vec<&'static str>,
+    tail: &mut AuditTail,
+    ns: &str,
+    ring: &str,
+    since: u64,
     secs: u64,
     procs: &[Shard],
 ) -> anyhow::Result<()> {
-    eventually(
-        &format!("{ns} held by {ring} ({live:?})"),
-        Duration::from_secs(secs),
-        || {
-            let (ns, live) = (ns.clone(), live.clone());
-            async move {
-                held_by(client, &ns, ring, &live, N_PER_NAMESPACE)
-                    .await
-                    .map(|ok| ok.then_some(()))
-                    .map_err(failure)
-            }
-        },
-    )
-    .await
-    .with_context(|| tails(&procs.iter().collect::<Vec<_>>()))?;
-    Ok(())
+    let apps: Api<AppService> = Api::namespaced(client.clone(), ns);
+    let names: Vec<String> = apps
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|a| a.name_any())
+        .collect();
+    anyhow::ensure!(names.len() == N_PER_NAMESPACE, "{names:?}");
+    let start = Instant::now();
+    loop {
+        let recorded = writes(tail.read()?);
+        let mut last: HashMap<&str, &Write> = HashMap::new();
+        for w in &recorded {
+            last.insert(w.object.as_str(), w);
+        }
+        let held = names.iter().all(|name| {
+            last.get(format!("platform.example.com/appservices/{ns}/{name}").as_str())
+                .is_some_and(|w| w.revision > since && ring_of(&w.shard) == ring)
+        });
+        if held {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(secs) {
+            anyhow::bail!(
+                "{ns} not held by {ring} after {secs} s\n{}",
+                tails(&procs.iter().collect::<Vec<_>>())
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// When a member of `ring` first wrote in `ns` after revision `since`, on the API
+/// server's clock.
+fn first_write(
+    events: &[serde_json::Value],
+    ns: &str,
+    ring: &str,
+    since: u64,
+) -> Option<Timestamp> {
+    events
+        .iter()
+        .filter(|e| e["objectRef"]["namespace"] == ns)
+        .filter(|e| shard_of(e).is_some_and(|id| ring_of(&id) == ring))
+        .filter(|e| {
+            e["responseObject"]["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|r| r > since)
+        })
+        .filter_map(|e| stamp(e, "requestReceivedTimestamp"))
+        .min()
 }
 
 /// AppServices in each namespace of the split.
 const N_PER_NAMESPACE: usize = 10;
 
 /// Two releases split the namespaces by a label (each its own ring, with complementary
-/// selectors, Leases in its own namespace, watching every namespace): a namespace moved
-/// to the canary and back under continuous edits is handed over each time, and once
-/// more when the canary is SIGKILLed (a dead ring's AppServices are taken over by the
-/// ring its namespace selects). The canary never writes outside its namespaces, and no
-/// object is ever written by two shards at once, on the API server's record.
+/// selectors, Leases in its own namespace, each naming the other's, watching every
+/// namespace): a namespace moved to the canary and back under continuous edits is
+/// handed over each time through the Leases alone, and once more when the canary is
+/// SIGKILLed (not before its Lease expired, a lease duration after its last write). Then a ring without a selector joins: every
+/// namespace is selected twice, so neither ring serves any, and says so; once it leaves,
+/// main serves again. The canary never writes outside its namespace, and on the API
+/// server's record no object is written by a ring after the ring its namespace's labels
+/// give it to has written it.
 #[tokio::test]
 async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_overlap()
 -> anyhow::Result<()> {
@@ -1178,12 +694,14 @@ async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_ov
     let main = RingOf {
         name: "main",
         lease_namespace: main_system.to_string(),
-        selector: "operator-upgrade!=canary",
+        selector: MAIN,
+        peers: canary_system.to_string(),
     };
     let canary = RingOf {
         name: "canary",
         lease_namespace: canary_system.to_string(),
-        selector: "operator-upgrade=canary",
+        selector: CANARY,
+        peers: main_system.to_string(),
     };
     const N: usize = N_PER_NAMESPACE;
     let names: Vec<String> = (0..N).map(|i| format!("app-{i:02}")).collect();
@@ -1198,9 +716,9 @@ async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_ov
             create(&apps, &app(name, "nginx:1.27", 1)).await?;
         }
     }
-    let mains = ["main-0", "main-1"];
-    hold(&client, a.clone(), "main", mains.to_vec(), 120, &procs).await?;
-    hold(&client, b.clone(), "main", mains.to_vec(), 120, &procs).await?;
+    let mut tail = AuditTail::new(&w.cp);
+    hold(&client, &mut tail, &a, "main", 0, 120, &procs).await?;
+    hold(&client, &mut tail, &b, "main", 0, 120, &procs).await?;
 
     // Continuous edits in both namespaces from here on.
     let stop = Arc::new(AtomicBool::new(false));
@@ -1213,45 +731,124 @@ async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_ov
                 .collect(),
             stop.clone(),
             edits.clone(),
-            2000,
+            4000,
         )
     });
     under_load(&edits, 10).await?;
 
-    // team-b to the canary, then back.
-    for (to_canary, ring, live) in [
-        (true, "canary", vec!["canary-0"]),
-        (false, "main", mains.to_vec()),
-    ] {
-        label_namespace(&client, &b, to_canary).await?;
+    // team-b to the canary, then back, then to the canary again.
+    let mut epochs: Vec<(u64, &str)> = vec![(0, "main")];
+    for (to_canary, ring) in [(true, "canary"), (false, "main"), (true, "canary")] {
+        let changed = label_namespace(&client, &b, to_canary).await?;
+        epochs.push((changed, ring));
         let t = Instant::now();
-        hold(&client, b.clone(), ring, live, 90, &procs).await?;
+        hold(&client, &mut tail, &b, ring, changed, 90, &procs).await?;
         eprintln!("{b} moved to {ring} in {:?}", t.elapsed());
-        assert!(
-            held_by(&client, &a, "main", &mains, N).await?,
-            "{a} stays with main while {b} moves"
-        );
         under_load(&edits, 10).await?;
     }
 
-    // To the canary once more, then the canary dies and the namespace comes back: the
-    // canary's labels stay behind, and main takes them over once the ring is dead.
-    label_namespace(&client, &b, true).await?;
-    hold(&client, b.clone(), "canary", vec!["canary-0"], 90, &procs).await?;
+    // The canary dies and the namespace comes back: main takes it only once the
+    // canary's Lease has expired (it cannot say it let go), never before.
     let mut dead = procs.pop().context("the canary process")?;
     dead.signal("KILL")?;
     let _ = dead.child.wait().await;
-    let killed = Instant::now();
-    label_namespace(&client, &b, false).await?;
-    hold(&client, b.clone(), "main", mains.to_vec(), 120, &procs).await?;
-    let gap = killed.elapsed();
-    eprintln!("dead canary ring taken over after {gap:?}");
+    let changed = label_namespace(&client, &b, false).await?;
+    epochs.push((changed, "main"));
+    hold(&client, &mut tail, &b, "main", changed, 120, &procs).await?;
+    let first = first_write(tail.read()?, &b, "main", changed).context("main's first write")?;
+    // The canary's last Lease write, received before main could have seen it.
+    let renewed =
+        w.cp.audit_events()?
+            .iter()
+            .filter(|e| e["objectRef"]["resource"] == "leases" && e["stage"] == "ResponseComplete")
+            .filter(|e| shard_of(e).as_deref() == Some("canary-0"))
+            .filter(|e| {
+                e["responseStatus"]["code"]
+                    .as_u64()
+                    .is_some_and(|c| (200..300).contains(&c))
+            })
+            .filter_map(|e| stamp(e, "requestReceivedTimestamp"))
+            .max()
+            .context("the canary's Lease writes")?;
+    let gap = first.duration_since(renewed);
+    eprintln!("dead canary ring taken over {gap:?} after its last Lease write");
     assert!(
-        gap >= LEASE,
+        gap >= k8s_openapi::jiff::SignedDuration::try_from(LEASE)?,
         "taken from a ring whose member Lease had not expired yet: {gap:?}"
     );
-
     under_load(&edits, 10).await?;
+
+    // A release without a selector joins (its Leases where main reads them): it selects
+    // every namespace, main too, so neither serves either namespace, and main says so.
+    let rogue_shard = spawn_shard(
+        w.cp.kubeconfig_path(),
+        &[
+            "--shard-ring",
+            "rogue",
+            "--lease-namespace",
+            &canary.lease_namespace,
+            "--peer-lease-namespaces",
+            &main.lease_namespace,
+        ],
+        "rogue-0",
+        w.dir.path(),
+    )?;
+    let contested = |body: &str| {
+        body.lines()
+            .find(|l| l.starts_with("appservice_controller_shard_foreign_objects "))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    eventually(
+        "main saying its namespaces are selected twice",
+        Duration::from_secs(60),
+        || async {
+            let mut total = 0.0;
+            for p in &procs {
+                let body = harness::process::http_get(p.ops_port, "/metrics")
+                    .await
+                    .map_err(failure)?;
+                total += contested(&body);
+            }
+            Ok::<_, harness::poll::Failure>((total >= (2 * N) as f64).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| tails(&[&procs[0], &procs[1], &rogue_shard]))?;
+    // Once main counts every AppService as contested it has let both namespaces go
+    // (it counts after the writes in flight ended): while edits keep coming, nobody
+    // writes either namespace until the rogue leaves.
+    let contest_from = Timestamp::try_from(SystemTime::now())?;
+    under_load(&edits, 20).await?;
+    let contest_until = Timestamp::try_from(SystemTime::now())?;
+    let mark = writes(tail.read()?)
+        .iter()
+        .map(|x| x.revision)
+        .max()
+        .unwrap_or(0);
+    let mut rogue_shard = rogue_shard;
+    rogue_shard.signal("TERM")?;
+    let _ = tokio::time::timeout(Duration::from_secs(40), rogue_shard.child.wait()).await;
+    for ns in [&a, &b] {
+        hold(&client, &mut tail, ns, "main", mark, 120, &procs).await?;
+    }
+    let during: Vec<String> = tail
+        .read()?
+        .iter()
+        .filter(|e| {
+            let ns = e["objectRef"]["namespace"].as_str().unwrap_or("");
+            (ns == a || ns == b)
+                && stamp(e, "requestReceivedTimestamp")
+                    .is_some_and(|t| contest_from <= t && t <= contest_until)
+        })
+        .map(|e| format!("{} {}", shard_of(e).unwrap_or_default(), e["requestURI"]))
+        .collect();
+    assert!(
+        during.is_empty(),
+        "written while both rings selected the namespaces: {during:#?}"
+    );
+
     stop.store(true, Ordering::Relaxed);
     for e in editors {
         e.await?;
@@ -1268,47 +865,42 @@ async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_ov
         .with_context(|| tails(&procs.iter().collect::<Vec<_>>()))?;
     }
 
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &b);
-    let reasons: Vec<String> = events
-        .list(&ListParams::default())
-        .await?
-        .items
+    // The API server's record: no object of team-b written by a ring after the ring its
+    // labels gave it to had written it; team-a written by main alone; the canary wrote
+    // only in team-b, the rogue nothing.
+    let recorded = writes(tail.read()?);
+    let in_ns = |ns: &str| -> Vec<Write> {
+        recorded
+            .iter()
+            .filter(|x| x.object.contains(&format!("/{ns}/")))
+            .cloned()
+            .collect()
+    };
+    let bad = ring_interleavings(&in_ns(&b), &epochs, ring_of);
+    assert!(bad.is_empty(), "written by two rings at once: {bad:#?}");
+    let by_others: Vec<Write> = in_ns(&a)
         .into_iter()
-        .filter_map(|e| e.reason)
+        .filter(|x| ring_of(&x.shard) != "main")
         .collect();
-    let released = reasons.iter().filter(|r| *r == "ShardReleased").count();
     assert!(
-        released >= N,
-        "{released} ShardReleased Events in {b} for {N} AppServices"
-    );
-
-    // The API server's record: no object written by two shards at once, and the canary
-    // wrote only in team-b (and its own lease namespace).
-    let audit = w.cp.audit_events()?;
-    let recorded = writes(&audit);
-    let bad = interleavings(&recorded);
-    assert!(
-        bad.is_empty(),
-        "objects written by two shards at once: {bad:?}"
+        by_others.is_empty(),
+        "{a} written outside main: {by_others:?}"
     );
     let canary_writes: Vec<&Write> = recorded
         .iter()
-        .filter(|w| w.shard.as_deref() == Some("canary-0"))
+        .filter(|x| ring_of(&x.shard) != "main")
         .collect();
     assert!(
-        !canary_writes.is_empty(),
+        canary_writes.iter().any(|x| x.shard == "canary-0"),
         "the canary's writes are in the audit log"
     );
     let outside: Vec<&&Write> = canary_writes
         .iter()
-        .filter(|w| {
-            !w.object.contains(&format!("/{b}/"))
-                && !w.object.contains(&format!("/{}/", canary.lease_namespace))
-        })
+        .filter(|x| x.shard != "canary-0" || !x.object.contains(&format!("/{b}/")))
         .collect();
     assert!(
         outside.is_empty(),
-        "the canary wrote outside its namespaces: {outside:?}"
+        "the canary wrote outside its namespace, or the rogue wrote: {outside:?}"
     );
     eprintln!(
         "audit: {} canary writes, {} writes in all; edits made: {}",
@@ -1326,38 +918,36 @@ async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_ov
 /// The AppService whose pass is held in the middle.
 const HELD: &str = "held";
 
-/// How the ring of the mid-pass tests divides AppServices.
+/// What takes the test's namespace from the member alone in the mid-pass tests.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Alone {
-    /// By labels: a canary ring (a namespace selector that matches the test's namespace).
-    Labelled,
-    /// By namespace buckets: the member alone serves every bucket.
+enum Handover {
+    /// The namespace is relabelled for another ring (a canary release).
+    Ring,
+    /// A second member joins the ring, and the ring gives it the namespace's bucket.
     Buckets,
 }
 
-/// The selector of the `Labelled` rings: every namespace not labelled for a canary.
-const EVERY_NAMESPACE: &str = "operator-upgrade notin (canary)";
-
-/// A second member joining while the owner's pass of `held` is stopped in the middle, at
-/// the write `hold_if` picks (the owner runs in this process behind a client that holds
-/// that request until released: the timing is made, not hoped for).
+/// The owner "a" (alone in its ring, serving every bucket) has its pass of `held`
+/// stopped in the middle, at the write `hold_if` picks (it runs in this process behind a
+/// client that holds that request until released: the timing is made, not hoped for),
+/// when the namespace is taken from it:
 ///
-/// * `Labelled`: a drain arrives. The pass cannot be acknowledged while it runs, so the
-///   sharder must leave `held` with its owner, and hand over the rest of the move
-///   meanwhile; once the write goes out and the pass ends, the owner acknowledges and the
-///   new shard converges it with the edit.
-/// * `Buckets`: the owner served every bucket. It lets the bucket of the test's namespace
-///   go at once (the new member is chosen so that the ring gives it that bucket), but
-///   keeps its claim until the held write is no longer in flight; meanwhile the new
-///   member writes nothing there. Then it takes the bucket and converges `held` with the
-///   edit.
+/// * `Ring`: the namespace is relabelled for the canary ring, whose member runs. a lets
+///   the namespace go at once, but does not say so in its Lease (its `namespaces-seen`
+///   stays before the relabel) until the held write is no longer in flight; meanwhile
+///   the canary writes nothing there.
+/// * `Buckets`: a second member whose share includes the namespace's bucket joins. a lets
+///   the bucket go at once, but keeps its claim until the held write is no longer in
+///   flight; meanwhile the new member writes nothing there.
 ///
-/// Either way the audit log shows no object written by two shards at once.
-async fn a_drain_in_the_middle_of_a_pass(
+/// Then the write goes out, and the new owner converges `held` with an edit; the audit
+/// log shows no object written by two shards at once.
+async fn a_handover_in_the_middle_of_a_pass(
     hold_if: harness::recording::HoldIf,
-    alone: Alone,
+    handover: Handover,
 ) -> anyhow::Result<()> {
     let w = world().await?;
+    let canary_system = w.cp.namespace_with_prefix("canary-system").await?;
     let others: Vec<String> = (0..6).map(|i| format!("other-{i}")).collect();
     for name in others.iter().map(String::as_str).chain([HELD]) {
         create(&w.apps, &app(name, "nginx:1.27", 1)).await?;
@@ -1377,16 +967,13 @@ async fn a_drain_in_the_middle_of_a_pass(
     a_config.sharding = true;
     a_config.leader_election = true;
     a_config.identity = Some("a".to_owned());
-    let extra: &[&str] = match alone {
-        Alone::Labelled => {
-            a_config.namespace_selector = Some(
-                controller::shard::namespaces::NamespaceSelector::parse(EVERY_NAMESPACE)
-                    .map_err(anyhow::Error::msg)?,
-            );
-            &["--namespace-selector", EVERY_NAMESPACE]
-        }
-        Alone::Buckets => &[],
-    };
+    if handover == Handover::Ring {
+        a_config.namespace_selector = Some(
+            controller::shard::namespaces::NamespaceSelector::parse(MAIN)
+                .map_err(anyhow::Error::msg)?,
+        );
+        a_config.peer_lease_namespaces = vec![canary_system.to_string()];
+    }
     let served = Arc::new(controller::shard::served::Served::default());
     let hooks = controller::Hooks {
         served: served.clone(),
@@ -1395,15 +982,8 @@ async fn a_drain_in_the_middle_of_a_pass(
     // Held only from the edit on: first a converges everything.
     hold.release();
     let a = support::start_controller_hooks(client, a_config, hooks);
-    match alone {
-        Alone::Labelled => {
-            w.settle(&["a"], 7, Duration::from_secs(120), &[]).await?;
-        }
-        Alone::Buckets => {
-            w.converged_by_buckets(&["a"], Duration::from_secs(120), &[])
-                .await?;
-        }
-    }
+    w.converged_by_buckets(&["a"], Duration::from_secs(120), &[])
+        .await?;
     eventually("statuses current", Duration::from_secs(60), || async {
         Ok::<_, harness::poll::Failure>(
             statuses_current(&w.apps)
@@ -1429,153 +1009,140 @@ async fn a_drain_in_the_middle_of_a_pass(
     )
     .await?;
 
-    // A second shard whose share includes `held` and at least one other (by buckets: the
-    // bucket of the test's namespace).
-    let key = |name: &str| controller::shard::ring::key(&w.ns, name);
-    let b = (0..1000)
-        .map(|i| format!("b-{i}"))
-        .find(|b| {
-            let ring = controller::shard::ring::Ring::new(["a", b.as_str()]);
-            match alone {
-                Alone::Labelled => {
-                    ring.owner(&key(HELD)) == Some(b.as_str())
-                        && others
-                            .iter()
-                            .any(|o| ring.owner(&key(o)) == Some(b.as_str()))
-                }
-                Alone::Buckets => assigned(&ring, b).contains_namespace(&w.ns),
-            }
-        })
-        .context("no identity takes held and another")?;
-    let ring = controller::shard::ring::Ring::new(["a", b.as_str()]);
-    let moving: Vec<&String> = others
-        .iter()
-        .filter(|o| ring.owner(&key(o)) == Some(b.as_str()))
+    let (b, shard_b) = match handover {
+        Handover::Buckets => {
+            // A second member whose share includes the bucket of the test's namespace.
+            let b = (0..1000)
+                .map(|i| format!("b-{i}"))
+                .find(|b| {
+                    let ring = controller::shard::ring::Ring::new(["a", b.as_str()]);
+                    assigned(&ring, b).contains_namespace(&w.ns)
+                })
+                .context("no identity takes the namespace's bucket")?;
+            let shard_b = w.spawn_with(&b, &[])?;
+            // a lets the bucket go as soon as it sees b (no pass runs for it any more, no
+            // write is sent), but its claim stays until the held write is no longer in
+            // flight.
+            eventually(
+                "a letting the bucket go",
+                Duration::from_secs(60),
+                || async {
+                    Ok::<_, harness::poll::Failure>(
+                        (!served.allowed().contains_namespace(&w.ns)).then_some(()),
+                    )
+                },
+            )
+            .await
+            .with_context(|| tails(&[&shard_b]))?;
+            let a_lease = w
+                .leases
+                .get(&common::names::shard_lease_name(RING, "a"))
+                .await?;
+            let claimed = a_lease
+                .annotations()
+                .get(ANNOTATION)
+                .and_then(|v| Buckets::from_hex(v))
+                .unwrap_or(Buckets::NONE);
+            assert!(
+                claimed.contains_namespace(&w.ns),
+                "a's claim left while its held write is in flight: {claimed:?}"
+            );
+            (b, shard_b)
+        }
+        Handover::Ring => {
+            let canary = RingOf {
+                name: "canary",
+                lease_namespace: canary_system.to_string(),
+                selector: CANARY,
+                peers: w.lease_ns.clone(),
+            };
+            let shard_c = canary.spawn(&w, "canary-0")?;
+            let changed = label_namespace(&w.cp.client(), &w.ns, true).await?;
+            // a lets the namespace go at once (no pass runs for it any more, no write is
+            // sent), but says it has seen the relabel only once the held write ended.
+            eventually(
+                "a letting the namespace go",
+                Duration::from_secs(60),
+                || async {
+                    Ok::<_, harness::poll::Failure>(
+                        (!served.admitted().contains(&w.ns)).then_some(()),
+                    )
+                },
+            )
+            .await
+            .with_context(|| tails(&[&shard_c]))?;
+            let a_lease = w
+                .leases
+                .get(&common::names::shard_lease_name(RING, "a"))
+                .await?;
+            let seen: u64 = a_lease
+                .annotations()
+                .get(controller::shard::rings::SEEN)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            assert!(
+                seen < changed,
+                "a said it had seen the relabel ({changed}) while its held write is in flight: {seen}"
+            );
+            ("canary-0".to_owned(), shard_c)
+        }
+    };
+    assert!(!hold.held().is_empty(), "the write is still held");
+    let by_b: Vec<Write> = writes(&w.cp.audit_events()?)
+        .into_iter()
+        .filter(|x| x.shard == b && x.object.contains(&format!("/{}/", w.ns)))
         .collect();
-    let shard_b = w.spawn_with(&b, extra)?;
-    let (owner, drain) = (shard_label(RING), drain_label(RING));
-    if alone == Alone::Buckets {
-        // a lets the bucket go as soon as it sees b (no pass runs for it any more, no
-        // write is sent), but its claim stays until the held write is no longer in flight.
-        eventually(
-            "a letting the bucket go",
-            Duration::from_secs(60),
-            || async {
-                Ok::<_, harness::poll::Failure>(
-                    (!served.allowed().contains_namespace(&w.ns)).then_some(()),
-                )
-            },
-        )
-        .await
-        .with_context(|| tails(&[&shard_b]))?;
-        // The claim stands while the held write is in flight: released only after it.
-        let a_lease = w
-            .leases
-            .get(&common::names::shard_lease_name(RING, "a"))
-            .await?;
-        let claimed = a_lease
-            .annotations()
-            .get(ANNOTATION)
-            .and_then(|v| Buckets::from_hex(v))
-            .unwrap_or(Buckets::NONE);
-        assert!(
-            claimed.contains_namespace(&w.ns),
-            "a's claim left while its held write is in flight: {claimed:?}"
-        );
-        assert!(!hold.held().is_empty(), "the write is still held");
-    }
-    if alone == Alone::Labelled {
-        // The rest of the move is handed over (b owns them and their children) while `held`
-        // is drained and waits for its owner.
-        eventually(
-            "the others moved while held waits",
-            Duration::from_secs(120),
-            || async {
-                for name in &moving {
-                    let app = w.apps.get(name).await.map_err(failure)?;
-                    let d = w.deployments.get(name).await.map_err(failure)?;
-                    let current = app.status.as_ref().and_then(|s| s.observed_generation)
-                        == app.metadata.generation;
-                    if app.labels().get(&owner) != Some(&b)
-                        || d.labels().get(&owner) != Some(&b)
-                        || !current
-                    {
-                        return Ok(None);
-                    }
-                }
-                let held = w.apps.get(HELD).await.map_err(failure)?;
-                Ok(held.labels().contains_key(&drain).then_some(()))
-            },
-        )
-        .await
-        .with_context(|| tails(&[&shard_b]))?;
-        let held = w.apps.get(HELD).await?;
-        assert_eq!(
-            held.labels().get(&owner).map(String::as_str),
-            Some("a"),
-            "moved during a's pass"
-        );
-        let d = w.deployments.get(HELD).await?;
-        assert_eq!(
-            d.labels().get(&owner).map(String::as_str),
-            Some("a"),
-            "its Deployment moved during a's pass"
-        );
-        let by_b: Vec<Write> = writes(&w.cp.audit_events()?)
-            .into_iter()
-            .filter(|x| {
-                x.shard.as_deref() == Some(b.as_str()) && x.object.ends_with(&format!("/{HELD}"))
-            })
-            .collect();
-        assert!(
-            by_b.is_empty(),
-            "{b} wrote {HELD} during a's pass: {by_b:?}"
-        );
-    }
+    assert!(by_b.is_empty(), "{b} wrote during a's pass: {by_b:?}");
 
-    // The write goes out, the pass ends, a acknowledges (or lets its claim go), b
-    // converges the edit.
+    // The write goes out, the pass ends, a lets go in its Lease, b converges the edit.
     hold.release();
-    match alone {
-        Alone::Labelled => {
-            w.settle(&["a", &b], 7, Duration::from_secs(120), &[&shard_b])
-                .await?;
-        }
-        Alone::Buckets => {
-            let serving = w
-                .converged_by_buckets(&["a", &b], Duration::from_secs(120), &[&shard_b])
-                .await?;
-            assert_eq!(serving, b, "the ring gives {b} the namespace's bucket");
-        }
+    if handover == Handover::Buckets {
+        let serving = w
+            .converged_by_buckets(&["a", &b], Duration::from_secs(120), &[&shard_b])
+            .await?;
+        assert_eq!(serving, b, "the ring gives {b} the namespace's bucket");
     }
     w.held_converged(2)
         .await
         .with_context(|| tails(&[&shard_b]))?;
-    if alone == Alone::Buckets {
-        // a's held write may have finished the edit's work before it let go: one more
-        // edit, for the new shard.
-        w.edit_held(3).await?;
-        w.held_converged(3)
-            .await
-            .with_context(|| tails(&[&shard_b]))?;
-    }
+    // a's held write may have finished the edit's work before it let go: one more edit,
+    // for the new owner.
+    w.edit_held(3).await?;
+    w.held_converged(3)
+        .await
+        .with_context(|| tails(&[&shard_b]))?;
     let events = w.cp.audit_events()?;
     let all = writes(&events);
+    let in_ns: Vec<&Write> = all
+        .iter()
+        .filter(|x| x.object.contains(&format!("/{}/", w.ns)))
+        .collect();
     assert!(
-        all.iter()
-            .any(|x| x.shard.as_deref() == Some(b.as_str())
-                && x.object.ends_with(&format!("/{HELD}"))),
+        in_ns
+            .iter()
+            .any(|x| x.shard == b && x.object.ends_with(&format!("/{HELD}"))),
         "{b} never wrote {HELD}: the handover was not exercised"
     );
-    match alone {
-        Alone::Labelled => {
-            let violations = interleavings(&all);
+    match handover {
+        Handover::Ring => {
+            // a never serves the namespace again: each of its writes there came before
+            // every one of the canary's, in storage's order.
+            let last_a = in_ns
+                .iter()
+                .filter(|x| x.shard == "a")
+                .map(|x| x.revision)
+                .max();
+            let first_b = in_ns
+                .iter()
+                .filter(|x| x.shard == b)
+                .map(|x| x.revision)
+                .min();
             assert!(
-                violations.is_empty(),
-                "written by two shards at once: {violations:?}"
+                last_a < first_b,
+                "a wrote at {last_a:?}, after the canary's first write at {first_b:?}"
             );
         }
-        Alone::Buckets => {
+        Handover::Buckets => {
             // Nobody else wrote while a claimed the bucket, and every write fell inside
             // its writer's claims.
             let during = writes_during_claims(&events, &w.lease_ns, &w.ns, "a")?;
@@ -1593,13 +1160,14 @@ async fn a_drain_in_the_middle_of_a_pass(
 }
 
 #[tokio::test]
-async fn a_drain_while_the_owner_applies_a_child_waits_for_the_pass() -> anyhow::Result<()> {
-    a_drain_in_the_middle_of_a_pass(
+async fn a_namespace_relabelled_while_its_owner_applies_a_child_moves_after_the_write()
+-> anyhow::Result<()> {
+    a_handover_in_the_middle_of_a_pass(
         |r| {
             r.method() == http::Method::PATCH
                 && r.uri().path().ends_with(&format!("/deployments/{HELD}"))
         },
-        Alone::Labelled,
+        Handover::Ring,
     )
     .await
 }
@@ -1607,25 +1175,26 @@ async fn a_drain_while_the_owner_applies_a_child_waits_for_the_pass() -> anyhow:
 #[tokio::test]
 async fn a_member_joining_while_the_one_alone_applies_a_child_writes_nothing_until_its_claim_went()
 -> anyhow::Result<()> {
-    a_drain_in_the_middle_of_a_pass(
+    a_handover_in_the_middle_of_a_pass(
         |r| {
             r.method() == http::Method::PATCH
                 && r.uri().path().ends_with(&format!("/deployments/{HELD}"))
         },
-        Alone::Buckets,
+        Handover::Buckets,
     )
     .await
 }
 
 #[tokio::test]
-async fn a_drain_while_the_owner_writes_status_waits_for_the_pass() -> anyhow::Result<()> {
-    a_drain_in_the_middle_of_a_pass(holds_the_status_write, Alone::Labelled).await
+async fn a_namespace_relabelled_while_its_owner_writes_status_moves_after_the_write()
+-> anyhow::Result<()> {
+    a_handover_in_the_middle_of_a_pass(holds_the_status_write, Handover::Ring).await
 }
 
 #[tokio::test]
 async fn a_member_joining_while_the_one_alone_writes_status_writes_nothing_until_its_claim_went()
 -> anyhow::Result<()> {
-    a_drain_in_the_middle_of_a_pass(holds_the_status_write, Alone::Buckets).await
+    a_handover_in_the_middle_of_a_pass(holds_the_status_write, Handover::Buckets).await
 }
 
 fn holds_the_status_write(r: &http::Request<kube::client::Body>) -> bool {
@@ -1635,8 +1204,8 @@ fn holds_the_status_write(r: &http::Request<kube::client::Body>) -> bool {
             .ends_with(&format!("/appservices/{HELD}/status"))
 }
 
-/// The writes in `namespace` (other than Leases) by another member than `member`, or by
-/// the sharder, while `member` claimed the namespace's bucket (from the audit log's
+/// The writes in `namespace` (other than Leases) by another member than `member` while
+/// `member` claimed the namespace's bucket (from the audit log's
 /// claim spans, the Leases in `lease_ns`); an error if `member` never claimed it.
 fn writes_during_claims(
     events: &[serde_json::Value],
@@ -1674,10 +1243,8 @@ fn writes_during_claims(
         {
             continue;
         }
-        let uri = e["requestURI"].as_str().unwrap_or("");
         let writer = shard_of(e);
-        let sharder = uri.contains("fieldManager=appservice-sharder");
-        if writer.is_none() || (writer.as_deref() == Some(member) && !sharder) {
+        if writer.is_none() || writer.as_deref() == Some(member) {
             continue;
         }
         let (Some(received), Some(done)) = (
@@ -1687,7 +1254,7 @@ fn writes_during_claims(
             continue;
         };
         if spans.iter().any(|s| received < s.until && done > s.from) {
-            during.push(format!("{} {uri} by {writer:?}", e["verb"]));
+            during.push(format!("{} {} by {writer:?}", e["verb"], e["requestURI"]));
         }
     }
     Ok(during)
@@ -2146,6 +1713,18 @@ async fn namespaces_handed_over_through_joins_a_kill_and_a_freeze(
 const STAMP: &str = "label-stamp";
 
 /// The ring labels an AppService can be left with: by a member that stopped in the
+/// The shard and drain labels (of any ring) on an object.
+fn ring_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with(common::names::SHARD_LABEL_PREFIX)
+                || k.starts_with(common::names::DRAIN_LABEL_PREFIX)
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// middle of a drain, by a ring that is gone, or by anyone allowed to write labels.
 fn label_states() -> Vec<(&'static str, BTreeMap<String, String>)> {
     let (shard, drain) = (shard_label(RING), drain_label(RING));

@@ -911,26 +911,31 @@ fn sharding_is_off_by_default_and_on_adds_its_flags_and_rbac() {
     );
     assert_eq!(app_verbs(&off), json!(["get", "list", "watch", "patch"]));
     assert_eq!(value("SHARD_RING"), Some(json!("blue")));
-    // The label mode unless the server-side sharded watch is asked for.
+    // The member filters its watches unless the server-side sharded watch is asked for.
     assert_eq!(value("SHARDED_WATCH"), None);
+    // It combines with a namespace selector (a canary ring): buckets inside the ring,
+    // the selector between rings.
     let watch = template(
         "ops",
         &[
             "controller.sharding.enabled=true".into(),
             "controller.sharding.shardedWatch=true".into(),
+            "controller.sharding.namespaceSelector[0].key=operator-upgrade".into(),
+            "controller.sharding.namespaceSelector[0].operator=Exists".into(),
         ],
     );
     assert!(env_names(&watch).contains(&"SHARDED_WATCH".to_owned()));
-    // It divides namespaces by hash, so it cannot also follow a namespace selector.
-    let stderr = template_refused(&[
-        "controller.sharding.enabled=true",
-        "controller.sharding.shardedWatch=true",
-        "controller.sharding.namespaceSelector[0].key=operator-upgrade",
-        "controller.sharding.namespaceSelector[0].operator=Exists",
-    ]);
+    assert!(env_names(&watch).contains(&"NAMESPACE_SELECTOR".to_owned()));
+    // Alone, no other release's Leases are read anywhere, and the namespaces are
+    // watched (each ring serves those its selector matches and no other ring's does).
+    assert_eq!(value("PEER_LEASE_NAMESPACES"), None);
     assert!(
-        stderr.contains("cannot follow controller.sharding.namespaceSelector"),
-        "{stderr}"
+        !on.iter()
+            .any(|d| d["metadata"]["name"] == format!("{CONTROLLER}-shard-peers"))
+    );
+    assert_eq!(
+        find(&on, "ClusterRole", &format!("{CONTROLLER}-databaseclasses"))["rules"][2],
+        json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]})
     );
     let rules = lease_rules(&on);
     assert!(
@@ -943,8 +948,8 @@ fn sharding_is_off_by_default_and_on_adds_its_flags_and_rbac() {
 /// A canary release and the main one split the namespaces: the chart turns
 /// `controller.sharding.namespaceSelector` into the controller's `--namespace-selector`
 /// (which the controller's own parser reads back to the same split), gives the webhook
-/// configurations the same selector, and adds the RBAC the sharder then needs (the Leases
-/// of every ring, read only; the namespaces' labels).
+/// configurations the same selector, and adds the RBAC the rings then need (the member
+/// Leases of the named peer releases, read only and only there; the namespaces' labels).
 #[test]
 fn a_namespace_split_renders_the_same_selector_for_the_controller_and_the_webhook() {
     let split = |operator: &str, values: &[&str], extra: &[&str]| -> Vec<Value> {
@@ -1022,10 +1027,38 @@ fn a_namespace_split_renders_the_same_selector_for_the_controller_and_the_webhoo
         }
     }
 
-    let docs = split("In", &["canary"], &[]);
+    let docs = split(
+        "In",
+        &["canary"],
+        &[
+            "controller.sharding.peerReleaseNamespaces[0]=appservice-system",
+            "controller.sharding.peerReleaseNamespaces[1]=ops",
+        ],
+    );
+    let peers: Vec<&Value> = docs
+        .iter()
+        .filter(|d| {
+            d["kind"] == "Role" && d["metadata"]["name"] == format!("{CONTROLLER}-shard-peers")
+        })
+        .collect();
+    assert_eq!(peers.len(), 1, "a Role in each peer namespace but our own");
+    assert_eq!(peers[0]["metadata"]["namespace"], "appservice-system");
     assert_eq!(
-        find(&docs, "ClusterRole", &format!("{CONTROLLER}-shard-peers"))["rules"],
+        peers[0]["rules"],
         json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch"]}])
+    );
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "ClusterRole"
+            && d["metadata"]["name"] == format!("{CONTROLLER}-shard-peers")),
+        "no Lease read outside the named namespaces"
+    );
+    let env =
+        &find(&docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .contains(&json!({"name": "PEER_LEASE_NAMESPACES", "value": "appservice-system,ops"})),
+        "{env}"
     );
     assert_eq!(
         find(

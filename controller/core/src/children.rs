@@ -99,15 +99,6 @@ pub async fn converge<K: Child>(
     let api: Api<K::View> = Api::namespaced(ctx.client().clone(), &namespace);
 
     let Some(live) = live else {
-        // With sharding a create carries this shard's label (not in the hash: the label
-        // moves with the AppService, the hash only with its spec).
-        if let Some((label, shard)) = crate::shard::child_label(ctx.config()) {
-            desired
-                .meta_mut()
-                .labels
-                .get_or_insert_with(Default::default)
-                .insert(label, shard);
-        }
         let created = Api::<K>::namespaced(ctx.client().clone(), &namespace)
             .create(
                 &PostParams {
@@ -199,12 +190,10 @@ async fn update<K: Child>(
         if ops.is_empty() {
             return Ok(live);
         }
-        let rv = live.meta().resource_version.clone();
-        return repair(ctx, api, name, want, ops, (K::KIND, K::WRITTEN), rv).await;
+        return repair(ctx, api, name, want, ops, (K::KIND, K::WRITTEN)).await;
     }
 
-    let live_rv = live.meta().resource_version.clone();
-    let applied = match apply(ctx, api, name, desired, live_rv.clone()).await {
+    let applied = match apply(ctx, api, name, desired).await {
         Ok(applied) => applied,
         Err(Error::Kube(kube::Error::Api(status))) if matches!(status.code, 400 | 422) => {
             let ops = K::View::drift(want, &live);
@@ -212,10 +201,8 @@ async fn update<K: Child>(
                 return Err(Error::Kube(kube::Error::Api(status)));
             }
             info!(kind, child = %name, reason = %status.message, "apply rejected; putting our fields back first");
-            let repaired =
-                repair(ctx, api, name, want, ops, (K::KIND, K::WRITTEN), live_rv).await?;
-            let rv = repaired.meta().resource_version.clone();
-            apply(ctx, api, name, desired, rv).await?
+            repair(ctx, api, name, want, ops, (K::KIND, K::WRITTEN)).await?;
+            apply(ctx, api, name, desired).await?
         }
         Err(e) => return Err(e),
     };
@@ -223,8 +210,7 @@ async fn update<K: Child>(
     if ops.is_empty() {
         return Ok(applied);
     }
-    let rv = applied.meta().resource_version.clone();
-    repair(ctx, api, name, want, ops, (K::KIND, K::WRITTEN), rv).await
+    repair(ctx, api, name, want, ops, (K::KIND, K::WRITTEN)).await
 }
 
 async fn apply<K: Child>(
@@ -232,20 +218,8 @@ async fn apply<K: Child>(
     api: &Api<K::View>,
     name: &str,
     desired: &K,
-    live_rv: Option<String>,
 ) -> Result<K::View> {
     let kind = K::KIND;
-    // With sharding: on the condition that the child is still the one we read.
-    let preconditioned;
-    let desired = match live_rv {
-        Some(rv) if crate::shard::child_label(ctx.config()).is_some() => {
-            let mut d = desired.clone();
-            d.meta_mut().resource_version = Some(rv);
-            preconditioned = d;
-            &preconditioned
-        }
-        _ => desired,
-    };
     // Force: we are the controller of this object; fields we set are ours.
     let applied = api
         .patch(
@@ -269,22 +243,11 @@ async fn repair<V>(
     want: &V,
     ops: Vec<serde_json::Value>,
     (kind, written): (&'static str, Written),
-    want_rv: Option<String>,
 ) -> Result<V>
 where
     V: Resource<DynamicType = ()> + Drift + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
 {
     let paths = changed_paths(&ops);
-    let mut ops = ops;
-    // With sharding: on the condition that the child is still the one we read (a
-    // handover relabels it, so a repair prepared before one fails with 409).
-    if crate::shard::child_label(ctx.config()).is_some()
-        && let Some(rv) = want_rv
-    {
-        ops.push(
-            serde_json::json!({"op": "replace", "path": "/metadata/resourceVersion", "value": rv}),
-        );
-    }
     let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
         .map_err(|error| Error::Serialize { kind, error })?;
     let patched = api

@@ -75,7 +75,7 @@ pub struct Config {
     /// With `--sharding`: the API server filters each member's lists and watches by its
     /// buckets (the alpha feature gate `ShardedListAndWatch`, Kubernetes 1.37+), so a
     /// member no longer receives and decodes the others' events. Without it the member
-    /// filters them itself. Not with `--namespace-selector`.
+    /// filters them itself.
     #[arg(long, env = "SHARDED_WATCH", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub sharded_watch: bool,
 
@@ -87,12 +87,18 @@ pub struct Config {
     /// The namespaces this ring owns (with `--sharding`), as a label selector on the
     /// Namespace (`operator-upgrade=canary`; `a!=b`, `k in (x,y)`, `k notin (x,y)`,
     /// `k`, `!k`, comma-joined). Two releases split the cluster with complementary
-    /// selectors; an AppService whose namespace stops matching is drained and released
-    /// for the ring that matches it. Such a ring divides its AppServices by the labels
-    /// its sharder writes on them (`shard.platform.example.com/<ring>`). Unset: every
-    /// namespace.
+    /// selectors; a namespace relabelled from one to the other is handed over through
+    /// the rings' member Leases, with no two writers, and a namespace both select is
+    /// served by neither. Unset: every namespace no other ring selects.
     #[arg(long, env = "NAMESPACE_SELECTOR", value_parser = crate::shard::namespaces::NamespaceSelector::parse)]
     pub namespace_selector: Option<crate::shard::namespaces::NamespaceSelector>,
+
+    /// With `--sharding`: where the member Leases of the other rings are (comma-separated;
+    /// the lease namespace always counts). Only namespaces the admin controls: a Lease
+    /// there that selects a namespace keeps this ring out of it. The chart passes the
+    /// release namespaces of `controller.sharding.peerReleaseNamespaces`.
+    #[arg(long, env = "PEER_LEASE_NAMESPACES", value_delimiter = ',')]
+    pub peer_lease_namespaces: Vec<String>,
 
     /// Re-check an object that is still rolling out after this long (watch events on the
     /// Deployment usually come first).
@@ -139,6 +145,7 @@ impl Config {
             sharded_watch: false,
             shard_ring: common::names::DEFAULT_SHARD_RING.to_owned(),
             namespace_selector: None,
+            peer_lease_namespaces: Vec::new(),
             rollout_requeue: Duration::from_secs(10),
             resync_interval: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(20),

@@ -80,7 +80,7 @@ pub struct Context {
     /// member of the ring.
     leading: watch::Receiver<bool>,
     /// True while this replica holds the leader Lease (the same flag without sharding):
-    /// what runs once per cluster (the orphan scan, the sharder) follows it.
+    /// what runs once per cluster (the orphan scan) follows it.
     leader: watch::Receiver<bool>,
     backoff_policy: BackoffPolicy,
     /// Consecutive failures per object; cleared by a successful reconcile.

@@ -25,7 +25,7 @@
 //! | [`image_verdict`] | what that step reports to a pass: pins, a hold, the images' status |
 //! | [`error`](mod@error) | the error type, its retry classification, backoff |
 //! | [`leader`] | Lease leader election |
-//! | [`shard`] | sharding (`--sharding`): the ring, membership Leases, the fence, the sharder |
+//! | [`shard`] | sharding (`--sharding`): the ring, membership Leases, the fence, the claims |
 //! | [`metrics`], [`ops`] | Prometheus metrics, `/healthz` `/readyz` `/metrics` |
 //! | [`queue`] | the work queue's metrics, observed around kube-runtime's scheduler |
 //! | [`client`] | the rate-limited client |
@@ -116,10 +116,6 @@ pub enum RunError {
     #[error("--sharded-watch needs --sharding")]
     ShardedWatchWithoutSharding,
     #[error(
-        "--sharded-watch does not combine with --namespace-selector yet: run the canary ring with label sharding"
-    )]
-    ShardedWatchWithSelector,
-    #[error(
         "this shard's membership Lease lapsed (not renewed within the renew deadline); restart to rejoin the ring"
     )]
     ShardLapsed,
@@ -179,14 +175,6 @@ pub async fn run_with(
     if config.sharded_watch && !config.sharding {
         return Err(RunError::ShardedWatchWithoutSharding);
     }
-    if config.sharded_watch && config.namespace_selector.is_some() {
-        return Err(RunError::ShardedWatchWithSelector);
-    }
-    if shard::labelled(&config) && !config.leader_election {
-        warn!(
-            "--sharding with --namespace-selector and without --leader-election: this replica runs the sharder whatever the others do; run one replica only"
-        );
-    }
     let (leading_tx, leading_rx) = watch::channel(!config.leader_election);
     let (stop_tx, stop_rx) = watch::channel(false);
     // Without sharding, reconciles follow leadership; with it, this shard's membership.
@@ -204,42 +192,32 @@ pub async fn run_with(
     } else {
         client
     };
-    // Divided by buckets, every write also stays within the buckets this member serves.
-    let served = shard::bucketed(&config).then(|| hooks.served.clone());
+    // With sharding, every write also stays within the buckets and namespaces this
+    // member serves.
+    let served = config.sharding.then(|| hooks.served.clone());
     let client = match &served {
         Some(served) => shard::served::bounded(client, served.clone(), &config.lease_namespace),
         None => client,
     };
-    // A canary ring watches its own label.
-    let baked = shard::selector(&config);
-    let selected = |labels: String| match &baked {
-        Some(shard) => format!("{labels},{shard}"),
-        None => labels,
-    };
-
     // Caches of our children (only objects with our managed-by label), as views: only
     // what reconcile reads. Touched, not applied: a deleted child must wake its owner.
     // With sharding, only this shard's.
     let child_config = watcher::Config::default()
-        .labels(&selected(format!("{LABEL_MANAGED_BY}={MANAGED_BY}")))
+        .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
         .any_semantic();
     let synced = Arc::new(CacheSync::default());
     let watch = Watch::new(&client, &config, &synced).following(served.clone());
-    // What no shard label selects (objects named like ours): followed by the served
-    // buckets alike.
+    // Objects named like ours without our label: followed by the served buckets alike.
     let watch_others = Watch::new(&client, &config, &synced).following(served.clone());
     let (deployments, deployment_stream) =
         watch.cached::<view::DeploymentView, _>(child_config.clone(), |_| {}, |s| &s.deployments);
     let (services, service_stream) =
         watch.cached::<view::ServiceView, _>(child_config.clone(), |_| {}, |s| &s.services);
-    let app_config = match &baked {
-        Some(shard) => watcher::Config::default().labels(shard),
-        None => watcher::Config::default(),
-    };
-    let (apps, app_stream) =
-        watch.cached::<AppService, _>(app_config.any_semantic(), view::slim_app, |s| {
-            &s.appservices
-        });
+    let (apps, app_stream) = watch.cached::<AppService, _>(
+        watcher::Config::default().any_semantic(),
+        view::slim_app,
+        |s| &s.appservices,
+    );
     let (deployment_stream, service_stream, app_stream) = (
         deployment_stream.touched_objects(),
         service_stream.touched_objects(),
@@ -358,8 +336,9 @@ pub async fn run_with(
             apps_for_queue,
             queue.clone(),
         ));
-    // Divided by buckets: buckets become usable once every cache has listed them;
-    // their AppServices (and, cheaply, the rest) get a pass then.
+    // With sharding: buckets become usable once every cache has listed them, and
+    // namespaces once the rings admit them; their AppServices (and, cheaply, the rest)
+    // get a pass then.
     let controller = match &served {
         Some(served) => controller.reconcile_all_on(queue::observe_reconcile_all(
             shard::served::gained(served.subscribe_usable()),
@@ -404,52 +383,46 @@ pub async fn run_with(
         leading_tx,
         elector_stop_rx.clone(),
     );
-    let (membership, sharder) = if config.sharding {
-        // Divided by buckets, the Lease carries this member's claims, and the claims task
-        // follows the ring; a canary ring's leader runs the sharder.
-        let (wanted, written) = (
-            watch::channel(shard::claims::annotations(shard::buckets::Buckets::NONE)).0,
-            watch::channel(std::collections::BTreeMap::new()).0,
-        );
-        let annotations = served.as_ref().map(|_| leader::Annotations {
-            wanted: wanted.subscribe(),
-            written: written.clone(),
-        });
-        let membership = shard::start_membership(
-            &config,
-            &lease_client,
-            &identity,
-            fence,
-            annotations,
-            member_tx,
-            elector_stop_rx,
-        );
-        let sharder = match &served {
-            Some(served) => tokio::spawn(
-                shard::claims::Claims {
-                    ctx: ctx.clone(),
-                    lease_client: lease_client.clone(),
-                    identity: identity.clone(),
-                    served: served.clone(),
-                    apps: apps_for_shard.clone(),
-                    wanted,
-                    written: written.subscribe(),
-                    member: member_rx.clone(),
-                    stop: stop_rx.clone(),
-                }
-                .run(),
-            ),
-            None => tokio::spawn(shard::sharder::run(
-                ctx.clone(),
-                leading_rx.clone(),
-                stop_rx.clone(),
-            )),
-        };
-        shard::follow_owned(ctx.clone(), apps_for_shard, stop_rx.clone());
-        (Some(membership), Some(sharder))
-    } else {
-        drop((member_tx, fence, apps_for_shard));
-        (None, None)
+    let (membership, claims_task) = match &served {
+        Some(served) => {
+            // The Lease carries this member's claims and what it says to the other rings;
+            // the claims task follows both.
+            let (wanted, written) = (
+                watch::channel(shard::claims::initial(&config)).0,
+                watch::channel(std::collections::BTreeMap::new()).0,
+            );
+            let annotations = leader::Annotations {
+                wanted: wanted.subscribe(),
+                written: written.clone(),
+            };
+            let membership = shard::start_membership(
+                &config,
+                &lease_client,
+                &identity,
+                fence,
+                Some(annotations),
+                member_tx,
+                elector_stop_rx,
+            );
+            let claims = shard::claims::Claims {
+                ctx: ctx.clone(),
+                lease_client: lease_client.clone(),
+                identity: identity.clone(),
+                served: served.clone(),
+                apps: apps_for_shard.clone(),
+                wanted,
+                written: written.subscribe(),
+                member: member_rx.clone(),
+                stop: stop_rx.clone(),
+            };
+            let claims_task = tokio::spawn(claims.run());
+            shard::follow_owned(ctx.clone(), apps_for_shard, stop_rx.clone());
+            (Some(membership), Some(claims_task))
+        }
+        None => {
+            drop((member_tx, fence, apps_for_shard));
+            (None, None)
+        }
     };
     let lapsed = Box::pin(shard::lapsed(member_rx));
 
@@ -457,7 +430,7 @@ pub async fn run_with(
     let mut tasks = Tasks {
         controller: controller_task,
         background,
-        sharder,
+        claims: claims_task,
         membership,
         lapsed,
         elector,
@@ -517,9 +490,9 @@ struct Tasks {
     controller: tokio::task::JoinHandle<()>,
     /// The external step's periodic work (the orphan scan).
     background: Option<tokio::task::JoinHandle<()>>,
-    /// With sharding: the sharder (acting while this replica leads), the membership
-    /// Lease, and what completes once that membership lapsed.
-    sharder: Option<tokio::task::JoinHandle<()>>,
+    /// With sharding: the claims task, the membership Lease, and what completes once
+    /// that membership lapsed.
+    claims: Option<tokio::task::JoinHandle<()>>,
     membership: Option<tokio::task::JoinHandle<()>>,
     lapsed: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     elector: Option<tokio::task::JoinHandle<()>>,
@@ -558,7 +531,7 @@ impl Tasks {
     }
 
     /// Stops reconciling first (in-flight reconciles get the grace period), then the
-    /// background work and the sharder, then releases the Leases, so the next leader never overlaps with
+    /// background work and the claims task, then releases the Leases, so the next leader never overlaps with
     /// us; the ops server last.
     async fn stop(mut self, stop: &watch::Sender<bool>, config: &Config) {
         let _ = stop.send(true);
@@ -573,7 +546,7 @@ impl Tasks {
         if let Some(handle) = self.background {
             handle.abort();
         }
-        if let Some(handle) = self.sharder {
+        if let Some(handle) = self.claims {
             let _ = handle.await;
         }
         let _ = self.elector_stop.send(true);

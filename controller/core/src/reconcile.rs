@@ -69,9 +69,8 @@ pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Next> 
         warn!(object = %key, "AppService in an excluded namespace (--exclude-namespaces): not reconciled, nothing is written there");
         return Ok(Next::await_change());
     }
-    // With sharding: only what this member serves (a canary ring also lets a drained
-    // object go here, between passes).
-    if let crate::shard::Gate::Stop(next) = crate::shard::gate(&app, &ctx).await? {
+    // With sharding: only what this member serves.
+    if let crate::shard::Gate::Stop(next) = crate::shard::gate(&app, &ctx) {
         return Ok(next);
     }
     // A status we wrote that the cache has caught up with is no longer needed: drop it

@@ -39,7 +39,7 @@ pub async fn write_status(
     debug!(object = %key, from = ?live, to = ?status, "status changed");
     let events = announcements(live, status);
     // With sharding: on the condition that the AppService is still the one the pass
-    // read (a handover relabels it, so a status prepared before one fails with 409).
+    // read, so a status prepared from an older read never lands over a newer object.
     let guard = if ctx.config().sharding {
         Guard::ReadVersion
     } else {

@@ -18,6 +18,10 @@
 //! dead member are void, because its fence ([`super::fence`]) shut its writes before that.
 //! So a bucket is written by at most one member at a time; what it rests on is the fence's
 //! condition, `lease duration > renew deadline + the longest a request takes`.
+//!
+//! The same task follows the other rings ([`super::rings`], `super::peer_rings`): each turn it lets go of the
+//! namespaces its ring may no longer serve, says in the Lease what it has seen, and takes
+//! the namespaces it may newly serve after a quorum read of every ring's Leases.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +31,7 @@ use common::names::LABEL_SHARD_RING;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::ListParams;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::reflector;
 use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -35,7 +39,9 @@ use tracing::{info, warn};
 
 use super::buckets::{Buckets, assigned};
 use super::liveness::{Liveness, Observed};
+use super::peer_rings::Rings;
 use super::ring::Ring;
+use super::rings;
 use super::served::Served;
 use crate::context::Context;
 
@@ -122,21 +128,22 @@ pub struct Claims {
     pub stop: watch::Receiver<bool>,
 }
 
+/// The annotations a member's Lease carries at first: no bucket claimed, its ring's
+/// selector, nothing seen.
+pub fn initial(config: &crate::config::Config) -> BTreeMap<String, String> {
+    let mut a = annotations(Buckets::NONE);
+    a.extend(rings::annotations(config.namespace_selector.as_ref(), 0));
+    a
+}
+
 impl Claims {
-    /// Follows the ring until `stop`.
+    /// Follows the ring, and the other rings, until `stop`.
     pub async fn run(mut self) {
         let config = self.ctx.config().clone();
         let api: Api<Lease> = Api::namespaced(self.lease_client.clone(), &config.lease_namespace);
         let selector = format!("{LABEL_SHARD_RING}={}", config.shard_ring);
         let ours = common::names::shard_lease_name(&config.shard_ring, &self.identity);
-        let (store, writer) = reflector::store();
-        let leases = reflector::reflector(
-            writer,
-            watcher(api.clone(), watcher::Config::default().labels(&selector)).default_backoff(),
-        )
-        .touched_objects()
-        .boxed();
-        let mut leases = leases;
+        let (mut rings, mut events) = Rings::follow(&self.lease_client, &config);
         let mut peers = Peers::default();
         // What this member's Lease was last seen to carry (`None`: not known).
         let mut published: Option<Buckets> = None;
@@ -144,17 +151,26 @@ impl Claims {
             tokio::select! {
                 _ = self.stop.wait_for(|s| *s) => return,
                 _ = tokio::time::sleep(config.retry_period) => {}
-                event = leases.next() => {
-                    if let Some(Err(e)) = event {
-                        warn!(error = %e, "watching the ring's Leases");
+                event = events.next() => {
+                    // Everything that arrived together is one turn (a burst of
+                    // Namespace events is not a turn each).
+                    let mut next = Some(event);
+                    while let Some(event) = next {
+                        if let Some(Some(e)) = event {
+                            warn!(error = %e, "watching the rings' Leases or the Namespaces");
+                        }
+                        next = events.next().now_or_never();
                     }
                 }
             }
-            if !*self.member.borrow() || store.wait_until_ready().now_or_never().is_none() {
+            if !*self.member.borrow() || !rings.ready() {
                 continue;
             }
             let now = Instant::now();
-            peers.observe(&store.state(), &ours, now);
+            let own = rings.observe(&config, now);
+            peers.observe(&own, &ours, now);
+            self.follow_rings(&mut rings, &config, now).await;
+
             let live = peers.live(config.lease_duration, now);
             let ring = Ring::new(
                 live.iter()
@@ -172,21 +188,16 @@ impl Claims {
                     "letting buckets go: the ring gave them to another member"
                 );
                 self.served.release(lose).await;
-                let handed = self
-                    .apps
-                    .state()
-                    .iter()
-                    .filter(|a| lose.contains_namespace(&a.namespace().unwrap_or_default()))
-                    .count();
-                for _ in 0..handed {
-                    self.ctx.metrics().shard().handover(super::Direction::Out);
-                }
+                self.handed_over(|ns| lose.contains_namespace(ns));
             }
             // The Lease says what we serve: after a release, after a contested claim was
             // withdrawn, or after a write of the claims that did not go through.
             let serving = self.served.allowed();
             if published != Some(serving) {
-                published = self.publish(serving, &config).await.then_some(serving);
+                published = self
+                    .publish(serving, &rings, &config)
+                    .await
+                    .then_some(serving);
                 if published.is_none() {
                     continue;
                 }
@@ -196,7 +207,7 @@ impl Claims {
                 continue;
             }
             let claim = serving.union(take);
-            published = self.publish(claim, &config).await.then_some(claim);
+            published = self.publish(claim, &rings, &config).await.then_some(claim);
             if published.is_none() {
                 continue;
             }
@@ -229,10 +240,32 @@ impl Claims {
         }
     }
 
+    /// Counts the AppServices in what was just let go as handed over.
+    pub(super) fn handed_over(&self, gone: impl Fn(&str) -> bool) {
+        let handed = self
+            .apps
+            .state()
+            .iter()
+            .filter(|a| gone(&a.namespace().unwrap_or_default()))
+            .count();
+        for _ in 0..handed {
+            self.ctx.metrics().shard().handover(super::Direction::Out);
+        }
+    }
+
     /// Writes `claims` into this member's Lease and waits for a renewal that carried them
     /// (at most the renew deadline: past it the fence has lapsed anyway).
-    async fn publish(&mut self, claims: Buckets, config: &crate::config::Config) -> bool {
-        let wanted = annotations(claims);
+    async fn publish(
+        &mut self,
+        claims: Buckets,
+        rings: &Rings,
+        config: &crate::config::Config,
+    ) -> bool {
+        let mut wanted = annotations(claims);
+        wanted.extend(rings::annotations(
+            config.namespace_selector.as_ref(),
+            rings.seen,
+        ));
         self.wanted.send_replace(wanted.clone());
         let written = tokio::time::timeout(
             config.renew_deadline,

@@ -1,5 +1,5 @@
 //! `appservice_controller_shard_*`: what a shard owns, how objects cross its boundary,
-//! and what the sharder decided.
+//! and what it shares with the other rings.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -23,7 +23,6 @@ pub struct ShardMetrics {
     objects: Gauge,
     handovers: Family<DirectionLabel, Counter>,
     members: Gauge,
-    assignments: Counter,
     releases: Counter,
     foreign: Gauge,
 }
@@ -32,7 +31,7 @@ impl ShardMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "shard_objects",
-            "AppServices this shard owns (in its label-selected cache)",
+            "AppServices in this shard's cache (the namespaces of its buckets)",
             self.objects.clone(),
         );
         registry.register(
@@ -42,22 +41,17 @@ impl ShardMetrics {
         );
         registry.register(
             "shard_ring_members",
-            "Live members of the ring, as the sharder (the ring's leader) sees them",
+            "Live members of the ring, as this member sees them",
             self.members.clone(),
         );
         registry.register(
-            "shard_assignments",
-            "AppServices the sharder assigned or moved to a shard",
-            self.assignments.clone(),
-        );
-        registry.register(
             "shard_releases",
-            "AppServices the sharder released to another ring (their namespace left this ring's selector, or another live ring held them too)",
+            "Namespaces this member let go because its ring no longer serves them (they left its selector, or another live ring selects them too)",
             self.releases.clone(),
         );
         registry.register(
             "shard_foreign_objects",
-            "AppServices in namespaces this ring selects that another live ring holds (overlapping selectors, or a handover under way)",
+            "AppServices in namespaces this ring selects that another live ring selects too (overlapping selectors): served by neither",
             self.foreign.clone(),
         );
         for &direction in Direction::ALL {
@@ -87,14 +81,6 @@ impl ShardMetrics {
 
     pub fn set_members(&self, n: usize) {
         self.members.set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    pub fn moved(&self) {
-        self.assignments.inc();
-    }
-
-    pub fn assignments(&self) -> u64 {
-        self.assignments.get()
     }
 
     pub fn released(&self) {

@@ -10,8 +10,9 @@
 //! | [`fence`] | the check before every write: this member's Lease is current |
 //! | [`metrics`] | `appservice_controller_shard_*`, registered by [`crate::metrics::Metrics`] |
 //! | [`namespaces`] | `--namespace-selector`: the namespaces a ring owns (a canary release) |
-//! | [`sharder`] | a canary ring's (`--namespace-selector`) label protocol, run by its leader |
-//! | here | the membership Lease, the gate of each pass, the label on a canary ring's children |
+//! | [`rings`] | which namespaces a ring may serve beside the other rings, agreed through their Leases |
+//! | `peer_rings` | the other rings' Leases and the Namespaces as a member sees them; the claims task's step between rings |
+//! | here | the membership Lease, the gate of each pass |
 //!
 //! Each replica holds a membership Lease `<ring>-shard-<identity>` (labelled
 //! `platform.example.com/shard-ring: <ring>`), renewed by [`crate::leader::Elector`] with
@@ -20,11 +21,10 @@
 //! and its caches. Alone, it serves every bucket; that is not a mode, the same rules hold
 //! with one member as with N. Nothing is written on the objects. With `--sharded-watch`
 //! the API server filters each watch by the buckets; without, the member filters them.
-//!
-//! A canary ring (`--namespace-selector`) still divides by label: the ring's leader runs
-//! the [`sharder`], which writes `shard.platform.example.com/<ring>: <identity>` on each
-//! AppService and its children and hands them over by a drain handshake. Off (the
-//! default), none of this runs and the controller is the single leader it always was.
+//! Beside the buckets, each ring serves only the namespaces its selector
+//! (`--namespace-selector`, a canary release) gives it and no other live ring's does
+//! ([`rings`]). Off (the default), none of this runs and the controller is the single
+//! leader it always was.
 
 pub mod buckets;
 pub mod claims;
@@ -32,19 +32,18 @@ pub mod fence;
 pub mod liveness;
 pub mod metrics;
 pub mod namespaces;
+mod peer_rings;
 pub mod ring;
+pub mod rings;
 pub mod served;
-pub mod sharder;
 
 use std::collections::BTreeMap;
 
 use common::AppService;
-use common::names::{LABEL_SHARD_RING, drain_label, shard_label, shard_lease_name};
+use common::names::{LABEL_SHARD_RING, shard_lease_name};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 use tokio::sync::watch;
 use tracing::info;
 
@@ -54,30 +53,7 @@ pub use namespaces::is_label_value;
 
 use crate::config::Config;
 use crate::context::Context;
-use crate::error::Result;
 use crate::queue::Next;
-
-/// The label a canary ring's member puts on the children it creates, so a create
-/// already carries it: `(shard.platform.example.com/<ring>, <identity>)`; none otherwise.
-pub fn child_label(config: &Config) -> Option<(String, String)> {
-    labelled(config).then(|| (shard_label(&config.shard_ring), config.identity()))
-}
-
-/// A canary ring (`--namespace-selector`): divided by the sharder's labels.
-pub fn labelled(config: &Config) -> bool {
-    config.sharding && config.namespace_selector.is_some()
-}
-
-/// Every other ring: divided by namespace buckets claimed in the members' Leases, one
-/// member or many alike.
-pub fn bucketed(config: &Config) -> bool {
-    config.sharding && !labelled(config)
-}
-
-/// The label selector of this shard's watches (`shard...=<identity>`), if sharding.
-pub fn selector(config: &Config) -> Option<String> {
-    child_label(config).map(|(k, v)| format!("{k}={v}"))
-}
 
 /// What [`gate`] says about a pass.
 pub enum Gate {
@@ -87,57 +63,16 @@ pub enum Gate {
     Go,
 }
 
-/// Before a pass. Divided by buckets: a pass runs only for a namespace this member serves
-/// and whose objects every cache has listed; labels on the object mean nothing, and the
-/// claims task lets a bucket go only between writes, so there is nothing to acknowledge.
-///
-/// A canary ring: an AppService labelled another member's is not ours; one this member
-/// owns that the sharder asks to drain is let go here. kube-runtime runs one pass per
-/// object at a time, so none of ours is in flight on it: forget it and remove our label,
-/// the last write this member makes on it (guarded by the resourceVersion we read).
-pub async fn gate(app: &AppService, ctx: &Context) -> Result<Gate> {
+/// Before a pass: it runs only for a namespace this member serves (its bucket claimed,
+/// the namespace admitted beside the other rings) and whose objects every cache has
+/// listed. Labels on the object mean nothing, and the claims task lets a bucket or a
+/// namespace go only between writes, so there is nothing to acknowledge.
+pub fn gate(app: &AppService, ctx: &Context) -> Gate {
     let namespace = app.namespace().unwrap_or_default();
-    if let Some(served) = ctx.served() {
-        return Ok(if served.usable(&namespace) {
-            Gate::Go
-        } else {
-            Gate::Stop(Next::await_change())
-        });
+    match ctx.served() {
+        Some(served) if !served.usable(&namespace) => Gate::Stop(Next::await_change()),
+        _ => Gate::Go,
     }
-    let config = ctx.config();
-    let Some((label, identity)) = child_label(config) else {
-        return Ok(Gate::Go);
-    };
-    let labels = app.labels();
-    if labels.get(&label) != Some(&identity) {
-        return Ok(Gate::Stop(Next::await_change()));
-    }
-    if !labels.contains_key(&drain_label(&config.shard_ring)) {
-        return Ok(Gate::Go);
-    }
-    let key = ObjectRef::from_obj(app);
-    let api: Api<AppService> = Api::namespaced(ctx.client().clone(), &namespace);
-    let patch = json!({"metadata": {
-        "resourceVersion": app.metadata.resource_version,
-        "labels": {label: null},
-    }});
-    let params = PatchParams {
-        field_manager: Some(common::names::FIELD_MANAGER.to_owned()),
-        ..PatchParams::default()
-    };
-    match api
-        .patch_metadata(&app.name_any(), &params, &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(e.into()),
-    }
-    ctx.forget(&key);
-    ctx.metrics().set_ready(&key, None);
-    ctx.metrics().shard().handover(Direction::Out);
-    info!(object = %key, "drained: handed over to the sharder");
-    Ok(Gate::Stop(Next::await_change()))
 }
 
 /// The membership Lease of this shard, renewed until `stop`; `member` is true while it is
@@ -236,29 +171,5 @@ mod tests {
         for bad in ["", "-a", "a-", "a/b", "a b", &"x".repeat(64)] {
             assert!(!is_label_value(bad), "{bad}");
         }
-    }
-
-    #[test]
-    fn only_a_canary_ring_labels() {
-        let mut config = Config::for_namespace("ns");
-        assert_eq!(child_label(&config), None);
-        assert_eq!(selector(&config), None);
-        config.sharding = true;
-        config.identity = Some("pod-0".into());
-        assert_eq!(selector(&config), None, "one member or many: by buckets");
-        assert!(bucketed(&config));
-        for sharded_watch in [false, true] {
-            config.sharded_watch = sharded_watch;
-            assert_eq!(selector(&config), None);
-        }
-        config.sharded_watch = false;
-        config.namespace_selector = Some(
-            namespaces::NamespaceSelector::parse("operator-upgrade=canary").expect("a selector"),
-        );
-        assert!(!bucketed(&config));
-        assert_eq!(
-            selector(&config).as_deref(),
-            Some("shard.platform.example.com/appservice-operator=pod-0")
-        );
     }
 }

@@ -10,8 +10,13 @@
 //! then [`Served::release`] waits until no write to them is in flight, and only then does
 //! the claims task take them out of the Lease, where another member may see them free. An
 //! acquired bucket is usable by passes only once every cache has listed it.
+//!
+//! Beside the buckets, the namespaces this member's ring may serve beside the other rings
+//! ([`super::rings`]): a pass or a write needs both. A namespace is let go the same way
+//! as a bucket: first it leaves `admitted`, then [`Served::release_namespaces`] waits
+//! until no write to it is in flight.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{Stream, StreamExt};
@@ -35,10 +40,22 @@ struct Inner {
     allowed: Buckets,
     /// Writes under way, per bucket.
     in_flight: Vec<u32>,
+    /// The namespaces the rings let this member serve.
+    admitted: BTreeSet<String>,
+    /// Writes under way, per namespace (none: no entry).
+    in_flight_namespaces: HashMap<String, u32>,
     /// The buckets of each generation not yet listed by every cache.
     generations: BTreeMap<u64, Buckets>,
     /// Per cache, the last generation whose initial list is in its store.
     synced: BTreeMap<&'static str, u64>,
+}
+
+/// What passes may run for: the buckets allowed and listed by every cache, and how many
+/// times namespaces were admitted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usable {
+    pub buckets: Buckets,
+    pub admissions: u64,
 }
 
 /// Shared by everything that follows the served buckets.
@@ -47,8 +64,7 @@ pub struct Served {
     inner: Mutex<Inner>,
     drained: Notify,
     watched: watch::Sender<Generation>,
-    /// The buckets passes may run for: allowed, and listed by every cache.
-    usable: watch::Sender<Buckets>,
+    usable: watch::Sender<Usable>,
 }
 
 impl Default for Served {
@@ -61,7 +77,7 @@ impl Default for Served {
             }),
             drained: Notify::new(),
             watched: watch::channel(Generation::default()).0,
-            usable: watch::channel(Buckets::NONE).0,
+            usable: watch::channel(Usable::default()).0,
         }
     }
 }
@@ -88,13 +104,53 @@ impl Served {
 
     /// Whether a pass may run for an object in `namespace`.
     pub fn usable(&self, namespace: &str) -> bool {
-        self.usable.borrow().contains_namespace(namespace)
+        self.usable.borrow().buckets.contains_namespace(namespace)
+            && self.lock().admitted.contains(namespace)
     }
 
-    /// Changes of [`Self::usable`]: each time buckets become usable, their objects need a
-    /// pass (the caches listed them before the gate let passes through).
-    pub fn subscribe_usable(&self) -> watch::Receiver<Buckets> {
+    /// The namespaces the rings let this member serve now.
+    pub fn admitted(&self) -> BTreeSet<String> {
+        self.lock().admitted.clone()
+    }
+
+    /// Changes of [`Self::usable`]: each time buckets become usable or namespaces are
+    /// admitted, their objects need a pass (the caches hold them, but the gate stopped
+    /// their passes).
+    pub fn subscribe_usable(&self) -> watch::Receiver<Usable> {
         self.usable.subscribe()
+    }
+
+    /// Takes `namespaces` on: writes and passes may touch them (within the buckets).
+    pub fn admit(&self, namespaces: &BTreeSet<String>) {
+        if namespaces.is_empty() {
+            return;
+        }
+        let mut inner = self.lock();
+        inner.admitted.extend(namespaces.iter().cloned());
+        drop(inner);
+        self.usable.send_modify(|u| u.admissions += 1);
+    }
+
+    /// Lets `namespaces` go: from now on the fence refuses writes to them and the gate
+    /// passes; completes once no write to them is in flight any more.
+    pub async fn release_namespaces(&self, namespaces: &BTreeSet<String>) {
+        {
+            let mut inner = self.lock();
+            inner.admitted.retain(|n| !namespaces.contains(n));
+        }
+        loop {
+            let drained = self.drained.notified();
+            let busy = {
+                let inner = self.lock();
+                namespaces
+                    .iter()
+                    .any(|n| inner.in_flight_namespaces.contains_key(n))
+            };
+            if !busy {
+                break;
+            }
+            drained.await;
+        }
     }
 
     pub(crate) fn subscribe_watched(&self) -> watch::Receiver<Generation> {
@@ -170,26 +226,31 @@ impl Served {
             inner.generations = inner.generations.split_off(&oldest);
         }
         self.usable.send_if_modified(|u| {
-            let changed = *u != usable;
-            *u = usable;
+            let changed = u.buckets != usable;
+            u.buckets = usable;
             changed
         });
     }
 
     /// Counts a write to `namespace` as in flight while the guard lives; `None` if the
-    /// bucket is not allowed (the write must not be sent).
+    /// bucket is not allowed or the namespace not admitted (the write must not be sent).
     pub fn begin_write(self: &Arc<Self>, namespace: &str) -> Option<WriteGuard> {
         let b = bucket(namespace);
         let mut inner = self.lock();
-        if !inner.allowed.contains(b) {
+        if !inner.allowed.contains(b) || !inner.admitted.contains(namespace) {
             return None;
         }
         if let Some(n) = inner.in_flight.get_mut(b as usize) {
             *n += 1;
         }
+        *inner
+            .in_flight_namespaces
+            .entry(namespace.to_owned())
+            .or_default() += 1;
         Some(WriteGuard {
             served: self.clone(),
             bucket: b,
+            namespace: namespace.to_owned(),
         })
     }
 }
@@ -198,6 +259,7 @@ impl Served {
 pub struct WriteGuard {
     served: Arc<Served>,
     bucket: u32,
+    namespace: String,
 }
 
 impl Drop for WriteGuard {
@@ -205,6 +267,12 @@ impl Drop for WriteGuard {
         let mut inner = self.served.lock();
         if let Some(n) = inner.in_flight.get_mut(self.bucket as usize) {
             *n = n.saturating_sub(1);
+        }
+        if let Some(n) = inner.in_flight_namespaces.get_mut(&self.namespace) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                inner.in_flight_namespaces.remove(&self.namespace);
+            }
         }
         drop(inner);
         self.served.drained.notify_waiters();
@@ -406,19 +474,23 @@ where
     )
 }
 
-/// Yields each time buckets become usable.
-pub fn gained(usable: watch::Receiver<Buckets>) -> impl Stream<Item = ()> + Send {
-    futures::stream::unfold((usable, Buckets::NONE), |(mut rx, mut before)| async move {
-        loop {
-            rx.changed().await.ok()?;
-            let now = *rx.borrow_and_update();
-            let more = !now.minus(before).is_empty();
-            before = now;
-            if more {
-                return Some(((), (rx, before)));
+/// Yields each time buckets become usable or namespaces are admitted.
+pub fn gained(usable: watch::Receiver<Usable>) -> impl Stream<Item = ()> + Send {
+    futures::stream::unfold(
+        (usable, Usable::default()),
+        |(mut rx, mut before)| async move {
+            loop {
+                rx.changed().await.ok()?;
+                let now = *rx.borrow_and_update();
+                let more = !now.buckets.minus(before.buckets).is_empty()
+                    || now.admissions != before.admissions;
+                before = now;
+                if more {
+                    return Some(((), (rx, before)));
+                }
             }
-        }
-    })
+        },
+    )
 }
 
 #[cfg(test)]
@@ -466,7 +538,44 @@ mod tests {
         let s = Arc::new(Served::default());
         s.register("a");
         s.register("b");
+        s.admit(&BTreeSet::from(["team-a".to_owned()]));
         s
+    }
+
+    #[tokio::test]
+    async fn a_namespace_released_shuts_its_writes_and_waits_only_for_its_own() {
+        let s = served_with_caches();
+        s.acquire(Buckets::ALL);
+        s.synced("a", 1);
+        s.synced("b", 1);
+        let other = (0..)
+            .map(|i| format!("team-{i}"))
+            .find(|n| bucket(n) == bucket("team-a") && n != "team-a")
+            .expect("a namespace in the same bucket");
+        s.admit(&BTreeSet::from([other.clone()]));
+        assert!(s.usable("team-a") && s.usable(&other));
+        assert!(!s.usable("team-z"), "not admitted: no pass");
+        assert!(s.begin_write("team-z").is_none(), "not admitted: no write");
+        let mine = s.begin_write("team-a").expect("admitted");
+        let neighbour = s.begin_write(&other).expect("admitted");
+        let release = tokio::spawn({
+            let s = s.clone();
+            async move {
+                s.release_namespaces(&BTreeSet::from(["team-a".to_owned()]))
+                    .await
+            }
+        });
+        while s.admitted().contains("team-a") {
+            tokio::task::yield_now().await;
+        }
+        assert!(s.begin_write("team-a").is_none(), "no new write");
+        assert!(!s.usable("team-a"), "no new pass");
+        assert!(s.usable(&other), "its bucket's neighbour is untouched");
+        tokio::task::yield_now().await;
+        assert!(!release.is_finished(), "a write is in flight");
+        drop(mine);
+        release.await.unwrap();
+        drop(neighbour);
     }
 
     #[test]

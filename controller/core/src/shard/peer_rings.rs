@@ -1,0 +1,278 @@
+//! The other rings as one member sees them, and the claims task's step between the rings
+//! ([`super::rings`] decides): the member Leases of every ring in the lease namespace and
+//! the `--peer-lease-namespaces`, the Namespaces' labels, and what this member has said
+//! it has seen.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::names::LABEL_SHARD_RING;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ListParams, PartialObjectMeta};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, ResourceExt};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::claims::Claims;
+use super::liveness::{Liveness, Observed};
+use super::rings::{self, NamespaceView, Word};
+
+/// What the watches of [`Rings`] report: an error, if any.
+pub(super) type Events =
+    futures::stream::SelectAll<futures::stream::BoxStream<'static, Option<watcher::Error>>>;
+
+/// The Leases of every ring in `namespace`, followed.
+type Followed = (
+    reflector::Store<Lease>,
+    futures::stream::BoxStream<'static, Option<watcher::Error>>,
+);
+
+fn follow_leases(client: &kube::Client, namespace: &str) -> Followed {
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(
+            Api::<Lease>::namespaced(client.clone(), namespace),
+            watcher::Config::default().labels(LABEL_SHARD_RING),
+        )
+        .default_backoff(),
+    )
+    .touched_objects()
+    .map(Result::err)
+    .boxed();
+    (store, stream)
+}
+
+/// The rings' side of the task: what the other rings say, what this member has seen.
+pub(super) struct Rings {
+    /// Where the member Leases of every ring are read.
+    namespaces: Vec<String>,
+    leases: Vec<reflector::Store<Lease>>,
+    others: Liveness<Word>,
+    names: reflector::Store<PartialObjectMeta<Namespace>>,
+    /// The newest Namespace resourceVersion processed; published once let go of.
+    pub(super) seen: u64,
+    /// When `seen` was last put in the Lease.
+    published_at: Option<Instant>,
+    /// The namespaces another live ring selects too, as last reported.
+    contested: BTreeSet<String>,
+}
+
+impl Rings {
+    /// Starts following the Leases and the Namespaces; `Events` must be polled.
+    pub(super) fn follow(client: &kube::Client, config: &crate::config::Config) -> (Rings, Events) {
+        let namespaces: BTreeSet<String> = config
+            .peer_lease_namespaces
+            .iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .chain([config.lease_namespace.clone()])
+            .collect();
+        let (mut stores, mut streams) = (Vec::new(), Vec::new());
+        for ns in &namespaces {
+            let (store, stream) = follow_leases(client, ns);
+            stores.push(store);
+            streams.push(stream);
+        }
+        let (names, writer) = reflector::store();
+        streams.push(
+            reflector::reflector(
+                writer,
+                watcher(
+                    Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                    watcher::Config::default(),
+                )
+                .default_backoff(),
+            )
+            .touched_objects()
+            .map(Result::err)
+            .boxed(),
+        );
+        let rings = Rings {
+            namespaces: namespaces.into_iter().collect(),
+            leases: stores,
+            others: Liveness::default(),
+            names,
+            seen: 0,
+            published_at: None,
+            contested: BTreeSet::new(),
+        };
+        (rings, futures::stream::select_all(streams))
+    }
+
+    /// Whether every watch has listed once.
+    pub(super) fn ready(&self) -> bool {
+        use futures::FutureExt as _;
+        self.leases
+            .iter()
+            .all(|s| s.wait_until_ready().now_or_never().is_some())
+            && self.names.wait_until_ready().now_or_never().is_some()
+    }
+
+    /// Observes every Lease now: the other rings' are kept here; the Leases of this
+    /// member's own ring are returned (the claims' business).
+    pub(super) fn observe(
+        &mut self,
+        config: &crate::config::Config,
+        now: Instant,
+    ) -> Vec<Arc<Lease>> {
+        let leases = self.all_leases();
+        self.observe_others(&leases, config, now);
+        leases
+            .into_iter()
+            .filter(|l| Self::own_ring(l, config))
+            .collect()
+    }
+
+    /// Whether a Lease is a member of this member's own ring.
+    fn own_ring(lease: &Lease, config: &crate::config::Config) -> bool {
+        lease.namespace().as_deref() == Some(config.lease_namespace.as_str())
+            && lease.labels().get(LABEL_SHARD_RING) == Some(&config.shard_ring)
+    }
+
+    fn observe_others(
+        &mut self,
+        leases: &[Arc<Lease>],
+        config: &crate::config::Config,
+        now: Instant,
+    ) {
+        let others = leases
+            .iter()
+            .filter(|l| !Self::own_ring(l, config))
+            .map(|l| Observed {
+                key: format!("{}/{}", l.namespace().unwrap_or_default(), l.name_any()),
+                holder: l.spec.as_ref().and_then(|s| s.holder_identity.clone()),
+                version: l.resource_version(),
+                said: rings::word_of(l),
+            });
+        self.others.observe(others, now);
+    }
+
+    fn all_leases(&self) -> Vec<Arc<Lease>> {
+        self.leases.iter().flat_map(|s| s.state()).collect()
+    }
+
+    fn live_others(&self, lease_duration: Duration, now: Instant) -> Vec<Word> {
+        self.others
+            .live(lease_duration, now)
+            .into_iter()
+            .map(|(_, w)| w.clone())
+            .collect()
+    }
+
+    /// A quorum read of every ring's Leases (lists, not the watches' caches), observed
+    /// now: what the live members of the other rings say.
+    async fn reread(
+        &mut self,
+        client: &kube::Client,
+        config: &crate::config::Config,
+    ) -> Result<Vec<Word>, kube::Error> {
+        let mut fresh = Vec::new();
+        for ns in &self.namespaces {
+            let api: Api<Lease> = Api::namespaced(client.clone(), ns);
+            let list = api
+                .list(&ListParams::default().labels(LABEL_SHARD_RING))
+                .await?;
+            fresh.extend(list.items.into_iter().map(Arc::new));
+        }
+        let now = Instant::now();
+        self.observe_others(&fresh, config, now);
+        Ok(self.live_others(config.lease_duration, now))
+    }
+
+    fn views(&self) -> Vec<NamespaceView> {
+        self.names
+            .state()
+            .iter()
+            .map(|n| NamespaceView {
+                name: n.name_any(),
+                labels: n.labels().clone(),
+                version: n.resource_version().and_then(|v| v.parse().ok()),
+            })
+            .collect()
+    }
+}
+
+impl Claims {
+    /// The rings' step: lets go of the namespaces this ring may no longer serve (and
+    /// waits for their writes in flight), then says so in the Lease ([`rings::SEEN`]),
+    /// and takes the namespaces it may newly serve once a quorum read confirms it.
+    pub(super) async fn follow_rings(
+        &mut self,
+        rings: &mut Rings,
+        config: &crate::config::Config,
+        now: Instant,
+    ) {
+        let views = rings.views();
+        let own = config.namespace_selector.as_ref();
+        let serving = self.served.admitted();
+        let others = rings.live_others(config.lease_duration, now);
+        let decision = rings::decide(own, &views, &others, &serving);
+        let lose: BTreeSet<String> = serving.difference(&decision.admitted).cloned().collect();
+        if !lose.is_empty() {
+            info!(
+                namespaces = ?lose,
+                "letting namespaces go: another ring selects them, or ours no longer does"
+            );
+            self.served.release_namespaces(&lose).await;
+            self.handed_over(|ns| lose.contains(ns));
+            for _ in &lose {
+                self.ctx.metrics().shard().released();
+            }
+        }
+        let contested = self
+            .apps
+            .state()
+            .iter()
+            .filter(|a| {
+                decision
+                    .contested
+                    .contains(&a.namespace().unwrap_or_default())
+            })
+            .count();
+        self.ctx.metrics().shard().set_foreign(contested);
+        if decision.contested != rings.contested {
+            if !decision.contested.is_empty() {
+                warn!(namespaces = ?decision.contested, "namespaces another live ring selects too: served by neither");
+            }
+            rings.contested = decision.contested.clone();
+        }
+        // Everything up to the newest version in `views` is processed: let go of above.
+        let seen = rings.seen.max(rings::newest(&views));
+        let due = rings
+            .published_at
+            .is_none_or(|t| now.duration_since(t) >= config.retry_period);
+        if seen != rings.seen && due {
+            rings.seen = seen;
+            rings.published_at = Some(now);
+            self.wanted
+                .send_modify(|w| w.extend(rings::annotations(own, seen)));
+        }
+        let gain: BTreeSet<String> = decision.admitted.difference(&serving).cloned().collect();
+        if gain.is_empty() {
+            return;
+        }
+        // Our Lease (with our selector) was written before this read: a ring that starts
+        // now sees ours, and we see every ring that started before.
+        let fresh = match rings.reread(&self.lease_client, config).await {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                warn!(error = %e, "reading the rings' Leases before taking namespaces; not taking them yet");
+                return;
+            }
+        };
+        let again = rings::decide(own, &views, &fresh, &serving);
+        let won: BTreeSet<String> = gain.intersection(&again.admitted).cloned().collect();
+        if !won.is_empty() {
+            info!(
+                namespaces = won.len(),
+                "taking namespaces no other live ring selects"
+            );
+            self.served.admit(&won);
+        }
+    }
+}
