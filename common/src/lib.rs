@@ -17,6 +17,7 @@ pub mod image;
 pub mod image_policy;
 pub mod limits;
 pub mod names;
+pub mod namespace_selector;
 pub mod quantity;
 pub mod shared;
 #[cfg(any(test, feature = "test-util"))]

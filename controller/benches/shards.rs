@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use common::AppService;
 use common::names::shard_lease_name;
-use controller::shard::buckets::Buckets;
+use controller::sharding::buckets::Buckets;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -367,7 +367,7 @@ async fn measure(args: &Args, name: &str, bin: &Path, shards: usize) -> anyhow::
         let lease = leases.get(&shard_lease_name(&ring, identity)).await?;
         let claims = lease
             .annotations()
-            .get(controller::shard::claims::ANNOTATION)
+            .get(controller::sharding::claims::ANNOTATION)
             .and_then(|hex| Buckets::from_hex(hex))
             .unwrap_or(Buckets::NONE);
         let owned: Vec<(String, String)> = every

@@ -111,7 +111,7 @@ async fn run(args: Args) -> Result<(), Error> {
     // once more on joining it, `controller::run_with`), the databases' writes (their
     // Secrets) included. With the sharded watch they also stay within the namespaces this
     // shard serves.
-    let fence = controller::shard::Fence::default();
+    let fence = controller::fence::Fence::default();
     let client = controller::client::build_client_as(
         config,
         args.rate_limit,
@@ -120,20 +120,18 @@ async fn run(args: Args) -> Result<(), Error> {
         shard.map(|_| fence.clone()),
     )
     .map_err(Error::Client)?;
-    let served = Arc::new(controller::shard::served::Served::default());
-    let database_client = if args.config.sharding {
-        controller::shard::fenced(client.clone(), fence.clone())
-    } else {
-        client.clone()
-    };
-    let database_client = if args.config.sharding {
-        controller::shard::served::bounded(
-            database_client,
-            served.clone(),
+    // Exported at 0 without sharding all the same: dashboards and alerts find the series.
+    let _ = metrics.families::<controller::sharding::ShardMetrics>();
+    let share = args.config.sharding.then(|| {
+        Arc::new(controller::sharding::Served::new(args.config.sharded_watch))
+            as Arc<dyn controller::ring::Ringed>
+    });
+    let database_client = match &share {
+        Some(share) => (share.clone() as Arc<dyn controller::share::Share>).bound(
+            controller::fence::fenced(client.clone(), fence.clone()),
             &args.config.lease_namespace,
-        )
-    } else {
-        database_client
+        ),
+        None => client.clone(),
     };
     info!(
         namespace = args.config.watch_namespace.as_deref().unwrap_or("<all>"),
@@ -165,7 +163,7 @@ async fn run(args: Args) -> Result<(), Error> {
         metrics,
         external: Arc::new(databases),
         fence,
-        served,
+        share,
         images,
         ..Hooks::default()
     };

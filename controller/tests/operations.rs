@@ -486,6 +486,9 @@ async fn alerts_and_dashboard_query_only_exported_metrics() {
     probe
         .families::<controller::database::metrics::DatabaseMetrics>()
         .set_orphans("probe", 0, 0);
+    // The shard families, which the binary registers whatever `--sharding` says (this
+    // controller runs in process, without the binary's wiring).
+    let _ = probe.families::<controller::sharding::ShardMetrics>();
     let per_class = exported_names(&probe.encode().unwrap());
     assert!(
         per_class.contains("appservice_controller_database_orphans"),

@@ -419,8 +419,8 @@ async fn a_done_cleanup_releases_only_our_finalizer_and_writes_no_status() {
 /// labels the object carries (a tenant's, an older release's: none strands it).
 #[tokio::test]
 async fn the_shard_gate_passes_only_what_this_member_serves() {
-    use controller::shard::buckets::{Buckets, bucket};
-    use controller::shard::served::Served;
+    use controller::sharding::Served;
+    use controller::sharding::buckets::{Buckets, bucket};
     let sharded = || Config {
         sharding: true,
         identity: Some("member-a".into()),
@@ -480,7 +480,7 @@ async fn the_shard_gate_passes_only_what_this_member_serves() {
             );
             let (client, seen) = client(plain(&app));
             let (ctx, _lead) = context_of(client, sharded(), Hooks::default());
-            let ctx = Arc::new(ctx.with_served(Some(served)));
+            let ctx = Arc::new(ctx.with_share(Some(served as Arc<dyn controller::share::Share>)));
             reconcile(Arc::new(app), ctx)
                 .await
                 .expect("the pass succeeds");

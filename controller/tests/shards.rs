@@ -328,7 +328,7 @@ impl World {
             &format!("claimed by {live:?} and converged"),
             timeout,
             || async {
-                let ring = controller::shard::ring::Ring::new(live.iter().copied());
+                let ring = controller::sharding::ring::Ring::new(live.iter().copied());
                 let mut serving = None;
                 for id in live {
                     let claimed = self
@@ -419,7 +419,7 @@ async fn the_fence_refuses_a_write_without_sending_it() -> anyhow::Result<()> {
     let w = world().await?;
     create(&w.apps, &app("fenced", "nginx:1.27", 1)).await?;
     let deadline = Duration::from_secs(10);
-    let fence = controller::shard::Fence::default();
+    let fence = controller::fence::Fence::default();
     let mut config = w.cp.admin_config();
     config.headers.push((
         http::header::USER_AGENT,
@@ -428,7 +428,7 @@ async fn the_fence_refuses_a_write_without_sending_it() -> anyhow::Result<()> {
             "fenced-shard",
         ))?,
     ));
-    let client = controller::shard::fenced(kube::Client::try_from(config)?, fence.clone());
+    let client = controller::fence::fenced(kube::Client::try_from(config)?, fence.clone());
     let apps: Api<AppService> = Api::namespaced(client, &w.ns);
     let patch = |v: &str| serde_json::json!({"metadata": {"annotations": {"fence": v}}});
     let params = PatchParams::default();
@@ -444,7 +444,7 @@ async fn the_fence_refuses_a_write_without_sending_it() -> anyhow::Result<()> {
     apps.patch("fenced", &params, &Patch::Merge(&patch("1")))
         .await?;
     // A shard whose last renewal was sent 11 s ago (frozen since): shut, for good.
-    let lapsed = controller::shard::Fence::default();
+    let lapsed = controller::fence::Fence::default();
     let stale = now
         .checked_sub(Duration::from_secs(11))
         .context("clock too young")?;
@@ -458,7 +458,7 @@ async fn the_fence_refuses_a_write_without_sending_it() -> anyhow::Result<()> {
         ))?,
     ));
     let lapsed_apps: Api<AppService> = Api::namespaced(
-        controller::shard::fenced(kube::Client::try_from(config)?, lapsed.clone()),
+        controller::fence::fenced(kube::Client::try_from(config)?, lapsed.clone()),
         &w.ns,
     );
     assert!(lapsed_apps.get("fenced").await.is_ok(), "reads pass");
@@ -969,14 +969,14 @@ async fn a_handover_in_the_middle_of_a_pass(
     a_config.identity = Some("a".to_owned());
     if handover == Handover::Ring {
         a_config.namespace_selector = Some(
-            controller::shard::namespaces::NamespaceSelector::parse(MAIN)
+            common::namespace_selector::NamespaceSelector::parse(MAIN)
                 .map_err(anyhow::Error::msg)?,
         );
         a_config.peer_lease_namespaces = vec![canary_system.to_string()];
     }
-    let served = Arc::new(controller::shard::served::Served::default());
+    let served = Arc::new(controller::sharding::Served::default());
     let hooks = controller::Hooks {
-        served: served.clone(),
+        share: Some(served.clone() as Arc<dyn controller::ring::Ringed>),
         ..controller::Hooks::default()
     };
     // Held only from the edit on: first a converges everything.
@@ -1015,7 +1015,7 @@ async fn a_handover_in_the_middle_of_a_pass(
             let b = (0..1000)
                 .map(|i| format!("b-{i}"))
                 .find(|b| {
-                    let ring = controller::shard::ring::Ring::new(["a", b.as_str()]);
+                    let ring = controller::sharding::ring::Ring::new(["a", b.as_str()]);
                     assigned(&ring, b).contains_namespace(&w.ns)
                 })
                 .context("no identity takes the namespace's bucket")?;
@@ -1077,7 +1077,7 @@ async fn a_handover_in_the_middle_of_a_pass(
                 .await?;
             let seen: u64 = a_lease
                 .annotations()
-                .get(controller::shard::rings::SEEN)
+                .get(controller::sharding::rings::SEEN)
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
             assert!(
@@ -1269,8 +1269,8 @@ fn writes_during_claims(
 // fell inside a claim of that shard, and that the claims under which two shards wrote
 // never overlapped in time.
 
-use controller::shard::buckets::{Buckets, assigned, bucket};
-use controller::shard::claims::ANNOTATION;
+use controller::sharding::buckets::{Buckets, assigned, bucket};
+use controller::sharding::claims::ANNOTATION;
 use k8s_openapi::jiff::Timestamp;
 
 const SW_NAMESPACES: usize = 16;
@@ -1348,7 +1348,7 @@ impl ShardedWorld {
             &format!("claimed by {live:?} and converged"),
             timeout,
             || async {
-                let ring = controller::shard::ring::Ring::new(live.iter().copied());
+                let ring = controller::sharding::ring::Ring::new(live.iter().copied());
                 let mut claims = BTreeMap::new();
                 for id in live {
                     let lease = leases
@@ -1393,7 +1393,7 @@ impl ShardedWorld {
         let w = self;
         let first = w.namespaces[0].to_string();
         let one = Buckets::NONE.with(bucket(&first));
-        let selected = controller::shard::served::selecting(w.cp.client(), one.selector().unwrap());
+        let selected = controller::following::selecting(w.cp.client(), &one.selector().unwrap());
         let listed: Vec<String> = Api::<AppService>::all(selected)
             .list(&ListParams::default())
             .await?

@@ -1004,7 +1004,7 @@ fn a_namespace_split_renders_the_same_selector_for_the_controller_and_the_webhoo
         let rendered = selector_env(&docs).expect("NAMESPACE_SELECTOR");
         assert_eq!(rendered, text);
         // The consumer of the flag reads it back to the split it means.
-        let parsed = controller::shard::namespaces::NamespaceSelector::parse(&rendered)
+        let parsed = common::namespace_selector::NamespaceSelector::parse(&rendered)
             .unwrap_or_else(|e| panic!("the controller refuses {rendered:?}: {e}"));
         assert_eq!(parsed.matches(&canary_ns), canary_selected, "{operator}");
         assert_eq!(parsed.matches(&plain_ns), plain_selected, "{operator}");

@@ -82,13 +82,13 @@ pub fn shard_user_agent(binary: &str, identity: &str) -> String {
 /// Like [`build_client_with_metrics`]; with `shard` (`--sharding`), the User-Agent names
 /// the shard's identity too ([`shard_user_agent`]), and with `fence` every write is
 /// checked against it below the rate limit, as it leaves for the wire
-/// ([`crate::shard::fence::FenceLayer`]).
+/// ([`crate::fence::FenceLayer`]).
 pub fn build_client_as(
     config: kube::Config,
     limit: RateLimit,
     metrics: ApiMetrics,
     shard: Option<&str>,
-    fence: Option<crate::shard::Fence>,
+    fence: Option<crate::fence::Fence>,
 ) -> Result<kube::Client, kube::Error> {
     let mut config = with_user_agent(config, "appservice-controller");
     if let Some(identity) = shard
@@ -104,7 +104,7 @@ pub fn build_client_as(
     let pause = RetryAfter::default();
     Ok(builder
         .with_layer(&tower::util::option_layer(
-            fence.map(crate::shard::fence::FenceLayer),
+            fence.map(crate::fence::FenceLayer),
         ))
         .with_layer(&RateLimitLayer::new(limit).pausing_on(pause.clone()))
         .with_layer(&ObserveLayer { metrics, pause })

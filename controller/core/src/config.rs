@@ -90,8 +90,8 @@ pub struct Config {
     /// selectors; a namespace relabelled from one to the other is handed over through
     /// the rings' member Leases, with no two writers, and a namespace both select is
     /// served by neither. Unset: every namespace no other ring selects.
-    #[arg(long, env = "NAMESPACE_SELECTOR", value_parser = crate::shard::namespaces::NamespaceSelector::parse)]
-    pub namespace_selector: Option<crate::shard::namespaces::NamespaceSelector>,
+    #[arg(long, env = "NAMESPACE_SELECTOR", value_parser = common::namespace_selector::NamespaceSelector::parse)]
+    pub namespace_selector: Option<common::namespace_selector::NamespaceSelector>,
 
     /// With `--sharding`: where the member Leases of the other rings are (comma-separated;
     /// the lease namespace always counts). Only namespaces the admin controls: a Lease

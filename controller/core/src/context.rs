@@ -87,8 +87,8 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<AppService>, u32>>,
     /// What this controller wrote that its caches may not show yet.
     own: OwnWrites,
-    /// Sharding by buckets: the namespace buckets this member serves.
-    served: Option<Arc<crate::shard::served::Served>>,
+    /// With sharding: what this member serves.
+    share: Option<Arc<dyn crate::share::Share>>,
 }
 
 /// A poisoned lock is recovered: every map here stays consistent between statements, so
@@ -120,18 +120,18 @@ impl Context {
             backoff_policy: BackoffPolicy::default(),
             failures: Mutex::default(),
             own: OwnWrites::default(),
-            served: None,
+            share: None,
         }
     }
 
-    /// Sharding by buckets: the buckets this member serves gate its passes.
-    pub fn with_served(mut self, served: Option<Arc<crate::shard::served::Served>>) -> Self {
-        self.served = served;
+    /// With sharding: what this member serves gates its passes.
+    pub fn with_share(mut self, share: Option<Arc<dyn crate::share::Share>>) -> Self {
+        self.share = share;
         self
     }
 
-    pub fn served(&self) -> Option<&Arc<crate::shard::served::Served>> {
-        self.served.as_ref()
+    pub fn share(&self) -> Option<&Arc<dyn crate::share::Share>> {
+        self.share.as_ref()
     }
 
     pub fn client(&self) -> &Client {

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::error::is_not_found;
-use crate::shard::fence::Fence;
+use crate::fence::Fence;
 
 #[derive(Clone, Debug)]
 pub struct ElectionConfig {
@@ -57,7 +57,7 @@ pub struct Elector {
     api: Api<Lease>,
     config: ElectionConfig,
     observed: Option<Observed>,
-    /// Opened by each successful renewal (a shard's membership Lease, `crate::shard`).
+    /// Opened by each successful renewal (a shard's membership Lease, the crate `controller_sharding`).
     fence: Option<Fence>,
     /// Labels of a Lease this candidate creates.
     labels: Option<std::collections::BTreeMap<String, String>>,
@@ -122,7 +122,7 @@ impl Elector {
             // frozen) steps down before it writes again. A fenced member's lapse is for
             // good: it never writes its Lease again, because the other members may have
             // taken its objects meanwhile without writing this Lease, so a renewal now
-            // would claim them a second time; the process stops (`shard::lapsed`) and a
+            // would claim them a second time; the process stops (`share::lapsed`) and a
             // fresh one joins.
             let lapsed = self.fence_lapsed();
             self.step_down_past_deadline(&leading, last_renew, lapsed);

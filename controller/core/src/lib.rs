@@ -25,7 +25,10 @@
 //! | [`image_verdict`] | what that step reports to a pass: pins, a hold, the images' status |
 //! | [`error`](mod@error) | the error type, its retry classification, backoff |
 //! | [`leader`] | Lease leader election |
-//! | [`shard`] | sharding (`--sharding`): the ring, membership Leases, the fence, the claims |
+//! | [`share`] | the seam of sharding (the crate `controller_sharding`): what this replica serves, asked by the gate, the write check and the watches |
+//! | [`ring`] | what a share runs beside: its membership Lease, following its ring |
+//! | [`following`] | the watches that follow a share's scope |
+//! | [`fence`] | the check before every write of a member: its Lease is current |
 //! | [`metrics`], [`ops`] | Prometheus metrics, `/healthz` `/readyz` `/metrics` |
 //! | [`queue`] | the work queue's metrics, observed around kube-runtime's scheduler |
 //! | [`client`] | the rate-limited client |
@@ -41,7 +44,9 @@ pub mod desired;
 pub mod drift;
 pub mod error;
 pub mod external;
+pub mod fence;
 mod finalizer;
+pub mod following;
 pub mod image_gate;
 pub mod image_verdict;
 pub mod leader;
@@ -54,7 +59,8 @@ mod owners;
 pub mod queue;
 pub mod reconcile;
 pub mod report;
-pub mod shard;
+pub mod ring;
+pub mod share;
 pub mod status;
 pub mod status_writer;
 pub mod subject;
@@ -119,6 +125,8 @@ pub enum RunError {
         "this shard's membership Lease lapsed (not renewed within the renew deadline); restart to rejoin the ring"
     )]
     ShardLapsed,
+    #[error("--sharding needs the sharding crate's share in the hooks (Hooks::share)")]
+    NoShare,
 }
 
 /// `": <why>"` for a task that panicked or was cancelled; nothing for one that returned.
@@ -132,12 +140,12 @@ pub struct Hooks {
     pub clock: Box<dyn Clock>,
     pub metrics: Arc<metrics::Metrics>,
     pub external: Arc<dyn external::External>,
-    /// With sharding: the fence every write passes (`shard::fence`); give the same one to
+    /// With sharding: the fence every write passes ([`fence`]); give the same one to
     /// any other client that writes for this controller (the databases' Secrets).
-    pub fence: shard::Fence,
-    /// Sharding by buckets: the buckets this member serves; give the same one to any
-    /// other client that writes for this controller (`shard::served::bounded`).
-    pub served: Arc<shard::served::Served>,
+    pub fence: fence::Fence,
+    /// With sharding (required then): what this replica serves ([`share::Share`]); bound
+    /// any other client that writes for this controller with it too.
+    pub share: Option<Arc<dyn ring::Ringed>>,
     /// Image verification (`ImagePolicy`); none: images run as written.
     pub images: Option<Arc<dyn image_gate::ImageGate>>,
 }
@@ -148,8 +156,8 @@ impl Default for Hooks {
             clock: Box::new(SystemClock),
             metrics: Arc::new(metrics::Metrics::default()),
             external: Arc::new(external::NoExternal),
-            fence: shard::Fence::default(),
-            served: Arc::default(),
+            fence: fence::Fence::default(),
+            share: None,
             images: None,
         }
     }
@@ -166,7 +174,7 @@ pub async fn run_with(
     let identity = config.identity();
     // With sharding the identity is a label value and the same for the whole run.
     config.identity = Some(identity.clone());
-    if config.sharding && !shard::is_label_value(&identity) {
+    if config.sharding && !common::namespace_selector::is_label_value(&identity) {
         return Err(RunError::ShardIdentity(identity));
     }
     if config.namespace_selector.is_some() && !config.sharding {
@@ -188,15 +196,19 @@ pub async fn run_with(
     // stays unfenced: they keep the fence open).
     let lease_client = client.clone();
     let client = if config.sharding {
-        shard::fenced(client, hooks.fence.clone())
+        fence::fenced(client, hooks.fence.clone())
     } else {
         client
     };
-    // With sharding, every write also stays within the buckets and namespaces this
-    // member serves.
-    let served = config.sharding.then(|| hooks.served.clone());
-    let client = match &served {
-        Some(served) => shard::served::bounded(client, served.clone(), &config.lease_namespace),
+    // With sharding, every write also stays within what this member serves.
+    let ringed = match (config.sharding, &hooks.share) {
+        (true, Some(share)) => Some(share.clone()),
+        (true, None) => return Err(RunError::NoShare),
+        (false, _) => None,
+    };
+    let share = ringed.clone().map(|r| r as Arc<dyn share::Share>);
+    let client = match &share {
+        Some(share) => share.clone().bound(client, &config.lease_namespace),
         None => client,
     };
     // Caches of our children (only objects with our managed-by label), as views: only
@@ -206,9 +218,9 @@ pub async fn run_with(
         .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
         .any_semantic();
     let synced = Arc::new(CacheSync::default());
-    let watch = Watch::new(&client, &config, &synced).following(served.clone());
-    // Objects named like ours without our label: followed by the served buckets alike.
-    let watch_others = Watch::new(&client, &config, &synced).following(served.clone());
+    let watch = Watch::new(&client, &config, &synced).following(share.clone());
+    // Objects named like ours without our label: following the share alike.
+    let watch_others = Watch::new(&client, &config, &synced).following(share.clone());
     let (deployments, deployment_stream) =
         watch.cached::<view::DeploymentView, _>(child_config.clone(), |_| {}, |s| &s.deployments);
     let (services, service_stream) =
@@ -280,7 +292,7 @@ pub async fn run_with(
             gate_rx.clone(),
         )
         .with_ring_leader(leading_rx.clone())
-        .with_served(served.clone()),
+        .with_share(share.clone()),
     );
     ctx.metrics().set_leader(*leading_rx.borrow());
 
@@ -339,9 +351,9 @@ pub async fn run_with(
     // With sharding: buckets become usable once every cache has listed them, and
     // namespaces once the rings admit them; their AppServices (and, cheaply, the rest)
     // get a pass then.
-    let controller = match &served {
-        Some(served) => controller.reconcile_all_on(queue::observe_reconcile_all(
-            shard::served::gained(served.subscribe_usable()),
+    let controller = match &share {
+        Some(share) => controller.reconcile_all_on(queue::observe_reconcile_all(
+            share.gained(),
             apps_for_shard.clone(),
             queue.clone(),
         )),
@@ -383,48 +395,26 @@ pub async fn run_with(
         leading_tx,
         elector_stop_rx.clone(),
     );
-    let (membership, claims_task) = match &served {
-        Some(served) => {
-            // The Lease carries this member's claims and what it says to the other rings;
-            // the claims task follows both.
-            let (wanted, written) = (
-                watch::channel(shard::claims::initial(&config)).0,
-                watch::channel(std::collections::BTreeMap::new()).0,
-            );
-            let annotations = leader::Annotations {
-                wanted: wanted.subscribe(),
-                written: written.clone(),
-            };
-            let membership = shard::start_membership(
-                &config,
-                &lease_client,
-                &identity,
-                fence,
-                Some(annotations),
-                member_tx,
-                elector_stop_rx,
-            );
-            let claims = shard::claims::Claims {
+    let (membership, claims_task) = match ringed {
+        Some(ringed) => {
+            let following = ringed.start(ring::Ring {
                 ctx: ctx.clone(),
                 lease_client: lease_client.clone(),
                 identity: identity.clone(),
-                served: served.clone(),
-                apps: apps_for_shard.clone(),
-                wanted,
-                written: written.subscribe(),
-                member: member_rx.clone(),
+                apps: apps_for_shard,
+                fence,
+                member: member_tx,
+                membership_stop: elector_stop_rx,
                 stop: stop_rx.clone(),
-            };
-            let claims_task = tokio::spawn(claims.run());
-            shard::follow_owned(ctx.clone(), apps_for_shard, stop_rx.clone());
-            (Some(membership), Some(claims_task))
+            });
+            (Some(following.membership), Some(following.ring))
         }
         None => {
             drop((member_tx, fence, apps_for_shard));
             (None, None)
         }
     };
-    let lapsed = Box::pin(shard::lapsed(member_rx));
+    let lapsed = Box::pin(share::lapsed(member_rx));
 
     let controller_task = spawn_controller(controller, ctx.clone(), queue, stop_rx.clone());
     let mut tasks = Tasks {

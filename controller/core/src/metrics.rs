@@ -176,8 +176,6 @@ pub struct Metrics {
     held_by_key: Mutex<HashMap<ObjectRef<AppService>, i64>>,
     held: Gauge,
     oldest_held: Gauge,
-    /// `shard_*` (`--sharding`).
-    shard: crate::shard::metrics::ShardMetrics,
 }
 
 impl Default for Metrics {
@@ -276,8 +274,6 @@ impl Default for Metrics {
         for &resource in Written::ALL {
             let _ = writes.get_or_create(&WriteLabel { resource });
         }
-        let shard = crate::shard::metrics::ShardMetrics::default();
-        shard.register(registry);
         Metrics {
             registry: Mutex::new(root),
             families: Mutex::new(HashMap::new()),
@@ -297,7 +293,6 @@ impl Default for Metrics {
             held_by_key: Mutex::new(HashMap::new()),
             held,
             oldest_held,
-            shard,
         }
     }
 }
@@ -311,11 +306,6 @@ impl Metrics {
 
     pub fn error(&self, reason: ErrorReason) {
         self.errors.get_or_create(&ErrorLabel { reason }).inc();
-    }
-
-    /// The shard's own series (`shard_*`, `--sharding`).
-    pub fn shard(&self) -> &crate::shard::metrics::ShardMetrics {
-        &self.shard
     }
 
     pub fn write(&self, resource: Written) {

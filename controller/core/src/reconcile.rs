@@ -70,8 +70,12 @@ pub async fn reconcile(app: Arc<AppService>, ctx: Arc<Context>) -> Result<Next> 
         return Ok(Next::await_change());
     }
     // With sharding: only what this member serves.
-    if let crate::shard::Gate::Stop(next) = crate::shard::gate(&app, &ctx) {
-        return Ok(next);
+    // Labels on the object mean nothing, and the share lets a namespace go only between
+    // writes, so there is nothing to acknowledge.
+    if let Some(share) = ctx.share()
+        && !share.serves(app.namespace().as_deref().unwrap_or_default())
+    {
+        return Ok(Next::await_change());
     }
     // A status we wrote that the cache has caught up with is no longer needed: drop it
     // here, not only when writing status, which a pass may never reach.

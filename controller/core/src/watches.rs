@@ -16,7 +16,8 @@ use tracing::info;
 
 use crate::config::Config;
 use crate::context::CacheSync;
-use crate::shard::served::{Served, filtering_buckets, following, selecting_buckets};
+use crate::following::{following, per_scope};
+use crate::share::Share;
 
 /// Starts the caches of one controller: the client, the watched namespace (or all) and
 /// the flags their initial lists set.
@@ -24,9 +25,9 @@ pub(crate) struct Watch<'a> {
     client: &'a Client,
     config: &'a Config,
     synced: &'a Arc<CacheSync>,
-    /// With sharding by buckets: every watch follows the buckets this member serves, a
-    /// new list for each change of them.
-    served: Option<Arc<Served>>,
+    /// With sharding: every watch follows what this member serves, a new list for each
+    /// change of it.
+    share: Option<Arc<dyn Share>>,
 }
 
 impl<'a> Watch<'a> {
@@ -35,18 +36,18 @@ impl<'a> Watch<'a> {
             client,
             config,
             synced,
-            served: None,
+            share: None,
         }
     }
 
-    pub(crate) fn following(mut self, served: Option<Arc<Served>>) -> Self {
-        self.served = served;
+    pub(crate) fn following(mut self, share: Option<Arc<dyn Share>>) -> Self {
+        self.share = share;
         self
     }
 
     /// The watch of `K` selected by `watch`, with our backoff: one watch, or with
-    /// sharding by buckets one per generation of served buckets (selected by the API
-    /// server with `--sharded-watch`, filtered here otherwise).
+    /// sharding one per scope of the share (selected by the API server with
+    /// `--sharded-watch`, filtered here otherwise).
     fn watcher<K>(
         &self,
         watch: watcher::Config,
@@ -70,16 +71,10 @@ impl<'a> Watch<'a> {
             .backoff(WatchBackoff::default())
             .boxed()
         };
-        match &self.served {
-            Some(served) if self.config.sharded_watch => following(
-                served.clone(),
-                selecting_buckets(self.client.clone(), move |c| make(c, &watch)),
-                listed.clone(),
-            )
-            .boxed(),
-            Some(served) => following(
-                served.clone(),
-                filtering_buckets(self.client.clone(), move |c| make(c, &watch)),
+        match &self.share {
+            Some(share) => following(
+                share.clone(),
+                per_scope(self.client.clone(), move |c| make(c, &watch)),
                 listed.clone(),
             )
             .boxed(),
@@ -112,16 +107,16 @@ impl<'a> Watch<'a> {
         let (store, writer) = reflector::store::<K>();
         let listed = Arc::new(AtomicU64::new(0));
         let cache = std::any::type_name::<K>();
-        if let Some(served) = &self.served {
-            served.register(cache);
+        if let Some(share) = &self.share {
+            share.register(cache);
         }
-        let served = self.served.clone();
+        let share = self.share.clone();
         let stream = reflector::reflector(writer, self.watcher(watch, &listed).modify(trim))
             // Marked after the reflector: the store holds the list once the flag says so.
             .inspect(mark_synced(self.synced.clone(), flag))
             .inspect(move |event| {
-                if let (Some(served), Ok(watcher::Event::InitDone)) = (&served, event) {
-                    served.synced(cache, listed.load(Ordering::Acquire));
+                if let (Some(share), Ok(watcher::Event::InitDone)) = (&share, event) {
+                    share.listed(cache, listed.load(Ordering::Acquire));
                 }
             });
         (store, stream)

@@ -1,6 +1,7 @@
 //! `appservice_controller_shard_*`: what a shard owns, how objects cross its boundary,
 //! and what it shares with the other rings.
 
+use controller_core::metrics::Families;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,8 +18,8 @@ pub struct DirectionLabel {
     pub direction: Direction,
 }
 
-/// `appservice_controller_shard_*`.
-#[derive(Default)]
+/// `appservice_controller_shard_*`, registered through the core's `Metrics::families`.
+#[derive(Clone, Default)]
 pub struct ShardMetrics {
     objects: Gauge,
     handovers: Family<DirectionLabel, Counter>,
@@ -27,8 +28,8 @@ pub struct ShardMetrics {
     foreign: Gauge,
 }
 
-impl ShardMetrics {
-    pub fn register(&self, registry: &mut Registry) {
+impl Families for ShardMetrics {
+    fn register(&self, registry: &mut Registry) {
         registry.register(
             "shard_objects",
             "AppServices in this shard's cache (the namespaces of its buckets)",
@@ -58,7 +59,9 @@ impl ShardMetrics {
             let _ = self.handovers.get_or_create(&DirectionLabel { direction });
         }
     }
+}
 
+impl ShardMetrics {
     pub fn set_objects(&self, n: usize) {
         self.objects.set(i64::try_from(n).unwrap_or(i64::MAX));
     }

@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use super::namespaces::NamespaceSelector;
+use common::namespace_selector::NamespaceSelector;
 
 /// The annotation of a member's Lease that carries its ring's namespace selector.
 pub const SELECTOR: &str = "shard.platform.example.com/namespace-selector";

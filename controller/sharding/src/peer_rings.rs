@@ -3,23 +3,26 @@
 //! the `--peer-lease-namespaces`, the Namespaces' labels, and what this member has said
 //! it has seen.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::AppService;
 use common::names::LABEL_SHARD_RING;
+use controller_core::context::Context;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ListParams, PartialObjectMeta};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::claims::Claims;
 use super::liveness::{Liveness, Observed};
 use super::rings::{self, NamespaceView, Word};
+use super::served::Served;
 
 /// What the watches of [`Rings`] report: an error, if any.
 pub(super) type Events =
@@ -64,7 +67,10 @@ pub(super) struct Rings {
 
 impl Rings {
     /// Starts following the Leases and the Namespaces; `Events` must be polled.
-    pub(super) fn follow(client: &kube::Client, config: &crate::config::Config) -> (Rings, Events) {
+    pub(super) fn follow(
+        client: &kube::Client,
+        config: &controller_core::config::Config,
+    ) -> (Rings, Events) {
         let namespaces: BTreeSet<String> = config
             .peer_lease_namespaces
             .iter()
@@ -117,7 +123,7 @@ impl Rings {
     /// member's own ring are returned (the claims' business).
     pub(super) fn observe(
         &mut self,
-        config: &crate::config::Config,
+        config: &controller_core::config::Config,
         now: Instant,
     ) -> Vec<Arc<Lease>> {
         let leases = self.all_leases();
@@ -129,7 +135,7 @@ impl Rings {
     }
 
     /// Whether a Lease is a member of this member's own ring.
-    fn own_ring(lease: &Lease, config: &crate::config::Config) -> bool {
+    fn own_ring(lease: &Lease, config: &controller_core::config::Config) -> bool {
         lease.namespace().as_deref() == Some(config.lease_namespace.as_str())
             && lease.labels().get(LABEL_SHARD_RING) == Some(&config.shard_ring)
     }
@@ -137,7 +143,7 @@ impl Rings {
     fn observe_others(
         &mut self,
         leases: &[Arc<Lease>],
-        config: &crate::config::Config,
+        config: &controller_core::config::Config,
         now: Instant,
     ) {
         let others = leases
@@ -169,7 +175,7 @@ impl Rings {
     async fn reread(
         &mut self,
         client: &kube::Client,
-        config: &crate::config::Config,
+        config: &controller_core::config::Config,
     ) -> Result<Vec<Word>, kube::Error> {
         let mut fresh = Vec::new();
         for ns in &self.namespaces {
@@ -197,20 +203,29 @@ impl Rings {
     }
 }
 
-impl Claims {
+/// What the step between rings acts on: the claims task's parts.
+pub(super) struct Parts<'a> {
+    pub ctx: &'a Context,
+    pub served: &'a Served,
+    pub apps: &'a reflector::Store<AppService>,
+    pub wanted: &'a watch::Sender<BTreeMap<String, String>>,
+    pub lease_client: &'a kube::Client,
+}
+
+impl Rings {
     /// The rings' step: lets go of the namespaces this ring may no longer serve (and
     /// waits for their writes in flight), then says so in the Lease ([`rings::SEEN`]),
     /// and takes the namespaces it may newly serve once a quorum read confirms it.
-    pub(super) async fn follow_rings(
+    pub(super) async fn step(
         &mut self,
-        rings: &mut Rings,
-        config: &crate::config::Config,
+        parts: &Parts<'_>,
+        config: &controller_core::config::Config,
         now: Instant,
     ) {
-        let views = rings.views();
+        let views = self.views();
         let own = config.namespace_selector.as_ref();
-        let serving = self.served.admitted();
-        let others = rings.live_others(config.lease_duration, now);
+        let serving = parts.served.admitted();
+        let others = self.live_others(config.lease_duration, now);
         let decision = rings::decide(own, &views, &others, &serving);
         let lose: BTreeSet<String> = serving.difference(&decision.admitted).cloned().collect();
         if !lose.is_empty() {
@@ -218,13 +233,13 @@ impl Claims {
                 namespaces = ?lose,
                 "letting namespaces go: another ring selects them, or ours no longer does"
             );
-            self.served.release_namespaces(&lose).await;
-            self.handed_over(|ns| lose.contains(ns));
+            parts.served.release_namespaces(&lose).await;
+            crate::handed_over(parts.ctx, parts.apps, |ns| lose.contains(ns));
             for _ in &lose {
-                self.ctx.metrics().shard().released();
+                crate::shard_metrics(parts.ctx).released();
             }
         }
-        let contested = self
+        let contested = parts
             .apps
             .state()
             .iter()
@@ -234,22 +249,23 @@ impl Claims {
                     .contains(&a.namespace().unwrap_or_default())
             })
             .count();
-        self.ctx.metrics().shard().set_foreign(contested);
-        if decision.contested != rings.contested {
+        crate::shard_metrics(parts.ctx).set_foreign(contested);
+        if decision.contested != self.contested {
             if !decision.contested.is_empty() {
                 warn!(namespaces = ?decision.contested, "namespaces another live ring selects too: served by neither");
             }
-            rings.contested = decision.contested.clone();
+            self.contested = decision.contested.clone();
         }
         // Everything up to the newest version in `views` is processed: let go of above.
-        let seen = rings.seen.max(rings::newest(&views));
-        let due = rings
+        let seen = self.seen.max(rings::newest(&views));
+        let due = self
             .published_at
             .is_none_or(|t| now.duration_since(t) >= config.retry_period);
-        if seen != rings.seen && due {
-            rings.seen = seen;
-            rings.published_at = Some(now);
-            self.wanted
+        if seen != self.seen && due {
+            self.seen = seen;
+            self.published_at = Some(now);
+            parts
+                .wanted
                 .send_modify(|w| w.extend(rings::annotations(own, seen)));
         }
         let gain: BTreeSet<String> = decision.admitted.difference(&serving).cloned().collect();
@@ -258,7 +274,7 @@ impl Claims {
         }
         // Our Lease (with our selector) was written before this read: a ring that starts
         // now sees ours, and we see every ring that started before.
-        let fresh = match rings.reread(&self.lease_client, config).await {
+        let fresh = match self.reread(parts.lease_client, config).await {
             Ok(fresh) => fresh,
             Err(e) => {
                 warn!(error = %e, "reading the rings' Leases before taking namespaces; not taking them yet");
@@ -272,7 +288,7 @@ impl Claims {
                 namespaces = won.len(),
                 "taking namespaces no other live ring selects"
             );
-            self.served.admit(&won);
+            parts.served.admit(&won);
         }
     }
 }

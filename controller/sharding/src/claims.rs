@@ -39,11 +39,11 @@ use tracing::{info, warn};
 
 use super::buckets::{Buckets, assigned};
 use super::liveness::{Liveness, Observed};
-use super::peer_rings::Rings;
+use super::peer_rings::{Parts, Rings};
 use super::ring::Ring;
 use super::rings;
 use super::served::Served;
-use crate::context::Context;
+use controller_core::context::Context;
 
 /// The annotation of a member's Lease that lists the buckets it claims
 /// ([`Buckets::to_hex`]).
@@ -130,7 +130,7 @@ pub struct Claims {
 
 /// The annotations a member's Lease carries at first: no bucket claimed, its ring's
 /// selector, nothing seen.
-pub fn initial(config: &crate::config::Config) -> BTreeMap<String, String> {
+pub fn initial(config: &controller_core::config::Config) -> BTreeMap<String, String> {
     let mut a = annotations(Buckets::NONE);
     a.extend(rings::annotations(config.namespace_selector.as_ref(), 0));
     a
@@ -169,7 +169,14 @@ impl Claims {
             let now = Instant::now();
             let own = rings.observe(&config, now);
             peers.observe(&own, &ours, now);
-            self.follow_rings(&mut rings, &config, now).await;
+            let parts = Parts {
+                ctx: &self.ctx,
+                served: &self.served,
+                apps: &self.apps,
+                wanted: &self.wanted,
+                lease_client: &self.lease_client,
+            };
+            rings.step(&parts, &config, now).await;
 
             let live = peers.live(config.lease_duration, now);
             let ring = Ring::new(
@@ -177,7 +184,7 @@ impl Claims {
                     .map(|(id, _)| *id)
                     .chain([self.identity.as_str()]),
             );
-            self.ctx.metrics().shard().set_members(ring.len());
+            crate::shard_metrics(&self.ctx).set_members(ring.len());
             let others = live.iter().fold(Buckets::NONE, |a, (_, b)| a.union(*b));
             let desired = assigned(&ring, &self.identity);
 
@@ -188,7 +195,7 @@ impl Claims {
                     "letting buckets go: the ring gave them to another member"
                 );
                 self.served.release(lose).await;
-                self.handed_over(|ns| lose.contains_namespace(ns));
+                crate::handed_over(&self.ctx, &self.apps, |ns| lose.contains_namespace(ns));
             }
             // The Lease says what we serve: after a release, after a contested claim was
             // withdrawn, or after a write of the claims that did not go through.
@@ -240,26 +247,13 @@ impl Claims {
         }
     }
 
-    /// Counts the AppServices in what was just let go as handed over.
-    pub(super) fn handed_over(&self, gone: impl Fn(&str) -> bool) {
-        let handed = self
-            .apps
-            .state()
-            .iter()
-            .filter(|a| gone(&a.namespace().unwrap_or_default()))
-            .count();
-        for _ in 0..handed {
-            self.ctx.metrics().shard().handover(super::Direction::Out);
-        }
-    }
-
     /// Writes `claims` into this member's Lease and waits for a renewal that carried them
     /// (at most the renew deadline: past it the fence has lapsed anyway).
     async fn publish(
         &mut self,
         claims: Buckets,
         rings: &Rings,
-        config: &crate::config::Config,
+        config: &controller_core::config::Config,
     ) -> bool {
         let mut wanted = annotations(claims);
         wanted.extend(rings::annotations(

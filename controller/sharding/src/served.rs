@@ -19,10 +19,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use futures::{Stream, StreamExt};
-use http::{Method, Request};
+use controller_core::share::{Scope, Select};
+use futures::Stream;
+use http::Request;
 use kube::client::Body;
-use kube::runtime::watcher;
 use tokio::sync::{Notify, watch};
 
 use super::buckets::{BUCKETS, Buckets, bucket};
@@ -59,16 +59,38 @@ pub struct Usable {
 }
 
 /// Shared by everything that follows the served buckets.
-#[derive(Debug)]
 pub struct Served {
     inner: Mutex<Inner>,
     drained: Notify,
     watched: watch::Sender<Generation>,
+    /// What the watches select, for the core: the watched buckets as a scope.
+    scope: watch::Sender<Scope>,
+    /// Whether the API server selects the buckets (`--sharded-watch`).
+    server_side: bool,
     usable: watch::Sender<Usable>,
+}
+
+impl std::fmt::Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Served")
+            .field("inner", &self.inner)
+            .field("watched", &*self.watched.borrow())
+            .field("server_side", &self.server_side)
+            .field("usable", &*self.usable.borrow())
+            .finish()
+    }
 }
 
 impl Default for Served {
     fn default() -> Self {
+        Served::new(false)
+    }
+}
+
+impl Served {
+    /// Nothing served yet; `server_side`: the API server selects the buckets
+    /// (`--sharded-watch`), otherwise the watches keep their namespaces themselves.
+    pub fn new(server_side: bool) -> Self {
         Served {
             inner: Mutex::new(Inner {
                 in_flight: vec![0; BUCKETS as usize],
@@ -77,12 +99,12 @@ impl Default for Served {
             }),
             drained: Notify::new(),
             watched: watch::channel(Generation::default()).0,
+            scope: watch::channel(Scope::default()).0,
+            server_side,
             usable: watch::channel(Usable::default()).0,
         }
     }
-}
 
-impl Served {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -153,8 +175,9 @@ impl Served {
         }
     }
 
-    pub(crate) fn subscribe_watched(&self) -> watch::Receiver<Generation> {
-        self.watched.subscribe()
+    /// What the watches select now, and each change of it.
+    pub fn subscribe_scope(&self) -> watch::Receiver<Scope> {
+        self.scope.subscribe()
     }
 
     /// Takes `buckets` on: writes to them are allowed at once, the watches switch to the
@@ -197,6 +220,19 @@ impl Served {
         let number = self.watched.borrow().number + 1;
         inner.generations.insert(number, buckets);
         self.watched.send_replace(Generation { number, buckets });
+        let select = if buckets.is_empty() {
+            Select::Nothing
+        } else if self.server_side {
+            buckets.selector().map_or(Select::Nothing, Select::Server)
+        } else if buckets == Buckets::ALL {
+            Select::Everything
+        } else {
+            Select::Namespaces(Arc::new(move |ns: &str| buckets.contains_namespace(ns)))
+        };
+        self.scope.send_replace(Scope {
+            generation: number,
+            select,
+        });
         self.update_usable(inner);
     }
 
@@ -279,75 +315,6 @@ impl Drop for WriteGuard {
     }
 }
 
-/// One generation's watch (see [`following`]).
-pub(crate) type Current<K> =
-    futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
-
-/// The generation of no bucket: an empty list, then nothing.
-fn nothing<K: Send + 'static>() -> Current<K> {
-    futures::stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
-        .chain(futures::stream::pending())
-        .boxed()
-}
-
-/// With `--sharded-watch`, a generation's watch: `make(client)` with a client selecting
-/// its buckets, so the API server sends only their objects.
-pub(crate) fn selecting_buckets<K, S, F>(
-    client: kube::Client,
-    make: F,
-) -> impl Fn(Generation) -> Current<K> + Send + 'static
-where
-    K: Send + 'static,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    F: Fn(kube::Client) -> S + Send + 'static,
-{
-    move |generation: Generation| -> Current<K> {
-        match generation.buckets.selector() {
-            Some(selector) => make(selecting(client.clone(), selector)).boxed(),
-            None => nothing(),
-        }
-    }
-}
-
-/// Without `--sharded-watch` (every cluster whose API server lacks the alpha gate), a
-/// generation's watch: `make(client)` watches everything and only the objects of the
-/// generation's buckets go on, so they alone reach the caches and the triggers. Every
-/// event is still received and decoded; the writes, the passes and the caches are
-/// divided.
-pub(crate) fn filtering_buckets<K, S, F>(
-    client: kube::Client,
-    make: F,
-) -> impl Fn(Generation) -> Current<K> + Send + 'static
-where
-    K: kube::Resource + Send + 'static,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    F: Fn(kube::Client) -> S + Send + 'static,
-{
-    move |generation: Generation| -> Current<K> {
-        let buckets = generation.buckets;
-        if buckets.is_empty() {
-            return nothing();
-        }
-        let stream = make(client.clone());
-        if buckets == Buckets::ALL {
-            return stream.boxed();
-        }
-        stream
-            .filter(move |event| {
-                let keep = match event {
-                    Ok(
-                        watcher::Event::Apply(o)
-                        | watcher::Event::InitApply(o)
-                        | watcher::Event::Delete(o),
-                    ) => buckets.contains_namespace(o.meta().namespace.as_deref().unwrap_or("")),
-                    _ => true,
-                };
-                std::future::ready(keep)
-            })
-            .boxed()
-    }
-}
-
 /// The namespace a request's path names (`/api/v1/namespaces/<ns>/…` or
 /// `/apis/<group>/<version>/namespaces/<ns>/…`), if it names an object in one. A request
 /// for the Namespace object itself names none.
@@ -384,7 +351,7 @@ pub fn bounded(client: kube::Client, served: Arc<Served>, own: &str) -> kube::Cl
         let served = served.clone();
         let own = own.clone();
         async move {
-            let write = super::fence::guarded(&req);
+            let write = controller_core::fence::guarded(&req);
             let guard = match namespace_of(req.uri().path()) {
                 Some(ns) if write && ns != own => match served.begin_write(ns) {
                     Some(guard) => Some(guard),
@@ -400,82 +367,8 @@ pub fn bounded(client: kube::Client, served: Arc<Served>, own: &str) -> kube::Cl
     kube::Client::new(service, namespace)
 }
 
-/// `client` with `shardSelector` added to every list and watch: the API server sends only
-/// objects whose namespace is in `buckets` (which must not be empty).
-pub fn selecting(client: kube::Client, selector: String) -> kube::Client {
-    let namespace = client.default_namespace().to_owned();
-    let encoded: String = form_urlencoded::byte_serialize(selector.as_bytes()).collect();
-    let service = tower::service_fn(move |mut req: Request<Body>| {
-        let client = client.clone();
-        if req.method() == Method::GET
-            && let Some(uri) = with_selector(req.uri(), &encoded)
-        {
-            *req.uri_mut() = uri;
-        }
-        async move { client.send(req).await }
-    });
-    kube::Client::new(service, namespace)
-}
-
-fn with_selector(uri: &http::Uri, encoded: &str) -> Option<http::Uri> {
-    let joined = match uri.query() {
-        Some(q) => format!("{}?{q}&shardSelector={encoded}", uri.path()),
-        None => format!("{}?shardSelector={encoded}", uri.path()),
-    };
-    let mut parts = uri.clone().into_parts();
-    parts.path_and_query = joined.parse().ok();
-    http::Uri::from_parts(parts).ok()
-}
-
-/// A watch that follows the served buckets: `start` is started for each generation
-/// and replaced (a fresh list, so the reflector's store holds exactly the new set) when
-/// they change. `listed` receives each generation's number just before its `InitDone`
-/// goes out.
-pub(crate) fn following<K, F>(
-    served: Arc<Served>,
-    start: F,
-    listed: Arc<std::sync::atomic::AtomicU64>,
-) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
-where
-    K: Send + 'static,
-    F: Fn(Generation) -> Current<K> + Send + 'static,
-{
-    let rx = served.subscribe_watched();
-    // The state holds `served`, so the sender of `rx` outlives the stream.
-    let state = (rx, None::<(u64, Current<K>)>, start, (listed, served));
-    futures::stream::unfold(
-        state,
-        |(mut rx, mut current, start, (listed, served))| async move {
-            loop {
-                let (number, stream) = match current.as_mut() {
-                    Some((n, s)) => (*n, s),
-                    None => {
-                        let generation = *rx.borrow_and_update();
-                        let stream = current.insert((generation.number, start(generation)));
-                        (stream.0, &mut stream.1)
-                    }
-                };
-                tokio::select! {
-                    item = stream.next() => {
-                        let item = item?;
-                        if let Ok(watcher::Event::InitDone) = item {
-                            listed.store(number, std::sync::atomic::Ordering::Release);
-                        }
-                        return Some((item, (rx, current, start, (listed, served))));
-                    }
-                    changed = rx.changed() => {
-                        if changed.is_ok() {
-                            current = None;
-                        }
-                    }
-                }
-            }
-        },
-    )
-}
-
 /// Yields each time buckets become usable or namespaces are admitted.
-pub fn gained(usable: watch::Receiver<Usable>) -> impl Stream<Item = ()> + Send {
+pub fn gained(usable: watch::Receiver<Usable>) -> impl Stream<Item = ()> + Send + 'static {
     futures::stream::unfold(
         (usable, Usable::default()),
         |(mut rx, mut before)| async move {
@@ -515,23 +408,6 @@ mod tests {
             None
         );
         assert_eq!(namespace_of("/healthz"), None);
-    }
-
-    #[test]
-    fn the_selector_joins_the_query() {
-        let uri: http::Uri = "/apis/apps/v1/deployments?watch=true&labelSelector=a%3Db"
-            .parse()
-            .unwrap();
-        let got = with_selector(&uri, "x%27").unwrap();
-        assert_eq!(
-            got.to_string(),
-            "/apis/apps/v1/deployments?watch=true&labelSelector=a%3Db&shardSelector=x%27"
-        );
-        let bare: http::Uri = "/api/v1/secrets".parse().unwrap();
-        assert_eq!(
-            with_selector(&bare, "y").unwrap().to_string(),
-            "/api/v1/secrets?shardSelector=y"
-        );
     }
 
     fn served_with_caches() -> Arc<Served> {

@@ -2,8 +2,8 @@
 //! `kubectl -l` (`operator-upgrade=canary`, `operator-upgrade!=canary`,
 //! `tier in (a,b)`, `tier notin (a,b)`, `key`, `!key`, joined by commas). Two releases
 //! split the namespaces between them with complementary selectors; the rings' Leases
-//! keep the split exclusive even while a namespace's labels move (see
-//! [`super::rings`]). Parsed once at start-up: a selector that does not parse stops the
+//! keep the split exclusive even while a namespace's labels move (the controller's
+//! sharding crate, `rings`). Parsed once at start-up: a selector that does not parse stops the
 //! process with the reason.
 
 use std::collections::{BTreeMap, BTreeSet};
