@@ -922,6 +922,7 @@ fn sharding_is_off_by_default_and_on_adds_its_flags_and_rbac() {
             "controller.sharding.shardedWatch=true".into(),
             "controller.sharding.namespaceSelector[0].key=operator-upgrade".into(),
             "controller.sharding.namespaceSelector[0].operator=Exists".into(),
+            "controller.sharding.peerReleaseNamespaces[0]=appservice-system".into(),
         ],
     );
     assert!(env_names(&watch).contains(&"SHARDED_WATCH".to_owned()));
@@ -952,9 +953,21 @@ fn sharding_is_off_by_default_and_on_adds_its_flags_and_rbac() {
 /// Leases of the named peer releases, read only and only there; the namespaces' labels).
 #[test]
 fn a_namespace_split_renders_the_same_selector_for_the_controller_and_the_webhook() {
+    // A split names the other release's namespace, or the chart refuses it: without it
+    // neither ring would see the other's Leases.
+    let stderr = template_refused(&[
+        "controller.sharding.enabled=true",
+        "controller.sharding.namespaceSelector[0].key=operator-upgrade",
+        "controller.sharding.namespaceSelector[0].operator=Exists",
+    ]);
+    assert!(
+        stderr.contains("controller.sharding.peerReleaseNamespaces"),
+        "{stderr}"
+    );
     let split = |operator: &str, values: &[&str], extra: &[&str]| -> Vec<Value> {
         let mut sets = vec![
             "controller.sharding.enabled=true".to_owned(),
+            "controller.sharding.peerReleaseNamespaces[0]=ops".to_owned(),
             "controller.sharding.ring=canary".to_owned(),
             "controller.sharding.namespaceSelector[0].key=operator-upgrade".to_owned(),
             format!("controller.sharding.namespaceSelector[0].operator={operator}"),

@@ -85,6 +85,12 @@ impl Share for Served {
 impl Ringed for Served {
     fn start(self: Arc<Self>, ring: Ring) -> Following {
         let config = ring.ctx.config().clone();
+        if config.namespace_selector.is_some() && config.peer_lease_namespaces.is_empty() {
+            tracing::warn!(
+                lease_namespace = %config.lease_namespace,
+                "--namespace-selector without --peer-lease-namespaces: only the rings whose Leases are in the lease namespace are seen; a release elsewhere would write the namespaces handed over to it at the same time"
+            );
+        }
         // The Lease carries this member's claims and what it says to the other rings;
         // the claims task follows both.
         let (wanted, written) = (
