@@ -669,8 +669,8 @@ fn first_write(
 const N_PER_NAMESPACE: usize = 10;
 
 /// Two releases split the namespaces by a label (each its own ring, with complementary
-/// selectors, Leases in its own namespace, each naming the other's, watching every
-/// namespace): a namespace moved to the canary and back under continuous edits is
+/// selectors, Leases in its own namespace; main reads every namespace's Leases, the
+/// canary names main's namespace; both watch every namespace): a namespace moved to the canary and back under continuous edits is
 /// handed over each time through the Leases alone, and once more when the canary is
 /// SIGKILLed (not before its Lease expired, a lease duration after its last write). Then a ring without a selector joins: every
 /// namespace is selected twice, so neither ring serves any, and says so; once it leaves,
@@ -691,11 +691,13 @@ async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_ov
         w.cp.namespace_with_prefix("team-b").await?,
     );
     let (a, b) = (team_a.to_string(), team_b.to_string());
+    // Main names no peer: it reads the Leases of every namespace (`*`, the chart's
+    // default for a split); the canary names main's namespace.
     let main = RingOf {
         name: "main",
         lease_namespace: main_system.to_string(),
         selector: MAIN,
-        peers: canary_system.to_string(),
+        peers: "*".to_owned(),
     };
     let canary = RingOf {
         name: "canary",

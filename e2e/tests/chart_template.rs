@@ -953,16 +953,30 @@ fn sharding_is_off_by_default_and_on_adds_its_flags_and_rbac() {
 /// Leases of the named peer releases, read only and only there; the namespaces' labels).
 #[test]
 fn a_namespace_split_renders_the_same_selector_for_the_controller_and_the_webhook() {
-    // A split names the other release's namespace, or the chart refuses it: without it
-    // neither ring would see the other's Leases.
-    let stderr = template_refused(&[
-        "controller.sharding.enabled=true",
-        "controller.sharding.namespaceSelector[0].key=operator-upgrade",
-        "controller.sharding.namespaceSelector[0].operator=Exists",
-    ]);
+    // A split that names no peer release reads the member Leases of every namespace, so
+    // the two rings always see each other.
+    let unnamed = template(
+        "ops",
+        &[
+            "controller.sharding.enabled=true".to_owned(),
+            "controller.sharding.namespaceSelector[0].key=operator-upgrade".to_owned(),
+            "controller.sharding.namespaceSelector[0].operator=Exists".to_owned(),
+        ],
+    );
     assert!(
-        stderr.contains("controller.sharding.peerReleaseNamespaces"),
-        "{stderr}"
+        find(&unnamed, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]
+            ["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "PEER_LEASE_NAMESPACES", "value": "*"}))
+    );
+    assert_eq!(
+        find(
+            &unnamed,
+            "ClusterRole",
+            &format!("{CONTROLLER}-shard-peers")
+        )["rules"],
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch"]}])
     );
     let split = |operator: &str, values: &[&str], extra: &[&str]| -> Vec<Value> {
         let mut sets = vec![

@@ -94,9 +94,10 @@ pub struct Config {
     pub namespace_selector: Option<common::namespace_selector::NamespaceSelector>,
 
     /// With `--sharding`: where the member Leases of the other rings are (comma-separated;
-    /// the lease namespace always counts). Only namespaces the admin controls: a Lease
-    /// there that selects a namespace keeps this ring out of it. The chart passes the
-    /// release namespaces of `controller.sharding.peerReleaseNamespaces`.
+    /// the lease namespace always counts; `*`: every namespace). Name only namespaces the
+    /// admin controls: a Lease there that selects a namespace keeps this ring out of it.
+    /// The chart passes `controller.sharding.peerReleaseNamespaces`, or `*` for a
+    /// release with a namespace selector that names none.
     #[arg(long, env = "PEER_LEASE_NAMESPACES", value_delimiter = ',')]
     pub peer_lease_namespaces: Vec<String>,
 

@@ -88,7 +88,7 @@ impl Ringed for Served {
         if config.namespace_selector.is_some() && config.peer_lease_namespaces.is_empty() {
             tracing::warn!(
                 lease_namespace = %config.lease_namespace,
-                "--namespace-selector without --peer-lease-namespaces: only the rings whose Leases are in the lease namespace are seen; a release elsewhere would write the namespaces handed over to it at the same time"
+                "--namespace-selector without --peer-lease-namespaces: only the rings whose Leases are in the lease namespace are seen; a release elsewhere would write the namespaces handed over to it at the same time (name its namespace, or '*')"
             );
         }
         // The Lease carries this member's claims and what it says to the other rings;

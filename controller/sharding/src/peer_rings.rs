@@ -39,7 +39,7 @@ fn follow_leases(client: &kube::Client, namespace: &str) -> Followed {
     let stream = reflector::reflector(
         writer,
         watcher(
-            Api::<Lease>::namespaced(client.clone(), namespace),
+            leases_in(client, namespace),
             watcher::Config::default().labels(LABEL_SHARD_RING),
         )
         .default_backoff(),
@@ -49,6 +49,19 @@ fn follow_leases(client: &kube::Client, namespace: &str) -> Followed {
     .boxed();
     (store, stream)
 }
+
+/// The Leases of `namespace`; of every namespace for [`EVERY_NAMESPACE`].
+fn leases_in(client: &kube::Client, namespace: &str) -> Api<Lease> {
+    if namespace == EVERY_NAMESPACE {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), namespace)
+    }
+}
+
+/// `--peer-lease-namespaces '*'`: the member Leases of every namespace count. Any
+/// namespace's writer of Leases can then keep a ring out of the namespaces it names.
+pub const EVERY_NAMESPACE: &str = "*";
 
 /// The rings' side of the task: what the other rings say, what this member has seen.
 pub(super) struct Rings {
@@ -78,6 +91,12 @@ impl Rings {
             .filter(|n| !n.is_empty())
             .chain([config.lease_namespace.clone()])
             .collect();
+        // Every namespace's watch holds the lease namespace's Leases too.
+        let namespaces = if namespaces.contains(EVERY_NAMESPACE) {
+            BTreeSet::from([EVERY_NAMESPACE.to_owned()])
+        } else {
+            namespaces
+        };
         let (mut stores, mut streams) = (Vec::new(), Vec::new());
         for ns in &namespaces {
             let (store, stream) = follow_leases(client, ns);
@@ -179,8 +198,7 @@ impl Rings {
     ) -> Result<Vec<Word>, kube::Error> {
         let mut fresh = Vec::new();
         for ns in &self.namespaces {
-            let api: Api<Lease> = Api::namespaced(client.clone(), ns);
-            let list = api
+            let list = leases_in(client, ns)
                 .list(&ListParams::default().labels(LABEL_SHARD_RING))
                 .await?;
             fresh.extend(list.items.into_iter().map(Arc::new));
