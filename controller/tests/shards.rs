@@ -758,11 +758,14 @@ async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_ov
     epochs.push((changed, "main"));
     hold(&client, &mut tail, &b, "main", changed, 120, &procs).await?;
     let first = first_write(tail.read()?, &b, "main", changed).context("main's first write")?;
-    // The canary's last Lease write, received before main could have seen it.
+    // The canary's last write of its membership Lease (not of the leader Lease it also
+    // renews), received before main could have seen it.
+    let membership = common::names::shard_lease_name("canary", "canary-0");
     let renewed =
         w.cp.audit_events()?
             .iter()
             .filter(|e| e["objectRef"]["resource"] == "leases" && e["stage"] == "ResponseComplete")
+            .filter(|e| e["objectRef"]["name"].as_str() == Some(membership.as_str()))
             .filter(|e| shard_of(e).as_deref() == Some("canary-0"))
             .filter(|e| {
                 e["responseStatus"]["code"]
@@ -773,7 +776,7 @@ async fn a_namespace_moved_to_the_canary_ring_and_back_is_handed_over_without_ov
             .max()
             .context("the canary's Lease writes")?;
     let gap = first.duration_since(renewed);
-    eprintln!("dead canary ring taken over {gap:?} after its last Lease write");
+    eprintln!("dead canary ring taken over {gap:?} after its last membership Lease write");
     assert!(
         gap >= k8s_openapi::jiff::SignedDuration::try_from(LEASE)?,
         "taken from a ring whose member Lease had not expired yet: {gap:?}"
