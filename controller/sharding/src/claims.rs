@@ -15,7 +15,7 @@
 //!
 //! A member is live while its Lease has a holder and its record changed within the lease
 //! duration on this process's clock (as the leader election counts it); the claims of a
-//! dead member are void, because its fence ([`super::fence`]) shut its writes before that.
+//! dead member are void, because its fence (`controller_core::fence`) shut its writes before that.
 //! So a bucket is written by at most one member at a time; what it rests on is the fence's
 //! condition, `lease duration > renew deadline + the longest a request takes`.
 //!

@@ -253,9 +253,6 @@ impl Rings {
             );
             parts.served.release_namespaces(&lose).await;
             crate::handed_over(parts.ctx, parts.apps, |ns| lose.contains(ns));
-            for _ in &lose {
-                crate::shard_metrics(parts.ctx).released();
-            }
         }
         let contested = parts
             .apps
@@ -267,7 +264,11 @@ impl Rings {
                     .contains(&a.namespace().unwrap_or_default())
             })
             .count();
-        crate::shard_metrics(parts.ctx).set_foreign(contested);
+        let metrics = crate::shard_metrics(parts.ctx);
+        for _ in &lose {
+            metrics.released();
+        }
+        metrics.set_foreign(contested);
         if decision.contested != self.contested {
             if !decision.contested.is_empty() {
                 warn!(namespaces = ?decision.contested, "namespaces another live ring selects too: served by neither");

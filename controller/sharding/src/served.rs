@@ -1,8 +1,8 @@
 //! What one member of a ring serves: the namespace buckets its watches select and its
 //! writes may touch ([`super::buckets`]), shared by the claims task ([`super::claims`])
-//! that changes them, the watches that follow them (filtered by the API server with
-//! `--sharded-watch`, here otherwise), the check of every write against them, and the gate
-//! at the top of each pass. A member alone in its ring serves every bucket: the same
+//! that changes them, the core's watches that follow them (as a `Scope`: selected by the
+//! API server with `--sharded-watch`, filtered by namespace otherwise), the check of every
+//! write against them, and the gate at the top of each pass. A member alone in its ring serves every bucket: the same
 //! object, with one member.
 //!
 //! The order of a release is what makes a handover safe: first the buckets leave
@@ -27,13 +27,6 @@ use tokio::sync::{Notify, watch};
 
 use super::buckets::{BUCKETS, Buckets, bucket};
 
-/// One generation of watches: every change of the watched buckets starts a new one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Generation {
-    pub number: u64,
-    pub buckets: Buckets,
-}
-
 #[derive(Debug, Default)]
 struct Inner {
     /// Writes (and passes) may touch these buckets.
@@ -44,10 +37,22 @@ struct Inner {
     admitted: BTreeSet<String>,
     /// Writes under way, per namespace (none: no entry).
     in_flight_namespaces: HashMap<String, u32>,
-    /// The buckets of each generation not yet listed by every cache.
+    /// The buckets of each generation of watches not yet listed by every cache; the
+    /// newest is what the watches select now. Every change of the watched buckets
+    /// starts a new generation.
     generations: BTreeMap<u64, Buckets>,
     /// Per cache, the last generation whose initial list is in its store.
     synced: BTreeMap<&'static str, u64>,
+}
+
+impl Inner {
+    /// The newest generation of watches: its number and buckets. Older ones are dropped
+    /// only once every cache listed a newer one, so the newest is always there.
+    fn watched(&self) -> (u64, Buckets) {
+        self.generations
+            .last_key_value()
+            .map_or((0, Buckets::NONE), |(n, b)| (*n, *b))
+    }
 }
 
 /// What passes may run for: the buckets allowed and listed by every cache, and how many
@@ -62,7 +67,6 @@ pub struct Usable {
 pub struct Served {
     inner: Mutex<Inner>,
     drained: Notify,
-    watched: watch::Sender<Generation>,
     /// What the watches select, for the core: the watched buckets as a scope.
     scope: watch::Sender<Scope>,
     /// Whether the API server selects the buckets (`--sharded-watch`).
@@ -74,7 +78,6 @@ impl std::fmt::Debug for Served {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Served")
             .field("inner", &self.inner)
-            .field("watched", &*self.watched.borrow())
             .field("server_side", &self.server_side)
             .field("usable", &*self.usable.borrow())
             .finish()
@@ -98,7 +101,6 @@ impl Served {
                 ..Inner::default()
             }),
             drained: Notify::new(),
-            watched: watch::channel(Generation::default()).0,
             scope: watch::channel(Scope::default()).0,
             server_side,
             usable: watch::channel(Usable::default()).0,
@@ -121,7 +123,7 @@ impl Served {
 
     /// The buckets the watches select now.
     pub fn watched(&self) -> Buckets {
-        self.watched.borrow().buckets
+        self.lock().watched().1
     }
 
     /// Whether a pass may run for an object in `namespace`.
@@ -160,16 +162,21 @@ impl Served {
             let mut inner = self.lock();
             inner.admitted.retain(|n| !namespaces.contains(n));
         }
+        self.drained_of(|inner| {
+            namespaces
+                .iter()
+                .any(|n| inner.in_flight_namespaces.contains_key(n))
+        })
+        .await;
+    }
+
+    /// Completes once `busy` (read under the lock) no longer holds, looked at again
+    /// after each write that ends.
+    async fn drained_of(&self, busy: impl Fn(&Inner) -> bool) {
         loop {
             let drained = self.drained.notified();
-            let busy = {
-                let inner = self.lock();
-                namespaces
-                    .iter()
-                    .any(|n| inner.in_flight_namespaces.contains_key(n))
-            };
-            if !busy {
-                break;
+            if !busy(&self.lock()) {
+                return;
             }
             drained.await;
         }
@@ -185,7 +192,7 @@ impl Served {
     pub fn acquire(&self, buckets: Buckets) {
         let mut inner = self.lock();
         inner.allowed = inner.allowed.union(buckets);
-        let next = self.watched().union(buckets);
+        let next = inner.watched().1.union(buckets);
         self.switch(&mut inner, next);
     }
 
@@ -198,28 +205,20 @@ impl Served {
             inner.allowed = inner.allowed.minus(buckets);
             self.update_usable(&mut inner);
         }
-        loop {
-            let drained = self.drained.notified();
-            let busy = {
-                let inner = self.lock();
-                buckets
-                    .iter()
-                    .any(|b| inner.in_flight.get(b as usize).is_some_and(|n| *n > 0))
-            };
-            if !busy {
-                break;
-            }
-            drained.await;
-        }
+        self.drained_of(|inner| {
+            buckets
+                .iter()
+                .any(|b| inner.in_flight.get(b as usize).is_some_and(|n| *n > 0))
+        })
+        .await;
         let mut inner = self.lock();
-        let next = self.watched().minus(buckets);
+        let next = inner.watched().1.minus(buckets);
         self.switch(&mut inner, next);
     }
 
     fn switch(&self, inner: &mut Inner, buckets: Buckets) {
-        let number = self.watched.borrow().number + 1;
+        let number = inner.watched().0 + 1;
         inner.generations.insert(number, buckets);
-        self.watched.send_replace(Generation { number, buckets });
         let select = if buckets.is_empty() {
             Select::Nothing
         } else if self.server_side {
