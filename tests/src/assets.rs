@@ -20,6 +20,18 @@ pub const PLAIN_BINARIES: &[&str] = &["etcd", "kube-apiserver", "kubectl"];
 /// Binaries the full mode adds.
 pub const FULL_BINARIES: &[&str] = &["kube-controller-manager", "kube-scheduler", "kwok"];
 
+/// Binaries the real node adds ([`crate::RealNode`]): the kubelet, kube-proxy, the
+/// programs of its images (hello, pause), and the registry and crane that serve and push
+/// them.
+pub const NODE_BINARIES: &[&str] = &[
+    "kubelet",
+    "kube-proxy",
+    "hello",
+    "pause",
+    "registry",
+    "crane",
+];
+
 /// Test tools built by the same script but not needed by every control plane: the Argo CD
 /// health-script evaluator, the kstatus evaluator, and for the image tests the CNCF
 /// distribution registry, crane (pushes images) and cosign (signs them).

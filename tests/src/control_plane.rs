@@ -13,6 +13,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use crate::assets;
 use crate::error::{Error, Result, io, kube as kube_err};
 use crate::process::{Component, Spec, free_port};
+use crate::real_node::{NodeStart, RealNode};
 
 /// How long the API server may take to become ready (cold start on 2 busy cores).
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -44,6 +45,9 @@ pub struct Options {
     /// a hash range, `shardSelector`). With the audit log, it also records every Lease
     /// write with its request body (the claims of `--sharded-watch` are in the Leases).
     pub sharded_watch: bool,
+    /// With `full`: a real node ([`RealNode`]: containerd, the kubelet, kube-proxy) runs
+    /// the Pods instead of kwok's simulated one. One per machine (see [`crate::real_node`]).
+    pub real_node: bool,
 }
 
 impl Options {
@@ -53,6 +57,7 @@ impl Options {
             full: false,
             audit_log: false,
             sharded_watch: false,
+            real_node: false,
         }
     }
 
@@ -62,6 +67,15 @@ impl Options {
             full: true,
             audit_log: false,
             sharded_watch: false,
+            real_node: false,
+        }
+    }
+
+    /// With controllers, scheduler and a real node that runs the containers.
+    pub fn real_node() -> Self {
+        Self {
+            real_node: true,
+            ..Self::full()
         }
     }
 
@@ -148,6 +162,8 @@ pub struct ControlPlane {
     restarts: std::sync::atomic::AtomicUsize,
     /// etcd's client port (plain HTTP on 127.0.0.1), for [`Self::stored_object`].
     etcd_port: u16,
+    /// The real node of [`Options::real_node`], stopped before the other components.
+    node: Option<RealNode>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -207,6 +223,13 @@ impl ControlPlane {
             &paths.pki.join("apiserver.key"),
         )?;
         admin.write(&paths.admin_cert, &paths.admin_key)?;
+        // The API server's identity towards kubelets (logs, exec, port-forward), as
+        // kubeadm's `apiserver-kubelet-client`.
+        ca.client_cert("kube-apiserver-kubelet-client", &["system:masters"])?
+            .write(
+                &paths.pki.join("apiserver-kubelet-client.crt"),
+                &paths.pki.join("apiserver-kubelet-client.key"),
+            )?;
         write(&paths.pki.join("sa.pub"), &sa.public_pem)?;
         write(&paths.pki.join("sa.key"), &sa.private_pem)?;
 
@@ -222,6 +245,7 @@ impl ControlPlane {
             ca,
             admin_config,
             components: Mutex::new(Vec::new()),
+            node: None,
             startup_time: Duration::ZERO,
             keep_all: std::env::var_os("APPSERVICE_KEEP_LOGS").is_some(),
             paths,
@@ -305,6 +329,20 @@ impl ControlPlane {
         }
         if options.sharded_watch {
             apiserver_args.push("--feature-gates=ShardedListAndWatch=true".into());
+        }
+        if options.real_node {
+            // The node is reached at its InternalIP (its hostname resolves nowhere).
+            apiserver_args.extend([
+                "--kubelet-preferred-address-types=InternalIP".into(),
+                format!(
+                    "--kubelet-client-certificate={}",
+                    file("apiserver-kubelet-client.crt")
+                ),
+                format!(
+                    "--kubelet-client-key={}",
+                    file("apiserver-kubelet-client.key")
+                ),
+            ]);
         }
         let apiserver = cp.spawn("kube-apiserver", &bin, apiserver_args.clone(), None)?;
         cp.apiserver = (apiserver, apiserver_args);
@@ -415,13 +453,41 @@ impl ControlPlane {
             ],
             None,
         )?;
+        if self.options.real_node {
+            let node = RealNode::start(NodeStart {
+                ca: &self.ca,
+                server_url: &self.server_url,
+                log_dir: &self.paths.logs,
+                client: self.try_client()?,
+            })
+            .await?;
+            self.node = Some(node);
+        } else {
+            self.start_kwok(bin, &kubeconfig).await?;
+        }
+        let client = self.try_client()?;
+        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+        let sas_ref = &sas;
+        self.wait_for(
+            kcm,
+            "the default ServiceAccount (kube-controller-manager)",
+            move || async move { sas_ref.get_opt("default").await.ok().flatten().is_some() },
+        )
+        .await?;
+        // The scheduler has no cheap readiness probe without serving; check it is alive.
+        self.check_alive(scheduler)?;
+        Ok(())
+    }
+
+    /// kwok and its one simulated Node, Ready and schedulable.
+    async fn start_kwok(&self, bin: &Path, kubeconfig: &str) -> Result<()> {
         let stages = self.paths.root.join("kwok-stages.yaml");
         write(&stages, KWOK_STAGES)?;
         let kwok = self.spawn(
             "kwok",
             bin,
             vec![
-                kubeconfig,
+                kubeconfig.to_owned(),
                 format!("--config={}", stages.display()),
                 "--manage-all-nodes=false".into(),
                 format!(
@@ -489,16 +555,6 @@ impl ControlPlane {
             .map_err(kube_err(
                 "removing the not-ready taint of the simulated node",
             ))?;
-        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
-        let sas_ref = &sas;
-        self.wait_for(
-            kcm,
-            "the default ServiceAccount (kube-controller-manager)",
-            move || async move { sas_ref.get_opt("default").await.ok().flatten().is_some() },
-        )
-        .await?;
-        // The scheduler has no cheap readiness probe without serving; check it is alive.
-        self.check_alive(scheduler)?;
         Ok(())
     }
 
@@ -749,8 +805,17 @@ impl ControlPlane {
         }
     }
 
-    /// Stops every component, newest first (so the apiserver stops before etcd).
+    /// The real node of [`Options::real_node`].
+    pub fn node(&self) -> Option<&RealNode> {
+        self.node.as_ref()
+    }
+
+    /// Stops every component, newest first (so the apiserver stops before etcd), the
+    /// real node's first.
     pub fn stop(&self) {
+        if let Some(node) = &self.node {
+            node.stop();
+        }
         let mut components = self.lock();
         while let Some(mut c) = components.pop() {
             c.stop(Duration::from_secs(10));

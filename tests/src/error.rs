@@ -92,6 +92,11 @@ pub enum Error {
     #[error("registry: {0}")]
     Registry(String),
 
+    /// The real node could not start or answer (the message names what is missing and
+    /// how to get it).
+    #[error("real node: {0}")]
+    Node(String),
+
     /// Building a client configuration failed.
     #[error("client configuration: {0}")]
     Config(String),

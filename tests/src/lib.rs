@@ -56,6 +56,7 @@ pub mod poll;
 pub mod postgres;
 pub mod pprof;
 pub mod process;
+pub mod real_node;
 pub mod recording;
 pub mod registry;
 mod shared;
@@ -73,9 +74,10 @@ pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use pod_view::PodView;
 pub use poll::eventually;
 pub use postgres::Postgres;
+pub use real_node::RealNode;
 pub use recording::{Hold, Requests, holding, recording};
 pub use registry::{KeyPair, Registry, RegistryOptions, RegistryRequest};
-pub use shared::{shared, shared_full, shared_with};
+pub use shared::{shared, shared_full, shared_real_node, shared_with};
 pub use webhooks::{PROBE_LABEL, Webhooks, admission_rules};
 
 /// A CA and a serving certificate for a webhook server listening on 127.0.0.1: serve

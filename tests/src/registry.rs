@@ -587,13 +587,23 @@ pub fn parse_access_log_line(line: &str) -> Option<RegistryRequest> {
 /// A tar archive with one regular file `name` holding `content`, with fixed mode, owner
 /// and time, so that the same content always makes the same layer digest.
 pub fn tar_with_one_file(name: &str, content: &[u8]) -> Vec<u8> {
+    tar_with_file(name, content, 0o644)
+}
+
+/// A tar archive with one regular file `name` holding `content` with permissions `mode`
+/// (0o755 for a program), owner root and time zero.
+pub fn tar_with_file(name: &str, content: &[u8], mode: u32) -> Vec<u8> {
     let mut header = [0u8; 512];
     let put = |header: &mut [u8; 512], at: usize, field: &[u8]| {
         header[at..at + field.len()].copy_from_slice(field);
     };
     let name = name.as_bytes();
     put(&mut header, 0, &name[..name.len().min(100)]);
-    put(&mut header, 100, b"0000644\0");
+    put(
+        &mut header,
+        100,
+        format!("{:07o}\0", mode & 0o7777).as_bytes(),
+    );
     put(&mut header, 108, b"0000000\0");
     put(&mut header, 116, b"0000000\0");
     put(

@@ -56,10 +56,10 @@ fn build(root: &Path) -> Result<(PathBuf, Binaries)> {
         crate::CONTROL_PLANE_ASSETS.join(", ")
     );
     let assets = std::thread::spawn(|| crate::assets_only(false, crate::CONTROL_PLANE_ASSETS));
-    let postgres = std::thread::spawn(crate::ensure_postgres);
+    let packages = std::thread::spawn(crate::ensure_packages);
     let binaries = timed_cargo_build(root);
     let bin = crate::joined(assets, "the asset build")?;
-    crate::joined(postgres, "the PostgreSQL install")?;
+    crate::joined(packages, "the package install")?;
     let binaries = binaries?;
     println!(
         "everything the demo runs is built ({:.0?})",

@@ -52,7 +52,8 @@ enum Cmd {
     /// Start a local control plane (etcd + kube-apiserver, CRDs installed) in the
     /// foreground and print how to reach it; Ctrl-C stops it.
     Up {
-        /// Also run kube-controller-manager, kube-scheduler and kwok with one simulated node.
+        /// Also run kube-controller-manager, kube-scheduler and a real node (containerd,
+        /// the kubelet, kube-proxy) that runs the Pods.
         #[arg(long)]
         full: bool,
     },
@@ -223,8 +224,8 @@ pub(crate) fn assets(force: bool) -> Result<PathBuf> {
     assets_only(force, &[])
 }
 
-/// The binaries a control plane needs (`cargo xtask up` and `demo`): no chart, image or
-/// health tools.
+/// The binaries a control plane with a real node needs (`cargo xtask up --full` and
+/// `demo`): no chart, signing or health tools.
 pub(crate) const CONTROL_PLANE_ASSETS: &[&str] = &[
     "etcd",
     "kube-apiserver",
@@ -232,6 +233,12 @@ pub(crate) const CONTROL_PLANE_ASSETS: &[&str] = &[
     "kube-scheduler",
     "kubectl",
     "kwok",
+    "kubelet",
+    "kube-proxy",
+    "hello",
+    "pause",
+    "registry",
+    "crane",
 ];
 
 /// [`assets`], building only `only` (every asset when empty).
@@ -263,14 +270,56 @@ pub(crate) fn assets_only(force: bool, only: &[&str]) -> Result<PathBuf> {
     Ok(PathBuf::from(bin))
 }
 
-/// Makes sure a PostgreSQL server installation exists for the database tests: the
-/// harness runs `/usr/lib/postgresql/<version>/bin/postgres` itself. Installs Debian's
-/// `postgresql` package when it is missing, without starting the distribution's own
-/// cluster (a policy-rc.d refuses service starts during the install).
-pub(crate) fn ensure_postgres() -> Result<()> {
-    if std::env::var_os("APPSERVICE_PG_BIN").is_some() || postgres_installed() {
+/// The distribution's packages the tests and the demo run, with what shows each is
+/// installed: PostgreSQL (the harness runs `/usr/lib/postgresql/<version>/bin/postgres`
+/// itself) and the real node's container runtime (containerd, runc, the CNI plugins,
+/// iptables, conntrack).
+const PACKAGES: &[(&str, Installed)] = &[
+    ("postgresql", Installed::Postgres),
+    ("containerd", Installed::Program("containerd")),
+    ("runc", Installed::Program("runc")),
+    (
+        "containernetworking-plugins",
+        Installed::File("/usr/lib/cni/bridge"),
+    ),
+    ("iptables", Installed::Program("iptables")),
+    ("conntrack", Installed::Program("conntrack")),
+];
+
+#[derive(Clone, Copy)]
+enum Installed {
+    Postgres,
+    Program(&'static str),
+    File(&'static str),
+}
+
+impl Installed {
+    fn holds(self) -> bool {
+        match self {
+            Installed::Postgres => {
+                std::env::var_os("APPSERVICE_PG_BIN").is_some() || postgres_installed()
+            }
+            Installed::Program(name) => std::env::var_os("PATH").is_some_and(|paths| {
+                std::env::split_paths(&paths).any(|dir| dir.join(name).is_file())
+            }),
+            Installed::File(path) => Path::new(path).is_file(),
+        }
+    }
+}
+
+/// Installs the [`PACKAGES`] that are missing (Debian's apt-get, as root), without
+/// starting any service they bring (a policy-rc.d refuses service starts during the
+/// install: the harness runs PostgreSQL and containerd itself).
+pub(crate) fn ensure_packages() -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(_, installed)| !installed.holds())
+        .map(|(name, _)| *name)
+        .collect();
+    if missing.is_empty() {
         return Ok(());
     }
+    let list = missing.join(" ");
     let root = Command::new("id")
         .arg("-u")
         .output()
@@ -278,18 +327,18 @@ pub(crate) fn ensure_postgres() -> Result<()> {
         .unwrap_or(false);
     if !root {
         bail!(
-            "PostgreSQL is not installed and this is not root: run `sudo apt-get update && sudo apt-get install -y postgresql` (or set APPSERVICE_PG_BIN to a directory holding initdb, postgres and pg_ctl)"
+            "{list} not installed and this is not root: run `sudo apt-get update && sudo apt-get install -y {list}` (PostgreSQL: or set APPSERVICE_PG_BIN to a directory holding initdb, postgres and pg_ctl)"
         );
     }
     eprintln!(
-        "xtask: installing PostgreSQL (apt-get install -y postgresql) for the database tests"
+        "xtask: installing {list} (apt-get install) for the database tests and the real node"
     );
     let policy = Path::new("/usr/sbin/policy-rc.d");
     let own_policy = !policy.exists();
     if own_policy {
         std::fs::write(
             policy,
-            "#!/bin/sh\n# written by cargo xtask test while installing postgresql\nexit 101\n",
+            "#!/bin/sh\n# written by cargo xtask while installing packages\nexit 101\n",
         )
         .doing("writing /usr/sbin/policy-rc.d")?;
         let _ = Command::new("chmod")
@@ -299,7 +348,7 @@ pub(crate) fn ensure_postgres() -> Result<()> {
     let status = Command::new("sh")
         .args([
             "-c",
-            "apt-get update -q && apt-get install -y -q --no-install-recommends postgresql",
+            &format!("apt-get update -q && apt-get install -y -q --no-install-recommends {list}"),
         ])
         .env("DEBIAN_FRONTEND", "noninteractive")
         .status()
@@ -307,9 +356,14 @@ pub(crate) fn ensure_postgres() -> Result<()> {
     if own_policy {
         let _ = std::fs::remove_file(policy);
     }
-    if !status?.success() || !postgres_installed() {
+    let still: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(_, installed)| !installed.holds())
+        .map(|(name, _)| *name)
+        .collect();
+    if !status?.success() || !still.is_empty() {
         bail!(
-            "installing PostgreSQL failed; run `apt-get update && apt-get install -y postgresql` by hand"
+            "installing {list} failed; run `apt-get update && apt-get install -y {list}` by hand"
         );
     }
     Ok(())
@@ -341,16 +395,16 @@ fn supply_chain() -> Result<()> {
     Ok(())
 }
 
-/// Builds the test assets, installs PostgreSQL and builds the tests side by side (the
+/// Builds the test assets, installs the packages and builds the tests side by side (the
 /// Go builds and cargo share the cores; each waits on downloads the other fills), then
 /// runs the suites.
 fn test(jobs: usize, cargo_args: &[String], test_args: &[String]) -> Result<()> {
     let root = repo_root()?;
     let assets = std::thread::spawn(|| assets(false));
-    let postgres = std::thread::spawn(ensure_postgres);
+    let packages = std::thread::spawn(ensure_packages);
     let suites = test_run::build(&root, cargo_args);
     let bin = joined(assets, "the asset build")?;
-    joined(postgres, "the PostgreSQL install")?;
+    joined(packages, "the package install")?;
     let suites = suites?;
     test_run::run(
         suites,
@@ -387,6 +441,7 @@ fn up(full: bool) -> Result<()> {
             full,
             audit_log: false,
             sharded_watch: false,
+            real_node: full,
         })
         .await
         .doing("starting the control plane")?;
@@ -395,7 +450,7 @@ fn up(full: bool) -> Result<()> {
         println!(
             "control plane ({}) up in {:.1?}: {}",
             if full {
-                "full"
+                "full, with a real node"
             } else {
                 "etcd + kube-apiserver"
             },

@@ -2,12 +2,15 @@
 # Builds the control-plane binaries the integration tests run (kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, the Argo CD
 # health-script evaluator argocd-health, the kstatus evaluator kstatus, and for the
-# image tests the CNCF distribution registry, crane and cosign) from their published Go
-# modules, pinned by the wrapper modules next to this script.
+# image tests the CNCF distribution registry, crane and cosign), the real node's kubelet
+# and kube-proxy, and the programs its images hold (hello, pause) from their published Go
+# modules, pinned by the wrapper modules next to this script. The node's container
+# runtime (containerd, runc, the CNI plugins, iptables, conntrack) comes from the
+# distribution's packages: see node-packages.sh.
 #
 # Output: $APPSERVICE_ASSETS_DIR (default ~/.cache/appservice-operator/k8s-1.37.2)/bin.
-# Idempotent: a binary is rebuilt only when its wrapper module (go.mod/go.sum) or
-# this script changed. Safe to run concurrently: an exclusive file lock serialises
+# Idempotent: a binary is rebuilt only when its wrapper module (go.mod/go.sum, and its
+# own Go sources) changed. Safe to run concurrently: an exclusive file lock serialises
 # builders, and each binary is moved into place atomically.
 #
 # Usage: build.sh [--force] [--only NAME,NAME,...]
@@ -66,10 +69,10 @@ export GOFLAGS="-mod=readonly -trimpath"
 declare -A reference=(
   [etcd]=75 [kube-apiserver]=420 [kube-controller-manager]=90 [kube-scheduler]=10
   [kubectl]=25 [kwok]=90 [helm]=115 [argocd-health]=5 [kstatus]=25 [registry]=75
-  [crane]=5 [cosign]=160
+  [crane]=5 [cosign]=160 [kubelet]=295 [kube-proxy]=210 [hello]=15 [pause]=2
 )
 order=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm
-  argocd-health kstatus registry crane cosign)
+  argocd-health kstatus registry crane cosign kubelet kube-proxy hello pause)
 
 wanted() { [[ -z "$only" || "$only" == *",$1,"* ]]; }
 
@@ -96,7 +99,10 @@ left_from() {
 }
 
 stamp_of() { # module dir, package, ldflags -> hash of everything that determines the build
-  { cat "$here/$1/go.mod" "$here/$1/go.sum"; printf '%s\n' "$2" "$3" "$(go env GOVERSION)"; } | sha256sum | cut -d' ' -f1
+  # (the wrapper module, and the Go sources of a module that has its own: hello, kstatus)
+  { cat "$here/$1/go.mod" "$here/$1/go.sum"
+    find "$here/$1" -name '*.go' -print0 | sort -z | xargs -0 -r cat
+    printf '%s\n' "$2" "$3" "$(go env GOVERSION)"; } | sha256sum | cut -d' ' -f1
 }
 
 # build <module dir> <binary name> <package> [ldflags]
@@ -155,5 +161,11 @@ build kstatus kstatus appservice-operator/envtest/kstatus
 build registry registry github.com/distribution/distribution/v3/cmd/registry
 build crane crane github.com/google/go-containerregistry/cmd/crane
 build cosign cosign github.com/sigstore/cosign/v2/cmd/cosign
+# The real node: the kubelet and kube-proxy of the control plane's release, and the
+# programs of the images it runs (static, for images with no base).
+build kubernetes kubelet k8s.io/kubernetes/cmd/kubelet "$k8s_ldflags"
+build kubernetes kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$k8s_ldflags"
+build apps hello appservice-operator/envtest/apps/hello
+build apps pause appservice-operator/envtest/apps/pause
 log "${only:+the assets asked for (${only:1:-1}) }all ready in $bin ($((SECONDS - total))s)"
 echo "$bin"

@@ -1,0 +1,155 @@
+// hello is the application the tests and the demo run on the real node. It answers, on
+// every TCP port named in $HELLO_PORTS (default 8080):
+//
+//	GET /        {"version", "pod", "namespace", "uid", "gid", "readOnlyRoot"}: which image
+//	             (its $APP_VERSION, set in the image config) and which Pod answered.
+//	GET /healthz 200.
+//	GET /db      whether it reaches its database using only what the Pod gives it, as an
+//	             application would: $DATABASE_URL when set, else libpq's PG* variables
+//	             (PGSSLROOTCERT naming the mounted CA). 200 with {"ok": true, "tls": …,
+//	             "user": …} when a query ran, 503 with {"ok": false, "error": …} when not.
+//
+// $HELLO_LISTEN_AFTER (a Go duration) delays listening, and HELLO_LISTEN=never never
+// listens, so that tests can watch readiness gate a Service's endpoints.
+//
+// `hello get URL` is a client instead (for `kubectl exec`): it prints the answer's
+// status line and body, and exits 1 when there is none.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+type answer struct {
+	Version      string `json:"version"`
+	Pod          string `json:"pod"`
+	Namespace    string `json:"namespace,omitempty"`
+	UID          int    `json:"uid"`
+	GID          int    `json:"gid"`
+	ReadOnlyRoot bool   `json:"readOnlyRoot"`
+}
+
+type dbAnswer struct {
+	OK     bool   `json:"ok"`
+	Via    string `json:"via"`
+	TLS    bool   `json:"tls,omitempty"`
+	User   string `json:"user,omitempty"`
+	Server string `json:"server,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func readOnlyRoot() bool {
+	f, err := os.CreateTemp("/", ".hello-probe-")
+	if err != nil {
+		return true
+	}
+	name := f.Name()
+	_ = f.Close()
+	_ = os.Remove(name)
+	return false
+}
+
+func pod() string {
+	if p := os.Getenv("POD_NAME"); p != "" {
+		return p
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
+func root(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, answer{
+		Version:      os.Getenv("APP_VERSION"),
+		Pod:          pod(),
+		Namespace:    os.Getenv("POD_NAMESPACE"),
+		UID:          os.Getuid(),
+		GID:          os.Getgid(),
+		ReadOnlyRoot: readOnlyRoot(),
+	})
+}
+
+func database(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	url, via := os.Getenv("DATABASE_URL"), "DATABASE_URL"
+	if url == "" {
+		via = "PG* variables"
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, dbAnswer{Via: via, Error: err.Error()})
+		return
+	}
+	defer conn.Close(context.Background())
+	var user, server string
+	if err := conn.QueryRow(ctx, "select current_user, current_setting('server_version')").Scan(&user, &server); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, dbAnswer{Via: via, Error: err.Error()})
+		return
+	}
+	_, encrypted := conn.PgConn().Conn().(*tls.Conn)
+	writeJSON(w, http.StatusOK, dbAnswer{OK: true, Via: via, TLS: encrypted, User: user, Server: server})
+}
+
+func get(url string) {
+	client := &http.Client{Timeout: 10 * time.Second}
+	res, err := client.Get(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer res.Body.Close()
+	fmt.Println(res.Status)
+	_, _ = io.Copy(os.Stdout, io.LimitReader(res.Body, 1<<20))
+}
+
+func main() {
+	log.SetFlags(log.LstdFlags | log.LUTC)
+	if len(os.Args) == 3 && os.Args[1] == "get" {
+		get(os.Args[2])
+		return
+	}
+	ports := strings.Fields(strings.ReplaceAll(os.Getenv("HELLO_PORTS"), ",", " "))
+	if len(ports) == 0 {
+		ports = []string{"8080"}
+	}
+	if os.Getenv("HELLO_LISTEN") == "never" {
+		log.Printf("hello %s: HELLO_LISTEN=never, not listening", os.Getenv("APP_VERSION"))
+		select {}
+	}
+	if d := os.Getenv("HELLO_LISTEN_AFTER"); d != "" {
+		wait, err := time.ParseDuration(d)
+		if err != nil {
+			log.Fatalf("HELLO_LISTEN_AFTER=%q is not a duration: %v", d, err)
+		}
+		time.Sleep(wait)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", root)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /db", database)
+	errs := make(chan error, len(ports))
+	for _, port := range ports {
+		server := &http.Server{Addr: ":" + port, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { errs <- server.ListenAndServe() }()
+	}
+	log.Printf("hello %s (uid %d) listening on %v", os.Getenv("APP_VERSION"), syscall.Getuid(), ports)
+	log.Fatal(<-errs)
+}
