@@ -41,6 +41,11 @@ pub mod reasons {
     /// The Deployment's `ReplicaFailure`: Pods could not be created (Pod Security
     /// admission, a ResourceQuota, a LimitRange refused them); the message says which.
     pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+    /// A Pod of the rollout waits for a human: the kubelet refuses or cannot pull or
+    /// start its container (`CreateContainerConfigError`, `ImagePullBackOff`,
+    /// `CrashLoopBackOff`, ...), or the scheduler finds no node for it. The message names
+    /// the Pod, the container and the kubelet's words.
+    pub const PODS_FAILING: &str = "PodsFailing";
     /// The Deployment's rollout exceeded its progress deadline.
     pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
     pub const AS_EXPECTED: &str = "AsExpected";

@@ -566,6 +566,8 @@ fn rbac_is_exactly_what_the_controller_uses() {
         // delete: the canary Deployment once promoted or aborted.
         ("apps", "deployments", "get,list,watch,create,patch,delete"),
         ("", "services", "get,list,watch,create,patch"),
+        // Why a rollout's Pods do not start (the kubelet's waiting reason, in status).
+        ("", "pods", "list"),
         ("events.k8s.io", "events", "create,patch"),
         // The `<name>-database` Secrets, watched (metadata, by label) to heal them.
         ("", "secrets", "get,list,watch,create,update,delete"),

@@ -41,6 +41,9 @@ pub struct Postgres {
     run_as: Option<(u32, u32)>,
     component: Option<Component>,
     starts: u32,
+    /// The address besides 127.0.0.1 it listens on, and the clients' range it admits
+    /// there ([`Postgres::start_also_on`]).
+    also: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -138,6 +141,17 @@ impl Postgres {
     /// Initialises a data directory and starts the server; returns once it accepts a
     /// TLS login of the superuser.
     pub async fn start() -> Result<Postgres> {
+        Self::start_with(None).await
+    }
+
+    /// [`Postgres::start`], also listening on `address` (a local address, such as the
+    /// real node's bridge that its Pods reach) for clients from `clients` (a CIDR),
+    /// password logins over TLS or not, the certificate valid for `address` too.
+    pub async fn start_also_on(address: &str, clients: &str) -> Result<Postgres> {
+        Self::start_with(Some((address.to_owned(), clients.to_owned()))).await
+    }
+
+    async fn start_with(also: Option<(String, String)>) -> Result<Postgres> {
         let bin = pg_bin_dir()?;
         let run_as = unprivileged_user()?;
         crate::process::prune_old_dirs(DIR_PREFIX);
@@ -157,7 +171,7 @@ impl Postgres {
         std::fs::write(&pwfile, &password).map_err(io("writing the password file"))?;
 
         let ca = certs::Ca::new("appservice-tests PostgreSQL CA")?;
-        let serving = ca.serving_cert(&["localhost", "127.0.0.1", "::1"])?;
+        let serving = ca.serving_cert(&names(also.as_ref()))?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))
             .map_err(io(format!("chmod {}", root.display())))?;
         if let Some((uid, gid)) = run_as {
@@ -191,6 +205,13 @@ impl Postgres {
         let cert = data.join("server.crt");
         let key = data.join("server.key");
         serving.write(&cert, &key)?;
+        if let Some((_, clients)) = &also {
+            let hba = data.join("pg_hba.conf");
+            let mut text =
+                std::fs::read_to_string(&hba).map_err(io(format!("reading {}", hba.display())))?;
+            text.push_str(&format!("host all all {clients} scram-sha-256\n"));
+            std::fs::write(&hba, text).map_err(io(format!("writing {}", hba.display())))?;
+        }
         if let Some((uid, gid)) = run_as {
             chown_tree(&data, uid, gid)?;
         }
@@ -205,6 +226,7 @@ impl Postgres {
             run_as,
             component: None,
             starts: 0,
+            also,
         };
         // The port was free a moment ago; another process may have bound it since.
         // Then the server exits at once, having changed nothing: try another port.
@@ -240,7 +262,12 @@ impl Postgres {
             "-k".to_owned(),
             socket_dir.display().to_string(),
             "-c".to_owned(),
-            "listen_addresses=127.0.0.1".to_owned(),
+            format!(
+                "listen_addresses=127.0.0.1{}",
+                self.also
+                    .as_ref()
+                    .map_or(String::new(), |(address, _)| format!(",{address}"))
+            ),
             "-c".to_owned(),
             "ssl=on".to_owned(),
             "-c".to_owned(),
@@ -358,7 +385,7 @@ impl Postgres {
     pub async fn rotate_ca(&mut self) -> Result<()> {
         let admin = self.connect_admin().await?;
         let ca = certs::Ca::new("appservice-tests PostgreSQL CA (rotated)")?;
-        let serving = ca.serving_cert(&["localhost", "127.0.0.1", "::1"])?;
+        let serving = ca.serving_cert(&names(self.also.as_ref()))?;
         let (cert, key) = (self.data.join("server.crt"), self.data.join("server.key"));
         serving.write(&cert, &key)?;
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
@@ -500,4 +527,11 @@ impl Drop for Postgres {
             let _ = std::fs::remove_dir_all(&self.data);
         }
     }
+}
+
+/// The names the server's certificate is valid for.
+fn names(also: Option<&(String, String)>) -> Vec<String> {
+    let mut names: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(str::to_owned).into();
+    names.extend(also.map(|(address, _)| address.clone()));
+    names
 }

@@ -593,36 +593,68 @@ pub fn tar_with_one_file(name: &str, content: &[u8]) -> Vec<u8> {
 /// A tar archive with one regular file `name` holding `content` with permissions `mode`
 /// (0o755 for a program), owner root and time zero.
 pub fn tar_with_file(name: &str, content: &[u8], mode: u32) -> Vec<u8> {
-    let mut header = [0u8; 512];
-    let put = |header: &mut [u8; 512], at: usize, field: &[u8]| {
-        header[at..at + field.len()].copy_from_slice(field);
-    };
-    let name = name.as_bytes();
-    put(&mut header, 0, &name[..name.len().min(100)]);
-    put(
-        &mut header,
-        100,
-        format!("{:07o}\0", mode & 0o7777).as_bytes(),
-    );
-    put(&mut header, 108, b"0000000\0");
-    put(&mut header, 116, b"0000000\0");
-    put(
-        &mut header,
-        124,
-        format!("{:011o}\0", content.len()).as_bytes(),
-    );
-    put(&mut header, 136, b"00000000000\0");
-    put(&mut header, 148, b"        ");
-    header[156] = b'0';
-    put(&mut header, 257, b"ustar\0");
-    put(&mut header, 263, b"00");
-    let checksum: u32 = header.iter().map(|&b| u32::from(b)).sum();
-    put(&mut header, 148, format!("{checksum:06o}\0 ").as_bytes());
+    tar_of(&[TarEntry::File {
+        name,
+        content,
+        mode,
+    }])
+}
 
-    let mut tar = Vec::with_capacity(512 * 4 + content.len());
-    tar.extend_from_slice(&header);
-    tar.extend_from_slice(content);
-    tar.resize(tar.len().next_multiple_of(512), 0);
+/// One entry of [`tar_of`].
+#[derive(Debug, Clone, Copy)]
+pub enum TarEntry<'a> {
+    /// A regular file.
+    File {
+        name: &'a str,
+        content: &'a [u8],
+        mode: u32,
+    },
+    /// A directory (`name` without the trailing slash).
+    Dir { name: &'a str, mode: u32 },
+}
+
+/// A tar archive (ustar) of `entries` in order, owner root and time zero, so that the
+/// same entries always make the same layer digest. Names are at most 100 bytes.
+pub fn tar_of(entries: &[TarEntry<'_>]) -> Vec<u8> {
+    let mut tar = Vec::new();
+    for entry in entries {
+        let (name, content, mode, kind) = match *entry {
+            TarEntry::File {
+                name,
+                content,
+                mode,
+            } => (name.to_owned(), content, mode, b'0'),
+            TarEntry::Dir { name, mode } => (format!("{name}/"), &[][..], mode, b'5'),
+        };
+        let mut header = [0u8; 512];
+        let put = |header: &mut [u8; 512], at: usize, field: &[u8]| {
+            header[at..at + field.len()].copy_from_slice(field);
+        };
+        let name = name.as_bytes();
+        put(&mut header, 0, &name[..name.len().min(100)]);
+        put(
+            &mut header,
+            100,
+            format!("{:07o}\0", mode & 0o7777).as_bytes(),
+        );
+        put(&mut header, 108, b"0000000\0");
+        put(&mut header, 116, b"0000000\0");
+        put(
+            &mut header,
+            124,
+            format!("{:011o}\0", content.len()).as_bytes(),
+        );
+        put(&mut header, 136, b"00000000000\0");
+        put(&mut header, 148, b"        ");
+        header[156] = kind;
+        put(&mut header, 257, b"ustar\0");
+        put(&mut header, 263, b"00");
+        let checksum: u32 = header.iter().map(|&b| u32::from(b)).sum();
+        put(&mut header, 148, format!("{checksum:06o}\0 ").as_bytes());
+        tar.extend_from_slice(&header);
+        tar.extend_from_slice(content);
+        tar.resize(tar.len().next_multiple_of(512), 0);
+    }
     tar.resize(tar.len() + 1024, 0);
     tar
 }

@@ -56,6 +56,7 @@ pub mod ops;
 mod outcome;
 pub mod own_writes;
 mod owners;
+pub mod pod_trouble;
 pub mod queue;
 pub mod reconcile;
 pub mod report;

@@ -38,6 +38,7 @@ use crate::error::{Error, ErrorReason, Result, Retry};
 use crate::external::{Readiness as External, Report};
 use crate::finalizer::{ensure_finalizer, finalize};
 use crate::outcome::Outcome;
+use crate::pod_trouble::pod_trouble;
 use crate::report::write_status;
 use crate::status::{Observation, Observed, Rollout, external_changes, rollout_of, status_of};
 use crate::subject::Subject;
@@ -486,9 +487,16 @@ async fn converge_children(
     } else {
         Observation::Applied
     };
+    // A rollout in progress may be waiting on Pods that will not start until someone
+    // acts; the Deployment's status does not say so, the Pods do.
+    let trouble = match rollout_of(&deployment, canary.as_ref()).0 {
+        Rollout::InProgress { .. } => pod_trouble(ctx.client(), namespace, app.name()).await,
+        Rollout::Complete { .. } | Rollout::Stuck { .. } => None,
+    };
     let observed = Observed::new(&found)
         .external(report)
-        .deployments(Some(&deployment), canary.as_ref());
+        .deployments(Some(&deployment), canary.as_ref())
+        .pods(trouble.as_ref());
     let status = status_of(app, &observed, &now);
     let next = match rollout_of(&deployment, canary.as_ref()).0 {
         Rollout::InProgress { message, .. } => {

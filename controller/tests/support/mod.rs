@@ -82,6 +82,7 @@ impl Fixture {
 enum Plane<'a> {
     Shared,
     SharedFull,
+    SharedRealNode,
     Given(&'a ControlPlane),
 }
 
@@ -97,6 +98,12 @@ impl<'a> Setup<'a> {
     /// On the shared full control plane (Pods become ready, the garbage collector runs).
     pub fn full(mut self) -> Self {
         self.control_plane = Plane::SharedFull;
+        self
+    }
+
+    /// On the shared control plane with a real node: the Pods' containers run.
+    pub fn real_node(mut self) -> Self {
+        self.control_plane = Plane::SharedRealNode;
         self
     }
 
@@ -145,6 +152,7 @@ impl Fixture {
         let cp = match control_plane {
             Plane::Shared => harness::shared().await?,
             Plane::SharedFull => harness::shared_full().await?,
+            Plane::SharedRealNode => harness::shared_real_node().await?,
             Plane::Given(cp) => cp,
         };
         let ns = cp.namespace_with("test", level).await?;

@@ -1,14 +1,20 @@
 //! The images the real node runs, built here (nothing can be pulled from the internet):
-//! a static program from the assets (`hello`, `pause`) as the one layer of an image with
-//! no base, its entrypoint, user, environment and platform set with `crane mutate`, pushed
+//! a static program from the assets (`hello`, `pause`) and the `/etc/passwd` and
+//! `/etc/group` of a distroless image as the one layer of an image with no base, its entrypoint, user, environment and platform set with `crane mutate`, pushed
 //! to the harness's registry.
 
 use crate::assets::tool;
 use crate::error::{Error, Result, io};
-use crate::registry::{Registry, tar_with_file};
+use crate::registry::{Registry, TarEntry, tar_of};
 
 /// The non-root user of the images (distroless' `nonroot`).
 pub const NONROOT: &str = "65532:65532";
+
+/// The users and groups of every image, as distroless has them: the runtime resolves a
+/// numeric user without a group (what the kubelet passes when the Pod does not set
+/// `runAsGroup`) through them, as it would in a real image.
+const PASSWD: &str = "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n";
+const GROUP: &str = "root:x:0:\nnonroot:x:65532:\n";
 
 /// An image in the node's registry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,8 +103,28 @@ pub async fn push(registry: &Registry, spec: ImageSpec<'_>) -> Result<Image> {
     let content = std::fs::read(&program).map_err(io(format!("reading {}", program.display())))?;
     let dir = tempfile::tempdir().map_err(io("creating a directory for an image layer"))?;
     let layer = dir.path().join("layer.tar");
-    std::fs::write(&layer, tar_with_file(spec.program, &content, 0o755))
-        .map_err(io(format!("writing {}", layer.display())))?;
+    let tar = tar_of(&[
+        TarEntry::File {
+            name: spec.program,
+            content: &content,
+            mode: 0o755,
+        },
+        TarEntry::Dir {
+            name: "etc",
+            mode: 0o755,
+        },
+        TarEntry::File {
+            name: "etc/passwd",
+            content: PASSWD.as_bytes(),
+            mode: 0o644,
+        },
+        TarEntry::File {
+            name: "etc/group",
+            content: GROUP.as_bytes(),
+            mode: 0o644,
+        },
+    ]);
+    std::fs::write(&layer, tar).map_err(io(format!("writing {}", layer.display())))?;
     let repository = format!("{}/{}", registry.host(), spec.repo);
     let reference = format!("{repository}:{}", spec.tag);
     let layer_arg = layer.display().to_string();

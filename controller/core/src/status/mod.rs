@@ -26,6 +26,7 @@ use common::{AppService, AppServiceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::external::{Readiness, Report};
+use crate::pod_trouble::PodTrouble;
 use crate::view::DeploymentView;
 
 mod rollout;
@@ -88,6 +89,9 @@ pub struct Observed<'a> {
     pub deployment: Option<&'a DeploymentView>,
     /// Our live canary Deployment while `spec.canary` asks for one.
     pub canary: Option<&'a DeploymentView>,
+    /// A Pod of a rollout in progress that waits for a human ([`crate::pod_trouble`]):
+    /// the rollout is stuck on it.
+    pub pods: Option<&'a PodTrouble>,
 }
 
 impl<'a> Observed<'a> {
@@ -98,6 +102,7 @@ impl<'a> Observed<'a> {
             external: None,
             deployment: None,
             canary: None,
+            pods: None,
         }
     }
 
@@ -118,6 +123,14 @@ impl<'a> Observed<'a> {
         Observed {
             deployment,
             canary,
+            ..self
+        }
+    }
+
+    /// With the trouble of a Pod of the rollout.
+    pub fn pods(self, trouble: Option<&'a PodTrouble>) -> Self {
+        Observed {
+            pods: trouble,
             ..self
         }
     }
@@ -250,6 +263,14 @@ fn children_status(app: &AppService, observed: &Observed, now: &Time) -> AppServ
                         )
                     };
                     verdict(&cond, Verdict::Ready { reason, message })
+                }
+                Rollout::InProgress { ready, desired, .. } if observed.pods.is_some() => {
+                    status.ready_replicas = Some(ready);
+                    let trouble = observed.pods.cloned().unwrap_or_else(|| PodTrouble {
+                        reason: String::new(),
+                        message: String::new(),
+                    });
+                    stuck(&cond, ready, desired, &Stuck::Pods(trouble), track)
                 }
                 Rollout::InProgress { ready, desired, .. } => {
                     status.ready_replicas = Some(ready);
@@ -387,6 +408,11 @@ fn stuck(
                 format!("{reason}: {message}")
             },
             "Pods cannot be created; the ReplicaSet controller retries with backoff once the cause (Pod Security level, quota, limit range) is fixed",
+        ),
+        Stuck::Pods(trouble) => (
+            reasons::PODS_FAILING,
+            trouble.message.clone(),
+            "the kubelet retries with backoff, failing the same way until the image or the spec is fixed",
         ),
         Stuck::DeadlineExceeded { message } => (
             reasons::PROGRESS_DEADLINE_EXCEEDED,

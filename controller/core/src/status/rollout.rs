@@ -32,6 +32,9 @@ pub enum Stuck {
     /// `Progressing=False`: the rollout made no progress within the Deployment's
     /// `progressDeadlineSeconds` (Pods that never become ready, or no room to schedule).
     DeadlineExceeded { message: String },
+    /// A Pod of the rollout waits for a human, as its kubelet or the scheduler says (not
+    /// a Deployment condition: reconcile reads the Pods while a rollout is in progress).
+    Pods(crate::pod_trouble::PodTrouble),
 }
 
 /// Assesses a Deployment's rollout, as `kubectl rollout status` does.

@@ -1,15 +1,19 @@
 // hello is the application the tests and the demo run on the real node. It answers, on
 // every TCP port named in $HELLO_PORTS (default 8080):
 //
-//	GET /        {"version", "pod", "namespace", "uid", "gid", "readOnlyRoot"}: which image
-//	             (its $APP_VERSION, set in the image config) and which Pod answered.
+//	GET /        {"version", "pod", "namespace", "uid", "gid", "readOnlyRoot", "capEff",
+//	             "noNewPrivs", "seccomp"}: which image (its $APP_VERSION, set in the image
+//	             config) and which Pod answered, and what the process runs with (the last
+//	             three as /proc/self/status says them).
 //	GET /healthz 200.
 //	GET /db      whether it reaches its database using only what the Pod gives it, as an
 //	             application would: $DATABASE_URL when set, else libpq's PG* variables
 //	             (PGSSLROOTCERT naming the mounted CA). 200 with {"ok": true, "tls": …,
 //	             "user": …} when a query ran, 503 with {"ok": false, "error": …} when not.
 //
-// $HELLO_LISTEN_AFTER (a Go duration) delays listening, and HELLO_LISTEN=never never
+// On SIGTERM it keeps serving for $HELLO_DRAIN (default 3s: long enough for kube-proxy
+// to take the Pod out of its Service), then stops accepting and exits, as an
+// application that drains does. $HELLO_LISTEN_AFTER (a Go duration) delays listening, and HELLO_LISTEN=never never
 // listens, so that tests can watch readiness gate a Service's endpoints.
 //
 // `hello get URL` is a client instead (for `kubectl exec`): it prints the answer's
@@ -25,6 +29,7 @@ import (
 	"log"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
 	"syscall"
 	"time"
@@ -39,12 +44,31 @@ type answer struct {
 	UID          int    `json:"uid"`
 	GID          int    `json:"gid"`
 	ReadOnlyRoot bool   `json:"readOnlyRoot"`
+	CapEff       string `json:"capEff"`
+	NoNewPrivs   string `json:"noNewPrivs"`
+	Seccomp      string `json:"seccomp"`
+}
+
+// procStatus reads the fields of /proc/self/status the answer reports.
+func procStatus() map[string]string {
+	fields := map[string]string{}
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return fields
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		name, value, ok := strings.Cut(line, ":")
+		if ok {
+			fields[name] = strings.TrimSpace(value)
+		}
+	}
+	return fields
 }
 
 type dbAnswer struct {
 	OK     bool   `json:"ok"`
 	Via    string `json:"via"`
-	TLS    bool   `json:"tls,omitempty"`
+	TLS    bool   `json:"tls"`
 	User   string `json:"user,omitempty"`
 	Server string `json:"server,omitempty"`
 	Error  string `json:"error,omitempty"`
@@ -76,7 +100,11 @@ func pod() string {
 }
 
 func root(w http.ResponseWriter, _ *http.Request) {
+	proc := procStatus()
 	writeJSON(w, http.StatusOK, answer{
+		CapEff:       proc["CapEff"],
+		NoNewPrivs:   proc["NoNewPrivs"],
+		Seccomp:      proc["Seccomp"],
 		Version:      os.Getenv("APP_VERSION"),
 		Pod:          pod(),
 		Namespace:    os.Getenv("POD_NAMESPACE"),
@@ -145,11 +173,34 @@ func main() {
 	mux.HandleFunc("GET /{$}", root)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /db", database)
+	drain := 3 * time.Second
+	if d := os.Getenv("HELLO_DRAIN"); d != "" {
+		wait, err := time.ParseDuration(d)
+		if err != nil {
+			log.Fatalf("HELLO_DRAIN=%q is not a duration: %v", d, err)
+		}
+		drain = wait
+	}
 	errs := make(chan error, len(ports))
+	servers := make([]*http.Server, 0, len(ports))
 	for _, port := range ports {
 		server := &http.Server{Addr: ":" + port, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		servers = append(servers, server)
 		go func() { errs <- server.ListenAndServe() }()
 	}
 	log.Printf("hello %s (uid %d) listening on %v", os.Getenv("APP_VERSION"), syscall.Getuid(), ports)
-	log.Fatal(<-errs)
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case err := <-errs:
+		log.Fatal(err)
+	case <-term:
+	}
+	log.Printf("terminating: serving %s more, then closing", drain)
+	time.Sleep(drain)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, server := range servers {
+		_ = server.Shutdown(ctx)
+	}
 }

@@ -1,0 +1,611 @@
+//! AppServices on a real node: the harness's containerd, kubelet and kube-proxy run what
+//! the controller asks for, from images built here (`hello`, which answers with its
+//! version, its Pod and what its process runs with). Every test runs in a namespace that
+//! enforces Pod Security `restricted`, with the controller at its shipped defaults
+//! (resync 10 minutes, rollout requeue 10 s), and judges the result the way a platform
+//! team would: by the answer of the application through its Service.
+//!
+//! One real node per machine: this binary's tests share it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::conditions::{READY, STALLED, TRUE, reasons};
+use common::{AppService, CanarySpec, PodSecurity, RolloutSpec};
+use harness::eventually;
+use harness::real_node::{self, RealNode};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+use support::{Fixture, condition, create};
+
+/// Long enough for a cold image pull and a kubelet's first status on 2 busy cores.
+const WAIT: Duration = Duration::from_secs(120);
+
+async fn node() -> &'static RealNode {
+    harness::shared_real_node()
+        .await
+        .expect("the shared control plane with a real node")
+        .node()
+        .expect("a real node")
+}
+
+fn hello(name: &str, image: &str, replicas: i32) -> AppService {
+    common::testing::app(name, image).replicas(replicas).build()
+}
+
+/// Waits until AppService `name` is Ready with `replicas` ready for its generation.
+async fn ready(f: &Fixture, name: &str, replicas: i32) -> AppService {
+    eventually(&format!("{name} Ready with {replicas}"), WAIT, || async {
+        let a = f.apps.get(name).await?;
+        let status = a.status.clone().unwrap_or_default();
+        let ok = status.ready_replicas == Some(replicas)
+            && status.observed_generation == a.metadata.generation
+            && condition(&a, READY).is_some_and(|(s, _, _)| s == TRUE);
+        if ok {
+            Ok(Some(a))
+        } else {
+            Err(format!(
+                "generation {:?}, status {}",
+                a.metadata.generation,
+                serde_json::to_string(&status).unwrap()
+            )
+            .into())
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// `<ClusterIP>:<port>` of the AppService's Service.
+async fn service_addr(f: &Fixture, name: &str) -> String {
+    let service: Service = f.services.get(name).await.unwrap();
+    let spec = service.spec.unwrap();
+    format!(
+        "{}:{}",
+        spec.cluster_ip.unwrap(),
+        spec.ports.unwrap()[0].port
+    )
+}
+
+/// The JSON answer of `GET path` through `addr`, once it answers 200.
+async fn answer(addr: &str, path: &str) -> Value {
+    eventually(&format!("GET {addr}{path} to answer 200"), WAIT, || async {
+        let (status, body) = real_node::get(addr, path).await.ok()?;
+        (status == 200).then(|| serde_json::from_str(&body).unwrap())
+    })
+    .await
+    .unwrap()
+}
+
+async fn pods_of(f: &Fixture, name: &str) -> Vec<Pod> {
+    f.api::<Pod>()
+        .list(&ListParams::default().labels(&common::names::selector_string(name)))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_pods_run_as_the_non_root_image_user_with_no_capabilities_and_answer() {
+    let node = node().await;
+    let (f, _ctl) = Fixture::setup().real_node().start().await.unwrap();
+    let app = common::testing::app("web", &node.images().hello_v1.reference)
+        .replicas(2)
+        .spec(|s| {
+            s.pod_security = Some(PodSecurity {
+                read_only_root_filesystem: Some(true),
+                ..PodSecurity::default()
+            })
+        })
+        .build();
+    create(&f.apps, &app).await.unwrap();
+    let app = ready(&f, "web", 2).await;
+    let addr = service_addr(&f, "web").await;
+
+    // Every Pod answers through the ClusterIP, as the image's user, with no capability,
+    // no privilege gain, seccomp filtering (mode 2) and a read-only root.
+    let pods: BTreeMap<String, Pod> = pods_of(&f, "web")
+        .await
+        .into_iter()
+        .map(|p| (p.metadata.name.clone().unwrap(), p))
+        .collect();
+    assert_eq!(pods.len(), 2);
+    let seen = std::sync::Mutex::new(BTreeMap::new());
+    eventually("both Pods to answer through the Service", WAIT, || async {
+        let (status, body) = real_node::get(&addr, "/").await.ok()?;
+        assert_eq!(status, 200, "{body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        let mut seen = seen.lock().unwrap();
+        seen.insert(answer["pod"].as_str().unwrap().to_owned(), answer);
+        (seen.len() == 2).then_some(())
+    })
+    .await
+    .unwrap();
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(
+        seen.keys().collect::<Vec<_>>(),
+        pods.keys().collect::<Vec<_>>()
+    );
+    for answer in seen.values() {
+        assert_eq!(answer["version"], "v1", "{answer}");
+        assert_eq!(answer["uid"], 65532, "{answer}");
+        assert_eq!(answer["gid"], 65532, "{answer}");
+        assert_eq!(answer["capEff"], "0000000000000000", "{answer}");
+        assert_eq!(answer["noNewPrivs"], "1", "{answer}");
+        assert_eq!(answer["seccomp"], "2", "{answer}");
+        assert_eq!(answer["readOnlyRoot"], true, "{answer}");
+    }
+    // status.endpoint names the Service the answers came through.
+    let endpoint = app.status.unwrap().endpoint.unwrap();
+    assert_eq!(endpoint, format!("http://web.{}.svc:8080", &*f.ns));
+}
+
+#[tokio::test]
+async fn an_image_whose_user_is_root_is_refused_by_the_kubelet_and_status_says_why() {
+    let node = node().await;
+    let (f, _ctl) = Fixture::setup().real_node().start().await.unwrap();
+    let app = hello("rooted", &node.images().hello_as_root.reference, 1);
+    create(&f.apps, &app).await.unwrap();
+
+    // The kubelet refuses it (runAsNonRoot and an image user 0); status names the Pod
+    // and the kubelet's words, and says a human must act: not "RollingOut".
+    let stalled = eventually("rooted to be stalled on its Pod", WAIT, || async {
+        let a = f.apps.get("rooted").await.ok()?;
+        let (status, reason, message) = condition(&a, READY)?;
+        (status != TRUE && reason == reasons::PODS_FAILING).then_some((a, message))
+    })
+    .await
+    .unwrap();
+    let (a, message) = stalled;
+    assert!(
+        message.contains("CreateContainerConfigError") && message.contains("runAsNonRoot"),
+        "{message}"
+    );
+    assert!(
+        message.starts_with("0/1 replicas ready; Pod rooted-"),
+        "{message}"
+    );
+    let (stalled, _, _) = condition(&a, STALLED).unwrap();
+    assert_eq!(stalled, TRUE);
+
+    // Fixing the image is all it takes.
+    f.apps
+        .patch(
+            "rooted",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": node.images().hello_v1.reference}})),
+        )
+        .await
+        .unwrap();
+    ready(&f, "rooted", 1).await;
+    let addr = service_addr(&f, "rooted").await;
+    assert_eq!(answer(&addr, "/").await["uid"], 65532);
+}
+
+#[tokio::test]
+async fn readiness_keeps_an_application_that_does_not_listen_out_of_its_service() {
+    let node = node().await;
+    let (f, _ctl) = Fixture::setup().real_node().start().await.unwrap();
+    let app = common::testing::app("mute", &node.images().hello_v1.reference)
+        .replicas(1)
+        .env("HELLO_LISTEN", "never")
+        .build();
+    create(&f.apps, &app).await.unwrap();
+
+    // The container runs; its readiness probe (TCP on the port) fails, so the
+    // EndpointSlice holds it as not ready, nothing answers, and status says so.
+    eventually("mute's container to run, not ready", WAIT, || async {
+        let pods = pods_of(&f, "mute").await;
+        let status = pods.first()?.status.clone()?;
+        let container = status.container_statuses?.first()?.clone();
+        (container.state?.running.is_some() && !container.ready).then_some(())
+    })
+    .await
+    .unwrap();
+    let slices = f
+        .api::<EndpointSlice>()
+        .list(&ListParams::default().labels("kubernetes.io/service-name=mute"))
+        .await
+        .unwrap();
+    let ready_endpoints = slices
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .count();
+    assert_eq!(ready_endpoints, 0, "{slices:?}");
+    let addr = service_addr(&f, "mute").await;
+    let refused = real_node::get(&addr, "/").await;
+    assert!(
+        refused.is_err(),
+        "a Service with no ready endpoint answered: {refused:?}"
+    );
+    let a = f.apps.get("mute").await.unwrap();
+    let (status, reason, message) = condition(&a, READY).unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str(), message.as_str()),
+        ("False", reasons::ROLLING_OUT, "0/1 replicas ready")
+    );
+
+    // Once it listens, it is ready and answers.
+    f.apps
+        .patch(
+            "mute",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"env": null}})),
+        )
+        .await
+        .unwrap();
+    ready(&f, "mute", 1).await;
+    assert_eq!(answer(&addr, "/").await["version"], "v1");
+}
+
+/// Sends requests through `addr` until `stop`, counting answers by version and failures.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    failed: Arc<AtomicU64>,
+    versions: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+    last_failure: Arc<std::sync::Mutex<Option<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Traffic {
+    fn start(addr: String) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(AtomicU64::new(0));
+        let versions = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let last_failure = Arc::new(std::sync::Mutex::new(None));
+        let task = tokio::spawn({
+            let (stop, failed, versions, last_failure) = (
+                stop.clone(),
+                failed.clone(),
+                versions.clone(),
+                last_failure.clone(),
+            );
+            async move {
+                while !stop.load(Ordering::SeqCst) {
+                    match real_node::get(&addr, "/").await {
+                        Ok((200, body)) => {
+                            let answer: Value = serde_json::from_str(&body).unwrap();
+                            let version = answer["version"].as_str().unwrap().to_owned();
+                            *versions.lock().unwrap().entry(version).or_default() += 1;
+                        }
+                        other => {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                            *last_failure.lock().unwrap() = Some(format!("{other:?}"));
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        });
+        Traffic {
+            stop,
+            failed,
+            versions,
+            last_failure,
+            task,
+        }
+    }
+
+    /// Stops and returns (answers by version, failures, the last failure).
+    async fn finish(self) -> (BTreeMap<String, u64>, u64, Option<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.unwrap();
+        let versions = self.versions.lock().unwrap().clone();
+        let last = self.last_failure.lock().unwrap().clone();
+        (versions, self.failed.load(Ordering::SeqCst), last)
+    }
+}
+
+#[tokio::test]
+async fn a_canary_takes_its_share_of_requests_and_promotion_and_abort_fail_none() {
+    let node = node().await;
+    let (f, _ctl) = Fixture::setup().real_node().start().await.unwrap();
+    let (v1, v2) = (&node.images().hello_v1, &node.images().hello_v2);
+    let protected = Some(RolloutSpec {
+        max_surge: Some(IntOrString::Int(1)),
+        max_unavailable: Some(IntOrString::Int(0)),
+    });
+    // Four replicas, one of them the canary's.
+    let app = common::testing::app("shop", &v1.reference)
+        .replicas(4)
+        .spec(|s| {
+            s.rollout = protected.clone();
+            s.canary = Some(CanarySpec {
+                image: v2.reference.clone(),
+                replicas: Some(1),
+            });
+        })
+        .build();
+    create(&f.apps, &app).await.unwrap();
+    ready(&f, "shop", 4).await;
+    let addr = service_addr(&f, "shop").await;
+
+    // Ready counts the Pods; the Service's data path follows the EndpointSlice, which
+    // kube-proxy programs a moment later: wait until it routes to all four.
+    eventually(
+        "the Service's EndpointSlice to hold 4 ready endpoints",
+        WAIT,
+        || async {
+            let slices = f
+                .api::<EndpointSlice>()
+                .list(&ListParams::default().labels("kubernetes.io/service-name=shop"))
+                .await
+                .ok()?;
+            let ready = slices
+                .items
+                .iter()
+                .flat_map(|s| s.endpoints.iter().flatten())
+                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                .count();
+            (ready == 4).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    eventually("kube-proxy to route to the canary", WAIT, || async {
+        let (_, body) = real_node::get(&addr, "/").await.ok()?;
+        body.contains("\"version\":\"v2\"").then_some(())
+    })
+    .await
+    .unwrap();
+
+    // Requests through the Service reach both images in about the ratio of their
+    // replicas (kube-proxy picks an endpoint per connection at random: 1 in 4 is v2).
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for _ in 0..400 {
+        let (status, body) = real_node::get(&addr, "/").await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        *counts
+            .entry(answer["version"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    let canary = counts.get("v2").copied().unwrap_or(0);
+    // Binomial(400, 1/4): mean 100, standard deviation 8.7; 60..=140 is beyond 4.5 sigma.
+    assert!(
+        (60..=140).contains(&canary),
+        "v2 answered {canary} of 400 (expected about 100): {counts:?}"
+    );
+    assert_eq!(counts.values().sum::<u64>(), 400);
+
+    // Promote (one edit): v2 replaces v1 under steady traffic, nothing fails.
+    let traffic = Traffic::start(addr.clone());
+    f.apps
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": v2.reference, "canary": null}})),
+        )
+        .await
+        .unwrap();
+    ready(&f, "shop", 4).await;
+    eventually("only v2 Pods left", WAIT, || async {
+        let pods = pods_of(&f, "shop").await;
+        pods.iter()
+            .all(|p| p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(&v2.reference))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    let (versions, failed, last) = traffic.finish().await;
+    assert_eq!(failed, 0, "requests failed during the promotion: {last:?}");
+    assert!(versions.get("v2").copied().unwrap_or(0) > 0, "{versions:?}");
+
+    // A new canary (v1), then abort it (one edit): v2 alone answers, nothing fails.
+    f.apps
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"canary": {"image": v1.reference, "replicas": 1}}})),
+        )
+        .await
+        .unwrap();
+    ready(&f, "shop", 4).await;
+    answer(&addr, "/").await;
+    let traffic = Traffic::start(addr.clone());
+    f.apps
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"canary": null}})),
+        )
+        .await
+        .unwrap();
+    ready(&f, "shop", 4).await;
+    // Gone, not only terminating: a terminating Pod serves while it drains.
+    eventually("the canary's Pod to be gone", WAIT, || async {
+        let pods = f
+            .api::<Pod>()
+            .list(&ListParams::default().labels(&common::names::selector_string("shop")))
+            .await
+            .ok()?
+            .items;
+        (pods.len() == 4
+            && pods.iter().all(|p| {
+                p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(&v2.reference)
+            }))
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    let (_, failed, last) = traffic.finish().await;
+    assert_eq!(failed, 0, "requests failed during the abort: {last:?}");
+    let mut after = BTreeMap::<String, u64>::new();
+    for _ in 0..50 {
+        let (_, body) = real_node::get(&addr, "/").await.unwrap();
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        *after
+            .entry(answer["version"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(after, BTreeMap::from([("v2".to_owned(), 50)]));
+}
+
+#[tokio::test]
+async fn the_pods_outlive_a_controller_restart_and_a_kubelet_restart() {
+    let node = node().await;
+    let (f, ctl) = Fixture::setup().real_node().start().await.unwrap();
+    create(
+        &f.apps,
+        &hello("steady", &node.images().hello_v1.reference, 2),
+    )
+    .await
+    .unwrap();
+    ready(&f, "steady", 2).await;
+    let addr = service_addr(&f, "steady").await;
+    answer(&addr, "/").await;
+    let before = identities(&f, "steady").await;
+
+    // The controller stops and starts again: nothing is recreated or restarted.
+    ctl.stop().await.unwrap();
+    let (client, _) = harness::recording(f.client.clone(), &f.ns);
+    let _ctl = support::start_controller(client, &f.ns, |_| {});
+    ready(&f, "steady", 2).await;
+    assert_eq!(identities(&f, "steady").await, before);
+
+    // The kubelet is killed and started again: the containers keep running (same Pods,
+    // no restart), the Node and the AppService stay Ready, and the app answers.
+    let traffic = Traffic::start(addr.clone());
+    node.restart_kubelet().await.unwrap();
+    let a = ready(&f, "steady", 2).await;
+    assert_eq!(condition(&a, READY).unwrap().1, reasons::AVAILABLE);
+    let (versions, failed, last) = traffic.finish().await;
+    assert_eq!(
+        failed, 0,
+        "requests failed across the kubelet restart: {last:?}"
+    );
+    assert!(versions.get("v1").copied().unwrap_or(0) > 0, "{versions:?}");
+    assert_eq!(identities(&f, "steady").await, before);
+}
+
+/// Each Pod's name, uid and its container's restart count.
+async fn identities(f: &Fixture, name: &str) -> Vec<(String, String, i32)> {
+    let mut ids: Vec<_> = pods_of(f, name)
+        .await
+        .into_iter()
+        .map(|p| {
+            let restarts = p
+                .status
+                .and_then(|s| s.container_statuses)
+                .and_then(|c| c.first().map(|c| c.restart_count))
+                .unwrap_or(-1);
+            (p.metadata.name.unwrap(), p.metadata.uid.unwrap(), restarts)
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// A DatabaseClass `<namespace>-<mode>` for `pg` reached at the real node's gateway (the
+/// host as Pods see it), in TLS `mode`, with the admin and CA Secrets of the test's
+/// namespace.
+async fn gateway_class(f: &Fixture, pg: &harness::Postgres, mode: &str) -> String {
+    let name = format!("{}-{mode}", &*f.ns);
+    let tls = match mode {
+        "disable" => json!({"mode": "disable", "insecureAcknowledged": true}),
+        _ => json!({"mode": mode, "ca": {"secretRef": {"name": "pg-ca"}}}),
+    };
+    let class: common::DatabaseClass = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1alpha1",
+        "kind": "DatabaseClass",
+        "metadata": {"name": name},
+        "spec": {
+            "host": real_node::NODE_GATEWAY,
+            "port": pg.port(),
+            "tls": tls,
+            "adminCredentials": {"secretName": "pg-admin"},
+            "deletionPolicy": "Delete",
+        }
+    }))
+    .unwrap();
+    kube::Api::<common::DatabaseClass>::all(f.client.clone())
+        .create(&Default::default(), &class)
+        .await
+        .unwrap();
+    name
+}
+
+#[tokio::test]
+async fn the_application_reaches_its_database_in_each_tls_mode_with_only_what_its_pod_gets() {
+    use k8s_openapi::api::core::v1::Secret;
+    let node = node().await;
+    let f = Fixture::setup()
+        .real_node()
+        .without_controller()
+        .await
+        .unwrap();
+    let pg = harness::Postgres::start_also_on(real_node::NODE_GATEWAY, real_node::POD_CIDR)
+        .await
+        .unwrap();
+    let secret = |name: &str, data: Value, admin: bool| -> Secret {
+        let mut s: Secret =
+            serde_json::from_value(json!({"metadata": {"name": name}, "stringData": data}))
+                .unwrap();
+        if admin {
+            s.metadata.labels = Some(
+                [(
+                    common::database_class::ADMIN_SECRET_LABEL.to_owned(),
+                    "true".to_owned(),
+                )]
+                .into(),
+            );
+        }
+        s
+    };
+    let secrets = f.api::<Secret>();
+    let admin = json!({"username": harness::postgres::SUPERUSER, "password": pg.password()});
+    secrets
+        .create(&Default::default(), &secret("pg-admin", admin, true))
+        .await
+        .unwrap();
+    secrets
+        .create(
+            &Default::default(),
+            &secret("pg-ca", json!({"ca.crt": pg.ca_pem()}), false),
+        )
+        .await
+        .unwrap();
+    let metrics = Arc::new(controller::metrics::Metrics::default());
+    let _ctl = support::start_controller_with(
+        f.client.clone(),
+        &f.ns,
+        |_| {},
+        Arc::new(support::databases(&f, metrics)),
+    );
+
+    let modes = ["verify-full", "require", "disable"];
+    for mode in modes {
+        let class = gateway_class(&f, &pg, mode).await;
+        let app = common::testing::app(&format!("db-{mode}"), &node.images().hello_v1.reference)
+            .replicas(1)
+            .database(&class)
+            .build();
+        create(&f.apps, &app).await.unwrap();
+    }
+    for mode in modes {
+        let name = format!("db-{mode}");
+        ready(&f, &name, 1).await;
+        let addr = service_addr(&f, &name).await;
+        // From inside the container, with its environment and mounted files only.
+        let db = answer(&addr, "/db").await;
+        assert_eq!(db["ok"], true, "{mode}: {db}");
+        assert_eq!(db["via"], "DATABASE_URL", "{mode}: {db}");
+        assert_eq!(db["tls"], mode != "disable", "{mode}: {db}");
+        let user = db["user"].as_str().unwrap();
+        assert_ne!(user, harness::postgres::SUPERUSER, "{mode}: {db}");
+    }
+}
