@@ -241,6 +241,21 @@ impl RealNode {
         write(&dir.join("hosts.toml"), &Layout::hosts_toml(host, &ca))
     }
 
+    /// Makes containerd pull images named `<name>/…` (such as `registry.example.com`, the
+    /// examples' registry) from the node's registry: an image pushed there as
+    /// `<repo>:<tag>` runs under the name `<name>/<repo>:<tag>`, unchanged.
+    pub fn mirror(&self, name: &str) -> Result<()> {
+        let dir = self.layout.certs_d().join(name);
+        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        let ca = dir.join("ca.crt");
+        std::fs::write(&ca, self.registry.ca_pem())
+            .map_err(io(format!("writing {}", ca.display())))?;
+        write(
+            &dir.join("hosts.toml"),
+            &Layout::mirror_toml(name, &self.registry.host(), &ca),
+        )
+    }
+
     /// Runs `ctr` against the node's containerd in the CRI's namespace (`k8s.io`) and
     /// returns its stdout: the runtime's own record of images, containers and tasks.
     pub async fn ctr(&self, args: &[&str]) -> Result<String> {

@@ -1,19 +1,25 @@
 //! `cargo xtask demo`: everything running locally, the way a cluster runs it.
 //!
-//! A full control plane (kube-apiserver, etcd, kube-controller-manager, kube-scheduler and
-//! a kwok node, so Pods become ready), the webhook over TLS registered with a caBundle,
-//! and the controller with leader election, each as its real binary, and a PostgreSQL
-//! server offered as the DatabaseClass `production-postgresql` (examples/appservice.yaml
-//! asks for a database on it). The `demo` namespace enforces Pod Security `restricted`,
-//! as many platforms' namespaces do: the AppServices' Pods are admitted under it. Then the examples are applied with kubectl, an invalid one is shown being rejected, and the AppServices
-//! are watched until Ready.
+//! A full control plane (kube-apiserver, etcd, kube-controller-manager, kube-scheduler)
+//! with a real node (containerd, the kubelet, kube-proxy: the Pods' containers run), the
+//! webhook over TLS registered with a caBundle, and the controller with leader election,
+//! each as its real binary, and a PostgreSQL server offered as the DatabaseClass
+//! `production-postgresql` (examples/appservice.yaml asks for a database on it). The
+//! examples' images (`registry.example.com/hello`, `.../checkout`) are the harness's
+//! `hello` program, built here and served from the node's registry under those names.
+//! The `demo` namespace enforces Pod Security `restricted`, as many platforms' namespaces
+//! do: the AppServices' Pods are admitted under it. Then the examples are applied with
+//! kubectl, an invalid one is shown being rejected, the AppServices are watched until
+//! Ready, and each application is called through its Service: checkout says whether it
+//! reaches its database with what its Pod got.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use harness::real_node::ImageSpec;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use tokio::process::{Child, Command};
@@ -28,6 +34,21 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const DATABASE_CLASS: &str = "production-postgresql";
 /// Where the controller reads admin Secrets: its lease namespace in the demo.
 const CONTROLLER_NAMESPACE: &str = "default";
+/// The registry the examples name.
+const EXAMPLE_REGISTRY: &str = "registry.example.com";
+/// The examples' images (repository, tag, environment of the image), each the `hello`
+/// program answering with its version; checkout listens on both of its ports.
+const EXAMPLE_IMAGES: &[(&str, &str, &[(&str, &str)])] = &[
+    ("hello", "v1.0.0", &[("APP_VERSION", "v1.0.0")]),
+    (
+        "checkout",
+        "v3.4.0",
+        &[("APP_VERSION", "v3.4.0"), ("HELLO_PORTS", "8080,9090")],
+    ),
+];
+/// How long an application may take to answer through its Service once Ready (kube-proxy
+/// programs the Service a moment after the EndpointSlice changes).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn run(root: &Path, exit_when_ready: bool) -> Result<()> {
     let (bin, binaries) = build(root)?;
@@ -144,15 +165,42 @@ fn timed_cargo_build(root: &Path) -> Result<Binaries> {
 }
 
 async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: bool) -> Result<()> {
-    let cp = harness::ControlPlane::start(harness::Options::full())
+    let cp = harness::ControlPlane::start(harness::Options::real_node())
         .await
-        .doing("starting the control plane")?;
+        .doing("starting the control plane and its real node")?;
+    let node = cp
+        .node()
+        .context("the control plane started without its real node")?;
+    for (repo, tag, env) in EXAMPLE_IMAGES {
+        node.push_image(ImageSpec {
+            repo,
+            tag,
+            program: "hello",
+            user: harness::real_node::NONROOT,
+            env,
+        })
+        .await
+        .doing(format!(
+            "building the image {EXAMPLE_REGISTRY}/{repo}:{tag}"
+        ))?;
+    }
+    node.mirror(EXAMPLE_REGISTRY)
+        .doing("serving the examples' registry from the node's")?;
     let kubeconfig = cp.kubeconfig_path().to_owned();
     let logs = cp.log_dir().to_owned();
     println!(
-        "control plane up in {:.1?}; logs in {}",
+        "control plane and real node {} up in {:.1?}; logs in {}",
+        harness::real_node::NODE_NAME,
         cp.startup_time(),
         logs.display()
+    );
+    println!(
+        "images {} built here (the `hello` program), served as {EXAMPLE_REGISTRY}/…",
+        EXAMPLE_IMAGES
+            .iter()
+            .map(|(repo, tag, _)| format!("{repo}:{tag}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 
     let client = cp.try_client()?;
@@ -182,13 +230,18 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
 
     // PostgreSQL for examples/appservice.yaml's database, offered as the DatabaseClass
     // `production-postgresql`; its admin Secret and CA live in the controller's namespace.
-    let pg = harness::Postgres::start()
-        .await
-        .doing("starting PostgreSQL")?;
+    // It listens on the node's gateway too: the address the Pods reach this machine at.
+    let pg = harness::Postgres::start_also_on(
+        harness::real_node::NODE_GATEWAY,
+        harness::real_node::POD_CIDR,
+    )
+    .await
+    .doing("starting PostgreSQL")?;
     database_class(&client, &pg).await?;
     println!(
-        "PostgreSQL {} on localhost:{} (TLS), offered as DatabaseClass {DATABASE_CLASS}",
+        "PostgreSQL {} on {}:{} (TLS), offered as DatabaseClass {DATABASE_CLASS}",
         pg_version(&pg).await,
+        harness::real_node::NODE_GATEWAY,
         pg.port()
     );
 
@@ -352,6 +405,27 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
         );
     }
 
+    // The applications answer, through their Services (kube-proxy, from this machine).
+    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+    for (app, path) in [("hello", "/"), ("checkout", "/"), ("checkout", "/db")] {
+        let service = services
+            .get(app)
+            .await
+            .doing(format!("reading Service {app}"))?;
+        let spec = service.spec.unwrap_or_default();
+        let addr = format!(
+            "{}:{}",
+            spec.cluster_ip.unwrap_or_default(),
+            spec.ports.unwrap_or_default().first().map_or(0, |p| p.port)
+        );
+        println!("\n$ curl http://{addr}{path}   # {app}, through its Service");
+        let answer = call(&addr, path).await?;
+        println!("{answer}");
+        if path == "/db" && !answer.contains("\"ok\":true") {
+            bail!("{app} does not reach its database with what its Pod got: {answer}");
+        }
+    }
+
     if !exit_when_ready {
         println!("\nTry it yourself:\n");
         println!(
@@ -360,6 +434,10 @@ async fn demo(root: &Path, bin: &Path, binaries: &Binaries, exit_when_ready: boo
             bin.display()
         );
         println!("  kubectl -n {NAMESPACE} scale appservice/hello --replicas=3");
+        println!("  kubectl -n {NAMESPACE} logs deploy/checkout");
+        println!(
+            "  kubectl -n {NAMESPACE} exec deploy/checkout -- /hello get http://127.0.0.1:8080/db"
+        );
         println!("  kubectl -n {NAMESPACE} get appsrv -w");
         println!(
             "  kubectl -n {NAMESPACE} get appservices.v1alpha1.platform.example.com checkout -o yaml   # v1beta1 object, read in v1alpha1"
@@ -445,7 +523,8 @@ async fn database_class(client: &kube::Client, pg: &harness::Postgres) -> Result
         "kind": "DatabaseClass",
         "metadata": {"name": DATABASE_CLASS},
         "spec": {
-            "host": "localhost",
+            // The host as the Pods see it (the node's gateway): the certificate names it.
+            "host": harness::real_node::NODE_GATEWAY,
             "port": pg.port(),
             "tls": {"mode": "verify-full", "ca": {"secretRef": {"name": "postgres-ca"}}},
             "adminCredentials": {"secretName": "postgres-admin"},
@@ -469,5 +548,23 @@ async fn pg_version(pg: &harness::Postgres) -> String {
             .and_then(|r| r.try_get::<_, String>(0).ok())
             .unwrap_or_default(),
         Err(_) => String::new(),
+    }
+}
+
+/// The body of `GET path` through `addr` (a ClusterIP and port), once it answers.
+async fn call(addr: &str, path: &str) -> Result<String> {
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    loop {
+        let last = match harness::real_node::get(addr, path).await {
+            Ok((status, body)) if status < 500 || path == "/db" => {
+                return Ok(body.trim().to_owned());
+            }
+            Ok((status, body)) => format!("HTTP {status}: {body}"),
+            Err(e) => e.to_string(),
+        };
+        if tokio::time::Instant::now() > deadline {
+            bail!("http://{addr}{path} did not answer within {ANSWER_TIMEOUT:?}: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -266,6 +266,17 @@ oom_score = 0
             ca = toml_string(&ca.display().to_string()),
         )
     }
+
+    /// containerd's `certs.d/<name>/hosts.toml` that serves the images named
+    /// `<name>/…` from the TLS registry at `host` (CA file `ca`).
+    pub fn mirror_toml(name: &str, host: &str, ca: &Path) -> String {
+        format!(
+            "server = {server}\n\n[host.{host}]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = {ca}\n",
+            server = toml_string(&format!("https://{name}")),
+            host = toml_string(&format!("https://{host}")),
+            ca = toml_string(&ca.display().to_string()),
+        )
+    }
 }
 
 /// A kubeconfig for `user` with client certificate files.
