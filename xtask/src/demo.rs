@@ -36,9 +36,11 @@ const DATABASE_CLASS: &str = "production-postgresql";
 const CONTROLLER_NAMESPACE: &str = "default";
 /// The registry the examples name.
 const EXAMPLE_REGISTRY: &str = "registry.example.com";
+/// An image's environment: (name, value).
+type Env = &'static [(&'static str, &'static str)];
 /// The examples' images (repository, tag, environment of the image), each the `hello`
 /// program answering with its version; checkout listens on both of its ports.
-const EXAMPLE_IMAGES: &[(&str, &str, &[(&str, &str)])] = &[
+const EXAMPLE_IMAGES: &[(&str, &str, Env)] = &[
     ("hello", "v1.0.0", &[("APP_VERSION", "v1.0.0")]),
     (
         "checkout",
