@@ -783,6 +783,7 @@ async fn a_private_registry_is_read_with_the_credentials_secret_and_refused_with
 -> anyhow::Result<()> {
     let registry = Registry::start(RegistryOptions {
         auth: Some(("robot".to_owned(), "pull-only".to_owned())),
+        ..RegistryOptions::default()
     })
     .await?;
     let key = KeyPair::generate().await?;

@@ -38,6 +38,17 @@ async fn node() -> &'static RealNode {
         .expect("a real node")
 }
 
+/// The `hello` program answering v1, as the image `<repo>:v1`.
+fn hello_v1(repo: &str) -> real_node::ImageSpec<'_> {
+    real_node::ImageSpec {
+        repo,
+        tag: "v1",
+        program: "hello",
+        user: real_node::NONROOT,
+        env: &[("APP_VERSION", "v1")],
+    }
+}
+
 fn hello(name: &str, image: &str, replicas: i32) -> AppService {
     common::testing::app(name, image).replicas(replicas).build()
 }
@@ -356,9 +367,15 @@ async fn a_canary_takes_its_share_of_requests_and_promotion_and_abort_fail_none(
     )
     .await
     .unwrap();
-    eventually("kube-proxy to route to the canary", WAIT, || async {
+    // kube-proxy routes to all four once each has answered (its rules are replaced
+    // whole at each sync, and a sync that saw all four keeps them).
+    let answered = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    eventually("kube-proxy to route to all four Pods", WAIT, || async {
         let (_, body) = real_node::get(&addr, "/").await.ok()?;
-        body.contains("\"version\":\"v2\"").then_some(())
+        let answer: Value = serde_json::from_str(&body).ok()?;
+        let mut answered = answered.lock().unwrap();
+        answered.insert(answer["pod"].as_str()?.to_owned());
+        (answered.len() == 4).then_some(())
     })
     .await
     .unwrap();
@@ -608,4 +625,120 @@ async fn the_application_reaches_its_database_in_each_tls_mode_with_only_what_it
         let user = db["user"].as_str().unwrap();
         assert_ne!(user, harness::postgres::SUPERUSER, "{mode}: {db}");
     }
+}
+
+#[tokio::test]
+async fn containerd_pulls_the_digest_the_controller_verified_and_never_an_unsigned_image() {
+    use common::conditions::IMAGE_VERIFIED;
+    let node = node().await;
+    let f = Fixture::setup()
+        .real_node()
+        .without_controller()
+        .await
+        .unwrap();
+    let registry = node.registry();
+    // Repositories of this test's own, so that nothing else pulls or signs them.
+    let signed_repo = format!("signed-{}", &*f.ns);
+    let unsigned_repo = format!("unsigned-{}", &*f.ns);
+    let signed = node.push_image(hello_v1(&signed_repo)).await.unwrap();
+    let unsigned = node.push_image(hello_v1(&unsigned_repo)).await.unwrap();
+    let key = harness::KeyPair::generate().await.unwrap();
+    registry.sign(&key, &signed.pinned()).await.unwrap();
+    // What the registry served so far (the pushes' own requests included).
+    let served_before = registry.requests().unwrap().len();
+
+    let images = controller::images::ImageConfig {
+        registry_ca_file: Some(registry.ca_file()),
+        ..controller::images::ImageConfig::defaults()
+    };
+    let (_ctl, _metrics) = support::verifying(&f, images).unwrap();
+    let policies: kube::Api<common::image_policy::ImagePolicy> = kube::Api::all(f.client.clone());
+    let policy_name = format!("{}-enforce", &*f.ns);
+    let policy: common::image_policy::ImagePolicy = serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1alpha1", "kind": "ImagePolicy",
+        "metadata": {"name": policy_name},
+        "spec": {
+            "images": [{"glob": format!("{}/**", registry.host())}],
+            "mode": "Enforce",
+            "keys": [{"name": "release", "publicKey": key.public_pem()}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": &*f.ns}},
+        },
+    }))
+    .unwrap();
+    policies.create(&Default::default(), &policy).await.unwrap();
+    eventually("the policy observed by the controller", WAIT, || async {
+        let p = policies.get(&policy_name).await.ok()?;
+        let observed = p.status.as_ref().and_then(|s| s.observed_generation);
+        (observed.is_some() && observed == p.metadata.generation).then_some(())
+    })
+    .await
+    .unwrap();
+
+    create(&f.apps, &hello("signed", &signed.reference, 1))
+        .await
+        .unwrap();
+    create(&f.apps, &hello("unsigned", &unsigned.reference, 1))
+        .await
+        .unwrap();
+    ready(&f, "signed", 1).await;
+    let addr = service_addr(&f, "signed").await;
+    assert_eq!(answer(&addr, "/").await["version"], "v1");
+
+    // The Pod runs the digest the controller verified, and containerd's own record of
+    // what it pulled for that repository is that digest and nothing else.
+    let deployment = f.deployments.get("signed").await.unwrap();
+    // (`<repo>:<tag>@<digest>`: the tag kept for people, the digest for the runtime.)
+    assert_eq!(
+        support::image_of(&deployment),
+        Some(format!("{}@{}", signed.reference, signed.digest))
+    );
+    let pulled = node.pulled_images().await.unwrap();
+    let of_repo: Vec<&(String, String)> = pulled
+        .iter()
+        .filter(|(reference, _)| reference.starts_with(&signed.repository))
+        .collect();
+    assert!(
+        !of_repo.is_empty(),
+        "containerd pulled nothing of {}: {pulled:?}",
+        signed.repository
+    );
+    for (reference, digest) in &of_repo {
+        assert_eq!(digest, &signed.digest, "{reference}");
+    }
+    let pod = pods_of(&f, "signed").await.remove(0);
+    let image_id = &pod.status.unwrap().container_statuses.unwrap()[0].image_id;
+    assert!(image_id.ends_with(&signed.digest), "{image_id}");
+
+    // The unsigned image is refused before any Pod exists: no Deployment, and nothing of
+    // it in containerd or among the registry's blob downloads.
+    let refused = eventually("unsigned to be refused", WAIT, || async {
+        let a = f.apps.get("unsigned").await.ok()?;
+        let (status, reason, _) = condition(&a, IMAGE_VERIFIED)?;
+        (status == "False" && reason == reasons::IMAGE_UNSIGNED).then_some(a)
+    })
+    .await
+    .unwrap();
+    assert_eq!(condition(&refused, STALLED).unwrap().0, TRUE);
+    assert!(f.deployments.get_opt("unsigned").await.unwrap().is_none());
+    let pulled = node.pulled_images().await.unwrap();
+    assert!(
+        pulled
+            .iter()
+            .all(|(reference, _)| !reference.starts_with(&unsigned.repository)),
+        "{pulled:?}"
+    );
+    let blobs = registry
+        .requests()
+        .unwrap()
+        .into_iter()
+        .skip(served_before)
+        .filter(|r| {
+            r.method == "GET" && r.path.starts_with(&format!("/v2/{unsigned_repo}/blobs/"))
+        })
+        .count();
+    assert_eq!(blobs, 0, "layers of the unsigned image were downloaded");
+    policies
+        .delete(&policy_name, &Default::default())
+        .await
+        .unwrap();
 }

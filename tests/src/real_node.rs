@@ -110,7 +110,13 @@ impl RealNode {
         let janitor = Janitor::lock(&layout, &programs.kube_proxy, start.log_dir).await?;
         run_script("setup", SETUP, &layout, &programs.kube_proxy)?;
 
-        let registry = Registry::start(RegistryOptions::default()).await?;
+        // Detached: the node is shared by the tests of a binary, and the test that
+        // started it ends (with its runtime) before the others.
+        let registry = Registry::start(RegistryOptions {
+            detached: true,
+            ..RegistryOptions::default()
+        })
+        .await?;
         let images = NodeImages::push(&registry).await?;
         let node = RealNode {
             daemons: Mutex::new(Daemons {

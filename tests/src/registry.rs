@@ -58,6 +58,10 @@ const KEY_PASSWORD: &str = "appservice-tests";
 pub struct RegistryOptions {
     /// `Some((user, password))`: every request needs basic auth as that user.
     pub auth: Option<(String, String)>,
+    /// Serve from the harness's own background runtime instead of the caller's, so
+    /// that the registry outlives the test that started it (the shared real node's: a
+    /// test's runtime ends with the test).
+    pub detached: bool,
 }
 
 /// One request the registry served, from its access log.
@@ -165,7 +169,7 @@ impl Registry {
                 log_dir: &log_dir,
                 remove_after_exit: None,
             })?;
-            let proxy = Proxy::start(port)?;
+            let proxy = Proxy::start(port, opts.detached)?;
             let host = format!("127.0.0.1:{}", proxy.port);
             match wait_ready(&mut component, &host, ca.cert_pem(), &log_dir).await {
                 Ok(()) => {
@@ -735,12 +739,41 @@ struct Proxy {
     upstream: u16,
     delay_ms: Arc<AtomicU64>,
     running: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+    /// The background runtime it serves from ([`RegistryOptions::detached`]), else the
+    /// caller's.
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+/// The harness's background runtime: one thread, for the process's life.
+fn background() -> Result<tokio::runtime::Handle> {
+    static RUNTIME: std::sync::OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
+        std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("harness-background")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map(|runtime| runtime.handle().clone())
+        .map_err(|e| Error::Registry(format!("starting the background runtime: {e}")))
 }
 
 impl Proxy {
     /// Binds a free port and starts accepting.
-    fn start(upstream: u16) -> Result<Proxy> {
-        let listener = bind(0)?;
+    fn start(upstream: u16, detached: bool) -> Result<Proxy> {
+        let runtime = if detached { Some(background()?) } else { None };
+        // A listener is registered with the runtime that binds it.
+        let listener = match &runtime {
+            Some(runtime) => {
+                let _entered = runtime.enter();
+                bind(0)?
+            }
+            None => bind(0)?,
+        };
         let port = listener
             .local_addr()
             .map_err(io("reading the proxy's address"))?
@@ -750,6 +783,7 @@ impl Proxy {
             upstream,
             delay_ms: Arc::new(AtomicU64::new(0)),
             running: None,
+            runtime,
         };
         proxy.serve(listener);
         Ok(proxy)
@@ -757,12 +791,11 @@ impl Proxy {
 
     fn serve(&mut self, listener: TcpListener) {
         let (stop, stopped) = watch::channel(false);
-        let accept = tokio::spawn(accept_loop(
-            listener,
-            self.upstream,
-            Arc::clone(&self.delay_ms),
-            stopped,
-        ));
+        let accept = accept_loop(listener, self.upstream, Arc::clone(&self.delay_ms), stopped);
+        let accept = match &self.runtime {
+            Some(runtime) => runtime.spawn(accept),
+            None => tokio::spawn(accept),
+        };
         self.running = Some((stop, accept));
     }
 
@@ -777,7 +810,13 @@ impl Proxy {
         if self.running.is_some() {
             return Ok(());
         }
-        let listener = bind(self.port)?;
+        let listener = match &self.runtime {
+            Some(runtime) => {
+                let _entered = runtime.enter();
+                bind(self.port)?
+            }
+            None => bind(self.port)?,
+        };
         self.serve(listener);
         Ok(())
     }

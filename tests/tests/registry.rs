@@ -31,6 +31,7 @@ async fn a_pushed_image_has_a_digest_that_depends_on_its_content() -> TestResult
 async fn basic_auth_refuses_anonymous_clients_and_accepts_the_user() -> TestResult {
     let registry = Registry::start(RegistryOptions {
         auth: Some(("alice".to_owned(), "s3cret".to_owned())),
+        ..RegistryOptions::default()
     })
     .await?;
     assert_eq!(registry.get("/v2/", None).await?, 401);
@@ -90,6 +91,7 @@ async fn a_delay_holds_each_new_connection() -> TestResult {
 async fn cosign_verifies_the_signing_key_only_and_no_unsigned_image() -> TestResult {
     let registry = Registry::start(RegistryOptions {
         auth: Some(("signer".to_owned(), "pw".to_owned())),
+        ..RegistryOptions::default()
     })
     .await?;
     let (key, other) = (KeyPair::generate().await?, KeyPair::generate().await?);
