@@ -732,9 +732,7 @@ async fn containerd_pulls_the_digest_the_controller_verified_and_never_an_unsign
         .unwrap()
         .into_iter()
         .skip(served_before)
-        .filter(|r| {
-            r.method == "GET" && r.path.starts_with(&format!("/v2/{unsigned_repo}/blobs/"))
-        })
+        .filter(|r| r.method == "GET" && r.path.starts_with(&format!("/v2/{unsigned_repo}/blobs/")))
         .count();
     assert_eq!(blobs, 0, "layers of the unsigned image were downloaded");
     policies
