@@ -740,3 +740,151 @@ async fn containerd_pulls_the_digest_the_controller_verified_and_never_an_unsign
         .await
         .unwrap();
 }
+
+/// The database revision on the Pods of `name` that are not terminating, once they all
+/// carry the same one other than `not`, are ready, and number `replicas`.
+async fn rolled_to_new_revision(f: &Fixture, name: &str, not: &str, replicas: usize) -> String {
+    eventually(
+        &format!("{name}'s Pods rolled past revision {not}"),
+        WAIT,
+        || async {
+            let pods = pods_of(f, name).await;
+            let revisions: std::collections::BTreeSet<String> = pods
+                .iter()
+                .filter_map(|p| {
+                    p.metadata
+                        .annotations
+                        .as_ref()?
+                        .get(common::names::ANNOTATION_DATABASE_REVISION)
+                        .cloned()
+                })
+                .collect();
+            let ready = pods.iter().all(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .is_some_and(|c| c.iter().all(|c| c.ready))
+            });
+            let revision = revisions.iter().next()?.clone();
+            (pods.len() == replicas && revisions.len() == 1 && revision != not && ready)
+                .then_some(revision)
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn after_a_password_and_a_ca_rotation_the_rolled_pods_connect_and_an_old_one_cannot() {
+    use k8s_openapi::api::core::v1::Secret;
+    let node = node().await;
+    let f = Fixture::setup()
+        .real_node()
+        .without_controller()
+        .await
+        .unwrap();
+    let mut pg = harness::Postgres::start_also_on(real_node::NODE_GATEWAY, real_node::POD_CIDR)
+        .await
+        .unwrap();
+    let secrets = f.api::<Secret>();
+    let mut admin: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "pg-admin"},
+        "stringData": {"username": harness::postgres::SUPERUSER, "password": pg.password()},
+    }))
+    .unwrap();
+    admin.metadata.labels = Some(
+        [(
+            common::database_class::ADMIN_SECRET_LABEL.to_owned(),
+            "true".to_owned(),
+        )]
+        .into(),
+    );
+    secrets.create(&Default::default(), &admin).await.unwrap();
+    let ca: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "pg-ca"}, "stringData": {"ca.crt": pg.ca_pem()}}),
+    )
+    .unwrap();
+    secrets.create(&Default::default(), &ca).await.unwrap();
+    let class = gateway_class(&f, &pg, "verify-full").await;
+    let metrics = Arc::new(controller::metrics::Metrics::default());
+    let _ctl = support::start_controller_with(
+        f.client.clone(),
+        &f.ns,
+        |_| {},
+        Arc::new(support::databases(&f, metrics)),
+    );
+    let app = common::testing::app("shop", &node.images().hello_v1.reference)
+        .replicas(1)
+        .database(&class)
+        .build();
+    create(&f.apps, &app).await.unwrap();
+    ready(&f, "shop", 1).await;
+    let addr = service_addr(&f, "shop").await;
+    assert_eq!(answer(&addr, "/db").await["ok"], true);
+
+    // An old Pod: the first revision's Pod template as a Pod of its own (labels the
+    // Deployment does not select), started before the rotation, as a Pod of the old
+    // ReplicaSet still running during a rollout is.
+    let first = pods_of(&f, "shop").await.remove(0);
+    let first_revision = first.metadata.annotations.as_ref().unwrap()
+        [common::names::ANNOTATION_DATABASE_REVISION]
+        .clone();
+    let mut spec = first.spec.clone().unwrap();
+    spec.node_name = None;
+    let old: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "shop-old", "labels": {"test": "old-revision"}},
+        "spec": spec,
+    }))
+    .unwrap();
+    let pods = f.api::<Pod>();
+    pods.create(&Default::default(), &old).await.unwrap();
+    let old_addr = eventually("the old Pod to be ready", WAIT, || async {
+        let pod = pods.get("shop-old").await.ok()?;
+        let status = pod.status?;
+        let ready = status.container_statuses?.iter().all(|c| c.ready);
+        ready.then(|| format!("{}:8080", status.pod_ip.unwrap()))
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer(&old_addr, "/db").await["ok"], true);
+
+    // A password rotation (the Secret deleted): the role gets a new password, the
+    // Deployment rolls, the new Pod connects; the old Pod's password is refused.
+    secrets
+        .delete("shop-database", &Default::default())
+        .await
+        .unwrap();
+    let second_revision = rolled_to_new_revision(&f, "shop", &first_revision, 1).await;
+    assert_eq!(answer(&addr, "/db").await["ok"], true);
+    let (status, body) = real_node::get(&old_addr, "/db").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("password authentication failed"), "{body}");
+
+    // A CA rotation: the server serves a new CA's certificate and the admin puts the new
+    // CA in the class's Secret; the change reaches the AppService at its next reconcile
+    // (an annotation here, the resync otherwise). The rolled Pod verifies the server.
+    pg.rotate_ca().await.unwrap();
+    secrets
+        .patch(
+            "pg-ca",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"ca.crt": pg.ca_pem()}})),
+        )
+        .await
+        .unwrap();
+    f.apps
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"real-pods-test/poke": "1"}}})),
+        )
+        .await
+        .unwrap();
+    rolled_to_new_revision(&f, "shop", &second_revision, 1).await;
+    let db = answer(&addr, "/db").await;
+    assert_eq!(
+        (db["ok"].clone(), db["tls"].clone()),
+        (json!(true), json!(true)),
+        "{db}"
+    );
+}
