@@ -391,9 +391,16 @@ async fn controller_does_its_work_with_the_charts_rbac_and_nothing_more() {
             .await
             .expect_err("deletecollection secrets")
     ));
+    // It may list Pods (why a rollout's Pods do not start, in status), nothing more.
     let pods: Api<Pod> = Api::namespaced(sa_client.clone(), &test_ns);
+    pods.list(&ListParams::default()).await.expect("list pods");
     assert!(forbidden(
-        pods.list(&ListParams::default()).await.expect_err("pods")
+        pods.get("anything").await.expect_err("get a pod")
+    ));
+    assert!(forbidden(
+        pods.delete("anything", &DeleteParams::default())
+            .await
+            .expect_err("delete a pod")
     ));
     // It may delete a Deployment (its canary, once promoted or aborted; the admission
     // policy keeps that to its own), never a collection of them.

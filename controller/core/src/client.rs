@@ -100,7 +100,12 @@ pub fn build_client_as(
             .retain(|(name, _)| name != http::header::USER_AGENT);
         config.headers.push((http::header::USER_AGENT, value));
     }
-    let builder = ClientBuilder::try_from(config)?;
+    // Fenced: the connections themselves refuse to write once the fence lapsed
+    // (`fence/wire.rs`), and each write is checked once more as it leaves the rate limit.
+    let builder = match &fence {
+        Some(fence) => crate::fence::fenced_builder(&config, fence.clone())?,
+        None => ClientBuilder::try_from(config)?,
+    };
     let pause = RetryAfter::default();
     Ok(builder
         .with_layer(&tower::util::option_layer(

@@ -11,6 +11,10 @@
 //! the lapse (a SIGSTOP, an outage), and its objects may have been moved meanwhile, so the
 //! process stops and a fresh one joins the ring as a new member.
 
+mod wire;
+
+pub use wire::{WireService, fenced_builder};
+
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -59,6 +63,17 @@ impl Fence {
             }
             None => false,
         }
+    }
+
+    /// Whether the fence, open once, has closed for good at `now` (marking it lapsed):
+    /// what a connection checks before each write to its socket. A fence never opened
+    /// is not expired (reads and Lease requests go out before the first renewal).
+    pub fn expired(&self, now: Instant) -> bool {
+        let mut s = self.lock();
+        if !s.lapsed && s.valid_until.is_some_and(|t| now >= t) {
+            s.lapsed = true;
+        }
+        s.lapsed
     }
 
     /// Whether the fence was open once and has closed for good.

@@ -488,10 +488,21 @@ async fn converge_children(
         Observation::Applied
     };
     // A rollout in progress may be waiting on Pods that will not start until someone
-    // acts; the Deployment's status does not say so, the Pods do.
+    // acts; the Deployment's status does not say so, the Pods do. Only once Pods exist
+    // that are not ready (a Deployment not yet observed, or one whose Pods are all
+    // ready, has none to ask about).
+    let unready = |d: &DeploymentView| {
+        d.status
+            .as_ref()
+            .is_some_and(|s| s.replicas.unwrap_or(0) > s.ready_replicas.unwrap_or(0))
+    };
     let trouble = match rollout_of(&deployment, canary.as_ref()).0 {
-        Rollout::InProgress { .. } => pod_trouble(ctx.client(), namespace, app.name()).await,
-        Rollout::Complete { .. } | Rollout::Stuck { .. } => None,
+        Rollout::InProgress { .. }
+            if unready(&deployment) || canary.as_ref().is_some_and(unready) =>
+        {
+            pod_trouble(ctx.client(), namespace, app.name()).await
+        }
+        Rollout::InProgress { .. } | Rollout::Complete { .. } | Rollout::Stuck { .. } => None,
     };
     let observed = Observed::new(&found)
         .external(report)
