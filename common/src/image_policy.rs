@@ -514,6 +514,16 @@ pub fn refusal(spec: &ImagePolicySpec) -> Option<String> {
 }
 
 impl ImagePolicy {
+    /// Whether the policy's `namespaceSelector` selects a namespace with `labels` (no
+    /// selector, or one [`parse_selector`] refuses, selects every namespace, as in
+    /// [`ImagePolicy::governs`]).
+    pub fn selects_namespace(&self, labels: &BTreeMap<String, String>) -> bool {
+        match &self.spec.namespace_selector {
+            Some(selector) => parse_selector(selector).map_or(true, |s| s.matches(labels)),
+            None => true,
+        }
+    }
+
     /// Whether the policy governs `image` (any reference form) run in a namespace with
     /// `labels`. A policy that cannot be evaluated governs every image it could govern:
     /// a `namespaceSelector` that [`parse_selector`] refuses selects every namespace, a
@@ -549,6 +559,25 @@ mod tests {
     }
 
     const KEY: &str = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
+
+    #[test]
+    fn a_policy_selects_the_namespaces_its_selector_matches_and_every_one_without() {
+        let labels = |name: &str| {
+            BTreeMap::from([("kubernetes.io/metadata.name".to_owned(), name.to_owned())])
+        };
+        let scoped = policy(json!({
+            "images": [{"glob": "registry.example.com/**"}],
+            "keys": [{"name": "release", "secretRef": {"name": "signing"}}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}}
+        }));
+        assert!(scoped.selects_namespace(&labels("shop")));
+        assert!(!scoped.selects_namespace(&labels("other")));
+        let everywhere = policy(json!({
+            "images": [{"glob": "registry.example.com/**"}],
+            "keys": [{"name": "release", "secretRef": {"name": "signing"}}]
+        }));
+        assert!(everywhere.selects_namespace(&labels("other")));
+    }
 
     #[test]
     fn defaults_of_a_minimal_spec() {

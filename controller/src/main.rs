@@ -152,7 +152,8 @@ async fn run(args: Args) -> Result<(), Error> {
             &args.config.lease_namespace,
             &metrics,
         )
-        .map_err(Error::Images)?;
+        .map_err(Error::Images)?
+        .scoped_to(args.config.watch_namespace.as_deref());
         Some(Arc::new(verifier) as Arc<dyn controller::image_gate::ImageGate>)
     } else {
         // Exported at 0 all the same: dashboards and alerts find the series.

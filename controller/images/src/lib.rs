@@ -194,6 +194,9 @@ pub struct Verifier {
     metrics: Arc<ImageMetrics>,
     /// The controller's metrics, where the policies' status writes count.
     writes: Arc<controller_core::metrics::Metrics>,
+    /// The one namespace the controller watches (`--watch-namespace`), if any: it writes
+    /// the status of the policies that select that namespace only.
+    scope: Option<String>,
 }
 
 impl Verifier {
@@ -235,7 +238,34 @@ impl Verifier {
             stores: OnceLock::new(),
             metrics,
             writes,
+            scope: None,
         })
+    }
+
+    /// The verifier of a controller that watches `namespace` only (`None`: every
+    /// namespace): the ImagePolicies' status it writes is that of the policies selecting
+    /// it. A policy is cluster-wide and read by every release; a release watching one
+    /// namespace, whose key Secrets live in its own namespace, must not write the verdict
+    /// of its view on a policy meant for others (two releases would flip it back and
+    /// forth).
+    pub fn scoped_to(mut self, namespace: Option<&str>) -> Self {
+        self.scope = namespace.map(str::to_owned);
+        self
+    }
+
+    /// Whether this controller writes `policy`'s status ([`Verifier::scoped_to`]).
+    pub(crate) fn writes_status_of(&self, stores: &Stores, policy: &ImagePolicy) -> bool {
+        let Some(namespace) = &self.scope else {
+            return true;
+        };
+        let labels = stores
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .and_then(|ns| ns.metadata.labels.clone())
+            .unwrap_or_else(|| {
+                BTreeMap::from([("kubernetes.io/metadata.name".to_owned(), namespace.clone())])
+            });
+        policy.selects_namespace(&labels)
     }
 
     pub fn config(&self) -> &ImageConfig {

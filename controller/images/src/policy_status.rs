@@ -1,7 +1,9 @@
 //! The ImagePolicy's status: whether the controller can use it (every key parses and,
 //! for a `secretRef`, its Secret and key exist), with the status contract kstatus reads
 //! (`Stalled` while an admin must fix it). Written by the leader, every
-//! [`INTERVAL`] and on each policy change, only when it changed.
+//! [`INTERVAL`] and on each policy change, only when it changed; by a controller that
+//! watches one namespace, only for the policies that select it
+//! ([`super::Verifier::scoped_to`]).
 
 use std::time::Duration;
 
@@ -75,6 +77,9 @@ pub async fn run(
             && let Some(stores) = verifier.stores.get()
         {
             for policy in stores.policies.state() {
+                if !verifier.writes_status_of(stores, &policy) {
+                    continue;
+                }
                 let keys = verifier.keys(&policy).await.map(|k| k.len());
                 let now = SystemClock.now();
                 let new = status_of(&policy, &keys, &now);

@@ -236,7 +236,8 @@ pub fn verifying(
         images,
         &config.lease_namespace,
         &metrics,
-    )?;
+    )?
+    .scoped_to(config.watch_namespace.as_deref());
     let hooks = Hooks {
         metrics: metrics.clone(),
         images: Some(Arc::new(verifier)),
