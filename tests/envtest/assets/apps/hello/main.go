@@ -11,8 +11,9 @@
 //	             (PGSSLROOTCERT naming the mounted CA). 200 with {"ok": true, "tls": …,
 //	             "user": …} when a query ran, 503 with {"ok": false, "error": …} when not.
 //
-// On SIGTERM it keeps serving for $HELLO_DRAIN (default 3s: long enough for kube-proxy
-// to take the Pod out of its Service), then stops accepting and exits, as an
+// On SIGTERM it keeps serving for $HELLO_DRAIN (default 10s, what a preStop sleep
+// usually gives: long enough for the EndpointSlice controller and kube-proxy to take the
+// Pod out of its Service on a busy machine), then stops accepting and exits, as an
 // application that drains does. $HELLO_LISTEN_AFTER (a Go duration) delays listening, and HELLO_LISTEN=never never
 // listens, so that tests can watch readiness gate a Service's endpoints.
 //
@@ -173,7 +174,7 @@ func main() {
 	mux.HandleFunc("GET /{$}", root)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /db", database)
-	drain := 3 * time.Second
+	drain := 10 * time.Second
 	if d := os.Getenv("HELLO_DRAIN"); d != "" {
 		wait, err := time.ParseDuration(d)
 		if err != nil {
