@@ -17,8 +17,9 @@ pub const K8S_VERSION: &str = "1.37.2";
 
 /// Binaries every control plane needs.
 pub const PLAIN_BINARIES: &[&str] = &["etcd", "kube-apiserver", "kubectl"];
-/// Binaries the full mode adds.
-pub const FULL_BINARIES: &[&str] = &["kube-controller-manager", "kube-scheduler", "kwok"];
+/// Binaries the full mode adds (kwok, for the simulated node, is built on first use:
+/// a control plane with a real node runs without it).
+pub const FULL_BINARIES: &[&str] = &["kube-controller-manager", "kube-scheduler"];
 
 /// Binaries the real node adds ([`crate::RealNode`]): the kubelet, kube-proxy, the
 /// programs of its images (hello, pause), and the registry and crane that serve and push
@@ -178,6 +179,8 @@ fn build(dir: &Path, missing: &[&str]) -> Result<PathBuf> {
     );
     let out = Command::new("bash")
         .arg(&script)
+        .arg("--only")
+        .arg(missing.join(","))
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()

@@ -481,6 +481,8 @@ impl ControlPlane {
 
     /// kwok and its one simulated Node, Ready and schedulable.
     async fn start_kwok(&self, bin: &Path, kubeconfig: &str) -> Result<()> {
+        // Built on first use (`assets::FULL_BINARIES` leaves it out): into `bin`.
+        assets::tool("kwok")?;
         let stages = self.paths.root.join("kwok-stages.yaml");
         write(&stages, KWOK_STAGES)?;
         let kwok = self.spawn(

@@ -232,7 +232,6 @@ pub(crate) const CONTROL_PLANE_ASSETS: &[&str] = &[
     "kube-controller-manager",
     "kube-scheduler",
     "kubectl",
-    "kwok",
     "kubelet",
     "kube-proxy",
     "hello",

@@ -64,12 +64,13 @@ export CGO_ENABLED=0
 export GOTOOLCHAIN=local
 export GOFLAGS="-mod=readonly -trimpath"
 
-# Seconds each build took from a cold Go cache on the 2-core reference machine: the
+# Seconds each build took from a cold Go cache on the 2-core reference machine, in this
+# order (the kubelet and kube-proxy after kube-apiserver, whose packages they share): the
 # estimate until a build here measured its own (kept in $cache/.seconds-<name>).
 declare -A reference=(
   [etcd]=75 [kube-apiserver]=420 [kube-controller-manager]=90 [kube-scheduler]=10
   [kubectl]=25 [kwok]=90 [helm]=115 [argocd-health]=5 [kstatus]=25 [registry]=75
-  [crane]=5 [cosign]=160 [kubelet]=295 [kube-proxy]=210 [hello]=15 [pause]=2
+  [crane]=5 [cosign]=160 [kubelet]=30 [kube-proxy]=15 [hello]=10 [pause]=2
 )
 order=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm
   argocd-health kstatus registry crane cosign kubelet kube-proxy hello pause)
