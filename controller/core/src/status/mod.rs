@@ -248,6 +248,15 @@ fn children_status(app: &AppService, observed: &Observed, now: &Time) -> AppServ
                 }
             });
             let (assessment, track) = rollout_of(deployment, canary);
+            // A rollout in progress whose Pod waits for a human is stuck on it.
+            let assessment = match (assessment, observed.pods) {
+                (Rollout::InProgress { ready, desired, .. }, Some(trouble)) => Rollout::Stuck {
+                    ready,
+                    desired,
+                    cause: Stuck::Pods(trouble.clone()),
+                },
+                (assessment, _) => assessment,
+            };
             let on = |track: Option<Track>| {
                 track.map_or(String::new(), |t| format!(" {}", t.describe()))
             };
@@ -263,14 +272,6 @@ fn children_status(app: &AppService, observed: &Observed, now: &Time) -> AppServ
                         )
                     };
                     verdict(&cond, Verdict::Ready { reason, message })
-                }
-                Rollout::InProgress { ready, desired, .. } if observed.pods.is_some() => {
-                    status.ready_replicas = Some(ready);
-                    let trouble = observed.pods.cloned().unwrap_or_else(|| PodTrouble {
-                        reason: String::new(),
-                        message: String::new(),
-                    });
-                    stuck(&cond, ready, desired, &Stuck::Pods(trouble), track)
                 }
                 Rollout::InProgress { ready, desired, .. } => {
                     status.ready_replicas = Some(ready);

@@ -975,3 +975,36 @@ fn a_held_appservice_reports_what_runs_with_the_holds_verdict() {
     assert_eq!(cond(&s, STALLED).status, FALSE);
     assert_eq!(s.ready_replicas, Some(3));
 }
+
+#[test]
+fn a_pod_the_kubelet_will_not_start_stalls_an_unfinished_rollout_and_not_a_complete_one() {
+    let a = app(3, 1);
+    let trouble = crate::pod_trouble::PodTrouble {
+        reason: "CreateContainerConfigError".into(),
+        message: "Pod web-1: container app: CreateContainerConfigError: container has runAsNonRoot and image will run as root".into(),
+    };
+    let rolling = blocked(3, 1, vec![]);
+    let observed = Observed::new(&Observation::Applied)
+        .deployments(Some(&rolling), None)
+        .pods(Some(&trouble));
+    let s = status_of(&a, &observed, &at(1));
+    let ready = cond(&s, READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        (FALSE, reasons::PODS_FAILING)
+    );
+    assert_eq!(
+        ready.message,
+        format!("1/3 replicas ready; {}", trouble.message)
+    );
+    assert_eq!(cond(&s, STALLED).status, TRUE);
+    assert_eq!(cond(&s, RECONCILING).status, FALSE);
+
+    // A complete rollout is complete, whatever a Pod said.
+    let done = deployment(3, 1, healthy(3));
+    let observed = Observed::new(&Observation::Applied)
+        .deployments(Some(&done), None)
+        .pods(Some(&trouble));
+    let s = status_of(&a, &observed, &at(2));
+    assert_eq!(cond(&s, READY).status, TRUE);
+}
