@@ -262,20 +262,31 @@ impl Registry {
         )
         .map_err(io(format!("writing {}", layer.display())))?;
         let reference = format!("{}/{repo}:{tag}", self.host());
-        let layer_arg = layer.display().to_string();
-        let pushed = self
-            .crane(&[
-                "append",
-                "--oci-empty-base",
-                "--new_layer",
-                &layer_arg,
-                "--new_tag",
-                &reference,
-            ])
-            .await;
+        let pushed = self.append(&layer, &reference).await;
         let _ = std::fs::remove_file(&layer);
         pushed?;
-        let digest = self.crane(&["digest", &reference]).await?;
+        self.digest(&reference).await
+    }
+
+    /// Pushes `reference`: an image with no base and the one layer in the tar file
+    /// `layer` (`crane append --oci-empty-base`).
+    pub async fn append(&self, layer: &Path, reference: &str) -> Result<()> {
+        let layer = layer.display().to_string();
+        self.crane(&[
+            "append",
+            "--oci-empty-base",
+            "--new_layer",
+            &layer,
+            "--new_tag",
+            reference,
+        ])
+        .await
+        .map(drop)
+    }
+
+    /// The manifest digest (`sha256:…`) of `reference` in this registry.
+    pub async fn digest(&self, reference: &str) -> Result<String> {
+        let digest = self.crane(&["digest", reference]).await?;
         let digest = digest.trim().to_owned();
         if digest.starts_with("sha256:") {
             Ok(digest)

@@ -4,7 +4,7 @@
 //! to the harness's registry.
 
 use crate::assets::tool;
-use crate::error::{Error, Result, io};
+use crate::error::{Result, io};
 use crate::registry::{Registry, TarEntry, tar_of};
 
 /// The non-root user of the images (distroless' `nonroot`).
@@ -127,17 +127,7 @@ pub async fn push(registry: &Registry, spec: ImageSpec<'_>) -> Result<Image> {
     std::fs::write(&layer, tar).map_err(io(format!("writing {}", layer.display())))?;
     let repository = format!("{}/{}", registry.host(), spec.repo);
     let reference = format!("{repository}:{}", spec.tag);
-    let layer_arg = layer.display().to_string();
-    registry
-        .crane(&[
-            "append",
-            "--oci-empty-base",
-            "--new_layer",
-            &layer_arg,
-            "--new_tag",
-            &reference,
-        ])
-        .await?;
+    registry.append(&layer, &reference).await?;
     let entrypoint = format!("/{}", spec.program);
     let mut args = vec![
         "mutate".to_owned(),
@@ -157,13 +147,7 @@ pub async fn push(registry: &Registry, spec: ImageSpec<'_>) -> Result<Image> {
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     registry.crane(&args).await?;
-    let digest = registry.crane(&["digest", &reference]).await?;
-    let digest = digest.trim().to_owned();
-    if !digest.starts_with("sha256:") {
-        return Err(Error::Registry(format!(
-            "crane digest {reference} printed {digest:?}, not a sha256 digest"
-        )));
-    }
+    let digest = registry.digest(&reference).await?;
     Ok(Image {
         reference,
         repository,
