@@ -68,7 +68,7 @@ struct Binaries {
 }
 
 /// What the demo runs, built side by side where it is missing: the control plane's
-/// binaries from their Go modules (`crate::CONTROL_PLANE_ASSETS`, nothing the tests alone
+/// binaries from their Go modules (`crate::control_plane_assets`, nothing the tests alone
 /// need), PostgreSQL from Debian's package, and the webhook and the controller. Says what
 /// is built and how long it should take; returns the asset directory and the binaries.
 fn build(root: &Path) -> Result<(PathBuf, Binaries)> {
@@ -76,9 +76,9 @@ fn build(root: &Path) -> Result<(PathBuf, Binaries)> {
     println!(
         "the demo runs a control plane ({}), PostgreSQL, and appservice-webhook and \
          appservice-controller; building what is missing, the Go binaries beside the Rust ones",
-        crate::CONTROL_PLANE_ASSETS.join(", ")
+        crate::control_plane_assets().join(", ")
     );
-    let assets = std::thread::spawn(|| crate::assets_only(false, crate::CONTROL_PLANE_ASSETS));
+    let assets = std::thread::spawn(|| crate::assets_only(false, &crate::control_plane_assets()));
     let packages = std::thread::spawn(crate::ensure_packages);
     let binaries = timed_cargo_build(root);
     let bin = crate::joined(assets, "the asset build")?;

@@ -225,20 +225,11 @@ pub(crate) fn assets(force: bool) -> Result<PathBuf> {
 }
 
 /// The binaries a control plane with a real node needs (`cargo xtask up --full` and
-/// `demo`): no chart, signing or health tools.
-pub(crate) const CONTROL_PLANE_ASSETS: &[&str] = &[
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubectl",
-    "kubelet",
-    "kube-proxy",
-    "hello",
-    "pause",
-    "registry",
-    "crane",
-];
+/// `demo`), as the harness names them: no chart, signing or health tools.
+pub(crate) fn control_plane_assets() -> Vec<&'static str> {
+    use harness::assets::{FULL_BINARIES, NODE_BINARIES, PLAIN_BINARIES};
+    [PLAIN_BINARIES, FULL_BINARIES, NODE_BINARIES].concat()
+}
 
 /// [`assets`], building only `only` (every asset when empty).
 pub(crate) fn assets_only(force: bool, only: &[&str]) -> Result<PathBuf> {
@@ -430,7 +421,7 @@ pub(crate) fn target_dir(root: &Path) -> PathBuf {
 /// Runs the harness's control plane until Ctrl-C or SIGTERM. Every component is killed
 /// when this process exits, however it exits (see the harness's `process` module).
 fn up(full: bool) -> Result<()> {
-    let bin = assets_only(false, CONTROL_PLANE_ASSETS)?;
+    let bin = assets_only(false, &control_plane_assets())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
