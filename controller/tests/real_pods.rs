@@ -87,6 +87,49 @@ async fn service_addr(f: &Fixture, name: &str) -> String {
     )
 }
 
+/// A merge patch of AppService `name`.
+async fn merge(f: &Fixture, name: &str, patch: Value) {
+    f.apps
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
+/// How many endpoints the EndpointSlices of Service `name` hold ready (`None` when they
+/// cannot be listed).
+async fn ready_endpoints(f: &Fixture, name: &str) -> Option<usize> {
+    let slices = f
+        .api::<EndpointSlice>()
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={name}")))
+        .await
+        .ok()?;
+    Some(
+        slices
+            .items
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+            .count(),
+    )
+}
+
+/// PostgreSQL listening on the node's gateway for the Pods, its admin and CA Secrets in
+/// the test's namespace, and a controller with the real database step.
+async fn with_database(f: &Fixture) -> (harness::Postgres, support::Running) {
+    let pg = harness::Postgres::start_also_on(real_node::NODE_GATEWAY, real_node::POD_CIDR)
+        .await
+        .unwrap();
+    support::database_secrets(f, &pg, None).await.unwrap();
+    let metrics = Arc::new(controller::metrics::Metrics::default());
+    let ctl = support::start_controller_with(
+        f.client.clone(),
+        &f.ns,
+        |_| {},
+        Arc::new(support::databases(f, metrics)),
+    );
+    (pg, ctl)
+}
+
 /// The JSON answer of `GET path` through `addr`, once it answers 200.
 async fn answer(addr: &str, path: &str) -> Value {
     eventually(&format!("GET {addr}{path} to answer 200"), WAIT, || async {
@@ -192,14 +235,12 @@ async fn an_image_whose_user_is_root_is_refused_by_the_kubelet_and_status_says_w
     assert_eq!(stalled, TRUE);
 
     // Fixing the image is all it takes.
-    f.apps
-        .patch(
-            "rooted",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"image": node.images().hello_v1.reference}})),
-        )
-        .await
-        .unwrap();
+    merge(
+        &f,
+        "rooted",
+        json!({"spec": {"image": node.images().hello_v1.reference}}),
+    )
+    .await;
     ready(&f, "rooted", 1).await;
     let addr = service_addr(&f, "rooted").await;
     assert_eq!(answer(&addr, "/").await["uid"], 65532);
@@ -225,18 +266,7 @@ async fn readiness_keeps_an_application_that_does_not_listen_out_of_its_service(
     })
     .await
     .unwrap();
-    let slices = f
-        .api::<EndpointSlice>()
-        .list(&ListParams::default().labels("kubernetes.io/service-name=mute"))
-        .await
-        .unwrap();
-    let ready_endpoints = slices
-        .items
-        .iter()
-        .flat_map(|s| s.endpoints.iter().flatten())
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-        .count();
-    assert_eq!(ready_endpoints, 0, "{slices:?}");
+    assert_eq!(ready_endpoints(&f, "mute").await, Some(0));
     let addr = service_addr(&f, "mute").await;
     let refused = real_node::get(&addr, "/").await;
     assert!(
@@ -251,14 +281,7 @@ async fn readiness_keeps_an_application_that_does_not_listen_out_of_its_service(
     );
 
     // Once it listens, it is ready and answers.
-    f.apps
-        .patch(
-            "mute",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"env": null}})),
-        )
-        .await
-        .unwrap();
+    merge(&f, "mute", json!({"spec": {"env": null}})).await;
     ready(&f, "mute", 1).await;
     assert_eq!(answer(&addr, "/").await["version"], "v1");
 }
@@ -350,20 +373,7 @@ async fn a_canary_takes_its_share_of_requests_and_promotion_and_abort_fail_none(
     eventually(
         "the Service's EndpointSlice to hold 4 ready endpoints",
         WAIT,
-        || async {
-            let slices = f
-                .api::<EndpointSlice>()
-                .list(&ListParams::default().labels("kubernetes.io/service-name=shop"))
-                .await
-                .ok()?;
-            let ready = slices
-                .items
-                .iter()
-                .flat_map(|s| s.endpoints.iter().flatten())
-                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-                .count();
-            (ready == 4).then_some(())
-        },
+        || async { (ready_endpoints(&f, "shop").await? == 4).then_some(()) },
     )
     .await
     .unwrap();
@@ -401,14 +411,12 @@ async fn a_canary_takes_its_share_of_requests_and_promotion_and_abort_fail_none(
 
     // Promote (one edit): v2 replaces v1 under steady traffic, nothing fails.
     let traffic = Traffic::start(addr.clone());
-    f.apps
-        .patch(
-            "shop",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"image": v2.reference, "canary": null}})),
-        )
-        .await
-        .unwrap();
+    merge(
+        &f,
+        "shop",
+        json!({"spec": {"image": v2.reference, "canary": null}}),
+    )
+    .await;
     ready(&f, "shop", 4).await;
     eventually("only v2 Pods left", WAIT, || async {
         let pods = pods_of(&f, "shop").await;
@@ -423,25 +431,16 @@ async fn a_canary_takes_its_share_of_requests_and_promotion_and_abort_fail_none(
     assert!(versions.get("v2").copied().unwrap_or(0) > 0, "{versions:?}");
 
     // A new canary (v1), then abort it (one edit): v2 alone answers, nothing fails.
-    f.apps
-        .patch(
-            "shop",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"canary": {"image": v1.reference, "replicas": 1}}})),
-        )
-        .await
-        .unwrap();
+    merge(
+        &f,
+        "shop",
+        json!({"spec": {"canary": {"image": v1.reference, "replicas": 1}}}),
+    )
+    .await;
     ready(&f, "shop", 4).await;
     answer(&addr, "/").await;
     let traffic = Traffic::start(addr.clone());
-    f.apps
-        .patch(
-            "shop",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"canary": null}})),
-        )
-        .await
-        .unwrap();
+    merge(&f, "shop", json!({"spec": {"canary": null}})).await;
     ready(&f, "shop", 4).await;
     // Gone, not only terminating: a terminating Pod serves while it drains.
     eventually("the canary's Pod to be gone", WAIT, || async {
@@ -558,51 +557,13 @@ async fn gateway_class(f: &Fixture, pg: &harness::Postgres, mode: &str) -> Strin
 
 #[tokio::test]
 async fn the_application_reaches_its_database_in_each_tls_mode_with_only_what_its_pod_gets() {
-    use k8s_openapi::api::core::v1::Secret;
     let node = node().await;
     let f = Fixture::setup()
         .real_node()
         .without_controller()
         .await
         .unwrap();
-    let pg = harness::Postgres::start_also_on(real_node::NODE_GATEWAY, real_node::POD_CIDR)
-        .await
-        .unwrap();
-    let secret = |name: &str, data: Value, admin: bool| -> Secret {
-        let mut s: Secret =
-            serde_json::from_value(json!({"metadata": {"name": name}, "stringData": data}))
-                .unwrap();
-        if admin {
-            s.metadata.labels = Some(
-                [(
-                    common::database_class::ADMIN_SECRET_LABEL.to_owned(),
-                    "true".to_owned(),
-                )]
-                .into(),
-            );
-        }
-        s
-    };
-    let secrets = f.api::<Secret>();
-    let admin = json!({"username": harness::postgres::SUPERUSER, "password": pg.password()});
-    secrets
-        .create(&Default::default(), &secret("pg-admin", admin, true))
-        .await
-        .unwrap();
-    secrets
-        .create(
-            &Default::default(),
-            &secret("pg-ca", json!({"ca.crt": pg.ca_pem()}), false),
-        )
-        .await
-        .unwrap();
-    let metrics = Arc::new(controller::metrics::Metrics::default());
-    let _ctl = support::start_controller_with(
-        f.client.clone(),
-        &f.ns,
-        |_| {},
-        Arc::new(support::databases(&f, metrics)),
-    );
+    let (pg, _ctl) = with_database(&f).await;
 
     let modes = ["verify-full", "require", "disable"];
     for mode in modes {
@@ -776,43 +737,15 @@ async fn rolled_to_new_revision(f: &Fixture, name: &str, not: &str, replicas: us
 
 #[tokio::test]
 async fn after_a_password_and_a_ca_rotation_the_rolled_pods_connect_and_an_old_one_cannot() {
-    use k8s_openapi::api::core::v1::Secret;
     let node = node().await;
     let f = Fixture::setup()
         .real_node()
         .without_controller()
         .await
         .unwrap();
-    let mut pg = harness::Postgres::start_also_on(real_node::NODE_GATEWAY, real_node::POD_CIDR)
-        .await
-        .unwrap();
-    let secrets = f.api::<Secret>();
-    let mut admin: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "pg-admin"},
-        "stringData": {"username": harness::postgres::SUPERUSER, "password": pg.password()},
-    }))
-    .unwrap();
-    admin.metadata.labels = Some(
-        [(
-            common::database_class::ADMIN_SECRET_LABEL.to_owned(),
-            "true".to_owned(),
-        )]
-        .into(),
-    );
-    secrets.create(&Default::default(), &admin).await.unwrap();
-    let ca: Secret = serde_json::from_value(
-        json!({"metadata": {"name": "pg-ca"}, "stringData": {"ca.crt": pg.ca_pem()}}),
-    )
-    .unwrap();
-    secrets.create(&Default::default(), &ca).await.unwrap();
+    let (mut pg, _ctl) = with_database(&f).await;
+    let secrets = f.api::<k8s_openapi::api::core::v1::Secret>();
     let class = gateway_class(&f, &pg, "verify-full").await;
-    let metrics = Arc::new(controller::metrics::Metrics::default());
-    let _ctl = support::start_controller_with(
-        f.client.clone(),
-        &f.ns,
-        |_| {},
-        Arc::new(support::databases(&f, metrics)),
-    );
     let app = common::testing::app("shop", &node.images().hello_v1.reference)
         .replicas(1)
         .database(&class)
@@ -872,14 +805,12 @@ async fn after_a_password_and_a_ca_rotation_the_rolled_pods_connect_and_an_old_o
         )
         .await
         .unwrap();
-    f.apps
-        .patch(
-            "shop",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"real-pods-test/poke": "1"}}})),
-        )
-        .await
-        .unwrap();
+    merge(
+        &f,
+        "shop",
+        json!({"metadata": {"annotations": {"real-pods-test/poke": "1"}}}),
+    )
+    .await;
     rolled_to_new_revision(&f, "shop", &second_revision, 1).await;
     let db = answer(&addr, "/db").await;
     assert_eq!(

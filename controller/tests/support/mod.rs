@@ -384,15 +384,14 @@ pub async fn reconciled_since(metrics: &Metrics, before: u64, what: &str) -> any
     Ok(())
 }
 
-/// A DatabaseClass named after the test's namespace for the server `pg` (verify-full,
-/// its CA and admin Secrets in the test's namespace), with `policy`, and the admin
-/// password `admin_password` (the real one when `None`). Returns the class's name.
-pub async fn database_class(
+/// The Secrets a DatabaseClass for `pg` names, in the test's namespace: `pg-admin`
+/// (opted in as a class's login; the admin password `admin_password`, the real one when
+/// `None`) and `pg-ca` (the server's CA).
+pub async fn database_secrets(
     fixture: &Fixture,
     pg: &harness::Postgres,
-    policy: &str,
     admin_password: Option<&str>,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::Secret;
     use serde_json::json;
     let secrets: Api<Secret> = fixture.api();
@@ -429,6 +428,20 @@ pub async fn database_class(
             &secret("pg-ca", json!({"ca.crt": pg.ca_pem()}))?,
         )
         .await?;
+    Ok(())
+}
+
+/// A DatabaseClass named after the test's namespace for the server `pg` (verify-full,
+/// its CA and admin Secrets in the test's namespace), with `policy`, and the admin
+/// password `admin_password` (the real one when `None`). Returns the class's name.
+pub async fn database_class(
+    fixture: &Fixture,
+    pg: &harness::Postgres,
+    policy: &str,
+    admin_password: Option<&str>,
+) -> anyhow::Result<String> {
+    use serde_json::json;
+    database_secrets(fixture, pg, admin_password).await?;
     let class = format!("{}-pg", fixture.ns.name());
     let classes: Api<common::DatabaseClass> = Api::all(fixture.client.clone());
     let object: common::DatabaseClass = serde_json::from_value(json!({
