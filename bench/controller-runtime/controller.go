@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,13 +58,14 @@ type AppServiceReconciler struct {
 	Recorder recorder.EventRecorder
 }
 
-// SetupWithManager registers the controller: For AppServices, Owns Deployments and
-// Services (each cached in full by the manager's default cache).
+// SetupWithManager registers the controller: For AppServices, Owns Deployments,
+// Services and PodDisruptionBudgets (each cached in full by the manager's default cache).
 func (r *AppServiceReconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&AppService{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
 		Named("appservice").
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
@@ -151,6 +153,9 @@ func (r *AppServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if op != controllerutil.OperationResultNone {
 		apiWrites.WithLabelValues("services").Inc()
 	}
+	if err := r.convergeBudget(ctx, &app); err != nil {
+		return ctrl.Result{}, fmt.Errorf("poddisruptionbudget: %w", err)
+	}
 
 	if err := r.writeStatus(ctx, &app, appliedStatus(&app, deployment)); err != nil {
 		return ctrl.Result{}, err
@@ -159,6 +164,36 @@ func (r *AppServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{RequeueAfter: rolloutRequeue}, nil
 	}
 	return ctrl.Result{RequeueAfter: resyncInterval}, nil
+}
+
+// convergeBudget makes the PodDisruptionBudget of an AppService with two or more
+// replicas, and deletes the one it controls below that (as the Rust controller does).
+// A budget someone else holds under the name is left alone.
+func (r *AppServiceReconciler) convergeBudget(ctx context.Context, app *AppService) error {
+	budget := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: app.Name, Namespace: app.Namespace}}
+	if app.Spec.ReplicasOrDefault() < minReplicasForBudget {
+		if err := r.Get(ctx, client.ObjectKeyFromObject(budget), budget); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if !metav1.IsControlledBy(budget, app) {
+			return nil
+		}
+		if err := r.Delete(ctx, budget, client.Preconditions{UID: &budget.UID}); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		apiWrites.WithLabelValues("poddisruptionbudgets").Inc()
+		return nil
+	}
+	op, err := controllerutil.CreateOrUpdate(ctx, r.Client, budget, func() error {
+		return mutateBudget(budget, app, r.Scheme)
+	})
+	if err != nil {
+		return err
+	}
+	if op != controllerutil.OperationResultNone {
+		apiWrites.WithLabelValues("poddisruptionbudgets").Inc()
+	}
+	return nil
 }
 
 // taken reads the child named like the AppService from the cache into obj and says

@@ -14,6 +14,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -110,6 +111,23 @@ func mutateDeployment(d *appsv1.Deployment, app *AppService, scheme *runtime.Sch
 		TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)},
 	}
 	d.Spec.Template.Spec.Containers = containers
+	return nil
+}
+
+// minReplicasForBudget: common/src/names.rs MIN_REPLICAS_FOR_BUDGET.
+const minReplicasForBudget = 2
+
+// mutateBudget makes b the PodDisruptionBudget of app (controller/core/src/desired/disruption.rs).
+func mutateBudget(b *policyv1.PodDisruptionBudget, app *AppService, scheme *runtime.Scheme) error {
+	b.Labels = withLabels(b.Labels, childLabels(app.Name))
+	if err := controllerutil.SetControllerReference(app, b, scheme); err != nil {
+		return err
+	}
+	one := intstr.FromInt32(1)
+	b.Spec.MaxUnavailable = &one
+	b.Spec.MinAvailable = nil
+	b.Spec.Selector = &metav1.LabelSelector{MatchLabels: selectorLabels(app.Name)}
+	b.Spec.UnhealthyPodEvictionPolicy = ptr.To(policyv1.AlwaysAllow)
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -109,7 +110,7 @@ func run(watchNamespace, leaseNamespace string, leaderElection bool, opsAddr str
 
 	healthzHandler := &healthz.Handler{Checks: map[string]healthz.Checker{"ping": healthz.Ping}}
 	readyzHandler := &healthz.Handler{Checks: map[string]healthz.Checker{
-		"informers": informersSynced(mgr.GetCache(), &AppService{}, &appsv1.Deployment{}, &corev1.Service{}),
+		"informers": informersSynced(mgr.GetCache(), &AppService{}, &appsv1.Deployment{}, &corev1.Service{}, &policyv1.PodDisruptionBudget{}),
 	}}
 	for path, h := range map[string]http.Handler{"/healthz": healthzHandler, "/readyz": readyzHandler} {
 		if err := mgr.AddMetricsServerExtraHandler(path, http.StripPrefix(path, h)); err != nil {

@@ -178,6 +178,23 @@ pub fn service_name(app: &str) -> String {
     app.to_owned()
 }
 
+/// Name of the PodDisruptionBudget of an AppService (while it runs two or more Pods).
+pub fn budget_name(app: &str) -> String {
+    app.to_owned()
+}
+
+/// The fewest Pods an AppService runs for it to get a PodDisruptionBudget: with one Pod,
+/// a budget that allows no eviction would block every node drain, and one that allows
+/// one protects nothing.
+pub const MIN_REPLICAS_FOR_BUDGET: i32 = 2;
+
+/// The node label the Pods of an AppService are spread over by default.
+pub const SPREAD_TOPOLOGY_KEY: &str = "kubernetes.io/hostname";
+
+/// The entries of the Pod template's `topologySpreadConstraints` the controller owns,
+/// by `topologyKey` (as [`OWNED_POD_VOLUMES`] by name); others' entries are theirs.
+pub const OWNED_SPREAD_KEYS: [&str; 1] = [SPREAD_TOPOLOGY_KEY];
+
 /// What follows the AppService's name in the name of its credentials Secret.
 pub const DATABASE_SECRET_SUFFIX: &str = "-database";
 

@@ -29,13 +29,15 @@ use serde_json::{Value, json};
 const APP: &str = "/apis/platform.example.com/v1beta1/namespaces/shop/appservices/web";
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/shop/deployments";
 const SERVICES: &str = "/api/v1/namespaces/shop/services";
+const BUDGETS: &str = "/apis/policy/v1/namespaces/shop/poddisruptionbudgets";
 const MERGE: &str = "application/merge-patch+json";
 const APPLY: &str = "application/apply-patch+yaml";
 
-/// An AppService as the API server stores it, at resourceVersion 7.
+/// An AppService as the API server stores it, at resourceVersion 7: one Pod, so no
+/// disruption budget (its place in a pass is a test of its own).
 fn app() -> AppService {
     let mut app = common::testing::app("web", "registry.example.com/web:v1")
-        .replicas(2)
+        .replicas(1)
         .port(8080)
         .namespace("shop")
         .uid("0f3c2a1b-9d8e-4f7a-b6c5-d4e3f2a1b0c9")
@@ -101,7 +103,7 @@ fn server(
                 live["metadata"]["resourceVersion"] = version;
                 (200, live.clone())
             }
-            ("POST", path, _) if path == DEPLOYMENTS || path == SERVICES => {
+            ("POST", path, _) if path == DEPLOYMENTS || path == SERVICES || path == BUDGETS => {
                 let mut created = r.body.clone();
                 created["metadata"]["uid"] = json!(format!("child-{n}"));
                 created["metadata"]["resourceVersion"] = version;
@@ -241,6 +243,60 @@ async fn a_new_app_gets_the_finalizer_first_then_its_children_then_one_status_wr
     let ready = condition(&seen[3].body, READY);
     assert_eq!(ready["status"], FALSE, "{ready}");
     assert_eq!(seen[3].body["status"]["observedGeneration"], 1);
+}
+
+/// Two Pods: the budget is created beside the Deployment, after the Service, in the same
+/// pass; a name someone took for it is refused and nothing created is undone.
+#[tokio::test]
+async fn an_app_of_two_pods_gets_its_budget_beside_its_deployment() {
+    let mut app = app();
+    app.spec.replicas = Some(2);
+    let (result, seen) = pass(&app, config(), Provider::default(), plain(&app)).await;
+    result.expect("the pass succeeds");
+    let lines = lines_of(&seen);
+    assert_eq!(lines.len(), 5, "{lines:#?}");
+    assert_eq!(lines[1], format!("POST {SERVICES} application/json"));
+    let mut children = lines[2..4].to_vec();
+    children.sort();
+    assert_eq!(
+        children,
+        [
+            format!("POST {DEPLOYMENTS} application/json"),
+            format!("POST {BUDGETS} application/json"),
+        ]
+    );
+    assert_eq!(lines[4], format!("PATCH {APP}/status {APPLY}"));
+    let budget = seen
+        .iter()
+        .find(|s| s.path == BUDGETS)
+        .expect("the budget's create");
+    assert_eq!(budget.body["spec"]["maxUnavailable"], 1);
+    assert_eq!(
+        budget.body["metadata"]["ownerReferences"][0]["uid"],
+        "0f3c2a1b-9d8e-4f7a-b6c5-d4e3f2a1b0c9"
+    );
+
+    let answer = server(&app, json!({}), move |r| {
+        (r.method == "POST" && r.path == BUDGETS).then(|| (409, status(409, "AlreadyExists")))
+    });
+    let (result, seen) = pass(&app, config(), Provider::default(), answer).await;
+    let error = result.expect_err("a refused create fails the pass");
+    assert_eq!(error.retry(), Retry::Conflict, "{error}");
+    let mut lines = lines_of(&seen);
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            format!("PATCH {APP} {MERGE}"),
+            format!("POST {SERVICES} application/json"),
+            format!("POST {DEPLOYMENTS} application/json"),
+            format!("POST {BUDGETS} application/json"),
+        ]
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect::<Vec<_>>()
+    );
 }
 
 /// A name someone took after the caches last heard: the create of that child is refused

@@ -22,8 +22,9 @@ use harness::eventually;
 use harness::real_node::{self, RealNode};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{EvictParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::{Fixture, condition, create};
 
@@ -818,4 +819,91 @@ async fn after_a_password_and_a_ca_rotation_the_rolled_pods_connect_and_an_old_o
         (json!(true), json!(true)),
         "{db}"
     );
+}
+
+/// How many evictions the budget of `name` allows now, once the disruption controller
+/// has counted `pods` healthy Pods of it.
+async fn evictions_allowed(f: &Fixture, name: &str, pods: i32) -> i32 {
+    let budgets = f.api::<PodDisruptionBudget>();
+    eventually(
+        &format!("{name}'s budget counting {pods} healthy Pods"),
+        WAIT,
+        || async {
+            let b = budgets.get(name).await?;
+            let status = b.status.unwrap_or_default();
+            let counted = status.current_healthy == Some(pods)
+                && status.expected_pods == Some(pods)
+                && status.observed_generation == b.metadata.generation;
+            Ok(counted.then_some(status.disruptions_allowed.unwrap_or(0)))
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// A drain as `kubectl drain` does it: the `pods/eviction` subresource, Pod by Pod. The
+/// real API server lets the budget's one disruption through, refuses the next while the
+/// replacement is not ready (429), and lets it through once it is; the application
+/// answers every request meanwhile.
+#[tokio::test]
+async fn a_drain_evicts_one_pod_at_a_time_and_the_application_answers_throughout() {
+    let node = node().await;
+    let (f, _ctl) = Fixture::setup().real_node().start().await.unwrap();
+    create(
+        &f.apps,
+        &hello("drained", &node.images().hello_v1.reference, 2),
+    )
+    .await
+    .unwrap();
+    ready(&f, "drained", 2).await;
+    let addr = service_addr(&f, "drained").await;
+    answer(&addr, "/").await;
+    assert_eq!(evictions_allowed(&f, "drained", 2).await, 1);
+    // A client that reports a refusal (kube's default one retries a 429 until it passes,
+    // as `kubectl drain` would, only quietly).
+    let mut config = harness::shared_real_node().await.unwrap().admin_config();
+    config.default_retry = false;
+    let pods: kube::Api<Pod> =
+        kube::Api::namespaced(kube::Client::try_from(config).unwrap(), &f.ns);
+    let names: Vec<String> = pods_of(&f, "drained")
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+
+    let traffic = Traffic::start(addr.clone());
+    pods.evict(&names[0], &EvictParams::default())
+        .await
+        .expect("the first eviction is within the budget");
+    match pods.evict(&names[1], &EvictParams::default()).await {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 429, "{status:?}");
+            assert!(status.message.contains("disruption budget"), "{status:?}");
+        }
+        other => panic!(
+            "the second eviction must be refused while the first Pod's replacement is not ready: {other:?}"
+        ),
+    }
+    // The replacement ready, the budget allows one again: the second Pod may go.
+    ready(&f, "drained", 2).await;
+    assert_eq!(evictions_allowed(&f, "drained", 2).await, 1);
+    pods.evict(&names[1], &EvictParams::default())
+        .await
+        .expect("the second eviction once the replacement is ready");
+    ready(&f, "drained", 2).await;
+    eventually("both first Pods gone, two new ones ready", WAIT, || async {
+        let now: Vec<String> = pods_of(&f, "drained")
+            .await
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        (now.len() == 2 && !now.iter().any(|n| names.contains(n))).then_some(())
+    })
+    .await
+    .unwrap();
+    answer(&addr, "/").await;
+    let (versions, failed, last) = traffic.finish().await;
+    assert_eq!(failed, 0, "requests failed during the drain: {last:?}");
+    assert!(versions.get("v1").copied().unwrap_or(0) > 0, "{versions:?}");
 }

@@ -566,6 +566,12 @@ fn rbac_is_exactly_what_the_controller_uses() {
         // delete: the canary Deployment once promoted or aborted.
         ("apps", "deployments", "get,list,watch,create,patch,delete"),
         ("", "services", "get,list,watch,create,patch"),
+        // delete: the budget of an AppService scaled below two Pods.
+        (
+            "policy",
+            "poddisruptionbudgets",
+            "get,list,watch,create,patch,delete",
+        ),
         // Why a rollout's Pods do not start (the kubelet's waiting reason, in status).
         ("", "pods", "list"),
         ("events.k8s.io", "events", "create,patch"),
@@ -718,6 +724,7 @@ fn the_controllers_admission_policy_and_flag_share_one_list() {
     let rules = &policy["spec"]["matchConstraints"]["resourceRules"];
     assert_eq!(rules[0]["resources"], json!(["deployments"]));
     assert_eq!(rules[1]["resources"], json!(["services", "secrets"]));
+    assert_eq!(rules[2]["resources"], json!(["poddisruptionbudgets"]));
     for rule in rules.as_array().unwrap() {
         assert_eq!(rule["operations"], json!(["CREATE", "UPDATE", "DELETE"]));
     }

@@ -116,6 +116,8 @@ rules:
     resources: ["deployments"]
   - group: ""
     resources: ["services", "secrets"]
+  - group: "policy"
+    resources: ["poddisruptionbudgets"]
 - level: None
 "#;
 

@@ -175,6 +175,7 @@ pub fn is_bench_run(bench: bool, title: &str, name: &str) -> bool {
 pub const CONTROLLER_RESOURCES: &[(&str, &str)] = &[
     ("deployments", ""),
     ("services", ""),
+    ("poddisruptionbudgets", ""),
     ("appservices", ""),
     ("appservices", "status"),
 ];

@@ -10,6 +10,7 @@ use std::time::Instant;
 use common::{AppService, AppServiceStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
@@ -23,7 +24,7 @@ use crate::external::External;
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::status::Clock;
-use crate::view::{DeploymentView, ServiceView};
+use crate::view::{BudgetView, DeploymentView, ServiceView};
 
 /// Initial-list completion of the caches, set from their watch streams.
 #[derive(Debug, Default)]
@@ -31,8 +32,10 @@ pub struct CacheSync {
     pub appservices: AtomicBool,
     pub deployments: AtomicBool,
     pub services: AtomicBool,
+    pub budgets: AtomicBool,
     pub other_deployments: AtomicBool,
     pub other_services: AtomicBool,
+    pub other_budgets: AtomicBool,
 }
 
 impl CacheSync {
@@ -41,8 +44,10 @@ impl CacheSync {
             &self.appservices,
             &self.deployments,
             &self.services,
+            &self.budgets,
             &self.other_deployments,
             &self.other_services,
+            &self.other_budgets,
         ]
         .iter()
         .all(|f| f.load(Ordering::Relaxed))
@@ -54,9 +59,11 @@ pub struct Caches {
     /// Our children (labelled `managed-by=appservice-operator`), as views.
     pub deployments: Store<DeploymentView>,
     pub services: Store<ServiceView>,
-    /// The names of Deployments and Services without that label.
+    pub budgets: Store<BudgetView>,
+    /// The names of Deployments, Services and PodDisruptionBudgets without that label.
     pub other_deployments: Store<PartialObjectMeta<Deployment>>,
     pub other_services: Store<PartialObjectMeta<Service>>,
+    pub other_budgets: Store<PartialObjectMeta<PodDisruptionBudget>>,
     /// Which caches have completed their initial list.
     pub synced: Arc<CacheSync>,
 }

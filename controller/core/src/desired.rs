@@ -25,7 +25,10 @@ use kube::Resource;
 use crate::external::PodAdditions;
 use crate::subject::Subject;
 
+mod disruption;
 mod security;
+
+pub use disruption::desired_budget;
 
 /// Name of the application container in the Pod template.
 pub const CONTAINER_NAME: &str = "app";
@@ -63,7 +66,7 @@ pub fn owner_reference(app: &Subject) -> OwnerReference {
 }
 
 /// Metadata of a child named `name`: same namespace, child labels, our owner reference.
-fn child_metadata(app: &Subject, name: String) -> ObjectMeta {
+pub(crate) fn child_metadata(app: &Subject, name: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
         namespace: Some(app.namespace().to_owned()),
@@ -202,7 +205,7 @@ fn build_deployment(app: &Subject, pod: &PodAdditions, track: Track<'_>) -> Depl
         spec: DeploymentSpec {
             replicas: Some(track.replicas),
             selector: LabelSelector {
-                match_labels: Some(track.selector),
+                match_labels: Some(track.selector.clone()),
                 ..LabelSelector::default()
             },
             template: PodTemplateSpec {
@@ -215,6 +218,7 @@ fn build_deployment(app: &Subject, pod: &PodAdditions, track: Track<'_>) -> Depl
                     containers: vec![container],
                     security_context: Some(security::pod_security_context(&pod_security)),
                     volumes: (!volumes.is_empty()).then_some(volumes),
+                    topology_spread_constraints: Some(vec![disruption::spread(&track.selector)]),
                     ..PodSpec::default()
                 }),
             },
@@ -656,6 +660,15 @@ mod tests {
         );
         let mut same = canary.spec.template.clone();
         same.spec.as_mut().unwrap().containers[0].image = container(&stable).image.clone();
+        // Each spreads its own Pods (its selector, with the track).
+        same.spec.as_mut().unwrap().topology_spread_constraints = stable
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .topology_spread_constraints
+            .clone();
         same.metadata.as_mut().unwrap().labels = Some(pod_labels(&stable));
         assert_eq!(same, stable.spec.template);
         // Both roll out as spec.rollout says.
@@ -703,13 +716,14 @@ mod tests {
         assert_eq!(canary.spec.replicas, Some(1));
     }
 
-    const PLAIN_DEPLOYMENT_JSON: &str = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"labels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator","app.kubernetes.io/name":"checkout"},"name":"checkout","namespace":"shop","ownerReferences":[{"apiVersion":"platform.example.com/v1beta1","blockOwnerDeletion":true,"controller":true,"kind":"AppService","name":"checkout","uid":"uid-1"}]},"spec":{"replicas":3,"selector":{"matchLabels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator"}},"template":{"metadata":{"labels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator","app.kubernetes.io/name":"checkout"}},"spec":{"containers":[{"image":"nginx:1.27","name":"app","ports":[{"containerPort":8080,"name":"http","protocol":"TCP"}],"readinessProbe":{"tcpSocket":{"port":8080}},"securityContext":{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}}],"securityContext":{"runAsNonRoot":true,"seccompProfile":{"type":"RuntimeDefault"}}}}}}"#;
-    const PLAIN_DEPLOYMENT_HASH: &str = "7f40ac3d3feeefc3d5215e6244860085";
+    const PLAIN_DEPLOYMENT_JSON: &str = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"labels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator","app.kubernetes.io/name":"checkout"},"name":"checkout","namespace":"shop","ownerReferences":[{"apiVersion":"platform.example.com/v1beta1","blockOwnerDeletion":true,"controller":true,"kind":"AppService","name":"checkout","uid":"uid-1"}]},"spec":{"replicas":3,"selector":{"matchLabels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator"}},"template":{"metadata":{"labels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator","app.kubernetes.io/name":"checkout"}},"spec":{"containers":[{"image":"nginx:1.27","name":"app","ports":[{"containerPort":8080,"name":"http","protocol":"TCP"}],"readinessProbe":{"tcpSocket":{"port":8080}},"securityContext":{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}}],"securityContext":{"runAsNonRoot":true,"seccompProfile":{"type":"RuntimeDefault"}},"topologySpreadConstraints":[{"labelSelector":{"matchLabels":{"app.kubernetes.io/instance":"checkout","app.kubernetes.io/managed-by":"appservice-operator"}},"matchLabelKeys":["pod-template-hash"],"maxSkew":1,"topologyKey":"kubernetes.io/hostname","whenUnsatisfiable":"ScheduleAnyway"}]}}}}"#;
+    const PLAIN_DEPLOYMENT_HASH: &str = "635d436e91fa94bb7f6c8d5e3d9481ac";
 
     /// The desired hash of an AppService without the fields added since: the upgrade
-    /// test's golden fixture holds the previous release's hashes; this one pins that
-    /// adding `rollout` (and `canary`) left the Deployment of a plain AppService as it
-    /// was, byte for byte.
+    /// test's golden fixture holds the previous release's hashes; this one pins the
+    /// Deployment of a plain AppService byte for byte. Adding `rollout` and `canary` left
+    /// it as it was; the spread over nodes changed it (one rollout of every AppService
+    /// at the upgrade, which docs/operators/upgrading.md announces).
     #[test]
     fn a_plain_appservice_builds_the_same_deployment_as_before() {
         // The uid these golden values were taken with (the owner reference is hashed).

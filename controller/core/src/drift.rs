@@ -20,7 +20,9 @@
 
 use std::collections::BTreeMap;
 
-use common::names::{ANNOTATION_DESIRED_HASH, OWNED_POD_VOLUMES, OWNED_TEMPLATE_ANNOTATIONS};
+use common::names::{
+    ANNOTATION_DESIRED_HASH, OWNED_POD_VOLUMES, OWNED_SPREAD_KEYS, OWNED_TEMPLATE_ANNOTATIONS,
+};
 use k8s_openapi::api::core::v1::{ContainerPort, ResourceRequirements, ServicePort};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -33,7 +35,9 @@ use sha2::{Digest, Sha256};
 use crate::desired::{CONTAINER_NAME, HASHED_OWNER_API_VERSION};
 use crate::owners::names_an_app;
 pub use crate::view::Drift;
-use crate::view::{ContainerView, DeploymentView, EnvVarView, LabelPairs, Named, ServiceView};
+use crate::view::{
+    BudgetView, ContainerView, DeploymentView, EnvVarView, LabelPairs, Named, ServiceView,
+};
 
 /// A hash of `desired` (serialized with sorted map keys, so it is stable across runs
 /// and releases as long as the desired object is the same). The version an owner
@@ -163,6 +167,7 @@ impl Drift for DeploymentView {
         // Of the Pod's volumes, those named in `OWNED_POD_VOLUMES` are ours.
         owned_entries_drift(
             "/spec/template/spec/volumes",
+            ("name", &OWNED_POD_VOLUMES),
             desired_template
                 .spec
                 .as_ref()
@@ -171,6 +176,21 @@ impl Drift for DeploymentView {
                 .spec
                 .as_ref()
                 .and_then(|s| s.volumes.as_deref()),
+            &mut ops,
+        );
+        // Of the spread constraints, the one over nodes is ours; a zone spread another
+        // writer adds is theirs.
+        owned_entries_drift(
+            "/spec/template/spec/topologySpreadConstraints",
+            ("topologyKey", &OWNED_SPREAD_KEYS),
+            desired_template
+                .spec
+                .as_ref()
+                .and_then(|s| s.topology_spread_constraints.as_deref()),
+            live_template
+                .spec
+                .as_ref()
+                .and_then(|s| s.topology_spread_constraints.as_deref()),
             &mut ops,
         );
         // The Pod's security context is ours whole: a field another writer adds to it
@@ -283,6 +303,7 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
     }
     owned_entries_drift(
         &format!("{base}/volumeMounts"),
+        ("name", &OWNED_POD_VOLUMES),
         want.volume_mounts.as_deref(),
         have.volume_mounts.as_deref(),
         ops,
@@ -339,20 +360,69 @@ impl Drift for ServiceView {
     }
 }
 
-/// The entries of a list keyed by name (volumes, volume mounts) named in
-/// [`OWNED_POD_VOLUMES`] are ours: as `want` has them, or absent when it has none; every
+impl Drift for BudgetView {
+    /// The budget's settings are ours whole: `maxUnavailable`, the selector and the
+    /// eviction policy put back as we build them, and a `minAvailable` someone added
+    /// removed (the API server refuses a budget with both).
+    fn drift(desired: &Self, live: &Self) -> Vec<Value> {
+        let mut ops = metadata_drift(
+            &desired.metadata,
+            &desired.labels,
+            &live.metadata,
+            &live.labels,
+        );
+        let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
+            if let Some(want) = &desired.spec {
+                ops.push(add("/spec", json!(want)));
+            }
+            return ops;
+        };
+        if have.min_available.is_some() && want.min_available.is_none() {
+            ops.push(json!({"op": "remove", "path": "/spec/minAvailable"}));
+        }
+        if want.max_unavailable != have.max_unavailable {
+            set_or_remove(
+                "/spec/maxUnavailable",
+                want.max_unavailable.as_ref(),
+                have.max_unavailable.is_some(),
+                &mut ops,
+            );
+        }
+        if want.selector != have.selector {
+            set_or_remove(
+                "/spec/selector",
+                want.selector.as_ref(),
+                have.selector.is_some(),
+                &mut ops,
+            );
+        }
+        if want.unhealthy_pod_eviction_policy != have.unhealthy_pod_eviction_policy {
+            set_or_remove(
+                "/spec/unhealthyPodEvictionPolicy",
+                want.unhealthy_pod_eviction_policy.as_ref(),
+                have.unhealthy_pod_eviction_policy.is_some(),
+                &mut ops,
+            );
+        }
+        ops
+    }
+}
+
+/// The entries of a list keyed by name (volumes, volume mounts; spread constraints by
+/// topology key: the entry's `key` field) named in `owned` are ours: as `want` has them, or absent when it has none; every
 /// other entry is someone else's and left where it is. Replacements and removals go from
 /// the last index down, so no index a later operation names has moved; each is guarded
 /// by a test of the entry's name.
 fn owned_entries_drift(
     path: &str,
+    (key, owned): (&str, &[&str]),
     want: Option<&[Named]>,
     have: Option<&[Named]>,
     ops: &mut Vec<Value>,
 ) {
     let entries = have.unwrap_or_default();
     let wanted = |name: &str| want.unwrap_or_default().iter().find(|e| e.name == name);
-    let mut found: Vec<(usize, &str)> = OWNED_POD_VOLUMES
+    let mut found: Vec<(usize, &str)> = owned
         .iter()
         .filter_map(|name| {
             entries
@@ -363,7 +433,7 @@ fn owned_entries_drift(
         .collect();
     found.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
     for (i, name) in found {
-        let test = json!({"op": "test", "path": format!("{path}/{i}/name"), "value": name});
+        let test = json!({"op": "test", "path": format!("{path}/{i}/{key}"), "value": name});
         match wanted(name) {
             Some(w) if entries[i] == *w => {}
             Some(w) => {
@@ -376,7 +446,7 @@ fn owned_entries_drift(
             }
         }
     }
-    let missing: Vec<&Named> = OWNED_POD_VOLUMES
+    let missing: Vec<&Named> = owned
         .iter()
         .filter(|name| !entries.iter().any(|e| e.name == **name))
         .filter_map(|name| wanted(name))
@@ -832,7 +902,7 @@ mod tests {
         // The value a release computes is the value every later release computes for
         // the same AppService (children made before an upgrade are not rewritten): a
         // golden value, so a change of the hash or of what it covers fails here.
-        assert_eq!(h1, "15c3743516fc245963cfa60d33cab561");
+        assert_eq!(h1, "fa5a9dc2cb78ef7866279d9aa56faf37");
         let svc = desired_service(&subject(&stored("web", spec())));
         assert_eq!(
             desired_hash(&svc).unwrap(),
@@ -1016,5 +1086,86 @@ mod tests {
         // Nothing added is another object again (`desired.rs` pins its hash to what
         // earlier releases built).
         assert_ne!(hash(&pod_db(false, "r1")), hash(&PodAdditions::default()));
+    }
+
+    /// Our node spread is put back as we build it; a spread another writer adds stays,
+    /// and each repair converges in one patch.
+    #[test]
+    fn the_node_spread_is_ours_and_other_spreads_are_kept() {
+        use k8s_openapi::api::core::v1::TopologySpreadConstraint;
+        let d = desired_deployment(&subject(&stored("web", spec())), &PodAdditions::default());
+        let live = as_stored(d.clone());
+        assert!(deployment_drift(&d, &live).is_empty());
+        fn spreads(d: &mut Deployment) -> &mut Vec<TopologySpreadConstraint> {
+            d.spec
+                .template
+                .spec
+                .as_mut()
+                .unwrap()
+                .topology_spread_constraints
+                .get_or_insert_with(Vec::new)
+        }
+        // A zone spread added before ours: theirs, no drift.
+        let mut zoned = live.clone();
+        spreads(&mut zoned).insert(
+            0,
+            TopologySpreadConstraint {
+                max_skew: 2,
+                topology_key: "topology.kubernetes.io/zone".into(),
+                when_unsatisfiable: "DoNotSchedule".into(),
+                ..TopologySpreadConstraint::default()
+            },
+        );
+        assert!(deployment_drift(&d, &zoned).is_empty());
+        // Ours made a hard rule: replaced at its index, guarded by its key.
+        let mut hard = zoned.clone();
+        spreads(&mut hard)[1].when_unsatisfiable = "DoNotSchedule".into();
+        let ops = deployment_drift(&d, &hard);
+        assert_eq!(
+            ops[0],
+            json!({"op": "test", "path": "/spec/template/spec/topologySpreadConstraints/1/topologyKey", "value": "kubernetes.io/hostname"})
+        );
+        assert_eq!(ops.len(), 2);
+        let fixed = patched(&hard, &ops);
+        assert!(deployment_drift(&d, &fixed).is_empty());
+        assert_eq!(spreads(&mut fixed.clone()).len(), 2);
+        // Ours removed (the list gone): added back.
+        let mut none = live.clone();
+        none.spec
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .topology_spread_constraints = None;
+        let ops = deployment_drift(&d, &none);
+        assert_eq!(ops.len(), 1);
+        assert!(deployment_drift(&d, &patched(&none, &ops)).is_empty());
+    }
+
+    #[test]
+    fn a_budget_loosened_by_another_writer_is_put_back_in_one_patch() {
+        use crate::desired::desired_budget;
+        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        let budget_drift = |desired: &PodDisruptionBudget, live: &PodDisruptionBudget| {
+            BudgetView::drift(&of(desired).unwrap(), &of(live).unwrap())
+        };
+        let want = desired_budget(&subject(&stored("web", spec()))).unwrap();
+        assert!(budget_drift(&want, &want).is_empty());
+        let mut loose = want.clone();
+        let spec = loose.spec.as_mut().unwrap();
+        spec.max_unavailable = None;
+        spec.min_available = Some(IntOrString::Int(0));
+        spec.unhealthy_pod_eviction_policy = None;
+        spec.selector.as_mut().unwrap().match_labels =
+            Some(BTreeMap::from([("app".into(), "other".into())]));
+        loose.metadata.labels = None;
+        let ops = budget_drift(&want, &loose);
+        let mut v = serde_json::to_value(&loose).unwrap();
+        let patch: json_patch::Patch = serde_json::from_value(json!(ops)).unwrap();
+        json_patch::patch(&mut v, &patch).unwrap();
+        let fixed: PodDisruptionBudget = serde_json::from_value(v).unwrap();
+        assert!(budget_drift(&want, &fixed).is_empty(), "{ops:?}");
+        assert_eq!(fixed.spec.unwrap().min_available, None);
     }
 }

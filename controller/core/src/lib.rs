@@ -76,6 +76,7 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -226,14 +227,17 @@ pub async fn run_with(
         watch.cached::<view::DeploymentView, _>(child_config.clone(), |_| {}, |s| &s.deployments);
     let (services, service_stream) =
         watch.cached::<view::ServiceView, _>(child_config.clone(), |_| {}, |s| &s.services);
+    let (budgets, budget_stream) =
+        watch.cached::<view::BudgetView, _>(child_config.clone(), |_| {}, |s| &s.budgets);
     let (apps, app_stream) = watch.cached::<AppService, _>(
         watcher::Config::default().any_semantic(),
         view::slim_app,
         |s| &s.appservices,
     );
-    let (deployment_stream, service_stream, app_stream) = (
+    let (deployment_stream, service_stream, budget_stream, app_stream) = (
         deployment_stream.touched_objects(),
         service_stream.touched_objects(),
+        budget_stream.touched_objects(),
         app_stream.applied_objects(),
     );
 
@@ -253,9 +257,16 @@ pub async fn run_with(
         .cached::<PartialObjectMeta<Service>, _>(others_config.clone(), name_only, |s| {
             &s.other_services
         });
-    let (other_deployment_stream, other_service_stream) = (
+    let (other_budgets, other_budget_stream) = watch_others
+        .cached::<PartialObjectMeta<PodDisruptionBudget>, _>(
+            others_config.clone(),
+            name_only,
+            |s| &s.other_budgets,
+        );
+    let (other_deployment_stream, other_service_stream, other_budget_stream) = (
         other_deployment_stream.touched_objects(),
         other_service_stream.touched_objects(),
+        other_budget_stream.touched_objects(),
     );
 
     // The `<name>-database` Secrets: ours (labelled) and others named like them. Nothing
@@ -286,8 +297,10 @@ pub async fn run_with(
             context::Caches {
                 deployments: deployments.clone(),
                 services: services.clone(),
+                budgets: budgets.clone(),
                 other_deployments,
                 other_services,
+                other_budgets,
                 synced,
             },
             gate_rx.clone(),
@@ -306,10 +319,10 @@ pub async fn run_with(
             owners::owner_of(&apps, &meta)
         })
     };
-    let (deployment_owner, service_owner, secret_owner) =
-        (wakes(&apps), wakes(&apps), wakes(&apps));
-    let (other_deployment_owner, other_service_owner, other_secret_owner) =
-        (wakes(&apps), wakes(&apps), wakes(&apps));
+    let (deployment_owner, service_owner, budget_owner, secret_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps), wakes(&apps));
+    let (other_deployment_owner, other_service_owner, other_budget_owner, other_secret_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps), wakes(&apps));
     let apps_for_queue = apps.clone();
     let apps_for_images = apps.clone();
     let apps_for_shard = apps.clone();
@@ -328,6 +341,9 @@ pub async fn run_with(
         .watches_stream(service_stream, move |s: view::ServiceView| {
             service_owner(s.metadata)
         })
+        .watches_stream(budget_stream, move |b: view::BudgetView| {
+            budget_owner(b.metadata)
+        })
         .watches_stream(secret_stream, move |s: PartialObjectMeta<Secret>| {
             secret_owner(s.metadata)
         })
@@ -338,6 +354,10 @@ pub async fn run_with(
         .watches_stream(
             other_service_stream,
             move |s: PartialObjectMeta<Service>| other_service_owner(s.metadata),
+        )
+        .watches_stream(
+            other_budget_stream,
+            move |b: PartialObjectMeta<PodDisruptionBudget>| other_budget_owner(b.metadata),
         )
         .watches_stream(other_secret_stream, move |s: PartialObjectMeta<Secret>| {
             other_secret_owner(s.metadata)

@@ -26,6 +26,7 @@ telemetry::label_values! {
     pub enum Written {
         Deployments => "deployments",
         Services => "services",
+        PodDisruptionBudgets => "poddisruptionbudgets",
         AppServices => "appservices",
         AppServiceStatus => "appservices/status",
         Events => "events",

@@ -23,9 +23,12 @@ use common::names::{ANNOTATION_DESIRED_HASH, OWNED_TEMPLATE_ANNOTATIONS};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
     ContainerPort, EnvVarSource, PodSecurityContext, Probe, ResourceRequirements, SecurityContext,
-    Service, ServicePort, Volume, VolumeMount,
+    Service, ServicePort, TopologySpreadConstraint, Volume, VolumeMount,
 };
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -68,6 +71,12 @@ impl Child for Service {
     const KIND: &'static str = "Service";
     const WRITTEN: crate::metrics::Written = crate::metrics::Written::Services;
     type View = ServiceView;
+}
+
+impl Child for PodDisruptionBudget {
+    const KIND: &'static str = "PodDisruptionBudget";
+    const WRITTEN: crate::metrics::Written = crate::metrics::Written::PodDisruptionBudgets;
+    type View = BudgetView;
 }
 
 /// The JSON-patch operations that make `live` what `desired` says in everything the
@@ -279,6 +288,10 @@ pub struct PodSpecView {
     /// `None` when absent.
     #[serde(default, deserialize_with = "volumes")]
     pub volumes: Option<Vec<Named>>,
+    /// The Pod's spread constraints, each named by its `topologyKey` (the controller
+    /// owns only those of [`common::names::OWNED_SPREAD_KEYS`]); `None` when absent.
+    #[serde(default, deserialize_with = "spread_constraints")]
+    pub topology_spread_constraints: Option<Vec<Named>>,
 }
 
 /// The fields of a container the controller sets (and nothing else).
@@ -357,6 +370,10 @@ fn volumes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Err
 
 fn volume_mounts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Error> {
     named::<VolumeMount, D>(d, |m| m.name.as_str())
+}
+
+fn spread_constraints<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Error> {
+    named::<TopologySpreadConstraint, D>(d, |c| c.topology_key.as_str())
 }
 
 /// An API value kept as its JSON text: one allocation of a few dozen bytes where the
@@ -575,6 +592,55 @@ impl From<RawService> for ServiceView {
 }
 
 view_of!(ServiceView, Service);
+
+// ---- PodDisruptionBudget -----------------------------------------------------------
+
+/// What the controller reads of a PodDisruptionBudget: the fields it sets, and
+/// `minAvailable`, which must be absent beside `maxUnavailable`. Its status (the
+/// disruption controller's, rewritten on every Pod change) is not kept.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "RawBudget")]
+pub struct BudgetView {
+    pub metadata: ObjectMeta,
+    pub labels: LabelPairs,
+    pub hash: Option<String>,
+    pub spec: Option<BudgetSpecView>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetSpecView {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<IntOrString>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_pod_eviction_policy: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawBudget {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<BudgetSpecView>,
+}
+
+impl From<RawBudget> for BudgetView {
+    fn from(raw: RawBudget) -> Self {
+        let (metadata, labels, hash) = split_meta(raw.metadata);
+        BudgetView {
+            metadata,
+            labels,
+            hash,
+            spec: raw.spec,
+        }
+    }
+}
+
+view_of!(BudgetView, PodDisruptionBudget);
 
 // ---- AppService ------------------------------------------------------------------
 

@@ -126,16 +126,20 @@ pub fn context_of(
         &synced.appservices,
         &synced.deployments,
         &synced.services,
+        &synced.budgets,
         &synced.other_deployments,
         &synced.other_services,
+        &synced.other_budgets,
     ] {
         listed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
     let caches = Caches {
         deployments: reflector::store().0,
         services: reflector::store().0,
+        budgets: reflector::store().0,
         other_deployments: reflector::store().0,
         other_services: reflector::store().0,
+        other_budgets: reflector::store().0,
         synced,
     };
     let (lead, leading) = tokio::sync::watch::channel(true);
