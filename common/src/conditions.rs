@@ -38,6 +38,10 @@ pub mod reasons {
     pub const RECONCILED: &str = "Reconciled";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const RESOURCE_CONFLICT: &str = "ResourceConflict";
+    /// A ConfigMap or Secret the Pods read (`spec.config`, or a key `env` takes from one
+    /// that is not optional) does not exist; the message names each. Nothing is rolled out
+    /// until it does.
+    pub const CONFIG_SOURCE_MISSING: &str = "ConfigSourceMissing";
     /// The Deployment's `ReplicaFailure`: Pods could not be created (Pod Security
     /// admission, a ResourceQuota, a LimitRange refused them); the message says which.
     pub const REPLICA_FAILURE: &str = "ReplicaFailure";

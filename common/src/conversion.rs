@@ -16,6 +16,7 @@
 //!   `v1alpha1` object without it rolls out with the Deployment's defaults.
 //! * `v1beta1 → v1alpha1`: `canary` likewise, in [`ANNOTATION_V1BETA1_CANARY`], so a
 //!   `v1alpha1` client's edit (of `replicas`, say) neither ends nor promotes a canary.
+//! * `v1beta1 → v1alpha1`: `config` likewise, in [`ANNOTATION_V1BETA1_CONFIG`].
 //! * `v1alpha1 → v1beta1`: `{enabled: true, class}` is `{class}`; a database that is not
 //!   enabled is no `database`, and the `v1alpha1` value is kept in
 //!   [`ANNOTATION_V1ALPHA1_DATABASE`]. It is restored only while `v1beta1`'s `database` is
@@ -32,8 +33,8 @@ use serde_json::Value;
 
 use crate::defaults::DEFAULT_PORT;
 use crate::names::{
-    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_CANARY, ANNOTATION_V1BETA1_POD_SECURITY,
-    ANNOTATION_V1BETA1_PORTS, ANNOTATION_V1BETA1_ROLLOUT, GROUP,
+    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_CANARY, ANNOTATION_V1BETA1_CONFIG,
+    ANNOTATION_V1BETA1_POD_SECURITY, ANNOTATION_V1BETA1_PORTS, ANNOTATION_V1BETA1_ROLLOUT, GROUP,
 };
 use crate::{v1alpha1, v1beta1};
 
@@ -112,6 +113,10 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
     let canary: Option<v1beta1::CanarySpec> =
         take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CANARY)
             .and_then(|json| serde_json::from_str(&json).ok());
+    let config: Vec<v1beta1::ConfigSource> =
+        take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CONFIG)
+            .and_then(|json| serde_json::from_str(&json).ok())
+            .unwrap_or_default();
     // Never seen in v1alpha1; a copy written there by hand is not carried over.
     take_annotation(&mut metadata.annotations, ANNOTATION_V1ALPHA1_DATABASE);
 
@@ -148,6 +153,7 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
             pod_security,
             rollout,
             canary,
+            config,
             env: spec.env.clone(),
             resources: spec.resources.clone(),
             database,
@@ -166,8 +172,16 @@ pub fn to_v1alpha1(app: &v1beta1::AppService) -> v1alpha1::AppService {
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_POD_SECURITY);
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_ROLLOUT);
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CANARY);
+    take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CONFIG);
 
     let spec = &app.spec;
+    if !spec.config.is_empty() {
+        set_annotation(
+            &mut metadata.annotations,
+            ANNOTATION_V1BETA1_CONFIG,
+            to_json(&spec.config),
+        );
+    }
     if let Some(security) = &spec.pod_security {
         set_annotation(
             &mut metadata.annotations,
@@ -522,6 +536,39 @@ mod tests {
         let mut aborted = back;
         aborted.spec.canary = None;
         assert_eq!(to_v1alpha1(&aborted).metadata.annotations, None);
+    }
+
+    #[test]
+    fn config_survives_v1alpha1_both_ways() {
+        let mut original = beta(vec![AppPort::http(8080)], None);
+        original.spec.config = vec![
+            v1beta1::ConfigSource {
+                config_map: Some("settings".into()),
+                ..Default::default()
+            },
+            v1beta1::ConfigSource {
+                secret: Some("keys".into()),
+                mount_path: Some("/etc/keys".into()),
+                ..Default::default()
+            },
+        ];
+        let mut alpha = to_v1alpha1(&original);
+        let saved = alpha.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            saved[ANNOTATION_V1BETA1_CONFIG],
+            r#"[{"configMap":"settings"},{"secret":"keys","mountPath":"/etc/keys"}]"#
+        );
+        assert_eq!(to_v1alpha1(&to_v1beta1(&alpha)), alpha);
+        // A v1alpha1 client edits the image: the config survives.
+        alpha.spec.image = "nginx:1.29".into();
+        let back = to_v1beta1(&alpha);
+        let mut expected = original.clone();
+        expected.spec.image = "nginx:1.29".into();
+        assert_eq!(back, expected);
+        assert_eq!(back.metadata.annotations, None);
+        let mut none = back;
+        none.spec.config.clear();
+        assert_eq!(to_v1alpha1(&none).metadata.annotations, None);
     }
 
     #[test]

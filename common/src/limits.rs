@@ -28,6 +28,10 @@ pub const MAX_SUBDOMAIN_LEN: usize = 253;
 pub const MAX_CLASS_LEN: usize = MAX_SUBDOMAIN_LEN;
 /// Most ports one AppService (`v1beta1`) may declare.
 pub const MAX_PORTS: usize = 16;
+/// Most ConfigMaps and Secrets one AppService (`v1beta1`) may read through `spec.config`.
+pub const MAX_CONFIG_SOURCES: usize = 16;
+/// Longest mount path of a `spec.config` entry.
+pub const MAX_MOUNT_PATH_LEN: usize = 512;
 /// Most entries of `spec.resources.limits` or `.requests` (Kubernetes knows a handful of
 /// resource names; extended resources add a few more). Checked by `validate` and, before
 /// decoding, by the webhook.
@@ -40,6 +44,7 @@ pub const MAX_RESOURCE_ENTRIES: usize = 32;
 pub const LIST_BOUNDS: &[(&str, usize)] = &[
     ("spec.env", MAX_ENV),
     ("spec.ports", MAX_PORTS),
+    ("spec.config", MAX_CONFIG_SOURCES),
     ("spec.resources.limits", MAX_RESOURCE_ENTRIES),
     ("spec.resources.requests", MAX_RESOURCE_ENTRIES),
     ("spec.resources.claims", MAX_RESOURCE_ENTRIES),

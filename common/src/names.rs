@@ -71,6 +71,9 @@ pub const ANNOTATION_V1BETA1_ROLLOUT: &str = "platform.example.com/v1beta1-rollo
 /// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `canary`
 /// (`image`, `replicas`). Written and read only by conversion.
 pub const ANNOTATION_V1BETA1_CANARY: &str = "platform.example.com/v1beta1-canary";
+/// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `config` (the
+/// ConfigMaps and Secrets its Pods read). Written and read only by conversion.
+pub const ANNOTATION_V1BETA1_CONFIG: &str = "platform.example.com/v1beta1-config";
 /// Annotation on a `v1beta1` AppService holding, as JSON, the `v1alpha1` `database` that
 /// `v1beta1` cannot express (`enabled: false`, with or without a class). Written and read
 /// only by conversion.
@@ -79,11 +82,12 @@ pub const ANNOTATION_V1ALPHA1_DATABASE: &str = "platform.example.com/v1alpha1-da
 /// Every annotation conversion writes and reads ([`crate::conversion`]): what a reader of
 /// one version must take into account to see the object as the other version has it
 /// (the webhook keeps exactly these when it judges a `v1alpha1` object in the hub form).
-pub const CONVERSION_ANNOTATIONS: [&str; 5] = [
+pub const CONVERSION_ANNOTATIONS: [&str; 6] = [
     ANNOTATION_V1BETA1_PORTS,
     ANNOTATION_V1BETA1_POD_SECURITY,
     ANNOTATION_V1BETA1_ROLLOUT,
     ANNOTATION_V1BETA1_CANARY,
+    ANNOTATION_V1BETA1_CONFIG,
     ANNOTATION_V1ALPHA1_DATABASE,
 ];
 
@@ -104,13 +108,28 @@ pub const DATABASE_CA_PATH: &str = "/var/run/secrets/platform.example.com/databa
 /// another host) this changes too and the Deployment rolls its Pods onto it.
 pub const ANNOTATION_DATABASE_REVISION: &str = "platform.example.com/database-revision";
 
+/// Annotation on the Pod template: a digest of the data of every ConfigMap and Secret the
+/// Pods read (`spec.config`, and those `env` takes keys from). A change of their data
+/// changes it, and so rolls the Pods; present only when the AppService reads any.
+pub const ANNOTATION_CONFIG_REVISION: &str = "platform.example.com/config-revision";
+/// What the names of the Pod volumes of `spec.config` start with: the `i`-th entry's
+/// volume is `<prefix><i>`. The controller owns every volume so named.
+pub const CONFIG_VOLUME_PREFIX: &str = "appsvc-config-";
+
+/// Whether the Pod volume (or mount) `name` is the controller's: the database CA's, or
+/// one of `spec.config`'s.
+pub fn is_owned_pod_volume(name: &str) -> bool {
+    OWNED_POD_VOLUMES.contains(&name) || name.starts_with(CONFIG_VOLUME_PREFIX)
+}
+
 /// The Pod volumes (and their mounts in the application container) the controller owns,
 /// whichever provider adds them: put back when another writer changes or removes them,
 /// and removed when none is wanted. Every other volume is someone else's to keep.
 pub const OWNED_POD_VOLUMES: [&str; 1] = [DATABASE_CA_VOLUME];
 /// The Pod template annotations the controller owns, whichever provider adds them (as
 /// [`OWNED_POD_VOLUMES`]); every other annotation of the template is someone else's.
-pub const OWNED_TEMPLATE_ANNOTATIONS: [&str; 1] = [ANNOTATION_DATABASE_REVISION];
+pub const OWNED_TEMPLATE_ANNOTATIONS: [&str; 2] =
+    [ANNOTATION_DATABASE_REVISION, ANNOTATION_CONFIG_REVISION];
 
 /// `platform.example.com/track`: which Deployment of an AppService a Pod belongs to, on
 /// the canary Deployment, its selector and its Pods ([`TRACK_CANARY`]). The stable

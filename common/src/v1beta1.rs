@@ -28,6 +28,10 @@
 //! * `canary: {image, replicas}`: a canary release, a second Deployment of the same Pods
 //!   with another image behind the same Service. `v1alpha1` keeps it in an annotation.
 //!
+//! * `config: [{configMap | secret, mountPath}]`: ConfigMaps and Secrets the Pods read,
+//!   as variables or files; a change of their data rolls the Pods. `v1alpha1` keeps it
+//!   in an annotation.
+//!
 //! Everything else (image, replicas, env, resources, status) is the same in both versions.
 
 use kube::KubeSchema;
@@ -85,6 +89,16 @@ crate::shared::app_service_spec! {
         /// and removing `canary`; abort by removing `canary`. Validated like `image`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub canary: Option<CanarySpec>,
+
+        /// ConfigMaps and Secrets of the AppService's namespace whose keys the Pods read:
+        /// each key an environment variable, or, with `mountPath`, a file in that
+        /// directory. A change of their data rolls the Pods (as a change of the spec
+        /// does), and so does a change of a ConfigMap or Secret that `env` takes a key
+        /// from. While one does not exist, nothing is rolled out and status says which
+        /// (`ConfigSourceMissing`). At most 16 entries.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        #[schemars(schema_with = "config_schema")]
+        pub config: Vec<ConfigSource>,
     }
     /// A PostgreSQL database provisioned for this application, requested by being
     /// present. The connection URL is passed to the container as `DATABASE_URL`.
@@ -187,6 +201,66 @@ pub struct PodSecurity {
     /// volumes). Defaults to false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only_root_filesystem: Option<bool>,
+}
+
+/// A ConfigMap or a Secret the Pods of an AppService read: exactly one of the two.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.configMap) != has(self.secret)").message("exactly one of configMap and secret must be set"))]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigSource {
+    /// The name of a ConfigMap in the AppService's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = crate::limits::MAX_SUBDOMAIN_LEN))]
+    pub config_map: Option<String>,
+
+    /// The name of a Secret in the AppService's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = crate::limits::MAX_SUBDOMAIN_LEN))]
+    pub secret: Option<String>,
+
+    /// An absolute directory in the container where each key is a file (read-only).
+    /// Without it, each key is an environment variable (keys that are not valid variable
+    /// names are skipped by the kubelet, which records an Event); variables set in `env`
+    /// win over these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = crate::limits::MAX_MOUNT_PATH_LEN))]
+    pub mount_path: Option<String>,
+}
+
+impl ConfigSource {
+    /// The kind and name of the object this entry reads; `None` unless exactly one is set.
+    pub fn source(&self) -> Option<(ConfigKind, &str)> {
+        match (&self.config_map, &self.secret) {
+            (Some(name), None) => Some((ConfigKind::ConfigMap, name)),
+            (None, Some(name)) => Some((ConfigKind::Secret, name)),
+            _ => None,
+        }
+    }
+}
+
+/// The kinds of object `spec.config` (and `env`) may read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ConfigKind {
+    ConfigMap,
+    Secret,
+}
+
+impl ConfigKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigKind::ConfigMap => "ConfigMap",
+            ConfigKind::Secret => "Secret",
+        }
+    }
+}
+
+fn config_schema(generator: &mut SchemaGenerator) -> Schema {
+    let item = generator.subschema_for::<ConfigSource>();
+    json_schema!({
+        "type": "array",
+        "items": item,
+        "maxItems": crate::limits::MAX_CONFIG_SOURCES,
+    })
 }
 
 /// A canary release of an AppService: a few Pods of another image beside the others.

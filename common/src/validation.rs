@@ -18,12 +18,13 @@ use k8s_openapi::api::core::v1::{EnvVarSource, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::names::DATABASE_URL_ENV;
+use crate::names::{DATABASE_CA_DIR, DATABASE_URL_ENV};
 use crate::types::{
-    AppService, AppServiceSpec, CanarySpec, MAX_CLASS_LEN, MAX_ENV, MAX_ENV_NAME_LEN,
-    MAX_ENV_VALUE_LEN, MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_NAME_LEN, MAX_PORT,
-    MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MAX_ROLLOUT_PERCENT, MIN_CANARY_REPLICAS, MIN_ID,
-    MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS, PodSecurity, RolloutSpec, SecurityProfile,
+    AppService, AppServiceSpec, CanarySpec, MAX_CLASS_LEN, MAX_CONFIG_SOURCES, MAX_ENV,
+    MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_MOUNT_PATH_LEN,
+    MAX_NAME_LEN, MAX_PORT, MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MAX_ROLLOUT_PERCENT,
+    MAX_SUBDOMAIN_LEN, MIN_CANARY_REPLICAS, MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS,
+    PodSecurity, RolloutSpec, SecurityProfile,
 };
 use crate::{conversion, v1alpha1};
 
@@ -144,6 +145,7 @@ fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
         validate_canary(canary, spec.replicas(), errors, &mut report.warnings);
     }
     validate_env(spec, errors);
+    validate_config(spec, errors);
     if let Some(resources) = &spec.resources {
         validate_resources(resources, errors);
     }
@@ -493,6 +495,109 @@ fn validate_env(spec: &AppServiceSpec, errors: &mut Vec<FieldError>) {
             }
         }
     }
+}
+
+/// `spec.config`: at most [`MAX_CONFIG_SOURCES`] entries, each exactly one ConfigMap or
+/// Secret named as Kubernetes names them, read once as variables and once per mount path
+/// at most; each mount path absolute, without `..`, not `/`, at most one entry's, and
+/// never over the database CA's directory (nor it over one).
+fn validate_config(spec: &AppServiceSpec, errors: &mut Vec<FieldError>) {
+    if spec.config.len() > MAX_CONFIG_SOURCES {
+        errors.push(FieldError::too_many(
+            "spec.config",
+            spec.config.len(),
+            MAX_CONFIG_SOURCES,
+        ));
+    }
+    let mut seen_env = HashSet::new();
+    let mut seen_paths: Vec<&str> = Vec::new();
+    for (i, entry) in spec.config.iter().enumerate() {
+        let field = format!("spec.config[{i}]");
+        for (name, which) in [(&entry.config_map, "configMap"), (&entry.secret, "secret")] {
+            match name.as_deref() {
+                Some(n) if n.len() > MAX_SUBDOMAIN_LEN => {
+                    errors.push(FieldError::too_long(
+                        format!("{field}.{which}"),
+                        MAX_SUBDOMAIN_LEN,
+                    ));
+                }
+                Some(n) if !is_dns1123_subdomain(n) => errors.push(FieldError::invalid_str(
+                    format!("{field}.{which}"),
+                    n,
+                    "must be a lowercase RFC 1123 subdomain (the name of an object in the AppService's namespace)",
+                )),
+                _ => {}
+            }
+        }
+        let Some((kind, name)) = entry.source() else {
+            errors.push(FieldError::required(
+                &field,
+                "exactly one of configMap and secret must be set",
+            ));
+            continue;
+        };
+        match entry.mount_path.as_deref() {
+            None => {
+                if !seen_env.insert((kind, name)) {
+                    errors.push(FieldError::duplicate(
+                        format!("{field}.{}", config_field(kind)),
+                        name,
+                    ));
+                }
+            }
+            Some(path) => {
+                let path_field = format!("{field}.mountPath");
+                if let Some(problem) = mount_path_problem(path) {
+                    errors.push(FieldError::invalid_str(&path_field, path, problem));
+                } else if seen_paths.contains(&path) {
+                    errors.push(FieldError::duplicate(&path_field, path));
+                } else {
+                    seen_paths.push(path);
+                }
+            }
+        }
+    }
+}
+
+/// The field of `spec.config[]` that names an object of `kind`.
+fn config_field(kind: crate::types::ConfigKind) -> &'static str {
+    match kind {
+        crate::types::ConfigKind::ConfigMap => "configMap",
+        crate::types::ConfigKind::Secret => "secret",
+    }
+}
+
+/// Why `path` cannot be where a `spec.config` entry's files are mounted, if it cannot.
+fn mount_path_problem(path: &str) -> Option<&'static str> {
+    let trimmed = path.trim_end_matches('/');
+    if path.len() > MAX_MOUNT_PATH_LEN {
+        Some("must be at most 512 characters")
+    } else if !path.starts_with('/') {
+        Some("must be an absolute path")
+    } else if trimmed.is_empty() {
+        Some("must not be the root directory")
+    } else if path
+        .split('/')
+        .any(|segment| segment == ".." || segment == ".")
+    {
+        Some("must not contain '.' or '..' segments")
+    } else if path.contains("//") || path.chars().any(|c| c.is_control() || c == ':') {
+        Some("must not contain '//', ':' or control characters")
+    } else if within(trimmed, DATABASE_CA_DIR) || within(DATABASE_CA_DIR, trimmed) {
+        Some(
+            "must not be or contain the database CA's directory (/var/run/secrets/platform.example.com/database)",
+        )
+    } else {
+        None
+    }
+}
+
+/// Whether `path` is `dir` or a path under it.
+fn within(path: &str, dir: &str) -> bool {
+    path == dir
+        || path
+            .strip_prefix(dir)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 fn env_source_count(source: &EnvVarSource) -> usize {

@@ -1080,3 +1080,136 @@ mod v1beta1_canary {
         );
     }
 }
+
+/// `config` exists only in v1beta1: tested on the hub.
+mod v1beta1_config {
+    use crate::types::{AppService, AppServiceSpec, ConfigSource};
+    use crate::validation::validate_report;
+    use pretty_assertions::assert_eq;
+
+    fn errors(config: Vec<ConfigSource>) -> Vec<String> {
+        let app = AppService::new(
+            "checkout",
+            AppServiceSpec {
+                image: "registry.example.com/checkout:v1".into(),
+                config,
+                ..Default::default()
+            },
+        );
+        validate_report(&app, None)
+            .errors
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn map(name: &str, path: Option<&str>) -> ConfigSource {
+        ConfigSource {
+            config_map: Some(name.into()),
+            mount_path: path.map(Into::into),
+            ..Default::default()
+        }
+    }
+
+    fn secret(name: &str, path: Option<&str>) -> ConfigSource {
+        ConfigSource {
+            secret: Some(name.into()),
+            mount_path: path.map(Into::into),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sources_as_variables_and_files_are_accepted() {
+        assert!(
+            errors(vec![
+                map("settings", None),
+                secret("keys", None),
+                map("settings", Some("/etc/app")),
+                secret("keys", Some("/var/run/keys/")),
+            ])
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn exactly_one_object_named_as_kubernetes_names_them() {
+        let both = ConfigSource {
+            config_map: Some("a".into()),
+            secret: Some("b".into()),
+            mount_path: None,
+        };
+        assert_eq!(
+            errors(vec![both, ConfigSource::default()]),
+            [
+                "spec.config[0]: Required value: exactly one of configMap and secret must be set",
+                "spec.config[1]: Required value: exactly one of configMap and secret must be set",
+            ]
+        );
+        assert_eq!(
+            errors(vec![map("Settings", None), secret(&"a".repeat(254), None)]),
+            [
+                "spec.config[0].configMap: Invalid value: \"Settings\": must be a lowercase RFC 1123 subdomain (the name of an object in the AppService's namespace)",
+                "spec.config[1].secret: Too long: may not be more than 253 bytes",
+            ]
+        );
+    }
+
+    #[test]
+    fn mount_paths_are_absolute_plain_unique_and_clear_of_the_database_ca() {
+        let bad = [
+            ("etc/app", "must be an absolute path"),
+            ("/", "must not be the root directory"),
+            ("/etc/../root", "must not contain '.' or '..' segments"),
+            (
+                "/etc//app",
+                "must not contain '//', ':' or control characters",
+            ),
+            (
+                "/var/run/secrets/platform.example.com/database/x",
+                "must not be or contain the database CA's directory (/var/run/secrets/platform.example.com/database)",
+            ),
+            (
+                "/var/run/secrets",
+                "must not be or contain the database CA's directory (/var/run/secrets/platform.example.com/database)",
+            ),
+        ];
+        for (path, why) in bad {
+            assert_eq!(
+                errors(vec![map("settings", Some(path))]),
+                [format!(
+                    "spec.config[0].mountPath: Invalid value: \"{path}\": {why}"
+                )],
+                "{path}"
+            );
+        }
+        // A directory beside the CA's with a common prefix is fine.
+        assert!(
+            errors(vec![map(
+                "s",
+                Some("/var/run/secrets/platform.example.com/databases")
+            )])
+            .is_empty()
+        );
+        assert_eq!(
+            errors(vec![
+                map("a", Some("/etc/app")),
+                secret("b", Some("/etc/app"))
+            ]),
+            ["spec.config[1].mountPath: Duplicate value: \"/etc/app\""]
+        );
+        assert_eq!(
+            errors(vec![map("a", None), map("a", None)]),
+            ["spec.config[1].configMap: Duplicate value: \"a\""]
+        );
+    }
+
+    #[test]
+    fn at_most_sixteen_sources() {
+        let many: Vec<ConfigSource> = (0..17).map(|i| map(&format!("m{i}"), None)).collect();
+        assert_eq!(
+            errors(many),
+            ["spec.config: Too many: 17: must have at most 16 items"]
+        );
+    }
+}

@@ -146,6 +146,23 @@ fn arb_canary() -> impl Strategy<Value = Option<v1beta1::CanarySpec>> {
     )
 }
 
+/// Any `config` list, valid or not (neither or both objects named, odd paths).
+fn arb_config() -> impl Strategy<Value = Vec<v1beta1::ConfigSource>> {
+    proptest::collection::vec(
+        (
+            proptest::option::of("[a-z][a-z0-9.-]{0,12}"),
+            proptest::option::of("[a-z][a-z0-9.-]{0,12}"),
+            proptest::option::of("[/a-z.]{0,16}"),
+        )
+            .prop_map(|(config_map, secret, mount_path)| v1beta1::ConfigSource {
+                config_map,
+                secret,
+                mount_path,
+            }),
+        0..4,
+    )
+}
+
 fn arb_pod_security() -> impl Strategy<Value = Option<v1beta1::PodSecurity>> {
     let id = || proptest::option::of(prop_oneof![0..70000i64, any::<i64>()]);
     proptest::option::of(
@@ -214,7 +231,12 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
             "[a-z./:0-9-]{1,24}",
             proptest::option::of(-2..1002i32),
             arb_ports(),
-            (arb_pod_security(), arb_rollout(), arb_canary()),
+            (
+                arb_pod_security(),
+                arb_rollout(),
+                arb_canary(),
+                arb_config(),
+            ),
             arb_env(),
             arb_resources(),
             proptest::option::of("[a-z][a-z0-9.-]{0,12}"),
@@ -224,7 +246,15 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
         .prop_map(
             |(
                 metadata,
-                (image, replicas, ports, (pod_security, rollout, canary), env, resources, database),
+                (
+                    image,
+                    replicas,
+                    ports,
+                    (pod_security, rollout, canary, config),
+                    env,
+                    resources,
+                    database,
+                ),
                 status,
             )| {
                 v1beta1::AppService {
@@ -236,6 +266,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
                         pod_security,
                         rollout,
                         canary,
+                        config,
                         env,
                         resources,
                         database: database.map(|class| v1beta1::DatabaseSpec { class }),

@@ -907,3 +907,111 @@ async fn a_drain_evicts_one_pod_at_a_time_and_the_application_answers_throughout
     assert_eq!(failed, 0, "requests failed during the drain: {last:?}");
     assert!(versions.get("v1").copied().unwrap_or(0) > 0, "{versions:?}");
 }
+
+/// `GET /config` through `addr` until every answer of `n` in a row is `want` (the
+/// variable and the file the app read), from `pods` different Pods at least.
+async fn config_everywhere(addr: &str, want: (&str, &str), pods: usize) {
+    eventually(&format!("every Pod reading {want:?}"), WAIT, || async {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..20 {
+            let (status, body) = real_node::get(addr, "/config").await.ok()?;
+            let answer: Value = serde_json::from_str(&body).ok()?;
+            let read = (
+                answer["env"]["CFG_GREETING"].as_str()?,
+                answer["files"]["token"].as_str()?,
+            );
+            if status != 200 || read != want {
+                return None;
+            }
+            seen.insert(answer["pod"].as_str()?.to_owned());
+        }
+        (seen.len() >= pods).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// The application reads a ConfigMap as variables and a Secret as files, with only what
+/// its Pod gets; an edit of either reaches every Pod through a rollout, and no request
+/// fails meanwhile.
+#[tokio::test]
+async fn the_application_reads_its_config_and_an_edit_reaches_every_pod_with_none_failing() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let node = node().await;
+    let (f, _ctl) = Fixture::setup().real_node().start().await.unwrap();
+    let put_map = |greeting: &'static str| {
+        let maps = f.api::<ConfigMap>();
+        async move {
+            let cm: ConfigMap = serde_json::from_value(json!({
+                "metadata": {"name": "settings"},
+                "data": {"CFG_GREETING": greeting, "app.properties": "level=info"},
+            }))
+            .unwrap();
+            maps.patch(
+                "settings",
+                &PatchParams::apply("real-pods").force(),
+                &Patch::Apply(&cm),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let put_secret = |token: &'static str| {
+        let secrets = f.api::<Secret>();
+        async move {
+            let s: Secret = serde_json::from_value(json!({
+                "metadata": {"name": "keys"},
+                "stringData": {"token": token},
+            }))
+            .unwrap();
+            secrets
+                .patch(
+                    "keys",
+                    &PatchParams::apply("real-pods").force(),
+                    &Patch::Apply(&s),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    put_map("hello").await;
+    put_secret("s1").await;
+    let app = common::testing::app("configured", &node.images().hello_v1.reference)
+        .replicas(2)
+        .env("HELLO_CONFIG_DIR", "/etc/hello")
+        .spec(|s| {
+            s.rollout = Some(RolloutSpec {
+                max_surge: Some(IntOrString::Int(1)),
+                max_unavailable: Some(IntOrString::Int(0)),
+            });
+            s.config = vec![
+                common::ConfigSource {
+                    config_map: Some("settings".into()),
+                    ..Default::default()
+                },
+                common::ConfigSource {
+                    secret: Some("keys".into()),
+                    mount_path: Some("/etc/hello".into()),
+                    ..Default::default()
+                },
+            ];
+        })
+        .build();
+    create(&f.apps, &app).await.unwrap();
+    ready(&f, "configured", 2).await;
+    let addr = service_addr(&f, "configured").await;
+    config_everywhere(&addr, ("hello", "s1"), 2).await;
+
+    let traffic = Traffic::start(addr.clone());
+    put_map("bonjour").await;
+    config_everywhere(&addr, ("bonjour", "s1"), 2).await;
+    put_secret("s2").await;
+    config_everywhere(&addr, ("bonjour", "s2"), 2).await;
+    let (versions, failed, last) = traffic.finish().await;
+    assert_eq!(
+        failed, 0,
+        "requests failed during the config rollouts: {last:?}"
+    );
+    assert!(versions.get("v1").copied().unwrap_or(0) > 0, "{versions:?}");
+    ready(&f, "configured", 2).await;
+}

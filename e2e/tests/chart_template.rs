@@ -572,6 +572,8 @@ fn rbac_is_exactly_what_the_controller_uses() {
             "poddisruptionbudgets",
             "get,list,watch,create,patch,delete",
         ),
+        // The ConfigMaps the Pods read (spec.config, env): a change rolls them.
+        ("", "configmaps", "get,list,watch"),
         // Why a rollout's Pods do not start (the kubelet's waiting reason, in status).
         ("", "pods", "list"),
         ("events.k8s.io", "events", "create,patch"),

@@ -96,6 +96,8 @@ pub struct Context {
     own: OwnWrites,
     /// With sharding: what this member serves.
     share: Option<Arc<dyn crate::share::Share>>,
+    /// The digests of the ConfigMaps and Secrets the Pods read, until their next event.
+    digests: Arc<crate::config_revision::Digests>,
 }
 
 /// A poisoned lock is recovered: every map here stays consistent between statements, so
@@ -128,7 +130,13 @@ impl Context {
             failures: Mutex::default(),
             own: OwnWrites::default(),
             share: None,
+            digests: Arc::default(),
         }
+    }
+
+    /// The digests of the configuration the Pods read ([`crate::config_revision`]).
+    pub fn digests(&self) -> &Arc<crate::config_revision::Digests> {
+        &self.digests
     }
 
     /// With sharding: what this member serves gates its passes.

@@ -25,6 +25,7 @@ use kube::Resource;
 use crate::external::PodAdditions;
 use crate::subject::Subject;
 
+mod config;
 mod disruption;
 mod security;
 
@@ -158,7 +159,10 @@ fn build_deployment(app: &Subject, pod: &PodAdditions, track: Track<'_>) -> Depl
             .filter(|added| !spec.env.iter().any(|e| e.name == added.name))
             .cloned(),
     );
-    let (volumes, mounts) = (pod.volumes.clone(), pod.mounts.clone());
+    // The providers' volumes first, then those of `spec.config`, each list in its order.
+    let config = config::config_parts(&spec.config);
+    let volumes: Vec<_> = pod.volumes.iter().cloned().chain(config.volumes).collect();
+    let mounts: Vec<_> = pod.mounts.iter().cloned().chain(config.mounts).collect();
 
     let container = Container {
         name: CONTAINER_NAME.to_owned(),
@@ -176,6 +180,7 @@ fn build_deployment(app: &Subject, pod: &PodAdditions, track: Track<'_>) -> Depl
                 .collect(),
         ),
         env: (!env.is_empty()).then_some(env),
+        env_from: (!config.env_from.is_empty()).then_some(config.env_from),
         resources: spec.resources.clone().filter(|r| {
             r.limits.as_ref().is_some_and(|l| !l.is_empty())
                 || r.requests.as_ref().is_some_and(|l| !l.is_empty())

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 
 use common::names::{
-    ANNOTATION_DESIRED_HASH, OWNED_POD_VOLUMES, OWNED_SPREAD_KEYS, OWNED_TEMPLATE_ANNOTATIONS,
+    ANNOTATION_DESIRED_HASH, OWNED_SPREAD_KEYS, OWNED_TEMPLATE_ANNOTATIONS, is_owned_pod_volume,
 };
 use k8s_openapi::api::core::v1::{ContainerPort, ResourceRequirements, ServicePort};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -164,10 +164,10 @@ impl Drift for DeploymentView {
                 None => ops.push(json!({"op": "remove", "path": path})),
             }
         }
-        // Of the Pod's volumes, those named in `OWNED_POD_VOLUMES` are ours.
+        // Of the Pod's volumes, the database CA's and `spec.config`'s are ours.
         owned_entries_drift(
             "/spec/template/spec/volumes",
-            ("name", &OWNED_POD_VOLUMES),
+            ("name", is_owned_pod_volume),
             desired_template
                 .spec
                 .as_ref()
@@ -182,7 +182,7 @@ impl Drift for DeploymentView {
         // writer adds is theirs.
         owned_entries_drift(
             "/spec/template/spec/topologySpreadConstraints",
-            ("topologyKey", &OWNED_SPREAD_KEYS),
+            ("topologyKey", |key| OWNED_SPREAD_KEYS.contains(&key)),
             desired_template
                 .spec
                 .as_ref()
@@ -261,6 +261,14 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
             ops,
         );
     }
+    if want.env_from != have.env_from {
+        set_or_remove(
+            &format!("{base}/envFrom"),
+            want.env_from.as_ref(),
+            have.env_from.is_some(),
+            ops,
+        );
+    }
     if !same_resources(want.resources.as_ref(), have.resources.as_ref()) {
         match &want.resources {
             Some(r) => ops.push(add(&format!("{base}/resources"), json!(r))),
@@ -303,7 +311,7 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
     }
     owned_entries_drift(
         &format!("{base}/volumeMounts"),
-        ("name", &OWNED_POD_VOLUMES),
+        ("name", is_owned_pod_volume),
         want.volume_mounts.as_deref(),
         have.volume_mounts.as_deref(),
         ops,
@@ -409,27 +417,27 @@ impl Drift for BudgetView {
 }
 
 /// The entries of a list keyed by name (volumes, volume mounts; spread constraints by
-/// topology key: the entry's `key` field) named in `owned` are ours: as `want` has them, or absent when it has none; every
+/// topology key: the entry's `key` field) that `owned` says are ours: as `want` has them, or absent when it has none; every
 /// other entry is someone else's and left where it is. Replacements and removals go from
 /// the last index down, so no index a later operation names has moved; each is guarded
 /// by a test of the entry's name.
 fn owned_entries_drift(
     path: &str,
-    (key, owned): (&str, &[&str]),
+    (key, owned): (&str, fn(&str) -> bool),
     want: Option<&[Named]>,
     have: Option<&[Named]>,
     ops: &mut Vec<Value>,
 ) {
     let entries = have.unwrap_or_default();
     let wanted = |name: &str| want.unwrap_or_default().iter().find(|e| e.name == name);
-    let mut found: Vec<(usize, &str)> = owned
+    // The first live entry of each owned name (the API server refuses two of one name).
+    let mut found: Vec<(usize, &str)> = entries
         .iter()
-        .filter_map(|name| {
-            entries
-                .iter()
-                .position(|e| e.name == *name)
-                .map(|i| (i, *name))
+        .enumerate()
+        .filter(|(i, e)| {
+            owned(&e.name) && entries.iter().position(|f| f.name == e.name) == Some(*i)
         })
+        .map(|(i, e)| (i, e.name.as_str()))
         .collect();
     found.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
     for (i, name) in found {
@@ -446,10 +454,10 @@ fn owned_entries_drift(
             }
         }
     }
-    let missing: Vec<&Named> = owned
+    let missing: Vec<&Named> = want
+        .unwrap_or_default()
         .iter()
-        .filter(|name| !entries.iter().any(|e| e.name == **name))
-        .filter_map(|name| wanted(name))
+        .filter(|w| !entries.iter().any(|e| e.name == w.name))
         .collect();
     match (missing.is_empty(), have.is_some()) {
         (true, _) => {}

@@ -39,6 +39,7 @@
 pub mod children;
 pub mod client;
 pub mod config;
+pub mod config_revision;
 pub mod context;
 pub mod desired;
 pub mod drift;
@@ -75,7 +76,7 @@ use common::names::{LABEL_MANAGED_BY, MANAGED_BY};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
@@ -276,6 +277,11 @@ pub async fn run_with(
     // or of a foreign one blocking the name wakes the AppService.
     let secret_stream = watch.triggers::<Secret>(child_config);
     let other_secret_stream = watch_others.triggers::<Secret>(others_config);
+    // ConfigMaps: the Pods may read any of their namespace (`spec.config`, `env`). Metadata
+    // only, as triggers: an event forgets the digest of its data and wakes the
+    // AppServices that read it (`config_revision`). The Secrets' events above do the same.
+    let config_map_stream =
+        watch_others.triggers::<ConfigMap>(watcher::Config::default().any_semantic());
 
     // The work queue is observed around the Controller: each trigger stream counts.
     let queue = hooks.metrics.queue().clone();
@@ -319,10 +325,37 @@ pub async fn run_with(
             owners::owner_of(&apps, &meta)
         })
     };
-    let (deployment_owner, service_owner, budget_owner, secret_owner) =
-        (wakes(&apps), wakes(&apps), wakes(&apps), wakes(&apps));
-    let (other_deployment_owner, other_service_owner, other_budget_owner, other_secret_owner) =
-        (wakes(&apps), wakes(&apps), wakes(&apps), wakes(&apps));
+    let (deployment_owner, service_owner, budget_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps));
+    let (other_deployment_owner, other_service_owner, other_budget_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps));
+    // An event of a ConfigMap or Secret: its digest is stale, and the AppServices that
+    // read it (and, for a Secret, the one it belongs to or is named after) look again.
+    let readers = |kind: common::ConfigKind| {
+        let apps = apps.clone();
+        let digests = ctx.digests().clone();
+        let owned = kind == common::ConfigKind::Secret;
+        queue::observe_mapper_all(queue.clone(), move |meta: kube::api::ObjectMeta| {
+            let (Some(namespace), Some(name)) = (meta.namespace.as_deref(), meta.name.as_deref())
+            else {
+                return Vec::new();
+            };
+            digests.changed(kind, namespace, name);
+            let mut woken = config_revision::readers(&apps, kind, namespace, name);
+            if owned
+                && let Some(key) = owners::owner_of(&apps, &meta)
+                && !woken.contains(&key)
+            {
+                woken.push(key);
+            }
+            woken
+        })
+    };
+    let (secret_owner, other_secret_owner, config_map_readers) = (
+        readers(common::ConfigKind::Secret),
+        readers(common::ConfigKind::Secret),
+        readers(common::ConfigKind::ConfigMap),
+    );
     let apps_for_queue = apps.clone();
     let apps_for_images = apps.clone();
     let apps_for_shard = apps.clone();
@@ -361,6 +394,9 @@ pub async fn run_with(
         )
         .watches_stream(other_secret_stream, move |s: PartialObjectMeta<Secret>| {
             other_secret_owner(s.metadata)
+        })
+        .watches_stream(config_map_stream, move |c: PartialObjectMeta<ConfigMap>| {
+            config_map_readers(c.metadata)
         })
         // On gaining the lease, look at everything again: the previous leader may have died
         // half-way, and as a standby we skipped every event. (With sharding: on joining.)

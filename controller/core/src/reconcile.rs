@@ -30,6 +30,7 @@ use kube::{Api, ResourceExt};
 use tracing::{debug, instrument, warn};
 
 use crate::children::{converge, delete, lookup};
+use crate::config_revision::{self, Revision};
 use crate::context::Context;
 use crate::desired::{
     CANARY_SLOT, desired_budget, desired_canary_deployment, desired_deployment, desired_service,
@@ -45,8 +46,8 @@ use crate::status::{Observation, Observed, Rollout, external_changes, rollout_of
 use crate::subject::Subject;
 use crate::view::{Child, DeploymentView};
 use common::names::{
-    LABEL_MANAGED_BY, MANAGED_BY, budget_name, canary_deployment_name, deployment_name,
-    service_name,
+    ANNOTATION_CONFIG_REVISION, LABEL_MANAGED_BY, MANAGED_BY, budget_name, canary_deployment_name,
+    deployment_name, service_name,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
@@ -256,11 +257,25 @@ async fn converge_children(
         }
         _ => *app,
     };
+    // The configuration the Pods read, as one revision in their template: a change of
+    // its data rolls them. One that does not exist holds the children as they are.
+    let pod = match config_revision::revision(ctx.client(), ctx.digests(), namespace, &render.spec)
+        .await?
+    {
+        Revision::Missing(missing) => return Ok(config_missing(ctx, app, report, &missing)),
+        Revision::None => Cow::Borrowed(&report.pod),
+        Revision::Of(revision) => {
+            let mut pod = report.pod.clone();
+            pod.annotations
+                .insert(ANNOTATION_CONFIG_REVISION.to_owned(), revision);
+            Cow::Owned(pod)
+        }
+    };
     // Every name is checked before any child is written: a half-built AppService
     // (Pods without a Service, or the reverse) would look like progress.
-    let want_deployment = desired_deployment(&render, &report.pod);
+    let want_deployment = desired_deployment(&render, &pod);
     let want_service = desired_service(app);
-    let want_canary = desired_canary_deployment(&render, &report.pod);
+    let want_canary = desired_canary_deployment(&render, &pod);
     let want_budget = desired_budget(app);
     let canary_name = canary_deployment_name(app.name());
     let budget_name = budget_name(app.name());
@@ -596,6 +611,26 @@ async fn converge_children(
         None => next,
     };
     Ok(Outcome::status(status, Ok(Next::requeue(next))))
+}
+
+/// Status while a ConfigMap or Secret the Pods read is missing: the children stay as they
+/// are (the Pods would not start without it). Its creation wakes the AppService; the
+/// recheck is a backstop should that watch be down.
+fn config_missing(ctx: &Context, app: &Subject, report: &Report, missing: &[String]) -> Outcome {
+    let message = format!(
+        "{} {} not exist in namespace {}; the Pods read {}",
+        missing.join(" and "),
+        if missing.len() == 1 { "does" } else { "do" },
+        app.namespace(),
+        if missing.len() == 1 { "it" } else { "them" },
+    );
+    let found = Observation::ConfigMissing(message);
+    let deployment = cached_deployment(ctx, app);
+    let observed = Observed::new(&found)
+        .external(report)
+        .deployments(deployment.as_deref(), None);
+    let status = status_of(app, &observed, &ctx.clock().now());
+    Outcome::status(status, Ok(Next::requeue(CONFLICT_RECHECK)))
 }
 
 /// Whether `error` is a create refused because the name exists: someone took it after

@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use common::names::{ANNOTATION_DESIRED_HASH, OWNED_TEMPLATE_ANNOTATIONS};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
-    ContainerPort, EnvVarSource, PodSecurityContext, Probe, ResourceRequirements, SecurityContext,
-    Service, ServicePort, TopologySpreadConstraint, Volume, VolumeMount,
+    ContainerPort, EnvFromSource, EnvVarSource, PodSecurityContext, Probe, ResourceRequirements,
+    SecurityContext, Service, ServicePort, TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -284,7 +284,7 @@ pub struct PodSpecView {
     /// The Pod's security context; `None` when absent or empty.
     #[serde(default, deserialize_with = "pod_security_context")]
     pub security_context: Option<Compact>,
-    /// The Pod's volumes (the controller owns only [`common::names::OWNED_POD_VOLUMES`]);
+    /// The Pod's volumes (the controller owns only those [`common::names::is_owned_pod_volume`] names);
     /// `None` when absent.
     #[serde(default, deserialize_with = "volumes")]
     pub volumes: Option<Vec<Named>>,
@@ -305,6 +305,9 @@ pub struct ContainerView {
     pub ports: Option<Vec<ContainerPort>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<Vec<EnvVarView>>,
+    /// Whole ConfigMaps and Secrets as variables (`spec.config`): the controller's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_from: Option<Vec<EnvFromSource>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -316,8 +319,8 @@ pub struct ContainerView {
         deserialize_with = "container_security_context"
     )]
     pub security_context: Option<Compact>,
-    /// The container's volume mounts (the controller owns only those of
-    /// [`common::names::OWNED_POD_VOLUMES`]).
+    /// The container's volume mounts (the controller owns only those of its own volumes,
+    /// [`common::names::is_owned_pod_volume`]).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",

@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-use common::types::{MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_IMAGE_LEN, MAX_PORTS};
+use common::types::{
+    MAX_CONFIG_SOURCES, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_IMAGE_LEN, MAX_PORTS,
+};
 use common::validation::{FieldError, FieldErrors};
 use serde::Deserialize;
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -44,6 +46,8 @@ struct SpecShape {
     resources: Option<ResourcesShape>,
     #[serde(default)]
     canary: Option<CanaryShape>,
+    #[serde(default)]
+    config: Len,
 }
 
 #[derive(Default, Deserialize)]
@@ -81,6 +85,13 @@ impl SpecShape {
         }
         if self.ports.0 > MAX_PORTS {
             errors.push(FieldError::too_many("spec.ports", self.ports.0, MAX_PORTS));
+        }
+        if self.config.0 > MAX_CONFIG_SOURCES {
+            errors.push(FieldError::too_many(
+                "spec.config",
+                self.config.0,
+                MAX_CONFIG_SOURCES,
+            ));
         }
         if let Some(resources) = &self.resources {
             for (field, len) in [
@@ -290,6 +301,11 @@ mod tests {
             "spec.ports" => json!(
                 (0..n)
                     .map(|i| json!({"name": format!("p{i}"), "port": 1000 + i}))
+                    .collect::<Vec<_>>()
+            ),
+            "spec.config" => json!(
+                (0..n)
+                    .map(|i| json!({"configMap": format!("c{i}")}))
                     .collect::<Vec<_>>()
             ),
             "spec.resources.limits" | "spec.resources.requests" => Value::Object(

@@ -34,7 +34,8 @@ use crate::error::Error;
 mod observe;
 
 pub use observe::{
-    observe_apps, observe_error_policy, observe_mapper, observe_reconcile, observe_reconcile_all,
+    observe_apps, observe_error_policy, observe_mapper, observe_mapper_all, observe_reconcile,
+    observe_reconcile_all,
 };
 
 /// The `name` (workqueue) and `controller` (controller-runtime) label of every series.

@@ -59,6 +59,21 @@ pub fn observe_mapper<T>(
     }
 }
 
+/// [`observe_mapper`] for a mapper that wakes any number of AppServices.
+pub fn observe_mapper_all<T>(
+    queue: Arc<Queue>,
+    mapper: impl Fn(T) -> Vec<ObjectRef<AppService>>,
+) -> impl Fn(T) -> Vec<ObjectRef<AppService>> {
+    move |obj| {
+        let keys = mapper(obj);
+        let now = Instant::now();
+        for key in &keys {
+            queue.triggered(key, now);
+        }
+        keys
+    }
+}
+
 /// Wraps the reconcile function: the object leaves the queue when it starts, and its
 /// duration and result are recorded when it ends.
 pub fn observe_reconcile<F, Fut>(

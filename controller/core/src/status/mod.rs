@@ -63,6 +63,9 @@ pub enum Observation {
         /// The Service's name is taken, so the endpoint reaches someone else's Pods.
         service_taken: bool,
     },
+    /// A ConfigMap or Secret the Pods read does not exist; the message names each. The
+    /// children stay as they are until it does.
+    ConfigMissing(String),
     /// The API server rejected a child we built (HTTP 400/422) even after our fields were
     /// put back, or another writer keeps changing them; the message says why.
     Rejected(String),
@@ -207,6 +210,14 @@ fn children_status(app: &AppService, observed: &Observed, now: &Time) -> AppServ
                 reasons::RESOURCE_CONFLICT,
                 message,
                 "blocked until the conflicting objects are gone",
+            )
+        }
+        Observation::ConfigMissing(message) => {
+            status.ready_replicas = Some(running);
+            blocked(
+                reasons::CONFIG_SOURCE_MISSING,
+                message,
+                "nothing is rolled out until it exists; checked again as soon as it is created",
             )
         }
         Observation::Rejected(message) => {

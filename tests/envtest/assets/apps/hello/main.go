@@ -10,6 +10,8 @@
 //	             application would: $DATABASE_URL when set, else libpq's PG* variables
 //	             (PGSSLROOTCERT naming the mounted CA). 200 with {"ok": true, "tls": …,
 //	             "user": …} when a query ran, 503 with {"ok": false, "error": …} when not.
+//	GET /config  {"pod", "env", "files"}: the configuration the process read, every
+//	             variable named CFG_* and every file of $HELLO_CONFIG_DIR by name.
 //
 // On SIGTERM it keeps serving for $HELLO_DRAIN (default 10s, what a preStop sleep
 // usually gives: long enough for the EndpointSlice controller and kube-proxy to take the
@@ -31,6 +33,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -137,6 +140,38 @@ func database(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, dbAnswer{OK: true, Via: via, TLS: encrypted, User: user, Server: server})
 }
 
+// config answers with the configuration the process read: every environment variable
+// whose name starts with CFG_, and every file of the directory HELLO_CONFIG_DIR names
+// (the keys of a mounted ConfigMap or Secret; the kubelet's own ".." entries skipped).
+func config(w http.ResponseWriter, _ *http.Request) {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "CFG_") {
+			env[k] = v
+		}
+	}
+	files := map[string]string{}
+	if dir := os.Getenv("HELLO_CONFIG_DIR"); dir != "" {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+			return
+		}
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "..") {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+			if err != nil {
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+				return
+			}
+			files[e.Name()] = string(b)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"pod": pod(), "env": env, "files": files})
+}
+
 func get(url string) {
 	client := &http.Client{Timeout: 10 * time.Second}
 	res, err := client.Get(url)
@@ -174,6 +209,7 @@ func main() {
 	mux.HandleFunc("GET /{$}", root)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /db", database)
+	mux.HandleFunc("GET /config", config)
 	drain := 10 * time.Second
 	if d := os.Getenv("HELLO_DRAIN"); d != "" {
 		wait, err := time.ParseDuration(d)
