@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use common::{v1alpha1, v1beta1};
 use harness::{ControlPlane, Options, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
 };
@@ -244,8 +244,8 @@ fn previous_children_match_the_golden_fixture() {
         );
         // And the current controller builds the very same children from the object
         // converted to v1beta1, but for the owner reference, which names the storage
-        // version, and the Pod template's security contexts, which the previous release
-        // did not set: the upgrade re-points each Service with one patch (same hash) and
+        // version, and the Pod template's security contexts and spread over nodes, which
+        // the previous release did not set: the upgrade re-points each Service with one patch (same hash) and
         // applies each Deployment once (another hash: a rollout).
         let hub = common::conversion::to_v1beta1(&app);
         let as_previous = |mut v: Value| {
@@ -283,6 +283,13 @@ fn previous_children_match_the_golden_fixture() {
             pod.as_object_mut().unwrap().remove("securityContext"),
             Some(json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}))
         );
+        let spread = pod
+            .as_object_mut()
+            .unwrap()
+            .remove("topologySpreadConstraints")
+            .expect("the spread over nodes");
+        assert_eq!(spread[0]["topologyKey"], "kubernetes.io/hostname");
+        assert_eq!(spread[0]["whenUnsatisfiable"], "ScheduleAnyway");
         assert_eq!(
             pod["containers"][0]
                 .as_object_mut()
@@ -334,6 +341,15 @@ async fn upgrade_re_point_migrate_roll_back_and_unserve_v1alpha1() {
     assert_eq!(old_crd.spec.versions.len(), 1);
     cp.replace_crd(&old_crd).await.unwrap();
     let alpha: Api<v1alpha1::AppService> = Api::namespaced(client.clone(), &ns);
+    // The Secret `checkout` takes its token from: its Pods could not start without it.
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "checkout"}, "stringData": {"token": "t0k3n"},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
     for app in previous_apps() {
         let stored = alpha.create(&PostParams::default(), &app).await.unwrap();
         previous_controller_converges(&client, &ns, &stored).await;
