@@ -16,7 +16,8 @@
 //!   `v1alpha1` object without it rolls out with the Deployment's defaults.
 //! * `v1beta1 → v1alpha1`: `canary` likewise, in [`ANNOTATION_V1BETA1_CANARY`], so a
 //!   `v1alpha1` client's edit (of `replicas`, say) neither ends nor promotes a canary.
-//! * `v1beta1 → v1alpha1`: `config` likewise, in [`ANNOTATION_V1BETA1_CONFIG`].
+//! * `v1beta1 → v1alpha1`: `config` likewise, in [`ANNOTATION_V1BETA1_CONFIG`], and
+//!   `autoscaling` in [`ANNOTATION_V1BETA1_AUTOSCALING`].
 //! * `v1alpha1 → v1beta1`: `{enabled: true, class}` is `{class}`; a database that is not
 //!   enabled is no `database`, and the `v1alpha1` value is kept in
 //!   [`ANNOTATION_V1ALPHA1_DATABASE`]. It is restored only while `v1beta1`'s `database` is
@@ -33,8 +34,9 @@ use serde_json::Value;
 
 use crate::defaults::DEFAULT_PORT;
 use crate::names::{
-    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_CANARY, ANNOTATION_V1BETA1_CONFIG,
-    ANNOTATION_V1BETA1_POD_SECURITY, ANNOTATION_V1BETA1_PORTS, ANNOTATION_V1BETA1_ROLLOUT, GROUP,
+    ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_AUTOSCALING, ANNOTATION_V1BETA1_CANARY,
+    ANNOTATION_V1BETA1_CONFIG, ANNOTATION_V1BETA1_POD_SECURITY, ANNOTATION_V1BETA1_PORTS,
+    ANNOTATION_V1BETA1_ROLLOUT, GROUP,
 };
 use crate::{v1alpha1, v1beta1};
 
@@ -117,6 +119,9 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
         take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CONFIG)
             .and_then(|json| serde_json::from_str(&json).ok())
             .unwrap_or_default();
+    let autoscaling: Option<v1beta1::AutoscalingSpec> =
+        take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_AUTOSCALING)
+            .and_then(|json| serde_json::from_str(&json).ok());
     // Never seen in v1alpha1; a copy written there by hand is not carried over.
     take_annotation(&mut metadata.annotations, ANNOTATION_V1ALPHA1_DATABASE);
 
@@ -154,6 +159,7 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
             rollout,
             canary,
             config,
+            autoscaling,
             env: spec.env.clone(),
             resources: spec.resources.clone(),
             database,
@@ -173,6 +179,14 @@ pub fn to_v1alpha1(app: &v1beta1::AppService) -> v1alpha1::AppService {
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_ROLLOUT);
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CANARY);
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CONFIG);
+    take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_AUTOSCALING);
+    if let Some(autoscaling) = &app.spec.autoscaling {
+        set_annotation(
+            &mut metadata.annotations,
+            ANNOTATION_V1BETA1_AUTOSCALING,
+            to_json(autoscaling),
+        );
+    }
 
     let spec = &app.spec;
     if !spec.config.is_empty() {
@@ -536,6 +550,29 @@ mod tests {
         let mut aborted = back;
         aborted.spec.canary = None;
         assert_eq!(to_v1alpha1(&aborted).metadata.annotations, None);
+    }
+
+    #[test]
+    fn autoscaling_survives_v1alpha1_both_ways() {
+        let mut original = beta(vec![AppPort::http(8080)], None);
+        original.spec.autoscaling = Some(v1beta1::AutoscalingSpec {
+            min_replicas: Some(2),
+            max_replicas: 8,
+            target_cpu_utilization_percentage: Some(60),
+        });
+        let mut alpha = to_v1alpha1(&original);
+        let saved = alpha.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            saved[ANNOTATION_V1BETA1_AUTOSCALING],
+            r#"{"minReplicas":2,"maxReplicas":8,"targetCPUUtilizationPercentage":60}"#
+        );
+        // The autoscaler scales through v1alpha1's /scale: the bounds stay.
+        alpha.spec.replicas = Some(5);
+        let back = to_v1beta1(&alpha);
+        let mut expected = original.clone();
+        expected.spec.replicas = Some(5);
+        assert_eq!(back, expected);
+        assert_eq!(back.metadata.annotations, None);
     }
 
     #[test]

@@ -21,8 +21,8 @@ use crate::types::{AppService, AppServiceSpec};
 use crate::v1alpha1;
 
 pub use crate::limits::{
-    DEFAULT_CANARY_REPLICAS, DEFAULT_MAX_SURGE, DEFAULT_MAX_UNAVAILABLE, DEFAULT_PORT,
-    DEFAULT_REPLICAS,
+    DEFAULT_CANARY_REPLICAS, DEFAULT_MAX_SURGE, DEFAULT_MAX_UNAVAILABLE, DEFAULT_MIN_REPLICAS,
+    DEFAULT_PORT, DEFAULT_REPLICAS, DEFAULT_TARGET_CPU_UTILIZATION,
 };
 pub use crate::v1beta1::{
     DEFAULT_PORT_NAME, DEFAULT_PROTOCOL, DEFAULT_SECURITY_PROFILE, default_port_list, default_ports,
@@ -52,6 +52,12 @@ pub fn default_spec(spec: &mut AppServiceSpec) {
     }
     if let Some(canary) = &mut spec.canary {
         canary.replicas.get_or_insert(DEFAULT_CANARY_REPLICAS);
+    }
+    if let Some(autoscaling) = &mut spec.autoscaling {
+        autoscaling.min_replicas.get_or_insert(DEFAULT_MIN_REPLICAS);
+        autoscaling
+            .target_cpu_utilization_percentage
+            .get_or_insert(DEFAULT_TARGET_CPU_UTILIZATION);
     }
 }
 

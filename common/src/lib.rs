@@ -31,7 +31,7 @@ pub use database_class::{
     DatabaseClass, DatabaseClassSpec, DatabaseClassStatus, DeletionPolicy, OrphanPolicy, TlsMode,
 };
 pub use types::{
-    AppPort, AppService, AppServiceSpec, AppServiceStatus, CanarySpec, CanaryStatus, ConfigKind,
-    ConfigSource, DatabaseSpec, EnvVar, ImageStatus, ImageVerification, PodSecurity, Protocol,
-    RolloutSpec, SecurityProfile,
+    AppPort, AppService, AppServiceSpec, AppServiceStatus, AutoscalingSpec, CanarySpec,
+    CanaryStatus, ConfigKind, ConfigSource, DatabaseSpec, EnvVar, ImageStatus, ImageVerification,
+    PodSecurity, Protocol, RolloutSpec, SecurityProfile,
 };

@@ -69,11 +69,24 @@ pub const MAX_ROLLOUT_PERCENT: u32 = 100;
 /// The lowest `runAsUser` the `Restricted` profile allows: 0 is root.
 pub const MIN_NON_ROOT_UID: i64 = 1;
 
+/// Bounds of `spec.autoscaling.targetCPUUtilizationPercentage`: a percentage of the
+/// container's CPU request, which the Pods may exceed up to their limit.
+pub const MIN_TARGET_CPU_UTILIZATION: i32 = 1;
+pub const MAX_TARGET_CPU_UTILIZATION: i32 = 1000;
+/// The fewest replicas `spec.autoscaling.minReplicas` may say (an autoscaler's minimum;
+/// 0 would need the alpha feature `HPAScaleToZero`).
+pub const MIN_AUTOSCALING_REPLICAS: i32 = 1;
+
 /// `spec.replicas` when omitted.
 pub const DEFAULT_REPLICAS: i32 = 1;
 /// The number of the default port (`v1beta1`), and `spec.port` when omitted (`v1alpha1`).
 pub const DEFAULT_PORT: i32 = 8080;
 
+/// `spec.autoscaling.minReplicas` when omitted (the HorizontalPodAutoscaler's own).
+pub const DEFAULT_MIN_REPLICAS: i32 = 1;
+/// `spec.autoscaling.targetCPUUtilizationPercentage` when omitted (the
+/// HorizontalPodAutoscaler's own default target).
+pub const DEFAULT_TARGET_CPU_UTILIZATION: i32 = 80;
 /// `spec.canary.replicas` when omitted.
 pub const DEFAULT_CANARY_REPLICAS: i32 = 1;
 /// `spec.rollout.maxSurge` when omitted: the Deployment's own default.

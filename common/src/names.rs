@@ -74,6 +74,9 @@ pub const ANNOTATION_V1BETA1_CANARY: &str = "platform.example.com/v1beta1-canary
 /// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `config` (the
 /// ConfigMaps and Secrets its Pods read). Written and read only by conversion.
 pub const ANNOTATION_V1BETA1_CONFIG: &str = "platform.example.com/v1beta1-config";
+/// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `autoscaling`.
+/// Written and read only by conversion.
+pub const ANNOTATION_V1BETA1_AUTOSCALING: &str = "platform.example.com/v1beta1-autoscaling";
 /// Annotation on a `v1beta1` AppService holding, as JSON, the `v1alpha1` `database` that
 /// `v1beta1` cannot express (`enabled: false`, with or without a class). Written and read
 /// only by conversion.
@@ -82,7 +85,8 @@ pub const ANNOTATION_V1ALPHA1_DATABASE: &str = "platform.example.com/v1alpha1-da
 /// Every annotation conversion writes and reads ([`crate::conversion`]): what a reader of
 /// one version must take into account to see the object as the other version has it
 /// (the webhook keeps exactly these when it judges a `v1alpha1` object in the hub form).
-pub const CONVERSION_ANNOTATIONS: [&str; 6] = [
+pub const CONVERSION_ANNOTATIONS: [&str; 7] = [
+    ANNOTATION_V1BETA1_AUTOSCALING,
     ANNOTATION_V1BETA1_PORTS,
     ANNOTATION_V1BETA1_POD_SECURITY,
     ANNOTATION_V1BETA1_ROLLOUT,
@@ -199,6 +203,11 @@ pub fn service_name(app: &str) -> String {
 
 /// Name of the PodDisruptionBudget of an AppService (while it runs two or more Pods).
 pub fn budget_name(app: &str) -> String {
+    app.to_owned()
+}
+
+/// Name of the HorizontalPodAutoscaler of an AppService (while `spec.autoscaling` asks for one).
+pub fn autoscaler_name(app: &str) -> String {
     app.to_owned()
 }
 

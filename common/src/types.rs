@@ -13,6 +13,6 @@
 pub use crate::limits::*;
 pub use crate::shared::{AppServiceStatus, CanaryStatus, EnvVar, ImageStatus, ImageVerification};
 pub use crate::v1beta1::{
-    AppPort, AppService, AppServiceSpec, CanarySpec, ConfigKind, ConfigSource, DatabaseSpec,
-    PodSecurity, Protocol, RolloutSpec, SecurityProfile,
+    AppPort, AppService, AppServiceSpec, AutoscalingSpec, CanarySpec, ConfigKind, ConfigSource,
+    DatabaseSpec, PodSecurity, Protocol, RolloutSpec, SecurityProfile,
 };

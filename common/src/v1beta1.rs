@@ -32,6 +32,10 @@
 //!   as variables or files; a change of their data rolls the Pods. `v1alpha1` keeps it
 //!   in an annotation.
 //!
+//! * `autoscaling: {minReplicas, maxReplicas, targetCPUUtilizationPercentage}`: a
+//!   HorizontalPodAutoscaler on the AppService's scale subresource. `v1alpha1` keeps it
+//!   in an annotation.
+//!
 //! Everything else (image, replicas, env, resources, status) is the same in both versions.
 
 use kube::KubeSchema;
@@ -99,6 +103,14 @@ crate::shared::app_service_spec! {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         #[schemars(schema_with = "config_schema")]
         pub config: Vec<ConfigSource>,
+
+        /// Replicas decided by load: a HorizontalPodAutoscaler `<name>` keeps the average
+        /// CPU use of the Pods near `targetCPUUtilizationPercentage` of their CPU request
+        /// (`resources.requests.cpu` is required), between `minReplicas` and
+        /// `maxReplicas`, by writing `replicas` through the scale subresource. Leave
+        /// `replicas` out of manifests applied by GitOps while it is set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub autoscaling: Option<AutoscalingSpec>,
     }
     /// A PostgreSQL database provisioned for this application, requested by being
     /// present. The connection URL is passed to the container as `DATABASE_URL`.
@@ -201,6 +213,65 @@ pub struct PodSecurity {
     /// volumes). Defaults to false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only_root_filesystem: Option<bool>,
+}
+
+/// How an AppService's replicas follow its load.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas").message("minReplicas must not be greater than maxReplicas").field_path(".minReplicas"))]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingSpec {
+    /// The fewest replicas, from 1. Defaults to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "min_replicas_schema")]
+    pub min_replicas: Option<i32>,
+
+    /// The most replicas, from 1 to 1000.
+    #[schemars(range(min = crate::limits::MIN_AUTOSCALING_REPLICAS, max = crate::limits::MAX_REPLICAS))]
+    pub max_replicas: i32,
+
+    /// The average CPU use the Pods are kept near, as a percentage of their CPU request,
+    /// from 1 to 1000. Defaults to 80.
+    #[serde(
+        default,
+        rename = "targetCPUUtilizationPercentage",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "target_cpu_schema")]
+    pub target_cpu_utilization_percentage: Option<i32>,
+}
+
+fn min_replicas_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "integer",
+        "format": "int32",
+        "minimum": crate::limits::MIN_AUTOSCALING_REPLICAS,
+        "maximum": crate::limits::MAX_REPLICAS,
+        "default": crate::limits::DEFAULT_MIN_REPLICAS,
+    })
+}
+
+fn target_cpu_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "integer",
+        "format": "int32",
+        "minimum": crate::limits::MIN_TARGET_CPU_UTILIZATION,
+        "maximum": crate::limits::MAX_TARGET_CPU_UTILIZATION,
+        "default": crate::limits::DEFAULT_TARGET_CPU_UTILIZATION,
+    })
+}
+
+impl AutoscalingSpec {
+    /// `minReplicas` with the default applied.
+    pub fn min_replicas(&self) -> i32 {
+        self.min_replicas
+            .unwrap_or(crate::limits::DEFAULT_MIN_REPLICAS)
+    }
+
+    /// `targetCPUUtilizationPercentage` with the default applied.
+    pub fn target_cpu_utilization(&self) -> i32 {
+        self.target_cpu_utilization_percentage
+            .unwrap_or(crate::limits::DEFAULT_TARGET_CPU_UTILIZATION)
+    }
 }
 
 /// A ConfigMap or a Secret the Pods of an AppService read: exactly one of the two.

@@ -23,8 +23,9 @@ use crate::types::{
     AppService, AppServiceSpec, CanarySpec, MAX_CLASS_LEN, MAX_CONFIG_SOURCES, MAX_ENV,
     MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_MOUNT_PATH_LEN,
     MAX_NAME_LEN, MAX_PORT, MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MAX_ROLLOUT_PERCENT,
-    MAX_SUBDOMAIN_LEN, MIN_CANARY_REPLICAS, MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS,
-    PodSecurity, RolloutSpec, SecurityProfile,
+    MAX_SUBDOMAIN_LEN, MAX_TARGET_CPU_UTILIZATION, MIN_AUTOSCALING_REPLICAS, MIN_CANARY_REPLICAS,
+    MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS, MIN_TARGET_CPU_UTILIZATION, PodSecurity,
+    RolloutSpec, SecurityProfile,
 };
 use crate::{conversion, v1alpha1};
 
@@ -146,6 +147,9 @@ fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
     }
     validate_env(spec, errors);
     validate_config(spec, errors);
+    if let Some(autoscaling) = &spec.autoscaling {
+        validate_autoscaling(spec, autoscaling, errors);
+    }
     if let Some(resources) = &spec.resources {
         validate_resources(resources, errors);
     }
@@ -494,6 +498,64 @@ fn validate_env(spec: &AppServiceSpec, errors: &mut Vec<FieldError>) {
                 ));
             }
         }
+    }
+}
+
+/// `spec.autoscaling`: both bounds within the replicas' range, the least not above the
+/// most, a target from 1% to 1000%; a CPU request to measure use against; and a canary
+/// no larger than the least (the autoscaler may scale down to it).
+fn validate_autoscaling(
+    spec: &AppServiceSpec,
+    autoscaling: &crate::types::AutoscalingSpec,
+    errors: &mut Vec<FieldError>,
+) {
+    const FIELD: &str = "spec.autoscaling";
+    let (min, max) = (autoscaling.min_replicas(), autoscaling.max_replicas);
+    for (name, value) in [("minReplicas", min), ("maxReplicas", max)] {
+        if !(MIN_AUTOSCALING_REPLICAS..=MAX_REPLICAS).contains(&value) {
+            errors.push(FieldError::invalid_int(
+                format!("{FIELD}.{name}"),
+                value.into(),
+                format!("must be between {MIN_AUTOSCALING_REPLICAS} and {MAX_REPLICAS}"),
+            ));
+        }
+    }
+    if min > max {
+        errors.push(FieldError::invalid_int(
+            format!("{FIELD}.minReplicas"),
+            min.into(),
+            format!("must not be greater than maxReplicas ({max})"),
+        ));
+    }
+    let target = autoscaling.target_cpu_utilization();
+    if !(MIN_TARGET_CPU_UTILIZATION..=MAX_TARGET_CPU_UTILIZATION).contains(&target) {
+        errors.push(FieldError::invalid_int(
+            format!("{FIELD}.targetCPUUtilizationPercentage"),
+            target.into(),
+            format!(
+                "must be between {MIN_TARGET_CPU_UTILIZATION} and {MAX_TARGET_CPU_UTILIZATION}"
+            ),
+        ));
+    }
+    let cpu_request = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .is_some_and(|r| r.contains_key("cpu"));
+    if !cpu_request {
+        errors.push(FieldError::required(
+            "spec.resources.requests.cpu",
+            "required with spec.autoscaling: the autoscaler measures CPU use against it",
+        ));
+    }
+    if let Some(canary) = &spec.canary
+        && canary.replicas() > min
+    {
+        errors.push(FieldError::invalid_int(
+            "spec.canary.replicas",
+            canary.replicas().into(),
+            format!("must not be greater than spec.autoscaling.minReplicas ({min}): the autoscaler may scale down to it"),
+        ));
     }
 }
 

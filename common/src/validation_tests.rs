@@ -1213,3 +1213,84 @@ mod v1beta1_config {
         );
     }
 }
+
+/// `autoscaling` exists only in v1beta1: tested on the hub.
+mod v1beta1_autoscaling {
+    use std::collections::BTreeMap;
+
+    use crate::types::{AppService, AppServiceSpec, AutoscalingSpec, CanarySpec};
+    use crate::validation::validate_report;
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use pretty_assertions::assert_eq;
+
+    fn errors(autoscaling: AutoscalingSpec, cpu: bool, canary: Option<i32>) -> Vec<String> {
+        let app = AppService::new(
+            "checkout",
+            AppServiceSpec {
+                image: "registry.example.com/checkout:v1".into(),
+                replicas: Some(4),
+                autoscaling: Some(autoscaling),
+                resources: cpu.then(|| ResourceRequirements {
+                    requests: Some(BTreeMap::from([("cpu".into(), Quantity("100m".into()))])),
+                    ..Default::default()
+                }),
+                canary: canary.map(|replicas| CanarySpec {
+                    image: "registry.example.com/checkout:v2".into(),
+                    replicas: Some(replicas),
+                }),
+                ..Default::default()
+            },
+        );
+        validate_report(&app, None)
+            .errors
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn scaling(min: Option<i32>, max: i32, target: Option<i32>) -> AutoscalingSpec {
+        AutoscalingSpec {
+            min_replicas: min,
+            max_replicas: max,
+            target_cpu_utilization_percentage: target,
+        }
+    }
+
+    #[test]
+    fn bounds_within_the_replicas_range_and_a_target_percentage() {
+        assert!(errors(scaling(Some(2), 10, Some(50)), true, None).is_empty());
+        assert!(errors(scaling(None, 1, None), true, None).is_empty());
+        assert_eq!(
+            errors(scaling(Some(0), 1001, Some(0)), true, None),
+            [
+                "spec.autoscaling.minReplicas: Invalid value: 0: must be between 1 and 1000",
+                "spec.autoscaling.maxReplicas: Invalid value: 1001: must be between 1 and 1000",
+                "spec.autoscaling.targetCPUUtilizationPercentage: Invalid value: 0: must be between 1 and 1000",
+            ]
+        );
+        assert_eq!(
+            errors(scaling(Some(5), 3, None), true, None),
+            [
+                "spec.autoscaling.minReplicas: Invalid value: 5: must not be greater than maxReplicas (3)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cpu_request_is_required_and_a_canary_fits_the_least() {
+        assert_eq!(
+            errors(scaling(Some(2), 10, None), false, None),
+            [
+                "spec.resources.requests.cpu: Required value: required with spec.autoscaling: the autoscaler measures CPU use against it"
+            ]
+        );
+        assert!(errors(scaling(Some(2), 10, None), true, Some(2)).is_empty());
+        assert_eq!(
+            errors(scaling(Some(2), 10, None), true, Some(3)),
+            [
+                "spec.canary.replicas: Invalid value: 3: must not be greater than spec.autoscaling.minReplicas (2): the autoscaler may scale down to it"
+            ]
+        );
+    }
+}

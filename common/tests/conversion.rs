@@ -146,6 +146,24 @@ fn arb_canary() -> impl Strategy<Value = Option<v1beta1::CanarySpec>> {
     )
 }
 
+/// Any `autoscaling`, valid or not.
+fn arb_autoscaling() -> impl Strategy<Value = Option<v1beta1::AutoscalingSpec>> {
+    proptest::option::of(
+        (
+            proptest::option::of(-2..1002i32),
+            -2..1002i32,
+            proptest::option::of(-2..1002i32),
+        )
+            .prop_map(
+                |(min_replicas, max_replicas, target)| v1beta1::AutoscalingSpec {
+                    min_replicas,
+                    max_replicas,
+                    target_cpu_utilization_percentage: target,
+                },
+            ),
+    )
+}
+
 /// Any `config` list, valid or not (neither or both objects named, odd paths).
 fn arb_config() -> impl Strategy<Value = Vec<v1beta1::ConfigSource>> {
     proptest::collection::vec(
@@ -236,6 +254,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
                 arb_rollout(),
                 arb_canary(),
                 arb_config(),
+                arb_autoscaling(),
             ),
             arb_env(),
             arb_resources(),
@@ -250,7 +269,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
                     image,
                     replicas,
                     ports,
-                    (pod_security, rollout, canary, config),
+                    (pod_security, rollout, canary, config, autoscaling),
                     env,
                     resources,
                     database,
@@ -267,6 +286,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
                         rollout,
                         canary,
                         config,
+                        autoscaling,
                         env,
                         resources,
                         database: database.map(|class| v1beta1::DatabaseSpec { class }),

@@ -298,32 +298,46 @@ struct Traffic {
 
 impl Traffic {
     fn start(addr: String) -> Traffic {
+        Traffic::start_on(addr, "/", 1)
+    }
+
+    /// `tasks` clients sending `GET path` one after another; answers are counted by
+    /// their `version` (`-` when they have none).
+    fn start_on(addr: String, path: &'static str, tasks: usize) -> Traffic {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicU64::new(0));
         let versions = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
         let last_failure = Arc::new(std::sync::Mutex::new(None));
-        let task = tokio::spawn({
-            let (stop, failed, versions, last_failure) = (
-                stop.clone(),
-                failed.clone(),
-                versions.clone(),
-                last_failure.clone(),
-            );
-            async move {
-                while !stop.load(Ordering::SeqCst) {
-                    match real_node::get(&addr, "/").await {
-                        Ok((200, body)) => {
-                            let answer: Value = serde_json::from_str(&body).unwrap();
-                            let version = answer["version"].as_str().unwrap().to_owned();
-                            *versions.lock().unwrap().entry(version).or_default() += 1;
+        let clients: Vec<_> = (0..tasks)
+            .map(|_| {
+                let (stop, failed, versions, last_failure, addr) = (
+                    stop.clone(),
+                    failed.clone(),
+                    versions.clone(),
+                    last_failure.clone(),
+                    addr.clone(),
+                );
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        match real_node::get(&addr, path).await {
+                            Ok((200, body)) => {
+                                let answer: Value = serde_json::from_str(&body).unwrap();
+                                let version = answer["version"].as_str().unwrap_or("-").to_owned();
+                                *versions.lock().unwrap().entry(version).or_default() += 1;
+                            }
+                            other => {
+                                failed.fetch_add(1, Ordering::SeqCst);
+                                *last_failure.lock().unwrap() = Some(format!("{other:?}"));
+                            }
                         }
-                        other => {
-                            failed.fetch_add(1, Ordering::SeqCst);
-                            *last_failure.lock().unwrap() = Some(format!("{other:?}"));
-                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                })
+            })
+            .collect();
+        let task = tokio::spawn(async move {
+            for client in clients {
+                client.await.unwrap();
             }
         });
         Traffic {
@@ -1014,4 +1028,120 @@ async fn the_application_reads_its_config_and_an_edit_reaches_every_pod_with_non
     );
     assert!(versions.get("v1").copied().unwrap_or(0) > 0, "{versions:?}");
     ready(&f, "configured", 2).await;
+}
+
+/// How long an autoscaler may take to act on a change of load: its 15 s sync period,
+/// metrics-server's 15 s resolution, the kubelet's CPU window, and (down) the 20 s
+/// stabilization the harness gives kube-controller-manager, on 2 busy cores.
+const AUTOSCALED: Duration = Duration::from_secs(240);
+
+/// `spec.autoscaling` on a real node with metrics-server: load sent at the application
+/// through its Service makes the autoscaler scale the AppService up, no load brings it
+/// back down, no request fails meanwhile, and the controller never writes `replicas`
+/// (the autoscaler's, through the scale subresource).
+#[tokio::test]
+async fn the_autoscaler_scales_on_real_cpu_load_and_back_down() {
+    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let node = node().await;
+    let (f, _ctl) = Fixture::setup().real_node().start().await.unwrap();
+    node.metrics_server(&f.client).await.unwrap();
+    let cpu = |q: &str| BTreeMap::from([("cpu".to_owned(), Quantity(q.to_owned()))]);
+    let app = common::testing::app("elastic", &node.images().hello_v1.reference)
+        .replicas(1)
+        .spec(|s| {
+            // Each Pod may use a tenth of a core: the load's bound on a machine the other
+            // tests share.
+            s.resources = Some(ResourceRequirements {
+                requests: Some(cpu("20m")),
+                limits: Some(cpu("100m")),
+                ..ResourceRequirements::default()
+            });
+            s.autoscaling = Some(common::AutoscalingSpec {
+                min_replicas: Some(1),
+                max_replicas: 3,
+                target_cpu_utilization_percentage: Some(50),
+            });
+            s.rollout = Some(RolloutSpec {
+                max_surge: Some(IntOrString::Int(1)),
+                max_unavailable: Some(IntOrString::Int(0)),
+            });
+        })
+        .build();
+    create(&f.apps, &app).await.unwrap();
+    ready(&f, "elastic", 1).await;
+    let hpas = f.api::<HorizontalPodAutoscaler>();
+    let utilization = || async {
+        let hpa = hpas.get("elastic").await.ok()?;
+        hpa.status?
+            .current_metrics?
+            .first()?
+            .resource
+            .as_ref()?
+            .current
+            .average_utilization
+    };
+    eventually(
+        "the autoscaler reading the Pod's CPU use",
+        AUTOSCALED,
+        || async {
+            match utilization().await {
+                Some(u) => Ok(Some(u)),
+                None => {
+                    let status = hpas.get("elastic").await?.status;
+                    Err(format!(
+                        "the autoscaler's status: {}",
+                        serde_json::to_string(&status)?
+                    )
+                    .into())
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let addr = service_addr(&f, "elastic").await;
+
+    // Load: two clients keeping a CPU busy 200 ms per request.
+    let load = Traffic::start_on(addr.clone(), "/burn?ms=200", 2);
+    let up = eventually("the autoscaler scaling up", AUTOSCALED, || async {
+        let replicas = f.apps.get("elastic").await.ok()?.spec.replicas?;
+        (replicas >= 2).then_some(replicas)
+    })
+    .await
+    .unwrap();
+    ready(&f, "elastic", up).await;
+    let (_, failed, last) = load.finish().await;
+    assert_eq!(failed, 0, "requests failed under load: {last:?}");
+    let busy = utilization().await;
+
+    // No load: back down to the least.
+    eventually("the autoscaler scaling back down", AUTOSCALED, || async {
+        let replicas = f.apps.get("elastic").await.ok()?.spec.replicas?;
+        (replicas == 1).then_some(())
+    })
+    .await
+    .unwrap();
+    ready(&f, "elastic", 1).await;
+    println!("autoscaled: up to {up} replicas at {busy:?}% of the CPU request, back to 1");
+
+    // The replicas are the autoscaler's: no write of them is the controller's.
+    let app = f.apps.get("elastic").await.unwrap();
+    let writers: Vec<String> = app
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|v| v.0.pointer("/f:spec/f:replicas").is_some())
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        !writers.iter().any(|m| m == common::names::FIELD_MANAGER),
+        "{writers:?}"
+    );
 }

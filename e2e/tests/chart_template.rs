@@ -572,6 +572,12 @@ fn rbac_is_exactly_what_the_controller_uses() {
             "poddisruptionbudgets",
             "get,list,watch,create,patch,delete",
         ),
+        // delete: the autoscaler once spec.autoscaling is removed.
+        (
+            "autoscaling",
+            "horizontalpodautoscalers",
+            "get,list,watch,create,patch,delete",
+        ),
         // The ConfigMaps the Pods read (spec.config, env): a change rolls them.
         ("", "configmaps", "get,list,watch"),
         // Why a rollout's Pods do not start (the kubelet's waiting reason, in status).
@@ -727,6 +733,7 @@ fn the_controllers_admission_policy_and_flag_share_one_list() {
     assert_eq!(rules[0]["resources"], json!(["deployments"]));
     assert_eq!(rules[1]["resources"], json!(["services", "secrets"]));
     assert_eq!(rules[2]["resources"], json!(["poddisruptionbudgets"]));
+    assert_eq!(rules[3]["resources"], json!(["horizontalpodautoscalers"]));
     for rule in rules.as_array().unwrap() {
         assert_eq!(rule["operations"], json!(["CREATE", "UPDATE", "DELETE"]));
     }

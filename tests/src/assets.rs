@@ -23,7 +23,8 @@ pub const FULL_BINARIES: &[&str] = &["kube-controller-manager", "kube-scheduler"
 
 /// Binaries the real node adds ([`crate::RealNode`]): the kubelet, kube-proxy, the
 /// programs of its images (hello, pause), and the registry and crane that serve and push
-/// them.
+/// them. (metrics-server, for autoscalers, is built on first use:
+/// [`crate::RealNode::metrics_server`].)
 pub const NODE_BINARIES: &[&str] = &[
     "kubelet",
     "kube-proxy",

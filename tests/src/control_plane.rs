@@ -22,6 +22,9 @@ pub(crate) const POLL: Duration = Duration::from_millis(100);
 
 /// kube-controller-manager's `--controllers`: all that are on by default.
 const KCM_CONTROLLERS: &str = "*";
+/// kube-controller-manager's `--horizontal-pod-autoscaler-downscale-stabilization` with a
+/// real node (the cluster's default is 5 minutes).
+pub const HPA_DOWNSCALE_STABILIZATION: &str = "20s";
 /// The simulated node's Lease duration (a kubelet's default `nodeLeaseDurationSeconds`).
 const NODE_LEASE_SECONDS: u32 = 40;
 
@@ -118,6 +121,8 @@ rules:
     resources: ["services", "secrets"]
   - group: "policy"
     resources: ["poddisruptionbudgets"]
+  - group: "autoscaling"
+    resources: ["horizontalpodautoscalers"]
 - level: None
 "#;
 
@@ -232,6 +237,13 @@ impl ControlPlane {
                 &paths.pki.join("apiserver-kubelet-client.crt"),
                 &paths.pki.join("apiserver-kubelet-client.key"),
             )?;
+        // The API server's identity towards aggregated API servers (metrics-server), as
+        // kubeadm's `front-proxy-client`.
+        ca.client_cert("front-proxy-client", &[] as &[&str])?
+            .write(
+                &paths.pki.join("front-proxy-client.crt"),
+                &paths.pki.join("front-proxy-client.key"),
+            )?;
         write(&paths.pki.join("sa.pub"), &sa.public_pem)?;
         write(&paths.pki.join("sa.key"), &sa.private_pem)?;
 
@@ -333,6 +345,22 @@ impl ControlPlane {
             apiserver_args.push("--feature-gates=ShardedListAndWatch=true".into());
         }
         if options.real_node {
+            // The aggregation layer, for metrics-server (`RealNode::metrics_server`): the
+            // API server proxies `metrics.k8s.io` to it as `front-proxy-client`, straight
+            // to its endpoint (no Service routing from the host).
+            apiserver_args.extend([
+                format!("--requestheader-client-ca-file={}", file("ca.crt")),
+                "--requestheader-allowed-names=front-proxy-client".into(),
+                "--requestheader-username-headers=X-Remote-User".into(),
+                "--requestheader-group-headers=X-Remote-Group".into(),
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+                format!(
+                    "--proxy-client-cert-file={}",
+                    file("front-proxy-client.crt")
+                ),
+                format!("--proxy-client-key-file={}", file("front-proxy-client.key")),
+                "--enable-aggregator-routing=true".into(),
+            ]);
             // The node is reached at its InternalIP (its hostname resolves nowhere).
             apiserver_args.extend([
                 "--kubelet-preferred-address-types=InternalIP".into(),
@@ -419,32 +447,36 @@ impl ControlPlane {
         // subresource, the garbage collector, the node lifecycle (it reads kwok's node
         // leases) and taint eviction. Controllers whose prerequisites a cluster lacks
         // here (node CIDR allocation, cloud routes) stand by as they do there.
-        let kcm = self.spawn(
-            "kube-controller-manager",
-            bin,
-            vec![
-                kubeconfig.clone(),
-                "--leader-elect=false".into(),
-                "--secure-port=0".into(),
-                "--use-service-account-credentials=false".into(),
-                format!(
-                    "--service-account-private-key-file={}",
-                    pki.join("sa.key").display()
-                ),
-                format!("--root-ca-file={}", pki.join("ca.crt").display()),
-                // CertificateSigningRequests are signed by the cluster CA, as kubeadm does.
-                format!(
-                    "--cluster-signing-cert-file={}",
-                    pki.join("ca.crt").display()
-                ),
-                format!(
-                    "--cluster-signing-key-file={}",
-                    pki.join("ca.key").display()
-                ),
-                format!("--controllers={KCM_CONTROLLERS}"),
-            ],
-            None,
-        )?;
+        let mut kcm_args = vec![
+            kubeconfig.clone(),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--use-service-account-credentials=false".into(),
+            format!(
+                "--service-account-private-key-file={}",
+                pki.join("sa.key").display()
+            ),
+            format!("--root-ca-file={}", pki.join("ca.crt").display()),
+            // CertificateSigningRequests are signed by the cluster CA, as kubeadm does.
+            format!(
+                "--cluster-signing-cert-file={}",
+                pki.join("ca.crt").display()
+            ),
+            format!(
+                "--cluster-signing-key-file={}",
+                pki.join("ca.key").display()
+            ),
+            format!("--controllers={KCM_CONTROLLERS}"),
+        ];
+        if self.options.real_node {
+            // The autoscaler waits 5 minutes of lower use before it scales down; a test
+            // that watches it come back down waits this long instead. A setting of the
+            // cluster's autoscaler, never of the operator.
+            kcm_args.push(format!(
+                "--horizontal-pod-autoscaler-downscale-stabilization={HPA_DOWNSCALE_STABILIZATION}"
+            ));
+        }
+        let kcm = self.spawn("kube-controller-manager", bin, kcm_args, None)?;
         let scheduler = self.spawn(
             "kube-scheduler",
             bin,

@@ -18,6 +18,7 @@
 
 mod config;
 mod images;
+mod metrics;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
@@ -80,6 +81,8 @@ pub struct RealNode {
     images: NodeImages,
     layout: Layout,
     log_dir: PathBuf,
+    /// metrics-server started ([`RealNode::metrics_server`]).
+    metrics: tokio::sync::OnceCell<()>,
 }
 
 impl std::fmt::Debug for RealNode {
@@ -95,6 +98,7 @@ struct Daemons {
     containerd: Option<Component>,
     kubelet: Option<Component>,
     kube_proxy: Option<Component>,
+    metrics_server: Option<Component>,
     kubelet_program: PathBuf,
     kubelet_args: Vec<String>,
     kubelet_starts: usize,
@@ -123,6 +127,7 @@ impl RealNode {
                 containerd: None,
                 kubelet: None,
                 kube_proxy: None,
+                metrics_server: None,
                 kubelet_program: programs.kubelet.clone(),
                 kubelet_args: Vec::new(),
                 kubelet_starts: 0,
@@ -132,6 +137,7 @@ impl RealNode {
             images,
             layout,
             log_dir: start.log_dir.to_owned(),
+            metrics: tokio::sync::OnceCell::new(),
         };
         node.write_files(&start)?;
         node.trust_registry(&node.registry.host(), node.registry.ca_pem().as_bytes())?;
@@ -220,6 +226,51 @@ impl RealNode {
             node.registry.host()
         );
         Ok(node)
+    }
+
+    /// Starts metrics-server once (built on first use), serving the resource metrics API
+    /// (`metrics.k8s.io`, what a HorizontalPodAutoscaler reads) from this node's kubelet
+    /// through the API server's aggregation layer; returns once the API server serves
+    /// it and it reports the node's use.
+    pub async fn metrics_server(&self, client: &kube::Client) -> Result<()> {
+        self.metrics
+            .get_or_try_init(|| async {
+                let program = tool("metrics-server")?;
+                let port = crate::process::free_port()?;
+                let kubeconfig = self.layout.metrics_server_kubeconfig();
+                let kubeconfig = kubeconfig.display();
+                let args = vec![
+                    format!("--kubeconfig={kubeconfig}"),
+                    format!("--authentication-kubeconfig={kubeconfig}"),
+                    format!("--authorization-kubeconfig={kubeconfig}"),
+                    format!("--bind-address={NODE_IP}"),
+                    format!("--secure-port={port}"),
+                    format!(
+                        "--cert-dir={}",
+                        self.layout.pki().join("metrics-server").display()
+                    ),
+                    // The kubelet's serving certificate is self-signed.
+                    "--kubelet-insecure-tls".into(),
+                    "--kubelet-preferred-address-types=InternalIP".into(),
+                    "--kubelet-use-node-status-port".into(),
+                    "--metric-resolution=15s".into(),
+                ];
+                let component = self.spawn("metrics-server", &program, args)?;
+                self.daemons().metrics_server = Some(component);
+                metrics::register(client, port).await?;
+                let api = client.clone();
+                self.wait_for(
+                    "metrics-server",
+                    "the API server to serve metrics.k8s.io with the node's use",
+                    move || {
+                        let api = api.clone();
+                        async move { metrics::node_use(&api).await.is_some() }
+                    },
+                )
+                .await
+            })
+            .await
+            .copied()
     }
 
     /// The images in the node's registry.
@@ -317,6 +368,7 @@ impl RealNode {
         {
             let mut daemons = self.daemons();
             for daemon in [
+                daemons.metrics_server.take(),
                 daemons.kubelet.take(),
                 daemons.kube_proxy.take(),
                 daemons.containerd.take(),
@@ -385,6 +437,7 @@ impl RealNode {
                 let component = match daemon {
                     "containerd" => daemons.containerd.as_mut(),
                     "kubelet" => daemons.kubelet.as_mut(),
+                    "metrics-server" => daemons.metrics_server.as_mut(),
                     _ => daemons.kube_proxy.as_mut(),
                 };
                 if let Some(c) = component
@@ -426,6 +479,14 @@ impl RealNode {
                 "kubelet",
             ),
             ("system:kube-proxy".to_owned(), vec![], "kube-proxy"),
+            // Reads Nodes and Pods, the kubelet's resource metrics, and delegates
+            // authentication and authorization to the API server: a cluster binds it
+            // `system:metrics-server` and `system:auth-delegator`.
+            (
+                "metrics-server".to_owned(),
+                vec!["system:masters"],
+                "metrics-server",
+            ),
         ] {
             let (cert, key) = (
                 pki.join(format!("{file}-client.crt")),
@@ -434,6 +495,7 @@ impl RealNode {
             start.ca.client_cert(&user, &groups)?.write(&cert, &key)?;
             let path = match file {
                 "kubelet" => layout.kubelet_kubeconfig(),
+                "metrics-server" => layout.metrics_server_kubeconfig(),
                 _ => layout.kube_proxy_kubeconfig(),
             };
             write(

@@ -176,6 +176,7 @@ pub const CONTROLLER_RESOURCES: &[(&str, &str)] = &[
     ("deployments", ""),
     ("services", ""),
     ("poddisruptionbudgets", ""),
+    ("horizontalpodautoscalers", ""),
     ("appservices", ""),
     ("appservices", "status"),
 ];

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use common::{AppService, AppServiceStatus};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
@@ -24,7 +25,7 @@ use crate::external::External;
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::status::Clock;
-use crate::view::{BudgetView, DeploymentView, ServiceView};
+use crate::view::{AutoscalerView, BudgetView, DeploymentView, ServiceView};
 
 /// Initial-list completion of the caches, set from their watch streams.
 #[derive(Debug, Default)]
@@ -33,9 +34,11 @@ pub struct CacheSync {
     pub deployments: AtomicBool,
     pub services: AtomicBool,
     pub budgets: AtomicBool,
+    pub autoscalers: AtomicBool,
     pub other_deployments: AtomicBool,
     pub other_services: AtomicBool,
     pub other_budgets: AtomicBool,
+    pub other_autoscalers: AtomicBool,
 }
 
 impl CacheSync {
@@ -45,9 +48,11 @@ impl CacheSync {
             &self.deployments,
             &self.services,
             &self.budgets,
+            &self.autoscalers,
             &self.other_deployments,
             &self.other_services,
             &self.other_budgets,
+            &self.other_autoscalers,
         ]
         .iter()
         .all(|f| f.load(Ordering::Relaxed))
@@ -60,10 +65,12 @@ pub struct Caches {
     pub deployments: Store<DeploymentView>,
     pub services: Store<ServiceView>,
     pub budgets: Store<BudgetView>,
-    /// The names of Deployments, Services and PodDisruptionBudgets without that label.
+    pub autoscalers: Store<AutoscalerView>,
+    /// The names of the objects of those kinds without that label.
     pub other_deployments: Store<PartialObjectMeta<Deployment>>,
     pub other_services: Store<PartialObjectMeta<Service>>,
     pub other_budgets: Store<PartialObjectMeta<PodDisruptionBudget>>,
+    pub other_autoscalers: Store<PartialObjectMeta<HorizontalPodAutoscaler>>,
     /// Which caches have completed their initial list.
     pub synced: Arc<CacheSync>,
 }

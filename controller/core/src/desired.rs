@@ -25,10 +25,12 @@ use kube::Resource;
 use crate::external::PodAdditions;
 use crate::subject::Subject;
 
+mod autoscaling;
 mod config;
 mod disruption;
 mod security;
 
+pub use autoscaling::desired_autoscaler;
 pub use disruption::desired_budget;
 
 /// Name of the application container in the Pod template.

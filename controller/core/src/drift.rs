@@ -36,7 +36,8 @@ use crate::desired::{CONTAINER_NAME, HASHED_OWNER_API_VERSION};
 use crate::owners::names_an_app;
 pub use crate::view::Drift;
 use crate::view::{
-    BudgetView, ContainerView, DeploymentView, EnvVarView, LabelPairs, Named, ServiceView,
+    AutoscalerView, BudgetView, ContainerView, DeploymentView, EnvVarView, LabelPairs, Named,
+    ServiceView,
 };
 
 /// A hash of `desired` (serialized with sorted map keys, so it is stable across runs
@@ -361,6 +362,47 @@ impl Drift for ServiceView {
                 "/spec/selector",
                 want.selector.as_ref(),
                 have.selector.is_some(),
+                &mut ops,
+            );
+        }
+        ops
+    }
+}
+
+impl Drift for AutoscalerView {
+    /// Its target, bounds and metrics are ours whole, put back as we build them.
+    fn drift(desired: &Self, live: &Self) -> Vec<Value> {
+        let mut ops = metadata_drift(
+            &desired.metadata,
+            &desired.labels,
+            &live.metadata,
+            &live.labels,
+        );
+        let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
+            if let Some(want) = &desired.spec {
+                ops.push(add("/spec", json!(want)));
+            }
+            return ops;
+        };
+        if want.scale_target_ref != have.scale_target_ref {
+            ops.push(add("/spec/scaleTargetRef", json!(want.scale_target_ref)));
+        }
+        if want.min_replicas != have.min_replicas {
+            set_or_remove(
+                "/spec/minReplicas",
+                want.min_replicas.as_ref(),
+                have.min_replicas.is_some(),
+                &mut ops,
+            );
+        }
+        if want.max_replicas != have.max_replicas {
+            ops.push(add("/spec/maxReplicas", json!(want.max_replicas)));
+        }
+        if want.metrics != have.metrics {
+            set_or_remove(
+                "/spec/metrics",
+                want.metrics.as_ref(),
+                have.metrics.is_some(),
                 &mut ops,
             );
         }

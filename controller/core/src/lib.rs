@@ -54,6 +54,7 @@ pub mod leader;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;
+pub mod optional_child;
 mod outcome;
 pub mod own_writes;
 mod owners;
@@ -75,6 +76,7 @@ use common::AppService;
 use common::names::{LABEL_MANAGED_BY, MANAGED_BY};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -230,15 +232,18 @@ pub async fn run_with(
         watch.cached::<view::ServiceView, _>(child_config.clone(), |_| {}, |s| &s.services);
     let (budgets, budget_stream) =
         watch.cached::<view::BudgetView, _>(child_config.clone(), |_| {}, |s| &s.budgets);
+    let (autoscalers, autoscaler_stream) =
+        watch.cached::<view::AutoscalerView, _>(child_config.clone(), |_| {}, |s| &s.autoscalers);
     let (apps, app_stream) = watch.cached::<AppService, _>(
         watcher::Config::default().any_semantic(),
         view::slim_app,
         |s| &s.appservices,
     );
-    let (deployment_stream, service_stream, budget_stream, app_stream) = (
+    let (deployment_stream, service_stream, budget_stream, autoscaler_stream, app_stream) = (
         deployment_stream.touched_objects(),
         service_stream.touched_objects(),
         budget_stream.touched_objects(),
+        autoscaler_stream.touched_objects(),
         app_stream.applied_objects(),
     );
 
@@ -264,10 +269,22 @@ pub async fn run_with(
             name_only,
             |s| &s.other_budgets,
         );
-    let (other_deployment_stream, other_service_stream, other_budget_stream) = (
+    let (other_autoscalers, other_autoscaler_stream) =
+        watch_others.cached::<PartialObjectMeta<HorizontalPodAutoscaler>, _>(
+            others_config.clone(),
+            name_only,
+            |s| &s.other_autoscalers,
+        );
+    let (
+        other_deployment_stream,
+        other_service_stream,
+        other_budget_stream,
+        other_autoscaler_stream,
+    ) = (
         other_deployment_stream.touched_objects(),
         other_service_stream.touched_objects(),
         other_budget_stream.touched_objects(),
+        other_autoscaler_stream.touched_objects(),
     );
 
     // The `<name>-database` Secrets: ours (labelled) and others named like them. Nothing
@@ -304,9 +321,11 @@ pub async fn run_with(
                 deployments: deployments.clone(),
                 services: services.clone(),
                 budgets: budgets.clone(),
+                autoscalers: autoscalers.clone(),
                 other_deployments,
                 other_services,
                 other_budgets,
+                other_autoscalers,
                 synced,
             },
             gate_rx.clone(),
@@ -325,10 +344,10 @@ pub async fn run_with(
             owners::owner_of(&apps, &meta)
         })
     };
-    let (deployment_owner, service_owner, budget_owner) =
-        (wakes(&apps), wakes(&apps), wakes(&apps));
-    let (other_deployment_owner, other_service_owner, other_budget_owner) =
-        (wakes(&apps), wakes(&apps), wakes(&apps));
+    let (deployment_owner, service_owner, budget_owner, autoscaler_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps), wakes(&apps));
+    let (other_deployment_owner, other_service_owner, other_budget_owner, other_autoscaler_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps), wakes(&apps));
     // An event of a ConfigMap or Secret: its digest is stale, and the AppServices that
     // read it (and, for a Secret, the one it belongs to or is named after) look again.
     let readers = |kind: common::ConfigKind| {
@@ -377,6 +396,9 @@ pub async fn run_with(
         .watches_stream(budget_stream, move |b: view::BudgetView| {
             budget_owner(b.metadata)
         })
+        .watches_stream(autoscaler_stream, move |a: view::AutoscalerView| {
+            autoscaler_owner(a.metadata)
+        })
         .watches_stream(secret_stream, move |s: PartialObjectMeta<Secret>| {
             secret_owner(s.metadata)
         })
@@ -387,6 +409,10 @@ pub async fn run_with(
         .watches_stream(
             other_service_stream,
             move |s: PartialObjectMeta<Service>| other_service_owner(s.metadata),
+        )
+        .watches_stream(
+            other_autoscaler_stream,
+            move |a: PartialObjectMeta<HorizontalPodAutoscaler>| other_autoscaler_owner(a.metadata),
         )
         .watches_stream(
             other_budget_stream,

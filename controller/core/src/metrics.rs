@@ -27,6 +27,7 @@ telemetry::label_values! {
         Deployments => "deployments",
         Services => "services",
         PodDisruptionBudgets => "poddisruptionbudgets",
+        HorizontalPodAutoscalers => "horizontalpodautoscalers",
         AppServices => "appservices",
         AppServiceStatus => "appservices/status",
         Events => "events",

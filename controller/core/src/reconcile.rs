@@ -33,12 +33,13 @@ use crate::children::{converge, delete, lookup};
 use crate::config_revision::{self, Revision};
 use crate::context::Context;
 use crate::desired::{
-    CANARY_SLOT, desired_budget, desired_canary_deployment, desired_deployment, desired_service,
-    is_controlled_by,
+    CANARY_SLOT, desired_autoscaler, desired_budget, desired_canary_deployment, desired_deployment,
+    desired_service, is_controlled_by,
 };
 use crate::error::{Error, ErrorReason, Result, Retry};
 use crate::external::{Readiness as External, Report};
 use crate::finalizer::{ensure_finalizer, finalize};
+use crate::optional_child::{Optional, refused_create};
 use crate::outcome::Outcome;
 use crate::pod_trouble::pod_trouble;
 use crate::report::write_status;
@@ -46,12 +47,11 @@ use crate::status::{Observation, Observed, Rollout, external_changes, rollout_of
 use crate::subject::Subject;
 use crate::view::{Child, DeploymentView};
 use common::names::{
-    ANNOTATION_CONFIG_REVISION, LABEL_MANAGED_BY, MANAGED_BY, budget_name, canary_deployment_name,
-    deployment_name, service_name,
+    ANNOTATION_CONFIG_REVISION, LABEL_MANAGED_BY, MANAGED_BY, autoscaler_name, budget_name,
+    canary_deployment_name, deployment_name, service_name,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 /// A name taken by someone else's object is re-checked at least this often. The watch on
 /// objects without our label wakes the AppService as soon as the name is free; this is
@@ -276,18 +276,17 @@ async fn converge_children(
     let want_deployment = desired_deployment(&render, &pod);
     let want_service = desired_service(app);
     let want_canary = desired_canary_deployment(&render, &pod);
-    let want_budget = desired_budget(app);
     let canary_name = canary_deployment_name(app.name());
-    let budget_name = budget_name(app.name());
     let deployment_name = deployment_name(app.name());
     let service_name = service_name(app.name());
     // Only with every cache listed completely does a name missing from all of them mean
     // that nobody holds it (a restarted controller reconciles before its lists are in).
     let caches = ctx.caches();
     let others_known = ctx.is_ready();
-    // The canary's and the budget's names are looked up whether or not one is asked for:
-    // one of ours left from before is deleted. A cached miss costs nothing.
-    let (live_deployment, live_service, live_canary, live_budget) = tokio::join!(
+    // The canary's, the budget's and the autoscaler's names are looked up whether or not
+    // one is asked for: one of ours left from before is deleted. A cached miss costs
+    // nothing.
+    let (live_deployment, live_service, live_canary, budget, autoscaler) = tokio::join!(
         lookup(
             ctx,
             &owner,
@@ -312,17 +311,34 @@ async fn converge_children(
             others_known.then_some(&caches.other_deployments),
             (&canary_name, namespace),
         ),
-        lookup(
+        Optional::look(
             ctx,
             &owner,
-            PodDisruptionBudget::KIND,
-            &caches.budgets,
-            others_known.then_some(&caches.other_budgets),
-            (&budget_name, namespace),
+            (
+                &caches.budgets,
+                others_known.then_some(&caches.other_budgets)
+            ),
+            (budget_name(app.name()), namespace),
+            desired_budget(app),
+        ),
+        Optional::look(
+            ctx,
+            &owner,
+            (
+                &caches.autoscalers,
+                others_known.then_some(&caches.other_autoscalers)
+            ),
+            (autoscaler_name(app.name()), namespace),
+            desired_autoscaler(app),
         ),
     );
-    let (live_deployment, live_service, live_canary, live_budget) =
-        (live_deployment?, live_service?, live_canary?, live_budget?);
+    let (live_deployment, live_service, live_canary, budget, autoscaler) = (
+        live_deployment?,
+        live_service?,
+        live_canary?,
+        budget?,
+        autoscaler?,
+    );
     let uid = app.uid();
     let ours =
         |meta: &kube::api::ObjectMeta| is_controlled_by(meta.owner_references.as_deref(), uid);
@@ -342,13 +358,10 @@ async fn converge_children(
     {
         taken.push(format!("Deployment {namespace}/{}", d.name_any()));
     }
-    // Likewise someone else's budget: two budgets over the same Pods make every eviction
-    // of them fail, so ours is not added beside it, and it is never adopted.
-    if want_budget.is_some()
-        && let Some(b) = live_budget.as_ref().filter(|b| !ours(&b.metadata))
-    {
-        taken.push(format!("PodDisruptionBudget {namespace}/{}", b.name_any()));
-    }
+    // Likewise someone else's budget (two budgets over the same Pods make every eviction
+    // of them fail) or autoscaler (two would fight over the replicas).
+    taken.extend(budget.taken(uid));
+    taken.extend(autoscaler.taken(uid));
     if !taken.is_empty() {
         let our_deployment = live_deployment.as_ref().filter(|d| ours(&d.metadata));
         let found = Observation::Conflict {
@@ -370,16 +383,6 @@ async fn converge_children(
         .and_then(|d| {
             let labelled = d.labels.get(LABEL_MANAGED_BY) == Some(MANAGED_BY);
             d.metadata.uid.clone().map(|uid| (uid, !labelled))
-        });
-
-    // Our budget once the AppService runs fewer than two Pods: it goes, once.
-    let stale_budget = live_budget
-        .as_ref()
-        .filter(|b| want_budget.is_none() && ours(&b.metadata))
-        .filter(|b| b.metadata.deletion_timestamp.is_none())
-        .and_then(|b| {
-            let labelled = b.labels.get(LABEL_MANAGED_BY) == Some(MANAGED_BY);
-            b.metadata.uid.clone().map(|uid| (uid, !labelled))
         });
 
     // The children as a set: each desired one is created or applied, a canary of ours
@@ -407,30 +410,12 @@ async fn converge_children(
             (None, None) => Ok(None),
         }
     };
-    let budget_step = async {
-        match (want_budget, &stale_budget) {
-            (Some(want), _) => converge(
-                ctx,
-                &owner,
-                PodDisruptionBudget::KIND,
-                want,
-                live_budget.clone(),
-            )
-            .await
-            .map(|_| ()),
-            (None, Some((stale_uid, relabel))) => {
-                delete::<PodDisruptionBudget>(
-                    ctx,
-                    &owner,
-                    PodDisruptionBudget::KIND,
-                    (&budget_name, namespace),
-                    stale_uid,
-                    *relabel,
-                )
-                .await
-            }
-            (None, None) => Ok(()),
-        }
+    let optional_step = async {
+        let (budget, autoscaler) = tokio::join!(
+            budget.converge(ctx, &owner, namespace, uid),
+            autoscaler.converge(ctx, &owner, namespace, uid),
+        );
+        [budget, autoscaler]
     };
     // Boxed: the converges' states are large, and a debug build copies them about.
     let deployments = Box::pin(async {
@@ -443,7 +428,7 @@ async fn converge_children(
                 live_deployment.clone()
             ),
             canary_step,
-            budget_step,
+            optional_step,
         )
     });
     let service_step = Box::pin(converge(
@@ -453,7 +438,7 @@ async fn converge_children(
         want_service,
         live_service.clone(),
     ));
-    let (service, (deployment, canary, budget)) = if live_service.is_none() {
+    let (service, (deployment, canary, optional)) = if live_service.is_none() {
         match service_step.await {
             Ok(service) => (Ok(service), deployments.await),
             Err(e) if refused_create(&e) => {
@@ -477,12 +462,10 @@ async fn converge_children(
     let deployment_refused =
         live_deployment.is_none() && deployment.as_ref().is_err_and(refused_create);
     let canary_refused = live_canary.is_none() && canary.as_ref().is_err_and(refused_create);
-    let budget_refused = live_budget.is_none() && budget.as_ref().is_err_and(refused_create);
     // The next pass asks the API server for a refused name instead of the caches.
     for (slot, refused) in [
         (Deployment::KIND, deployment_refused),
         (CANARY_SLOT, canary_refused),
-        (PodDisruptionBudget::KIND, budget_refused),
     ] {
         if refused {
             ctx.created((slot, owner.clone()));
@@ -493,10 +476,17 @@ async fn converge_children(
         (_, Err(e)) if canary_refused => return Err(e),
         children => children,
     };
-    let budget = match budget {
-        Err(e) if budget_refused => return Err(e),
-        budget => budget,
-    };
+    let mut optional_failed = None;
+    for child in optional {
+        match child.result {
+            Err(e) if child.refused => {
+                ctx.created((child.kind, owner.clone()));
+                return Err(e);
+            }
+            Err(e) => optional_failed = optional_failed.or(Some((child.kind, e))),
+            Ok(()) => {}
+        }
+    }
     let deployment = match deployment {
         Ok(d) => d,
         Err(e) => {
@@ -526,15 +516,8 @@ async fn converge_children(
             ));
         }
     };
-    if let Err(e) = budget {
-        return Ok(rejected(
-            app,
-            report,
-            "PodDisruptionBudget",
-            Some(&deployment),
-            e,
-            &now,
-        ));
+    if let Some((kind, e)) = optional_failed {
+        return Ok(rejected(app, report, kind, Some(&deployment), e, &now));
     }
     // Whether we changed what a Deployment runs (not only its metadata, such as the
     // desired-hash annotation added after an upgrade or a label put back).
@@ -631,13 +614,6 @@ fn config_missing(ctx: &Context, app: &Subject, report: &Report, missing: &[Stri
         .deployments(deployment.as_deref(), None);
     let status = status_of(app, &observed, &ctx.clock().now());
     Outcome::status(status, Ok(Next::requeue(CONFLICT_RECHECK)))
-}
-
-/// Whether `error` is a create refused because the name exists: someone took it after
-/// our caches last heard. The pass ends with it (the 409 is retried soon), and the next
-/// pass, asking the API server for that name, reports the conflict.
-fn refused_create(error: &Error) -> bool {
-    matches!(error, Error::Kube(kube::Error::Api(status)) if status.is_already_exists())
 }
 
 /// Why nothing is created while `taken` names are held by objects we do not control.

@@ -21,6 +21,9 @@ use std::collections::BTreeMap;
 
 use common::names::{ANNOTATION_DESIRED_HASH, OWNED_TEMPLATE_ANNOTATIONS};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::api::autoscaling::v2::{
+    CrossVersionObjectReference, HorizontalPodAutoscaler, MetricSpec,
+};
 use k8s_openapi::api::core::v1::{
     ContainerPort, EnvFromSource, EnvVarSource, PodSecurityContext, Probe, ResourceRequirements,
     SecurityContext, Service, ServicePort, TopologySpreadConstraint, Volume, VolumeMount,
@@ -53,6 +56,7 @@ pub trait Child:
     type View: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Drift
         + Hashed
+        + Labelled
         + Clone
         + std::fmt::Debug
         + DeserializeOwned
@@ -73,6 +77,12 @@ impl Child for Service {
     type View = ServiceView;
 }
 
+impl Child for HorizontalPodAutoscaler {
+    const KIND: &'static str = "HorizontalPodAutoscaler";
+    const WRITTEN: crate::metrics::Written = crate::metrics::Written::HorizontalPodAutoscalers;
+    type View = AutoscalerView;
+}
+
 impl Child for PodDisruptionBudget {
     const KIND: &'static str = "PodDisruptionBudget";
     const WRITTEN: crate::metrics::Written = crate::metrics::Written::PodDisruptionBudgets;
@@ -85,6 +95,11 @@ impl Child for PodDisruptionBudget {
 /// depends on the views, not the other way round.
 pub trait Drift {
     fn drift(desired: &Self, live: &Self) -> Vec<serde_json::Value>;
+}
+
+/// A view that keeps its object's labels.
+pub trait Labelled {
+    fn kept_labels(&self) -> &LabelPairs;
 }
 
 /// A view that carries the desired-hash annotation of its object.
@@ -126,6 +141,12 @@ macro_rules! view_of {
         impl Hashed for $view {
             fn hash(&self) -> Option<&str> {
                 self.hash.as_deref()
+            }
+        }
+
+        impl Labelled for $view {
+            fn kept_labels(&self) -> &LabelPairs {
+                &self.labels
             }
         }
     };
@@ -644,6 +665,55 @@ impl From<RawBudget> for BudgetView {
 }
 
 view_of!(BudgetView, PodDisruptionBudget);
+
+// ---- HorizontalPodAutoscaler -----------------------------------------------------
+
+/// What the controller reads of a HorizontalPodAutoscaler: the fields it sets. Its
+/// `behavior` is left to others (a platform's policy may tune it), its status to the
+/// autoscaler.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "RawAutoscaler")]
+pub struct AutoscalerView {
+    pub metadata: ObjectMeta,
+    pub labels: LabelPairs,
+    pub hash: Option<String>,
+    pub spec: Option<AutoscalerSpecView>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalerSpecView {
+    #[serde(default)]
+    pub scale_target_ref: CrossVersionObjectReference,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_replicas: Option<i32>,
+    #[serde(default)]
+    pub max_replicas: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<Vec<MetricSpec>>,
+}
+
+#[derive(Deserialize)]
+struct RawAutoscaler {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<AutoscalerSpecView>,
+}
+
+impl From<RawAutoscaler> for AutoscalerView {
+    fn from(raw: RawAutoscaler) -> Self {
+        let (metadata, labels, hash) = split_meta(raw.metadata);
+        AutoscalerView {
+            metadata,
+            labels,
+            hash,
+            spec: raw.spec,
+        }
+    }
+}
+
+view_of!(AutoscalerView, HorizontalPodAutoscaler);
 
 // ---- AppService ------------------------------------------------------------------
 

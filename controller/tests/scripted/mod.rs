@@ -127,9 +127,11 @@ pub fn context_of(
         &synced.deployments,
         &synced.services,
         &synced.budgets,
+        &synced.autoscalers,
         &synced.other_deployments,
         &synced.other_services,
         &synced.other_budgets,
+        &synced.other_autoscalers,
     ] {
         listed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
@@ -137,9 +139,11 @@ pub fn context_of(
         deployments: reflector::store().0,
         services: reflector::store().0,
         budgets: reflector::store().0,
+        autoscalers: reflector::store().0,
         other_deployments: reflector::store().0,
         other_services: reflector::store().0,
         other_budgets: reflector::store().0,
+        other_autoscalers: reflector::store().0,
         synced,
     };
     let (lead, leading) = tokio::sync::watch::channel(true);

@@ -3,8 +3,8 @@
 # kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, the Argo CD
 # health-script evaluator argocd-health, the kstatus evaluator kstatus, and for the
 # image tests the CNCF distribution registry, crane and cosign), the real node's kubelet
-# and kube-proxy, and the programs its images hold (hello, pause) from their published Go
-# modules, pinned by the wrapper modules next to this script. The node's container
+# and kube-proxy, metrics-server, and the programs its images hold (hello, pause) from
+# their published Go modules, pinned by the wrapper modules next to this script. The node's container
 # runtime (containerd, runc, the CNI plugins, iptables, conntrack) comes from the
 # distribution's packages: see node-packages.sh.
 #
@@ -71,9 +71,10 @@ declare -A reference=(
   [etcd]=75 [kube-apiserver]=420 [kube-controller-manager]=90 [kube-scheduler]=10
   [kubectl]=25 [kwok]=90 [helm]=115 [argocd-health]=5 [kstatus]=25 [registry]=75
   [crane]=5 [cosign]=160 [kubelet]=30 [kube-proxy]=15 [hello]=10 [pause]=2
+  [metrics-server]=130
 )
 order=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm
-  argocd-health kstatus registry crane cosign kubelet kube-proxy hello pause)
+  argocd-health kstatus registry crane cosign kubelet kube-proxy hello pause metrics-server)
 
 wanted() { [[ -z "$only" || "$only" == *",$1,"* ]]; }
 
@@ -168,5 +169,11 @@ build kubernetes kubelet k8s.io/kubernetes/cmd/kubelet "$k8s_ldflags"
 build kubernetes kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$k8s_ldflags"
 build apps hello appservice-operator/envtest/apps/hello
 build apps pause appservice-operator/envtest/apps/pause
+# metrics-server: the resource metrics API (metrics.k8s.io) from the real node's kubelet,
+# which the HorizontalPodAutoscaler of `spec.autoscaling` reads. Its Makefile stamps the
+# version into client-go's version package.
+ms_version=v0.8.0
+build metrics-server metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server \
+  "-X 'k8s.io/client-go/pkg/version.gitVersion=${ms_version}' -X 'k8s.io/client-go/pkg/version.gitMajor=0' -X 'k8s.io/client-go/pkg/version.gitMinor=8'"
 log "${only:+the assets asked for (${only:1:-1}) }all ready in $bin ($((SECONDS - total))s)"
 echo "$bin"

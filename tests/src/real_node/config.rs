@@ -74,6 +74,9 @@ impl Layout {
     pub fn kube_proxy_kubeconfig(&self) -> PathBuf {
         self.run.join("kube-proxy.kubeconfig")
     }
+    pub fn metrics_server_kubeconfig(&self) -> PathBuf {
+        self.run.join("metrics-server.kubeconfig")
+    }
     pub fn resolv_conf(&self) -> PathBuf {
         self.run.join("resolv.conf")
     }

@@ -12,11 +12,15 @@
 //	             "user": …} when a query ran, 503 with {"ok": false, "error": …} when not.
 //	GET /config  {"pod", "env", "files"}: the configuration the process read, every
 //	             variable named CFG_* and every file of $HELLO_CONFIG_DIR by name.
+//	GET /burn    keeps a CPU busy for ?ms= milliseconds (default 100, at most 1000),
+//	             then answers {"pod", "ms"}: load for an autoscaler.
 //
-// On SIGTERM it keeps serving for $HELLO_DRAIN (default 10s, what a preStop sleep
-// usually gives: long enough for the EndpointSlice controller and kube-proxy to take the
-// Pod out of its Service on a busy machine), then stops accepting and exits, as an
-// application that drains does. $HELLO_LISTEN_AFTER (a Go duration) delays listening, and HELLO_LISTEN=never never
+// On SIGTERM it keeps serving for 10 s (what a preStop sleep usually gives), and then as
+// long as requests still come (until 3 s pass without one), then stops accepting and
+// exits, as an application that drains does: nothing tells a Pod when every node's
+// kube-proxy has taken it out of its Service, and on a busy machine that took longer than
+// 10 s; requests stop coming then. It waits at most $HELLO_DRAIN (default 25s, inside the
+// Pod's 30 s grace period). $HELLO_LISTEN_AFTER (a Go duration) delays listening, and HELLO_LISTEN=never never
 // listens, so that tests can watch readiness gate a Service's endpoints.
 //
 // `hello get URL` is a client instead (for `kubectl exec`): it prints the answer's
@@ -25,6 +29,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -34,7 +39,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -172,6 +179,24 @@ func config(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"pod": pod(), "env": env, "files": files})
 }
 
+// burn keeps a CPU busy for ?ms= milliseconds (at most 1000, default 100) before it
+// answers: the load an autoscaler is tested with.
+func burn(w http.ResponseWriter, r *http.Request) {
+	ms, err := strconv.Atoi(r.URL.Query().Get("ms"))
+	if err != nil || ms <= 0 {
+		ms = 100
+	}
+	ms = min(ms, 1000)
+	until := time.Now().Add(time.Duration(ms) * time.Millisecond)
+	sum := sha256.Sum256([]byte(pod()))
+	for time.Now().Before(until) {
+		for range 1000 {
+			sum = sha256.Sum256(sum[:])
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"pod": pod(), "ms": ms, "sum": fmt.Sprintf("%x", sum[:4])})
+}
+
 func get(url string) {
 	client := &http.Client{Timeout: 10 * time.Second}
 	res, err := client.Get(url)
@@ -210,7 +235,14 @@ func main() {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /db", database)
 	mux.HandleFunc("GET /config", config)
-	drain := 10 * time.Second
+	mux.HandleFunc("GET /burn", burn)
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		last.Store(time.Now().UnixNano())
+		mux.ServeHTTP(w, r)
+	})
+	drain := 25 * time.Second
 	if d := os.Getenv("HELLO_DRAIN"); d != "" {
 		wait, err := time.ParseDuration(d)
 		if err != nil {
@@ -221,7 +253,7 @@ func main() {
 	errs := make(chan error, len(ports))
 	servers := make([]*http.Server, 0, len(ports))
 	for _, port := range ports {
-		server := &http.Server{Addr: ":" + port, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		server := &http.Server{Addr: ":" + port, Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 		servers = append(servers, server)
 		go func() { errs <- server.ListenAndServe() }()
 	}
@@ -233,8 +265,13 @@ func main() {
 		log.Fatal(err)
 	case <-term:
 	}
-	log.Printf("terminating: serving %s more, then closing", drain)
-	time.Sleep(drain)
+	const least, quiet = 10 * time.Second, 3 * time.Second
+	log.Printf("terminating: serving %s, then until %s without a request (at most %s), then closing", least, quiet, drain)
+	start := time.Now()
+	for time.Since(start) < drain &&
+		(time.Since(start) < least || time.Since(time.Unix(0, last.Load())) < quiet) {
+		time.Sleep(100 * time.Millisecond)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, server := range servers {
