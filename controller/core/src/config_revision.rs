@@ -39,38 +39,48 @@ pub struct Source {
     pub optional: bool,
 }
 
-/// The objects `spec` reads, each once (required if any reference requires it), in a
-/// stable order.
-pub fn sources(spec: &AppServiceSpec) -> Vec<Source> {
-    let mut found: Vec<Source> = spec
+/// Every reference of `spec` to an object it reads, as (kind, name, optional): the
+/// entries of `config`, then the keys `env` takes (`optional` only for those marked so).
+fn references(spec: &AppServiceSpec) -> impl Iterator<Item = (ConfigKind, &str, bool)> {
+    let config = spec
         .config
         .iter()
         .filter_map(|entry| entry.source())
-        .map(|(kind, name)| Source {
+        .map(|(kind, name)| (kind, name, false));
+    let env = spec
+        .env
+        .iter()
+        .filter_map(|var| var.value_from.as_ref())
+        .flat_map(|from| {
+            let map = from.config_map_key_ref.as_ref().map(|key| {
+                (
+                    ConfigKind::ConfigMap,
+                    key.name.as_str(),
+                    key.optional == Some(true),
+                )
+            });
+            let secret = from.secret_key_ref.as_ref().map(|key| {
+                (
+                    ConfigKind::Secret,
+                    key.name.as_str(),
+                    key.optional == Some(true),
+                )
+            });
+            map.into_iter().chain(secret)
+        });
+    config.chain(env)
+}
+
+/// The objects `spec` reads, each once (required if any reference requires it), in a
+/// stable order.
+pub fn sources(spec: &AppServiceSpec) -> Vec<Source> {
+    let mut found: Vec<Source> = references(spec)
+        .map(|(kind, name, optional)| Source {
             kind,
             name: name.to_owned(),
-            optional: false,
+            optional,
         })
         .collect();
-    for var in &spec.env {
-        let Some(from) = &var.value_from else {
-            continue;
-        };
-        if let Some(key) = &from.config_map_key_ref {
-            found.push(Source {
-                kind: ConfigKind::ConfigMap,
-                name: key.name.clone(),
-                optional: key.optional == Some(true),
-            });
-        }
-        if let Some(key) = &from.secret_key_ref {
-            found.push(Source {
-                kind: ConfigKind::Secret,
-                name: key.name.clone(),
-                optional: key.optional == Some(true),
-            });
-        }
-    }
     // Required first, so the dedup keeps the strictest reference of each object.
     found.sort_by(|a, b| (a.kind, &a.name, a.optional).cmp(&(b.kind, &b.name, b.optional)));
     found.dedup_by(|later, first| later.kind == first.kind && later.name == first.name);
@@ -79,21 +89,7 @@ pub fn sources(spec: &AppServiceSpec) -> Vec<Source> {
 
 /// Whether `spec` reads the object `kind`/`name` (of its own namespace).
 pub fn reads(spec: &AppServiceSpec, kind: ConfigKind, name: &str) -> bool {
-    spec.config
-        .iter()
-        .filter_map(|entry| entry.source())
-        .any(|(k, n)| k == kind && n == name)
-        || spec
-            .env
-            .iter()
-            .filter_map(|v| v.value_from.as_ref())
-            .any(|from| match kind {
-                ConfigKind::ConfigMap => from
-                    .config_map_key_ref
-                    .as_ref()
-                    .is_some_and(|r| r.name == name),
-                ConfigKind::Secret => from.secret_key_ref.as_ref().is_some_and(|r| r.name == name),
-            })
+    references(spec).any(|(k, n, _)| k == kind && n == name)
 }
 
 /// The AppServices in `apps` that read `kind`/`name` of `namespace`: those an event of

@@ -205,14 +205,12 @@ impl Drift for DeploymentView {
             .spec
             .as_ref()
             .and_then(|s| s.security_context.as_ref());
-        if desired_security != live_security {
-            set_or_remove(
-                "/spec/template/spec/securityContext",
-                desired_security,
-                live_security.is_some(),
-                &mut ops,
-            );
-        }
+        field_drift(
+            "/spec/template/spec/securityContext",
+            desired_security,
+            live_security,
+            &mut ops,
+        );
         let desired_containers = desired_template
             .spec
             .as_ref()
@@ -262,14 +260,12 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
             ops,
         );
     }
-    if want.env_from != have.env_from {
-        set_or_remove(
-            &format!("{base}/envFrom"),
-            want.env_from.as_ref(),
-            have.env_from.is_some(),
-            ops,
-        );
-    }
+    field_drift(
+        &format!("{base}/envFrom"),
+        want.env_from.as_ref(),
+        have.env_from.as_ref(),
+        ops,
+    );
     if !same_resources(want.resources.as_ref(), have.resources.as_ref()) {
         match &want.resources {
             Some(r) => ops.push(add(&format!("{base}/resources"), json!(r))),
@@ -302,14 +298,12 @@ fn container_drift(want: &ContainerView, have: &ContainerView, index: usize, ops
         );
     }
     // Compared whole, like the Pod's (views keep both in canonical form).
-    if want.security_context != have.security_context {
-        set_or_remove(
-            &format!("{base}/securityContext"),
-            want.security_context.as_ref(),
-            have.security_context.is_some(),
-            ops,
-        );
-    }
+    field_drift(
+        &format!("{base}/securityContext"),
+        want.security_context.as_ref(),
+        have.security_context.as_ref(),
+        ops,
+    );
     owned_entries_drift(
         &format!("{base}/volumeMounts"),
         ("name", is_owned_pod_volume),
@@ -334,10 +328,7 @@ impl Drift for ServiceView {
             &live.metadata,
             &live.labels,
         );
-        let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
-            if let Some(want) = &desired.spec {
-                ops.push(add("/spec", json!(want)));
-            }
+        let Some((want, have)) = specs(desired.spec.as_ref(), live.spec.as_ref(), &mut ops) else {
             return ops;
         };
         let want_type = want.type_.as_deref().unwrap_or("ClusterIP");
@@ -357,14 +348,12 @@ impl Drift for ServiceView {
                 &mut ops,
             );
         }
-        if want.selector != have.selector {
-            set_or_remove(
-                "/spec/selector",
-                want.selector.as_ref(),
-                have.selector.is_some(),
-                &mut ops,
-            );
-        }
+        field_drift(
+            "/spec/selector",
+            want.selector.as_ref(),
+            have.selector.as_ref(),
+            &mut ops,
+        );
         ops
     }
 }
@@ -378,34 +367,27 @@ impl Drift for AutoscalerView {
             &live.metadata,
             &live.labels,
         );
-        let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
-            if let Some(want) = &desired.spec {
-                ops.push(add("/spec", json!(want)));
-            }
+        let Some((want, have)) = specs(desired.spec.as_ref(), live.spec.as_ref(), &mut ops) else {
             return ops;
         };
         if want.scale_target_ref != have.scale_target_ref {
             ops.push(add("/spec/scaleTargetRef", json!(want.scale_target_ref)));
         }
-        if want.min_replicas != have.min_replicas {
-            set_or_remove(
-                "/spec/minReplicas",
-                want.min_replicas.as_ref(),
-                have.min_replicas.is_some(),
-                &mut ops,
-            );
-        }
+        field_drift(
+            "/spec/minReplicas",
+            want.min_replicas.as_ref(),
+            have.min_replicas.as_ref(),
+            &mut ops,
+        );
         if want.max_replicas != have.max_replicas {
             ops.push(add("/spec/maxReplicas", json!(want.max_replicas)));
         }
-        if want.metrics != have.metrics {
-            set_or_remove(
-                "/spec/metrics",
-                want.metrics.as_ref(),
-                have.metrics.is_some(),
-                &mut ops,
-            );
-        }
+        field_drift(
+            "/spec/metrics",
+            want.metrics.as_ref(),
+            have.metrics.as_ref(),
+            &mut ops,
+        );
         ops
     }
 }
@@ -421,39 +403,30 @@ impl Drift for BudgetView {
             &live.metadata,
             &live.labels,
         );
-        let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
-            if let Some(want) = &desired.spec {
-                ops.push(add("/spec", json!(want)));
-            }
+        let Some((want, have)) = specs(desired.spec.as_ref(), live.spec.as_ref(), &mut ops) else {
             return ops;
         };
         if have.min_available.is_some() && want.min_available.is_none() {
             ops.push(json!({"op": "remove", "path": "/spec/minAvailable"}));
         }
-        if want.max_unavailable != have.max_unavailable {
-            set_or_remove(
-                "/spec/maxUnavailable",
-                want.max_unavailable.as_ref(),
-                have.max_unavailable.is_some(),
-                &mut ops,
-            );
-        }
-        if want.selector != have.selector {
-            set_or_remove(
-                "/spec/selector",
-                want.selector.as_ref(),
-                have.selector.is_some(),
-                &mut ops,
-            );
-        }
-        if want.unhealthy_pod_eviction_policy != have.unhealthy_pod_eviction_policy {
-            set_or_remove(
-                "/spec/unhealthyPodEvictionPolicy",
-                want.unhealthy_pod_eviction_policy.as_ref(),
-                have.unhealthy_pod_eviction_policy.is_some(),
-                &mut ops,
-            );
-        }
+        field_drift(
+            "/spec/maxUnavailable",
+            want.max_unavailable.as_ref(),
+            have.max_unavailable.as_ref(),
+            &mut ops,
+        );
+        field_drift(
+            "/spec/selector",
+            want.selector.as_ref(),
+            have.selector.as_ref(),
+            &mut ops,
+        );
+        field_drift(
+            "/spec/unhealthyPodEvictionPolicy",
+            want.unhealthy_pod_eviction_policy.as_ref(),
+            have.unhealthy_pod_eviction_policy.as_ref(),
+            &mut ops,
+        );
         ops
     }
 }
@@ -515,6 +488,36 @@ fn owned_entries_drift(
 /// A JSON-patch `add`, which also replaces an existing member of an object.
 fn add(path: &str, value: Value) -> Value {
     json!({"op": "add", "path": path, "value": value})
+}
+
+/// Our value of a field we own put back where the live one differs (the field removed
+/// when we set none).
+fn field_drift<T: PartialEq + Serialize>(
+    path: &str,
+    want: Option<&T>,
+    have: Option<&T>,
+    ops: &mut Vec<Value>,
+) {
+    if want != have {
+        set_or_remove(path, want, have.is_some(), ops);
+    }
+}
+
+/// Both specs, to be compared field by field; or, when the live object has none, ours
+/// added whole.
+fn specs<'a, S: Serialize>(
+    want: Option<&'a S>,
+    have: Option<&'a S>,
+    ops: &mut Vec<Value>,
+) -> Option<(&'a S, &'a S)> {
+    match (want, have) {
+        (Some(want), Some(have)) => Some((want, have)),
+        (Some(want), None) => {
+            ops.push(add("/spec", json!(want)));
+            None
+        }
+        (None, _) => None,
+    }
 }
 
 fn set_or_remove<T: Serialize>(path: &str, want: Option<&T>, present: bool, ops: &mut Vec<Value>) {
