@@ -17,7 +17,8 @@
 //! * `v1beta1 → v1alpha1`: `canary` likewise, in [`ANNOTATION_V1BETA1_CANARY`], so a
 //!   `v1alpha1` client's edit (of `replicas`, say) neither ends nor promotes a canary.
 //! * `v1beta1 → v1alpha1`: `config` likewise, in [`ANNOTATION_V1BETA1_CONFIG`], and
-//!   `autoscaling` in [`ANNOTATION_V1BETA1_AUTOSCALING`].
+//!   `autoscaling` in [`ANNOTATION_V1BETA1_AUTOSCALING`], and `expose` in
+//!   [`ANNOTATION_V1BETA1_EXPOSE`].
 //! * `v1alpha1 → v1beta1`: `{enabled: true, class}` is `{class}`; a database that is not
 //!   enabled is no `database`, and the `v1alpha1` value is kept in
 //!   [`ANNOTATION_V1ALPHA1_DATABASE`]. It is restored only while `v1beta1`'s `database` is
@@ -35,8 +36,8 @@ use serde_json::Value;
 use crate::defaults::DEFAULT_PORT;
 use crate::names::{
     ANNOTATION_V1ALPHA1_DATABASE, ANNOTATION_V1BETA1_AUTOSCALING, ANNOTATION_V1BETA1_CANARY,
-    ANNOTATION_V1BETA1_CONFIG, ANNOTATION_V1BETA1_POD_SECURITY, ANNOTATION_V1BETA1_PORTS,
-    ANNOTATION_V1BETA1_ROLLOUT, GROUP,
+    ANNOTATION_V1BETA1_CONFIG, ANNOTATION_V1BETA1_EXPOSE, ANNOTATION_V1BETA1_POD_SECURITY,
+    ANNOTATION_V1BETA1_PORTS, ANNOTATION_V1BETA1_ROLLOUT, GROUP,
 };
 use crate::{v1alpha1, v1beta1};
 
@@ -122,6 +123,9 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
     let autoscaling: Option<v1beta1::AutoscalingSpec> =
         take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_AUTOSCALING)
             .and_then(|json| serde_json::from_str(&json).ok());
+    let expose: Option<v1beta1::ExposeSpec> =
+        take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_EXPOSE)
+            .and_then(|json| serde_json::from_str(&json).ok());
     // Never seen in v1alpha1; a copy written there by hand is not carried over.
     take_annotation(&mut metadata.annotations, ANNOTATION_V1ALPHA1_DATABASE);
 
@@ -160,6 +164,7 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
             canary,
             config,
             autoscaling,
+            expose,
             env: spec.env.clone(),
             resources: spec.resources.clone(),
             database,
@@ -180,6 +185,14 @@ pub fn to_v1alpha1(app: &v1beta1::AppService) -> v1alpha1::AppService {
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CANARY);
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_CONFIG);
     take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_AUTOSCALING);
+    take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_EXPOSE);
+    if let Some(expose) = &app.spec.expose {
+        set_annotation(
+            &mut metadata.annotations,
+            ANNOTATION_V1BETA1_EXPOSE,
+            to_json(expose),
+        );
+    }
     if let Some(autoscaling) = &app.spec.autoscaling {
         set_annotation(
             &mut metadata.annotations,
@@ -573,6 +586,35 @@ mod tests {
         expected.spec.replicas = Some(5);
         assert_eq!(back, expected);
         assert_eq!(back.metadata.annotations, None);
+    }
+
+    #[test]
+    fn expose_survives_v1alpha1_both_ways() {
+        let mut original = beta(vec![AppPort::http(8080)], None);
+        original.spec.expose = Some(v1beta1::ExposeSpec {
+            hostnames: vec!["shop.apps.example.com".into()],
+            paths: vec!["/api".into()],
+            port: Some("http".into()),
+            tls: Some(v1beta1::ExposeTls {
+                secret_name: "shop-tls".into(),
+            }),
+        });
+        let mut alpha = to_v1alpha1(&original);
+        let saved = alpha.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            saved[ANNOTATION_V1BETA1_EXPOSE],
+            r#"{"hostnames":["shop.apps.example.com"],"paths":["/api"],"port":"http","tls":{"secretName":"shop-tls"}}"#
+        );
+        assert_eq!(to_v1beta1(&alpha), original);
+        // A v1alpha1 client's edit of another field keeps it exposed.
+        alpha.spec.replicas = Some(3);
+        let back = to_v1beta1(&alpha);
+        assert_eq!(back.spec.expose, original.spec.expose);
+        assert_eq!(back.metadata.annotations, None);
+        // Removed in v1beta1: gone from v1alpha1's annotations too.
+        let mut hidden = back;
+        hidden.spec.expose = None;
+        assert_eq!(to_v1alpha1(&hidden).metadata.annotations, None);
     }
 
     #[test]

@@ -32,6 +32,6 @@ pub use database_class::{
 };
 pub use types::{
     AppPort, AppService, AppServiceSpec, AppServiceStatus, AutoscalingSpec, CanarySpec,
-    CanaryStatus, ConfigKind, ConfigSource, DatabaseSpec, EnvVar, ImageStatus, ImageVerification,
-    PodSecurity, Protocol, RolloutSpec, SecurityProfile,
+    CanaryStatus, ConfigKind, ConfigSource, DatabaseSpec, EnvVar, ExposeSpec, ExposeTls,
+    ImageStatus, ImageVerification, PodSecurity, Protocol, RolloutSpec, SecurityProfile,
 };

@@ -32,6 +32,14 @@ pub const MAX_PORTS: usize = 16;
 pub const MAX_CONFIG_SOURCES: usize = 16;
 /// Longest mount path of a `spec.config` entry.
 pub const MAX_MOUNT_PATH_LEN: usize = 512;
+/// Most host names one AppService may be reached by (`spec.expose.hostnames`).
+pub const MAX_EXPOSE_HOSTNAMES: usize = 16;
+/// Most path prefixes of `spec.expose.paths`.
+pub const MAX_EXPOSE_PATHS: usize = 16;
+/// Longest path prefix of `spec.expose.paths` (the Gateway API's own bound on a path).
+pub const MAX_EXPOSE_PATH_LEN: usize = 1024;
+/// `spec.expose.paths` when omitted: everything under the host names.
+pub const DEFAULT_EXPOSE_PATH: &str = "/";
 /// Most entries of `spec.resources.limits` or `.requests` (Kubernetes knows a handful of
 /// resource names; extended resources add a few more). Checked by `validate` and, before
 /// decoding, by the webhook.
@@ -45,6 +53,8 @@ pub const LIST_BOUNDS: &[(&str, usize)] = &[
     ("spec.env", MAX_ENV),
     ("spec.ports", MAX_PORTS),
     ("spec.config", MAX_CONFIG_SOURCES),
+    ("spec.expose.hostnames", MAX_EXPOSE_HOSTNAMES),
+    ("spec.expose.paths", MAX_EXPOSE_PATHS),
     ("spec.resources.limits", MAX_RESOURCE_ENTRIES),
     ("spec.resources.requests", MAX_RESOURCE_ENTRIES),
     ("spec.resources.claims", MAX_RESOURCE_ENTRIES),

@@ -77,6 +77,9 @@ pub const ANNOTATION_V1BETA1_CONFIG: &str = "platform.example.com/v1beta1-config
 /// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `autoscaling`.
 /// Written and read only by conversion.
 pub const ANNOTATION_V1BETA1_AUTOSCALING: &str = "platform.example.com/v1beta1-autoscaling";
+/// Annotation on a `v1alpha1` AppService holding, as JSON, the `v1beta1` `expose`.
+/// Written and read only by conversion.
+pub const ANNOTATION_V1BETA1_EXPOSE: &str = "platform.example.com/v1beta1-expose";
 /// Annotation on a `v1beta1` AppService holding, as JSON, the `v1alpha1` `database` that
 /// `v1beta1` cannot express (`enabled: false`, with or without a class). Written and read
 /// only by conversion.
@@ -85,8 +88,9 @@ pub const ANNOTATION_V1ALPHA1_DATABASE: &str = "platform.example.com/v1alpha1-da
 /// Every annotation conversion writes and reads ([`crate::conversion`]): what a reader of
 /// one version must take into account to see the object as the other version has it
 /// (the webhook keeps exactly these when it judges a `v1alpha1` object in the hub form).
-pub const CONVERSION_ANNOTATIONS: [&str; 7] = [
+pub const CONVERSION_ANNOTATIONS: [&str; 8] = [
     ANNOTATION_V1BETA1_AUTOSCALING,
+    ANNOTATION_V1BETA1_EXPOSE,
     ANNOTATION_V1BETA1_PORTS,
     ANNOTATION_V1BETA1_POD_SECURITY,
     ANNOTATION_V1BETA1_ROLLOUT,
@@ -208,6 +212,11 @@ pub fn budget_name(app: &str) -> String {
 
 /// Name of the HorizontalPodAutoscaler of an AppService (while `spec.autoscaling` asks for one).
 pub fn autoscaler_name(app: &str) -> String {
+    app.to_owned()
+}
+
+/// Name of the HTTPRoute of an AppService (while `spec.expose` asks for one).
+pub fn route_name(app: &str) -> String {
     app.to_owned()
 }
 

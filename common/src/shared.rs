@@ -54,6 +54,12 @@ pub struct AppServiceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
 
+    /// Where the application answers from outside the cluster, `https://<host>/<path>`
+    /// (or `http://` without TLS): the first host name and path of `spec.expose`, once
+    /// the Gateway accepted the route. Absent while it is not exposed or not accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+
     /// The canary Deployment, present only while `spec.canary` runs one. `readyReplicas`
     /// above counts the Pods of both Deployments, which the Service sends traffic to.
     #[serde(default, skip_serializing_if = "Option::is_none")]

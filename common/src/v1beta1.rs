@@ -36,6 +36,10 @@
 //!   HorizontalPodAutoscaler on the AppService's scale subresource. `v1alpha1` keeps it
 //!   in an annotation.
 //!
+//! * `expose: {hostnames, paths, port, tls}`: the application reached from outside the
+//!   cluster through the Gateway the cluster's admin named, by an HTTPRoute. `v1alpha1`
+//!   keeps it in an annotation.
+//!
 //! Everything else (image, replicas, env, resources, status) is the same in both versions.
 
 use kube::KubeSchema;
@@ -111,6 +115,16 @@ crate::shared::app_service_spec! {
         /// `replicas` out of manifests applied by GitOps while it is set.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub autoscaling: Option<AutoscalingSpec>,
+
+        /// Reach the application from outside the cluster: an HTTPRoute `<name>` sends
+        /// requests for `hostnames` (and under `paths`) that arrive at the Gateway the
+        /// cluster's admin named to the Service's `port`. With `tls`, the Gateway
+        /// terminates HTTPS for these host names with the certificate of the Secret
+        /// `tls.secretName`. A host name belongs to one AppService in the cluster: one
+        /// another AppService holds is refused. `status.url` says where it answers once
+        /// the Gateway accepted the route.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub expose: Option<ExposeSpec>,
     }
     /// A PostgreSQL database provisioned for this application, requested by being
     /// present. The connection URL is passed to the container as `DATABASE_URL`.
@@ -272,6 +286,72 @@ impl AutoscalingSpec {
         self.target_cpu_utilization_percentage
             .unwrap_or(crate::limits::DEFAULT_TARGET_CPU_UTILIZATION)
     }
+}
+
+/// How an AppService is reached from outside the cluster.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExposeSpec {
+    /// The host names requests for the application carry, lowercase DNS names such as
+    /// `shop.apps.example.com` (no wildcards, no IP addresses). 1 to 16, each unique.
+    #[schemars(schema_with = "hostnames_schema")]
+    pub hostnames: Vec<String>,
+
+    /// Path prefixes sent to the application, each starting with `/`. Defaults to
+    /// `["/"]`: every path. At most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "expose_paths_schema")]
+    pub paths: Vec<String>,
+
+    /// The name of the port in `ports` that receives the requests; a TCP port. Defaults
+    /// to the first port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = crate::limits::MAX_PORT_NAME_LEN))]
+    pub port: Option<String>,
+
+    /// HTTPS for the host names, terminated at the Gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ExposeTls>,
+}
+
+/// The certificate the Gateway serves for an AppService's host names.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExposeTls {
+    /// A Secret of type `kubernetes.io/tls` in the AppService's namespace holding the
+    /// certificate (for every host name) and its key. Only the Gateway is allowed to read
+    /// it (a ReferenceGrant the controller keeps).
+    #[schemars(length(min = 1, max = crate::limits::MAX_SUBDOMAIN_LEN))]
+    pub secret_name: String,
+}
+
+impl ExposeSpec {
+    /// `paths` with the default applied.
+    pub fn paths(&self) -> Vec<&str> {
+        if self.paths.is_empty() {
+            vec![crate::limits::DEFAULT_EXPOSE_PATH]
+        } else {
+            self.paths.iter().map(String::as_str).collect()
+        }
+    }
+}
+
+fn hostnames_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "minItems": 1,
+        "maxItems": crate::limits::MAX_EXPOSE_HOSTNAMES,
+        "x-kubernetes-list-type": "set",
+        "items": {"type": "string", "minLength": 1, "maxLength": crate::limits::MAX_SUBDOMAIN_LEN},
+    })
+}
+
+fn expose_paths_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": crate::limits::MAX_EXPOSE_PATHS,
+        "items": {"type": "string", "minLength": 1, "maxLength": crate::limits::MAX_EXPOSE_PATH_LEN},
+    })
 }
 
 /// A ConfigMap or a Secret the Pods of an AppService read: exactly one of the two.

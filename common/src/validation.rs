@@ -21,11 +21,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use crate::names::{DATABASE_CA_DIR, DATABASE_URL_ENV};
 use crate::types::{
     AppService, AppServiceSpec, CanarySpec, MAX_CLASS_LEN, MAX_CONFIG_SOURCES, MAX_ENV,
-    MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_MOUNT_PATH_LEN,
-    MAX_NAME_LEN, MAX_PORT, MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MAX_ROLLOUT_PERCENT,
-    MAX_SUBDOMAIN_LEN, MAX_TARGET_CPU_UTILIZATION, MIN_AUTOSCALING_REPLICAS, MIN_CANARY_REPLICAS,
-    MIN_ID, MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS, MIN_TARGET_CPU_UTILIZATION, PodSecurity,
-    RolloutSpec, SecurityProfile,
+    MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_EXPOSE_HOSTNAMES, MAX_EXPOSE_PATH_LEN,
+    MAX_EXPOSE_PATHS, MAX_ID, MAX_IMAGE_LEN, MAX_LABEL_LEN, MAX_MOUNT_PATH_LEN, MAX_NAME_LEN,
+    MAX_PORT, MAX_PORT_NAME_LEN, MAX_PORTS, MAX_REPLICAS, MAX_ROLLOUT_PERCENT, MAX_SUBDOMAIN_LEN,
+    MAX_TARGET_CPU_UTILIZATION, MIN_AUTOSCALING_REPLICAS, MIN_CANARY_REPLICAS, MIN_ID,
+    MIN_NON_ROOT_UID, MIN_PORT, MIN_REPLICAS, MIN_TARGET_CPU_UTILIZATION, PodSecurity, RolloutSpec,
+    SecurityProfile,
 };
 use crate::{conversion, v1alpha1};
 
@@ -149,6 +150,9 @@ fn validate_spec(spec: &AppServiceSpec, report: &mut Report) {
     validate_config(spec, errors);
     if let Some(autoscaling) = &spec.autoscaling {
         validate_autoscaling(spec, autoscaling, errors);
+    }
+    if let Some(expose) = &spec.expose {
+        validate_expose(spec, expose, errors);
     }
     if let Some(resources) = &spec.resources {
         validate_resources(resources, errors);
@@ -499,6 +503,156 @@ fn validate_env(spec: &AppServiceSpec, errors: &mut Vec<FieldError>) {
             }
         }
     }
+}
+
+/// `spec.expose`: 1 to 16 unique lowercase DNS host names (no wildcard, no IP address,
+/// which the Gateway API refuses too), at most 16 unique path prefixes the Gateway API
+/// accepts, a TCP port of `spec.ports`, and a Secret name.
+fn validate_expose(
+    spec: &AppServiceSpec,
+    expose: &crate::types::ExposeSpec,
+    errors: &mut Vec<FieldError>,
+) {
+    const FIELD: &str = "spec.expose";
+    if expose.hostnames.is_empty() {
+        errors.push(FieldError::required(
+            format!("{FIELD}.hostnames"),
+            "at least one host name is required",
+        ));
+    }
+    if expose.hostnames.len() > MAX_EXPOSE_HOSTNAMES {
+        errors.push(FieldError::too_many(
+            format!("{FIELD}.hostnames"),
+            expose.hostnames.len(),
+            MAX_EXPOSE_HOSTNAMES,
+        ));
+    }
+    let mut seen = HashSet::new();
+    for (i, host) in expose.hostnames.iter().enumerate() {
+        let field = format!("{FIELD}.hostnames[{i}]");
+        if host.len() > MAX_SUBDOMAIN_LEN {
+            errors.push(FieldError::too_long(field, MAX_SUBDOMAIN_LEN));
+        } else if let Some(problem) = hostname_problem(host) {
+            errors.push(FieldError::invalid_str(field, host, problem));
+        } else if !seen.insert(host.as_str()) {
+            errors.push(FieldError::duplicate(field, host));
+        }
+    }
+    if expose.paths.len() > MAX_EXPOSE_PATHS {
+        errors.push(FieldError::too_many(
+            format!("{FIELD}.paths"),
+            expose.paths.len(),
+            MAX_EXPOSE_PATHS,
+        ));
+    }
+    let mut seen = HashSet::new();
+    for (i, path) in expose.paths.iter().enumerate() {
+        let field = format!("{FIELD}.paths[{i}]");
+        if path.len() > MAX_EXPOSE_PATH_LEN {
+            errors.push(FieldError::too_long(field, MAX_EXPOSE_PATH_LEN));
+        } else if let Some(problem) = path_prefix_problem(path) {
+            errors.push(FieldError::invalid_str(field, path, problem));
+        } else if !seen.insert(path.as_str()) {
+            errors.push(FieldError::duplicate(field, path));
+        }
+    }
+    if let Some(port) = expose.port.as_deref() {
+        let ports = spec.ports();
+        match ports.iter().find(|p| p.name == port) {
+            None => errors.push(FieldError::invalid_str(
+                format!("{FIELD}.port"),
+                port,
+                "must name a port of spec.ports",
+            )),
+            Some(p) if p.protocol.is_some_and(|p| p != crate::types::Protocol::Tcp) => {
+                errors.push(FieldError::invalid_str(
+                    format!("{FIELD}.port"),
+                    port,
+                    "must be a TCP port: HTTP requests are sent to it",
+                ));
+            }
+            Some(_) => {}
+        }
+    } else if spec
+        .ports()
+        .first()
+        .and_then(|p| p.protocol)
+        .is_some_and(|p| p != crate::types::Protocol::Tcp)
+    {
+        errors.push(FieldError::required(
+            format!("{FIELD}.port"),
+            "the first port is not TCP: name the TCP port that receives HTTP requests",
+        ));
+    }
+    if let Some(tls) = &expose.tls {
+        let field = format!("{FIELD}.tls.secretName");
+        if tls.secret_name.len() > MAX_SUBDOMAIN_LEN {
+            errors.push(FieldError::too_long(field, MAX_SUBDOMAIN_LEN));
+        } else if !is_dns1123_subdomain(&tls.secret_name) {
+            errors.push(FieldError::invalid_str(
+                field,
+                &tls.secret_name,
+                "must be a lowercase RFC 1123 subdomain (the name of a Secret in the AppService's namespace)",
+            ));
+        }
+    }
+}
+
+/// Why `host` cannot be an exposed host name, if it cannot.
+fn hostname_problem(host: &str) -> Option<&'static str> {
+    if host.starts_with('*') {
+        return Some(
+            "must not be a wildcard: a host name belongs to one AppService, and a wildcard would take others'",
+        );
+    }
+    if host.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Some("must be a DNS name, not an IP address");
+    }
+    (!is_dns1123_subdomain(host))
+        .then_some("must be a lowercase DNS name (RFC 1123): letters, digits, '-' and '.'")
+}
+
+/// Why `path` cannot be a path prefix of a route, if it cannot: the Gateway API's rules
+/// (an absolute path of URI path characters and percent escapes, without `//`, `.` or
+/// `..` segments, an escaped `/` or a fragment).
+fn path_prefix_problem(path: &str) -> Option<&'static str> {
+    if !path.starts_with('/') {
+        return Some("must start with '/'");
+    }
+    let bytes = path.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' {
+            let escape = path.get(i + 1..i + 3);
+            match escape {
+                Some(hex) if hex.bytes().all(|h| h.is_ascii_hexdigit()) => {
+                    if hex.eq_ignore_ascii_case("2f") {
+                        return Some("must not contain an escaped '/' (%2F)");
+                    }
+                    i += 3;
+                    continue;
+                }
+                _ => return Some("'%' must start an escape of two hexadecimal digits"),
+            }
+        }
+        if !(b.is_ascii_alphanumeric() || b"-/._~!$&'()*+,;=:@".contains(&b)) {
+            return Some(
+                "must contain only letters, digits, '-._~!$&'()*+,;=:@/' and percent escapes",
+            );
+        }
+        i += 1;
+    }
+    if path.contains("//") {
+        return Some("must not contain '//'");
+    }
+    if path
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
+    {
+        return Some("must not contain '.' or '..' segments");
+    }
+    None
 }
 
 /// `spec.autoscaling`: both bounds within the replicas' range, the least not above the

@@ -1294,3 +1294,157 @@ mod v1beta1_autoscaling {
         );
     }
 }
+
+/// `expose` exists only in v1beta1: tested on the hub.
+mod v1beta1_expose {
+    use crate::types::{AppPort, AppService, AppServiceSpec, ExposeSpec, ExposeTls, Protocol};
+    use crate::validation::validate_report;
+    use pretty_assertions::assert_eq;
+
+    fn errors(expose: ExposeSpec, ports: Vec<AppPort>) -> Vec<String> {
+        let app = AppService::new(
+            "shop",
+            AppServiceSpec {
+                image: "registry.example.com/shop:v1".into(),
+                ports,
+                expose: Some(expose),
+                ..Default::default()
+            },
+        );
+        validate_report(&app, None)
+            .errors
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn hosts(hostnames: &[&str], paths: &[&str]) -> ExposeSpec {
+        ExposeSpec {
+            hostnames: hostnames.iter().map(|h| (*h).to_owned()).collect(),
+            paths: paths.iter().map(|p| (*p).to_owned()).collect(),
+            ..ExposeSpec::default()
+        }
+    }
+
+    #[test]
+    fn host_names_are_unique_lowercase_dns_names_without_wildcards() {
+        assert!(errors(hosts(&["shop.apps.example.com", "shop"], &[]), vec![]).is_empty());
+        assert_eq!(
+            errors(
+                hosts(
+                    &[
+                        "Shop.example.com",
+                        "*.example.com",
+                        "10.0.0.1",
+                        "a.example.com",
+                        "a.example.com",
+                        ""
+                    ],
+                    &[]
+                ),
+                vec![]
+            ),
+            [
+                "spec.expose.hostnames[0]: Invalid value: \"Shop.example.com\": must be a lowercase DNS name (RFC 1123): letters, digits, '-' and '.'",
+                "spec.expose.hostnames[1]: Invalid value: \"*.example.com\": must not be a wildcard: a host name belongs to one AppService, and a wildcard would take others'",
+                "spec.expose.hostnames[2]: Invalid value: \"10.0.0.1\": must be a DNS name, not an IP address",
+                "spec.expose.hostnames[4]: Duplicate value: \"a.example.com\"",
+                "spec.expose.hostnames[5]: Invalid value: \"\": must be a lowercase DNS name (RFC 1123): letters, digits, '-' and '.'",
+            ]
+        );
+        assert_eq!(
+            errors(hosts(&[], &[]), vec![]),
+            ["spec.expose.hostnames: Required value: at least one host name is required"]
+        );
+        let many: Vec<String> = (0..17).map(|i| format!("h{i}.example.com")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(
+            errors(hosts(&many, &[]), vec![]),
+            ["spec.expose.hostnames: Too many: 17: must have at most 16 items"]
+        );
+        let long = format!("{}.example.com", vec!["a".repeat(63); 4].join("."));
+        assert_eq!(
+            errors(hosts(&[&long], &[]), vec![]),
+            ["spec.expose.hostnames[0]: Too long: may not be more than 253 bytes"]
+        );
+    }
+
+    #[test]
+    fn paths_are_prefixes_the_gateway_api_accepts() {
+        assert!(
+            errors(
+                hosts(
+                    &["shop.example.com"],
+                    &["/", "/api/v1", "/a%20b", "/~user/x-y_z"]
+                ),
+                vec![]
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            errors(
+                hosts(
+                    &["shop.example.com"],
+                    &[
+                        "api", "/a//b", "/a/../b", "/a%2Fb", "/a%zz", "/a b", "/a#frag", "/api/v1",
+                        "/api/v1"
+                    ]
+                ),
+                vec![]
+            ),
+            [
+                "spec.expose.paths[0]: Invalid value: \"api\": must start with '/'",
+                "spec.expose.paths[1]: Invalid value: \"/a//b\": must not contain '//'",
+                "spec.expose.paths[2]: Invalid value: \"/a/../b\": must not contain '.' or '..' segments",
+                "spec.expose.paths[3]: Invalid value: \"/a%2Fb\": must not contain an escaped '/' (%2F)",
+                "spec.expose.paths[4]: Invalid value: \"/a%zz\": '%' must start an escape of two hexadecimal digits",
+                "spec.expose.paths[5]: Invalid value: \"/a b\": must contain only letters, digits, '-._~!$&'()*+,;=:@/' and percent escapes",
+                "spec.expose.paths[6]: Invalid value: \"/a#frag\": must contain only letters, digits, '-._~!$&'()*+,;=:@/' and percent escapes",
+                "spec.expose.paths[8]: Duplicate value: \"/api/v1\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_port_is_a_tcp_port_of_the_spec_and_the_secret_a_name() {
+        let udp_first = vec![
+            AppPort {
+                name: "dns".into(),
+                port: 53,
+                protocol: Some(Protocol::Udp),
+            },
+            AppPort::http(8080),
+        ];
+        assert_eq!(
+            errors(hosts(&["a.example.com"], &[]), udp_first.clone()),
+            [
+                "spec.expose.port: Required value: the first port is not TCP: name the TCP port that receives HTTP requests"
+            ]
+        );
+        let mut named = hosts(&["a.example.com"], &[]);
+        named.port = Some("http".into());
+        assert!(errors(named.clone(), udp_first.clone()).is_empty());
+        named.port = Some("dns".into());
+        assert_eq!(
+            errors(named.clone(), udp_first.clone()),
+            [
+                "spec.expose.port: Invalid value: \"dns\": must be a TCP port: HTTP requests are sent to it"
+            ]
+        );
+        named.port = Some("metrics".into());
+        assert_eq!(
+            errors(named, udp_first),
+            ["spec.expose.port: Invalid value: \"metrics\": must name a port of spec.ports"]
+        );
+        let mut tls = hosts(&["a.example.com"], &[]);
+        tls.tls = Some(ExposeTls {
+            secret_name: "Shop_TLS".into(),
+        });
+        assert_eq!(
+            errors(tls, vec![]),
+            [
+                "spec.expose.tls.secretName: Invalid value: \"Shop_TLS\": must be a lowercase RFC 1123 subdomain (the name of a Secret in the AppService's namespace)"
+            ]
+        );
+    }
+}

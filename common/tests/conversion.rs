@@ -147,6 +147,23 @@ fn arb_canary() -> impl Strategy<Value = Option<v1beta1::CanarySpec>> {
 }
 
 /// Any `autoscaling`, valid or not.
+fn arb_expose() -> impl Strategy<Value = Option<v1beta1::ExposeSpec>> {
+    proptest::option::of(
+        (
+            proptest::collection::vec("[a-z*][a-z0-9.-]{0,12}", 0..3),
+            proptest::collection::vec("/?[a-z/.]{0,8}", 0..3),
+            proptest::option::of("[a-z]{1,6}"),
+            proptest::option::of("[a-z][a-z-]{0,8}"),
+        )
+            .prop_map(|(hostnames, paths, port, secret)| v1beta1::ExposeSpec {
+                hostnames,
+                paths,
+                port,
+                tls: secret.map(|secret_name| v1beta1::ExposeTls { secret_name }),
+            }),
+    )
+}
+
 fn arb_autoscaling() -> impl Strategy<Value = Option<v1beta1::AutoscalingSpec>> {
     proptest::option::of(
         (
@@ -255,7 +272,11 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
                 arb_canary(),
                 arb_config(),
                 arb_autoscaling(),
-            ),
+                arb_expose(),
+            )
+                // Boxed: the strategy's value tree is otherwise large enough to overflow
+                // a test thread's stack in debug builds.
+                .boxed(),
             arb_env(),
             arb_resources(),
             proptest::option::of("[a-z][a-z0-9.-]{0,12}"),
@@ -269,7 +290,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
                     image,
                     replicas,
                     ports,
-                    (pod_security, rollout, canary, config, autoscaling),
+                    (pod_security, rollout, canary, config, autoscaling, expose),
                     env,
                     resources,
                     database,
@@ -287,6 +308,7 @@ fn arb_beta_plain() -> impl Strategy<Value = v1beta1::AppService> {
                         canary,
                         config,
                         autoscaling,
+                        expose,
                         env,
                         resources,
                         database: database.map(|class| v1beta1::DatabaseSpec { class }),

@@ -3,7 +3,7 @@
 # kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, the Argo CD
 # health-script evaluator argocd-health, the kstatus evaluator kstatus, and for the
 # image tests the CNCF distribution registry, crane and cosign), the real node's kubelet
-# and kube-proxy, metrics-server, and the programs its images hold (hello, pause) from
+# and kube-proxy, metrics-server, Traefik (with the Gateway API CRDs), and the programs its images hold (hello, pause) from
 # their published Go modules, pinned by the wrapper modules next to this script. The node's container
 # runtime (containerd, runc, the CNI plugins, iptables, conntrack) comes from the
 # distribution's packages: see node-packages.sh.
@@ -71,10 +71,10 @@ declare -A reference=(
   [etcd]=75 [kube-apiserver]=420 [kube-controller-manager]=90 [kube-scheduler]=10
   [kubectl]=25 [kwok]=90 [helm]=115 [argocd-health]=5 [kstatus]=25 [registry]=75
   [crane]=5 [cosign]=160 [kubelet]=30 [kube-proxy]=15 [hello]=10 [pause]=2
-  [metrics-server]=130
+  [metrics-server]=130 [traefik]=313
 )
 order=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm
-  argocd-health kstatus registry crane cosign kubelet kube-proxy hello pause metrics-server)
+  argocd-health kstatus registry crane cosign kubelet kube-proxy hello pause metrics-server traefik)
 
 wanted() { [[ -z "$only" || "$only" == *",$1,"* ]]; }
 
@@ -175,5 +175,17 @@ build apps pause appservice-operator/envtest/apps/pause
 ms_version=v0.8.0
 build metrics-server metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server \
   "-X 'k8s.io/client-go/pkg/version.gitVersion=${ms_version}' -X 'k8s.io/client-go/pkg/version.gitMajor=0' -X 'k8s.io/client-go/pkg/version.gitMinor=8'"
+# Traefik: the Gateway API implementation the exposure tests send HTTPS through, and the
+# Gateway API CRDs it implements (v1.4.0, the standard channel), taken from the module's
+# zip as the version its go.mod resolves.
+if wanted traefik; then
+  build traefik traefik github.com/traefik/traefik/v3/cmd/traefik \
+    "-X 'github.com/traefik/traefik/v3/pkg/version.Version=v3.6.12'"
+  gw_dir="$(cd "$here/traefik" && go mod download -json sigs.k8s.io/gateway-api | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -d "$gw_dir/config/crd/standard" ]] || { echo "error: the Gateway API module has no config/crd/standard (at '$gw_dir')" >&2; exit 1; }
+  mkdir -p "$cache/gateway-api"
+  cp -f "$gw_dir"/config/crd/standard/gateway.networking.k8s.io_*.yaml "$cache/gateway-api/"
+  chmod u+w "$cache"/gateway-api/*.yaml
+fi
 log "${only:+the assets asked for (${only:1:-1}) }all ready in $bin ($((SECONDS - total))s)"
 echo "$bin"

@@ -4,7 +4,8 @@
 use std::fmt;
 
 use common::types::{
-    MAX_CONFIG_SOURCES, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_IMAGE_LEN, MAX_PORTS,
+    MAX_CONFIG_SOURCES, MAX_ENV, MAX_ENV_NAME_LEN, MAX_ENV_VALUE_LEN, MAX_EXPOSE_HOSTNAMES,
+    MAX_EXPOSE_PATHS, MAX_IMAGE_LEN, MAX_PORTS,
 };
 use common::validation::{FieldError, FieldErrors};
 use serde::Deserialize;
@@ -48,6 +49,16 @@ struct SpecShape {
     canary: Option<CanaryShape>,
     #[serde(default)]
     config: Len,
+    #[serde(default)]
+    expose: Option<ExposeShape>,
+}
+
+#[derive(Default, Deserialize)]
+struct ExposeShape {
+    #[serde(default)]
+    hostnames: Len,
+    #[serde(default)]
+    paths: Len,
 }
 
 #[derive(Default, Deserialize)]
@@ -92,6 +103,20 @@ impl SpecShape {
                 self.config.0,
                 MAX_CONFIG_SOURCES,
             ));
+        }
+        if let Some(expose) = &self.expose {
+            for (field, len, max) in [
+                (
+                    "spec.expose.hostnames",
+                    expose.hostnames.0,
+                    MAX_EXPOSE_HOSTNAMES,
+                ),
+                ("spec.expose.paths", expose.paths.0, MAX_EXPOSE_PATHS),
+            ] {
+                if len > max {
+                    errors.push(FieldError::too_many(field, len, max));
+                }
+            }
         }
         if let Some(resources) = &self.resources {
             for (field, len) in [
@@ -308,6 +333,12 @@ mod tests {
                     .map(|i| json!({"configMap": format!("c{i}")}))
                     .collect::<Vec<_>>()
             ),
+            "spec.expose.hostnames" => json!(
+                (0..n)
+                    .map(|i| format!("h{i}.example.com"))
+                    .collect::<Vec<_>>()
+            ),
+            "spec.expose.paths" => json!((0..n).map(|i| format!("/p{i}")).collect::<Vec<_>>()),
             "spec.resources.limits" | "spec.resources.requests" => Value::Object(
                 (0..n)
                     .map(|i| (format!("example.com/r{i}"), json!("1")))
@@ -336,6 +367,9 @@ mod tests {
                 .or_insert_with(|| json!({}));
         }
         at[keys[keys.len() - 1]] = entries(path, n);
+        if path == "spec.expose.paths" {
+            spec["expose"]["hostnames"] = json!(["shop.example.com"]);
+        }
         if padded {
             spec["padding"] = json!("x".repeat(SHAPE_CHECK_FROM));
         }
