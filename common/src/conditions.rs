@@ -42,6 +42,14 @@ pub mod reasons {
     /// that is not optional) does not exist; the message names each. Nothing is rolled out
     /// until it does.
     pub const CONFIG_SOURCE_MISSING: &str = "ConfigSourceMissing";
+    /// `spec.expose` asks for a route, and no Gateway is configured to attach it to.
+    pub const EXPOSURE_UNAVAILABLE: &str = "ExposureUnavailable";
+    /// A host name of `spec.expose` is held by another (older) AppService.
+    pub const EXPOSURE_CONFLICT: &str = "ExposureConflict";
+    /// The route is written and the Gateway has not accepted it yet.
+    pub const EXPOSING: &str = "Exposing";
+    /// The Gateway refused the route (its `Accepted` condition is False).
+    pub const EXPOSURE_REFUSED: &str = "ExposureRefused";
     /// The Deployment's `ReplicaFailure`: Pods could not be created (Pod Security
     /// admission, a ResourceQuota, a LimitRange refused them); the message says which.
     pub const REPLICA_FAILURE: &str = "ReplicaFailure";

@@ -380,6 +380,17 @@ fn schema_and_required_values_reject_bad_input() {
             &["certificates.mode=secret", "certificates.existingSecret=x"],
             "certificates.caBundle",
         ),
+        (
+            &["controller.expose.gateway.name=public"],
+            "controller.expose.gateway needs both namespace and name",
+        ),
+        (
+            &[
+                "controller.expose.gateway.namespace=Gateways",
+                "controller.expose.gateway.name=public",
+            ],
+            "/controller/expose/gateway/namespace",
+        ),
     ];
     for (sets, expected) in cases {
         let stderr = template_refused(sets);
@@ -961,6 +972,89 @@ fn sharding_is_off_by_default_and_on_adds_its_flags_and_rbac() {
         rules.iter().any(|r| r["resourceNames"].is_null()
             && r["verbs"] == json!(["get", "list", "watch", "update", "delete"])),
         "membership Leases: {rules:?}"
+    );
+}
+
+/// Exposure is off until the admin names a Gateway: then the controller gets its flag,
+/// the RBAC for HTTPRoutes, and the owned-objects policy covers HTTPRoutes too.
+#[test]
+fn a_named_gateway_turns_exposure_on_with_its_rbac_and_policy() {
+    let route_rules = |docs: &[Value]| -> Vec<Value> {
+        find(docs, "ClusterRole", CONTROLLER)["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .filter(|r| r["apiGroups"] == json!(["gateway.networking.k8s.io"]))
+            .cloned()
+            .collect()
+    };
+    let policy_rules = |docs: &[Value]| -> Vec<Value> {
+        find(docs, "ValidatingAdmissionPolicy", OWNED_POLICY)["spec"]["matchConstraints"]
+            ["resourceRules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .filter(|r| r["apiGroups"] == json!(["gateway.networking.k8s.io"]))
+            .cloned()
+            .collect()
+    };
+    let flag = |docs: &[Value]| {
+        find(docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == "EXPOSE_GATEWAY"))
+            .map(|v| v["value"].clone())
+    };
+    let off = template("ops", &[]);
+    assert_eq!(flag(&off), None);
+    assert!(route_rules(&off).is_empty());
+    assert!(policy_rules(&off).is_empty());
+
+    let on = template(
+        "ops",
+        &[
+            "controller.expose.gateway.namespace=gateways".into(),
+            "controller.expose.gateway.name=public".into(),
+        ],
+    );
+    assert_eq!(flag(&on), Some(json!("gateways/public")));
+    assert_eq!(
+        route_rules(&on),
+        [
+            json!({"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes", "referencegrants"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"]})
+        ]
+    );
+    assert_eq!(
+        policy_rules(&on),
+        [
+            json!({"apiGroups": ["gateway.networking.k8s.io"], "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["httproutes", "referencegrants"]})
+        ]
+    );
+    // The Gateway itself: read, and patched (its HTTPS listeners), that one only.
+    let role = find(&on, "Role", &format!("{CONTROLLER}-gateway"));
+    assert_eq!(role["metadata"]["namespace"], "gateways");
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["gateways"],
+             "resourceNames": ["public"], "verbs": ["get", "patch"]},
+            {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["gateways"],
+             "verbs": ["list", "watch"]},
+        ])
+    );
+    let binding = find(&on, "RoleBinding", &format!("{CONTROLLER}-gateway"));
+    assert_eq!(binding["subjects"][0]["namespace"], "ops");
+    assert_eq!(
+        find(&on, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == "EXPOSE_HTTPS_PORT"))
+            .map(|v| v["value"].clone()),
+        Some(json!("443"))
+    );
+    assert!(
+        !off.iter()
+            .any(|d| d["metadata"]["name"] == format!("{CONTROLLER}-gateway"))
     );
 }
 

@@ -83,6 +83,19 @@ which keeps the old release's values and not this chart's defaults. */ -}}
 {{- toJson (concat (list "kube-system" .Release.Namespace) (dig "controller" "excludeNamespaces" (list) .Values.AsMap) | uniq) }}
 {{- end }}
 
+{{/* controller.expose.gateway as `namespace/name` (the controller's EXPOSE_GATEWAY),
+empty when no Gateway is named; both or neither must be set. dig: the value is newer
+than the first release (see above). */}}
+{{- define "aso.controller.exposeGateway" -}}
+{{- $namespace := dig "controller" "expose" "gateway" "namespace" "" .Values.AsMap -}}
+{{- $name := dig "controller" "expose" "gateway" "name" "" .Values.AsMap -}}
+{{- if and $namespace $name -}}
+{{ $namespace }}/{{ $name }}
+{{- else if or $namespace $name -}}
+{{- fail "controller.expose.gateway needs both namespace and name (or neither)" -}}
+{{- end -}}
+{{- end }}
+
 {{/* admissionPolicies.enabled, true when the release's values predate it. */}}
 {{- define "aso.admissionPolicies" -}}
 {{- if dig "admissionPolicies" "enabled" true .Values.AsMap }}true{{ end }}

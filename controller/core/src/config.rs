@@ -124,6 +124,50 @@ pub struct Config {
     /// With `--profiling`: serve profiles to any address that reaches the ops port.
     #[arg(long, env = "PROFILING_ALLOW_REMOTE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub profiling_allow_remote: bool,
+
+    /// The Gateway (`namespace/name`) an AppService's `spec.expose` attaches its
+    /// HTTPRoute to (the chart's `controller.expose.gateway`). Unset: no route is made,
+    /// and an AppService that asks to be exposed says so in its status
+    /// (`ExposureUnavailable`). Set, the Gateway API's CRDs must be served.
+    #[arg(long, env = "EXPOSE_GATEWAY", value_parser = GatewayRef::parse)]
+    pub expose_gateway: Option<GatewayRef>,
+
+    /// The port of the HTTPS listeners added to that Gateway for `spec.expose.tls`: one
+    /// the Gateway's implementation serves (the chart's
+    /// `controller.expose.gateway.httpsPort`).
+    #[arg(long, env = "EXPOSE_HTTPS_PORT", default_value_t = 443, value_parser = clap::value_parser!(i32).range(1..=65535))]
+    pub expose_https_port: i32,
+}
+
+/// A Gateway, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl GatewayRef {
+    /// `namespace/name`, both DNS names.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (namespace, name) = s
+            .split_once('/')
+            .ok_or_else(|| format!("`{s}`: expected namespace/name"))?;
+        for part in [namespace, name] {
+            if !common::validation::is_dns1123_subdomain(part) {
+                return Err(format!("`{s}`: `{part}` is not a lowercase RFC 1123 name"));
+            }
+        }
+        Ok(GatewayRef {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Display for GatewayRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 impl Config {
@@ -152,6 +196,8 @@ impl Config {
             shutdown_grace: Duration::from_secs(20),
             profiling: false,
             profiling_allow_remote: false,
+            expose_gateway: None,
+            expose_https_port: 443,
         }
     }
 

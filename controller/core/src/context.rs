@@ -22,10 +22,11 @@ use crate::Hooks;
 use crate::config::Config;
 use crate::error::BackoffPolicy;
 use crate::external::External;
+use crate::gateway_api::{HttpRoute, ReferenceGrant};
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::status::Clock;
-use crate::view::{AutoscalerView, BudgetView, DeploymentView, ServiceView};
+use crate::view::{AutoscalerView, BudgetView, DeploymentView, GrantView, RouteView, ServiceView};
 
 /// Initial-list completion of the caches, set from their watch streams.
 #[derive(Debug, Default)]
@@ -35,10 +36,16 @@ pub struct CacheSync {
     pub services: AtomicBool,
     pub budgets: AtomicBool,
     pub autoscalers: AtomicBool,
+    /// Set at start when no Gateway is configured (nothing to list).
+    pub routes: AtomicBool,
+    pub grants: AtomicBool,
+    pub gateway: AtomicBool,
     pub other_deployments: AtomicBool,
     pub other_services: AtomicBool,
     pub other_budgets: AtomicBool,
     pub other_autoscalers: AtomicBool,
+    pub other_routes: AtomicBool,
+    pub other_grants: AtomicBool,
 }
 
 impl CacheSync {
@@ -49,10 +56,15 @@ impl CacheSync {
             &self.services,
             &self.budgets,
             &self.autoscalers,
+            &self.routes,
+            &self.grants,
+            &self.gateway,
             &self.other_deployments,
             &self.other_services,
             &self.other_budgets,
             &self.other_autoscalers,
+            &self.other_routes,
+            &self.other_grants,
         ]
         .iter()
         .all(|f| f.load(Ordering::Relaxed))
@@ -66,11 +78,21 @@ pub struct Caches {
     pub services: Store<ServiceView>,
     pub budgets: Store<BudgetView>,
     pub autoscalers: Store<AutoscalerView>,
+    /// Empty when no Gateway is configured (`--expose-gateway`).
+    pub routes: Store<RouteView>,
+    pub grants: Store<GrantView>,
+    /// The configured Gateway (one object), for the listeners of `spec.expose.tls`.
+    pub gateway: Store<crate::listeners::GatewayView>,
     /// The names of the objects of those kinds without that label.
     pub other_deployments: Store<PartialObjectMeta<Deployment>>,
     pub other_services: Store<PartialObjectMeta<Service>>,
     pub other_budgets: Store<PartialObjectMeta<PodDisruptionBudget>>,
     pub other_autoscalers: Store<PartialObjectMeta<HorizontalPodAutoscaler>>,
+    pub other_routes: Store<PartialObjectMeta<HttpRoute>>,
+    pub other_grants: Store<PartialObjectMeta<ReferenceGrant>>,
+    /// Every AppService this controller serves (the one the Controller reconciles from):
+    /// who holds a host name is decided over them ([`crate::exposure`]).
+    pub appservices: Store<AppService>,
     /// Which caches have completed their initial list.
     pub synced: Arc<CacheSync>,
 }

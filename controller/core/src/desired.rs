@@ -28,10 +28,12 @@ use crate::subject::Subject;
 mod autoscaling;
 mod config;
 mod disruption;
+mod exposure;
 mod security;
 
 pub use autoscaling::desired_autoscaler;
 pub use disruption::desired_budget;
+pub use exposure::{desired_grant, desired_route};
 
 /// Name of the application container in the Pod template.
 pub const CONTAINER_NAME: &str = "app";

@@ -76,6 +76,15 @@ pub(crate) async fn finalize(
     // A pass after a cleanup whose finalizer removal failed (a conflict: the object
     // changed meanwhile) has only the removal left.
     let uid = app.metadata.uid.clone();
+    // Its HTTPS listeners on the shared Gateway (no owner reference can collect them).
+    // A failure is logged, not retried forever: a listener left behind names a Secret
+    // the Gateway may no longer read (its ReferenceGrant is collected), so it serves
+    // nothing, and it is removed by hand.
+    if let Err(message) =
+        crate::listeners::converge(ctx, app, &std::collections::BTreeMap::new()).await
+    {
+        tracing::warn!(%message, "HTTPS listeners of a deleted AppService not removed");
+    }
     if uid.as_deref().is_some_and(|u| ctx.cleaned_up(&key, u)) {
         debug!("external cleanup already done; removing the finalizer");
     } else {

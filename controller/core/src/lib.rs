@@ -44,13 +44,16 @@ pub mod context;
 pub mod desired;
 pub mod drift;
 pub mod error;
+pub mod exposure;
 pub mod external;
 pub mod fence;
 mod finalizer;
 pub mod following;
+pub mod gateway_api;
 pub mod image_gate;
 pub mod image_verdict;
 pub mod leader;
+pub mod listeners;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;
@@ -75,6 +78,7 @@ use std::sync::Arc;
 use common::AppService;
 use common::names::{LABEL_MANAGED_BY, MANAGED_BY};
 use futures::{FutureExt, StreamExt};
+use gateway_api::{HttpRoute, ReferenceGrant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -234,6 +238,43 @@ pub async fn run_with(
         watch.cached::<view::BudgetView, _>(child_config.clone(), |_| {}, |s| &s.budgets);
     let (autoscalers, autoscaler_stream) =
         watch.cached::<view::AutoscalerView, _>(child_config.clone(), |_| {}, |s| &s.autoscalers);
+    // HTTPRoutes, ours and the names of others', only with a Gateway to attach them to:
+    // without one the Gateway API need not be served, and these caches stay empty.
+    let exposing = config.expose_gateway.is_some();
+    let (routes, route_stream) = if exposing {
+        let (store, stream) =
+            watch.cached::<view::RouteView, _>(child_config.clone(), |_| {}, |s| &s.routes);
+        (store, stream.boxed())
+    } else {
+        synced
+            .routes
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        (reflector::store().0, futures::stream::pending().boxed())
+    };
+    let (grants, grant_stream) = if exposing {
+        let (store, stream) =
+            watch.cached::<view::GrantView, _>(child_config.clone(), |_| {}, |s| &s.grants);
+        (store, stream.boxed())
+    } else {
+        synced
+            .grants
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        (reflector::store().0, futures::stream::pending().boxed())
+    };
+    // The configured Gateway itself, one object (every member of a ring needs it): its
+    // listeners are where `spec.expose.tls` adds HTTPS.
+    let (gateway, gateway_stream) = match &config.expose_gateway {
+        Some(gateway) => {
+            let (store, stream) = watches::gateway(&client, gateway, &synced);
+            (store, stream.boxed())
+        }
+        None => {
+            synced
+                .gateway
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            (reflector::store().0, futures::stream::pending().boxed())
+        }
+    };
     let (apps, app_stream) = watch.cached::<AppService, _>(
         watcher::Config::default().any_semantic(),
         view::slim_app,
@@ -275,6 +316,39 @@ pub async fn run_with(
             name_only,
             |s| &s.other_autoscalers,
         );
+    let (other_routes, other_route_stream) = if exposing {
+        let (store, stream) = watch_others.cached::<PartialObjectMeta<HttpRoute>, _>(
+            others_config.clone(),
+            name_only,
+            |s| &s.other_routes,
+        );
+        (store, stream.boxed())
+    } else {
+        synced
+            .other_routes
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        (reflector::store().0, futures::stream::pending().boxed())
+    };
+    let (other_grants, other_grant_stream) = if exposing {
+        let (store, stream) = watch_others.cached::<PartialObjectMeta<ReferenceGrant>, _>(
+            others_config.clone(),
+            name_only,
+            |s| &s.other_grants,
+        );
+        (store, stream.boxed())
+    } else {
+        synced
+            .other_grants
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        (reflector::store().0, futures::stream::pending().boxed())
+    };
+    let (route_stream, other_route_stream, grant_stream, other_grant_stream, gateway_stream) = (
+        route_stream.touched_objects(),
+        other_route_stream.touched_objects(),
+        grant_stream.touched_objects(),
+        other_grant_stream.touched_objects(),
+        gateway_stream.touched_objects(),
+    );
     let (
         other_deployment_stream,
         other_service_stream,
@@ -322,10 +396,16 @@ pub async fn run_with(
                 services: services.clone(),
                 budgets: budgets.clone(),
                 autoscalers: autoscalers.clone(),
+                routes: routes.clone(),
+                grants: grants.clone(),
+                gateway,
                 other_deployments,
                 other_services,
                 other_budgets,
                 other_autoscalers,
+                other_routes,
+                other_grants,
+                appservices: apps.clone(),
                 synced,
             },
             gate_rx.clone(),
@@ -348,6 +428,28 @@ pub async fn run_with(
         (wakes(&apps), wakes(&apps), wakes(&apps), wakes(&apps));
     let (other_deployment_owner, other_service_owner, other_budget_owner, other_autoscaler_owner) =
         (wakes(&apps), wakes(&apps), wakes(&apps), wakes(&apps));
+    let (other_route_owner, grant_owner, other_grant_owner) =
+        (wakes(&apps), wakes(&apps), wakes(&apps));
+    // An event of the Gateway wakes the AppServices with listeners on it (at most 64, the
+    // Gateway's own bound): theirs may have been edited, removed or (not) programmed.
+    let gateway_readers = {
+        let apps = apps.clone();
+        queue::observe_mapper_all(queue.clone(), move |_: listeners::GatewayView| {
+            listeners::with_tls(&apps)
+        })
+    };
+    // An event of our route wakes its AppService and those waiting for one of its host
+    // names (deleted with its AppService, or its host names changed, it may free one).
+    let route_owners = {
+        let apps = apps.clone();
+        queue::observe_mapper_all(queue.clone(), move |route: view::RouteView| {
+            let owner = owners::owner_of(&apps, &route.metadata);
+            let mut woken =
+                exposure::waiting_for(&apps, &exposure::route_hostnames(&route), owner.as_ref());
+            woken.extend(owner);
+            woken
+        })
+    };
     // An event of a ConfigMap or Secret: its digest is stale, and the AppServices that
     // read it (and, for a Secret, the one it belongs to or is named after) look again.
     let readers = |kind: common::ConfigKind| {
@@ -399,6 +501,19 @@ pub async fn run_with(
         .watches_stream(autoscaler_stream, move |a: view::AutoscalerView| {
             autoscaler_owner(a.metadata)
         })
+        .watches_stream(route_stream, route_owners)
+        .watches_stream(grant_stream, move |g: view::GrantView| {
+            grant_owner(g.metadata)
+        })
+        .watches_stream(
+            other_grant_stream,
+            move |g: PartialObjectMeta<ReferenceGrant>| other_grant_owner(g.metadata),
+        )
+        .watches_stream(gateway_stream, gateway_readers)
+        .watches_stream(
+            other_route_stream,
+            move |r: PartialObjectMeta<HttpRoute>| other_route_owner(r.metadata),
+        )
         .watches_stream(secret_stream, move |s: PartialObjectMeta<Secret>| {
             secret_owner(s.metadata)
         })

@@ -37,6 +37,11 @@ impl<K: Child> Optional<K> {
         Ok(Optional { name, want, live })
     }
 
+    /// The live child, if there is one (ours or not).
+    pub fn live(&self) -> Option<&K::View> {
+        self.live.as_ref()
+    }
+
     /// `Kind namespace/name` when it is asked for and someone else's object holds the name.
     pub fn taken(&self, uid: &str) -> Option<String> {
         let live = self.live.as_ref()?;

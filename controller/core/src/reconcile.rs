@@ -34,11 +34,13 @@ use crate::config_revision::{self, Revision};
 use crate::context::Context;
 use crate::desired::{
     CANARY_SLOT, desired_autoscaler, desired_budget, desired_canary_deployment, desired_deployment,
-    desired_service, is_controlled_by,
+    desired_grant, desired_route, desired_service, is_controlled_by,
 };
 use crate::error::{Error, ErrorReason, Result, Retry};
+use crate::exposure::{self, Exposure};
 use crate::external::{Readiness as External, Report};
 use crate::finalizer::{ensure_finalizer, finalize};
+use crate::listeners;
 use crate::optional_child::{Optional, refused_create};
 use crate::outcome::Outcome;
 use crate::pod_trouble::pod_trouble;
@@ -48,7 +50,7 @@ use crate::subject::Subject;
 use crate::view::{Child, DeploymentView};
 use common::names::{
     ANNOTATION_CONFIG_REVISION, LABEL_MANAGED_BY, MANAGED_BY, autoscaler_name, budget_name,
-    canary_deployment_name, deployment_name, service_name,
+    canary_deployment_name, deployment_name, route_name, service_name,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
@@ -286,7 +288,50 @@ async fn converge_children(
     // The canary's, the budget's and the autoscaler's names are looked up whether or not
     // one is asked for: one of ours left from before is deleted. A cached miss costs
     // nothing.
-    let (live_deployment, live_service, live_canary, budget, autoscaler) = tokio::join!(
+    // Exposure: a route only with a Gateway configured, and only for host names no older
+    // AppService holds. Without a Gateway no route is looked up (none can exist).
+    let gateway = ctx.config().expose_gateway.as_ref();
+    let hosts_held = match (&app.spec.expose, gateway) {
+        (Some(_), Some(_)) => exposure::held_by_others(&caches.appservices, app),
+        _ => Vec::new(),
+    };
+    let want_route = hosts_held
+        .is_empty()
+        .then(|| desired_route(app, gateway))
+        .flatten();
+    let want_grant = hosts_held
+        .is_empty()
+        .then(|| desired_grant(app, gateway))
+        .flatten();
+    let grant_step = async {
+        match gateway {
+            Some(_) => Optional::look(
+                ctx,
+                &owner,
+                (&caches.grants, others_known.then_some(&caches.other_grants)),
+                (route_name(app.name()), namespace),
+                want_grant,
+            )
+            .await
+            .map(Some),
+            None => Ok(None),
+        }
+    };
+    let route_step = async {
+        match gateway {
+            Some(_) => Optional::look(
+                ctx,
+                &owner,
+                (&caches.routes, others_known.then_some(&caches.other_routes)),
+                (route_name(app.name()), namespace),
+                want_route,
+            )
+            .await
+            .map(Some),
+            None => Ok(None),
+        }
+    };
+    let (live_deployment, live_service, live_canary, budget, autoscaler, (route, grant)) = tokio::join!(
         lookup(
             ctx,
             &owner,
@@ -331,13 +376,16 @@ async fn converge_children(
             (autoscaler_name(app.name()), namespace),
             desired_autoscaler(app),
         ),
+        async { tokio::join!(route_step, grant_step) },
     );
-    let (live_deployment, live_service, live_canary, budget, autoscaler) = (
+    let (live_deployment, live_service, live_canary, budget, autoscaler, route, grant) = (
         live_deployment?,
         live_service?,
         live_canary?,
         budget?,
         autoscaler?,
+        route?,
+        grant?,
     );
     let uid = app.uid();
     let ours =
@@ -362,6 +410,27 @@ async fn converge_children(
     // of them fail) or autoscaler (two would fight over the replicas).
     taken.extend(budget.taken(uid));
     taken.extend(autoscaler.taken(uid));
+    // ... or someone else's route of that name (ours would send their host names here).
+    taken.extend(route.as_ref().and_then(|r| r.taken(uid)));
+    taken.extend(grant.as_ref().and_then(|g| g.taken(uid)));
+    // What the status says of exposure, from the route as it was before this pass.
+    let exposure = match (&app.spec.expose, gateway) {
+        (None, _) => None,
+        (Some(_), None) => Some(Exposure::Unavailable),
+        (Some(_), Some(_)) if !hosts_held.is_empty() => Some(Exposure::Conflict(hosts_held)),
+        (Some(expose), Some(gateway)) => Some(
+            route
+                .as_ref()
+                .and_then(Optional::live)
+                .filter(|live| ours(&live.metadata))
+                .map_or_else(
+                    || Exposure::Pending {
+                        gateway: gateway.to_string(),
+                    },
+                    |live| exposure::acceptance(live, gateway, expose),
+                ),
+        ),
+    };
     if !taken.is_empty() {
         let our_deployment = live_deployment.as_ref().filter(|d| ours(&d.metadata));
         let found = Observation::Conflict {
@@ -411,11 +480,23 @@ async fn converge_children(
         }
     };
     let optional_step = async {
-        let (budget, autoscaler) = tokio::join!(
+        let (budget, autoscaler, route, grant) = tokio::join!(
             budget.converge(ctx, &owner, namespace, uid),
             autoscaler.converge(ctx, &owner, namespace, uid),
+            async {
+                match route {
+                    Some(route) => Some(route.converge(ctx, &owner, namespace, uid).await),
+                    None => None,
+                }
+            },
+            async {
+                match grant {
+                    Some(grant) => Some(grant.converge(ctx, &owner, namespace, uid).await),
+                    None => None,
+                }
+            },
         );
-        [budget, autoscaler]
+        [Some(budget), Some(autoscaler), route, grant]
     };
     // Boxed: the converges' states are large, and a debug build copies them about.
     let deployments = Box::pin(async {
@@ -477,7 +558,7 @@ async fn converge_children(
         children => children,
     };
     let mut optional_failed = None;
-    for child in optional {
+    for child in optional.into_iter().flatten() {
         match child.result {
             Err(e) if child.refused => {
                 ctx.created((child.kind, owner.clone()));
@@ -519,6 +600,36 @@ async fn converge_children(
     if let Some((kind, e)) = optional_failed {
         return Ok(rejected(app, report, kind, Some(&deployment), e, &now));
     }
+    // HTTPS: this AppService's listeners on the Gateway (none once it no longer asks,
+    // which removes those it had). The route's verdict holds only while they serve.
+    let exposure = match (gateway, &app.spec.expose) {
+        (None, _) => exposure,
+        (Some(gateway_ref), expose) => {
+            let want = match (expose, &exposure) {
+                (
+                    Some(expose),
+                    Some(
+                        Exposure::Pending { .. }
+                        | Exposure::Accepted { .. }
+                        | Exposure::Refused { .. },
+                    ),
+                ) => {
+                    listeners::desired_listeners(namespace, expose, ctx.config().expose_https_port)
+                }
+                _ => std::collections::BTreeMap::new(),
+            };
+            match (listeners::converge(ctx, app, &want).await, exposure) {
+                (Err(message), Some(_)) => Some(Exposure::Refused {
+                    gateway: gateway_ref.to_string(),
+                    message,
+                }),
+                (Ok(false), Some(Exposure::Accepted { .. })) => Some(Exposure::Pending {
+                    gateway: gateway_ref.to_string(),
+                }),
+                (_, exposure) => exposure,
+            }
+        }
+    };
     // Whether we changed what a Deployment runs (not only its metadata, such as the
     // desired-hash annotation added after an upgrade or a label put back).
     let spec_written = live_deployment
@@ -577,7 +688,8 @@ async fn converge_children(
     let observed = Observed::new(&found)
         .external(report)
         .deployments(Some(&deployment), canary.as_ref())
-        .pods(trouble.as_ref());
+        .pods(trouble.as_ref())
+        .exposure(exposure.as_ref());
     let status = status_of(app, &observed, &now);
     let next = match rollout_of(&deployment, canary.as_ref()).0 {
         Rollout::InProgress { message, .. } => {
@@ -592,6 +704,13 @@ async fn converge_children(
     let next = match report.images.as_ref().and_then(|i| i.recheck) {
         Some(recheck) => next.min(recheck),
         None => next,
+    };
+    // A host name held by another AppService is freed by its deletion (its route's
+    // event wakes us) or by an edit of its host names (which nothing here watches for):
+    // this is the backstop.
+    let next = match exposure {
+        Some(Exposure::Conflict(_)) => next.min(CONFLICT_RECHECK),
+        _ => next,
     };
     Ok(Outcome::status(status, Ok(Next::requeue(next))))
 }

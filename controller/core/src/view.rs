@@ -34,6 +34,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use serde::de::DeserializeOwned;
+
+use crate::gateway_api::{HttpRoute, ReferenceGrant, RouteParentStatus};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The view of `obj` (a desired child, or an API response), decoded as a watch would.
@@ -81,6 +83,18 @@ impl Child for HorizontalPodAutoscaler {
     const KIND: &'static str = "HorizontalPodAutoscaler";
     const WRITTEN: crate::metrics::Written = crate::metrics::Written::HorizontalPodAutoscalers;
     type View = AutoscalerView;
+}
+
+impl Child for HttpRoute {
+    const KIND: &'static str = "HTTPRoute";
+    const WRITTEN: crate::metrics::Written = crate::metrics::Written::HttpRoutes;
+    type View = RouteView;
+}
+
+impl Child for ReferenceGrant {
+    const KIND: &'static str = "ReferenceGrant";
+    const WRITTEN: crate::metrics::Written = crate::metrics::Written::ReferenceGrants;
+    type View = GrantView;
 }
 
 impl Child for PodDisruptionBudget {
@@ -714,6 +728,100 @@ impl From<RawAutoscaler> for AutoscalerView {
 }
 
 view_of!(AutoscalerView, HorizontalPodAutoscaler);
+
+// ---- HTTPRoute -------------------------------------------------------------------
+
+/// Longest condition message kept of a route's status (a Gateway's messages are
+/// usually a sentence; a hostile or buggy one is cut).
+const MAX_ROUTE_MESSAGE: usize = 256;
+
+/// What the controller reads of an HTTPRoute: its spec, whole (every field of it is the
+/// controller's, so any difference is someone else's edit), and what the Gateways say
+/// of it (their conditions, messages cut to [`MAX_ROUTE_MESSAGE`]).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "RawRoute")]
+pub struct RouteView {
+    pub metadata: ObjectMeta,
+    pub labels: LabelPairs,
+    pub hash: Option<String>,
+    pub spec: Option<serde_json::Value>,
+    pub parents: Vec<RouteParentStatus>,
+}
+
+#[derive(Deserialize)]
+struct RawRoute {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<serde_json::Value>,
+    #[serde(default)]
+    status: Option<RawRouteStatus>,
+}
+
+#[derive(Deserialize)]
+struct RawRouteStatus {
+    #[serde(default)]
+    parents: Vec<RouteParentStatus>,
+}
+
+impl From<RawRoute> for RouteView {
+    fn from(raw: RawRoute) -> Self {
+        let (metadata, labels, hash) = split_meta(raw.metadata);
+        let mut parents = raw.status.map(|s| s.parents).unwrap_or_default();
+        for condition in parents.iter_mut().flat_map(|p| p.conditions.iter_mut()) {
+            if condition.message.len() > MAX_ROUTE_MESSAGE {
+                let mut end = MAX_ROUTE_MESSAGE;
+                while !condition.message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                condition.message.truncate(end);
+            }
+        }
+        RouteView {
+            metadata,
+            labels,
+            hash,
+            spec: raw.spec,
+            parents,
+        }
+    }
+}
+
+view_of!(RouteView, HttpRoute);
+
+// ---- ReferenceGrant --------------------------------------------------------------
+
+/// What the controller reads of a ReferenceGrant: its spec, whole (ours entirely).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "RawGrant")]
+pub struct GrantView {
+    pub metadata: ObjectMeta,
+    pub labels: LabelPairs,
+    pub hash: Option<String>,
+    pub spec: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct RawGrant {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<serde_json::Value>,
+}
+
+impl From<RawGrant> for GrantView {
+    fn from(raw: RawGrant) -> Self {
+        let (metadata, labels, hash) = split_meta(raw.metadata);
+        GrantView {
+            metadata,
+            labels,
+            hash,
+            spec: raw.spec,
+        }
+    }
+}
+
+view_of!(GrantView, ReferenceGrant);
 
 // ---- AppService ------------------------------------------------------------------
 

@@ -146,6 +146,34 @@ impl Watch<'_> {
     }
 }
 
+/// The cache of the configured Gateway, one object selected by name in its namespace
+/// (the RBAC grants this one Gateway only), whatever namespace the controller watches
+/// and with or without sharding. Its `managedFields` are read (which listeners each
+/// AppService's field manager owns) before the view drops them.
+pub(crate) fn gateway(
+    client: &Client,
+    gateway: &crate::config::GatewayRef,
+    synced: &Arc<CacheSync>,
+) -> (
+    Store<crate::listeners::GatewayView>,
+    impl Stream<Item = Result<watcher::Event<crate::listeners::GatewayView>, watcher::Error>>
+    + Send
+    + use<>,
+) {
+    let (store, writer) = reflector::store();
+    let api: Api<crate::listeners::GatewayView> =
+        Api::namespaced(client.clone(), &gateway.namespace);
+    let config = watcher::Config::default()
+        .fields(&format!("metadata.name={}", gateway.name))
+        .any_semantic();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, config).backoff(WatchBackoff::default()),
+    )
+    .inspect(mark_synced(synced.clone(), |s| &s.gateway));
+    (store, stream)
+}
+
 /// A watch-stream observer that records when the initial list is complete. (Awaiting
 /// `Store::wait_until_ready` here instead would steal the wake-up the controller itself
 /// waits for: that future wakes only its latest waiter.)

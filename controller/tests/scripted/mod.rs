@@ -132,6 +132,11 @@ pub fn context_of(
         &synced.other_services,
         &synced.other_budgets,
         &synced.other_autoscalers,
+        &synced.routes,
+        &synced.other_routes,
+        &synced.grants,
+        &synced.other_grants,
+        &synced.gateway,
     ] {
         listed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
@@ -144,6 +149,12 @@ pub fn context_of(
         other_services: reflector::store().0,
         other_budgets: reflector::store().0,
         other_autoscalers: reflector::store().0,
+        routes: reflector::store().0,
+        other_routes: reflector::store().0,
+        grants: reflector::store().0,
+        other_grants: reflector::store().0,
+        gateway: reflector::store().0,
+        appservices: reflector::store().0,
         synced,
     };
     let (lead, leading) = tokio::sync::watch::channel(true);

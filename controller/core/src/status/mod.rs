@@ -25,6 +25,7 @@ use common::names::{endpoint, selector_string};
 use common::{AppService, AppServiceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use crate::exposure::Exposure;
 use crate::external::{Readiness, Report};
 use crate::pod_trouble::PodTrouble;
 use crate::view::DeploymentView;
@@ -95,6 +96,8 @@ pub struct Observed<'a> {
     /// A Pod of a rollout in progress that waits for a human ([`crate::pod_trouble`]):
     /// the rollout is stuck on it.
     pub pods: Option<&'a PodTrouble>,
+    /// What the pass found of `spec.expose`; `None` when it asks for none.
+    pub exposure: Option<&'a Exposure>,
 }
 
 impl<'a> Observed<'a> {
@@ -106,6 +109,7 @@ impl<'a> Observed<'a> {
             deployment: None,
             canary: None,
             pods: None,
+            exposure: None,
         }
     }
 
@@ -128,6 +132,11 @@ impl<'a> Observed<'a> {
             canary,
             ..self
         }
+    }
+
+    /// With what the pass found of `spec.expose`.
+    pub fn exposure(self, exposure: Option<&'a Exposure>) -> Self {
+        Observed { exposure, ..self }
     }
 
     /// With the trouble of a Pod of the rollout.
@@ -249,6 +258,10 @@ fn children_status(app: &AppService, observed: &Observed, now: &Time) -> AppServ
                 );
             };
             status.endpoint = Some(endpoint(name, namespace, app.spec.port()));
+            status.url = match observed.exposure {
+                Some(Exposure::Accepted { url }) => Some(url.clone()),
+                _ => None,
+            };
             let desired = app.spec.replicas();
             let canary = canary.filter(|_| app.spec.canary.is_some());
             status.canary = app.spec.canary.as_ref().zip(canary).map(|(spec, live)| {
@@ -282,7 +295,10 @@ fn children_status(app: &AppService, observed: &Observed, now: &Time) -> AppServ
                             format!("{ready}/{desired} replicas ready"),
                         )
                     };
-                    verdict(&cond, Verdict::Ready { reason, message })
+                    match exposure_verdict(observed.exposure, &message) {
+                        Some(v) => verdict(&cond, v),
+                        None => verdict(&cond, Verdict::Ready { reason, message }),
+                    }
                 }
                 Rollout::InProgress { ready, desired, .. } => {
                     status.ready_replicas = Some(ready);
@@ -314,6 +330,42 @@ fn children_status(app: &AppService, observed: &Observed, now: &Time) -> AppServ
         }
     };
     with(status, new_conditions)
+}
+
+/// The verdict on a rolled-out AppService that asks to be exposed and is not reachable
+/// yet; `None` when it is (or asks for nothing). `pods` is what Ready would say of them.
+fn exposure_verdict(exposure: Option<&Exposure>, pods: &str) -> Option<Verdict<'static>> {
+    Some(match exposure? {
+        Exposure::Accepted { .. } => return None,
+        Exposure::Unavailable => Verdict::Stalled {
+            reason: reasons::EXPOSURE_UNAVAILABLE,
+            message: format!(
+                "{pods}, but spec.expose cannot be served: no Gateway is configured for this controller (the chart's controller.expose.gateway)"
+            ),
+            hint: "ask the cluster's admin for a Gateway, or remove spec.expose".to_owned(),
+        },
+        Exposure::Conflict(hosts) => Verdict::Stalled {
+            reason: reasons::EXPOSURE_CONFLICT,
+            message: format!(
+                "{pods}, but {} {} already exposed by another AppService; no route is made",
+                hosts.join(", "),
+                if hosts.len() == 1 { "is" } else { "are" },
+            ),
+            hint: "exposed once the other AppService releases the host names; or choose others"
+                .to_owned(),
+        },
+        Exposure::Pending { gateway } => Verdict::Reconciling {
+            reason: reasons::EXPOSING,
+            ready: format!("{pods}; waiting for Gateway {gateway} to accept the route"),
+            progress: format!("waiting for Gateway {gateway} to accept the route"),
+            degraded: None,
+        },
+        Exposure::Refused { gateway, message } => Verdict::Stalled {
+            reason: reasons::EXPOSURE_REFUSED,
+            message: format!("{pods}, but Gateway {gateway} refused the route: {message}"),
+            hint: "check the Gateway's listeners with the cluster's admin".to_owned(),
+        },
+    })
 }
 
 /// The ready Pods of a Deployment as its status counts them (none without one).
