@@ -23,8 +23,8 @@ pub const FULL_BINARIES: &[&str] = &["kube-controller-manager", "kube-scheduler"
 
 /// Binaries the real node adds ([`crate::RealNode`]): the kubelet, kube-proxy, the
 /// programs of its images (hello, pause), and the registry and crane that serve and push
-/// them. (metrics-server, for autoscalers, is built on first use:
-/// [`crate::RealNode::metrics_server`].)
+/// them. (metrics-server, for autoscalers, and Traefik, for Gateways, are built on first
+/// use: [`crate::RealNode::metrics_server`], [`crate::RealNode::gateway`].)
 pub const NODE_BINARIES: &[&str] = &[
     "kubelet",
     "kube-proxy",
@@ -65,6 +65,53 @@ pub fn tool(name: &str) -> Result<PathBuf> {
             built.display()
         )))
     }
+}
+
+/// The directory of the Gateway API CRDs (`gateway.networking.k8s.io_*.yaml`), which the
+/// build script copies next to the binaries (`<bin>/../gateway-api`) when it builds
+/// Traefik: built on first use like a [`tool`], an error naming the command that makes
+/// them when `APPSERVICE_ASSETS_BIN` is set and they are missing.
+pub fn gateway_api_dir() -> Result<PathBuf> {
+    let bin = bin_dir()?;
+    let dir = gateway_api_dir_of(&bin);
+    if holds_gateway_api_crds(&dir) {
+        return Ok(dir);
+    }
+    let how = format!(
+        "run `APPSERVICE_ASSETS_DIR={} tests/envtest/assets/build.sh --only traefik`",
+        bin.parent().unwrap_or(&bin).display()
+    );
+    if std::env::var_os("APPSERVICE_ASSETS_BIN").is_some() {
+        return Err(Error::Assets(format!(
+            "APPSERVICE_ASSETS_BIN={} has no Gateway API CRDs in {}: {how}",
+            bin.display(),
+            dir.display()
+        )));
+    }
+    let built = gateway_api_dir_of(&build(&bin, &["traefik"])?);
+    if holds_gateway_api_crds(&built) {
+        Ok(built)
+    } else {
+        Err(Error::Assets(format!(
+            "{} ran but {} still has no Gateway API CRDs: {how}",
+            build_script().display(),
+            built.display()
+        )))
+    }
+}
+
+fn gateway_api_dir_of(bin: &Path) -> PathBuf {
+    bin.parent().unwrap_or(bin).join("gateway-api")
+}
+
+fn holds_gateway_api_crds(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("gateway.networking.k8s.io_") && name.ends_with(".yaml")
+        })
+    })
 }
 
 /// The workspace root, found at run time: the nearest directory holding a `Cargo.toml`

@@ -84,7 +84,7 @@ impl ControlPlane {
                 )))?;
         }
         for crd in &crds {
-            self.wait_crd_served(&api, crd).await?;
+            wait_served(&api, crd).await?;
         }
         Ok(())
     }
@@ -102,7 +102,7 @@ impl ControlPlane {
         )
         .await
         .map_err(kube_err(format!("applying CRD {name}")))?;
-        self.wait_crd_served(&api, crd).await
+        wait_served(&api, crd).await
     }
 
     /// Deletes the CRD of the same name (and with it every object of it), waits until
@@ -188,35 +188,36 @@ impl ControlPlane {
         )
         .await
     }
+}
 
-    async fn wait_crd_served(
-        &self,
-        api: &Api<CustomResourceDefinition>,
-        crd: &CustomResourceDefinition,
-    ) -> Result<()> {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        let client = api.clone().into_client();
-        crate::eventually(
-            &format!("CRD {name} to be established and served"),
-            CRD_TIMEOUT,
-            || async {
-                let established = api.get(&name).await?.status.and_then(|s| s.conditions);
-                if !established.is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                }) {
-                    return Ok(None);
-                }
-                for version in crd.spec.versions.iter().filter(|v| v.served) {
-                    let gvk =
-                        GroupVersionKind::gvk(&crd.spec.group, &version.name, &crd.spec.names.kind);
-                    let resource = ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural);
-                    let objects: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-                    objects.list(&ListParams::default().limit(1)).await?;
-                }
-                Ok(Some(()))
-            },
-        )
-        .await
-    }
+/// Waits until the CRD is `Established` and a list call on each of its served versions
+/// succeeds.
+pub(crate) async fn wait_served(
+    api: &Api<CustomResourceDefinition>,
+    crd: &CustomResourceDefinition,
+) -> Result<()> {
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let client = api.clone().into_client();
+    crate::eventually(
+        &format!("CRD {name} to be established and served"),
+        CRD_TIMEOUT,
+        || async {
+            let established = api.get(&name).await?.status.and_then(|s| s.conditions);
+            if !established.is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            }) {
+                return Ok(None);
+            }
+            for version in crd.spec.versions.iter().filter(|v| v.served) {
+                let gvk =
+                    GroupVersionKind::gvk(&crd.spec.group, &version.name, &crd.spec.names.kind);
+                let resource = ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural);
+                let objects: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+                objects.list(&ListParams::default().limit(1)).await?;
+            }
+            Ok(Some(()))
+        },
+    )
+    .await
 }

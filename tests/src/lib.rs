@@ -31,6 +31,9 @@
 //! * [`PodView`] resolves what a Pod of a Deployment would get (its environment with
 //!   Secret and ConfigMap references resolved, its mounted files) and runs a real client
 //!   with only that: kwok runs no container, so this stands in for the Pod.
+//! * [`RealNode::gateway`] runs Traefik as the Gateway API implementation of the real
+//!   node (a Gateway on loopback ports, routes to the node's Pods);
+//!   [`gateway_api::install_crds`] installs the Gateway API CRDs on any control plane.
 //! * [`OtlpReceiver`] receives the traces a binary under test exports over OTLP/gRPC.
 //! * [`Registry`] is a real OCI registry (CNCF distribution, TLS, optional basic auth)
 //!   behind a proxy that can fail or slow it down; it pushes images with crane, signs
@@ -48,6 +51,7 @@ pub mod binary;
 mod control_plane;
 mod crds;
 mod error;
+pub mod gateway_api;
 pub mod hostile_registry;
 mod namespace;
 pub mod otlp;

@@ -17,6 +17,7 @@
 //! how to get it; there is no fallback to kwok.
 
 mod config;
+mod gateway;
 mod images;
 mod metrics;
 
@@ -36,6 +37,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub use config::{
     BRIDGE, CGROUP, Layout, NODE_GATEWAY, NODE_IP, NODE_NAME, POD_CIDR, SERVICE_CIDR,
 };
+pub use gateway::Gateway;
 pub use images::{Image, ImageSpec, NONROOT, NodeImages};
 
 use crate::assets::tool;
@@ -83,6 +85,8 @@ pub struct RealNode {
     log_dir: PathBuf,
     /// metrics-server started ([`RealNode::metrics_server`]).
     metrics: tokio::sync::OnceCell<()>,
+    /// Traefik started and its Gateway Programmed ([`RealNode::gateway`]).
+    gateway: tokio::sync::OnceCell<Gateway>,
 }
 
 impl std::fmt::Debug for RealNode {
@@ -99,6 +103,7 @@ struct Daemons {
     kubelet: Option<Component>,
     kube_proxy: Option<Component>,
     metrics_server: Option<Component>,
+    traefik: Option<Component>,
     kubelet_program: PathBuf,
     kubelet_args: Vec<String>,
     kubelet_starts: usize,
@@ -128,6 +133,7 @@ impl RealNode {
                 kubelet: None,
                 kube_proxy: None,
                 metrics_server: None,
+                traefik: None,
                 kubelet_program: programs.kubelet.clone(),
                 kubelet_args: Vec::new(),
                 kubelet_starts: 0,
@@ -138,6 +144,7 @@ impl RealNode {
             layout,
             log_dir: start.log_dir.to_owned(),
             metrics: tokio::sync::OnceCell::new(),
+            gateway: tokio::sync::OnceCell::new(),
         };
         node.write_files(&start)?;
         node.trust_registry(&node.registry.host(), node.registry.ca_pem().as_bytes())?;
@@ -368,6 +375,7 @@ impl RealNode {
         {
             let mut daemons = self.daemons();
             for daemon in [
+                daemons.traefik.take(),
                 daemons.metrics_server.take(),
                 daemons.kubelet.take(),
                 daemons.kube_proxy.take(),
@@ -438,6 +446,7 @@ impl RealNode {
                     "containerd" => daemons.containerd.as_mut(),
                     "kubelet" => daemons.kubelet.as_mut(),
                     "metrics-server" => daemons.metrics_server.as_mut(),
+                    traefik if traefik.starts_with("traefik") => daemons.traefik.as_mut(),
                     _ => daemons.kube_proxy.as_mut(),
                 };
                 if let Some(c) = component
@@ -487,6 +496,9 @@ impl RealNode {
                 vec!["system:masters"],
                 "metrics-server",
             ),
+            // Traefik's Gateway provider, bound to the ClusterRole Traefik documents
+            // (`real_node/gateway.rs`).
+            (gateway::USER.to_owned(), vec![], "traefik"),
         ] {
             let (cert, key) = (
                 pki.join(format!("{file}-client.crt")),
@@ -496,6 +508,7 @@ impl RealNode {
             let path = match file {
                 "kubelet" => layout.kubelet_kubeconfig(),
                 "metrics-server" => layout.metrics_server_kubeconfig(),
+                "traefik" => layout.traefik_kubeconfig(),
                 _ => layout.kube_proxy_kubeconfig(),
             };
             write(

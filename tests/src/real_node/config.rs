@@ -77,6 +77,9 @@ impl Layout {
     pub fn metrics_server_kubeconfig(&self) -> PathBuf {
         self.run.join("metrics-server.kubeconfig")
     }
+    pub fn traefik_kubeconfig(&self) -> PathBuf {
+        self.run.join("traefik.kubeconfig")
+    }
     pub fn resolv_conf(&self) -> PathBuf {
         self.run.join("resolv.conf")
     }
