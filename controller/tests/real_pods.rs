@@ -1145,3 +1145,194 @@ async fn the_autoscaler_scales_on_real_cpu_load_and_back_down() {
         "{writers:?}"
     );
 }
+
+/// `spec.expose` through a real Gateway implementation (Traefik, on the node's host): the
+/// HTTPRoute the controller makes and the HTTPS listener it adds to the shared Gateway
+/// carry requests by host name to the Pods. Before the Secret exists the Gateway refuses
+/// the listener and the AppService says so; once it exists, HTTPS answers with its
+/// certificate, `status.url` says where, and a rollout under HTTPS traffic fails no
+/// request; removing `tls` removes the listener and leaves plain HTTP.
+#[tokio::test]
+async fn an_exposed_appservice_answers_https_by_host_name_through_the_gateway() {
+    use controller::config::GatewayRef;
+    use k8s_openapi::api::core::v1::Secret;
+    let node = node().await;
+    let client = harness::shared_real_node().await.unwrap().client();
+    let gateway = node.gateway(&client).await.unwrap();
+    let (name, https_port) = (gateway.name.clone(), i32::from(gateway.https_port()));
+    let gateway_ref = GatewayRef {
+        namespace: gateway.namespace.clone(),
+        name,
+    };
+    let (f, _ctl) = Fixture::setup()
+        .real_node()
+        .config(move |c| {
+            c.expose_gateway = Some(gateway_ref);
+            c.expose_https_port = https_port;
+        })
+        .start()
+        .await
+        .unwrap();
+    // A host name of this namespace's own: the Gateway is shared by every test.
+    let host = format!("site.{}.example.test", f.ns.name());
+    let app = common::testing::app("site", &node.images().hello_v1.reference)
+        .replicas(2)
+        .spec(|s| {
+            s.expose = Some(common::ExposeSpec {
+                hostnames: vec![host.clone()],
+                tls: Some(common::ExposeTls {
+                    secret_name: "site-tls".into(),
+                }),
+                ..common::ExposeSpec::default()
+            });
+            s.rollout = Some(RolloutSpec {
+                max_surge: Some(IntOrString::Int(1)),
+                max_unavailable: Some(IntOrString::Int(0)),
+            });
+        })
+        .build();
+    create(&f.apps, &app).await.unwrap();
+
+    // No Secret yet: the Gateway refuses the listener, and the status quotes it.
+    let refused = eventually("the listener refused without its Secret", WAIT, || async {
+        let a = f.apps.get("site").await.ok()?;
+        condition(&a, READY)
+            .filter(|(s, r, _)| s != TRUE && r == reasons::EXPOSURE_REFUSED)
+            .map(|(_, _, m)| m)
+    })
+    .await
+    .unwrap();
+    assert!(refused.contains(&host), "{refused}");
+
+    let ca = certs::Ca::new("exposure test CA").unwrap();
+    let serving = ca.serving_cert(&[host.as_str()]).unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "site-tls"},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem},
+    }))
+    .unwrap();
+    f.api::<Secret>()
+        .create(&Default::default(), &secret)
+        .await
+        .unwrap();
+    let app = ready(&f, "site", 2).await;
+    assert_eq!(
+        app.status.and_then(|s| s.url),
+        Some(format!("https://{host}/"))
+    );
+
+    // HTTPS by host name, verified against the Secret's CA alone; plain HTTP too (the
+    // admin's listener admits every namespace's routes).
+    let https = gateway.https_client(&host, ca.cert_pem()).unwrap();
+    let url = format!("https://{host}/");
+    let body = eventually("HTTPS through the Gateway", WAIT, || async {
+        let response = https.get(&url).send().await.ok()?;
+        (response.status() == 200).then_some(response.text().await.ok()?)
+    })
+    .await
+    .unwrap();
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["version"], "v1", "{answer}");
+    let http = gateway.http_client(&host).unwrap();
+    let plain = http
+        .get(format!("http://{host}/"))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(plain, 200);
+
+    // A rollout under HTTPS traffic: every request answered.
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = {
+        let (stop, https, url) = (stop.clone(), https.clone(), url.clone());
+        tokio::spawn(async move {
+            let (mut ok, mut failed, mut versions, mut last) =
+                (0u64, 0u64, BTreeMap::<String, u64>::new(), None);
+            while !stop.load(Ordering::Relaxed) {
+                match https.get(&url).send().await {
+                    Ok(r) if r.status() == 200 => {
+                        ok += 1;
+                        let body: Value = serde_json::from_str(&r.text().await.unwrap_or_default())
+                            .unwrap_or_default();
+                        let version = body["version"].as_str().unwrap_or("-").to_owned();
+                        *versions.entry(version).or_default() += 1;
+                    }
+                    Ok(r) => {
+                        failed += 1;
+                        last = Some(format!("HTTP {}", r.status()));
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        last = Some(e.to_string());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (ok, failed, versions, last)
+        })
+    };
+    f.apps
+        .patch(
+            "site",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": node.images().hello_v2.reference}})),
+        )
+        .await
+        .unwrap();
+    eventually("every HTTPS answer from v2", WAIT, || async {
+        let response = https.get(&url).send().await.ok()?;
+        let body: Value = serde_json::from_str(&response.text().await.ok()?).ok()?;
+        (body["version"] == "v2").then_some(())
+    })
+    .await
+    .unwrap();
+    ready(&f, "site", 2).await;
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed, versions, last) = traffic.await.unwrap();
+    println!("HTTPS during the rollout: {ok} answered {versions:?}, {failed} failed");
+    assert_eq!(failed, 0, "requests failed during the rollout: {last:?}");
+    assert!(
+        versions.contains_key("v1") && versions.contains_key("v2"),
+        "{versions:?}"
+    );
+
+    // No more TLS: the listener goes (the admin's stays), plain HTTP remains.
+    f.apps
+        .patch(
+            "site",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"expose": {"tls": null}}})),
+        )
+        .await
+        .unwrap();
+    let listener = controller::listeners::listener_name(&host);
+    let gateways: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
+        client.clone(),
+        &gateway.namespace,
+        &harness::gateway_api::gateway(),
+    );
+    eventually("the HTTPS listener removed", WAIT, || async {
+        let g = gateways.get(&gateway.name).await.ok()?;
+        let names = harness::gateway_api::listener_names(&g);
+        (!names.contains(&listener) && names.iter().any(|n| n == real_node::HTTP_LISTENER))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    let app = eventually("the URL back to plain HTTP", WAIT, || async {
+        let a = f.apps.get("site").await.ok()?;
+        (a.status.as_ref()?.url.as_deref() == Some(&format!("http://{host}/"))).then_some(a)
+    })
+    .await
+    .unwrap();
+    assert!(condition(&app, READY).is_some_and(|(s, _, _)| s == TRUE));
+    let plain = http
+        .get(format!("http://{host}/"))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(plain, 200);
+}

@@ -37,7 +37,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub use config::{
     BRIDGE, CGROUP, Layout, NODE_GATEWAY, NODE_IP, NODE_NAME, POD_CIDR, SERVICE_CIDR,
 };
-pub use gateway::Gateway;
+pub use gateway::{Gateway, HTTP_LISTENER};
 pub use images::{Image, ImageSpec, NONROOT, NodeImages};
 
 use crate::assets::tool;

@@ -127,6 +127,9 @@ pub struct Context {
     share: Option<Arc<dyn crate::share::Share>>,
     /// The digests of the ConfigMaps and Secrets the Pods read, until their next event.
     digests: Arc<crate::config_revision::Digests>,
+    /// AppServices a pass wakes besides its own (those waiting for a host name it
+    /// releases); the controller reconciles what comes through.
+    wake: Option<futures::channel::mpsc::UnboundedSender<ObjectRef<AppService>>>,
 }
 
 /// A poisoned lock is recovered: every map here stays consistent between statements, so
@@ -160,6 +163,7 @@ impl Context {
             own: OwnWrites::default(),
             share: None,
             digests: Arc::default(),
+            wake: None,
         }
     }
 
@@ -172,6 +176,23 @@ impl Context {
     pub fn with_share(mut self, share: Option<Arc<dyn crate::share::Share>>) -> Self {
         self.share = share;
         self
+    }
+
+    pub fn with_wake(
+        mut self,
+        wake: futures::channel::mpsc::UnboundedSender<ObjectRef<AppService>>,
+    ) -> Self {
+        self.wake = Some(wake);
+        self
+    }
+
+    /// Has the controller reconcile `keys` (a closed channel, at shutdown, is ignored).
+    pub fn wake(&self, keys: Vec<ObjectRef<AppService>>) {
+        if let Some(wake) = &self.wake {
+            for key in keys {
+                let _ = wake.unbounded_send(key);
+            }
+        }
     }
 
     pub fn share(&self) -> Option<&Arc<dyn crate::share::Share>> {

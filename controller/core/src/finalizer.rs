@@ -76,6 +76,15 @@ pub(crate) async fn finalize(
     // A pass after a cleanup whose finalizer removal failed (a conflict: the object
     // changed meanwhile) has only the removal left.
     let uid = app.metadata.uid.clone();
+    // Whoever waits for one of its host names may take it now (it is terminating: no
+    // longer a holder).
+    if let Some(expose) = &app.spec.expose {
+        ctx.wake(crate::exposure::waiting_for(
+            &ctx.caches().appservices,
+            &expose.hostnames,
+            Some(&key),
+        ));
+    }
     // Its HTTPS listeners on the shared Gateway (no owner reference can collect them).
     // A failure is logged, not retried forever: a listener left behind names a Secret
     // the Gateway may no longer read (its ReferenceGrant is collected), so it serves

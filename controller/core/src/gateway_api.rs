@@ -19,8 +19,9 @@ pub const GROUP: &str = "gateway.networking.k8s.io";
 pub const VERSION: &str = "v1";
 
 /// An `HTTPRoute`: requests for `hostnames` that reach the parent Gateways, matched by
-/// path, sent to Services.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// path, sent to Services. Serialized with its `apiVersion` and `kind`, as the API
+/// server wants a body.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct HttpRoute {
     #[serde(default)]
     pub metadata: ObjectMeta,
@@ -171,6 +172,54 @@ pub struct RouteCondition {
     pub observed_generation: Option<i64>,
 }
 
+/// A kind's JSON: `apiVersion` and `kind` first, then its fields.
+#[derive(Serialize)]
+struct Typed<'a, S: Serialize> {
+    #[serde(rename = "apiVersion")]
+    api_version: Cow<'a, str>,
+    kind: Cow<'a, str>,
+    metadata: &'a ObjectMeta,
+    #[serde(flatten)]
+    rest: S,
+}
+
+impl Serialize for HttpRoute {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Rest<'a> {
+            spec: &'a RouteSpec,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            status: &'a Option<RouteStatus>,
+        }
+        Typed {
+            api_version: Self::api_version(&()),
+            kind: Self::kind(&()),
+            metadata: &self.metadata,
+            rest: Rest {
+                spec: &self.spec,
+                status: &self.status,
+            },
+        }
+        .serialize(serializer)
+    }
+}
+
+impl Serialize for ReferenceGrant {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Rest<'a> {
+            spec: &'a GrantSpec,
+        }
+        Typed {
+            api_version: Self::api_version(&()),
+            kind: Self::kind(&()),
+            metadata: &self.metadata,
+            rest: Rest { spec: &self.spec },
+        }
+        .serialize(serializer)
+    }
+}
+
 impl Resource for HttpRoute {
     type DynamicType = ();
     type Scope = k8s_openapi::NamespaceResourceScope;
@@ -201,7 +250,7 @@ impl Resource for HttpRoute {
 /// A `ReferenceGrant`: lets objects of the `from` kinds in other namespaces refer to the
 /// `to` objects of its own namespace. The one an AppService with `spec.expose.tls` gets
 /// lets the configured Gateway read its TLS Secret, and nothing else.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct ReferenceGrant {
     #[serde(default)]
     pub metadata: ObjectMeta,

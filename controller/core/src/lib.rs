@@ -379,6 +379,8 @@ pub async fn run_with(
     queue.set_max_concurrent(config.concurrency);
     let app_stream = queue::observe_apps(app_stream, queue.clone());
 
+    // What a pass wakes besides itself (the AppServices waiting for a host name it frees).
+    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
     let reporter = Reporter {
         controller: common::names::FIELD_MANAGER.to_owned(),
         instance: Some(identity.clone()),
@@ -411,7 +413,8 @@ pub async fn run_with(
             gate_rx.clone(),
         )
         .with_ring_leader(leading_rx.clone())
-        .with_share(share.clone()),
+        .with_share(share.clone())
+        .with_wake(wake_tx),
     );
     ctx.metrics().set_leader(*leading_rx.borrow());
 
@@ -510,6 +513,7 @@ pub async fn run_with(
             move |g: PartialObjectMeta<ReferenceGrant>| other_grant_owner(g.metadata),
         )
         .watches_stream(gateway_stream, gateway_readers)
+        .reconcile_on(wake_rx)
         .watches_stream(
             other_route_stream,
             move |r: PartialObjectMeta<HttpRoute>| other_route_owner(r.metadata),

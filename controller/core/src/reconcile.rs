@@ -413,6 +413,28 @@ async fn converge_children(
     // ... or someone else's route of that name (ours would send their host names here).
     taken.extend(route.as_ref().and_then(|r| r.taken(uid)));
     taken.extend(grant.as_ref().and_then(|g| g.taken(uid)));
+    // Host names our route has and this pass no longer asks for: whoever waits for one
+    // may take it once the route is converged (woken now: they find it free in the
+    // cache of AppServices, which already holds this spec).
+    if let Some(live) = route
+        .as_ref()
+        .and_then(Optional::live)
+        .filter(|live| ours(&live.metadata))
+    {
+        let asked: &[String] = match (&app.spec.expose, hosts_held.is_empty()) {
+            (Some(expose), true) => &expose.hostnames,
+            _ => &[],
+        };
+        let released: Vec<String> = exposure::route_hostnames(live)
+            .into_iter()
+            .filter(|h| !asked.contains(h))
+            .collect();
+        ctx.wake(exposure::waiting_for(
+            &caches.appservices,
+            &released,
+            Some(&owner),
+        ));
+    }
     // What the status says of exposure, from the route as it was before this pass.
     let exposure = match (&app.spec.expose, gateway) {
         (None, _) => None,
