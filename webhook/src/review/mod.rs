@@ -297,6 +297,10 @@ pub struct Object {
 
 /// An AppService in the version the client wrote.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one or two per review, never in a collection: boxing would only add an allocation per review"
+)]
 pub enum App {
     V1alpha1(v1alpha1::AppService),
     V1beta1(AppService),
