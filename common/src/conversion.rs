@@ -123,9 +123,8 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
     let autoscaling: Option<v1beta1::AutoscalingSpec> =
         take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_AUTOSCALING)
             .and_then(|json| serde_json::from_str(&json).ok());
-    let expose: Option<v1beta1::ExposeSpec> =
-        take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_EXPOSE)
-            .and_then(|json| serde_json::from_str(&json).ok());
+    let expose = take_annotation(&mut metadata.annotations, ANNOTATION_V1BETA1_EXPOSE)
+        .and_then(|json| parse_expose(&json));
     // Never seen in v1alpha1; a copy written there by hand is not carried over.
     take_annotation(&mut metadata.annotations, ANNOTATION_V1ALPHA1_DATABASE);
 
@@ -171,6 +170,22 @@ pub fn to_v1beta1(app: &v1alpha1::AppService) -> v1beta1::AppService {
         },
         status: app.status.clone(),
     }
+}
+
+/// The hub's `spec.expose` of a `v1alpha1` object, as [`to_v1beta1`] reads it from
+/// [`ANNOTATION_V1BETA1_EXPOSE`], without converting the rest (the webhook judges the host
+/// names of every write).
+pub fn v1beta1_expose(app: &v1alpha1::AppService) -> Option<v1beta1::ExposeSpec> {
+    app.metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_V1BETA1_EXPOSE)
+        .and_then(|json| parse_expose(json))
+}
+
+/// `expose` as its annotation carries it; `None` when it does not parse (edited by hand).
+fn parse_expose(json: &str) -> Option<v1beta1::ExposeSpec> {
+    serde_json::from_str(json).ok()
 }
 
 /// `v1beta1 → v1alpha1`.
@@ -606,6 +621,7 @@ mod tests {
             r#"{"hostnames":["shop.apps.example.com"],"paths":["/api"],"port":"http","tls":{"secretName":"shop-tls"}}"#
         );
         assert_eq!(to_v1beta1(&alpha), original);
+        assert_eq!(v1beta1_expose(&alpha), original.spec.expose);
         // A v1alpha1 client's edit of another field keeps it exposed.
         alpha.spec.replicas = Some(3);
         let back = to_v1beta1(&alpha);
@@ -615,6 +631,16 @@ mod tests {
         let mut hidden = back;
         hidden.spec.expose = None;
         assert_eq!(to_v1alpha1(&hidden).metadata.annotations, None);
+        assert_eq!(v1beta1_expose(&to_v1alpha1(&hidden)), None);
+        // An annotation edited by hand into something else is no expose, as in to_v1beta1.
+        let mut edited = to_v1alpha1(&original);
+        edited
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(ANNOTATION_V1BETA1_EXPOSE.to_owned(), "{".to_owned());
+        assert_eq!(v1beta1_expose(&edited), None);
+        assert_eq!(to_v1beta1(&edited).spec.expose, None);
     }
 
     #[test]

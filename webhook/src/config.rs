@@ -103,8 +103,10 @@ pub struct Config {
 
     /// Watch AppServices (the hub version, without managedFields) so a write of the
     /// scale subresource (`kubectl scale`, an HPA) is judged by the same rules as the
-    /// AppService itself. Needs RBAC to list and watch appservices. Without it, every
-    /// scale review is refused.
+    /// AppService itself, and a write claiming a host name (`spec.expose.hostnames`)
+    /// another AppService of the cluster holds is refused. Needs RBAC to list and watch
+    /// appservices. Without it, every scale review is refused and host names are not
+    /// checked (any AppService may claim any host name).
     #[arg(long, env = "WEBHOOK_WATCH_APPSERVICES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub watch_appservices: bool,
 

@@ -192,6 +192,7 @@ async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> 
             policies: &policies,
             namespace_object,
             appservices: state.appservices(),
+            metrics: Some(&state.metrics),
         };
         let response = admission::validate(&review, &judge);
         return answer(&state, Endpoint::Validate, &review, response);
@@ -212,6 +213,7 @@ async fn validate(AxumState(state): AxumState<Arc<State>>, request: Request) -> 
                         policies: &policies,
                         namespace_object,
                         appservices: state.appservices(),
+                        metrics: Some(&state.metrics),
                     };
                     let response = admission::validate(&review, &judge);
                     answer(&state, Endpoint::Validate, &review, response)

@@ -173,7 +173,7 @@ fn app(name: &str, spec: serde_json::Value) -> AppService {
     .unwrap()
 }
 
-fn api_error(result: kube::Result<AppService>) -> kube::core::Status {
+fn api_error<T: std::fmt::Debug>(result: kube::Result<T>) -> kube::core::Status {
     match result {
         Err(kube::Error::Api(status)) => *status,
         other => panic!("expected an API error, got {other:?}"),
@@ -1409,5 +1409,153 @@ async fn a_policy_over_ports_judges_both_versions_alike() {
         replicas: None,
     };
     env.admitted_everywhere(DEV, "ok", &good, &other).await;
+    env.finish().await;
+}
+
+/// The refusal of a host name another AppService holds, as the API server relays it.
+const HELD_ELSEWHERE: &str = r#"spec.expose.hostnames[0]: Invalid value: "shop.example.test": is already exposed by another AppService"#;
+
+/// An AppService `name` (v1beta1) exposing `shop.example.test`.
+fn exposing(name: &str, image: &str) -> common::AppService {
+    serde_json::from_value(json!({
+        "apiVersion": "platform.example.com/v1beta1", "kind": "AppService",
+        "metadata": {"name": name},
+        "spec": {"image": image, "expose": {"hostnames": ["shop.example.test"]}}
+    }))
+    .unwrap()
+}
+
+/// A host name belongs to one AppService in the cluster: `a` in `team-a` exposes
+/// `shop.example.test`; `b` in `team-b` claiming it is refused in both versions, without
+/// learning who holds it; `a` edits its own spec and keeps it; once `a` is deleted, `b`
+/// gets it, and `a` is then the one refused.
+#[tokio::test]
+async fn a_host_name_belongs_to_one_appservice_in_the_cluster() {
+    let env = Env::in_namespace("policies: []\n", false, "team-a").await;
+    let team_b = env
+        .cp
+        .namespace_with_prefix("team-b")
+        .await
+        .expect("namespace");
+    let webhooks_b = env
+        .cp
+        .register_webhooks(
+            &team_b,
+            &format!("https://{}", env.server.tls_addr()),
+            env.certs.ca.cert_pem(),
+        )
+        .await
+        .expect("webhooks in effect");
+    let (team_a, host) = (env.ns.name().to_owned(), "shop.example.test");
+    let a_api = beta_api(&env);
+    let b_api: Api<common::AppService> = Api::namespaced(env.cp.client(), &team_b);
+    let b_alpha: Api<AppService> = Api::namespaced(env.cp.client(), &team_b);
+    let cache = env
+        .server
+        .state()
+        .appservices()
+        .expect("the AppService watch");
+    let holder = |namespace: &str, name: &str| Some((namespace.to_owned(), name.to_owned()));
+    let refusals = "appservice_webhook_exposure_refusals_total";
+
+    a_api
+        .create(
+            &PostParams::default(),
+            &exposing("a", "registry.example.com/shop:v1"),
+        )
+        .await
+        .unwrap();
+    // Refusing `b` needs the watch to have delivered `a` (two creates within its lag both
+    // pass: the controller's ExposureConflict then tells the younger).
+    harness::eventually("a holds the host name", Duration::from_secs(30), || async {
+        cache.holder(host) == holder(&team_a, "a")
+    })
+    .await
+    .unwrap();
+
+    let refused = |status: kube::core::Status| {
+        assert_eq!(status.code, 422, "{status:?}");
+        assert!(
+            status.message.contains(HELD_ELSEWHERE),
+            "{}",
+            status.message
+        );
+        assert!(!status.message.contains(&team_a), "{}", status.message);
+    };
+    let b = exposing("b", "registry.example.com/store:v1");
+    refused(api_error(b_api.create(&PostParams::default(), &b).await));
+    // v1alpha1 carries expose in its annotation; judged on the hub form.
+    let mut b_old = app("b", json!({"image": "registry.example.com/store:v1"}));
+    b_old.metadata.annotations = Some(
+        [(
+            common::names::ANNOTATION_V1BETA1_EXPOSE.to_owned(),
+            json!({"hostnames": [host]}).to_string(),
+        )]
+        .into(),
+    );
+    refused(api_error(
+        b_alpha.create(&PostParams::default(), &b_old).await,
+    ));
+    assert_eq!(env.metric(refusals), 2);
+    assert!(matches!(b_api.get_opt("b").await, Ok(None)));
+
+    // The holder's own edit keeps its host name, and still nobody else gets it.
+    let edited = a_api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"image": "registry.example.com/shop:v2", "replicas": 2}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        edited.spec.expose.map(|e| e.hostnames),
+        Some(vec![host.to_owned()])
+    );
+    refused(api_error(b_api.create(&PostParams::default(), &b).await));
+
+    // Deleted: the host name is free as soon as the watch delivers the deletion.
+    a_api.delete("a", &DeleteParams::default()).await.unwrap();
+    harness::eventually(
+        "b admitted once a is gone",
+        Duration::from_secs(30),
+        || async {
+            match b_api.create(&PostParams::default(), &b).await {
+                Ok(created) => Ok(Some(created)),
+                Err(kube::Error::Api(status)) if status.message.contains(HELD_ELSEWHERE) => {
+                    Ok(None)
+                }
+                Err(error) => Err(harness::poll::Failure::from(error)),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    harness::eventually("b holds the host name", Duration::from_secs(30), || async {
+        cache.holder(host) == holder(&team_b, "b")
+    })
+    .await
+    .unwrap();
+    refused(api_error(
+        a_api
+            .create(
+                &PostParams::default(),
+                &exposing("a", "registry.example.com/shop:v2"),
+            )
+            .await,
+    ));
+    b_api
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": "registry.example.com/store:v2"}})),
+        )
+        .await
+        .unwrap();
+
+    webhooks_b.remove(env.cp.client()).await.unwrap();
+    team_b.cleanup().await.unwrap();
     env.finish().await;
 }

@@ -46,5 +46,6 @@ pub fn judge(policies: &PolicySet) -> Judge<'_> {
         policies,
         namespace_object: None,
         appservices: None,
+        metrics: None,
     }
 }

@@ -19,13 +19,15 @@
 //! `object` and `oldObject` alike, whatever version the client wrote
 //! ([`crate::review::hub`]); a write of the scale subresource is judged on the cached
 //! AppService with the new replicas ([`scale`], [`crate::appservices`]); an UPDATE
-//! that asks for nothing new is not judged again ([`ratchet`]).
+//! that asks for nothing new is not judged again ([`ratchet`]); a host name another
+//! AppService holds is refused ([`hostnames`]).
 //!
 //! This module decodes the review and decides what it is about; [`mutate`],
 //! [`validate`] and [`scale`] (one submodule each) answer it.
 
 #[cfg(test)]
 mod fixtures;
+pub mod hostnames;
 mod mutate;
 pub mod ratchet;
 mod scale;

@@ -247,6 +247,7 @@ mod tests {
             policies: &policies,
             namespace_object: None,
             appservices: cache,
+            metrics: None,
         };
         validate(&review, &judge)
     }
@@ -359,6 +360,7 @@ mod tests {
             policies: &set,
             namespace_object: None,
             appservices: Some(&cache),
+            metrics: None,
         };
         let answer = |old, new| {
             let review =

@@ -1,16 +1,18 @@
-//! `/validate`: `common`'s validation, then the CEL policies; every problem in one answer.
-//! Both judge the hub form of the object; an UPDATE that asks for nothing new is not
-//! judged again ([`super::ratchet`]); a scale write goes to [`super::scale`].
+//! `/validate`: `common`'s validation, the host names other AppServices hold
+//! ([`super::hostnames`]), then the CEL policies; every problem in one answer. All judge
+//! the hub form of the object; an UPDATE that asks for nothing new is not judged again
+//! ([`super::ratchet`]); a scale write goes to [`super::scale`].
 
 use common::conversion::Version;
 use kube::core::admission::{AdmissionResponse, Operation};
 use serde_json::Value;
 
 use super::{
-    KIND, Request, Review, Subject, allow, bad_request, denial, internal_error, object_error,
-    ratchet, scale,
+    KIND, Request, Review, Subject, allow, bad_request, denial, hostnames, internal_error,
+    object_error, ratchet, scale,
 };
 use crate::appservices::AppServiceCache;
+use crate::metrics::Metrics;
 use crate::policy::PolicySet;
 use crate::review::hub::{Hub, HubError};
 use crate::review::policy::{self, Source};
@@ -25,9 +27,12 @@ pub struct Judge<'a> {
     /// The namespace's metadata, for policies that read `namespaceObject` (`None`
     /// without `--namespace-labels`).
     pub namespace_object: Option<Value>,
-    /// What a scale write is judged on (`None` without `--watch-appservices`: a scale
-    /// write is then refused, it cannot be judged).
+    /// What a scale write is judged on, and who holds each host name (`None` without
+    /// `--watch-appservices`: a scale write is then refused, it cannot be judged, and
+    /// host names are not checked).
     pub appservices: Option<&'a AppServiceCache>,
+    /// Where refusals of a taken host name are counted (`None` in unit tests).
+    pub metrics: Option<&'a Metrics>,
 }
 
 /// `/validate`: every field error of `common::validation` and every policy violation in
@@ -134,7 +139,7 @@ fn judge_write<M: Metadata>(
         }
     };
     let old_app = old.as_ref().map(|old| &old.app);
-    let report = match (&object.app, old_app) {
+    let mut report = match (&object.app, old_app) {
         (App::V1alpha1(new), Some(App::V1alpha1(old))) => {
             common::validation::validate_v1alpha1_report(new, Some(old))
         }
@@ -144,6 +149,15 @@ fn judge_write<M: Metadata>(
         }
         (App::V1beta1(new), _) => common::validation::validate_report(new, None),
     };
+    if let Some(appservices) = judge.appservices {
+        let refused = hostnames::refused(req, &object.app, appservices, &report.errors);
+        if !refused.is_empty() {
+            if let Some(metrics) = judge.metrics {
+                metrics.exposure_refused();
+            }
+            report.errors.0.extend(refused);
+        }
+    }
     warnings.extend(report.warnings);
     let violations = if judge.policies.is_empty() {
         Vec::new()

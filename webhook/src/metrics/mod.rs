@@ -48,6 +48,7 @@ pub struct Metrics {
     handshake_failures: Family<HandshakeLabels, Counter>,
     connections: Gauge<i64>,
     peer_refusals: Counter,
+    exposure_refusals: Counter,
     process: telemetry::process::ProcessMetrics,
 }
 
@@ -155,6 +156,12 @@ impl Metrics {
             "Connections closed at once because their peer address already held --max-connections-per-peer",
             peer_refusals.clone(),
         );
+        let exposure_refusals = Counter::default();
+        registry.register(
+            "exposure_refusals",
+            "AppService writes refused because another AppService already exposes one of their host names (--watch-appservices)",
+            exposure_refusals.clone(),
+        );
         // Every fixed series from the start, at 0 (the requests, responses and durations
         // below, as their series are kept for the hot path).
         for &result in ConversionResult::ALL {
@@ -207,6 +214,7 @@ impl Metrics {
             handshake_failures,
             connections,
             peer_refusals,
+            exposure_refusals,
             process,
             requests,
             conversions,
@@ -286,6 +294,11 @@ impl Metrics {
     /// A connection closed because its peer held its share of the connections.
     pub fn peer_refused(&self) {
         self.peer_refusals.inc();
+    }
+
+    /// A write was refused for a host name another AppService exposes.
+    pub fn exposure_refused(&self) {
+        self.exposure_refusals.inc();
     }
 
     /// Counts an open connection until the guard is dropped.
@@ -384,6 +397,7 @@ mod tests {
             r#"appservice_webhook_certificate_reloads_total{result="failure"} 0"#,
             r#"appservice_webhook_http_responses_total{path="/mutate",code="413"} 0"#,
             r#"appservice_webhook_tls_handshake_failures_total{reason="timeout"} 0"#,
+            "appservice_webhook_exposure_refusals_total 0",
             "appservice_webhook_admission_duration_seconds_count{endpoint=\"mutate\"} 0",
         ] {
             assert!(text.contains(line), "{line} missing from {text}");

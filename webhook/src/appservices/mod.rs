@@ -1,5 +1,5 @@
 //! AppServices in memory, so a `/scale` write is judged by the same rules as a write of
-//! the AppService itself.
+//! the AppService itself, and a host name is exposed by one AppService only.
 //!
 //! The review of a scale write carries an `autoscaling/v1` Scale (name, namespace,
 //! resourceVersion, replicas), not the AppService, and the webhook never calls the API
@@ -18,6 +18,12 @@
 //!   them up to `--appservice-cache-bytes`. Past either bound only its name and
 //!   resourceVersion are kept, and a scale write of it is denied saying why (the same
 //!   change through the AppService itself is judged as usual).
+//! * **Host names.** The same watch keeps which AppService holds each host name of
+//!   `spec.expose.hostnames`, for every cached AppService, those kept by name only
+//!   included ([`hostnames`]); a write claiming a host name another AppService holds is
+//!   refused ([`AppServiceCache::held_elsewhere`]).
+
+mod hostnames;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +31,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
+use jiff::Timestamp;
 use kube::Api;
 use kube::api::DynamicObject;
 use kube::core::{ApiResource, GroupVersionKind};
@@ -33,6 +40,8 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::value::RawValue;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+use hostnames::{Claims, HostIndex};
 
 /// JSON bytes of one cached AppService at most. An AppService of 128 env entries of
 /// 100 bytes and its status is about 20 KiB; one larger is kept by name only.
@@ -46,17 +55,20 @@ pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
 const ENTRY_OVERHEAD: usize = 2 * std::mem::size_of::<(Key, Entry)>();
 
 /// Where an AppService lives.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 struct Key {
     namespace: Box<str>,
     name: Box<str>,
 }
 
 /// What is kept of one AppService.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Entry {
     resource_version: Box<str>,
     object: Kept,
+    /// Its host names, also in the index: kept whatever `object` is. Boxed: most
+    /// AppServices expose nothing, and their entries stay a pointer smaller.
+    claims: Option<Box<Claims>>,
 }
 
 /// The object, or why only its name is kept.
@@ -75,7 +87,13 @@ impl Entry {
             Kept::Object(raw) => raw.get().len(),
             Kept::TooLarge(_) | Kept::OverBudget => 0,
         };
-        ENTRY_OVERHEAD + key.namespace.len() + key.name.len() + self.resource_version.len() + object
+        let claims = self.claims.as_deref().map_or(0, Claims::bytes);
+        ENTRY_OVERHEAD
+            + key.namespace.len()
+            + key.name.len()
+            + self.resource_version.len()
+            + object
+            + claims
     }
 }
 
@@ -112,17 +130,25 @@ struct Inner {
 struct Objects {
     map: HashMap<Key, Entry>,
     bytes: usize,
+    /// Host name → the AppService holding it, for every entry of `map`.
+    hosts: HostIndex,
 }
 
 impl Objects {
-    fn insert(&mut self, key: Key, resource_version: Box<str>, json: Box<RawValue>, max: usize) {
-        if let Some(old) = self.map.remove(&key) {
-            self.bytes = self.bytes.saturating_sub(old.bytes(&key));
-        }
+    fn insert(&mut self, watched: Watched, max: usize) {
+        let Watched {
+            key,
+            resource_version,
+            json,
+            created,
+            hostnames,
+        } = watched;
+        self.remove(&key);
         let size = json.get().len();
         let mut entry = Entry {
             resource_version,
             object: Kept::Object(json),
+            claims: self.hosts.claim(&key, created, hostnames),
         };
         if size > MAX_CACHED_OBJECT_BYTES {
             entry.object = Kept::TooLarge(size);
@@ -135,7 +161,7 @@ impl Objects {
                 name = %key.name,
                 bytes = size,
                 cache_bytes = self.bytes,
-                "AppService kept by name only: its /scale writes are refused"
+                "AppService kept by name only: its /scale writes are refused (its host names are kept)"
             );
         }
         self.bytes += entry.bytes(&key);
@@ -145,6 +171,9 @@ impl Objects {
     fn remove(&mut self, key: &Key) {
         if let Some(old) = self.map.remove(key) {
             self.bytes = self.bytes.saturating_sub(old.bytes(key));
+            if let Some(claims) = &old.claims {
+                self.hosts.release(claims);
+            }
         }
     }
 }
@@ -211,30 +240,30 @@ impl AppServiceCache {
         match event {
             Event::Init => *relist = Some(Objects::default()),
             Event::InitApply(object) => {
-                if let (Some(objects), Some((key, rv, json))) = (relist.as_mut(), entry_of(object))
-                {
-                    objects.insert(key, rv, json, max);
+                if let (Some(objects), Some(watched)) = (relist.as_mut(), Watched::of(object)) {
+                    objects.insert(watched, max);
                 }
             }
             Event::InitDone => {
                 if let Some(objects) = relist.take() {
                     let count = objects.map.len();
                     let bytes = objects.bytes;
+                    let hostnames = objects.hosts.len();
                     *self.write() = objects;
                     if !self.inner.synced.swap(true, Ordering::SeqCst) {
-                        tracing::info!(appservices = count, bytes, "AppServices cached");
+                        tracing::info!(appservices = count, bytes, hostnames, "AppServices cached");
                     }
                 }
                 self.changed();
             }
             Event::Apply(object) => {
-                if let Some((key, rv, json)) = entry_of(object) {
-                    self.write().insert(key, rv, json, max);
+                if let Some(watched) = Watched::of(object) {
+                    self.write().insert(watched, max);
                     self.changed();
                 }
             }
             Event::Delete(object) => {
-                if let Some((key, _, _)) = entry_of(object) {
+                if let Some(key) = key_of(&object) {
                     self.write().remove(&key);
                     self.changed();
                 }
@@ -244,8 +273,8 @@ impl AppServiceCache {
 
     /// Puts an object in the cache as a watch event would (tests and benchmarks).
     pub fn apply(&self, object: DynamicObject) {
-        if let Some((key, rv, json)) = entry_of(object) {
-            self.write().insert(key, rv, json, self.inner.max_bytes);
+        if let Some(watched) = Watched::of(object) {
+            self.write().insert(watched, self.inner.max_bytes);
             self.inner.synced.store(true, Ordering::SeqCst);
             self.changed();
         }
@@ -312,6 +341,36 @@ impl AppServiceCache {
         }
     }
 
+    /// The host names of `hostnames` an AppService other than `namespace/name` holds,
+    /// each with its position in `hostnames` and its holder (for the admins' log: the
+    /// holder is never told to the writer). O(`hostnames`), under one read lock; nothing
+    /// locked for an object that exposes nothing.
+    pub fn held_elsewhere(&self, namespace: &str, name: &str, hostnames: &[String]) -> Vec<Taken> {
+        if hostnames.is_empty() {
+            return Vec::new();
+        }
+        let objects = self.read();
+        hostnames
+            .iter()
+            .enumerate()
+            .filter_map(|(index, host)| {
+                let holder = objects.hosts.holder(host)?;
+                (&*holder.namespace != namespace || &*holder.name != name).then(|| Taken {
+                    index,
+                    holder_namespace: holder.namespace.to_string(),
+                    holder_name: holder.name.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// The namespace and name of the AppService holding `host`, when one does.
+    pub fn holder(&self, host: &str) -> Option<(String, String)> {
+        let objects = self.read();
+        let key = objects.hosts.holder(host)?;
+        Some((key.namespace.to_string(), key.name.to_string()))
+    }
+
     /// Waits, at most [`SETTLE_TIMEOUT`], until the cache holds the AppService a scale
     /// review is about at the review's resourceVersion (`target`, from the decoded review:
     /// [`crate::admission::Review::scale_target`]). The review is judged afterwards
@@ -335,29 +394,69 @@ impl AppServiceCache {
     }
 }
 
-/// The key, resourceVersion and JSON (without managedFields) of a watched object.
-fn entry_of(mut object: DynamicObject) -> Option<(Key, Box<str>, Box<RawValue>)> {
-    let key = Key {
-        namespace: object.metadata.namespace.clone()?.into(),
-        name: object.metadata.name.clone()?.into(),
-    };
-    let resource_version: Box<str> = object.metadata.resource_version.clone()?.into();
-    // Policies judge what users write; managedFields are the API server's bookkeeping
-    // and often the largest part of an object.
-    object.metadata.managed_fields = None;
-    if object.types.is_none() {
-        object.types = Some(kube::core::TypeMeta {
-            api_version: format!("{}/v1beta1", common::names::GROUP),
-            kind: "AppService".to_owned(),
-        });
-    }
-    match serde_json::value::to_raw_value(&object) {
-        Ok(json) => Some((key, resource_version, json)),
-        Err(error) => {
-            tracing::warn!(%error, "cannot serialize a watched AppService");
-            None
+/// What the cache takes of a watched object.
+struct Watched {
+    key: Key,
+    resource_version: Box<str>,
+    /// The object without managedFields.
+    json: Box<RawValue>,
+    /// When it was created: the oldest claimant of a host name holds it.
+    created: Timestamp,
+    /// `spec.expose.hostnames`.
+    hostnames: Vec<String>,
+}
+
+/// Where a watched object lives.
+fn key_of(object: &DynamicObject) -> Option<Key> {
+    Some(Key {
+        namespace: object.metadata.namespace.as_deref()?.into(),
+        name: object.metadata.name.as_deref()?.into(),
+    })
+}
+
+impl Watched {
+    fn of(mut object: DynamicObject) -> Option<Watched> {
+        let key = key_of(&object)?;
+        let resource_version: Box<str> = object.metadata.resource_version.clone()?.into();
+        // The API server always sets it; one without sorts after every real one.
+        let created = object
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(Timestamp::MAX, |time| time.0);
+        let hostnames = hostnames::hostnames_of(&object.data);
+        // Policies judge what users write; managedFields are the API server's bookkeeping
+        // and often the largest part of an object.
+        object.metadata.managed_fields = None;
+        if object.types.is_none() {
+            object.types = Some(kube::core::TypeMeta {
+                api_version: format!("{}/v1beta1", common::names::GROUP),
+                kind: "AppService".to_owned(),
+            });
+        }
+        match serde_json::value::to_raw_value(&object) {
+            Ok(json) => Some(Watched {
+                key,
+                resource_version,
+                json,
+                created,
+                hostnames,
+            }),
+            Err(error) => {
+                tracing::warn!(%error, "cannot serialize a watched AppService");
+                None
+            }
         }
     }
+}
+
+/// A host name another AppService holds ([`AppServiceCache::held_elsewhere`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taken {
+    /// Its position in the list asked about.
+    pub index: usize,
+    pub holder_namespace: String,
+    pub holder_name: String,
 }
 
 /// The AppService a scale review is judged on, at the resourceVersion it scaled.
