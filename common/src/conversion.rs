@@ -611,7 +611,8 @@ mod tests {
             paths: vec!["/api".into()],
             port: Some("http".into()),
             tls: Some(v1beta1::ExposeTls {
-                secret_name: "shop-tls".into(),
+                secret_name: Some("shop-tls".into()),
+                issuer_ref: None,
             }),
         });
         let mut alpha = to_v1alpha1(&original);

@@ -33,5 +33,5 @@ pub use database_class::{
 pub use types::{
     AppPort, AppService, AppServiceSpec, AppServiceStatus, AutoscalingSpec, CanarySpec,
     CanaryStatus, ConfigKind, ConfigSource, DatabaseSpec, EnvVar, ExposeSpec, ExposeTls,
-    ImageStatus, ImageVerification, PodSecurity, Protocol, RolloutSpec, SecurityProfile,
+    ImageStatus, ImageVerification, IssuerRef, PodSecurity, Protocol, RolloutSpec, SecurityProfile,
 };

@@ -14,5 +14,6 @@ pub use crate::limits::*;
 pub use crate::shared::{AppServiceStatus, CanaryStatus, EnvVar, ImageStatus, ImageVerification};
 pub use crate::v1beta1::{
     AppPort, AppService, AppServiceSpec, AutoscalingSpec, CanarySpec, ConfigKind, ConfigSource,
-    DatabaseSpec, ExposeSpec, ExposeTls, PodSecurity, Protocol, RolloutSpec, SecurityProfile,
+    DatabaseSpec, ExposeSpec, ExposeTls, IssuerRef, PodSecurity, Protocol, RolloutSpec,
+    SecurityProfile,
 };

@@ -314,15 +314,55 @@ pub struct ExposeSpec {
     pub tls: Option<ExposeTls>,
 }
 
-/// The certificate the Gateway serves for an AppService's host names.
+/// The certificate the Gateway serves for an AppService's host names: a Secret of yours,
+/// or one cert-manager issues (`issuerRef`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.secretName) || has(self.issuerRef)").message("secretName or issuerRef is required"))]
 #[serde(rename_all = "camelCase")]
 pub struct ExposeTls {
     /// A Secret of type `kubernetes.io/tls` in the AppService's namespace holding the
     /// certificate (for every host name) and its key. Only the Gateway is allowed to read
-    /// it (a ReferenceGrant the controller keeps).
+    /// it (a ReferenceGrant the controller keeps). With `issuerRef`, the Secret
+    /// cert-manager writes; defaults to `<name>-tls` then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = crate::limits::MAX_SUBDOMAIN_LEN))]
-    pub secret_name: String,
+    pub secret_name: Option<String>,
+
+    /// A cert-manager issuer: the controller keeps a Certificate `<name>` for every host
+    /// name, issued by it into `secretName` (the cluster must run cert-manager, and the
+    /// controller be installed with `controller.expose.certManager`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_ref: Option<IssuerRef>,
+}
+
+/// A cert-manager issuer, as a Certificate's `issuerRef` names it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuerRef {
+    /// The issuer's name: an `Issuer` of the AppService's namespace, or a `ClusterIssuer`.
+    #[schemars(length(min = 1, max = crate::limits::MAX_SUBDOMAIN_LEN))]
+    pub name: String,
+
+    /// `Issuer` (the default) or `ClusterIssuer`, or an external issuer's kind with its
+    /// `group`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub kind: Option<String>,
+
+    /// The issuer's API group; defaults to `cert-manager.io`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = crate::limits::MAX_SUBDOMAIN_LEN))]
+    pub group: Option<String>,
+}
+
+impl ExposeTls {
+    /// The Secret the Gateway serves from, for the AppService `app`.
+    pub fn secret(&self, app: &str) -> String {
+        match &self.secret_name {
+            Some(name) => name.clone(),
+            None => format!("{app}-tls"),
+        }
+    }
 }
 
 impl ExposeSpec {

@@ -585,14 +585,46 @@ fn validate_expose(
         ));
     }
     if let Some(tls) = &expose.tls {
-        let field = format!("{FIELD}.tls.secretName");
-        if tls.secret_name.len() > MAX_SUBDOMAIN_LEN {
-            errors.push(FieldError::too_long(field, MAX_SUBDOMAIN_LEN));
-        } else if !is_dns1123_subdomain(&tls.secret_name) {
+        if tls.secret_name.is_none() && tls.issuer_ref.is_none() {
+            errors.push(FieldError::required(
+                format!("{FIELD}.tls"),
+                "secretName or issuerRef is required",
+            ));
+        }
+        let names = [
+            (
+                "secretName",
+                tls.secret_name.as_deref(),
+                "the name of a Secret in the AppService's namespace",
+            ),
+            (
+                "issuerRef.name",
+                tls.issuer_ref.as_ref().map(|i| i.name.as_str()),
+                "the name of an issuer",
+            ),
+        ];
+        for (which, name, what) in names {
+            let Some(name) = name else { continue };
+            let field = format!("{FIELD}.tls.{which}");
+            if name.len() > MAX_SUBDOMAIN_LEN {
+                errors.push(FieldError::too_long(field, MAX_SUBDOMAIN_LEN));
+            } else if !is_dns1123_subdomain(name) {
+                errors.push(FieldError::invalid_str(
+                    field,
+                    name,
+                    format!("must be a lowercase RFC 1123 subdomain ({what})"),
+                ));
+            }
+        }
+        if let Some(issuer) = &tls.issuer_ref
+            && issuer.group.is_none()
+            && let Some(kind) = issuer.kind.as_deref()
+            && !matches!(kind, "Issuer" | "ClusterIssuer")
+        {
             errors.push(FieldError::invalid_str(
-                field,
-                &tls.secret_name,
-                "must be a lowercase RFC 1123 subdomain (the name of a Secret in the AppService's namespace)",
+                format!("{FIELD}.tls.issuerRef.kind"),
+                kind,
+                "must be Issuer or ClusterIssuer (or name the group of an external issuer)",
             ));
         }
     }

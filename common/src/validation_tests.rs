@@ -1297,7 +1297,9 @@ mod v1beta1_autoscaling {
 
 /// `expose` exists only in v1beta1: tested on the hub.
 mod v1beta1_expose {
-    use crate::types::{AppPort, AppService, AppServiceSpec, ExposeSpec, ExposeTls, Protocol};
+    use crate::types::{
+        AppPort, AppService, AppServiceSpec, ExposeSpec, ExposeTls, IssuerRef, Protocol,
+    };
     use crate::validation::validate_report;
     use pretty_assertions::assert_eq;
 
@@ -1438,12 +1440,42 @@ mod v1beta1_expose {
         );
         let mut tls = hosts(&["a.example.com"], &[]);
         tls.tls = Some(ExposeTls {
-            secret_name: "Shop_TLS".into(),
+            secret_name: Some("Shop_TLS".into()),
+            issuer_ref: None,
         });
+        assert_eq!(
+            errors(tls.clone(), vec![]),
+            [
+                "spec.expose.tls.secretName: Invalid value: \"Shop_TLS\": must be a lowercase RFC 1123 subdomain (the name of a Secret in the AppService's namespace)"
+            ]
+        );
+        tls.tls = Some(ExposeTls::default());
+        assert_eq!(
+            errors(tls.clone(), vec![]),
+            ["spec.expose.tls: Required value: secretName or issuerRef is required"]
+        );
+        let issuer = |name: &str, kind: Option<&str>, group: Option<&str>| ExposeTls {
+            secret_name: None,
+            issuer_ref: Some(IssuerRef {
+                name: name.into(),
+                kind: kind.map(Into::into),
+                group: group.map(Into::into),
+            }),
+        };
+        tls.tls = Some(issuer("letsencrypt", Some("ClusterIssuer"), None));
+        assert!(errors(tls.clone(), vec![]).is_empty());
+        tls.tls = Some(issuer(
+            "vault",
+            Some("VaultIssuer"),
+            Some("vault.example.com"),
+        ));
+        assert!(errors(tls.clone(), vec![]).is_empty());
+        tls.tls = Some(issuer("Lets_Encrypt", Some("Issuers"), None));
         assert_eq!(
             errors(tls, vec![]),
             [
-                "spec.expose.tls.secretName: Invalid value: \"Shop_TLS\": must be a lowercase RFC 1123 subdomain (the name of a Secret in the AppService's namespace)"
+                "spec.expose.tls.issuerRef.name: Invalid value: \"Lets_Encrypt\": must be a lowercase RFC 1123 subdomain (the name of an issuer)",
+                "spec.expose.tls.issuerRef.kind: Invalid value: \"Issuers\": must be Issuer or ClusterIssuer (or name the group of an external issuer)",
             ]
         );
     }

@@ -159,7 +159,10 @@ fn arb_expose() -> impl Strategy<Value = Option<v1beta1::ExposeSpec>> {
                 hostnames,
                 paths,
                 port,
-                tls: secret.map(|secret_name| v1beta1::ExposeTls { secret_name }),
+                tls: secret.map(|secret_name| v1beta1::ExposeTls {
+                    secret_name: Some(secret_name),
+                    issuer_ref: None,
+                }),
             }),
     )
 }

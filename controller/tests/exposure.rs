@@ -275,6 +275,95 @@ async fn someone_elses_route_in_its_name_blocks_it_and_is_never_adopted() -> any
     Ok(())
 }
 
+/// `tls.issuerRef`: a Certificate for the host names, written as cert-manager's CRD
+/// accepts it (the API server checks it against the schema; no cert-manager runs here),
+/// healed when edited; the AppService waits for it to be issued and says so, and serves
+/// once it is (the test writes what cert-manager would: the Secret and `Ready`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_issuer_gets_a_certificate_for_the_host_names() -> anyhow::Result<()> {
+    use controller::cert_manager::Certificate;
+    let fixture = Fixture::setup().full().config(|c| {
+        c.expose_gateway = Some(gateway());
+        c.expose_cert_manager = true;
+    });
+    let client = harness::shared_full().await?.client();
+    harness::gateway_api::install_crds(&client).await?;
+    harness::gateway_api::install_cert_manager_crds(&client).await?;
+    let w = World::start(fixture).await?;
+    let certificates: Api<Certificate> = w.api();
+    let mut app = spec(&["shop.example.test", "www.shop.example.test"]);
+    if let Some(expose) = app.expose.as_mut() {
+        expose.tls = Some(common::ExposeTls {
+            secret_name: None,
+            issuer_ref: Some(common::IssuerRef {
+                name: "letsencrypt".into(),
+                kind: Some("ClusterIssuer".into()),
+                group: None,
+            }),
+        });
+    }
+    w.create("shop", app).await?;
+    let want = json!({
+        "secretName": "shop-tls",
+        "dnsNames": ["shop.example.test", "www.shop.example.test"],
+        "issuerRef": {"name": "letsencrypt", "kind": "ClusterIssuer", "group": "cert-manager.io"},
+    });
+    let ours = || async {
+        let c = certificates.get_opt("shop").await?;
+        Ok(c.filter(|c| serde_json::to_value(&c.spec).ok() == Some(want.clone())))
+    };
+    let certificate = eventually("the Certificate", HEAL, ours).await?;
+    assert!(
+        certificate
+            .metadata
+            .owner_references
+            .as_ref()
+            .is_some_and(|o| o[0].controller == Some(true))
+    );
+    // The grant names the Secret cert-manager writes.
+    let grants: Api<controller::gateway_api::ReferenceGrant> = w.api();
+    let grant = grants.get("shop").await?;
+    assert_eq!(grant.spec.to[0].name.as_deref(), Some("shop-tls"));
+    // Not issued: the status waits for cert-manager, by name.
+    let message = ready_reason(&w, "shop", "False", reasons::EXPOSING).await?;
+    assert!(
+        message.contains(&format!(
+            "cert-manager to issue Certificate {}/shop",
+            w.ns.name()
+        )),
+        "{message}"
+    );
+    // Edited: put back.
+    certificates
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"dnsNames": ["evil.example.test"]}})),
+        )
+        .await?;
+    eventually("the Certificate put back", HEAL, ours).await?;
+    // Issued (as cert-manager would say it), the route accepted: what is left is the
+    // Gateway's HTTPS listeners, and this control plane has no Gateway object at all.
+    certificates
+        .patch_status(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": [{
+                "type": "Ready", "status": "True", "reason": "Ready", "message": "issued",
+                "lastTransitionTime": "2026-12-07T00:00:00Z",
+            }]}})),
+        )
+        .await?;
+    our_route(&w, "shop", &["shop.example.test", "www.shop.example.test"]).await?;
+    gateway_says(&w, "shop", true).await?;
+    let message = ready_reason(&w, "shop", "False", reasons::EXPOSURE_REFUSED).await?;
+    assert!(
+        message.contains("Gateway gateways/public does not exist"),
+        "{message}"
+    );
+    Ok(())
+}
+
 /// Without a Gateway configured, no route is made and the status says why; the
 /// Deployment and Service run as always.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

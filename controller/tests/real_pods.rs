@@ -1181,7 +1181,8 @@ async fn an_exposed_appservice_answers_https_by_host_name_through_the_gateway() 
             s.expose = Some(common::ExposeSpec {
                 hostnames: vec![host.clone()],
                 tls: Some(common::ExposeTls {
-                    secret_name: "site-tls".into(),
+                    secret_name: Some("site-tls".into()),
+                    issuer_ref: None,
                 }),
                 ..common::ExposeSpec::default()
             });

@@ -1056,6 +1056,33 @@ fn a_named_gateway_turns_exposure_on_with_its_rbac_and_policy() {
         !off.iter()
             .any(|d| d["metadata"]["name"] == format!("{CONTROLLER}-gateway"))
     );
+    // cert-manager: its Certificates, only when asked for.
+    let certificates = |docs: &[Value]| -> bool {
+        find(docs, "ClusterRole", CONTROLLER)["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .any(|r| r["apiGroups"] == json!(["cert-manager.io"]))
+    };
+    assert!(!certificates(&on));
+    let with_cm = template(
+        "ops",
+        &[
+            "controller.expose.gateway.namespace=gateways".into(),
+            "controller.expose.gateway.name=public".into(),
+            "controller.expose.certManager=true".into(),
+        ],
+    );
+    assert!(certificates(&with_cm));
+    let policy = &find(&with_cm, "ValidatingAdmissionPolicy", OWNED_POLICY)["spec"]["matchConstraints"]
+        ["resourceRules"];
+    assert!(
+        policy
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["resources"] == json!(["certificates"]))
+    );
 }
 
 /// A canary release and the main one split the namespaces: the chart turns

@@ -100,6 +100,22 @@ pub fn gateway_api_dir() -> Result<PathBuf> {
     }
 }
 
+/// The directory of cert-manager's CRDs (`cert-manager.io_*.yaml`), copied next to the
+/// binaries (`<bin>/../cert-manager`) with the Gateway API's when Traefik is built.
+pub fn cert_manager_dir() -> Result<PathBuf> {
+    // Both come from the same step of the build script: built, the Gateway API's are there.
+    let bin = gateway_api_dir()?;
+    let dir = bin.parent().unwrap_or(&bin).join("cert-manager");
+    if dir.join("cert-manager.io_certificates.yaml").is_file() {
+        Ok(dir)
+    } else {
+        Err(Error::Assets(format!(
+            "{} has no cert-manager CRDs: run `tests/envtest/assets/build.sh --only traefik`",
+            dir.display()
+        )))
+    }
+}
+
 fn gateway_api_dir_of(bin: &Path) -> PathBuf {
     bin.parent().unwrap_or(bin).join("gateway-api")
 }

@@ -70,6 +70,25 @@ pub async fn install_crds(client: &kube::Client) -> Result<()> {
     Ok(())
 }
 
+/// Server-side applies cert-manager's `Certificate` CRD (v1.21.2; idempotent) and waits
+/// until it is served: the Certificates the controller writes are then checked against
+/// its schema by the API server. No cert-manager controller runs (none can be built here).
+pub async fn install_cert_manager_crds(client: &kube::Client) -> Result<()> {
+    let path = crate::assets::cert_manager_dir()?.join("cert-manager.io_certificates.yaml");
+    let mut crd = load_crd(&path)?;
+    crd.status = None;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .map_err(kube_err(format!("installing the cert-manager CRD {name}")))?;
+    wait_served(&api, &crd).await
+}
+
 fn resource(version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, version, kind), plural)
 }

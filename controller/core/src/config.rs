@@ -137,6 +137,12 @@ pub struct Config {
     /// `controller.expose.gateway.httpsPort`).
     #[arg(long, env = "EXPOSE_HTTPS_PORT", default_value_t = 443, value_parser = clap::value_parser!(i32).range(1..=65535))]
     pub expose_https_port: i32,
+
+    /// cert-manager runs in the cluster (its CRDs are served): an AppService whose
+    /// `spec.expose.tls` names an `issuerRef` gets a Certificate (the chart's
+    /// `controller.expose.certManager`). Off: such an AppService says it cannot be served.
+    #[arg(long, env = "EXPOSE_CERT_MANAGER", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub expose_cert_manager: bool,
 }
 
 /// A Gateway, by namespace and name.
@@ -198,6 +204,7 @@ impl Config {
             profiling_allow_remote: false,
             expose_gateway: None,
             expose_https_port: 443,
+            expose_cert_manager: false,
         }
     }
 

@@ -26,7 +26,9 @@ use crate::gateway_api::{HttpRoute, ReferenceGrant};
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::status::Clock;
-use crate::view::{AutoscalerView, BudgetView, DeploymentView, GrantView, RouteView, ServiceView};
+use crate::view::{
+    AutoscalerView, BudgetView, CertificateView, DeploymentView, GrantView, RouteView, ServiceView,
+};
 
 /// Initial-list completion of the caches, set from their watch streams.
 #[derive(Debug, Default)]
@@ -39,6 +41,7 @@ pub struct CacheSync {
     /// Set at start when no Gateway is configured (nothing to list).
     pub routes: AtomicBool,
     pub grants: AtomicBool,
+    pub certificates: AtomicBool,
     pub gateway: AtomicBool,
     pub other_deployments: AtomicBool,
     pub other_services: AtomicBool,
@@ -46,6 +49,7 @@ pub struct CacheSync {
     pub other_autoscalers: AtomicBool,
     pub other_routes: AtomicBool,
     pub other_grants: AtomicBool,
+    pub other_certificates: AtomicBool,
 }
 
 impl CacheSync {
@@ -58,6 +62,7 @@ impl CacheSync {
             &self.autoscalers,
             &self.routes,
             &self.grants,
+            &self.certificates,
             &self.gateway,
             &self.other_deployments,
             &self.other_services,
@@ -65,6 +70,7 @@ impl CacheSync {
             &self.other_autoscalers,
             &self.other_routes,
             &self.other_grants,
+            &self.other_certificates,
         ]
         .iter()
         .all(|f| f.load(Ordering::Relaxed))
@@ -81,6 +87,8 @@ pub struct Caches {
     /// Empty when no Gateway is configured (`--expose-gateway`).
     pub routes: Store<RouteView>,
     pub grants: Store<GrantView>,
+    /// Empty unless cert-manager is enabled (`--expose-cert-manager`).
+    pub certificates: Store<CertificateView>,
     /// The configured Gateway (one object), for the listeners of `spec.expose.tls`.
     pub gateway: Store<crate::listeners::GatewayView>,
     /// The names of the objects of those kinds without that label.
@@ -90,6 +98,7 @@ pub struct Caches {
     pub other_autoscalers: Store<PartialObjectMeta<HorizontalPodAutoscaler>>,
     pub other_routes: Store<PartialObjectMeta<HttpRoute>>,
     pub other_grants: Store<PartialObjectMeta<ReferenceGrant>>,
+    pub other_certificates: Store<PartialObjectMeta<crate::cert_manager::Certificate>>,
     /// Every AppService this controller serves (the one the Controller reconciles from):
     /// who holds a host name is decided over them ([`crate::exposure`]).
     pub appservices: Store<AppService>,

@@ -36,8 +36,8 @@ use crate::desired::{CONTAINER_NAME, HASHED_OWNER_API_VERSION};
 use crate::owners::names_an_app;
 pub use crate::view::Drift;
 use crate::view::{
-    AutoscalerView, BudgetView, ContainerView, DeploymentView, EnvVarView, GrantView, LabelPairs,
-    Named, RouteView, ServiceView,
+    AutoscalerView, BudgetView, CertificateView, ContainerView, DeploymentView, EnvVarView,
+    GrantView, LabelPairs, Named, RouteView, ServiceView,
 };
 
 /// A hash of `desired` (serialized with sorted map keys, so it is stable across runs
@@ -394,6 +394,27 @@ impl Drift for AutoscalerView {
 
 impl Drift for RouteView {
     /// The route's spec is ours whole: any difference puts all of it back.
+    fn drift(desired: &Self, live: &Self) -> Vec<Value> {
+        let mut ops = metadata_drift(
+            &desired.metadata,
+            &desired.labels,
+            &live.metadata,
+            &live.labels,
+        );
+        if desired.spec != live.spec {
+            set_or_remove(
+                "/spec",
+                desired.spec.as_ref(),
+                live.spec.is_some(),
+                &mut ops,
+            );
+        }
+        ops
+    }
+}
+
+impl Drift for CertificateView {
+    /// The Certificate's spec is ours whole: any difference puts all of it back.
     fn drift(desired: &Self, live: &Self) -> Vec<Value> {
         let mut ops = metadata_drift(
             &desired.metadata,

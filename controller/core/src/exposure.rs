@@ -26,10 +26,12 @@ pub enum Exposure {
     Unavailable,
     /// These host names are held by an older AppService: no route is made.
     Conflict(Vec<String>),
-    /// The route is written; the Gateway has not accepted this generation of it yet.
-    Pending { gateway: String },
-    /// The Gateway refused the route; the message is the Gateway's.
-    Refused { gateway: String, message: String },
+    /// The route is written and something it needs is not there yet: `waiting` says
+    /// what, as in "waiting for ...".
+    Pending { waiting: String },
+    /// The Gateway (or cert-manager, or the API server) refused what exposure needs;
+    /// `message` says who and quotes them.
+    Refused { message: String },
     /// The Gateway accepted the route: the application answers at `url`.
     Accepted { url: String },
 }
@@ -128,17 +130,24 @@ pub fn acceptance(route: &RouteView, gateway: &GatewayRef, expose: &ExposeSpec) 
     match accepted {
         Some(c) if c.status == "True" => Exposure::Accepted { url: url(expose) },
         Some(c) if c.status == "False" => Exposure::Refused {
-            gateway: gateway.to_string(),
             message: if c.message.is_empty() {
-                c.reason.clone()
+                format!("Gateway {gateway} refused the route: {}", c.reason)
             } else {
-                format!("{}: {}", c.reason, c.message)
+                format!(
+                    "Gateway {gateway} refused the route: {}: {}",
+                    c.reason, c.message
+                )
             },
         },
         _ => Exposure::Pending {
-            gateway: gateway.to_string(),
+            waiting: accepting(gateway),
         },
     }
+}
+
+/// What a route not yet accepted waits for.
+pub fn accepting(gateway: &GatewayRef) -> String {
+    format!("for Gateway {gateway} to accept the route")
 }
 
 /// Where the application answers: its first host name and path, over HTTPS when the
@@ -240,7 +249,8 @@ mod tests {
             paths: vec!["/api".into()],
             port: None,
             tls: Some(ExposeTls {
-                secret_name: "shop-tls".into(),
+                secret_name: Some("shop-tls".into()),
+                issuer_ref: None,
             }),
         };
         let mut route: RouteView = serde_json::from_value(serde_json::json!({
@@ -287,8 +297,7 @@ mod tests {
         assert_eq!(
             acceptance(&route, &gateway, &expose),
             Exposure::Refused {
-                gateway: "gateways/public".into(),
-                message: "NotAllowedByListeners: no listener admits the route".into()
+                message: "Gateway gateways/public refused the route: NotAllowedByListeners: no listener admits the route".into()
             }
         );
     }

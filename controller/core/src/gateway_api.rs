@@ -174,13 +174,13 @@ pub struct RouteCondition {
 
 /// A kind's JSON: `apiVersion` and `kind` first, then its fields.
 #[derive(Serialize)]
-struct Typed<'a, S: Serialize> {
+pub(crate) struct Typed<'a, S: Serialize> {
     #[serde(rename = "apiVersion")]
-    api_version: Cow<'a, str>,
-    kind: Cow<'a, str>,
-    metadata: &'a ObjectMeta,
+    pub(crate) api_version: Cow<'a, str>,
+    pub(crate) kind: Cow<'a, str>,
+    pub(crate) metadata: &'a ObjectMeta,
     #[serde(flatten)]
-    rest: S,
+    pub(crate) rest: S,
 }
 
 impl Serialize for HttpRoute {

@@ -36,6 +36,7 @@
 //! | [`context`] | the one `Arc<Context>` shared by reconcile and the ops server |
 //! | [`own_writes`] | the memory of the controller's own writes its caches may not show yet, with its bound |
 
+pub mod cert_manager;
 pub mod children;
 pub mod client;
 pub mod config;
@@ -75,6 +76,7 @@ mod watches;
 
 use std::sync::Arc;
 
+use cert_manager::Certificate;
 use common::AppService;
 use common::names::{LABEL_MANAGED_BY, MANAGED_BY};
 use futures::{FutureExt, StreamExt};
@@ -261,6 +263,20 @@ pub async fn run_with(
             .store(true, std::sync::atomic::Ordering::Relaxed);
         (reflector::store().0, futures::stream::pending().boxed())
     };
+    let certifying = exposing && config.expose_cert_manager;
+    let (certificates, certificate_stream) = if certifying {
+        let (store, stream) = watch.cached::<view::CertificateView, _>(
+            child_config.clone(),
+            |_| {},
+            |s| &s.certificates,
+        );
+        (store, stream.boxed())
+    } else {
+        synced
+            .certificates
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        (reflector::store().0, futures::stream::pending().boxed())
+    };
     // The configured Gateway itself, one object (every member of a ring needs it): its
     // listeners are where `spec.expose.tls` adds HTTPS.
     let (gateway, gateway_stream) = match &config.expose_gateway {
@@ -342,6 +358,23 @@ pub async fn run_with(
             .store(true, std::sync::atomic::Ordering::Relaxed);
         (reflector::store().0, futures::stream::pending().boxed())
     };
+    let (other_certificates, other_certificate_stream) = if certifying {
+        let (store, stream) = watch_others.cached::<PartialObjectMeta<Certificate>, _>(
+            others_config.clone(),
+            name_only,
+            |s| &s.other_certificates,
+        );
+        (store, stream.boxed())
+    } else {
+        synced
+            .other_certificates
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        (reflector::store().0, futures::stream::pending().boxed())
+    };
+    let (certificate_stream, other_certificate_stream) = (
+        certificate_stream.touched_objects(),
+        other_certificate_stream.touched_objects(),
+    );
     let (route_stream, other_route_stream, grant_stream, other_grant_stream, gateway_stream) = (
         route_stream.touched_objects(),
         other_route_stream.touched_objects(),
@@ -400,6 +433,7 @@ pub async fn run_with(
                 autoscalers: autoscalers.clone(),
                 routes: routes.clone(),
                 grants: grants.clone(),
+                certificates: certificates.clone(),
                 gateway,
                 other_deployments,
                 other_services,
@@ -407,6 +441,7 @@ pub async fn run_with(
                 other_autoscalers,
                 other_routes,
                 other_grants,
+                other_certificates,
                 appservices: apps.clone(),
                 synced,
             },
@@ -433,6 +468,7 @@ pub async fn run_with(
         (wakes(&apps), wakes(&apps), wakes(&apps), wakes(&apps));
     let (other_route_owner, grant_owner, other_grant_owner) =
         (wakes(&apps), wakes(&apps), wakes(&apps));
+    let (certificate_owner, other_certificate_owner) = (wakes(&apps), wakes(&apps));
     // An event of the Gateway wakes the AppServices with listeners on it (at most 64, the
     // Gateway's own bound): theirs may have been edited, removed or (not) programmed.
     let gateway_readers = {
@@ -513,6 +549,13 @@ pub async fn run_with(
             move |g: PartialObjectMeta<ReferenceGrant>| other_grant_owner(g.metadata),
         )
         .watches_stream(gateway_stream, gateway_readers)
+        .watches_stream(certificate_stream, move |c: view::CertificateView| {
+            certificate_owner(c.metadata)
+        })
+        .watches_stream(
+            other_certificate_stream,
+            move |c: PartialObjectMeta<Certificate>| other_certificate_owner(c.metadata),
+        )
         .reconcile_on(wake_rx)
         .watches_stream(
             other_route_stream,

@@ -46,13 +46,14 @@ pub fn listener_name(hostname: &str) -> String {
 /// on `port`, terminating TLS with its Secret, admitting HTTPRoutes of its namespace only.
 /// Every field the API server defaults is written, so the listener read back equals it.
 pub fn desired_listeners(
-    namespace: &str,
+    (namespace, app): (&str, &str),
     expose: &ExposeSpec,
     port: i32,
 ) -> BTreeMap<String, Value> {
     let Some(tls) = expose.tls.as_ref() else {
         return BTreeMap::new();
     };
+    let secret = tls.secret(app);
     expose
         .hostnames
         .iter()
@@ -67,7 +68,7 @@ pub fn desired_listeners(
                     "mode": "Terminate",
                     "certificateRefs": [{
                         "group": "", "kind": "Secret",
-                        "namespace": namespace, "name": tls.secret_name,
+                        "namespace": namespace, "name": secret,
                     }],
                 },
                 "allowedRoutes": {
@@ -337,7 +338,8 @@ mod tests {
         ExposeSpec {
             hostnames: hosts.iter().map(|h| (*h).to_owned()).collect(),
             tls: tls.then(|| ExposeTls {
-                secret_name: "shop-tls".into(),
+                secret_name: Some("shop-tls".into()),
+                issuer_ref: None,
             }),
             ..ExposeSpec::default()
         }
@@ -369,9 +371,11 @@ mod tests {
 
     #[test]
     fn one_https_listener_per_host_name_admitting_its_namespace_only() {
-        assert!(desired_listeners("team", &expose(&["a.example.com"], false), 443).is_empty());
+        assert!(
+            desired_listeners(("team", "shop"), &expose(&["a.example.com"], false), 443).is_empty()
+        );
         let listeners = desired_listeners(
-            "team",
+            ("team", "shop"),
             &expose(&["a.example.com", "b.example.com"], true),
             443,
         );
@@ -397,7 +401,7 @@ mod tests {
 
     #[test]
     fn the_plan_applies_only_what_differs_and_removes_what_is_no_longer_asked() {
-        let desired = desired_listeners("team", &expose(&["a.example.com"], true), 443);
+        let desired = desired_listeners(("team", "shop"), &expose(&["a.example.com"], true), 443);
         let ours = desired.values().next().unwrap().clone();
         let name = listener_name("a.example.com");
         let manager = field_manager("uid-1");
@@ -441,7 +445,7 @@ mod tests {
 
     #[test]
     fn a_listener_serves_once_programmed_and_a_refusal_is_quoted() {
-        let desired = desired_listeners("team", &expose(&["a.example.com"], true), 443);
+        let desired = desired_listeners(("team", "shop"), &expose(&["a.example.com"], true), 443);
         let name = listener_name("a.example.com");
         let status =
             |conditions: Value| json!({"listeners": [{"name": name, "conditions": conditions}]});

@@ -30,6 +30,7 @@ telemetry::label_values! {
         HorizontalPodAutoscalers => "horizontalpodautoscalers",
         HttpRoutes => "httproutes",
         ReferenceGrants => "referencegrants",
+        Certificates => "certificates",
         Gateways => "gateways",
         AppServices => "appservices",
         AppServiceStatus => "appservices/status",

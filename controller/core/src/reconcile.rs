@@ -33,8 +33,9 @@ use crate::children::{converge, delete, lookup};
 use crate::config_revision::{self, Revision};
 use crate::context::Context;
 use crate::desired::{
-    CANARY_SLOT, desired_autoscaler, desired_budget, desired_canary_deployment, desired_deployment,
-    desired_grant, desired_route, desired_service, is_controlled_by,
+    CANARY_SLOT, desired_autoscaler, desired_budget, desired_canary_deployment,
+    desired_certificate, desired_deployment, desired_grant, desired_route, desired_service,
+    is_controlled_by,
 };
 use crate::error::{Error, ErrorReason, Result, Retry};
 use crate::exposure::{self, Exposure};
@@ -205,7 +206,7 @@ async fn converge_app(app: &Subject<'_>, ctx: &Context) -> Result<Outcome> {
             .await;
     }
     if matches!(report.outcome, External::Done) {
-        return converge_children(app, ctx, &report, None).await;
+        return Box::pin(converge_children(app, ctx, &report, None)).await;
     }
     let held = report
         .images
@@ -213,7 +214,7 @@ async fn converge_app(app: &Subject<'_>, ctx: &Context) -> Result<Outcome> {
         .and_then(|i| i.hold.as_ref())
         .and_then(|hold| hold.apply(app));
     if database_done && let Some(held) = held {
-        let mut outcome = converge_children(app, ctx, &report, Some(&held)).await?;
+        let mut outcome = Box::pin(converge_children(app, ctx, &report, Some(&held))).await?;
         // The hold decides when to look again (or the backoff of a registry that is
         // down), unless converging the children failed.
         if outcome.next.is_ok() {
@@ -317,6 +318,28 @@ async fn converge_children(
             None => Ok(None),
         }
     };
+    let cert_manager = ctx.config().expose_cert_manager;
+    let want_certificate = hosts_held
+        .is_empty()
+        .then(|| desired_certificate(app, gateway, cert_manager))
+        .flatten();
+    let certificate_step = async {
+        match gateway.filter(|_| cert_manager) {
+            Some(_) => Optional::look(
+                ctx,
+                &owner,
+                (
+                    &caches.certificates,
+                    others_known.then_some(&caches.other_certificates),
+                ),
+                (route_name(app.name()), namespace),
+                want_certificate,
+            )
+            .await
+            .map(Some),
+            None => Ok(None),
+        }
+    };
     let route_step = async {
         match gateway {
             Some(_) => Optional::look(
@@ -331,7 +354,7 @@ async fn converge_children(
             None => Ok(None),
         }
     };
-    let (live_deployment, live_service, live_canary, budget, autoscaler, (route, grant)) = tokio::join!(
+    let (live_deployment, live_service, live_canary, budget, autoscaler, route) = tokio::join!(
         lookup(
             ctx,
             &owner,
@@ -376,9 +399,11 @@ async fn converge_children(
             (autoscaler_name(app.name()), namespace),
             desired_autoscaler(app),
         ),
-        async { tokio::join!(route_step, grant_step) },
+        // Boxed: three more lookups' states, which a debug build would keep on the stack.
+        Box::pin(async { tokio::join!(route_step, grant_step, certificate_step) }),
     );
-    let (live_deployment, live_service, live_canary, budget, autoscaler, route, grant) = (
+    let (route, grant, certificate) = route;
+    let (live_deployment, live_service, live_canary, budget, autoscaler, route, grant, certificate) = (
         live_deployment?,
         live_service?,
         live_canary?,
@@ -386,6 +411,7 @@ async fn converge_children(
         autoscaler?,
         route?,
         grant?,
+        certificate?,
     );
     let uid = app.uid();
     let ours =
@@ -413,6 +439,35 @@ async fn converge_children(
     // ... or someone else's route of that name (ours would send their host names here).
     taken.extend(route.as_ref().and_then(|r| r.taken(uid)));
     taken.extend(grant.as_ref().and_then(|g| g.taken(uid)));
+    taken.extend(certificate.as_ref().and_then(|c| c.taken(uid)));
+    // A certificate cert-manager is to issue: until it is, nothing can serve HTTPS.
+    let issuer = app
+        .spec
+        .expose
+        .as_ref()
+        .and_then(|e| e.tls.as_ref())
+        .and_then(|t| t.issuer_ref.as_ref());
+    let certificate_waiting = match (issuer, cert_manager) {
+        (None, _) => None,
+        (Some(_), false) => Some(Err(
+            "spec.expose.tls.issuerRef needs cert-manager, which is not enabled for this controller (the chart's controller.expose.certManager)".to_owned(),
+        )),
+        (Some(_), true) => certificate
+            .as_ref()
+            .and_then(Optional::live)
+            .filter(|live| ours(&live.metadata))
+            .map_or(Some(Ok("not written yet".to_owned())), |live| {
+                crate::cert_manager::issued(live.ready.as_ref()).err().map(Ok)
+            })
+            .map(|waiting| {
+                waiting.map(|why| {
+                    format!(
+                        "for cert-manager to issue Certificate {namespace}/{} ({why})",
+                        route_name(app.name())
+                    )
+                })
+            }),
+    };
     // Host names our route has and this pass no longer asks for: whoever waits for one
     // may take it once the route is converged (woken now: they find it free in the
     // cache of AppServices, which already holds this spec).
@@ -447,7 +502,7 @@ async fn converge_children(
                 .filter(|live| ours(&live.metadata))
                 .map_or_else(
                     || Exposure::Pending {
-                        gateway: gateway.to_string(),
+                        waiting: exposure::accepting(gateway),
                     },
                     |live| exposure::acceptance(live, gateway, expose),
                 ),
@@ -501,8 +556,8 @@ async fn converge_children(
             (None, None) => Ok(None),
         }
     };
-    let optional_step = async {
-        let (budget, autoscaler, route, grant) = tokio::join!(
+    let optional_step = Box::pin(async {
+        let (budget, autoscaler, route, grant, certificate) = tokio::join!(
             budget.converge(ctx, &owner, namespace, uid),
             autoscaler.converge(ctx, &owner, namespace, uid),
             async {
@@ -517,9 +572,15 @@ async fn converge_children(
                     None => None,
                 }
             },
+            async {
+                match certificate {
+                    Some(c) => Some(c.converge(ctx, &owner, namespace, uid).await),
+                    None => None,
+                }
+            },
         );
-        [Some(budget), Some(autoscaler), route, grant]
-    };
+        [Some(budget), Some(autoscaler), route, grant, certificate]
+    });
     // Boxed: the converges' states are large, and a debug build copies them about.
     let deployments = Box::pin(async {
         tokio::join!(
@@ -635,18 +696,30 @@ async fn converge_children(
                         | Exposure::Accepted { .. }
                         | Exposure::Refused { .. },
                     ),
-                ) => {
-                    listeners::desired_listeners(namespace, expose, ctx.config().expose_https_port)
-                }
+                ) => listeners::desired_listeners(
+                    (namespace, app.name()),
+                    expose,
+                    ctx.config().expose_https_port,
+                ),
                 _ => std::collections::BTreeMap::new(),
             };
             match (listeners::converge(ctx, app, &want).await, exposure) {
-                (Err(message), Some(_)) => Some(Exposure::Refused {
-                    gateway: gateway_ref.to_string(),
-                    message,
-                }),
+                // The Secret a Certificate is to fill cannot be served before it is issued.
+                (
+                    _,
+                    Some(
+                        Exposure::Pending { .. }
+                        | Exposure::Accepted { .. }
+                        | Exposure::Refused { .. },
+                    ),
+                ) if certificate_waiting.is_some() => match certificate_waiting {
+                    Some(Err(message)) => Some(Exposure::Refused { message }),
+                    Some(Ok(waiting)) => Some(Exposure::Pending { waiting }),
+                    None => None,
+                },
+                (Err(message), Some(_)) => Some(Exposure::Refused { message }),
                 (Ok(false), Some(Exposure::Accepted { .. })) => Some(Exposure::Pending {
-                    gateway: gateway_ref.to_string(),
+                    waiting: format!("for Gateway {gateway_ref} to serve its HTTPS listeners"),
                 }),
                 (_, exposure) => exposure,
             }

@@ -35,7 +35,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use serde::de::DeserializeOwned;
 
-use crate::gateway_api::{HttpRoute, ReferenceGrant, RouteParentStatus};
+use crate::cert_manager::Certificate;
+use crate::gateway_api::{HttpRoute, ReferenceGrant, RouteCondition, RouteParentStatus};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The view of `obj` (a desired child, or an API response), decoded as a watch would.
@@ -89,6 +90,12 @@ impl Child for HttpRoute {
     const KIND: &'static str = "HTTPRoute";
     const WRITTEN: crate::metrics::Written = crate::metrics::Written::HttpRoutes;
     type View = RouteView;
+}
+
+impl Child for Certificate {
+    const KIND: &'static str = "Certificate";
+    const WRITTEN: crate::metrics::Written = crate::metrics::Written::Certificates;
+    type View = CertificateView;
 }
 
 impl Child for ReferenceGrant {
@@ -769,13 +776,7 @@ impl From<RawRoute> for RouteView {
         let (metadata, labels, hash) = split_meta(raw.metadata);
         let mut parents = raw.status.map(|s| s.parents).unwrap_or_default();
         for condition in parents.iter_mut().flat_map(|p| p.conditions.iter_mut()) {
-            if condition.message.len() > MAX_ROUTE_MESSAGE {
-                let mut end = MAX_ROUTE_MESSAGE;
-                while !condition.message.is_char_boundary(end) {
-                    end -= 1;
-                }
-                condition.message.truncate(end);
-            }
+            cut(&mut condition.message);
         }
         RouteView {
             metadata,
@@ -822,6 +823,69 @@ impl From<RawGrant> for GrantView {
 }
 
 view_of!(GrantView, ReferenceGrant);
+
+// ---- Certificate (cert-manager) ----------------------------------------------------
+
+/// What the controller reads of a Certificate: its spec, whole (ours entirely), and its
+/// `Ready` condition (message cut to [`MAX_ROUTE_MESSAGE`]).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "RawCertificate")]
+pub struct CertificateView {
+    pub metadata: ObjectMeta,
+    pub labels: LabelPairs,
+    pub hash: Option<String>,
+    pub spec: Option<serde_json::Value>,
+    pub ready: Option<RouteCondition>,
+}
+
+#[derive(Deserialize)]
+struct RawCertificate {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<serde_json::Value>,
+    #[serde(default)]
+    status: Option<RawCertificateStatus>,
+}
+
+#[derive(Deserialize)]
+struct RawCertificateStatus {
+    #[serde(default)]
+    conditions: Vec<RouteCondition>,
+}
+
+impl From<RawCertificate> for CertificateView {
+    fn from(raw: RawCertificate) -> Self {
+        let (metadata, labels, hash) = split_meta(raw.metadata);
+        let ready = raw
+            .status
+            .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready"))
+            .map(|mut c| {
+                cut(&mut c.message);
+                c
+            });
+        CertificateView {
+            metadata,
+            labels,
+            hash,
+            spec: raw.spec,
+            ready,
+        }
+    }
+}
+
+view_of!(CertificateView, Certificate);
+
+/// `message` cut to [`MAX_ROUTE_MESSAGE`] bytes, on a character boundary.
+fn cut(message: &mut String) {
+    if message.len() > MAX_ROUTE_MESSAGE {
+        let mut end = MAX_ROUTE_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+}
 
 // ---- AppService ------------------------------------------------------------------
 

@@ -137,6 +137,8 @@ pub fn context_of(
         &synced.grants,
         &synced.other_grants,
         &synced.gateway,
+        &synced.certificates,
+        &synced.other_certificates,
     ] {
         listed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
@@ -154,6 +156,8 @@ pub fn context_of(
         grants: reflector::store().0,
         other_grants: reflector::store().0,
         gateway: reflector::store().0,
+        certificates: reflector::store().0,
+        other_certificates: reflector::store().0,
         appservices: reflector::store().0,
         synced,
     };

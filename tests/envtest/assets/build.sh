@@ -186,6 +186,13 @@ if wanted traefik; then
   mkdir -p "$cache/gateway-api"
   cp -f "$gw_dir"/config/crd/standard/gateway.networking.k8s.io_*.yaml "$cache/gateway-api/"
   chmod u+w "$cache"/gateway-api/*.yaml
+  # cert-manager's CRDs (its controller cannot be built here: its cmd/ modules are not
+  # served), for checking the Certificates of `spec.expose.tls.issuerRef` against them.
+  cm_dir="$(cd "$here/cert-manager" && go mod download -json github.com/cert-manager/cert-manager | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -f "$cm_dir/deploy/crds/cert-manager.io_certificates.yaml" ]] || { echo "error: the cert-manager module has no deploy/crds (at '$cm_dir')" >&2; exit 1; }
+  mkdir -p "$cache/cert-manager"
+  cp -f "$cm_dir"/deploy/crds/cert-manager.io_*.yaml "$cache/cert-manager/"
+  chmod u+w "$cache"/cert-manager/*.yaml
 fi
 log "${only:+the assets asked for (${only:1:-1}) }all ready in $bin ($((SECONDS - total))s)"
 echo "$bin"

@@ -4,6 +4,7 @@
 use common::names::{route_name, service_name};
 
 use super::child_metadata;
+use crate::cert_manager::{Certificate, CertificateSpec};
 use crate::config::GatewayRef;
 use crate::gateway_api::{
     BackendRef, GROUP, GrantFrom, GrantSpec, GrantTo, HttpRoute, ParentRef, PathMatch,
@@ -40,6 +41,23 @@ pub fn desired_route(app: &Subject, gateway: Option<&GatewayRef>) -> Option<Http
     })
 }
 
+/// The Certificate `<name>` while `spec.expose.tls.issuerRef` asks cert-manager for one
+/// (and cert-manager is enabled for this controller).
+pub fn desired_certificate(
+    app: &Subject,
+    gateway: Option<&GatewayRef>,
+    cert_manager: bool,
+) -> Option<Certificate> {
+    gateway?;
+    if !cert_manager {
+        return None;
+    }
+    Some(Certificate {
+        metadata: child_metadata(app, route_name(app.name())),
+        spec: CertificateSpec::of(app.name(), app.spec.expose.as_ref()?)?,
+    })
+}
+
 /// The ReferenceGrant `<name>` while `spec.expose.tls` asks for HTTPS: the configured
 /// Gateway may read the AppService's TLS Secret, that one Secret and nothing else.
 pub fn desired_grant(app: &Subject, gateway: Option<&GatewayRef>) -> Option<ReferenceGrant> {
@@ -56,7 +74,7 @@ pub fn desired_grant(app: &Subject, gateway: Option<&GatewayRef>) -> Option<Refe
             to: vec![GrantTo {
                 group: String::new(),
                 kind: "Secret".to_owned(),
-                name: Some(tls.secret_name.clone()),
+                name: Some(tls.secret(app.name())),
             }],
         },
     })
@@ -152,7 +170,8 @@ mod grant_tests {
             expose: Some(ExposeSpec {
                 hostnames: vec!["shop.example.com".into()],
                 tls: Some(ExposeTls {
-                    secret_name: "shop-tls".into(),
+                    secret_name: Some("shop-tls".into()),
+                    issuer_ref: None,
                 }),
                 ..ExposeSpec::default()
             }),

@@ -354,15 +354,15 @@ fn exposure_verdict(exposure: Option<&Exposure>, pods: &str) -> Option<Verdict<'
             hint: "exposed once the other AppService releases the host names; or choose others"
                 .to_owned(),
         },
-        Exposure::Pending { gateway } => Verdict::Reconciling {
+        Exposure::Pending { waiting } => Verdict::Reconciling {
             reason: reasons::EXPOSING,
-            ready: format!("{pods}; waiting for Gateway {gateway} to accept the route"),
-            progress: format!("waiting for Gateway {gateway} to accept the route"),
+            ready: format!("{pods}; waiting {waiting}"),
+            progress: format!("waiting {waiting}"),
             degraded: None,
         },
-        Exposure::Refused { gateway, message } => Verdict::Stalled {
+        Exposure::Refused { message } => Verdict::Stalled {
             reason: reasons::EXPOSURE_REFUSED,
-            message: format!("{pods}, but Gateway {gateway} refused the route: {message}"),
+            message: format!("{pods}, but {message}"),
             hint: "check the Gateway's listeners with the cluster's admin".to_owned(),
         },
     })
