@@ -364,6 +364,81 @@ async fn an_issuer_gets_a_certificate_for_the_host_names() -> anyhow::Result<()>
     Ok(())
 }
 
+/// Without the Gateway API, an Ingress of the configured class: a rule per host name with
+/// the paths as prefixes, the TLS Secret named, healed when edited, Ready once an ingress
+/// controller admitted it (the test writes the address one would), removed with
+/// `spec.expose`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_gateway_an_ingress_of_the_configured_class() -> anyhow::Result<()> {
+    use k8s_openapi::api::networking::v1::Ingress;
+    let w = World::start(Fixture::setup().full().config(|c| {
+        c.expose_ingress_class = Some("traefik".into());
+    }))
+    .await?;
+    let ingresses: Api<Ingress> = w.api();
+    let mut app = spec(&["shop.example.test", "www.shop.example.test"]);
+    if let Some(expose) = app.expose.as_mut() {
+        expose.tls = Some(common::ExposeTls {
+            secret_name: Some("shop-tls".into()),
+            issuer_ref: None,
+        });
+    }
+    w.create("shop", app).await?;
+    let path = json!({"path": "/shop", "pathType": "Prefix",
+        "backend": {"service": {"name": "shop", "port": {"number": 8080}}}});
+    let want = json!({
+        "ingressClassName": "traefik",
+        "rules": [
+            {"host": "shop.example.test", "http": {"paths": [path.clone()]}},
+            {"host": "www.shop.example.test", "http": {"paths": [path]}},
+        ],
+        "tls": [{"hosts": ["shop.example.test", "www.shop.example.test"], "secretName": "shop-tls"}],
+    });
+    let ours = || async {
+        let i = ingresses.get_opt("shop").await?;
+        Ok(i.filter(|i| serde_json::to_value(&i.spec).ok() == Some(want.clone())))
+    };
+    eventually("the Ingress", HEAL, ours).await?;
+    let message = ready_reason(&w, "shop", "False", reasons::EXPOSING).await?;
+    assert!(message.contains("class traefik"), "{message}");
+    // Edited: put back whole.
+    ingresses
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ingressClassName": "other"}})),
+        )
+        .await?;
+    eventually("the Ingress put back", HEAL, ours).await?;
+    // Admitted (as the ingress controller would write it): Ready, with the URL.
+    ingresses
+        .patch_status(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}})),
+        )
+        .await?;
+    ready_reason(&w, "shop", TRUE, reasons::AVAILABLE).await?;
+    assert_eq!(
+        url(&w, "shop").await?.as_deref(),
+        Some("https://shop.example.test/shop")
+    );
+    w.quiet(2).await?;
+    // No longer exposed: the Ingress goes.
+    w.apps
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"expose": null}})),
+        )
+        .await?;
+    eventually("the Ingress gone", HEAL, || async {
+        Ok(ingresses.get_opt("shop").await?.is_none().then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
 /// Without a Gateway configured, no route is made and the status says why; the
 /// Deployment and Service run as always.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1074,6 +1074,39 @@ fn a_named_gateway_turns_exposure_on_with_its_rbac_and_policy() {
         ],
     );
     assert!(certificates(&with_cm));
+    // Without the Gateway API: Ingresses of the named class, unless a Gateway is named.
+    let ingress = template(
+        "ops",
+        &["controller.expose.ingressClassName=traefik".into()],
+    );
+    let ingress_rules = |docs: &[Value]| -> Vec<Value> {
+        find(docs, "ClusterRole", CONTROLLER)["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .filter(|r| r["apiGroups"] == json!(["networking.k8s.io"]))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        ingress_rules(&ingress),
+        [
+            json!({"apiGroups": ["networking.k8s.io"], "resources": ["ingresses"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"]})
+        ]
+    );
+    assert!(ingress_rules(&on).is_empty());
+    let env_of = |docs: &[Value], name: &str| {
+        find(docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == name))
+            .map(|v| v["value"].clone())
+    };
+    assert_eq!(
+        env_of(&ingress, "EXPOSE_INGRESS_CLASS"),
+        Some(json!("traefik"))
+    );
+    assert_eq!(env_of(&on, "EXPOSE_INGRESS_CLASS"), None);
     let policy = &find(&with_cm, "ValidatingAdmissionPolicy", OWNED_POLICY)["spec"]["matchConstraints"]
         ["resourceRules"];
     assert!(

@@ -96,6 +96,13 @@ than the first release (see above). */}}
 {{- end -}}
 {{- end }}
 
+{{/* controller.expose.ingressClassName, when no Gateway is named (the Gateway wins). */}}
+{{- define "aso.controller.exposeIngressClass" -}}
+{{- if not (include "aso.controller.exposeGateway" .) -}}
+{{- dig "controller" "expose" "ingressClassName" "" .Values.AsMap -}}
+{{- end -}}
+{{- end }}
+
 {{/* admissionPolicies.enabled, true when the release's values predate it. */}}
 {{- define "aso.admissionPolicies" -}}
 {{- if dig "admissionPolicies" "enabled" true .Values.AsMap }}true{{ end }}

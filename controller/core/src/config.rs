@@ -143,6 +143,12 @@ pub struct Config {
     /// `controller.expose.certManager`). Off: such an AppService says it cannot be served.
     #[arg(long, env = "EXPOSE_CERT_MANAGER", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub expose_cert_manager: bool,
+
+    /// Without a Gateway: the IngressClass an AppService's `spec.expose` gets an Ingress
+    /// of (the chart's `controller.expose.ingressClassName`), for clusters that do not
+    /// serve the Gateway API. Ignored when `--expose-gateway` is set.
+    #[arg(long, env = "EXPOSE_INGRESS_CLASS")]
+    pub expose_ingress_class: Option<String>,
 }
 
 /// A Gateway, by namespace and name.
@@ -205,6 +211,7 @@ impl Config {
             expose_gateway: None,
             expose_https_port: 443,
             expose_cert_manager: false,
+            expose_ingress_class: None,
         }
     }
 

@@ -27,7 +27,8 @@ use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::status::Clock;
 use crate::view::{
-    AutoscalerView, BudgetView, CertificateView, DeploymentView, GrantView, RouteView, ServiceView,
+    AutoscalerView, BudgetView, CertificateView, DeploymentView, GrantView, IngressView, RouteView,
+    ServiceView,
 };
 
 /// Initial-list completion of the caches, set from their watch streams.
@@ -42,6 +43,7 @@ pub struct CacheSync {
     pub routes: AtomicBool,
     pub grants: AtomicBool,
     pub certificates: AtomicBool,
+    pub ingresses: AtomicBool,
     pub gateway: AtomicBool,
     pub other_deployments: AtomicBool,
     pub other_services: AtomicBool,
@@ -50,6 +52,7 @@ pub struct CacheSync {
     pub other_routes: AtomicBool,
     pub other_grants: AtomicBool,
     pub other_certificates: AtomicBool,
+    pub other_ingresses: AtomicBool,
 }
 
 impl CacheSync {
@@ -63,6 +66,7 @@ impl CacheSync {
             &self.routes,
             &self.grants,
             &self.certificates,
+            &self.ingresses,
             &self.gateway,
             &self.other_deployments,
             &self.other_services,
@@ -71,6 +75,7 @@ impl CacheSync {
             &self.other_routes,
             &self.other_grants,
             &self.other_certificates,
+            &self.other_ingresses,
         ]
         .iter()
         .all(|f| f.load(Ordering::Relaxed))
@@ -89,6 +94,8 @@ pub struct Caches {
     pub grants: Store<GrantView>,
     /// Empty unless cert-manager is enabled (`--expose-cert-manager`).
     pub certificates: Store<CertificateView>,
+    /// Empty unless the controller exposes through Ingresses (`--expose-ingress-class`).
+    pub ingresses: Store<IngressView>,
     /// The configured Gateway (one object), for the listeners of `spec.expose.tls`.
     pub gateway: Store<crate::listeners::GatewayView>,
     /// The names of the objects of those kinds without that label.
@@ -99,6 +106,7 @@ pub struct Caches {
     pub other_routes: Store<PartialObjectMeta<HttpRoute>>,
     pub other_grants: Store<PartialObjectMeta<ReferenceGrant>>,
     pub other_certificates: Store<PartialObjectMeta<crate::cert_manager::Certificate>>,
+    pub other_ingresses: Store<PartialObjectMeta<k8s_openapi::api::networking::v1::Ingress>>,
     /// Every AppService this controller serves (the one the Controller reconciles from):
     /// who holds a host name is decided over them ([`crate::exposure`]).
     pub appservices: Store<AppService>,

@@ -33,7 +33,7 @@ mod security;
 
 pub use autoscaling::desired_autoscaler;
 pub use disruption::desired_budget;
-pub use exposure::{desired_certificate, desired_grant, desired_route};
+pub use exposure::{desired_certificate, desired_grant, desired_ingress, desired_route};
 
 /// Name of the application container in the Pod template.
 pub const CONTAINER_NAME: &str = "app";

@@ -37,7 +37,7 @@ use crate::owners::names_an_app;
 pub use crate::view::Drift;
 use crate::view::{
     AutoscalerView, BudgetView, CertificateView, ContainerView, DeploymentView, EnvVarView,
-    GrantView, LabelPairs, Named, RouteView, ServiceView,
+    GrantView, IngressView, LabelPairs, Named, RouteView, ServiceView,
 };
 
 /// A hash of `desired` (serialized with sorted map keys, so it is stable across runs
@@ -392,68 +392,28 @@ impl Drift for AutoscalerView {
     }
 }
 
-impl Drift for RouteView {
-    /// The route's spec is ours whole: any difference puts all of it back.
-    fn drift(desired: &Self, live: &Self) -> Vec<Value> {
-        let mut ops = metadata_drift(
-            &desired.metadata,
-            &desired.labels,
-            &live.metadata,
-            &live.labels,
-        );
-        if desired.spec != live.spec {
-            set_or_remove(
-                "/spec",
-                desired.spec.as_ref(),
-                live.spec.is_some(),
-                &mut ops,
-            );
+/// Children whose spec is ours whole (exposure's: route, grant, Certificate, Ingress):
+/// their views keep the spec as JSON, and any difference puts all of it back.
+macro_rules! whole_spec_drift {
+    ($($view:ty),+) => {$(
+        impl Drift for $view {
+            fn drift(desired: &Self, live: &Self) -> Vec<Value> {
+                let mut ops = metadata_drift(
+                    &desired.metadata,
+                    &desired.labels,
+                    &live.metadata,
+                    &live.labels,
+                );
+                if desired.spec != live.spec {
+                    set_or_remove("/spec", desired.spec.as_ref(), live.spec.is_some(), &mut ops);
+                }
+                ops
+            }
         }
-        ops
-    }
+    )+};
 }
 
-impl Drift for CertificateView {
-    /// The Certificate's spec is ours whole: any difference puts all of it back.
-    fn drift(desired: &Self, live: &Self) -> Vec<Value> {
-        let mut ops = metadata_drift(
-            &desired.metadata,
-            &desired.labels,
-            &live.metadata,
-            &live.labels,
-        );
-        if desired.spec != live.spec {
-            set_or_remove(
-                "/spec",
-                desired.spec.as_ref(),
-                live.spec.is_some(),
-                &mut ops,
-            );
-        }
-        ops
-    }
-}
-
-impl Drift for GrantView {
-    /// The grant's spec is ours whole: any difference puts all of it back.
-    fn drift(desired: &Self, live: &Self) -> Vec<Value> {
-        let mut ops = metadata_drift(
-            &desired.metadata,
-            &desired.labels,
-            &live.metadata,
-            &live.labels,
-        );
-        if desired.spec != live.spec {
-            set_or_remove(
-                "/spec",
-                desired.spec.as_ref(),
-                live.spec.is_some(),
-                &mut ops,
-            );
-        }
-        ops
-    }
-}
+whole_spec_drift!(RouteView, GrantView, CertificateView, IngressView);
 
 impl Drift for BudgetView {
     /// The budget's settings are ours whole: `maxUnavailable`, the selector and the

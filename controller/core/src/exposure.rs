@@ -17,7 +17,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::config::GatewayRef;
-use crate::view::RouteView;
+use crate::view::{IngressView, RouteView};
 
 /// What a pass found of an AppService's exposure; `None` in status when it asks for none.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +105,22 @@ pub fn route_hostnames(route: &RouteView) -> Vec<String> {
             hosts
                 .iter()
                 .filter_map(|h| h.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The host names an Ingress (as cached) is for, from its rules.
+pub fn ingress_hostnames(ingress: &IngressView) -> Vec<String> {
+    ingress
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.get("rules"))
+        .and_then(|r| r.as_array())
+        .map(|rules| {
+            rules
+                .iter()
+                .filter_map(|r| r.get("host")?.as_str().map(str::to_owned))
                 .collect()
         })
         .unwrap_or_default()

@@ -85,6 +85,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
@@ -263,7 +264,19 @@ pub async fn run_with(
             .store(true, std::sync::atomic::Ordering::Relaxed);
         (reflector::store().0, futures::stream::pending().boxed())
     };
-    let certifying = exposing && config.expose_cert_manager;
+    // Ingresses instead of routes when no Gateway is named and an IngressClass is.
+    let ingressing = !exposing && config.expose_ingress_class.is_some();
+    let (ingresses, ingress_stream) = if ingressing {
+        let (store, stream) =
+            watch.cached::<view::IngressView, _>(child_config.clone(), |_| {}, |s| &s.ingresses);
+        (store, stream.boxed())
+    } else {
+        synced
+            .ingresses
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        (reflector::store().0, futures::stream::pending().boxed())
+    };
+    let certifying = (exposing || ingressing) && config.expose_cert_manager;
     let (certificates, certificate_stream) = if certifying {
         let (store, stream) = watch.cached::<view::CertificateView, _>(
             child_config.clone(),
@@ -371,6 +384,23 @@ pub async fn run_with(
             .store(true, std::sync::atomic::Ordering::Relaxed);
         (reflector::store().0, futures::stream::pending().boxed())
     };
+    let (other_ingresses, other_ingress_stream) = if ingressing {
+        let (store, stream) = watch_others.cached::<PartialObjectMeta<Ingress>, _>(
+            others_config.clone(),
+            name_only,
+            |s| &s.other_ingresses,
+        );
+        (store, stream.boxed())
+    } else {
+        synced
+            .other_ingresses
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        (reflector::store().0, futures::stream::pending().boxed())
+    };
+    let (ingress_stream, other_ingress_stream) = (
+        ingress_stream.touched_objects(),
+        other_ingress_stream.touched_objects(),
+    );
     let (certificate_stream, other_certificate_stream) = (
         certificate_stream.touched_objects(),
         other_certificate_stream.touched_objects(),
@@ -434,6 +464,7 @@ pub async fn run_with(
                 routes: routes.clone(),
                 grants: grants.clone(),
                 certificates: certificates.clone(),
+                ingresses: ingresses.clone(),
                 gateway,
                 other_deployments,
                 other_services,
@@ -442,6 +473,7 @@ pub async fn run_with(
                 other_routes,
                 other_grants,
                 other_certificates,
+                other_ingresses,
                 appservices: apps.clone(),
                 synced,
             },
@@ -469,6 +501,22 @@ pub async fn run_with(
     let (other_route_owner, grant_owner, other_grant_owner) =
         (wakes(&apps), wakes(&apps), wakes(&apps));
     let (certificate_owner, other_certificate_owner) = (wakes(&apps), wakes(&apps));
+    let other_ingress_owner = wakes(&apps);
+    // An event of our Ingress wakes its AppService and those waiting for one of its host
+    // names, as a route's does.
+    let ingress_owners = {
+        let apps = apps.clone();
+        queue::observe_mapper_all(queue.clone(), move |ingress: view::IngressView| {
+            let owner = owners::owner_of(&apps, &ingress.metadata);
+            let mut woken = exposure::waiting_for(
+                &apps,
+                &exposure::ingress_hostnames(&ingress),
+                owner.as_ref(),
+            );
+            woken.extend(owner);
+            woken
+        })
+    };
     // An event of the Gateway wakes the AppServices with listeners on it (at most 64, the
     // Gateway's own bound): theirs may have been edited, removed or (not) programmed.
     let gateway_readers = {
@@ -549,6 +597,11 @@ pub async fn run_with(
             move |g: PartialObjectMeta<ReferenceGrant>| other_grant_owner(g.metadata),
         )
         .watches_stream(gateway_stream, gateway_readers)
+        .watches_stream(ingress_stream, ingress_owners)
+        .watches_stream(
+            other_ingress_stream,
+            move |i: PartialObjectMeta<Ingress>| other_ingress_owner(i.metadata),
+        )
         .watches_stream(certificate_stream, move |c: view::CertificateView| {
             certificate_owner(c.metadata)
         })

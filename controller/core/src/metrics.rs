@@ -31,6 +31,7 @@ telemetry::label_values! {
         HttpRoutes => "httproutes",
         ReferenceGrants => "referencegrants",
         Certificates => "certificates",
+        Ingresses => "ingresses",
         Gateways => "gateways",
         AppServices => "appservices",
         AppServiceStatus => "appservices/status",

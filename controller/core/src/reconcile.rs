@@ -34,8 +34,8 @@ use crate::config_revision::{self, Revision};
 use crate::context::Context;
 use crate::desired::{
     CANARY_SLOT, desired_autoscaler, desired_budget, desired_canary_deployment,
-    desired_certificate, desired_deployment, desired_grant, desired_route, desired_service,
-    is_controlled_by,
+    desired_certificate, desired_deployment, desired_grant, desired_ingress, desired_route,
+    desired_service, is_controlled_by,
 };
 use crate::error::{Error, ErrorReason, Result, Retry};
 use crate::exposure::{self, Exposure};
@@ -291,10 +291,38 @@ async fn converge_children(
     // nothing.
     // Exposure: a route only with a Gateway configured, and only for host names no older
     // AppService holds. Without a Gateway no route is looked up (none can exist).
+    // Without a Gateway, an Ingress of the configured class instead (when one is).
     let gateway = ctx.config().expose_gateway.as_ref();
-    let hosts_held = match (&app.spec.expose, gateway) {
-        (Some(_), Some(_)) => exposure::held_by_others(&caches.appservices, app),
+    let ingress_class = ctx
+        .config()
+        .expose_ingress_class
+        .as_deref()
+        .filter(|_| gateway.is_none());
+    let exposing = gateway.is_some() || ingress_class.is_some();
+    let hosts_held = match &app.spec.expose {
+        Some(_) if exposing => exposure::held_by_others(&caches.appservices, app),
         _ => Vec::new(),
+    };
+    let want_ingress = hosts_held
+        .is_empty()
+        .then(|| desired_ingress(app, ingress_class))
+        .flatten();
+    let ingress_step = async {
+        match ingress_class {
+            Some(_) => Optional::look(
+                ctx,
+                &owner,
+                (
+                    &caches.ingresses,
+                    others_known.then_some(&caches.other_ingresses),
+                ),
+                (route_name(app.name()), namespace),
+                want_ingress,
+            )
+            .await
+            .map(Some),
+            None => Ok(None),
+        }
     };
     let want_route = hosts_held
         .is_empty()
@@ -321,10 +349,10 @@ async fn converge_children(
     let cert_manager = ctx.config().expose_cert_manager;
     let want_certificate = hosts_held
         .is_empty()
-        .then(|| desired_certificate(app, gateway, cert_manager))
+        .then(|| desired_certificate(app, exposing, cert_manager))
         .flatten();
     let certificate_step = async {
-        match gateway.filter(|_| cert_manager) {
+        match Some(()).filter(|()| exposing && cert_manager) {
             Some(_) => Optional::look(
                 ctx,
                 &owner,
@@ -400,9 +428,9 @@ async fn converge_children(
             desired_autoscaler(app),
         ),
         // Boxed: three more lookups' states, which a debug build would keep on the stack.
-        Box::pin(async { tokio::join!(route_step, grant_step, certificate_step) }),
+        Box::pin(async { tokio::join!(route_step, grant_step, certificate_step, ingress_step) }),
     );
-    let (route, grant, certificate) = route;
+    let (route, grant, certificate, ingress) = route;
     let (live_deployment, live_service, live_canary, budget, autoscaler, route, grant, certificate) = (
         live_deployment?,
         live_service?,
@@ -413,6 +441,7 @@ async fn converge_children(
         grant?,
         certificate?,
     );
+    let ingress = ingress?;
     let uid = app.uid();
     let ours =
         |meta: &kube::api::ObjectMeta| is_controlled_by(meta.owner_references.as_deref(), uid);
@@ -440,6 +469,7 @@ async fn converge_children(
     taken.extend(route.as_ref().and_then(|r| r.taken(uid)));
     taken.extend(grant.as_ref().and_then(|g| g.taken(uid)));
     taken.extend(certificate.as_ref().and_then(|c| c.taken(uid)));
+    taken.extend(ingress.as_ref().and_then(|i| i.taken(uid)));
     // A certificate cert-manager is to issue: until it is, nothing can serve HTTPS.
     let issuer = app
         .spec
@@ -471,16 +501,24 @@ async fn converge_children(
     // Host names our route has and this pass no longer asks for: whoever waits for one
     // may take it once the route is converged (woken now: they find it free in the
     // cache of AppServices, which already holds this spec).
-    if let Some(live) = route
+    let live_hosts = route
         .as_ref()
         .and_then(Optional::live)
         .filter(|live| ours(&live.metadata))
-    {
+        .map(exposure::route_hostnames)
+        .or_else(|| {
+            ingress
+                .as_ref()
+                .and_then(Optional::live)
+                .filter(|live| ours(&live.metadata))
+                .map(exposure::ingress_hostnames)
+        });
+    if let Some(live_hosts) = live_hosts {
         let asked: &[String] = match (&app.spec.expose, hosts_held.is_empty()) {
             (Some(expose), true) => &expose.hostnames,
             _ => &[],
         };
-        let released: Vec<String> = exposure::route_hostnames(live)
+        let released: Vec<String> = live_hosts
             .into_iter()
             .filter(|h| !asked.contains(h))
             .collect();
@@ -493,8 +531,25 @@ async fn converge_children(
     // What the status says of exposure, from the route as it was before this pass.
     let exposure = match (&app.spec.expose, gateway) {
         (None, _) => None,
-        (Some(_), None) => Some(Exposure::Unavailable),
-        (Some(_), Some(_)) if !hosts_held.is_empty() => Some(Exposure::Conflict(hosts_held)),
+        (Some(_), _) if !exposing => Some(Exposure::Unavailable),
+        (Some(_), _) if !hosts_held.is_empty() => Some(Exposure::Conflict(hosts_held)),
+        (Some(expose), None) => Some(
+            match ingress
+                .as_ref()
+                .and_then(Optional::live)
+                .filter(|live| ours(&live.metadata))
+            {
+                Some(live) if live.admitted => Exposure::Accepted {
+                    url: exposure::url(expose),
+                },
+                _ => Exposure::Pending {
+                    waiting: format!(
+                        "for the ingress controller of class {} to admit the Ingress",
+                        ingress_class.unwrap_or_default()
+                    ),
+                },
+            },
+        ),
         (Some(expose), Some(gateway)) => Some(
             route
                 .as_ref()
@@ -557,7 +612,7 @@ async fn converge_children(
         }
     };
     let optional_step = Box::pin(async {
-        let (budget, autoscaler, route, grant, certificate) = tokio::join!(
+        let (budget, autoscaler, route, grant, certificate, ingress) = tokio::join!(
             budget.converge(ctx, &owner, namespace, uid),
             autoscaler.converge(ctx, &owner, namespace, uid),
             async {
@@ -578,8 +633,21 @@ async fn converge_children(
                     None => None,
                 }
             },
+            async {
+                match ingress {
+                    Some(i) => Some(i.converge(ctx, &owner, namespace, uid).await),
+                    None => None,
+                }
+            },
         );
-        [Some(budget), Some(autoscaler), route, grant, certificate]
+        [
+            Some(budget),
+            Some(autoscaler),
+            route,
+            grant,
+            certificate,
+            ingress,
+        ]
     });
     // Boxed: the converges' states are large, and a debug build copies them about.
     let deployments = Box::pin(async {
@@ -686,7 +754,22 @@ async fn converge_children(
     // HTTPS: this AppService's listeners on the Gateway (none once it no longer asks,
     // which removes those it had). The route's verdict holds only while they serve.
     let exposure = match (gateway, &app.spec.expose) {
-        (None, _) => exposure,
+        // An Ingress (or nothing): only the Certificate may still be awaited.
+        (None, _) => match (exposure, certificate_waiting) {
+            (
+                Some(
+                    Exposure::Pending { .. } | Exposure::Accepted { .. } | Exposure::Refused { .. },
+                ),
+                Some(Err(message)),
+            ) => Some(Exposure::Refused { message }),
+            (
+                Some(
+                    Exposure::Pending { .. } | Exposure::Accepted { .. } | Exposure::Refused { .. },
+                ),
+                Some(Ok(waiting)),
+            ) => Some(Exposure::Pending { waiting }),
+            (exposure, _) => exposure,
+        },
         (Some(gateway_ref), expose) => {
             let want = match (expose, &exposure) {
                 (

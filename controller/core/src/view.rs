@@ -37,6 +37,7 @@ use serde::de::DeserializeOwned;
 
 use crate::cert_manager::Certificate;
 use crate::gateway_api::{HttpRoute, ReferenceGrant, RouteCondition, RouteParentStatus};
+use k8s_openapi::api::networking::v1::Ingress;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The view of `obj` (a desired child, or an API response), decoded as a watch would.
@@ -90,6 +91,12 @@ impl Child for HttpRoute {
     const KIND: &'static str = "HTTPRoute";
     const WRITTEN: crate::metrics::Written = crate::metrics::Written::HttpRoutes;
     type View = RouteView;
+}
+
+impl Child for Ingress {
+    const KIND: &'static str = "Ingress";
+    const WRITTEN: crate::metrics::Written = crate::metrics::Written::Ingresses;
+    type View = IngressView;
 }
 
 impl Child for Certificate {
@@ -823,6 +830,51 @@ impl From<RawGrant> for GrantView {
 }
 
 view_of!(GrantView, ReferenceGrant);
+
+// ---- Ingress -----------------------------------------------------------------------
+
+/// What the controller reads of an Ingress: its spec, whole (ours entirely), and whether
+/// an ingress controller admitted it (it wrote an address into its status).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "RawIngress")]
+pub struct IngressView {
+    pub metadata: ObjectMeta,
+    pub labels: LabelPairs,
+    pub hash: Option<String>,
+    pub spec: Option<serde_json::Value>,
+    pub admitted: bool,
+}
+
+#[derive(Deserialize)]
+struct RawIngress {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<serde_json::Value>,
+    #[serde(default)]
+    status: Option<serde_json::Value>,
+}
+
+impl From<RawIngress> for IngressView {
+    fn from(raw: RawIngress) -> Self {
+        let (metadata, labels, hash) = split_meta(raw.metadata);
+        let admitted = raw
+            .status
+            .as_ref()
+            .and_then(|s| s.pointer("/loadBalancer/ingress"))
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|addresses| !addresses.is_empty());
+        IngressView {
+            metadata,
+            labels,
+            hash,
+            spec: raw.spec,
+            admitted,
+        }
+    }
+}
+
+view_of!(IngressView, Ingress);
 
 // ---- Certificate (cert-manager) ----------------------------------------------------
 

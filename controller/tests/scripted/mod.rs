@@ -139,6 +139,8 @@ pub fn context_of(
         &synced.gateway,
         &synced.certificates,
         &synced.other_certificates,
+        &synced.ingresses,
+        &synced.other_ingresses,
     ] {
         listed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
@@ -158,6 +160,8 @@ pub fn context_of(
         gateway: reflector::store().0,
         certificates: reflector::store().0,
         other_certificates: reflector::store().0,
+        ingresses: reflector::store().0,
+        other_ingresses: reflector::store().0,
         appservices: reflector::store().0,
         synced,
     };

@@ -4,6 +4,11 @@
 use common::names::{route_name, service_name};
 
 use super::child_metadata;
+use k8s_openapi::api::networking::v1::{
+    HTTPIngressPath, HTTPIngressRuleValue, Ingress, IngressBackend, IngressRule,
+    IngressServiceBackend, IngressSpec, IngressTLS, ServiceBackendPort,
+};
+
 use crate::cert_manager::{Certificate, CertificateSpec};
 use crate::config::GatewayRef;
 use crate::gateway_api::{
@@ -16,11 +21,7 @@ use crate::subject::Subject;
 pub fn desired_route(app: &Subject, gateway: Option<&GatewayRef>) -> Option<HttpRoute> {
     let expose = app.spec.expose.as_ref()?;
     let gateway = gateway?;
-    let ports = app.spec.ports();
-    let port = match expose.port.as_deref() {
-        Some(name) => ports.iter().find(|p| p.name == name)?.port,
-        None => app.spec.port(),
-    };
+    let port = exposed_port(app)?;
     Some(HttpRoute {
         metadata: child_metadata(app, route_name(app.name())),
         spec: RouteSpec {
@@ -41,15 +42,77 @@ pub fn desired_route(app: &Subject, gateway: Option<&GatewayRef>) -> Option<Http
     })
 }
 
+/// The Ingress `<name>` of class `class` while `spec.expose` asks for one and the cluster
+/// exposes through Ingresses (no Gateway named): a rule per host name with the paths as
+/// prefixes, and with `tls` the Secret for all of them (an Ingress reads Secrets of its
+/// own namespace, so no grant is needed).
+pub fn desired_ingress(app: &Subject, class: Option<&str>) -> Option<Ingress> {
+    let expose = app.spec.expose.as_ref()?;
+    let class = class?;
+    let port = exposed_port(app)?;
+    let paths: Vec<HTTPIngressPath> = expose
+        .paths()
+        .into_iter()
+        .map(|path| HTTPIngressPath {
+            path: Some(path.to_owned()),
+            path_type: "Prefix".to_owned(),
+            backend: IngressBackend {
+                service: Some(IngressServiceBackend {
+                    name: service_name(app.name()),
+                    port: Some(ServiceBackendPort {
+                        number: Some(port),
+                        name: None,
+                    }),
+                }),
+                resource: None,
+            },
+        })
+        .collect();
+    Some(Ingress {
+        metadata: child_metadata(app, route_name(app.name())),
+        spec: Some(IngressSpec {
+            ingress_class_name: Some(class.to_owned()),
+            rules: Some(
+                expose
+                    .hostnames
+                    .iter()
+                    .map(|host| IngressRule {
+                        host: Some(host.clone()),
+                        http: Some(HTTPIngressRuleValue {
+                            paths: paths.clone(),
+                        }),
+                    })
+                    .collect(),
+            ),
+            tls: expose.tls.as_ref().map(|tls| {
+                vec![IngressTLS {
+                    hosts: Some(expose.hostnames.clone()),
+                    secret_name: Some(tls.secret(app.name())),
+                }]
+            }),
+            default_backend: None,
+        }),
+        status: None,
+    })
+}
+
+/// The Service port requests go to: `spec.expose.port`'s number, else the first port's.
+fn exposed_port(app: &Subject) -> Option<i32> {
+    let expose = app.spec.expose.as_ref()?;
+    match expose.port.as_deref() {
+        Some(name) => Some(app.spec.ports().iter().find(|p| p.name == name)?.port),
+        None => Some(app.spec.port()),
+    }
+}
+
 /// The Certificate `<name>` while `spec.expose.tls.issuerRef` asks cert-manager for one
 /// (and cert-manager is enabled for this controller).
 pub fn desired_certificate(
     app: &Subject,
-    gateway: Option<&GatewayRef>,
+    exposing: bool,
     cert_manager: bool,
 ) -> Option<Certificate> {
-    gateway?;
-    if !cert_manager {
+    if !exposing || !cert_manager {
         return None;
     }
     Some(Certificate {
