@@ -1164,7 +1164,7 @@ async fn an_exposed_appservice_answers_https_by_host_name_through_the_gateway() 
         namespace: gateway.namespace.clone(),
         name,
     };
-    let (f, _ctl) = Fixture::setup()
+    let (f, ctl) = Fixture::setup()
         .real_node()
         .config(move |c| {
             c.expose_gateway = Some(gateway_ref);
@@ -1243,6 +1243,13 @@ async fn an_exposed_appservice_answers_https_by_host_name_through_the_gateway() 
         .unwrap()
         .status();
     assert_eq!(plain, 200);
+
+    // At rest, nothing is written, the shared Gateway included: its status updates wake
+    // the AppService, which finds its listeners as it applied them.
+    let names = support::settle(&f, &ctl.metrics).await.unwrap();
+    let writes = support::writes_by_resource(&ctl.metrics);
+    support::poke(&f, &ctl.metrics, &names, 2).await.unwrap();
+    assert_eq!(support::writes_by_resource(&ctl.metrics), writes);
 
     // A rollout under HTTPS traffic: every request answered.
     let stop = Arc::new(AtomicBool::new(false));
