@@ -452,3 +452,127 @@ async fn without_a_gateway_exposure_is_unavailable() -> anyhow::Result<()> {
     w.quiet(2).await?;
     Ok(())
 }
+
+/// The Gateway API bounds a Gateway to 64 listeners: an AppService whose HTTPS listener
+/// does not fit says so in the Gateway's words and takes nothing of the admin's; once
+/// the admin frees a slot, its listener is added (the Gateway's event wakes it) beside
+/// the admin's, which stay as the admin applied them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_gateway_refuses_the_listener_and_takes_it_once_a_slot_is_free() -> anyhow::Result<()>
+{
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    const NAMESPACE: &str = "exposure-full-gateway";
+    let client = harness::shared_full().await?.client();
+    harness::gateway_api::install_crds(&client).await?;
+    let admin = PatchParams::apply("gateway-admin").force();
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(
+            NAMESPACE,
+            &admin,
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+            ),
+        )
+        .await?;
+    let gateways: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "Gateway"),
+            "gateways",
+        ),
+    );
+    let admins = |n: usize| -> serde_json::Value {
+        let listeners: Vec<serde_json::Value> = (0..n)
+            .map(|i| {
+                json!({"name": format!("admin-{i}"), "hostname": format!("h{i}.admin.test"),
+                "port": 80, "protocol": "HTTP"})
+            })
+            .collect();
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "full", "namespace": NAMESPACE},
+            "spec": {"gatewayClassName": "example", "listeners": listeners}})
+    };
+    gateways
+        .patch("full", &admin, &Patch::Apply(admins(64)))
+        .await?;
+    let w = World::start(Fixture::setup().full().config(|c| {
+        c.expose_gateway = Some(GatewayRef {
+            namespace: NAMESPACE.into(),
+            name: "full".into(),
+        });
+    }))
+    .await?;
+    let mut app = spec(&[&format!("shop.{}.example.test", w.ns.name())]);
+    if let Some(expose) = app.expose.as_mut() {
+        expose.tls = Some(common::ExposeTls {
+            secret_name: Some("shop-tls".into()),
+            issuer_ref: None,
+        });
+    }
+    w.create("shop", app).await?;
+    // The route must be accepted before listeners count: say so as the Gateway would.
+    let routes: Api<HttpRoute> = w.api();
+    eventually("the route", HEAL, || async {
+        Ok(routes.get_opt("shop").await?)
+    })
+    .await?;
+    let route = routes.get("shop").await?;
+    routes
+        .patch_status(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"parents": [{
+                "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": NAMESPACE, "name": "full"},
+                "controllerName": "example.com/gateway-controller",
+                "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "",
+                    "observedGeneration": route.metadata.generation, "lastTransitionTime": "2026-12-07T00:00:00Z"}],
+            }]}})),
+        )
+        .await?;
+    let message = ready_reason(&w, "shop", "False", reasons::EXPOSURE_REFUSED).await?;
+    assert!(
+        message.contains("refused the HTTPS listeners") && message.contains("64"),
+        "{message}"
+    );
+    let names = |g: &DynamicObject| -> Vec<String> {
+        g.data["spec"]["listeners"]
+            .as_array()
+            .map(|l| {
+                l.iter()
+                    .filter_map(|l| l["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(names(&gateways.get("full").await?).len(), 64);
+
+    // A slot freed by the admin: ours is added, the admin's 63 stay.
+    gateways
+        .patch("full", &admin, &Patch::Apply(admins(63)))
+        .await?;
+    let gateway = eventually("our listener added", HEAL, || async {
+        let g = gateways.get("full").await?;
+        Ok(
+            (names(&g).len() == 64 && names(&g).iter().any(|n| n.starts_with("appsvc-")))
+                .then_some(g),
+        )
+    })
+    .await?;
+    let admin_left: Vec<String> = names(&gateway)
+        .into_iter()
+        .filter(|n| n.starts_with("admin-"))
+        .collect();
+    assert_eq!(admin_left.len(), 63, "{admin_left:?}");
+    // No Gateway implementation programs it here: the AppService waits for it.
+    let message = ready_reason(&w, "shop", "False", reasons::EXPOSING).await?;
+    assert!(message.contains("HTTPS listeners"), "{message}");
+    // Deleted: its listener goes with it (the finalizer), the admin's stay.
+    w.apps.delete("shop", &DeleteParams::default()).await?;
+    eventually("our listener removed", SETTLE, || async {
+        let g = gateways.get("full").await?;
+        Ok((names(&g).len() == 63).then_some(()))
+    })
+    .await?;
+    Ok(())
+}

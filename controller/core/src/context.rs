@@ -97,7 +97,7 @@ pub struct Caches {
     /// Empty unless the controller exposes through Ingresses (`--expose-ingress-class`).
     pub ingresses: Store<IngressView>,
     /// The configured Gateway (one object), for the listeners of `spec.expose.tls`.
-    pub gateway: Store<crate::listeners::GatewayView>,
+    pub gateway: Store<crate::gateway_api::GatewayView>,
     /// The names of the objects of those kinds without that label.
     pub other_deployments: Store<PartialObjectMeta<Deployment>>,
     pub other_services: Store<PartialObjectMeta<Service>>,

@@ -11,7 +11,10 @@ use std::borrow::Cow;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// The Gateway API's group.
 pub const GROUP: &str = "gateway.networking.k8s.io";
@@ -298,6 +301,124 @@ impl Resource for ReferenceGrant {
     }
     fn plural(_: &()) -> Cow<'_, str> {
         "referencegrants".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// What the controller keeps of the configured Gateway: its listeners (as JSON), which
+/// of them each AppService's field manager owns, and what the Gateway's controller says
+/// of each listener.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "RawGateway")]
+pub struct GatewayView {
+    pub metadata: ObjectMeta,
+    pub listeners: BTreeMap<String, Value>,
+    /// Listener names by field manager, for the managers of AppServices only.
+    pub owned: BTreeMap<String, Vec<String>>,
+    pub status: BTreeMap<String, Vec<RouteCondition>>,
+}
+
+#[derive(Deserialize)]
+struct RawGateway {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: RawGatewaySpec,
+    #[serde(default)]
+    status: Option<RawGatewayStatus>,
+}
+
+#[derive(Default, Deserialize)]
+struct RawGatewaySpec {
+    #[serde(default)]
+    listeners: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+struct RawGatewayStatus {
+    #[serde(default)]
+    listeners: Vec<RawListenerStatus>,
+}
+
+#[derive(Deserialize)]
+struct RawListenerStatus {
+    name: String,
+    #[serde(default)]
+    conditions: Vec<RouteCondition>,
+}
+
+impl From<RawGateway> for GatewayView {
+    fn from(mut raw: RawGateway) -> Self {
+        let prefix = format!("{}/", common::names::FIELD_MANAGER);
+        let mut owned = BTreeMap::new();
+        for entry in raw.metadata.managed_fields.take().unwrap_or_default() {
+            let Some(manager) = entry.manager.filter(|m| m.starts_with(&prefix)) else {
+                continue;
+            };
+            let names = entry
+                .fields_v1
+                .as_ref()
+                .and_then(|f| f.0.pointer("/f:spec/f:listeners"))
+                .and_then(Value::as_object)
+                .map(|keys| keys.keys().filter_map(|k| listener_key(k)).collect())
+                .unwrap_or_default();
+            owned.insert(manager, names);
+        }
+        let listeners = raw
+            .spec
+            .listeners
+            .into_iter()
+            .filter_map(|l| Some((l.get("name")?.as_str()?.to_owned(), l)))
+            .collect();
+        let status = raw
+            .status
+            .map(|s| {
+                s.listeners
+                    .into_iter()
+                    .map(|l| (l.name, l.conditions))
+                    .collect()
+            })
+            .unwrap_or_default();
+        raw.metadata.annotations = None;
+        GatewayView {
+            metadata: raw.metadata,
+            listeners,
+            owned,
+            status,
+        }
+    }
+}
+
+/// The name in a managedFields key of a listener (`k:{"name":"appsvc-..."}`).
+fn listener_key(key: &str) -> Option<String> {
+    let json = key.strip_prefix("k:")?;
+    let value: Value = serde_json::from_str(json).ok()?;
+    Some(value.get("name")?.as_str()?.to_owned())
+}
+
+impl Resource for GatewayView {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Gateway".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        GROUP.into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        VERSION.into()
+    }
+    fn api_version(_: &()) -> std::borrow::Cow<'_, str> {
+        format!("{GROUP}/{}", VERSION).into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "gateways".into()
     }
     fn meta(&self) -> &ObjectMeta {
         &self.metadata

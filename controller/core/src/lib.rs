@@ -521,7 +521,7 @@ pub async fn run_with(
     // Gateway's own bound): theirs may have been edited, removed or (not) programmed.
     let gateway_readers = {
         let apps = apps.clone();
-        queue::observe_mapper_all(queue.clone(), move |_: listeners::GatewayView| {
+        queue::observe_mapper_all(queue.clone(), move |_: gateway_api::GatewayView| {
             listeners::with_tls(&apps)
         })
     };

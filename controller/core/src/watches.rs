@@ -155,13 +155,13 @@ pub(crate) fn gateway(
     gateway: &crate::config::GatewayRef,
     synced: &Arc<CacheSync>,
 ) -> (
-    Store<crate::listeners::GatewayView>,
-    impl Stream<Item = Result<watcher::Event<crate::listeners::GatewayView>, watcher::Error>>
+    Store<crate::gateway_api::GatewayView>,
+    impl Stream<Item = Result<watcher::Event<crate::gateway_api::GatewayView>, watcher::Error>>
     + Send
     + use<>,
 ) {
     let (store, writer) = reflector::store();
-    let api: Api<crate::listeners::GatewayView> =
+    let api: Api<crate::gateway_api::GatewayView> =
         Api::namespaced(client.clone(), &gateway.namespace);
     let config = watcher::Config::default()
         .fields(&format!("metadata.name={}", gateway.name))
