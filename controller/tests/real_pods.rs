@@ -31,12 +31,47 @@ use support::{Fixture, condition, create};
 /// Long enough for a cold image pull and a kubelet's first status on 2 busy cores.
 const WAIT: Duration = Duration::from_secs(120);
 
-async fn node() -> &'static RealNode {
+/// Who uses the node: the tests share it, except the one that restarts its kubelet, which
+/// every Pod on the node feels (tokio's lock is fair: it waits for the tests running,
+/// and those starting meanwhile wait for it).
+static NODE_USE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// The shared node, held for a test's use while the guard lives.
+struct Node {
+    node: &'static RealNode,
+    _use: tokio::sync::RwLockReadGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Node {
+    type Target = RealNode;
+    fn deref(&self) -> &RealNode {
+        self.node
+    }
+}
+
+async fn shared_node() -> &'static RealNode {
     harness::shared_real_node()
         .await
         .expect("the shared control plane with a real node")
         .node()
         .expect("a real node")
+}
+
+async fn node() -> Node {
+    let guard = NODE_USE.read().await;
+    Node {
+        node: shared_node().await,
+        _use: guard,
+    }
+}
+
+/// The node, with no other test using it until the guard is dropped.
+async fn node_alone() -> (
+    &'static RealNode,
+    tokio::sync::RwLockWriteGuard<'static, ()>,
+) {
+    let guard = NODE_USE.write().await;
+    (shared_node().await, guard)
 }
 
 /// The `hello` program answering v1, as the image `<repo>:v1`.
@@ -488,7 +523,7 @@ async fn a_canary_takes_its_share_of_requests_and_promotion_and_abort_fail_none(
 
 #[tokio::test]
 async fn the_pods_outlive_a_controller_restart_and_a_kubelet_restart() {
-    let node = node().await;
+    let (node, _alone) = node_alone().await;
     let (f, ctl) = Fixture::setup().real_node().start().await.unwrap();
     create(
         &f.apps,
@@ -1276,7 +1311,7 @@ async fn an_exposed_appservice_answers_https_by_host_name_through_the_gateway() 
                         last = Some(e.to_string());
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             (ok, failed, versions, last)
         })
